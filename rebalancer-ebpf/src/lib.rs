@@ -1,0 +1,2 @@
+#![no_std]
+// This file exists to enable the library target.

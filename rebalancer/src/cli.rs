@@ -1,0 +1,67 @@
+//! Command line: clap definitions of every subcommand and the dispatch to `cmd::*`.
+//!
+//! Each subcommand's arguments live beside its code in `cmd/`; this file only lists them.
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::cmd;
+
+/// eBPF-assisted dynamic NUMA rebalancer: Topology-Manager-exact admission of containers, then
+/// measured, cost-bounded re-placement of their cpuset.cpus / cpuset.mems.
+#[derive(Debug, Parser)]
+#[command(name = "rebalancer", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: sample, admit, rebalance (root; stops cleanly on SIGINT/SIGTERM).
+    Run(cmd::run::RunArgs),
+    /// Print the machine's NUMA topology (nodes, CPUs, caches, distances, PCI devices).
+    Topology(cmd::topology::TopologyArgs),
+    /// Report which eBPF and PMU sources this kernel supports, and the cgroup mode.
+    Probe(cmd::probe::ProbeArgs),
+    /// Topology-hint tools (kubelet Topology Manager model).
+    #[command(subcommand)]
+    Hints(cmd::hints::HintsCommand),
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Topology(a) => cmd::topology::run(a),
+        Command::Probe(a) => cmd::probe::run(a),
+        Command::Hints(c) => cmd::hints::run(c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rebalancer: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Initialises tracing to stderr; `RUST_LOG` overrides `default_filter`.
+pub fn init_tracing(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,496 @@
+//! Configuration: TOML parsed with `deny_unknown_fields` into a validated [`Config`].
+//!
+//! The documented default (`config/rebalancer.toml`) is embedded in the binary, so `rebalancer
+//! run` needs no file; a file given with `--config` is parsed on its own (every key optional,
+//! defaults from the code, which a test keeps equal to the documented file). Errors name the
+//! file, the line and the key.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// The documented default configuration, embedded.
+pub const DEFAULT_TOML: &str = include_str!("../../config/rebalancer.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}:{line}:{column}: {message}")]
+    Parse {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{origin}: invalid value for `{key}`: {message}")]
+    Invalid {
+        origin: String,
+        key: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub daemon: DaemonConfig,
+    pub cgroups: CgroupConfig,
+    pub ebpf: EbpfConfig,
+    pub placement: PlacementConfig,
+    pub controller: ControllerConfig,
+    pub server: ServerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            daemon: DaemonConfig::default(),
+            cgroups: CgroupConfig::default(),
+            ebpf: EbpfConfig::default(),
+            placement: PlacementConfig::default(),
+            controller: ControllerConfig::default(),
+            server: ServerConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Stands for `/sys`: topology is read below it.
+    pub sysfs_root: PathBuf,
+    /// Where the daemon keeps its checkpoint.
+    pub state_dir: PathBuf,
+    /// Compute and log everything, write nothing to cgroupfs.
+    pub dry_run: bool,
+    /// tracing filter, e.g. "info" or "rebalancer=debug".
+    pub log_level: String,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            sysfs_root: "/sys".into(),
+            state_dir: "/var/lib/rebalancer".into(),
+            dry_run: false,
+            log_level: "info".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupConfig {
+    /// Mount point of the cgroup filesystem(s).
+    pub mount: PathBuf,
+    /// Roots (relative to the hierarchy) whose children are managed, besides the Kubernetes
+    /// kubepods hierarchy and systemd slices found automatically.
+    pub roots: Vec<String>,
+    /// Manage the Kubernetes kubepods hierarchy when present.
+    pub kubernetes: bool,
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        Self {
+            mount: "/sys/fs/cgroup".into(),
+            roots: Vec::new(),
+            kubernetes: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EbpfConfig {
+    /// Load the eBPF programs; when false (or when the kernel refuses), the daemon runs on
+    /// memory.numa_stat and /proc alone.
+    pub enabled: bool,
+    /// Raw PMU event (perf `config` value, hex or decimal string) counting remote-DRAM accesses,
+    /// used instead of the generic node-load-misses event when set.
+    pub pmu_raw_event: Option<String>,
+    /// Sampling frequency (Hz per CPU) of the timer-driven on-CPU sampler.
+    pub sample_hz: u32,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            pmu_raw_event: None,
+            sample_hz: 99,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyPolicy {
+    None,
+    BestEffort,
+    Restricted,
+    SingleNumaNode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyScope {
+    Container,
+    Pod,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AllocationStrategy {
+    Kubelet,
+    LeastAllocated,
+    MostAllocated,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharedCpuPolicy {
+    NumaAware,
+    TopologyAware,
+}
+
+/// Memory reserved for the system on one node (Memory Manager `--reserved-memory`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservedMemory {
+    pub node: u32,
+    #[serde(default)]
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub hugepages_2mi_bytes: u64,
+    #[serde(default)]
+    pub hugepages_1gi_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    pub policy: TopologyPolicy,
+    pub scope: TopologyScope,
+    pub prefer_closest_numa_nodes: bool,
+    pub max_allowable_numa_nodes: u32,
+    pub numa_allocation_strategy: AllocationStrategy,
+    /// CPUs never handed to workloads (cpulist).
+    pub reserved_cpus: String,
+    pub full_pcpus_only: bool,
+    pub distribute_cpus_across_numa: bool,
+    pub align_by_socket: bool,
+    pub prefer_align_cpus_by_uncorecache: bool,
+    /// Burstable containers: "numa-aware" (whole nodes, least allocated) or "topology-aware".
+    pub shared_cpu_policy: SharedCpuPolicy,
+    /// How far Burstable requests may overcommit a node's CPUs (1.0 = no overcommit).
+    pub overcommit_ratio: f64,
+    pub reserved_memory: Vec<ReservedMemory>,
+    /// Extended resource name → device class, e.g. "nvidia.com/gpu" = "gpu".
+    pub device_resources: std::collections::BTreeMap<String, crate::topology::DeviceClass>,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        let mut device_resources = std::collections::BTreeMap::new();
+        device_resources.insert(
+            "nvidia.com/gpu".to_string(),
+            crate::topology::DeviceClass::Gpu,
+        );
+        device_resources.insert("amd.com/gpu".to_string(), crate::topology::DeviceClass::Gpu);
+        Self {
+            policy: TopologyPolicy::BestEffort,
+            scope: TopologyScope::Container,
+            prefer_closest_numa_nodes: false,
+            max_allowable_numa_nodes: 8,
+            numa_allocation_strategy: AllocationStrategy::Kubelet,
+            reserved_cpus: String::new(),
+            full_pcpus_only: false,
+            distribute_cpus_across_numa: false,
+            align_by_socket: false,
+            prefer_align_cpus_by_uncorecache: false,
+            shared_cpu_policy: SharedCpuPolicy::NumaAware,
+            overcommit_ratio: 1.5,
+            reserved_memory: Vec::new(),
+            device_resources,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControllerConfig {
+    /// Length of one control period.
+    pub period_ms: u64,
+    /// Smoothing of the locality score (weight of the newest period).
+    pub ewma_alpha: f64,
+    /// Cgroups whose smoothed locality is below this are candidates for a move.
+    pub locality_threshold: f64,
+    /// Minimum expected gain (locality points) before a move is worth it (hysteresis).
+    pub min_gain: f64,
+    /// No second move of a cgroup within this time.
+    pub cooldown_ms: u64,
+    /// Most memory migrated per round, all cgroups together.
+    pub migration_budget_mib: u64,
+    /// Most moves per round.
+    pub max_moves_per_round: u32,
+    /// Cost of migrating one GiB, in the same units as the saving (remote-access ns avoided).
+    pub migration_cost_per_gib: f64,
+    /// Horizon over which a move's saving is counted.
+    pub horizon_ms: u64,
+    /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
+    pub move_exclusive: bool,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            period_ms: 5000,
+            ewma_alpha: 0.5,
+            locality_threshold: 0.8,
+            min_gain: 0.1,
+            cooldown_ms: 30_000,
+            migration_budget_mib: 1024,
+            max_moves_per_round: 4,
+            migration_cost_per_gib: 1.0,
+            horizon_ms: 60_000,
+            move_exclusive: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Admission API unix socket (mode 0600).
+    pub socket: PathBuf,
+    /// Prometheus /metrics and /healthz listener.
+    pub metrics_listen: String,
+    /// A group whose members may also use the admission socket (root always may).
+    pub socket_group: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            socket: "/run/rebalancer/rebalancer.sock".into(),
+            metrics_listen: "127.0.0.1:9717".into(),
+            socket_group: None,
+        }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors (a path or "<embedded default>").
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
+            ConfigError::Parse {
+                origin: origin.to_string(),
+                line,
+                column,
+                message: e.message().to_string(),
+            }
+        })?;
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    /// Loads `path`, or the embedded default when `None`.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        match path {
+            None => Config::parse(DEFAULT_TOML, "<embedded default>"),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                Config::parse(&text, &p.display().to_string())
+            }
+        }
+    }
+
+    /// The reserved CPUs as a set.
+    pub fn reserved_cpus(&self) -> CpuSet {
+        // validated in `validate`
+        CpuSet::parse(&self.placement.reserved_cpus).unwrap_or_default()
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| ConfigError::Invalid {
+            origin: origin.to_string(),
+            key,
+            message,
+        };
+        if let Err(e) = CpuSet::parse(&self.placement.reserved_cpus) {
+            return Err(bad("placement.reserved_cpus", e.to_string()));
+        }
+        if self.placement.max_allowable_numa_nodes < 8 {
+            return Err(bad(
+                "placement.max_allowable_numa_nodes",
+                "must be at least 8 (kubelet's minimum)".into(),
+            ));
+        }
+        if !(self.placement.overcommit_ratio >= 1.0 && self.placement.overcommit_ratio <= 64.0) {
+            return Err(bad(
+                "placement.overcommit_ratio",
+                "must be between 1.0 and 64.0".into(),
+            ));
+        }
+        if self.controller.period_ms < 100 {
+            return Err(bad("controller.period_ms", "must be at least 100".into()));
+        }
+        if !(self.controller.ewma_alpha > 0.0 && self.controller.ewma_alpha <= 1.0) {
+            return Err(bad("controller.ewma_alpha", "must be in (0, 1]".into()));
+        }
+        if !(0.0..=1.0).contains(&self.controller.locality_threshold) {
+            return Err(bad(
+                "controller.locality_threshold",
+                "must be in [0, 1]".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.controller.min_gain) {
+            return Err(bad("controller.min_gain", "must be in [0, 1]".into()));
+        }
+        if self.controller.migration_cost_per_gib < 0.0
+            || !self.controller.migration_cost_per_gib.is_finite()
+        {
+            return Err(bad(
+                "controller.migration_cost_per_gib",
+                "must be a finite number >= 0".into(),
+            ));
+        }
+        if self.ebpf.sample_hz == 0 || self.ebpf.sample_hz > 10_000 {
+            return Err(bad("ebpf.sample_hz", "must be between 1 and 10000".into()));
+        }
+        if let Some(ev) = &self.ebpf.pmu_raw_event {
+            if parse_u64(ev).is_none() {
+                return Err(bad(
+                    "ebpf.pmu_raw_event",
+                    format!("{ev:?} is not a decimal or 0x-hex number"),
+                ));
+            }
+        }
+        if self
+            .server
+            .metrics_listen
+            .parse::<std::net::SocketAddr>()
+            .is_err()
+        {
+            return Err(bad(
+                "server.metrics_listen",
+                format!("{:?} is not an address:port", self.server.metrics_listen),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for r in &self.placement.reserved_memory {
+            if !seen.insert(r.node) {
+                return Err(bad(
+                    "placement.reserved_memory",
+                    format!("node {} listed twice", r.node),
+                ));
+            }
+        }
+        for root in &self.cgroups.roots {
+            if root.split('/').any(|c| c == "..") {
+                return Err(bad("cgroups.roots", format!("{root:?} contains `..`")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses "123" or "0x7b".
+pub fn parse_u64(s: &str) -> Option<u64> {
+    let s = s.trim();
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documented_file_parses_and_equals_code_defaults() {
+        let cfg = Config::parse(DEFAULT_TOML, "config/rebalancer.toml").unwrap();
+        assert_eq!(
+            cfg,
+            Config::default(),
+            "config/rebalancer.toml and Config::default() drifted apart"
+        );
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        assert_eq!(Config::parse("", "x").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = Config::parse("[daemon]\ndry_run = true\nperiodd = 3\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("t.toml:3:"), "{err}");
+        assert!(err.contains("periodd"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let err = Config::parse("[controller]\n\nperiod_ms = \"fast\"\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("t.toml:3:"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        for (text, key) in [
+            (
+                "[placement]\nreserved_cpus = \"0-\"",
+                "placement.reserved_cpus",
+            ),
+            (
+                "[placement]\nmax_allowable_numa_nodes = 4",
+                "placement.max_allowable_numa_nodes",
+            ),
+            ("[controller]\nperiod_ms = 1", "controller.period_ms"),
+            (
+                "[server]\nmetrics_listen = \"nowhere\"",
+                "server.metrics_listen",
+            ),
+            ("[cgroups]\nroots = [\"a/../../etc\"]", "cgroups.roots"),
+            ("[ebpf]\npmu_raw_event = \"zz\"", "ebpf.pmu_raw_event"),
+        ] {
+            let err = Config::parse(text, "t.toml").unwrap_err().to_string();
+            assert!(err.contains(key), "{text:?} gave {err}");
+        }
+    }
+
+    #[test]
+    fn missing_file_is_a_clear_error() {
+        let err = Config::load(Some(Path::new("/nonexistent/rebalancer.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/rebalancer.toml"), "{err}");
+    }
+}

@@ -1,0 +1,305 @@
+//! `CpuSet`: a set of small integer ids (CPUs or NUMA nodes) and the kernel's cpulist format.
+//!
+//! The kernel writes CPU and node sets as "cpulists" (`0-3,8,10-11`, empty for none), used by
+//! sysfs (`node0/cpulist`, `thread_siblings_list`) and cgroupfs (`cpuset.cpus`, `cpuset.mems`).
+//! The set is a growable bitset; it serialises to JSON as a sorted array of integers.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Largest id accepted from a cpulist (the kernel's NR_CPUS ceiling is 8192).
+pub const MAX_ID: u32 = 1 << 16;
+
+/// A set of CPU (or node) ids. Invariant: no trailing zero words, so `==` is set equality.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct CpuSet {
+    words: Vec<u64>,
+}
+
+/// Why a cpulist could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseCpuListError {
+    #[error("invalid cpulist item {item:?}: expected N or N-M")]
+    BadItem { item: String },
+    #[error("invalid cpulist range {item:?}: start is after end")]
+    Reversed { item: String },
+    #[error("cpulist id {id} is above the supported maximum {MAX_ID}")]
+    TooLarge { id: u64 },
+}
+
+impl CpuSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses a kernel cpulist (`"0-3,8"`; surrounding whitespace and an empty list accepted).
+    /// Only the form the kernel prints is accepted, so a typo is an error, not a surprise.
+    pub fn parse(s: &str) -> Result<Self, ParseCpuListError> {
+        let mut set = CpuSet::new();
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(set);
+        }
+        for item in s.split(',') {
+            let item = item.trim();
+            let num = |t: &str| -> Result<u32, ParseCpuListError> {
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(ParseCpuListError::BadItem {
+                        item: item.to_string(),
+                    });
+                }
+                let v: u64 = t.parse().map_err(|_| ParseCpuListError::BadItem {
+                    item: item.to_string(),
+                })?;
+                if v >= MAX_ID as u64 {
+                    return Err(ParseCpuListError::TooLarge { id: v });
+                }
+                Ok(v as u32)
+            };
+            match item.split_once('-') {
+                None => set.insert(num(item)?),
+                Some((a, b)) => {
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(ParseCpuListError::Reversed {
+                            item: item.to_string(),
+                        });
+                    }
+                    for id in a..=b {
+                        set.insert(id);
+                    }
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    pub fn insert(&mut self, id: u32) {
+        let (w, b) = ((id / 64) as usize, id % 64);
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+        }
+        self.words[w] |= 1 << b;
+    }
+
+    pub fn remove(&mut self, id: u32) {
+        let (w, b) = ((id / 64) as usize, id % 64);
+        if let Some(word) = self.words.get_mut(w) {
+            *word &= !(1 << b);
+        }
+        self.trim();
+    }
+
+    pub fn contains(&self, id: u32) -> bool {
+        let (w, b) = ((id / 64) as usize, id % 64);
+        self.words.get(w).is_some_and(|word| word & (1 << b) != 0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// Ids in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                if w == 0 {
+                    return None;
+                }
+                let b = w.trailing_zeros();
+                w &= w - 1;
+                Some(i as u32 * 64 + b)
+            })
+        })
+    }
+
+    pub fn first(&self) -> Option<u32> {
+        self.iter().next()
+    }
+
+    pub fn union(&self, other: &CpuSet) -> CpuSet {
+        let n = self.words.len().max(other.words.len());
+        let words = (0..n)
+            .map(|i| {
+                self.words.get(i).copied().unwrap_or(0) | other.words.get(i).copied().unwrap_or(0)
+            })
+            .collect();
+        CpuSet { words }
+    }
+
+    pub fn intersection(&self, other: &CpuSet) -> CpuSet {
+        let words = self
+            .words
+            .iter()
+            .zip(&other.words)
+            .map(|(a, b)| a & b)
+            .collect();
+        let mut s = CpuSet { words };
+        s.trim();
+        s
+    }
+
+    pub fn difference(&self, other: &CpuSet) -> CpuSet {
+        let words = self
+            .words
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a & !other.words.get(i).copied().unwrap_or(0))
+            .collect();
+        let mut s = CpuSet { words };
+        s.trim();
+        s
+    }
+
+    pub fn is_subset(&self, other: &CpuSet) -> bool {
+        self.difference(other).is_empty()
+    }
+
+    pub fn is_disjoint(&self, other: &CpuSet) -> bool {
+        self.intersection(other).is_empty()
+    }
+
+    /// The kernel's compact cpulist form (`0-3,8`); empty string for the empty set.
+    pub fn to_cpulist(&self) -> String {
+        self.to_string()
+    }
+
+    fn trim(&mut self) {
+        while self.words.last() == Some(&0) {
+            self.words.pop();
+        }
+    }
+}
+
+impl FromIterator<u32> for CpuSet {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut s = CpuSet::new();
+        for id in iter {
+            s.insert(id);
+        }
+        s
+    }
+}
+
+impl fmt::Display for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut it = self.iter().peekable();
+        while let Some(start) = it.next() {
+            let mut end = start;
+            while it.peek() == Some(&(end + 1)) {
+                end = it.next().unwrap_or(end);
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if start == end {
+                write!(f, "{start}")?;
+            } else {
+                write!(f, "{start}-{end}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CpuSet({self})")
+    }
+}
+
+impl std::str::FromStr for CpuSet {
+    type Err = ParseCpuListError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CpuSet::parse(s)
+    }
+}
+
+impl Serialize for CpuSet {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for CpuSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ids = Vec::<u32>::deserialize(d)?;
+        if let Some(&bad) = ids.iter().find(|&&id| id >= MAX_ID) {
+            return Err(serde::de::Error::custom(format!(
+                "id {bad} is above {MAX_ID}"
+            )));
+        }
+        Ok(ids.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &str, ids: &[u32], printed: &str) {
+        let s = CpuSet::parse(input).unwrap();
+        assert_eq!(s.iter().collect::<Vec<_>>(), ids, "{input:?}");
+        assert_eq!(s.to_string(), printed, "{input:?}");
+    }
+
+    #[test]
+    fn parses_kernel_cpulists() {
+        check("", &[], "");
+        check("\n", &[], "");
+        check("0", &[0], "0");
+        check("0-3\n", &[0, 1, 2, 3], "0-3");
+        check("0-1,4,6-7", &[0, 1, 4, 6, 7], "0-1,4,6-7");
+        check("63,64,127-128", &[63, 64, 127, 128], "63-64,127-128");
+        check("3,1,2", &[1, 2, 3], "1-3");
+    }
+
+    #[test]
+    fn rejects_malformed_cpulists() {
+        for bad in [
+            "0-",
+            "-1",
+            "a",
+            "1,,2",
+            "3-1",
+            "0-3,",
+            "1 2",
+            "99999999999",
+            "70000",
+        ] {
+            assert!(CpuSet::parse(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn set_algebra_and_equality() {
+        let a = CpuSet::parse("0-7").unwrap();
+        let b = CpuSet::parse("4-11").unwrap();
+        assert_eq!(a.intersection(&b).to_string(), "4-7");
+        assert_eq!(a.difference(&b).to_string(), "0-3");
+        assert_eq!(a.union(&b).to_string(), "0-11");
+        let mut c = CpuSet::parse("200").unwrap();
+        c.remove(200);
+        assert_eq!(c, CpuSet::new());
+        assert!(c.is_empty());
+        assert!(CpuSet::parse("4-5").unwrap().is_subset(&a));
+        assert_eq!(serde_json::to_string(&a).unwrap(), "[0,1,2,3,4,5,6,7]");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn cpulist_round_trips(ids in proptest::collection::btree_set(0u32..600, 0..80)) {
+            let s: CpuSet = ids.iter().copied().collect();
+            let back = CpuSet::parse(&s.to_string()).unwrap();
+            proptest::prop_assert_eq!(back.iter().collect::<Vec<_>>(), ids.into_iter().collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! rebalancer: an eBPF-assisted dynamic NUMA rebalancer for Linux servers and Kubernetes nodes.
+//!
+//! See ARCHITECTURE.md for the code map. The pure parts (placement, planner) do no I/O; topology
+//! and cgroups are read from roots passed in; only `cgroup` writes cgroupfs.
+pub mod cgroup;
+pub mod cli;
+pub mod cmd;
+pub mod config;
+pub mod cpuset;
+pub mod ebpf;
+pub mod placement;
+pub mod topology;

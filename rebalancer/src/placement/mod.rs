@@ -1,0 +1,2 @@
+//! Static placement engine (pure, no I/O): kubelet-exact topology-hint merge, CPU / memory /
+//! device hint providers and allocators, and pod admission.

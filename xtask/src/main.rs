@@ -1,0 +1,122 @@
+//! `cargo xtask`: developer and CI tasks.
+//!
+//! - `setup`: installs what builds and tests need, idempotently (nightly + rust-src,
+//!   bpf-linker, the musl target, Debian packages).
+//! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
+//! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
+//! - `run`: setup, then the daemon with its embedded default config.
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install build and test prerequisites (idempotent; needs root for apt-get).
+    Setup,
+    /// Build the eBPF programs (release, with BTF) to target/bpfel-unknown-none/release/rebalancer.
+    BuildEbpf,
+    /// Run every check CI runs: setup, fmt, clippy, unit + root tests.
+    Test {
+        /// Skip `setup` (when prerequisites are known to be installed).
+        #[arg(long)]
+        no_setup: bool,
+    },
+    /// Build and run the daemon with the embedded default config (extra args are passed on).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => setup::all(),
+        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Test { no_setup } => test(no_setup),
+        Cmd::Run { args } => {
+            setup::all()?;
+            let mut c = cargo();
+            c.args(["run", "--release", "--bin", "rebalancer", "--", "run"])
+                .args(args);
+            sh(&mut c)
+        }
+    }
+}
+
+/// Workspace root (xtask lives one level below it).
+pub fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
+}
+
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Runs a command, echoing it; fails on a non-zero exit.
+pub fn sh(c: &mut Command) -> Result<()> {
+    eprintln!("+ {:?}", c);
+    let st = c.status().with_context(|| format!("spawning {c:?}"))?;
+    if !st.success() {
+        bail!("{c:?} failed: {st}");
+    }
+    Ok(())
+}
+
+fn build_ebpf() -> Result<()> {
+    let mut c = Command::new("rustup");
+    c.current_dir(root().join("rebalancer-ebpf"))
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env("CARGO_TARGET_DIR", root().join("target"))
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--release",
+            "-Z",
+            "build-std=core",
+        ])
+        .args(["--target", "bpfel-unknown-none", "--bin", "rebalancer"])
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+        );
+    sh(&mut c)?;
+    let obj = root().join("target/bpfel-unknown-none/release/rebalancer");
+    eprintln!("eBPF object: {}", obj.display());
+    Ok(())
+}
+
+fn test(no_setup: bool) -> Result<()> {
+    if !no_setup {
+        setup::all()?;
+    }
+    sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    sh(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    sh(cargo().args(["test", "--workspace", "--", "--test-threads=1"]))?;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! Idempotent installation of build and test prerequisites on a fresh machine.
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::sh;
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn output(c: &mut Command) -> String {
+    c.output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Installs Debian packages that are missing (runs `apt-get update` once, only if needed).
+pub fn apt(pkgs: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .copied()
+        .filter(|p| {
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .contains("install ok installed")
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    sh(Command::new("apt-get").args(["update", "-q"]))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+pub fn all() -> Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        sh(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+    let comps = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]));
+    if !comps.lines().any(|l| l.starts_with("rust-src")) {
+        sh(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    let stable = output(Command::new("rustup").args(["component", "list", "--installed"]));
+    for comp in ["rustfmt", "clippy"] {
+        if !stable.lines().any(|l| l.starts_with(comp)) {
+            sh(Command::new("rustup").args(["component", "add", comp]))?;
+        }
+    }
+    let targets = output(Command::new("rustup").args(["target", "list", "--installed"]));
+    if !targets
+        .lines()
+        .any(|l| l.trim() == "x86_64-unknown-linux-musl")
+    {
+        sh(Command::new("rustup").args(["target", "add", "x86_64-unknown-linux-musl"]))?;
+    }
+    if !have("bpf-linker") {
+        sh(Command::new("cargo").args(["install", "bpf-linker@0.10.2", "--locked"]))?;
+    }
+    apt(&["bpftool", "linux-perf", "stress-ng", "numactl"])?;
+    Ok(())
+}
