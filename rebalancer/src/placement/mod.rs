@@ -1,2 +1,5 @@
 //! Static placement engine (pure, no I/O): kubelet-exact topology-hint merge, CPU / memory /
 //! device hint providers and allocators, and pod admission.
+pub mod mask;
+
+pub use mask::{NodeMask, TopologyHint};
