@@ -9,4 +9,5 @@ pub mod config;
 pub mod cpuset;
 pub mod ebpf;
 pub mod placement;
+pub mod serve;
 pub mod topology;
