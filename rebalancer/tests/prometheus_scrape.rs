@@ -20,20 +20,31 @@ impl Drop for KillOnDrop {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
 }
 
 fn prometheus_bin() -> Option<String> {
-    ["/usr/bin/prometheus", "/usr/local/bin/prometheus"].iter().find(|p| std::path::Path::new(p).exists()).map(|p| p.to_string())
+    ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .map(|p| p.to_string())
 }
 
 #[test]
@@ -65,7 +76,10 @@ fn prometheus_scrapes_the_daemon() {
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     while http_get(metrics_port, "/healthz").is_none_or(|b| !b.contains("ok")) {
-        assert!(Instant::now() < deadline, "daemon did not serve /healthz on port {metrics_port}");
+        assert!(
+            Instant::now() < deadline,
+            "daemon did not serve /healthz on port {metrics_port}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -81,7 +95,10 @@ fn prometheus_scrapes_the_daemon() {
     let _prom = KillOnDrop(
         Command::new(prom)
             .arg(format!("--config.file={}", prom_cfg.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -98,11 +115,18 @@ fn prometheus_scrapes_the_daemon() {
             }
             last = body;
         }
-        assert!(Instant::now() < deadline, "prometheus never returned rebalancer_managed_cgroups; last answer:\n{last}");
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never returned rebalancer_managed_cgroups; last answer:\n{last}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     // The scrape itself must be healthy.
-    let up = http_get(prom_port, "/api/v1/query?query=up%7Bjob%3D%22rebalancer%22%7D").unwrap_or_default();
+    let up = http_get(
+        prom_port,
+        "/api/v1/query?query=up%7Bjob%3D%22rebalancer%22%7D",
+    )
+    .unwrap_or_default();
     assert!(up.contains("\"1\""), "target not up: {up}");
     drop(daemon);
 }

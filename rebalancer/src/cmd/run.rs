@@ -53,9 +53,10 @@ async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
     let metrics = serve::Metrics::default();
     let cancel = tokio_util::sync::CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;
-    let (metrics_addr, metrics_task) = serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
-        .await
-        .with_context(|| format!("binding the metrics listener on {listen}"))?;
+    let (metrics_addr, metrics_task) =
+        serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener on {listen}"))?;
     tracing::info!(%metrics_addr, "serving /metrics and /healthz");
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

@@ -83,8 +83,12 @@ impl Metrics {
             moves_skipped: Family::default(),
             admission_requests: Family::default(),
             admission_rejections: Family::default(),
-            admission_duration: Histogram::new([0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25]),
-            round_duration: Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0]),
+            admission_duration: Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25,
+            ]),
+            round_duration: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+            ]),
             node_cpu_busy: Family::default(),
             node_memory_free: Family::default(),
             node_hugepages_free: Family::default(),
@@ -101,21 +105,83 @@ impl Metrics {
             "Estimated fraction of a cgroup's memory accesses that are remote (top-N worst)",
             m.cgroup_remote_access.clone(),
         );
-        r.register("cross_node_migrations", "Scheduler migrations of managed tasks across NUMA nodes", m.cross_node_migrations.clone());
-        r.register("numa_balancing_moves", "Kernel NUMA-balancing task moves/swaps seen by eBPF", m.numa_balancing_moves.clone());
-        r.register("pages_migrated", "Pages migrated by rebalancer's moves", m.pages_migrated.clone());
-        r.register("moves_applied", "Placement moves applied, by reason", m.moves_applied.clone());
-        r.register("moves_skipped", "Candidate moves not made, by reason", m.moves_skipped.clone());
-        r.register("admission_requests", "Admission requests, by result", m.admission_requests.clone());
-        r.register("admission_rejections", "Admission rejections, by reason", m.admission_rejections.clone());
-        r.register_with_unit("admission_duration", "Time to answer one admission", Unit::Seconds, m.admission_duration.clone());
-        r.register_with_unit("control_round_duration", "Time of one control round", Unit::Seconds, m.round_duration.clone());
-        r.register("node_cpu_busy_ratio", "Fraction of a node's CPU time busy in the last period", m.node_cpu_busy.clone());
-        r.register_with_unit("node_memory_free", "Free memory per node", Unit::Bytes, m.node_memory_free.clone());
-        r.register("node_hugepages_free", "Free hugepages per node and size", m.node_hugepages_free.clone());
-        r.register("ebpf_source_available", "1 when the eBPF/PMU source is loaded and attached", m.ebpf_source_available.clone());
-        r.register("managed_cgroups", "Cgroups under management", m.managed_cgroups.clone());
-        Metrics { registry: std::sync::Arc::new(r), ..m }
+        r.register(
+            "cross_node_migrations",
+            "Scheduler migrations of managed tasks across NUMA nodes",
+            m.cross_node_migrations.clone(),
+        );
+        r.register(
+            "numa_balancing_moves",
+            "Kernel NUMA-balancing task moves/swaps seen by eBPF",
+            m.numa_balancing_moves.clone(),
+        );
+        r.register(
+            "pages_migrated",
+            "Pages migrated by rebalancer's moves",
+            m.pages_migrated.clone(),
+        );
+        r.register(
+            "moves_applied",
+            "Placement moves applied, by reason",
+            m.moves_applied.clone(),
+        );
+        r.register(
+            "moves_skipped",
+            "Candidate moves not made, by reason",
+            m.moves_skipped.clone(),
+        );
+        r.register(
+            "admission_requests",
+            "Admission requests, by result",
+            m.admission_requests.clone(),
+        );
+        r.register(
+            "admission_rejections",
+            "Admission rejections, by reason",
+            m.admission_rejections.clone(),
+        );
+        r.register_with_unit(
+            "admission_duration",
+            "Time to answer one admission",
+            Unit::Seconds,
+            m.admission_duration.clone(),
+        );
+        r.register_with_unit(
+            "control_round_duration",
+            "Time of one control round",
+            Unit::Seconds,
+            m.round_duration.clone(),
+        );
+        r.register(
+            "node_cpu_busy_ratio",
+            "Fraction of a node's CPU time busy in the last period",
+            m.node_cpu_busy.clone(),
+        );
+        r.register_with_unit(
+            "node_memory_free",
+            "Free memory per node",
+            Unit::Bytes,
+            m.node_memory_free.clone(),
+        );
+        r.register(
+            "node_hugepages_free",
+            "Free hugepages per node and size",
+            m.node_hugepages_free.clone(),
+        );
+        r.register(
+            "ebpf_source_available",
+            "1 when the eBPF/PMU source is loaded and attached",
+            m.ebpf_source_available.clone(),
+        );
+        r.register(
+            "managed_cgroups",
+            "Cgroups under management",
+            m.managed_cgroups.clone(),
+        );
+        Metrics {
+            registry: std::sync::Arc::new(r),
+            ..m
+        }
     }
 
     /// Replaces the per-cgroup series with the `top_n` lowest-locality cgroups.
@@ -155,8 +221,14 @@ mod tests {
         let m = Metrics::new(2);
         m.pages_migrated.inc_by(5);
         m.admission_duration.observe(0.001);
-        m.node_memory_free.get_or_create(&NodeLabel { node: "0".into() }).set(42);
-        m.set_cgroup_scores(&[("a".into(), 0.9, 0.1), ("b".into(), 0.2, 0.8), ("c".into(), 0.5, 0.5)]);
+        m.node_memory_free
+            .get_or_create(&NodeLabel { node: "0".into() })
+            .set(42);
+        m.set_cgroup_scores(&[
+            ("a".into(), 0.9, 0.1),
+            ("b".into(), 0.2, 0.8),
+            ("c".into(), 0.5, 0.5),
+        ]);
         let text = m.render();
         for want in [
             "rebalancer_pages_migrated_total 5",
@@ -167,6 +239,9 @@ mod tests {
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
-        assert!(!text.contains("cgroup=\"a\""), "top-N must bound the cgroup series");
+        assert!(
+            !text.contains("cgroup=\"a\""),
+            "top-N must bound the cgroup series"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! and the admission API on a unix socket (root only).
 
 pub mod metrics;
+pub mod socket;
 
 use std::net::SocketAddr;
 
@@ -18,7 +19,10 @@ fn metrics_router(m: Metrics) -> Router {
                 let m = m.clone();
                 async move {
                     (
-                        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
                         m.render(),
                     )
                         .into_response()
@@ -37,7 +41,9 @@ pub async fn spawn_metrics(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, metrics_router(m)).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
+        let served = axum::serve(listener, metrics_router(m))
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "metrics listener failed");
         }
@@ -52,7 +58,11 @@ mod tests {
 
     async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -64,7 +74,9 @@ mod tests {
         m.pages_migrated.inc_by(7);
         let tok = CancellationToken::new();
         let h = tok.clone();
-        let (addr, task) = spawn_metrics("127.0.0.1:0".parse().unwrap(), m, tok).await.unwrap();
+        let (addr, task) = spawn_metrics("127.0.0.1:0".parse().unwrap(), m, tok)
+            .await
+            .unwrap();
         let body = get(addr, "/metrics").await;
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
         assert!(body.contains("rebalancer_pages_migrated_total 7"), "{body}");
