@@ -37,7 +37,7 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub daemon: DaemonConfig,
@@ -46,19 +46,6 @@ pub struct Config {
     pub placement: PlacementConfig,
     pub controller: ControllerConfig,
     pub server: ServerConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            daemon: DaemonConfig::default(),
-            cgroups: CgroupConfig::default(),
-            ebpf: EbpfConfig::default(),
-            placement: PlacementConfig::default(),
-            controller: ControllerConfig::default(),
-            server: ServerConfig::default(),
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
