@@ -65,7 +65,7 @@ fn prometheus_scrapes_the_daemon() {
         ),
     )
     .unwrap();
-    let daemon = KillOnDrop(
+    let mut daemon = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_rebalancer"))
             .args(["run", "--config"])
             .arg(&cfg)
