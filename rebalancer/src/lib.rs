@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod controller;
 pub mod cpuset;
 pub mod ebpf;
 pub mod placement;
