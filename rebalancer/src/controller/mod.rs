@@ -20,6 +20,8 @@ pub mod planner;
 mod target;
 
 #[cfg(test)]
+mod actuator_tests;
+#[cfg(test)]
 mod planner_tests;
 
 pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, CgroupWriter, Step};

@@ -409,7 +409,7 @@ impl<'t> Projection<'t> {
             }
         }
         let demand = obs.cpu_demand(cg);
-        for (&n, _) in &cg.cpu_ns_per_node {
+        for &n in cg.cpu_ns_per_node.keys() {
             let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
             if let Some(b) = self.busy.get_mut(&n) {
                 *b = (*b - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
