@@ -234,6 +234,9 @@ pub struct ControllerConfig {
     pub horizon_ms: u64,
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
+    /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
+    /// and no move may push a node past it.
+    pub overload_busy: f64,
 }
 
 impl Default for ControllerConfig {
@@ -249,6 +252,7 @@ impl Default for ControllerConfig {
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
             move_exclusive: false,
+            overload_busy: 0.9,
         }
     }
 }
@@ -353,6 +357,9 @@ impl Config {
                 "controller.migration_cost_per_gib",
                 "must be a finite number >= 0".into(),
             ));
+        }
+        if !(self.controller.overload_busy > 0.0 && self.controller.overload_busy <= 1.0) {
+            return Err(bad("controller.overload_busy", "must be in (0, 1]".into()));
         }
         if self.ebpf.sample_hz == 0 || self.ebpf.sample_hz > 10_000 {
             return Err(bad("ebpf.sample_hz", "must be between 1 and 10000".into()));

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod controller;
 pub mod cpuset;
 pub mod ebpf;
 pub mod placement;
