@@ -11,5 +11,6 @@ pub mod controller;
 pub mod cpuset;
 pub mod ebpf;
 pub mod placement;
+pub mod procfs;
 pub mod serve;
 pub mod topology;
