@@ -3,3 +3,5 @@
 pub mod mask;
 
 pub use mask::{NodeMask, TopologyHint};
+pub mod cpu;
+pub mod shared;
