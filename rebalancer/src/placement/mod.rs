@@ -4,4 +4,5 @@ pub mod mask;
 
 pub use mask::{NodeMask, TopologyHint};
 pub mod cpu;
+pub mod memory;
 pub mod shared;
