@@ -4,5 +4,6 @@ pub mod mask;
 
 pub use mask::{NodeMask, TopologyHint};
 pub mod cpu;
+pub mod device;
 pub mod memory;
 pub mod shared;
