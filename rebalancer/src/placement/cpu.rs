@@ -562,7 +562,7 @@ pub fn take_by_topology(
 }
 
 /// kubelet's `allocateCPUs`: checks full-pcpus-only, then takes from the CPUs aligned with
-/// `affinity` (widened to whole sockets with align-by-socket) first, the rest anywhere.
+/// `affinity` first (then the rest of their sockets with align-by-socket), the rest anywhere.
 pub fn allocate_exclusive(
     v: &CpuView,
     available: &CpuSet,
@@ -589,17 +589,21 @@ pub fn allocate_exclusive(
     }
     let mut result = CpuSet::new();
     if let Some(mask) = affinity {
-        let mut aligned = v.cpus_of_mask(mask).intersection(&available);
-        if opts.align_by_socket {
+        let aligned = v.cpus_of_mask(mask).intersection(&available);
+        result = take_by_topology(v, &aligned, aligned.len().min(n), opts)?;
+        if opts.align_by_socket && result.len() < n {
+            // kubelet widens the aligned set to whole sockets; we take the hint's nodes first
+            // so that the CPUs stay on the memory's nodes whenever they can
             let socks = v
                 .sockets
                 .values()
                 .filter(|s| !s.is_disjoint(&aligned))
-                .fold(CpuSet::new(), |a, s| a.union(s));
-            aligned = socks.intersection(&available);
+                .fold(CpuSet::new(), |a, s| a.union(s))
+                .intersection(&available)
+                .difference(&result);
+            let k = socks.len().min(n - result.len());
+            result = result.union(&take_by_topology(v, &socks, k, opts)?);
         }
-        let k = aligned.len().min(n);
-        result = take_by_topology(v, &aligned, k, opts)?;
     }
     let rest = take_by_topology(v, &available.difference(&result), n - result.len(), opts)?;
     Ok(result.union(&rest))

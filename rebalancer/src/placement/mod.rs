@@ -3,7 +3,9 @@
 pub mod mask;
 
 pub use mask::{NodeMask, TopologyHint};
+pub mod admission;
 pub mod cpu;
 pub mod device;
 pub mod memory;
+pub mod pod;
 pub mod shared;
