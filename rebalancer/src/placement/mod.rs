@@ -6,3 +6,9 @@ pub mod merge_case;
 pub mod numa_info;
 
 pub use mask::{NodeMask, TopologyHint};
+pub mod admission;
+pub mod cpu;
+pub mod device;
+pub mod memory;
+pub mod pod;
+pub mod shared;
