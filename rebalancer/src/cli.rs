@@ -24,6 +24,12 @@ pub enum Command {
     Topology(cmd::topology::TopologyArgs),
     /// Report which eBPF and PMU sources this kernel supports, and the cgroup mode.
     Probe(cmd::probe::ProbeArgs),
+    /// Ask the running daemon to admit (or --release) a pod; prints per-container placements.
+    Admit(cmd::admit::AdmitArgs),
+    /// Show the running daemon's pods, placements, scores and decisions.
+    Status(cmd::admit::StatusArgs),
+    /// Explain the running daemon's last decision about one cgroup.
+    Explain(cmd::admit::ExplainArgs),
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
@@ -37,6 +43,9 @@ pub fn main() -> ExitCode {
         Command::Topology(a) => cmd::topology::run(a),
         Command::Probe(a) => cmd::probe::run(a),
         Command::Hints(c) => cmd::hints::run(c),
+        Command::Admit(a) => cmd::admit::admit(a),
+        Command::Status(a) => cmd::admit::status(a),
+        Command::Explain(a) => cmd::admit::explain(a),
     };
     match result {
         Ok(code) => code,

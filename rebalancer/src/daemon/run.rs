@@ -1,0 +1,146 @@
+//! The daemon's main task: discover the machine, restore the checkpoint, start the listeners,
+//! then one `tokio::select!` loop over the control tick, SIGHUP (config reload), SIGINT/SIGTERM.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use super::{Daemon, Persisted, Shared};
+use crate::{
+    checkpoint,
+    config::Config,
+    controller::ControllerState,
+    placement::admission::Allocator,
+    serve::{self, socket},
+    topology::sysfs,
+};
+
+/// Loads the checkpoint, or starts empty (with a warning when one existed but was unusable).
+fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
+    let fresh = || -> anyhow::Result<Persisted> {
+        Ok(Persisted {
+            allocator: Allocator::new(topo, &cfg.placement)
+                .context("building the allocator from config")?,
+            bindings: Default::default(),
+            controller: ControllerState::default(),
+        })
+    };
+    match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
+        Ok(Some(p)) => {
+            tracing::info!(
+                pods = p.allocator.pods.len(),
+                bindings = p.bindings.len(),
+                "checkpoint restored"
+            );
+            Ok(p)
+        }
+        Ok(None) => fresh(),
+        Err(e @ checkpoint::CheckpointError::Version { .. }) => Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, "checkpoint unusable; rebuilding from the live cgroups");
+            fresh()
+        }
+    }
+}
+
+pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
+    let topo = sysfs::read(&cfg.daemon.sysfs_root)
+        .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
+    tracing::info!(
+        nodes = topo.nodes.len(),
+        cpus = topo.cpus.len(),
+        devices = topo.devices.len(),
+        dry_run = cfg.daemon.dry_run,
+        "rebalancer starting"
+    );
+    let persisted = restore(&cfg, &topo)?;
+    let metrics = serve::Metrics::default();
+    let daemon = Daemon::new(
+        Shared {
+            topo,
+            cfg: cfg.clone(),
+            state: persisted,
+            decisions: Default::default(),
+            sources: Vec::new(),
+        },
+        metrics.clone(),
+    );
+
+    let cancel = CancellationToken::new();
+    let listen = cfg.server.metrics_listen.parse()?;
+    let (metrics_addr, metrics_task) =
+        serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener on {listen}"))?;
+    tracing::info!(%metrics_addr, "serving /metrics and /healthz");
+
+    let gid = cfg
+        .server
+        .socket_group
+        .as_deref()
+        .map(socket::group_id)
+        .transpose()?;
+    let listener = socket::bind(&cfg.server.socket, gid)?;
+    let api_task = socket::spawn(
+        listener,
+        serve::api::router(daemon.clone()),
+        socket::Access { allowed_gid: gid },
+        cancel.clone(),
+    );
+    tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                rounds += 1;
+                tracing::debug!(round = rounds, "control round");
+                if max_rounds != 0 && rounds >= max_rounds {
+                    tracing::info!(rounds, "round limit reached, stopping");
+                    break;
+                }
+            }
+            _ = sighup.recv() => reload(&daemon, config_path.as_deref()),
+            _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
+        }
+    }
+    cancel.cancel();
+    let _ = metrics_task.await;
+    let _ = api_task.await;
+    let _ = std::fs::remove_file(&cfg.server.socket);
+    if let Err(e) = daemon.lock().checkpoint() {
+        tracing::warn!(error = %e, "final checkpoint failed");
+    }
+    tracing::info!("rebalancer stopped cleanly");
+    Ok(())
+}
+
+/// SIGHUP: re-read the config; a bad file is reported and the running config kept. Settings
+/// that need a restart (listeners, state dir, sysfs root) are reported as such.
+fn reload(d: &Daemon, path: Option<&std::path::Path>) {
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "config reload failed; keeping the running config");
+            return;
+        }
+    };
+    let mut s = d.lock();
+    if new.server != s.cfg.server
+        || new.daemon.state_dir != s.cfg.daemon.state_dir
+        || new.daemon.sysfs_root != s.cfg.daemon.sysfs_root
+    {
+        tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
+    }
+    s.cfg.controller = new.controller;
+    s.cfg.placement = new.placement;
+    s.cfg.daemon.dry_run = new.daemon.dry_run;
+    tracing::info!("config reloaded");
+}
