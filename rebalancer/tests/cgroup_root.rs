@@ -167,3 +167,39 @@ fn real_cpuset_write_read_back_and_refusals() {
         Version::V2 => r.unwrap(),
     }
 }
+
+/// The readers parse this kernel's real files (the root cgroup of each v1 hierarchy; a v2 root
+/// has no cpu.max / memory.max, so on v2 only the cpuset and numa_stat-free parts are read).
+#[test]
+fn real_readers_parse_this_kernel() {
+    let cg = match Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) {
+        Ok(cg) => cg,
+        Err(e) => {
+            println!("SKIP: cannot detect cgroups: {e}");
+            return;
+        }
+    };
+    println!("mode {}", cg.mode());
+    if let Ok((_, Version::V1)) = cg.hierarchy(Controller::Memory) {
+        let s = cg.numa_stat("/").unwrap();
+        assert!(!s.anon.is_empty() && !s.file.is_empty(), "{s:?}");
+        println!("root numa_stat: {s:?}");
+        assert_eq!(cg.memory_max("/").unwrap(), None);
+    } else {
+        println!("SKIP (part): memory not on v1");
+    }
+    if let Ok((_, Version::V1)) = cg.hierarchy(Controller::Cpu) {
+        assert_eq!(cg.cpu_max("/").unwrap().quota_us, None);
+        assert!((1..=10_000).contains(&cg.cpu_weight("/").unwrap()));
+    }
+    if cg.mounts().v2.is_some() {
+        assert!(cg.cgroup_id("/").unwrap() > 0);
+    }
+    if cg.hierarchy(Controller::Cpuset).is_ok() {
+        assert!(!cg.effective_cpus("/").unwrap().is_empty());
+        assert!(!cg.effective_mems("/").unwrap().is_empty());
+    }
+}

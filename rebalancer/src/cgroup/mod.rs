@@ -482,6 +482,23 @@ impl Cgroups {
         self.write_file(&p, &pid.to_string())
     }
 
+    /// The cgroup's v2 id — the inode number of its directory on the cgroup2 mount, which is
+    /// what `bpf_get_current_cgroup_id()` returns. Needs a v2 mount (on hybrid machines the
+    /// unified hierarchy may hold no cgroups besides the root).
+    pub fn cgroup_id(&self, rel: &str) -> Result<u64, CgroupError> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(root) = &self.mounts.v2 else {
+            return Err(CgroupError::NoController {
+                controller: "cgroup2",
+                mode: self.mode(),
+            });
+        };
+        let dir = root.join(clean(rel)?);
+        fs::metadata(&dir)
+            .map(|m| m.ino())
+            .map_err(|source| CgroupError::Io { path: dir, source })
+    }
+
     /// Removes an (empty) cgroup directory.
     pub fn remove(&self, c: Controller, rel: &str) -> Result<(), CgroupError> {
         let (dir, _) = self.dir(c, rel)?;

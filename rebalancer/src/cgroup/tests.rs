@@ -206,3 +206,70 @@ fn kernel_errnos_have_messages() {
         assert!(r.contains(word), "{errno}: {r}");
     }
 }
+
+/// Every malformed or missing file is an error naming it. (file, content or None to delete,
+/// the read that must fail)
+#[test]
+fn malformed_cgroup_files_name_the_file() {
+    type Read = fn(&Cgroups) -> Result<(), CgroupError>;
+    let table: &[(&str, Option<&str>, Read)] = &[
+        ("k.slice/cpuset.cpus", Some("0-3,\n"), |c| {
+            c.cpus("/k.slice").map(drop)
+        }),
+        ("k.slice/cpuset.mems.effective", None, |c| {
+            c.effective_mems("/k.slice").map(drop)
+        }),
+        ("k.slice/cpu.max", Some("100000\n"), |c| {
+            c.cpu_max("/k.slice").map(drop)
+        }),
+        ("k.slice/cpu.weight", Some("heavy\n"), |c| {
+            c.cpu_weight("/k.slice").map(drop)
+        }),
+        ("k.slice/memory.max", Some("12G\n"), |c| {
+            c.memory_max("/k.slice").map(drop)
+        }),
+        ("k.slice/memory.numa_stat", Some("anon N0=1 N1\n"), |c| {
+            c.numa_stat("/k.slice").map(drop)
+        }),
+        ("k.slice/memory.numa_stat", None, |c| {
+            c.numa_stat("/k.slice").map(drop)
+        }),
+        (
+            "k.slice/hugetlb.2MB.numa_stat",
+            Some("hierarchical_total=0\n"),
+            |c| c.numa_stat("/k.slice").map(drop),
+        ),
+        ("k.slice/cgroup.procs", Some("12\n1x\n"), |c| {
+            c.procs(Controller::Cpu, "/k.slice").map(drop)
+        }),
+        // The parent's effective set is read before a write: a bad one stops the write.
+        ("cpuset.cpus.effective", Some("0-15,16-\n"), |c| {
+            c.write_cpus("/k.slice", &CpuSet::parse("1").unwrap())
+        }),
+    ];
+    for (rel, content, read) in table {
+        let d = tempfile::tempdir().unwrap();
+        let cg = fake_v2(d.path());
+        let p = d.path().join(rel);
+        match content {
+            Some(text) => fs::write(&p, text).unwrap(),
+            None => fs::remove_file(&p).unwrap(),
+        }
+        let e = read(&cg).expect_err(rel).to_string();
+        assert!(e.contains(&p.display().to_string()), "{rel}: {e}");
+    }
+}
+
+#[test]
+fn cgroup_id_is_the_v2_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let cg = fake_v2(d.path());
+    let ino = fs::metadata(d.path().join("k.slice")).unwrap().ino();
+    assert_eq!(cg.cgroup_id("/k.slice").unwrap(), ino);
+    assert!(cg
+        .cgroup_id("/missing")
+        .unwrap_err()
+        .to_string()
+        .contains("missing"));
+}
