@@ -251,4 +251,17 @@ mod tests {
         assert_eq!(parse_procs(p, "1\n42\n").unwrap(), vec![1, 42]);
         assert!(parse_procs(p, "1\nx\n").is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn parsers_never_panic(text in "[ -~\\n]{0,200}") {
+            let p = Path::new("f");
+            let _ = parse_cpu_max(p, &text);
+            let _ = parse_memory_max(p, &text);
+            let _ = parse_numa_stat_v1(p, &text, 4096);
+            let _ = parse_numa_stat_v2(p, &text);
+            let _ = parse_hugetlb_numa_stat(p, &text);
+            let _ = parse_procs(p, &text);
+        }
+    }
 }

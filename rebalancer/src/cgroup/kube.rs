@@ -268,4 +268,11 @@ mod tests {
             Some(UID)
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn classify_never_panics(path in "(/|kubepods|\\.slice|-pod|burstable|besteffort|_|[a-f0-9]{1,70}|cri-containerd-|crio-|\\.scope){0,12}") {
+            let _ = classify_with_roots(&path, &["/a".into()]);
+        }
+    }
 }

@@ -182,15 +182,19 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        let value = octal.map(|d| d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0')));
+        match value.and_then(|v| u8::try_from(v).ok()) {
+            Some(byte) if b[i] == b'\\' => {
+                out.push(byte);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
         }
     }
     String::from_utf8_lossy(&out).into_owned()
@@ -267,6 +271,16 @@ mod tests {
     fn escaped_mount_points() {
         assert_eq!(unescape(r"/mnt/my\040cgroup"), "/mnt/my cgroup");
         assert_eq!(unescape(r"/a\\b"), r"/a\\b");
+        assert_eq!(unescape(r"/x\777"), r"/x\777");
+        assert_eq!(unescape(r"/x\04"), r"/x\04");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn mountinfo_parser_never_panics(text in "[ -~\\n]{0,300}") {
+            let _ = Mounts::parse_mountinfo(Path::new("m"), &text, Path::new("/"));
+            let _ = unescape(&text);
+        }
     }
 
     #[test]

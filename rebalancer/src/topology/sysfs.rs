@@ -483,4 +483,13 @@ mod tests {
         assert!(parse_meminfo(p, "Node 0 MemTotal: 12 kB\n").is_err());
         assert!(parse_meminfo(p, "Node 0 MemTotal: x kB\nNode 0 MemFree: 1 kB\n").is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn row_and_meminfo_parsers_never_panic(text in "[ -~\\n]{0,200}") {
+            let p = Path::new("f");
+            let _ = parse_distance_row(p, &text, &[0, 1, 2], &[2, 0, 1]);
+            let _ = parse_meminfo(p, &text);
+        }
+    }
 }
