@@ -554,3 +554,13 @@ fn capture_script_copies_what_the_reader_needs() {
         assert_eq!(a, b, "{name}: topology of the captured copy differs");
     }
 }
+
+#[test]
+fn without_node_online_the_node_directories_are_used() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&fixture("cxl-offline"), dir.path());
+    std::fs::remove_file(dir.path().join("devices/system/node/online")).unwrap();
+    let t = sysfs::read(dir.path()).unwrap();
+    assert_eq!(t.node_ids().collect::<Vec<_>>(), vec![0, 2]);
+    assert_eq!(t.distance(2, 0), 26);
+}
