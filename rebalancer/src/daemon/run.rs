@@ -54,6 +54,14 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         dry_run = cfg.daemon.dry_run,
         "rebalancer starting"
     );
+    log_topology(&topo);
+    let cgroups = crate::cgroup::Cgroups::detect(&cfg.cgroups.mount, "/proc/self/mountinfo".as_ref())
+        .with_context(|| format!("detecting cgroups under {}", cfg.cgroups.mount.display()))?;
+    let cpuset = cgroups
+        .hierarchy(crate::cgroup::Controller::Cpuset)
+        .map(|(p, v)| format!("{v:?} at {}", p.display()))
+        .unwrap_or_else(|e| e.to_string());
+    tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
     let persisted = restore(&cfg, &topo)?;
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(
@@ -143,4 +151,26 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     s.cfg.placement = new.placement;
     s.cfg.daemon.dry_run = new.daemon.dry_run;
     tracing::info!("config reloaded");
+}
+
+/// One log line per node: CPUs, sockets, L3 groups, memory, distances.
+fn log_topology(topo: &crate::topology::Topology) {
+    for n in &topo.nodes {
+        let online: Vec<_> = topo.cpus.iter().filter(|c| c.online && n.cpus.contains(c.id)).collect();
+        let sockets: std::collections::BTreeSet<u32> = online.iter().map(|c| c.socket).collect();
+        let l3: std::collections::BTreeSet<u32> = online.iter().filter_map(|c| c.l3).collect();
+        tracing::info!(
+            node = n.id,
+            cpus = %n.cpus,
+            sockets = ?sockets,
+            l3_groups = l3.len(),
+            memory_mib = n.memory_total_bytes >> 20,
+            distances = ?n.distances,
+            "numa node"
+        );
+    }
+    let offline = topo.cpus.iter().filter(|c| !c.online).count();
+    if offline > 0 {
+        tracing::info!(offline, "offline CPUs");
+    }
 }
