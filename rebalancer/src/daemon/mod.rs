@@ -12,6 +12,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+pub mod engine;
 pub mod run;
 
 use serde::{Deserialize, Serialize};
