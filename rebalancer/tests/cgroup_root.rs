@@ -199,6 +199,11 @@ fn real_readers_parse_this_kernel() {
         assert!(cg.cgroup_id("/").unwrap() > 0);
     }
     if cg.hierarchy(Controller::Cpuset).is_ok() {
+        let mine = cg
+            .cgroup_of_pid(Path::new("/proc"), std::process::id(), Controller::Cpuset)
+            .unwrap();
+        println!("this test's cpuset cgroup: {mine}");
+        assert!(cg.dir(Controller::Cpuset, &mine).unwrap().0.is_dir());
         assert!(!cg.effective_cpus("/").unwrap().is_empty());
         assert!(!cg.effective_mems("/").unwrap().is_empty());
     }

@@ -187,6 +187,42 @@ pub fn parse_procs(path: &Path, text: &str) -> Result<Vec<u32>, CgroupError> {
         .collect()
 }
 
+/// One line of `/proc/<pid>/cgroup`: `hierarchy-id:controller-list:path` (v2: `0::/path`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcCgroup {
+    pub hierarchy: u32,
+    /// v1 controllers of the hierarchy (`name=systemd` included as written); empty for v2.
+    pub controllers: Vec<String>,
+    pub path: String,
+}
+
+/// Parses `/proc/<pid>/cgroup`.
+pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<Vec<ProcCgroup>, CgroupError> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (Some(h), Some(c), Some(p)) = (it.next(), it.next(), it.next()) else {
+                return Err(bad(
+                    path,
+                    format!("expected ID:CONTROLLERS:PATH, found {l:?}"),
+                ));
+            };
+            Ok(ProcCgroup {
+                hierarchy: h
+                    .parse()
+                    .map_err(|_| bad(path, format!("bad hierarchy id in {l:?}")))?,
+                controllers: c
+                    .split(',')
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                path: p.to_string(),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +256,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(h, nb(&[(0, 2097152), (1, 2097152)]));
+    }
+
+    #[test]
+    fn proc_cgroup_lines() {
+        let p = Path::new("/proc/1/cgroup");
+        let text =
+            "9:name=systemd:/\n4:memory:/process_api/ae09\n3:cpuset:/\n1:cpu,cpuacct:/a:b\n0::/\n";
+        let v = parse_proc_cgroup(p, text).unwrap();
+        assert_eq!(v.len(), 5);
+        assert_eq!(v[1].controllers, vec!["memory"]);
+        assert_eq!(v[1].path, "/process_api/ae09");
+        assert_eq!(v[3].path, "/a:b");
+        assert!(v[4].controllers.is_empty());
+        assert!(parse_proc_cgroup(p, "x:cpu:/\n").is_err());
+        assert!(parse_proc_cgroup(p, "3\n").is_err());
     }
 
     #[test]

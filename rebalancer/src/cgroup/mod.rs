@@ -30,7 +30,7 @@ pub mod files;
 pub mod kube;
 pub mod mode;
 
-pub use files::{CpuMax, NodeBytes, NumaStat};
+pub use files::{CpuMax, NodeBytes, NumaStat, ProcCgroup};
 pub use kube::{classify, classify_with_roots, CgroupKind, Qos};
 pub use mode::{CgroupMode, Mounts};
 
@@ -497,6 +497,27 @@ impl Cgroups {
         fs::metadata(&dir)
             .map(|m| m.ino())
             .map_err(|source| CgroupError::Io { path: dir, source })
+    }
+
+    /// The cgroup of process `pid` in controller `c`'s hierarchy, from `<proc>/<pid>/cgroup`
+    /// (`proc` normally `/proc`): the v1 line naming the controller, else the v2 `0::` line.
+    pub fn cgroup_of_pid(
+        &self,
+        proc: &Path,
+        pid: u32,
+        c: Controller,
+    ) -> Result<String, CgroupError> {
+        let (_, v) = self.hierarchy(c)?;
+        let p = proc.join(pid.to_string()).join("cgroup");
+        let lines = files::parse_proc_cgroup(&p, &self.read(&p)?)?;
+        let found = lines.into_iter().find(|l| match v {
+            Version::V1 => l.controllers.iter().any(|x| x == c.name()),
+            Version::V2 => l.hierarchy == 0 && l.controllers.is_empty(),
+        });
+        found.map(|l| l.path).ok_or_else(|| CgroupError::Malformed {
+            path: p,
+            message: format!("no line for the {} controller", c.name()),
+        })
     }
 
     /// Removes an (empty) cgroup directory.

@@ -273,3 +273,33 @@ fn cgroup_id_is_the_v2_inode() {
         .to_string()
         .contains("missing"));
 }
+
+#[test]
+fn cgroup_of_pid_picks_the_controllers_line() {
+    let d = tempfile::tempdir().unwrap();
+    let cg = fake_v1(&d.path().join("cg"));
+    put(
+        d.path(),
+        "proc/77/cgroup",
+        "4:memory:/m\n3:cpuset:/pod/c1\n2:cpu,cpuacct:/pod\n0::/\n",
+    );
+    let proc = d.path().join("proc");
+    assert_eq!(
+        cg.cgroup_of_pid(&proc, 77, Controller::Cpuset).unwrap(),
+        "/pod/c1"
+    );
+    assert_eq!(
+        cg.cgroup_of_pid(&proc, 77, Controller::Cpu).unwrap(),
+        "/pod"
+    );
+    let v2 = fake_v2(&d.path().join("v2"));
+    assert_eq!(
+        v2.cgroup_of_pid(&proc, 77, Controller::Cpuset).unwrap(),
+        "/"
+    );
+    let e = cg
+        .cgroup_of_pid(&proc, 78, Controller::Cpuset)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("proc/78/cgroup"), "{e}");
+}
