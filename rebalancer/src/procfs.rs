@@ -128,7 +128,11 @@ pub fn parse_task_cpu(stat: &str) -> Option<(u64, u32)> {
 pub fn ns_per_tick() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 { 1_000_000_000 / hz as u64 } else { 10_000_000 }
+    if hz > 0 {
+        1_000_000_000 / hz as u64
+    } else {
+        10_000_000
+    }
 }
 
 /// CPU ticks and last CPU of every thread of `pid`, keyed by tid.
@@ -206,7 +210,15 @@ mod tests {
         assert_eq!(parse_last_cpu(&stat), Some(7));
         let mut stat2 = String::from("9 (w) R");
         for i in 4..=52 {
-            stat2.push_str(&format!(" {}", match i { 14 => 30, 15 => 12, 39 => 3, _ => 0 }));
+            stat2.push_str(&format!(
+                " {}",
+                match i {
+                    14 => 30,
+                    15 => 12,
+                    39 => 3,
+                    _ => 0,
+                }
+            ));
         }
         assert_eq!(parse_task_cpu(&stat2), Some((42, 3)));
         assert_eq!(parse_last_cpu("1 (x) S 1 2"), None);

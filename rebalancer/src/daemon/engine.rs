@@ -18,7 +18,10 @@ use std::{
 use crate::{
     cgroup::{classify_with_roots, CgroupError, CgroupKind, Cgroups, Controller},
     config::Config,
-    controller::{self, CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs, Observations, Outcome},
+    controller::{
+        self, CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs,
+        Observations, Outcome,
+    },
     cpuset::CpuSet,
     procfs,
     serve::metrics::{NodeLabel, ReasonLabel},
@@ -30,7 +33,12 @@ use super::Daemon;
 /// Where per-node CPU time of each cgroup comes from.
 pub trait CpuTimeSource: Send {
     /// Cumulative on-CPU ns per node for each cgroup (keys are relative cgroup paths).
-    fn cumulative(&mut self, cgroups: &Cgroups, managed: &[String], topo: &Topology) -> BTreeMap<String, BTreeMap<u32, u64>>;
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> BTreeMap<String, BTreeMap<u32, u64>>;
     fn name(&self) -> &'static str;
 }
 
@@ -45,12 +53,22 @@ pub struct ProcCpuTime {
 
 impl ProcCpuTime {
     pub fn new(proc_root: &Path) -> Self {
-        ProcCpuTime { proc_root: proc_root.to_path_buf(), ns_per_tick: procfs::ns_per_tick(), last: BTreeMap::new(), totals: BTreeMap::new() }
+        ProcCpuTime {
+            proc_root: proc_root.to_path_buf(),
+            ns_per_tick: procfs::ns_per_tick(),
+            last: BTreeMap::new(),
+            totals: BTreeMap::new(),
+        }
     }
 }
 
 impl CpuTimeSource for ProcCpuTime {
-    fn cumulative(&mut self, cgroups: &Cgroups, managed: &[String], topo: &Topology) -> BTreeMap<String, BTreeMap<u32, u64>> {
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         let mut seen = BTreeSet::new();
         for cg in managed {
             let pids = cgroups.procs(Controller::Cpuset, cg).unwrap_or_default();
@@ -85,38 +103,67 @@ pub struct RealWriter<'a>(pub &'a Cgroups);
 fn wrap(cgroup: &str, file: CgroupFile, e: CgroupError) -> CgroupWriteError {
     match e {
         CgroupError::Io { source, .. } => CgroupWriteError::from_io(cgroup, file, "", source),
-        CgroupError::Write { source, value, .. } => CgroupWriteError::from_io(cgroup, file, &value, source),
-        CgroupError::OutsideParent { value, .. } => CgroupWriteError::NoSpace { cgroup: cgroup.into(), file, value },
-        CgroupError::Empty { .. } => CgroupWriteError::Invalid { cgroup: cgroup.into(), file, value: String::new() },
-        other => CgroupWriteError::Io { cgroup: cgroup.into(), file, source: std::io::Error::other(other.to_string()) },
+        CgroupError::Write { source, value, .. } => {
+            CgroupWriteError::from_io(cgroup, file, &value, source)
+        }
+        CgroupError::OutsideParent { value, .. } => CgroupWriteError::NoSpace {
+            cgroup: cgroup.into(),
+            file,
+            value,
+        },
+        CgroupError::Empty { .. } => CgroupWriteError::Invalid {
+            cgroup: cgroup.into(),
+            file,
+            value: String::new(),
+        },
+        other => CgroupWriteError::Io {
+            cgroup: cgroup.into(),
+            file,
+            source: std::io::Error::other(other.to_string()),
+        },
     }
 }
 
 impl CgroupWriter for RealWriter<'_> {
     fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.0.effective_cpus(cg).map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+        self.0
+            .effective_cpus(cg)
+            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
     }
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.0.effective_mems(cg).map_err(|e| wrap(cg, CgroupFile::Mems, e))
+        self.0
+            .effective_mems(cg)
+            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.0.write_cpus(cg, cpus).map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+        self.0
+            .write_cpus(cg, cpus)
+            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
     }
     fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.0.write_mems(cg, mems).map_err(|e| wrap(cg, CgroupFile::Mems, e))
+        self.0
+            .write_mems(cg, mems)
+            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
     fn needs_memory_migrate(&self) -> bool {
-        self.0.hierarchy(Controller::Cpuset).is_ok_and(|(_, v)| v == crate::cgroup::Version::V1)
+        self.0
+            .hierarchy(Controller::Cpuset)
+            .is_ok_and(|(_, v)| v == crate::cgroup::Version::V1)
     }
     fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
-        let (dir, _) = self.0.dir(Controller::Cpuset, cg).map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))?;
+        let (dir, _) = self
+            .0
+            .dir(Controller::Cpuset, cg)
+            .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))?;
         let p = dir.join("cpuset.memory_migrate");
         std::fs::read_to_string(&p)
             .map(|s| s.trim() == "1")
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::MemoryMigrate, "", e))
     }
     fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.0.set_memory_migrate(cg, on).map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
+        self.0
+            .set_memory_migrate(cg, on)
+            .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
     }
 }
 
@@ -144,18 +191,20 @@ impl Engine {
         }
     }
 
-    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes strictly
+    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
     /// below a configured root. Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Vec<String> {
-        let Ok(all) = self.cgroups.walk(Controller::Cpuset, "") else { return Vec::new() };
+        let Ok(all) = self.cgroups.walk(Controller::Cpuset, "") else {
+            return Vec::new();
+        };
         all.into_iter()
             .map(|p| p.trim_start_matches('/').to_string())
             .filter(|p| match classify_with_roots(p, &cfg.cgroups.roots) {
                 CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
-                CgroupKind::Configured { root } => {
-                    p.trim_matches('/') != root.trim_matches('/')
-                        && self.cgroups.procs(Controller::Cpuset, p).is_ok_and(|v| !v.is_empty())
-                }
+                CgroupKind::Configured { .. } => self
+                    .cgroups
+                    .procs(Controller::Cpuset, p)
+                    .is_ok_and(|v| !v.is_empty()),
                 _ => false,
             })
             .collect()
@@ -172,8 +221,16 @@ impl Engine {
         topo.nodes
             .iter()
             .map(|n| {
-                let cpus: Vec<f64> = n.cpus.iter().filter_map(|c| busy.get(&c).copied()).collect();
-                let cpu_busy = if cpus.is_empty() { 0.0 } else { cpus.iter().sum::<f64>() / cpus.len() as f64 };
+                let cpus: Vec<f64> = n
+                    .cpus
+                    .iter()
+                    .filter_map(|c| busy.get(&c).copied())
+                    .collect();
+                let cpu_busy = if cpus.is_empty() {
+                    0.0
+                } else {
+                    cpus.iter().sum::<f64>() / cpus.len() as f64
+                };
                 let p = node_dir.join(format!("node{}/meminfo", n.id));
                 let free = std::fs::read_to_string(&p)
                     .ok()
@@ -182,9 +239,18 @@ impl Engine {
                 let free_hp: u64 = n
                     .hugepages
                     .iter()
-                    .map(|(size, hp)| hp.free * size.trim_end_matches("kB").parse::<u64>().unwrap_or(0) * 1024)
+                    .map(|(size, hp)| {
+                        hp.free * size.trim_end_matches("kB").parse::<u64>().unwrap_or(0) * 1024
+                    })
                     .sum();
-                (n.id, NodeObs { cpu_busy, free_bytes: free, free_hugepage_bytes: free_hp })
+                (
+                    n.id,
+                    NodeObs {
+                        cpu_busy,
+                        free_bytes: free,
+                        free_hugepage_bytes: free_hp,
+                    },
+                )
             })
             .collect()
     }
@@ -196,14 +262,24 @@ impl Engine {
         let mut c = Constraints::default();
         if let Some(b) = s.state.bindings.get(cg) {
             if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
-                if let Some(ac) = pod.containers.iter().find(|c| c.placement.container == b.container) {
+                if let Some(ac) = pod
+                    .containers
+                    .iter()
+                    .find(|c| c.placement.container == b.container)
+                {
                     c.exclusive = ac.placement.exclusive;
-                    c.exclusive_cpus = if c.exclusive { ac.placement.cpus.len() as u32 } else { 0 };
+                    c.exclusive_cpus = if c.exclusive {
+                        ac.placement.cpus.len() as u32
+                    } else {
+                        0
+                    };
                     c.needs_hugepages = ac.memory.is_some();
                     use crate::config::TopologyPolicy::*;
                     match s.cfg.placement.policy {
                         SingleNumaNode => c.single_numa_node = true,
-                        Restricted => c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset()),
+                        Restricted => {
+                            c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset())
+                        }
                         _ => {}
                     }
                     if !ac.placement.devices.is_empty() {
@@ -215,14 +291,30 @@ impl Engine {
         }
         // Not ours: the threads' own affinity and the cgroup's cpuset are the operator's choice.
         let mut allowed = CpuSet::new();
-        for pid in self.cgroups.procs(Controller::Cpuset, cg).unwrap_or_default() {
+        for pid in self
+            .cgroups
+            .procs(Controller::Cpuset, cg)
+            .unwrap_or_default()
+        {
             if let Some((aff, _)) = procfs::task_placement(&self.proc_root, pid) {
                 allowed = allowed.union(&aff);
             }
         }
-        let pinned_cpus = if allowed.is_empty() { eff_cpus.clone() } else { allowed.intersection(eff_cpus) };
-        let nodes: CpuSet = pinned_cpus.iter().filter_map(|cpu| topo.node_of_cpu(cpu)).collect();
-        let all_nodes: CpuSet = topo.nodes.iter().filter(|n| !n.cpus.is_empty()).map(|n| n.id).collect();
+        let pinned_cpus = if allowed.is_empty() {
+            eff_cpus.clone()
+        } else {
+            allowed.intersection(eff_cpus)
+        };
+        let nodes: CpuSet = pinned_cpus
+            .iter()
+            .filter_map(|cpu| topo.node_of_cpu(cpu))
+            .collect();
+        let all_nodes: CpuSet = topo
+            .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.id)
+            .collect();
         if !nodes.is_empty() && nodes != all_nodes {
             c.allowed_nodes = Some(nodes);
         }
@@ -238,21 +330,40 @@ impl Engine {
         };
         let managed = self.managed(&cfg);
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
-        let period_ns = self.last_round.map_or(cfg.controller.period_ms * 1_000_000, |t| t.elapsed().as_nanos() as u64);
+        let period_ns = self
+            .last_round
+            .map_or(cfg.controller.period_ms * 1_000_000, |t| {
+                t.elapsed().as_nanos() as u64
+            });
         self.last_round = Some(Instant::now());
         let nodes = self.node_obs(&cfg, &topo);
 
-        let mut obs = Observations { period_ns, cgroups: Vec::new(), nodes, reserved_cpus: cfg.reserved_cpus() };
+        let mut obs = Observations {
+            period_ns,
+            cgroups: Vec::new(),
+            nodes,
+            reserved_cpus: cfg.reserved_cpus(),
+        };
         {
             let s = d.lock();
             for cg in &managed {
-                let (Ok(cpus), Ok(mems)) = (self.cgroups.effective_cpus(cg), self.cgroups.effective_mems(cg)) else { continue };
+                let (Ok(cpus), Ok(mems)) = (
+                    self.cgroups.effective_cpus(cg),
+                    self.cgroups.effective_mems(cg),
+                ) else {
+                    continue;
+                };
                 let numa = self.cgroups.numa_stat(cg).unwrap_or_default();
                 let now = cumulative.get(cg).cloned().unwrap_or_default();
                 let prev = self.prev_cpu.get(cg);
                 let cpu_ns_per_node = now
                     .iter()
-                    .map(|(n, v)| (*n, v.saturating_sub(prev.and_then(|p| p.get(n)).copied().unwrap_or(0))))
+                    .map(|(n, v)| {
+                        (
+                            *n,
+                            v.saturating_sub(prev.and_then(|p| p.get(n)).copied().unwrap_or(0)),
+                        )
+                    })
                     .filter(|(_, v)| *v > 0)
                     .collect();
                 let mut mem = numa.anon.clone();
@@ -294,12 +405,22 @@ impl Engine {
                         s.state.controller.record_move(mv, now_ms);
                         d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
                     }
-                    d.metrics.moves_applied.get_or_create(&ReasonLabel { reason: trigger_name(&mv.reason) }).inc();
+                    d.metrics
+                        .moves_applied
+                        .get_or_create(&ReasonLabel {
+                            reason: trigger_name(&mv.reason),
+                        })
+                        .inc();
                 }
                 Err(e) => {
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, "move failed and was rolled back");
                     d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
-                    d.metrics.moves_skipped.get_or_create(&ReasonLabel { reason: "apply-failed".into() }).inc();
+                    d.metrics
+                        .moves_skipped
+                        .get_or_create(&ReasonLabel {
+                            reason: "apply-failed".into(),
+                        })
+                        .inc();
                 }
             }
         }
@@ -308,11 +429,21 @@ impl Engine {
         let mut scores = Vec::new();
         {
             let mut s = d.lock();
-            s.decisions = plan.decisions.iter().map(|dc| (dc.cgroup.clone(), dc.clone())).collect();
+            s.decisions = plan
+                .decisions
+                .iter()
+                .map(|dc| (dc.cgroup.clone(), dc.clone()))
+                .collect();
             for dc in &plan.decisions {
                 if let Outcome::Skipped(skip) = &dc.outcome {
-                    let reason = serde_json::to_value(skip).ok().and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string)).unwrap_or_else(|| "other".into());
-                    d.metrics.moves_skipped.get_or_create(&ReasonLabel { reason }).inc();
+                    let reason = serde_json::to_value(skip)
+                        .ok()
+                        .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+                        .unwrap_or_else(|| "other".into());
+                    d.metrics
+                        .moves_skipped
+                        .get_or_create(&ReasonLabel { reason })
+                        .inc();
                 }
                 if let Some(l) = dc.smoothed.or(dc.locality) {
                     scores.push((dc.cgroup.clone(), l, 1.0 - l));
@@ -325,12 +456,23 @@ impl Engine {
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
         for (id, n) in &obs.nodes {
-            let l = NodeLabel { node: id.to_string() };
+            let l = NodeLabel {
+                node: id.to_string(),
+            };
             d.metrics.node_cpu_busy.get_or_create(&l).set(n.cpu_busy);
-            d.metrics.node_memory_free.get_or_create(&l).set(n.free_bytes as i64);
+            d.metrics
+                .node_memory_free
+                .get_or_create(&l)
+                .set(n.free_bytes as i64);
         }
         d.metrics.round_duration.observe(t0.elapsed().as_secs_f64());
-        tracing::debug!(managed = managed.len(), moves = plan.moves.len(), applied, source = self.cpu_source.name(), "round done");
+        tracing::debug!(
+            managed = managed.len(),
+            moves = plan.moves.len(),
+            applied,
+            source = self.cpu_source.name(),
+            "round done"
+        );
         applied
     }
 }

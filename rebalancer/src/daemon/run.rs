@@ -6,7 +6,7 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{Daemon, Persisted, Shared};
+use super::{engine, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
     config::Config,
@@ -55,8 +55,9 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         "rebalancer starting"
     );
     log_topology(&topo);
-    let cgroups = crate::cgroup::Cgroups::detect(&cfg.cgroups.mount, "/proc/self/mountinfo".as_ref())
-        .with_context(|| format!("detecting cgroups under {}", cfg.cgroups.mount.display()))?;
+    let cgroups =
+        crate::cgroup::Cgroups::detect(&cfg.cgroups.mount, "/proc/self/mountinfo".as_ref())
+            .with_context(|| format!("detecting cgroups under {}", cfg.cgroups.mount.display()))?;
     let cpuset = cgroups
         .hierarchy(crate::cgroup::Controller::Cpuset)
         .map(|(p, v)| format!("{v:?} at {}", p.display()))
@@ -98,6 +99,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
+    let cpu_source: Box<dyn engine::CpuTimeSource> =
+        Box::new(engine::ProcCpuTime::new("/proc".as_ref()));
+    tracing::info!(source = cpu_source.name(), "per-node CPU time source");
+    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -108,7 +113,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         tokio::select! {
             _ = tick.tick() => {
                 rounds += 1;
-                tracing::debug!(round = rounds, "control round");
+                engine.round(&daemon);
                 if max_rounds != 0 && rounds >= max_rounds {
                     tracing::info!(rounds, "round limit reached, stopping");
                     break;
@@ -156,7 +161,11 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
 /// One log line per node: CPUs, sockets, L3 groups, memory, distances.
 fn log_topology(topo: &crate::topology::Topology) {
     for n in &topo.nodes {
-        let online: Vec<_> = topo.cpus.iter().filter(|c| c.online && n.cpus.contains(c.id)).collect();
+        let online: Vec<_> = topo
+            .cpus
+            .iter()
+            .filter(|c| c.online && n.cpus.contains(c.id))
+            .collect();
         let sockets: std::collections::BTreeSet<u32> = online.iter().map(|c| c.socket).collect();
         let l3: std::collections::BTreeSet<u32> = online.iter().filter_map(|c| c.l3).collect();
         tracing::info!(
