@@ -24,6 +24,8 @@ pub enum Command {
     Topology(cmd::topology::TopologyArgs),
     /// Report which eBPF and PMU sources this kernel supports, and the cgroup mode.
     Probe(cmd::probe::ProbeArgs),
+    /// Sample per-cgroup, per-node on-CPU time, migrations and NUMA signals with eBPF (root).
+    Sample(cmd::sample::SampleArgs),
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
@@ -36,6 +38,7 @@ pub fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Probe(a) => cmd::probe::run(a),
+        Command::Sample(a) => cmd::sample::run(a),
         Command::Hints(c) => cmd::hints::run(c),
     };
     match result {

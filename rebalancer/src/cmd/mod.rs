@@ -3,4 +3,5 @@
 pub mod hints;
 pub mod probe;
 pub mod run;
+pub mod sample;
 pub mod topology;
