@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{cli::init_tracing, config::Config, topology::sysfs};
+use crate::{cli::init_tracing, config::Config, serve, topology::sysfs};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -50,6 +50,14 @@ async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
         dry_run = cfg.daemon.dry_run,
         "rebalancer starting"
     );
+    let metrics = serve::Metrics::default();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let listen = cfg.server.metrics_listen.parse()?;
+    let (metrics_addr, metrics_task) =
+        serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener on {listen}"))?;
+    tracing::info!(%metrics_addr, "serving /metrics and /healthz");
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
@@ -69,6 +77,8 @@ async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
             _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
         }
     }
+    cancel.cancel();
+    let _ = metrics_task.await;
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
 }
