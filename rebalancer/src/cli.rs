@@ -24,6 +24,8 @@ pub enum Command {
     Topology(cmd::topology::TopologyArgs),
     /// Report which eBPF and PMU sources this kernel supports, and the cgroup mode.
     Probe(cmd::probe::ProbeArgs),
+    /// Sample per-cgroup, per-node on-CPU time, migrations and NUMA signals with eBPF (root).
+    Sample(cmd::sample::SampleArgs),
     /// Ask the running daemon to admit (or --release) a pod; prints per-container placements.
     Admit(cmd::admit::AdmitArgs),
     /// Show the running daemon's pods, placements, scores and decisions.
@@ -42,6 +44,7 @@ pub fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Probe(a) => cmd::probe::run(a),
+        Command::Sample(a) => cmd::sample::run(a),
         Command::Hints(c) => cmd::hints::run(c),
         Command::Admit(a) => cmd::admit::admit(a),
         Command::Status(a) => cmd::admit::status(a),

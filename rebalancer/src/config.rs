@@ -105,6 +105,18 @@ pub struct EbpfConfig {
     pub pmu_raw_event: Option<String>,
     /// Sampling frequency (Hz per CPU) of the timer-driven on-CPU sampler.
     pub sample_hz: u32,
+    /// On-CPU time source: the cpu-clock sampler (cheap) or exact sched_switch accounting.
+    pub on_cpu_source: OnCpuSource,
+}
+
+/// How on-CPU time per (cgroup, node) is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnCpuSource {
+    /// A perf_event program on the software cpu-clock at `sample_hz` per CPU.
+    Sampled,
+    /// A sched_switch tracepoint program timing every switch.
+    Exact,
 }
 
 impl Default for EbpfConfig {
@@ -113,6 +125,7 @@ impl Default for EbpfConfig {
             enabled: true,
             pmu_raw_event: None,
             sample_hz: 99,
+            on_cpu_source: OnCpuSource::Sampled,
         }
     }
 }

@@ -4,4 +4,5 @@ pub mod admit;
 pub mod hints;
 pub mod probe;
 pub mod run;
+pub mod sample;
 pub mod topology;
