@@ -23,6 +23,7 @@ use crate::{
         Observations, Outcome,
     },
     cpuset::CpuSet,
+    ebpf::Sample,
     procfs,
     serve::metrics::{NodeLabel, ReasonLabel},
     topology::{sysfs, Topology},
@@ -30,16 +31,51 @@ use crate::{
 
 use super::Daemon;
 
-/// Where per-node CPU time of each cgroup comes from.
+/// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
 pub trait CpuTimeSource: Send {
-    /// Cumulative on-CPU ns per node for each cgroup (keys are relative cgroup paths).
+    /// Cumulative samples for each managed cgroup (keys are relative cgroup paths).
     fn cumulative(
         &mut self,
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
-    ) -> BTreeMap<String, BTreeMap<u32, u64>>;
+    ) -> BTreeMap<String, Sample>;
     fn name(&self) -> &'static str;
+}
+
+/// The eBPF samplers. Their cgroup ids are cgroup v2 ids, so they describe the managed cgroups
+/// directly only where the cpuset hierarchy is v2; on v1/hybrid hosts the engine uses /proc for
+/// CPU time instead (see `run`).
+pub struct EbpfCpuTime {
+    pub sampler: crate::ebpf::Sampler,
+}
+
+impl CpuTimeSource for EbpfCpuTime {
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        _topo: &Topology,
+    ) -> BTreeMap<String, Sample> {
+        let all = match self.sampler.read() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the eBPF maps failed");
+                return BTreeMap::new();
+            }
+        };
+        managed
+            .iter()
+            .filter_map(|cg| {
+                let id = cgroups.cgroup_id(cg).ok()?;
+                Some((cg.clone(), all.get(&id).cloned().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    fn name(&self) -> &'static str {
+        "ebpf"
+    }
 }
 
 /// /proc fallback: per-thread utime+stime charged to the node of the thread's last CPU.
@@ -48,7 +84,7 @@ pub struct ProcCpuTime {
     ns_per_tick: u64,
     /// (cgroup, tid) → (last cumulative ticks); ns per node accumulate in `totals`.
     last: BTreeMap<(String, u32), u64>,
-    totals: BTreeMap<String, BTreeMap<u32, u64>>,
+    totals: BTreeMap<String, Sample>,
 }
 
 impl ProcCpuTime {
@@ -68,11 +104,11 @@ impl CpuTimeSource for ProcCpuTime {
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
-    ) -> BTreeMap<String, BTreeMap<u32, u64>> {
+    ) -> BTreeMap<String, Sample> {
         let mut seen = BTreeSet::new();
         for cg in managed {
             let pids = cgroups.procs(Controller::Cpuset, cg).unwrap_or_default();
-            let total = self.totals.entry(cg.clone()).or_default();
+            let total = &mut self.totals.entry(cg.clone()).or_default().cpu_ns;
             for pid in pids {
                 for (tid, (ticks, cpu)) in procfs::thread_cpu(&self.proc_root, pid) {
                     let key = (cg.clone(), tid);
@@ -173,7 +209,7 @@ pub struct Engine {
     pub cpu_source: Box<dyn CpuTimeSource>,
     proc_root: PathBuf,
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
-    prev_cpu: BTreeMap<String, BTreeMap<u32, u64>>,
+    prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     started: Instant,
 }
@@ -185,7 +221,7 @@ impl Engine {
             cpu_source,
             proc_root: proc_root.to_path_buf(),
             prev_stat: None,
-            prev_cpu: BTreeMap::new(),
+            prev: BTreeMap::new(),
             last_round: None,
             started: Instant::now(),
         }
@@ -355,17 +391,18 @@ impl Engine {
                 };
                 let numa = self.cgroups.numa_stat(cg).unwrap_or_default();
                 let now = cumulative.get(cg).cloned().unwrap_or_default();
-                let prev = self.prev_cpu.get(cg);
-                let cpu_ns_per_node = now
+                let delta = now.delta(self.prev.get(cg).unwrap_or(&Sample::default()));
+                let cpu_ns_per_node = delta
+                    .cpu_ns
                     .iter()
-                    .map(|(n, v)| {
-                        (
-                            *n,
-                            v.saturating_sub(prev.and_then(|p| p.get(n)).copied().unwrap_or(0)),
-                        )
-                    })
-                    .filter(|(_, v)| *v > 0)
+                    .filter(|(_, v)| **v > 0)
+                    .map(|(n, v)| (*n, *v))
                     .collect();
+                d.metrics
+                    .cross_node_migrations
+                    .inc_by(delta.cross_node_migrations);
+                d.metrics.numa_balancing_moves.inc_by(delta.numa_moves);
+                let faults = delta.local_faults + delta.remote_faults > 0;
                 let mut mem = numa.anon.clone();
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
@@ -376,6 +413,11 @@ impl Engine {
                     cpu_ns_per_node,
                     mem_bytes_per_node: mem,
                     hugepage_bytes_per_node: numa.hugetlb.clone(),
+                    cross_node_migrations: delta.cross_node_migrations,
+                    numa_moves: delta.numa_moves,
+                    remote_faults: faults.then_some(delta.remote_faults),
+                    local_faults: faults.then_some(delta.local_faults),
+                    remote_events: (delta.remote_events > 0).then_some(delta.remote_events),
                     cpus,
                     mems,
                     constraints,
@@ -383,7 +425,7 @@ impl Engine {
                 });
             }
         }
-        self.prev_cpu = cumulative;
+        self.prev = cumulative;
 
         let now_ms = self.started.elapsed().as_millis() as u64;
         let plan = {

@@ -99,9 +99,11 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
-    let cpu_source: Box<dyn engine::CpuTimeSource> =
-        Box::new(engine::ProcCpuTime::new("/proc".as_ref()));
-    tracing::info!(source = cpu_source.name(), "per-node CPU time source");
+    let cpu_source = cpu_time_source(&daemon, &cgroups);
+    tracing::info!(
+        source = cpu_source.name(),
+        "per-cgroup, per-node CPU time source"
+    );
     let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -133,6 +135,59 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// Starts the eBPF samplers (when enabled), records every source's status, and picks the
+/// per-cgroup CPU-time source: eBPF where the cpuset hierarchy is v2 (its ids are v2 ids),
+/// /proc otherwise.
+fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engine::CpuTimeSource> {
+    let (topo, ebpf_cfg) = {
+        let s = d.lock();
+        (s.topo.clone(), s.cfg.ebpf.clone())
+    };
+    let proc_source =
+        || Box::new(engine::ProcCpuTime::new("/proc".as_ref())) as Box<dyn engine::CpuTimeSource>;
+    if !ebpf_cfg.enabled {
+        tracing::info!(
+            "eBPF disabled by config (ebpf.enabled = false); running on memory.numa_stat and /proc"
+        );
+        return proc_source();
+    }
+    let (sampler, statuses) = crate::ebpf::Sampler::start(&topo, &ebpf_cfg);
+    for st in &statuses {
+        let l = crate::serve::metrics::SourceLabel {
+            source: st.name.clone(),
+        };
+        d.metrics
+            .ebpf_source_available
+            .get_or_create(&l)
+            .set(st.available as i64);
+        if st.available {
+            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source attached");
+        } else {
+            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source skipped");
+        }
+    }
+    d.lock().sources = statuses
+        .iter()
+        .filter_map(|s| serde_json::to_value(s).ok())
+        .collect();
+    let v2 = cgroups
+        .hierarchy(crate::cgroup::Controller::Cpuset)
+        .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
+    match sampler {
+        Some(sampler) if v2 => Box::new(engine::EbpfCpuTime { sampler }),
+        Some(_) => {
+            tracing::info!("cpuset is on cgroup v1 here while eBPF ids are v2 ids; per-cgroup CPU time comes from /proc");
+            proc_source()
+        }
+        None => {
+            tracing::warn!(
+                "no eBPF source could be attached; running on memory.numa_stat and /proc"
+            );
+            proc_source()
+        }
+    }
 }
 
 /// SIGHUP: re-read the config; a bad file is reported and the running config kept. Settings
