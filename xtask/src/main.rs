@@ -111,12 +111,11 @@ fn test(no_setup: bool) -> Result<()> {
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
     sh(cargo().args([
         "clippy",
-        "--workspace",
         "--all-targets",
         "--",
         "-D",
         "warnings",
     ]))?;
-    sh(cargo().args(["test", "--workspace", "--", "--test-threads=1"]))?;
+    sh(cargo().args(["test", "--", "--test-threads=1"]))?;
     Ok(())
 }
