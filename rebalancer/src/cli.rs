@@ -27,6 +27,8 @@ pub enum Command {
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
+    /// Admit a list of pods in order on a (fixture) machine and print each placement (dry).
+    Plan(cmd::plan::PlanArgs),
 }
 
 /// Entry point of the binary.
@@ -37,6 +39,7 @@ pub fn main() -> ExitCode {
         Command::Topology(a) => cmd::topology::run(a),
         Command::Probe(a) => cmd::probe::run(a),
         Command::Hints(c) => cmd::hints::run(c),
+        Command::Plan(a) => cmd::plan::run(a),
     };
     match result {
         Ok(code) => code,
