@@ -151,4 +151,51 @@ mod tests {
         let err = parse_pods(r#"[{"uid":"a","containers":[]},{"uid":"b","bogus":1}]"#).unwrap_err();
         assert!(format!("{err:#}").contains("pod at index 1"), "{err:#}");
     }
+
+    #[test]
+    fn plan_on_the_epyc_fixture_with_the_restricted_config() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let t = sysfs::read(&root.join("sysfs/epyc-nps4")).unwrap();
+        let cfg = Config::load(Some(&root.join("pods/restricted.toml")))
+            .unwrap()
+            .placement;
+        let text = std::fs::read_to_string(root.join("pods/epyc-mix.json")).unwrap();
+        let lines = plan(&t, &cfg, &parse_pods(&text).unwrap()).unwrap();
+        let outcome: Vec<String> = lines
+            .iter()
+            .map(|l| match (&l.placements, &l.rejection) {
+                (Some(p), _) => format!("{}:{}|{}", l.uid, p[0].cpus, p[0].mems),
+                (None, Some(r)) => format!("{}:{}", l.uid, r.reason),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            outcome,
+            [
+                "db:1-4,65-68|0",
+                "web:8-15,72-79|1",
+                "batch:5-63,69-127|0-7",
+                "dpdk:8-9,72-73|1",
+                "big:TopologyAffinityError",
+                "huge:InsufficientMemory",
+                "gpu:InsufficientDevices",
+                "odd:SMTAlignmentError",
+                "ml:24-31,88-95|3",
+            ]
+        );
+        let exclusive: Vec<&ContainerPlacement> = lines
+            .iter()
+            .flat_map(|l| l.placements.iter().flatten())
+            .filter(|p| p.exclusive)
+            .collect();
+        for (i, a) in exclusive.iter().enumerate() {
+            assert!(
+                !a.cpus.contains(0) && !a.cpus.contains(64),
+                "reserved CPU given"
+            );
+            for b in &exclusive[i + 1..] {
+                assert!(a.cpus.is_disjoint(&b.cpus), "{a:?} overlaps {b:?}");
+            }
+        }
+    }
 }
