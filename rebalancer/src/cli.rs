@@ -35,6 +35,8 @@ pub enum Command {
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
+    /// Admit a list of pods in order on a (fixture) machine and print each placement (dry).
+    Plan(cmd::plan::PlanArgs),
 }
 
 /// Entry point of the binary.
@@ -49,6 +51,7 @@ pub fn main() -> ExitCode {
         Command::Admit(a) => cmd::admit::admit(a),
         Command::Status(a) => cmd::admit::status(a),
         Command::Explain(a) => cmd::admit::explain(a),
+        Command::Plan(a) => cmd::plan::run(a),
     };
     match result {
         Ok(code) => code,
