@@ -181,3 +181,48 @@ fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
     check_mode(OnCpuSource::Sampled);
     check_mode(OnCpuSource::Exact);
 }
+
+/// Reading 10,000 cgroups' entries (one CPU_TIME entry per node + one EVENTS entry each),
+/// filled from userspace: reports the time of one read (map iteration) and of the fold.
+#[test]
+fn read_10k_cgroups_timing() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = machine_topology(Path::new("/sys"));
+    let nodes: Vec<u32> = topo.node_ids().collect();
+    let cfg = EbpfConfig::default();
+    let (sampler, statuses) = Sampler::start(&topo, &cfg);
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let n = 10_000u64;
+    let first = 1 << 40; // far from real cgroup ids
+    let t = Instant::now();
+    sampler.bench_fill(first, n, &nodes).unwrap();
+    let fill = t.elapsed();
+    let mut reads = Vec::new();
+    let mut folds = Vec::new();
+    let mut seen = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let raw = sampler.read_raw().unwrap();
+        reads.push(t.elapsed());
+        let t = Instant::now();
+        let folded = sampler.fold_raw(&raw);
+        folds.push(t.elapsed());
+        seen = folded.keys().filter(|id| **id >= first).count();
+    }
+    reads.sort();
+    folds.sort();
+    assert_eq!(seen as u64, n, "every filled cgroup read back");
+    eprintln!(
+        "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}, \
+         read median {:?} (min {:?}), fold median {:?}",
+        n,
+        nodes.len(),
+        topo.cpus.len(),
+        reads[2],
+        reads[0],
+        folds[2]
+    );
+}

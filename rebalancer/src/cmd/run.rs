@@ -58,6 +58,14 @@ async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the metrics listener on {listen}"))?;
     tracing::info!(%metrics_addr, "serving /metrics and /healthz");
+    let (mut sampler, sources) = crate::ebpf::Sampler::start(&topo, &cfg.ebpf);
+    for s in &sources {
+        tracing::info!(source = %s.name, available = s.available, reason = %s.reason, "eBPF source");
+    }
+    if sampler.is_none() {
+        tracing::warn!("running without eBPF sampling (see the source reasons above)");
+    }
+    let mut last_sample = std::collections::BTreeMap::new();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
@@ -68,6 +76,27 @@ async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
             _ = tick.tick() => {
                 rounds += 1;
                 tracing::debug!(round = rounds, "control round");
+                if let Some(sm) = sampler.as_mut() {
+                    match sm.read() {
+                        Ok(now) => {
+                            let delta = crate::ebpf::delta_all(&now, &last_sample);
+                            for (id, d) in &delta {
+                                tracing::debug!(
+                                    cgroup_id = id,
+                                    path = sm.cgroup_path(*id).unwrap_or("?"),
+                                    cpu_ns = ?d.cpu_ns,
+                                    migrations = d.migrations,
+                                    cross_node = d.cross_node_migrations,
+                                    numa_moves = d.numa_moves,
+                                    pages_migrated = d.pages_migrated,
+                                    "eBPF sample"
+                                );
+                            }
+                            last_sample = now;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "reading eBPF maps failed"),
+                    }
+                }
                 if max_rounds != 0 && rounds >= max_rounds {
                     tracing::info!(rounds, "round limit reached, stopping");
                     break;

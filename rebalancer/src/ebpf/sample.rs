@@ -154,6 +154,16 @@ impl Sampler {
         Self::start_with(topo, cfg, false)
     }
 
+    /// Folds raw map contents the way [`Sampler::read`] does (without pruning).
+    pub fn fold_raw(&self, raw: &RawMaps) -> BTreeMap<u64, Sample> {
+        fold(
+            raw,
+            |c| self.cpu_node.get(&c).copied(),
+            &self.reason_names,
+            self.remote_period,
+        )
+    }
+
     /// Like [`Sampler::start`]; `both_on_cpu` attaches both on-CPU sources (for probing only:
     /// they add into the same map).
     pub fn start_with(
@@ -335,6 +345,53 @@ impl Sampler {
             self.map_mut("MIGRATE_REASONS")?;
         for k in &rs {
             let _ = m.remove(k);
+        }
+        Ok(())
+    }
+
+    /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids
+    /// (starting at `first_id`) on every node of `nodes`, as the programs would.
+    pub fn bench_fill(&mut self, first_id: u64, n: u64, nodes: &[u32]) -> Result<(), EbpfError> {
+        let ncpu = aya::util::nr_cpus().map_or(1, |n| n);
+        let io = |map, e: std::io::Error| EbpfError::Map {
+            map,
+            source: aya::maps::MapError::from(aya::sys::SyscallError {
+                call: "PerCpuValues",
+                io_error: e,
+            }),
+        };
+        let mut cpu: PerCpuHashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
+        for id in first_id..first_id + n {
+            for &node in nodes {
+                let k = CgNodeKey {
+                    cgroup_id: id,
+                    node,
+                    _pad: 0,
+                };
+                let v =
+                    PerCpuValues::try_from(vec![1_000u64; ncpu]).map_err(|e| io("CPU_TIME", e))?;
+                cpu.insert(k, v, 0).map_err(|source| EbpfError::Map {
+                    map: "CPU_TIME",
+                    source,
+                })?;
+            }
+        }
+        let mut ev: PerCpuHashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
+        for id in first_id..first_id + n {
+            let k = CgNodeKey {
+                cgroup_id: id,
+                node: nodes.first().copied().unwrap_or(0),
+                _pad: 0,
+            };
+            let e = CgEvents {
+                migrations: 1,
+                ..CgEvents::default()
+            };
+            let v = PerCpuValues::try_from(vec![e; ncpu]).map_err(|e| io("EVENTS", e))?;
+            ev.insert(k, v, 0).map_err(|source| EbpfError::Map {
+                map: "EVENTS",
+                source,
+            })?;
         }
         Ok(())
     }
