@@ -517,6 +517,22 @@ mod tests {
         assert_eq!(out.len(), 2);
     }
 
+    /// Without eBPF the daemon gets no sampler and a reason for every source.
+    #[test]
+    fn disabled_by_config_reports_every_source_skipped() {
+        let topo = crate::topology::TopologyBuilder::default().build();
+        let cfg = EbpfConfig {
+            enabled: false,
+            ..EbpfConfig::default()
+        };
+        let (s, st) = Sampler::start(&topo, &cfg);
+        assert!(s.is_none());
+        assert_eq!(st.len(), loader::SOURCES.len());
+        assert!(st
+            .iter()
+            .all(|s| !s.available && s.reason.contains("ebpf.enabled = false")));
+    }
+
     #[test]
     fn per_cpu_sums_saturate() {
         assert_eq!(sum_u64([u64::MAX, 5]), u64::MAX);
