@@ -170,6 +170,14 @@ fn check_mode(mode: OnCpuSource) {
     assert!(!path.exists());
     let gone = sampler.read().unwrap();
     assert!(!gone.contains_key(&id), "vanished cgroup still reported");
+    // Missing at two reads in a row: its map entries are deleted.
+    sampler.read().unwrap();
+    let raw = sampler.read_raw().unwrap();
+    assert!(
+        !raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == id)
+            && !raw.events.iter().any(|(k, _)| k.cgroup_id == id),
+        "map entries of the vanished cgroup were not deleted"
+    );
 }
 
 #[test]

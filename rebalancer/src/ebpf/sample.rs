@@ -144,6 +144,8 @@ pub struct Sampler {
     reason_names: BTreeMap<u32, String>,
     remote_period: u64,
     paths: BTreeMap<u64, String>,
+    /// Ids in the maps but not in the hierarchy at the previous read.
+    missing_before: BTreeSet<u64>,
     stats_fd: Option<std::os::fd::OwnedFd>,
 }
 
@@ -202,6 +204,7 @@ impl Sampler {
             reason_names: loaded.reason_names,
             remote_period: loaded.remote_period,
             paths: BTreeMap::new(),
+            missing_before: BTreeSet::new(),
             stats_fd: None,
         };
         s.refresh_paths();
@@ -224,8 +227,10 @@ impl Sampler {
         }
     }
 
-    /// Reads every map: cumulative samples per cgroup id since the sampler started. Entries of
-    /// cgroups that no longer exist in the v2 hierarchy are deleted from the maps and left out.
+    /// Reads every map: cumulative samples per cgroup id since the sampler started. Cgroups not
+    /// in the v2 hierarchy are left out; their map entries are deleted once they are missing at
+    /// two reads in a row (a cgroup created between the hierarchy walk and the map read is
+    /// found by the next walk and keeps its counts).
     pub fn read(&mut self) -> Result<BTreeMap<u64, Sample>, EbpfError> {
         if let Some(l) = &mut self.logger {
             l.flush();
@@ -305,9 +310,19 @@ impl Sampler {
         M::try_from(m).map_err(|source| EbpfError::Map { map: name, source })
     }
 
-    /// Deletes the entries of cgroup ids absent from the v2 hierarchy.
+    /// Deletes the entries of cgroup ids absent from the v2 hierarchy at this read and the one
+    /// before.
     fn prune(&mut self, raw: &RawMaps) -> Result<(), EbpfError> {
-        let gone = |id: &u64| !self.paths.contains_key(id);
+        let missing: BTreeSet<u64> = raw
+            .cpu_time
+            .iter()
+            .map(|(k, _)| k.cgroup_id)
+            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
+            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+            .filter(|id| !self.paths.contains_key(id))
+            .collect();
+        let before = std::mem::replace(&mut self.missing_before, missing);
+        let gone = |id: &u64| self.missing_before.contains(id) && before.contains(id);
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
             .iter()
@@ -326,7 +341,11 @@ impl Sampler {
             .map(|(k, _)| *k)
             .filter(|k| gone(&k.cgroup_id))
             .collect();
-        let dead: BTreeSet<u64> = cpu.iter().map(|k| k.cgroup_id).collect();
+        let dead: BTreeSet<u64> = cpu
+            .iter()
+            .map(|k| k.cgroup_id)
+            .chain(ev.iter().map(|k| k.cgroup_id))
+            .collect();
         if !dead.is_empty() {
             tracing::debug!(
                 cgroups = dead.len(),
