@@ -234,3 +234,39 @@ fn read_10k_cgroups_timing() {
         folds[2]
     );
 }
+
+/// With a CPU → node map that puts CPU 0 and CPU 1 on different nodes (as the 2-node guest
+/// does for real), bouncing the child between them counts cross-node migrations for its
+/// cgroup (every one of its migrations here is CPU 0 <-> CPU 1).
+#[test]
+fn cross_node_migrations_with_a_two_node_cpu_map() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = probe::cgroup2_mount(&mi).unwrap();
+    let cg = CgroupDir(root.join(format!("rebalancer-test-{}-xnode", std::process::id())));
+    std::fs::create_dir(&cg.0).expect("create cgroup");
+    let id = std::fs::metadata(&cg.0).unwrap().ino();
+    let mut topo = machine_topology(Path::new("/sys"));
+    for c in &mut topo.cpus {
+        c.node = Some(c.id % 2);
+    }
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let before = sampler.read().unwrap();
+    busy_child(&cg.0, 1.5);
+    let after = sampler.read().unwrap();
+    let d = after
+        .get(&id)
+        .cloned()
+        .unwrap_or_default()
+        .delta(before.get(&id).unwrap_or(&Default::default()));
+    eprintln!(
+        "xnode: migrations {} cross-node {}",
+        d.migrations, d.cross_node_migrations
+    );
+    assert!(d.cross_node_migrations >= 5, "{d:?}");
+    assert!(d.cross_node_migrations <= d.migrations, "{d:?}");
+}
