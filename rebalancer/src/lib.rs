@@ -9,6 +9,7 @@ pub mod cmd;
 pub mod config;
 pub mod controller;
 pub mod cpuset;
+pub mod daemon;
 pub mod ebpf;
 pub mod placement;
 pub mod procfs;

@@ -112,6 +112,41 @@ pub fn parse_last_cpu(stat: &str) -> Option<u32> {
     after.split_ascii_whitespace().nth(36)?.parse().ok()
 }
 
+/// Cumulative CPU time (utime + stime, clock ticks; fields 14-15) and last CPU (field 39) of a
+/// /proc/<pid>/task/<tid>/stat text.
+pub fn parse_task_cpu(stat: &str) -> Option<(u64, u32)> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = after.split_ascii_whitespace().collect();
+    // after ')': index 0 is field 3, so field N is index N - 3.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    let cpu: u32 = f.get(36)?.parse().ok()?;
+    Some((utime + stime, cpu))
+}
+
+/// Nanoseconds per clock tick of /proc times.
+pub fn ns_per_tick() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        1_000_000_000 / hz as u64
+    } else {
+        10_000_000
+    }
+}
+
+/// CPU ticks and last CPU of every thread of `pid`, keyed by tid.
+pub fn thread_cpu(proc_root: &Path, pid: u32) -> BTreeMap<u32, (u64, u32)> {
+    let base = proc_root.join(pid.to_string()).join("task");
+    threads(proc_root, pid)
+        .into_iter()
+        .filter_map(|tid| {
+            let s = std::fs::read_to_string(base.join(tid.to_string()).join("stat")).ok()?;
+            Some((tid, parse_task_cpu(&s)?))
+        })
+        .collect()
+}
+
 /// The threads of a process (`<proc>/<pid>/task/*`), including the main thread.
 pub fn threads(proc_root: &Path, pid: u32) -> Vec<u32> {
     let dir = proc_root.join(pid.to_string()).join("task");
@@ -173,6 +208,19 @@ mod tests {
             stat.push_str(&format!(" {}", if i == 39 { 7 } else { 0 }));
         }
         assert_eq!(parse_last_cpu(&stat), Some(7));
+        let mut stat2 = String::from("9 (w) R");
+        for i in 4..=52 {
+            stat2.push_str(&format!(
+                " {}",
+                match i {
+                    14 => 30,
+                    15 => 12,
+                    39 => 3,
+                    _ => 0,
+                }
+            ));
+        }
+        assert_eq!(parse_task_cpu(&stat2), Some((42, 3)));
         assert_eq!(parse_last_cpu("1 (x) S 1 2"), None);
     }
 

@@ -296,71 +296,108 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Breaks one file of a fixture copy (`None` removes it) and returns the error text.
-fn broken(name: &str, rel: &str, content: Option<&str>) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture(name), dir.path());
-    let p = dir.path().join(rel);
+/// Breaks one file of a fixture copy (`None` removes it), checks the error names it, restores
+/// the file, and returns the error text. One copy per fixture serves every case.
+fn broken(copies: &mut Copies, name: &str, rel: &str, content: Option<&str>) -> String {
+    let root = copies.entry(name.to_string()).or_insert_with(|| {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(&fixture(name), dir.path());
+        dir
+    });
+    let p = root.path().join(rel);
+    let original = std::fs::read(&p).unwrap();
     match content {
         Some(c) => std::fs::write(&p, c).unwrap(),
         None => std::fs::remove_file(&p).unwrap(),
     }
-    let err = sysfs::read(dir.path()).expect_err(rel);
-    let text = format!("{err:#}");
+    let result = sysfs::read(root.path());
+    std::fs::write(&p, original).unwrap();
+    let text = format!("{:#}", result.expect_err(rel));
     assert!(text.contains(rel), "error {text:?} should name {rel}");
     text
 }
 
+type Copies = std::collections::HashMap<String, tempfile::TempDir>;
+
 #[test]
 fn malformed_files_are_errors_naming_the_file() {
-    broken(
-        "gpu-nic",
-        "devices/system/node/node1/cpulist",
-        Some("8-15,24-\n"),
-    );
-    broken(
-        "gpu-nic",
-        "devices/system/node/node1/distance",
-        Some("21 1x\n"),
-    );
-    let e = broken(
-        "gpu-nic",
-        "devices/system/node/node1/distance",
-        Some("21\n"),
-    );
-    assert!(e.contains("1 distance(s) for 2"), "{e}");
-    broken("gpu-nic", "devices/system/node/node1/meminfo", None);
-    broken(
-        "gpu-nic",
-        "devices/system/node/node1/meminfo",
-        Some("Node 1 MemTot"),
-    );
-    broken(
-        "cxl-offline",
-        "devices/system/cpu/cpu5/topology/core_id",
-        None,
-    );
-    broken(
-        "cxl-offline",
-        "devices/system/cpu/cpu5/topology/physical_package_id",
-        Some("x\n"),
-    );
-    broken(
-        "cxl-offline",
-        "devices/system/cpu/cpu9/cache/index3/shared_cpu_list",
-        Some("0-6,8-"),
-    );
-    broken(
-        "cxl-offline",
-        "devices/system/cpu/online",
-        Some("0-6,8-13,\n"),
-    );
-    broken("cxl-offline", "devices/system/cpu/online", None);
-    broken(
-        "gpu-nic",
-        "devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages",
-        Some(""),
-    );
+    let c = &mut Copies::new();
+    // (fixture, file, new content or None to delete, text the error must also hold)
+    let table: &[(&str, &str, Option<&str>, &str)] = &[
+        (
+            "gpu-nic",
+            "devices/system/node/node1/cpulist",
+            Some("8-15,24-\n"),
+            "cpulist",
+        ),
+        (
+            "gpu-nic",
+            "devices/system/node/node1/distance",
+            Some("21 1x\n"),
+            "\"1x\"",
+        ),
+        (
+            "gpu-nic",
+            "devices/system/node/node1/distance",
+            Some("21\n"),
+            "1 distance(s) for 2",
+        ),
+        (
+            "gpu-nic",
+            "devices/system/node/node1/meminfo",
+            None,
+            "cannot read",
+        ),
+        (
+            "gpu-nic",
+            "devices/system/node/node1/meminfo",
+            Some("Node 1 MemTot"),
+            "MemTotal",
+        ),
+        (
+            "gpu-nic",
+            "devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages",
+            Some(""),
+            "integer",
+        ),
+        (
+            "cxl-offline",
+            "devices/system/cpu/cpu5/topology/core_id",
+            None,
+            "cannot read",
+        ),
+        (
+            "cxl-offline",
+            "devices/system/cpu/cpu5/topology/physical_package_id",
+            Some("x\n"),
+            "integer",
+        ),
+        (
+            "cxl-offline",
+            "devices/system/cpu/cpu9/cache/index3/shared_cpu_list",
+            Some("0-6,8-"),
+            "cpulist",
+        ),
+        (
+            "cxl-offline",
+            "devices/system/cpu/online",
+            Some("0-6,8-13,\n"),
+            "cpulist",
+        ),
+        (
+            "cxl-offline",
+            "devices/system/cpu/online",
+            None,
+            "cannot read",
+        ),
+    ];
+    for &(name, rel, content, also) in table {
+        let e = broken(c, name, rel, content);
+        assert!(
+            e.contains(also),
+            "{name} {rel}: {e:?} should mention {also:?}"
+        );
+    }
 }
 
 #[test]
@@ -392,20 +429,20 @@ fn non_numa_kernel_gets_a_synthetic_node_0() {
 #[test]
 fn older_kernel_without_die_id_or_thread_siblings_list() {
     let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture("intel-snc"), dir.path());
-    let topo = dir.path().join("devices/system/cpu/cpu21/topology");
+    copy_tree(&fixture("gpu-nic"), dir.path());
+    let topo = dir.path().join("devices/system/cpu/cpu29/topology");
     std::fs::remove_file(topo.join("die_id")).unwrap();
     std::fs::remove_file(topo.join("thread_siblings_list")).unwrap();
     let t = sysfs::read(dir.path()).unwrap();
-    let c = t.cpu(21).unwrap();
+    let c = t.cpu(29).unwrap();
     assert_eq!((c.socket, c.die), (1, 1));
-    assert_eq!(c.siblings.to_string(), "21,61"); // from core_cpus_list
+    assert_eq!(c.siblings.to_string(), "13,29"); // from core_cpus_list
 }
 
 #[test]
 fn l3_is_found_by_level_not_index_number() {
     let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture("kunpeng920"), dir.path());
+    copy_tree(&fixture("gpu-nic"), dir.path());
     let cache = dir.path().join("devices/system/cpu/cpu30/cache");
     std::fs::rename(cache.join("index3"), cache.join("index7")).unwrap();
     std::fs::write(cache.join("index2/level"), "3\n").unwrap();
@@ -423,7 +460,7 @@ fn real_sys_reads_when_present() {
     }
     let t = sysfs::read(Path::new("/sys")).unwrap();
     assert!(!t.nodes.is_empty());
-    assert!(t.online_cpus().len() >= 1);
+    assert!(!t.online_cpus().is_empty());
 }
 
 #[test]
@@ -473,4 +510,94 @@ fn cli_prints_every_fixture_as_table_and_json() {
         err.contains("/nonexistent-sysfs/devices/system/cpu/online"),
         "{err}"
     );
+}
+
+/// Every file below `dir` as (relative path, content or link target).
+fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(dir).unwrap().to_path_buf();
+            let ft = e.file_type().unwrap();
+            if ft.is_symlink() {
+                out.insert(
+                    rel,
+                    format!("-> {}", std::fs::read_link(e.path()).unwrap().display()),
+                );
+            } else if ft.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.insert(rel, std::fs::read_to_string(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn generator_reproduces_the_committed_fixtures() {
+    let script = fixture("../gen_fixtures.py");
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(out.path())
+        .output();
+    let Ok(status) = status else {
+        println!("SKIP: python3 not available");
+        return;
+    };
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    for name in [
+        "intel-snc",
+        "epyc-nps4",
+        "kunpeng920",
+        "cxl-offline",
+        "gpu-nic",
+    ] {
+        assert!(
+            tree(&out.path().join(name)) == tree(&fixture(name)),
+            "{name}: gen_fixtures.py output differs from the committed fixture"
+        );
+    }
+}
+
+#[test]
+fn capture_script_copies_what_the_reader_needs() {
+    // cxl-offline: the odd parts (offline CPUs, a dangling node link, a CPU-less node).
+    let script = fixture("../capture-sysfs.sh");
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("copy");
+    let st = std::process::Command::new("sh")
+        .arg(&script)
+        .arg(&dest)
+        .arg(fixture("cxl-offline"))
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let original = sysfs::read(&fixture("cxl-offline")).unwrap();
+    assert_eq!(
+        original,
+        sysfs::read(&dest).unwrap(),
+        "captured copy differs"
+    );
+}
+
+#[test]
+fn without_node_online_the_node_directories_are_used() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&fixture("cxl-offline"), dir.path());
+    std::fs::remove_file(dir.path().join("devices/system/node/online")).unwrap();
+    let t = sysfs::read(dir.path()).unwrap();
+    assert_eq!(t.node_ids().collect::<Vec<_>>(), vec![0, 2]);
+    assert_eq!(t.distance(2, 0), 26);
 }

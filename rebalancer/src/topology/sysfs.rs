@@ -4,7 +4,7 @@
 //! - `devices/system/cpu/{online,present|possible}`; per CPU `cpuN/topology/{physical_package_id,
 //!   die_id?,core_id,thread_siblings_list|core_cpus_list}` and `cpuN/cache/index*/{level,
 //!   shared_cpu_list}` (the L3 is the index whose level is 3, whatever its number).
-//! - `devices/system/node/{online|possible}`; per node `nodeN/{cpulist,meminfo,distance}`,
+//! - `devices/system/node/online` (else the `nodeN` directories); per node `nodeN/{cpulist,meminfo,distance}`,
 //!   `nodeN/hugepages/hugepages-*/{nr_hugepages,free_hugepages}` and the `nodeN/cpuM` links
 //!   (only their names: they give the node of an offline CPU, which `cpulist` omits).
 //! - `bus/pci/devices/*/{class,numa_node,vendor?,device?}`.
@@ -203,12 +203,13 @@ pub fn read(root: &Path) -> Result<Topology, TopologyError> {
 
 /// Reads every online node; returns each with the CPU ids of its `cpuN` links.
 fn read_nodes(node_dir: &Path) -> Result<Vec<(Node, CpuSet)>, TopologyError> {
-    let ids: Vec<u32> = match read_first(node_dir, &["online", "possible"]) {
-        Ok((p, s)) => parse_cpulist(&p, &s)?.iter().collect(),
-        Err(TopologyError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            numbered_entries(node_dir, "node")?
-        }
-        Err(e) => return Err(e),
+    // The online mask is the kernel's own order for distance rows. Without it, the nodeN
+    // directories are the online nodes (the kernel registers a node device only when the
+    // node comes online); `possible` would over-count, so it is not used.
+    let online_path = node_dir.join("online");
+    let ids: Vec<u32> = match read_optional(&online_path)? {
+        Some(s) => parse_cpulist(&online_path, &s)?.iter().collect(),
+        None => numbered_entries(node_dir, "node")?,
     };
     let mut out = Vec::with_capacity(ids.len());
     for &id in &ids {
@@ -482,5 +483,14 @@ mod tests {
         assert_eq!(parse_meminfo(p, text).unwrap(), (65536000, 1024));
         assert!(parse_meminfo(p, "Node 0 MemTotal: 12 kB\n").is_err());
         assert!(parse_meminfo(p, "Node 0 MemTotal: x kB\nNode 0 MemFree: 1 kB\n").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn row_and_meminfo_parsers_never_panic(text in "[ -~\\n]{0,200}") {
+            let p = Path::new("f");
+            let _ = parse_distance_row(p, &text, &[0, 1, 2], &[2, 0, 1]);
+            let _ = parse_meminfo(p, &text);
+        }
     }
 }
