@@ -5,7 +5,9 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+//! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
 mod setup;
+mod vm;
 
 use std::process::Command;
 
@@ -30,19 +32,25 @@ enum Cmd {
         /// Skip `setup` (when prerequisites are known to be installed).
         #[arg(long)]
         no_setup: bool,
+        /// Skip the multi-NUMA guest tests (`vm-test`) that run after the host tests.
+        #[arg(long)]
+        no_vm: bool,
     },
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Boot multi-NUMA QEMU guests and run the guest scenarios (needs root for apt-get).
+    VmTest(vm::VmTestArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::all(),
         Cmd::BuildEbpf => build_ebpf(),
-        Cmd::Test { no_setup } => test(no_setup),
+        Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
+        Cmd::VmTest(a) => vm::vm_test(&a),
         Cmd::Run { args } => {
             setup::all()?;
             let mut c = cargo();
@@ -104,7 +112,7 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
-fn test(no_setup: bool) -> Result<()> {
+fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     if !no_setup {
         setup::all()?;
     }
@@ -118,5 +126,13 @@ fn test(no_setup: bool) -> Result<()> {
         "warnings",
     ]))?;
     sh(cargo().args(["test", "--workspace", "--", "--test-threads=1"]))?;
+    if no_vm {
+        eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
+    } else {
+        eprintln!(
+            "xtask test: host tests passed; now the multi-NUMA guest tests (cargo xtask vm-test)"
+        );
+        vm::vm_test(&vm::VmTestArgs::default())?;
+    }
     Ok(())
 }
