@@ -68,21 +68,6 @@ pub fn locality(per_node: &BTreeMap<u32, u64>, local: &[u32]) -> f64 {
     here as f64 / total as f64
 }
 
-/// Histogram of `move_pages` status values: node id → pages; negative values (not present,
-/// errors) are counted under `missing`.
-pub fn histogram(status: &[i32]) -> (BTreeMap<u32, u64>, u64) {
-    let mut m = BTreeMap::new();
-    let mut missing = 0;
-    for &s in status {
-        if s >= 0 {
-            *m.entry(s as u32).or_insert(0) += 1;
-        } else {
-            missing += 1;
-        }
-    }
-    (m, missing)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,12 +99,5 @@ mod tests {
         assert_eq!(all, BTreeMap::from([(0, 110), (1, 65439)]));
         assert!((locality(&anon, &[1]) - 65439.0 / 65539.0).abs() < 1e-9);
         assert_eq!(locality(&BTreeMap::new(), &[0]), 0.0);
-    }
-
-    #[test]
-    fn histogram_counts_missing_pages() {
-        let (m, missing) = histogram(&[0, 1, 1, -2, -14]);
-        assert_eq!(m, BTreeMap::from([(0, 1), (1, 2)]));
-        assert_eq!(missing, 2);
     }
 }
