@@ -244,7 +244,8 @@ impl Buffer {
             // SAFETY: cursor < len, inside the mapping.
             unsafe { std::ptr::write_volatile(self.ptr.add(*cursor), round) };
             *cursor += PAGE;
-            if (*cursor / PAGE) % 256 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if (*cursor / PAGE).is_multiple_of(256) && deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 return;
             }
         }
