@@ -10,12 +10,14 @@ a=$(first_cpu_node)
 b=$(last_cpu_node)
 flip=$(echo $CPU_NODES | tr ' ' ',')
 # One spinning thread per CPU, and one more that moves itself round every CPU node.
-sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool spin --threads $NCPUS --seconds 60" &
-sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool spin --threads 1 --seconds 60 --flip-nodes $flip --flip-ms 200" &
+sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool spin --threads $NCPUS --seconds 600" &
+sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool spin --threads 1 --seconds 600 --flip-nodes $flip --flip-ms 200" &
 flipper=$!
 sleep 1
 echo "# spanning: cpuset.cpus.effective=$(cat $cg/cpuset.cpus.effective) procs=$(wc -l < $cg/cgroup.procs)"
+t=$(uptime_s)
 data span rebalancer sample --seconds 3 --cgroup "$cg" --json
+echo "# span sample took $(awk -v a=$t -v b=$(uptime_s) 'BEGIN{print b-a}') s"
 kill "$flipper"
 cpus_of "$a" > "$cg"/cpuset.cpus
 echo "$a" > "$cg"/cpuset.mems

@@ -107,22 +107,20 @@ fn musl_target() -> Result<()> {
     Ok(())
 }
 
-/// Installs prerequisites, fetches the kernel and builds the static guest binaries.
-pub fn prepare() -> Result<Assets> {
+/// Installs prerequisites, fetches the kernel and builds the static guest binaries (the
+/// rebalancer binary only when `rebalancer_bin` is not given).
+pub fn prepare(rebalancer_bin: Option<&Path>) -> Result<Assets> {
     setup::apt(&["qemu-system-x86", "busybox-static", "cpio"])?;
     musl_target()?;
     let kernel = kernel()?;
     eprintln!("vm: building static (musl) binaries");
-    sh(cargo().args([
-        "build",
-        "--release",
-        "--target",
-        MUSL,
-        "-p",
-        "rebalancer",
-        "-p",
-        "rebalancer-guest-tool",
-    ]))?;
+    let mut c = cargo();
+    c.args(["build", "--release", "--target", MUSL]);
+    c.args(["-p", "rebalancer-guest-tool"]);
+    if rebalancer_bin.is_none() {
+        c.args(["-p", "rebalancer"]);
+    }
+    sh(&mut c)?;
     let bin = target_dir().join(MUSL).join("release");
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .iter()
@@ -132,9 +130,31 @@ pub fn prepare() -> Result<Assets> {
     Ok(Assets {
         kernel,
         busybox,
-        rebalancer: bin.join("rebalancer"),
+        rebalancer: match rebalancer_bin {
+            Some(p) => p
+                .canonicalize()
+                .with_context(|| format!("--rebalancer-bin {}", p.display()))?,
+            None => bin.join("rebalancer"),
+        },
         guest_tool: bin.join("guest-tool"),
     })
+}
+
+/// Shared libraries of a dynamically linked binary (absolute paths from `ldd`; none for a
+/// static one).
+fn shared_libs(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(PathBuf::from)
+        })
+        .collect()
 }
 
 fn copy_exec(from: &Path, to: &Path) -> Result<()> {
@@ -168,6 +188,11 @@ pub fn initramfs(
     let src = root().join("tests/vm");
     copy_exec(&a.busybox, &rootfs.join("bin/busybox"))?;
     copy_exec(&a.rebalancer, &rootfs.join("bin/rebalancer"))?;
+    for lib in shared_libs(&a.rebalancer) {
+        let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
+        fs::create_dir_all(to.parent().context("library path has a parent")?)?;
+        copy_exec(&lib, &to)?;
+    }
     copy_exec(&a.guest_tool, &rootfs.join("bin/guest-tool"))?;
     copy_exec(&src.join("init"), &rootfs.join("init"))?;
     copy_exec(&src.join("lib.sh"), &rootfs.join("vm/lib.sh"))?;

@@ -36,6 +36,10 @@ pub struct VmTestArgs {
     /// Host-side limit per boot in seconds (default: 60 + the scenarios' own limits).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
+    /// Test this rebalancer binary instead of building one (e.g. another branch's build; a
+    /// dynamically linked one gets its shared libraries copied into the guest).
+    #[arg(long, value_name = "PATH")]
+    pub rebalancer_bin: Option<std::path::PathBuf>,
     /// List the topologies and scenarios, then exit.
     #[arg(long)]
     pub list: bool,
@@ -187,7 +191,7 @@ pub fn vm_test(a: &VmTestArgs) -> Result<()> {
     }
     let (topos, scenarios) = select(a)?;
     let t0 = std::time::Instant::now();
-    let assets = assets::prepare()?;
+    let assets = assets::prepare(a.rebalancer_bin.as_deref())?;
     let prep = t0.elapsed().as_secs_f64();
     let mut outcomes = Vec::new();
     for t in &topos {
