@@ -133,6 +133,7 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
             "xtask test: host tests passed; now the multi-NUMA guest tests (cargo xtask vm-test)"
         );
         vm::vm_test(&vm::VmTestArgs::default())?;
+        vm::selftest()?;
     }
     Ok(())
 }

@@ -220,3 +220,21 @@ pub fn vm_test(a: &VmTestArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// Proves the harness fails when a scenario fails: boots 2node with `selftest-fail` alone and
+/// requires vm-test to return an error.
+pub fn selftest() -> Result<()> {
+    println!("=== vm-test self-test: a failing scenario must fail the run");
+    let a = VmTestArgs {
+        topology: vec!["2node".into()],
+        scenario: vec!["selftest-fail".into()],
+        ..VmTestArgs::default()
+    };
+    match vm_test(&a) {
+        Err(e) => {
+            println!("=== vm-test self-test passed: the failing scenario failed the run ({e})");
+            Ok(())
+        }
+        Ok(()) => bail!("vm-test self-test: scenario selftest-fail did not fail the run"),
+    }
+}
