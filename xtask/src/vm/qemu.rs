@@ -33,6 +33,8 @@ pub fn command_line(topo: &VmTopology, kernel: &Path, initrd: &Path) -> Vec<Stri
         "-append".into(),
         "console=ttyS0 quiet panic=-1".into(),
         "-nographic".into(),
+        "-net".into(),
+        "none".into(),
         "-no-reboot".into(),
     ]);
     a
