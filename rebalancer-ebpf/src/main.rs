@@ -1,66 +1,85 @@
-//! rebalancer's eBPF programs. Entry points are thin; logic lives in `try_*` functions.
+//! rebalancer's eBPF programs. Entry points are thin; logic lives in `try_*` functions in the
+//! modules below; every map is per-CPU (summed and diffed, saturating, in userspace).
 //!
-//! - `sched_switch`: on-CPU nanoseconds per (cgroup id, NUMA node).
+//! - `on_cpu_sample` (perf_event, software cpu-clock at `ebpf.sample_hz` per CPU): on-CPU time
+//!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate.
+//! - `sched_switch` (tracepoint): exact on-CPU time per (cgroup id, node) — the option.
+//! - `sched_migrate_task` (raw tracepoint, the migrating task's cgroup read through task_struct
+//!   offsets taken from kernel BTF) or `sched_migrate_task_tp` (classic tracepoint fallback
+//!   without BTF: only migrations of the current task are attributed).
+//! - `sched_move_numa` / `sched_swap_numa` / `sched_stick_numa` / `mm_migrate_pages`
+//!   (tracepoints): NUMA-balancing moves and pages migrated (per reason).
+//! - `task_numa_fault` (kprobe): NUMA hinting faults, local vs remote.
+//! - `remote_mem_sample` (perf_event on a remote-memory PMU event): remote accesses.
 #![no_std]
 #![no_main]
 
+mod maps;
+mod memory;
+mod migrate;
+mod oncpu;
+
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_numa_node_id, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
-    maps::{Array, PerCpuArray, PerCpuHashMap},
-    programs::TracePointContext,
+    macros::{kprobe, perf_event, raw_tracepoint, tracepoint},
+    programs::{PerfEventContext, ProbeContext, RawTracePointContext, TracePointContext},
 };
-use rebalancer_common::{CgNodeKey, TpConfig};
 
-/// On-CPU nanoseconds per (cgroup id, node), per CPU; summed and diffed in userspace.
-#[map]
-static CPU_TIME: PerCpuHashMap<CgNodeKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
-/// Timestamp of the last sched_switch on this CPU.
-#[map]
-static LAST_SWITCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-/// Tracepoint field offsets, filled by userspace from tracefs format files.
-#[map]
-static CONFIG: Array<TpConfig> = Array::with_max_entries(1, 0);
-
-#[tracepoint(category = "sched", name = "sched_switch")]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    match try_sched_switch(&ctx) {
+#[inline(always)]
+fn done(r: Result<(), i64>) -> u32 {
+    match r {
         Ok(()) => 0,
         Err(_) => 1,
     }
 }
 
-fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
-    let now = unsafe { bpf_ktime_get_ns() };
-    let last = LAST_SWITCH.get_ptr_mut(0).ok_or(0i64)?;
-    let prev = unsafe { *last };
-    unsafe { *last = now };
-    if prev == 0 {
-        return Ok(());
-    }
-    let cfg = CONFIG.get(0).ok_or(0i64)?;
-    let off = cfg.switch_prev_pid_off as usize;
-    if off == 0 || off > 64 {
-        return Err(-1);
-    }
-    // At sched_switch, `current` is still the previous task.
-    let prev_pid: i32 = unsafe { ctx.read_at(off) }.map_err(|e| e as i64)?;
-    if prev_pid == 0 {
-        return Ok(()); // the idle task
-    }
-    let delta = now.wrapping_sub(prev);
-    let key = CgNodeKey {
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        node: unsafe { bpf_get_numa_node_id() } as u32,
-        _pad: 0,
-    };
-    match CPU_TIME.get_ptr_mut(&key) {
-        Some(v) => unsafe { *v += delta },
-        None => {
-            let _ = CPU_TIME.insert(&key, &delta, 0);
-        }
-    }
-    Ok(())
+#[perf_event]
+pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
+    done(oncpu::try_on_cpu_sample(&ctx))
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    done(oncpu::try_sched_switch(&ctx))
+}
+
+#[raw_tracepoint(tracepoint = "sched_migrate_task")]
+pub fn sched_migrate_task(ctx: RawTracePointContext) -> i32 {
+    done(migrate::try_migrate_raw(&ctx)) as i32
+}
+
+#[tracepoint(category = "sched", name = "sched_migrate_task")]
+pub fn sched_migrate_task_tp(ctx: TracePointContext) -> u32 {
+    done(migrate::try_migrate_tp(&ctx))
+}
+
+#[tracepoint(category = "sched", name = "sched_move_numa")]
+pub fn sched_move_numa(ctx: TracePointContext) -> u32 {
+    done(migrate::try_numa(&ctx, migrate::NumaKind::Move))
+}
+
+#[tracepoint(category = "sched", name = "sched_swap_numa")]
+pub fn sched_swap_numa(ctx: TracePointContext) -> u32 {
+    done(migrate::try_numa(&ctx, migrate::NumaKind::Swap))
+}
+
+#[tracepoint(category = "sched", name = "sched_stick_numa")]
+pub fn sched_stick_numa(ctx: TracePointContext) -> u32 {
+    done(migrate::try_numa(&ctx, migrate::NumaKind::Stick))
+}
+
+#[tracepoint(category = "migrate", name = "mm_migrate_pages")]
+pub fn mm_migrate_pages(ctx: TracePointContext) -> u32 {
+    done(memory::try_mm_migrate_pages(&ctx))
+}
+
+#[kprobe]
+pub fn task_numa_fault(ctx: ProbeContext) -> u32 {
+    done(memory::try_task_numa_fault(&ctx))
+}
+
+#[perf_event]
+pub fn remote_mem_sample(ctx: PerfEventContext) -> u32 {
+    done(memory::try_remote_mem_sample(&ctx))
 }
 
 #[cfg(not(test))]

@@ -24,6 +24,14 @@ pub enum Command {
     Topology(cmd::topology::TopologyArgs),
     /// Report which eBPF and PMU sources this kernel supports, and the cgroup mode.
     Probe(cmd::probe::ProbeArgs),
+    /// Sample per-cgroup, per-node on-CPU time, migrations and NUMA signals with eBPF (root).
+    Sample(cmd::sample::SampleArgs),
+    /// Ask the running daemon to admit (or --release) a pod; prints per-container placements.
+    Admit(cmd::admit::AdmitArgs),
+    /// Show the running daemon's pods, placements, scores and decisions.
+    Status(cmd::admit::StatusArgs),
+    /// Explain the running daemon's last decision about one cgroup.
+    Explain(cmd::admit::ExplainArgs),
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
@@ -36,7 +44,11 @@ pub fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Topology(a) => cmd::topology::run(a),
         Command::Probe(a) => cmd::probe::run(a),
+        Command::Sample(a) => cmd::sample::run(a),
         Command::Hints(c) => cmd::hints::run(c),
+        Command::Admit(a) => cmd::admit::admit(a),
+        Command::Status(a) => cmd::admit::status(a),
+        Command::Explain(a) => cmd::admit::explain(a),
     };
     match result {
         Ok(code) => code,
@@ -51,8 +63,10 @@ pub fn main() -> ExitCode {
 pub fn init_tracing(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -37,7 +37,7 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub daemon: DaemonConfig,
@@ -46,19 +46,6 @@ pub struct Config {
     pub placement: PlacementConfig,
     pub controller: ControllerConfig,
     pub server: ServerConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            daemon: DaemonConfig::default(),
-            cgroups: CgroupConfig::default(),
-            ebpf: EbpfConfig::default(),
-            placement: PlacementConfig::default(),
-            controller: ControllerConfig::default(),
-            server: ServerConfig::default(),
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -118,6 +105,18 @@ pub struct EbpfConfig {
     pub pmu_raw_event: Option<String>,
     /// Sampling frequency (Hz per CPU) of the timer-driven on-CPU sampler.
     pub sample_hz: u32,
+    /// On-CPU time source: the cpu-clock sampler (cheap) or exact sched_switch accounting.
+    pub on_cpu_source: OnCpuSource,
+}
+
+/// How on-CPU time per (cgroup, node) is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnCpuSource {
+    /// A perf_event program on the software cpu-clock at `sample_hz` per CPU.
+    Sampled,
+    /// A sched_switch tracepoint program timing every switch.
+    Exact,
 }
 
 impl Default for EbpfConfig {
@@ -126,6 +125,7 @@ impl Default for EbpfConfig {
             enabled: true,
             pmu_raw_event: None,
             sample_hz: 99,
+            on_cpu_source: OnCpuSource::Sampled,
         }
     }
 }
@@ -247,6 +247,9 @@ pub struct ControllerConfig {
     pub horizon_ms: u64,
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
+    /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
+    /// and no move may push a node past it.
+    pub overload_busy: f64,
 }
 
 impl Default for ControllerConfig {
@@ -262,6 +265,7 @@ impl Default for ControllerConfig {
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
             move_exclusive: false,
+            overload_busy: 0.9,
         }
     }
 }
@@ -366,6 +370,9 @@ impl Config {
                 "controller.migration_cost_per_gib",
                 "must be a finite number >= 0".into(),
             ));
+        }
+        if !(self.controller.overload_busy > 0.0 && self.controller.overload_busy <= 1.0) {
+            return Err(bad("controller.overload_busy", "must be in (0, 1]".into()));
         }
         if self.ebpf.sample_hz == 0 || self.ebpf.sample_hz > 10_000 {
             return Err(bad("ebpf.sample_hz", "must be between 1 and 10000".into()));

@@ -3,10 +3,15 @@
 //! See ARCHITECTURE.md for the code map. The pure parts (placement, planner) do no I/O; topology
 //! and cgroups are read from roots passed in; only `cgroup` writes cgroupfs.
 pub mod cgroup;
+pub mod checkpoint;
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod controller;
 pub mod cpuset;
+pub mod daemon;
 pub mod ebpf;
 pub mod placement;
+pub mod procfs;
+pub mod serve;
 pub mod topology;

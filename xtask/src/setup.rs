@@ -84,6 +84,12 @@ pub fn all() -> Result<()> {
     if !have("bpf-linker") {
         sh(Command::new("cargo").args(["install", "bpf-linker@0.10.2", "--locked"]))?;
     }
-    apt(&["bpftool", "linux-perf", "stress-ng", "numactl"])?;
+    apt(&[
+        "bpftool",
+        "linux-perf",
+        "stress-ng",
+        "numactl",
+        "prometheus",
+    ])?;
     Ok(())
 }

@@ -1,13 +1,52 @@
 //! `rebalancer probe`: which eBPF / PMU sources this kernel supports, and the cgroup mode.
+//! It really loads and attaches every source (then detaches them), so "available" means the
+//! verifier accepted the program and the attach point exists.
 use std::process::ExitCode;
+
+use serde::Serialize;
+
+use crate::{
+    config::Config,
+    ebpf::{probe, Sampler, SourceStatus},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct ProbeArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Config file (TOML); its [ebpf] section decides what is tried.
+    #[arg(long, short, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
 }
 
-pub fn run(_a: ProbeArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("probe is not written yet (issue 4)")
+#[derive(Serialize)]
+struct Report {
+    sources: Vec<SourceStatus>,
+    kernel: String,
+    cgroup_mode: &'static str,
+}
+
+pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
+    crate::cli::init_tracing("warn");
+    let cfg = Config::load(a.config.as_deref())?;
+    let topo = super::sample::machine_topology(&cfg.daemon.sysfs_root);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let (sampler, sources) = Sampler::start_with(&topo, &cfg.ebpf, true);
+    drop(sampler);
+    let report = Report {
+        sources,
+        kernel: probe::kernel_release(),
+        cgroup_mode: probe::cgroup_mode(&mountinfo).as_str(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("kernel {}  cgroups {}", report.kernel, report.cgroup_mode);
+        for s in &report.sources {
+            let state = if s.available { "available" } else { "skipped" };
+            println!("{:<22} {:<10} {}", s.name, state, s.reason);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

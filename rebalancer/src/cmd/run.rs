@@ -1,12 +1,8 @@
-//! `rebalancer run`: the daemon. Loads config (embedded default when no file), discovers the
-//! machine, then runs one `tokio::select!` loop over the control tick and signals until
-//! SIGINT/SIGTERM.
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+//! `rebalancer run`: the daemon. Loads config (embedded default when no file), then hands over
+//! to `daemon::run`.
+use std::{path::PathBuf, process::ExitCode};
 
-use anyhow::Context;
-use tokio::signal::unix::{signal, SignalKind};
-
-use crate::{cli::init_tracing, config::Config, topology::sysfs};
+use crate::{cli::init_tracing, config::Config};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -36,39 +32,6 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(daemon(cfg, a.rounds))?;
+    rt.block_on(crate::daemon::run::run(cfg, a.config, a.rounds))?;
     Ok(ExitCode::SUCCESS)
-}
-
-async fn daemon(cfg: Config, max_rounds: u64) -> anyhow::Result<()> {
-    let topo = sysfs::read(&cfg.daemon.sysfs_root)
-        .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
-    tracing::info!(
-        nodes = topo.nodes.len(),
-        cpus = topo.cpus.len(),
-        devices = topo.devices.len(),
-        dry_run = cfg.daemon.dry_run,
-        "rebalancer starting"
-    );
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rounds = 0u64;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                rounds += 1;
-                tracing::debug!(round = rounds, "control round");
-                if max_rounds != 0 && rounds >= max_rounds {
-                    tracing::info!(rounds, "round limit reached, stopping");
-                    break;
-                }
-            }
-            _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
-            _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
-        }
-    }
-    tracing::info!("rebalancer stopped cleanly");
-    Ok(())
 }

@@ -1,2 +1,167 @@
 //! eBPF sampling: the only module that imports aya. Probes sources, loads and attaches the
 //! embedded programs, and reads their per-CPU maps into per-cgroup samples.
+//!
+//! - `probe`: kernel release, cgroup mode and v2 mount (from /proc/self/mountinfo), PMU choice.
+//! - `tracefs`: format-file parsing (tracepoint field offsets differ between kernels).
+//! - `btf`: task_struct member offsets from kernel BTF for the raw migration tracepoint.
+//! - `loader`: loads the object, fills the config maps, attaches each source and reports it.
+//! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
+//!   ids to paths, deletes entries of vanished cgroups.
+//!
+//! Without eBPF (not root, old kernel, `ebpf.enabled = false`, or built with
+//! `REBALANCER_NO_EBPF=1`) [`Sampler::start`] returns no sampler and every source as skipped
+//! with the reason; the daemon carries on without it.
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::Serialize;
+
+pub mod btf;
+pub mod loader;
+pub mod probe;
+pub mod sample;
+pub mod tracefs;
+
+pub use sample::Sampler;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error("cannot mount tracefs at /sys/kernel/tracing")]
+    Tracefs {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("map {0} missing from the eBPF object")]
+    MissingMap(&'static str),
+}
+
+/// Whether one source (program + attach point) runs on this kernel, and why not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    pub name: String,
+    pub available: bool,
+    pub reason: String,
+}
+
+impl SourceStatus {
+    pub fn ok(name: &str, reason: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            available: true,
+            reason: reason.into(),
+        }
+    }
+    pub fn skipped(name: &str, reason: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            available: false,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What the kernel measured for one cgroup. [`Sampler::read`] returns cumulative values since
+/// the sampler started (per-CPU values summed); [`Sample::delta`] gives one period's worth.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// On-CPU nanoseconds per NUMA node.
+    pub cpu_ns: BTreeMap<u32, u64>,
+    pub migrations: u64,
+    pub cross_node_migrations: u64,
+    /// Task moves by the kernel NUMA balancer (move + swap).
+    pub numa_moves: u64,
+    /// NUMA-balancer moves that did not happen (sched_stick_numa).
+    pub numa_stuck: u64,
+    pub pages_migrated: u64,
+    /// Pages migrated per migrate reason (names from the mm_migrate_pages format file).
+    pub pages_by_reason: BTreeMap<String, u64>,
+    /// NUMA hinting faults on pages local / remote to the faulting CPU.
+    pub local_faults: u64,
+    pub remote_faults: u64,
+    /// Remote-memory PMU events.
+    pub remote_events: u64,
+}
+
+impl Sample {
+    pub fn total_cpu_ns(&self) -> u64 {
+        self.cpu_ns.values().fold(0, |a, &b| a.saturating_add(b))
+    }
+
+    /// `self - earlier`, field by field, saturating at 0 (an LRU eviction or a deleted entry
+    /// makes a counter go back; that period then counts nothing rather than garbage).
+    pub fn delta(&self, earlier: &Sample) -> Sample {
+        let map_delta = |a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>| {
+            a.iter()
+                .map(|(k, v)| (*k, v.saturating_sub(b.get(k).copied().unwrap_or(0))))
+                .collect()
+        };
+        Sample {
+            cpu_ns: map_delta(&self.cpu_ns, &earlier.cpu_ns),
+            migrations: self.migrations.saturating_sub(earlier.migrations),
+            cross_node_migrations: self
+                .cross_node_migrations
+                .saturating_sub(earlier.cross_node_migrations),
+            numa_moves: self.numa_moves.saturating_sub(earlier.numa_moves),
+            numa_stuck: self.numa_stuck.saturating_sub(earlier.numa_stuck),
+            pages_migrated: self.pages_migrated.saturating_sub(earlier.pages_migrated),
+            pages_by_reason: self
+                .pages_by_reason
+                .iter()
+                .map(|(k, v)| {
+                    let before = earlier.pages_by_reason.get(k).copied().unwrap_or(0);
+                    (k.clone(), v.saturating_sub(before))
+                })
+                .collect(),
+            local_faults: self.local_faults.saturating_sub(earlier.local_faults),
+            remote_faults: self.remote_faults.saturating_sub(earlier.remote_faults),
+            remote_events: self.remote_events.saturating_sub(earlier.remote_events),
+        }
+    }
+}
+
+/// Deltas of every cgroup between two cumulative reads (cgroups new in `now` count from 0).
+pub fn delta_all(
+    now: &BTreeMap<u64, Sample>,
+    before: &BTreeMap<u64, Sample>,
+) -> BTreeMap<u64, Sample> {
+    let empty = Sample::default();
+    now.iter()
+        .map(|(id, s)| (*id, s.delta(before.get(id).unwrap_or(&empty))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_saturates_and_keeps_new_keys() {
+        let mut a = Sample::default();
+        a.cpu_ns.insert(0, 100);
+        a.migrations = 5;
+        a.pages_by_reason.insert("numa_misplaced".into(), 7);
+        let mut b = Sample::default();
+        b.cpu_ns.insert(0, 250);
+        b.cpu_ns.insert(1, 10);
+        b.migrations = 3; // went back (eviction)
+        b.pages_by_reason.insert("numa_misplaced".into(), 9);
+        let d = b.delta(&a);
+        assert_eq!(d.cpu_ns, BTreeMap::from([(0, 150), (1, 10)]));
+        assert_eq!(d.migrations, 0);
+        assert_eq!(d.pages_by_reason["numa_misplaced"], 2);
+        assert_eq!(d.total_cpu_ns(), 160);
+        let all = delta_all(&BTreeMap::from([(7, b.clone())]), &BTreeMap::new());
+        assert_eq!(all[&7], b);
+    }
+}

@@ -1,5 +1,14 @@
 //! Static placement engine (pure, no I/O): kubelet-exact topology-hint merge, CPU / memory /
 //! device hint providers and allocators, and pod admission.
 pub mod mask;
+pub mod merge;
+pub mod merge_case;
+pub mod numa_info;
 
 pub use mask::{NodeMask, TopologyHint};
+pub mod admission;
+pub mod cpu;
+pub mod device;
+pub mod memory;
+pub mod pod;
+pub mod shared;

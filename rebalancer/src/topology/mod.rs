@@ -79,6 +79,11 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// Reads the machine below `root` (a directory standing for `/sys`); see [`sysfs::read`].
+    pub fn from_sysfs(root: &std::path::Path) -> Result<Self, sysfs::TopologyError> {
+        sysfs::read(root)
+    }
+
     pub fn node(&self, id: u32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.id == id)
     }

@@ -1,0 +1,172 @@
+//! Checkpoint of the daemon's allocations: a versioned, checksummed JSON envelope written
+//! atomically (temp file, fsync, rename, fsync of the directory) so a crash at any instant leaves
+//! either the old or the new checkpoint, never a torn one.
+//!
+//! Loading refuses what it cannot trust — a newer or unknown version, a bad checksum, truncated
+//! JSON — with an error that says so; the daemon then rebuilds from the live cgroups and warns.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Version of the checkpoint format written by this build.
+pub const VERSION: u32 = 1;
+/// Name of the checkpoint file inside the state directory.
+pub const FILE_NAME: &str = "checkpoint.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot write checkpoint {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read checkpoint {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {path} is corrupt: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("checkpoint {path} has version {found}, this build reads versions up to {VERSION}; refusing to misread it (move it aside to start fresh)")]
+    Version { path: PathBuf, found: u32 },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    version: u32,
+    /// FNV-1a 64 of the canonical JSON of `data`, in hex.
+    checksum: String,
+    data: serde_json::Value,
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Writes `data` to `dir/checkpoint.json` atomically.
+pub fn save<T: Serialize>(dir: &Path, data: &T) -> Result<(), CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let werr = |source| CheckpointError::Write {
+        path: path.clone(),
+        source,
+    };
+    let value = serde_json::to_value(data).map_err(|e| werr(std::io::Error::other(e)))?;
+    let canonical = serde_json::to_vec(&value).map_err(|e| werr(std::io::Error::other(e)))?;
+    let env = Envelope {
+        version: VERSION,
+        checksum: format!("{:016x}", fnv1a(&canonical)),
+        data: value,
+    };
+    let bytes = serde_json::to_vec_pretty(&env).map_err(|e| werr(std::io::Error::other(e)))?;
+    std::fs::create_dir_all(dir).map_err(werr)?;
+    let tmp = dir.join(format!(".{FILE_NAME}.tmp.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp).map_err(werr)?;
+    f.write_all(&bytes).map_err(werr)?;
+    f.sync_all().map_err(werr)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(werr)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(werr)?;
+    Ok(())
+}
+
+/// Loads the checkpoint in `dir`; `Ok(None)` when there is none yet.
+pub fn load<T: DeserializeOwned>(dir: &Path) -> Result<Option<T>, CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CheckpointError::Read { path, source }),
+    };
+    let corrupt = |message: String| CheckpointError::Corrupt {
+        path: path.clone(),
+        message,
+    };
+    // Read the version first, so a newer format is refused as such, not as "corrupt".
+    let head: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let version = head
+        .get("version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| corrupt("no version field".into()))?;
+    if version != VERSION as u64 {
+        return Err(CheckpointError::Version {
+            path,
+            found: version.min(u32::MAX as u64) as u32,
+        });
+    }
+    let env: Envelope = serde_json::from_value(head).map_err(|e| corrupt(e.to_string()))?;
+    let canonical = serde_json::to_vec(&env.data).map_err(|e| corrupt(e.to_string()))?;
+    let sum = format!("{:016x}", fnv1a(&canonical));
+    if sum != env.checksum {
+        return Err(corrupt(format!(
+            "checksum {} does not match content ({sum})",
+            env.checksum
+        )));
+    }
+    serde_json::from_value(env.data)
+        .map(Some)
+        .map_err(|e| corrupt(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn sample() -> BTreeMap<String, Vec<u32>> {
+        [
+            ("pod-a".to_string(), vec![0, 1, 2]),
+            ("pod-b".to_string(), vec![5]),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    #[test]
+    fn round_trip_and_absent() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap(), None);
+        save(d.path(), &sample()).unwrap();
+        assert_eq!(
+            load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap(),
+            Some(sample())
+        );
+        // no temp files left behind
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn truncated_corrupted_and_future_checkpoints_are_refused_clearly() {
+        let d = tempfile::tempdir().unwrap();
+        save(d.path(), &sample()).unwrap();
+        let p = d.path().join(FILE_NAME);
+        let good = std::fs::read_to_string(&p).unwrap();
+
+        std::fs::write(&p, &good[..good.len() / 2]).unwrap();
+        let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e}");
+
+        std::fs::write(&p, good.replace("\"pod-b\"", "\"pod-c\"")).unwrap();
+        let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
+        assert!(e.to_string().contains("checksum"), "{e}");
+
+        std::fs::write(&p, good.replace("\"version\": 1", "\"version\": 7")).unwrap();
+        let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
+        assert!(
+            matches!(e, CheckpointError::Version { found: 7, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("refusing"), "{e}");
+    }
+}

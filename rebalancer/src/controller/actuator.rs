@@ -1,0 +1,359 @@
+//! The actuator seam: the only path by which the controller changes a cgroup.
+//!
+//! [`CgroupWriter`] is implemented by the cgroup layer (real cgroupfs, v1 or v2) and by
+//! [`super::FakeCgroups`] (tests). [`apply`] carries out one [`Move`] in an order that never
+//! leaves the workload without CPUs or memory: (v1: `memory_migrate=1`), widen mems to
+//! old ∪ new, move cpus, narrow mems to the target (this migrates the memory), (v1: restore
+//! `memory_migrate`); then it reads both sets back. On any failure it rolls back to the
+//! previous cpus/mems. A dry run reads but writes nothing. An empty set is never written.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::plan_types::Move;
+use crate::cpuset::CpuSet;
+
+/// The cgroup files the actuator touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CgroupFile {
+    Cpus,
+    Mems,
+    MemoryMigrate,
+}
+
+impl fmt::Display for CgroupFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CgroupFile::Cpus => "cpuset.cpus",
+            CgroupFile::Mems => "cpuset.mems",
+            CgroupFile::MemoryMigrate => "cpuset.memory_migrate",
+        })
+    }
+}
+
+/// A failed read or write of one cgroup file, classified by errno.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupWriteError {
+    #[error("cgroup {cgroup} no longer exists")]
+    Vanished { cgroup: String },
+    #[error("{file} of {cgroup}: device or resource busy")]
+    Busy { cgroup: String, file: CgroupFile },
+    #[error("{file} of {cgroup}: value {value:?} rejected as invalid")]
+    Invalid {
+        cgroup: String,
+        file: CgroupFile,
+        value: String,
+    },
+    #[error("{file} of {cgroup}: {value:?} is outside the parent's effective set or offline")]
+    NoSpace {
+        cgroup: String,
+        file: CgroupFile,
+        value: String,
+    },
+    #[error("{file} of {cgroup}: permission denied")]
+    Permission { cgroup: String, file: CgroupFile },
+    #[error("{file} of {cgroup}")]
+    Io {
+        cgroup: String,
+        file: CgroupFile,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CgroupWriteError {
+    /// Classifies an I/O error on `file` of `cgroup` (writing `value`) by its errno.
+    pub fn from_io(cgroup: &str, file: CgroupFile, value: &str, err: std::io::Error) -> Self {
+        let cgroup = cgroup.to_string();
+        match err.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENODEV) => Self::Vanished { cgroup },
+            Some(libc::EBUSY) => Self::Busy { cgroup, file },
+            Some(libc::EINVAL) => Self::Invalid {
+                cgroup,
+                file,
+                value: value.to_string(),
+            },
+            Some(libc::ENOSPC) => Self::NoSpace {
+                cgroup,
+                file,
+                value: value.to_string(),
+            },
+            Some(libc::EACCES) | Some(libc::EPERM) => Self::Permission { cgroup, file },
+            _ => Self::Io {
+                cgroup,
+                file,
+                source: err,
+            },
+        }
+    }
+}
+
+/// Reads and writes the cpuset of cgroups named by their path relative to the hierarchy.
+pub trait CgroupWriter {
+    fn read_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError>;
+    fn read_mems(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError>;
+    fn write_cpus(&mut self, cgroup: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError>;
+    fn write_mems(&mut self, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError>;
+    /// True on cgroup v1, where memory follows a mems change only with memory_migrate=1
+    /// (v2 always migrates).
+    fn needs_memory_migrate(&self) -> bool;
+    fn read_memory_migrate(&self, cgroup: &str) -> Result<bool, CgroupWriteError>;
+    fn set_memory_migrate(&mut self, cgroup: &str, on: bool) -> Result<(), CgroupWriteError>;
+}
+
+/// One write of a move.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "value")]
+pub enum Step {
+    SetMemoryMigrate(bool),
+    WriteMems(CpuSet),
+    WriteCpus(CpuSet),
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::SetMemoryMigrate(on) => write!(f, "cpuset.memory_migrate={}", u8::from(*on)),
+            Step::WriteMems(s) => write!(f, "cpuset.mems={s}"),
+            Step::WriteCpus(s) => write!(f, "cpuset.cpus={s}"),
+        }
+    }
+}
+
+/// What a move did (or, in a dry run, would do).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub cgroup: String,
+    pub steps: Vec<Step>,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("refusing to write an empty {file} to {cgroup}")]
+    EmptyTarget { cgroup: String, file: CgroupFile },
+    #[error("cgroup {cgroup} vanished during the move")]
+    Vanished { cgroup: String },
+    #[error("cannot read the cpuset of {cgroup}")]
+    Read {
+        cgroup: String,
+        #[source]
+        source: CgroupWriteError,
+    },
+    /// Someone else (e.g. kubelet's CPU manager) changed the cgroup since it was observed;
+    /// the controller adopts their choice instead of fighting it.
+    #[error("{file} of {cgroup} is now {found:?}, not the {planned:?} the move was planned from")]
+    Stale {
+        cgroup: String,
+        file: CgroupFile,
+        planned: String,
+        found: String,
+    },
+    #[error("move of {cgroup} failed at {step}; rolled back")]
+    Failed {
+        cgroup: String,
+        step: Step,
+        #[source]
+        source: CgroupWriteError,
+    },
+    #[error("move of {cgroup}: {file} reads back {found:?}, expected {expected:?}; rolled back")]
+    Verify {
+        cgroup: String,
+        file: CgroupFile,
+        expected: String,
+        found: String,
+    },
+    #[error("move of {cgroup} failed ({cause}) and its rollback failed too")]
+    RollbackFailed {
+        cgroup: String,
+        cause: String,
+        #[source]
+        source: CgroupWriteError,
+    },
+}
+
+/// A vanished cgroup is its own error; anything else is wrapped by `f`.
+fn classify(e: CgroupWriteError, f: impl FnOnce(CgroupWriteError) -> ApplyError) -> ApplyError {
+    match e {
+        CgroupWriteError::Vanished { cgroup } => ApplyError::Vanished { cgroup },
+        other => f(other),
+    }
+}
+
+/// The steps that take a cgroup from (`cpus`, `mems`) to the move's target, in safe order.
+pub fn steps_for(mv: &Move, cpus: &CpuSet, mems: &CpuSet, v1_migrate_off: bool) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let wide = mems.union(&mv.to_mems);
+    let mems_change = *mems != mv.to_mems;
+    if mems_change && v1_migrate_off {
+        steps.push(Step::SetMemoryMigrate(true));
+    }
+    if wide != *mems {
+        steps.push(Step::WriteMems(wide.clone()));
+    }
+    if *cpus != mv.to_cpus {
+        steps.push(Step::WriteCpus(mv.to_cpus.clone()));
+    }
+    if mv.to_mems != wide {
+        steps.push(Step::WriteMems(mv.to_mems.clone()));
+    }
+    if mems_change && v1_migrate_off {
+        steps.push(Step::SetMemoryMigrate(false));
+    }
+    steps
+}
+
+fn run(w: &mut dyn CgroupWriter, cgroup: &str, step: &Step) -> Result<(), CgroupWriteError> {
+    match step {
+        Step::SetMemoryMigrate(on) => w.set_memory_migrate(cgroup, *on),
+        Step::WriteMems(s) => w.write_mems(cgroup, s),
+        Step::WriteCpus(s) => w.write_cpus(cgroup, s),
+    }
+}
+
+/// Applies `mv` through `w`; with `dry_run` only reads and returns the steps it would write.
+pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Applied, ApplyError> {
+    let cg = mv.cgroup.as_str();
+    for (set, file) in [
+        (&mv.to_cpus, CgroupFile::Cpus),
+        (&mv.to_mems, CgroupFile::Mems),
+    ] {
+        if set.is_empty() {
+            return Err(ApplyError::EmptyTarget {
+                cgroup: cg.to_string(),
+                file,
+            });
+        }
+    }
+    let read_err = |e| {
+        classify(e, |source| ApplyError::Read {
+            cgroup: cg.to_string(),
+            source,
+        })
+    };
+    let cpus = w.read_cpus(cg).map_err(read_err)?;
+    let mems = w.read_mems(cg).map_err(read_err)?;
+    for (now, planned, file) in [
+        (&cpus, &mv.from_cpus, CgroupFile::Cpus),
+        (&mems, &mv.from_mems, CgroupFile::Mems),
+    ] {
+        if now != planned {
+            return Err(ApplyError::Stale {
+                cgroup: cg.to_string(),
+                file,
+                planned: planned.to_string(),
+                found: now.to_string(),
+            });
+        }
+    }
+    let migrate_off = w.needs_memory_migrate() && !w.read_memory_migrate(cg).map_err(read_err)?;
+    let steps = steps_for(mv, &cpus, &mems, migrate_off);
+    if dry_run {
+        return Ok(Applied {
+            cgroup: cg.to_string(),
+            steps,
+            dry_run: true,
+        });
+    }
+
+    let mut state = Live {
+        cpus: cpus.clone(),
+        mems: mems.clone(),
+        migrate_on: !migrate_off,
+    };
+    for step in &steps {
+        if let Err(e) = run(w, cg, step) {
+            let cause = classify(e, |source| ApplyError::Failed {
+                cgroup: cg.to_string(),
+                step: step.clone(),
+                source,
+            });
+            if matches!(cause, ApplyError::Vanished { .. }) {
+                return Err(cause);
+            }
+            return Err(rollback(w, cg, &state, &cpus, &mems, !migrate_off, cause));
+        }
+        state.apply(step);
+    }
+
+    // Verify by reading back.
+    let back = [
+        (w.read_cpus(cg), &mv.to_cpus, CgroupFile::Cpus),
+        (w.read_mems(cg), &mv.to_mems, CgroupFile::Mems),
+    ];
+    for (got, expected, file) in back {
+        let got = got.map_err(read_err)?;
+        if got != *expected {
+            let cause = ApplyError::Verify {
+                cgroup: cg.to_string(),
+                file,
+                expected: expected.to_string(),
+                found: got.to_string(),
+            };
+            return Err(rollback(w, cg, &state, &cpus, &mems, !migrate_off, cause));
+        }
+    }
+    Ok(Applied {
+        cgroup: cg.to_string(),
+        steps,
+        dry_run: false,
+    })
+}
+
+/// What the actuator has written so far.
+struct Live {
+    cpus: CpuSet,
+    mems: CpuSet,
+    migrate_on: bool,
+}
+
+impl Live {
+    fn apply(&mut self, step: &Step) {
+        match step {
+            Step::SetMemoryMigrate(on) => self.migrate_on = *on,
+            Step::WriteMems(s) => self.mems = s.clone(),
+            Step::WriteCpus(s) => self.cpus = s.clone(),
+        }
+    }
+}
+
+/// Restores `cpus`/`mems` (and memory_migrate) from `live`, widening mems first. Returns
+/// `cause` when the rollback worked, `RollbackFailed` otherwise.
+fn rollback(
+    w: &mut dyn CgroupWriter,
+    cg: &str,
+    live: &Live,
+    cpus: &CpuSet,
+    mems: &CpuSet,
+    migrate_was_on: bool,
+    cause: ApplyError,
+) -> ApplyError {
+    let back = Move {
+        cgroup: cg.to_string(),
+        from_cpus: live.cpus.clone(),
+        to_cpus: cpus.clone(),
+        from_mems: live.mems.clone(),
+        to_mems: mems.clone(),
+        bytes_to_migrate: 0,
+        reason: super::plan_types::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 0.0,
+        net: 0.0,
+    };
+    let mut steps = steps_for(&back, &live.cpus, &live.mems, false);
+    if live.migrate_on != migrate_was_on {
+        // Memory follows the restored mems while memory_migrate is still on; restore it last.
+        steps.push(Step::SetMemoryMigrate(migrate_was_on));
+    }
+    for step in &steps {
+        if let Err(source) = run(w, cg, step) {
+            return ApplyError::RollbackFailed {
+                cgroup: cg.to_string(),
+                cause: cause.to_string(),
+                source,
+            };
+        }
+    }
+    cause
+}

@@ -1,0 +1,225 @@
+//! `FakeCgroups`: an in-memory [`CgroupWriter`] for tests and simulation. It records every
+//! write (so a dry run can be proven to write nothing), keeps the state after each write (so a
+//! test can check a workload was never without CPUs or memory), and injects failures on the
+//! n-th write of a file (EBUSY, EINVAL, ENOSPC, EACCES, or the cgroup vanishing).
+
+use std::collections::BTreeMap;
+
+use super::actuator::{CgroupFile, CgroupWriteError, CgroupWriter};
+use crate::cpuset::CpuSet;
+
+/// A failure to inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FakeFailure {
+    Busy,
+    Invalid,
+    NoSpace,
+    Permission,
+    /// The cgroup is removed (its processes exited) and the write fails with ENOENT.
+    Vanished,
+}
+
+/// One recorded write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeWrite {
+    pub cgroup: String,
+    pub file: CgroupFile,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct FakeCgroup {
+    cpus: CpuSet,
+    mems: CpuSet,
+    memory_migrate: bool,
+}
+
+/// In-memory cgroups (v2 by default; `v1()` requires memory_migrate for migration).
+#[derive(Clone, Debug, Default)]
+pub struct FakeCgroups {
+    cgroups: BTreeMap<String, FakeCgroup>,
+    v1: bool,
+    writes: Vec<FakeWrite>,
+    /// (file, n-th write of that file counted from 1, failure)
+    failures: Vec<(CgroupFile, usize, FakeFailure)>,
+    counts: BTreeMap<CgroupFile, usize>,
+    /// Read-back of a file returns this instead of the truth (a kernel that clamps).
+    misreport: BTreeMap<CgroupFile, CpuSet>,
+    /// (cgroup, cpus, mems) after every successful write.
+    history: Vec<(String, CpuSet, CpuSet)>,
+}
+
+impl FakeCgroups {
+    pub fn v2() -> Self {
+        Self::default()
+    }
+
+    pub fn v1() -> Self {
+        Self {
+            v1: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn with(mut self, cgroup: &str, cpus: &str, mems: &str) -> Self {
+        self.insert(cgroup, cpus, mems);
+        self
+    }
+
+    /// Adds a cgroup; `cpus`/`mems` are cpulists (a bad list is a test bug: it panics).
+    pub fn insert(&mut self, cgroup: &str, cpus: &str, mems: &str) {
+        let parse =
+            |s: &str| CpuSet::parse(s).unwrap_or_else(|e| panic!("fake cpulist {s:?}: {e}"));
+        self.cgroups.insert(
+            cgroup.to_string(),
+            FakeCgroup {
+                cpus: parse(cpus),
+                mems: parse(mems),
+                memory_migrate: false,
+            },
+        );
+    }
+
+    /// The `nth` (1-based) write of `file` from now on fails with `failure`.
+    pub fn fail_write(&mut self, file: CgroupFile, nth: usize, failure: FakeFailure) {
+        let base = self.counts.get(&file).copied().unwrap_or(0);
+        self.failures.push((file, base + nth, failure));
+    }
+
+    pub fn misreport(&mut self, file: CgroupFile, set: CpuSet) {
+        self.misreport.insert(file, set);
+    }
+
+    pub fn remove(&mut self, cgroup: &str) {
+        self.cgroups.remove(cgroup);
+    }
+
+    pub fn writes(&self) -> &[FakeWrite] {
+        &self.writes
+    }
+
+    pub fn history(&self) -> &[(String, CpuSet, CpuSet)] {
+        &self.history
+    }
+
+    pub fn cpus(&self, cgroup: &str) -> Option<&CpuSet> {
+        self.cgroups.get(cgroup).map(|c| &c.cpus)
+    }
+
+    pub fn mems(&self, cgroup: &str) -> Option<&CpuSet> {
+        self.cgroups.get(cgroup).map(|c| &c.mems)
+    }
+
+    pub fn memory_migrate(&self, cgroup: &str) -> Option<bool> {
+        self.cgroups.get(cgroup).map(|c| c.memory_migrate)
+    }
+
+    fn get(&self, cgroup: &str) -> Result<&FakeCgroup, CgroupWriteError> {
+        self.cgroups
+            .get(cgroup)
+            .ok_or_else(|| CgroupWriteError::Vanished {
+                cgroup: cgroup.to_string(),
+            })
+    }
+
+    fn write(
+        &mut self,
+        cgroup: &str,
+        file: CgroupFile,
+        value: String,
+        set: impl FnOnce(&mut FakeCgroup),
+    ) -> Result<(), CgroupWriteError> {
+        self.get(cgroup)?;
+        let n = self.counts.entry(file).or_default();
+        *n += 1;
+        let n = *n;
+        let cg = cgroup.to_string();
+        if let Some(&(_, _, f)) = self
+            .failures
+            .iter()
+            .find(|(ff, nn, _)| *ff == file && *nn == n)
+        {
+            return Err(match f {
+                FakeFailure::Busy => CgroupWriteError::Busy { cgroup: cg, file },
+                FakeFailure::Invalid => CgroupWriteError::Invalid {
+                    cgroup: cg,
+                    file,
+                    value,
+                },
+                FakeFailure::NoSpace => CgroupWriteError::NoSpace {
+                    cgroup: cg,
+                    file,
+                    value,
+                },
+                FakeFailure::Permission => CgroupWriteError::Permission { cgroup: cg, file },
+                FakeFailure::Vanished => {
+                    self.cgroups.remove(cgroup);
+                    CgroupWriteError::Vanished { cgroup: cg }
+                }
+            });
+        }
+        if value.is_empty() {
+            // The real kernel accepts some empty writes; the fake refuses them so a bug shows.
+            return Err(CgroupWriteError::Invalid {
+                cgroup: cg,
+                file,
+                value,
+            });
+        }
+        self.writes.push(FakeWrite {
+            cgroup: cg.clone(),
+            file,
+            value,
+        });
+        if let Some(c) = self.cgroups.get_mut(cgroup) {
+            set(c);
+            self.history.push((cg, c.cpus.clone(), c.mems.clone()));
+        }
+        Ok(())
+    }
+}
+
+impl CgroupWriter for FakeCgroups {
+    fn read_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError> {
+        let c = self.get(cgroup)?;
+        Ok(self
+            .misreport
+            .get(&CgroupFile::Cpus)
+            .unwrap_or(&c.cpus)
+            .clone())
+    }
+
+    fn read_mems(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError> {
+        let c = self.get(cgroup)?;
+        Ok(self
+            .misreport
+            .get(&CgroupFile::Mems)
+            .unwrap_or(&c.mems)
+            .clone())
+    }
+
+    fn write_cpus(&mut self, cgroup: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        let v = cpus.clone();
+        self.write(cgroup, CgroupFile::Cpus, cpus.to_string(), |c| c.cpus = v)
+    }
+
+    fn write_mems(&mut self, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        let v = mems.clone();
+        self.write(cgroup, CgroupFile::Mems, mems.to_string(), |c| c.mems = v)
+    }
+
+    fn needs_memory_migrate(&self) -> bool {
+        self.v1
+    }
+
+    fn read_memory_migrate(&self, cgroup: &str) -> Result<bool, CgroupWriteError> {
+        Ok(self.get(cgroup)?.memory_migrate)
+    }
+
+    fn set_memory_migrate(&mut self, cgroup: &str, on: bool) -> Result<(), CgroupWriteError> {
+        let v = u8::from(on).to_string();
+        self.write(cgroup, CgroupFile::MemoryMigrate, v, |c| {
+            c.memory_migrate = on
+        })
+    }
+}

@@ -1,0 +1,181 @@
+//! Locality scores: how much of a cgroup's CPU time runs next to its memory.
+//!
+//! The instant score of a period is the remote ratio measured by hinting faults or PMU events
+//! when present (`1 − remote / (local + remote)`), and otherwise the share model
+//! `Σ_node cpu_share × mem_share`. Scores are smoothed with an EWMA so one noisy period does not
+//! trigger a move. [`expected_after`] estimates the share-model score after a move to a node set.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::observe::CgroupObs;
+use crate::cpuset::CpuSet;
+
+/// Where an instant score came from (shown by `explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evidence {
+    HintingFaults,
+    Pmu,
+    ShareModel,
+}
+
+/// The instant locality of a cgroup in 0..=1, or `None` when the period holds no evidence
+/// (no CPU time, or no memory and no fault/PMU counts).
+pub fn instant(cg: &CgroupObs) -> Option<(f64, Evidence)> {
+    if let Some(r) = ratio(cg.local_faults, cg.remote_faults) {
+        return Some((r, Evidence::HintingFaults));
+    }
+    if let Some(r) = ratio(cg.local_events, cg.remote_events) {
+        return Some((r, Evidence::Pmu));
+    }
+    share_model(&cg.cpu_ns_per_node, |n| cg.mem_on(n), cg.total_mem())
+        .map(|s| (s, Evidence::ShareModel))
+}
+
+fn ratio(local: Option<u64>, remote: Option<u64>) -> Option<f64> {
+    let remote = remote?;
+    let local = local.unwrap_or(0);
+    let total = local.saturating_add(remote);
+    if total == 0 {
+        return None;
+    }
+    Some(1.0 - remote as f64 / total as f64)
+}
+
+/// `Σ cpu_share(n) × mem_share(n)`; `None` without CPU time or memory.
+fn share_model(
+    cpu: &BTreeMap<u32, u64>,
+    mem_on: impl Fn(u32) -> u64,
+    mem_total: u64,
+) -> Option<f64> {
+    let cpu_total: u64 = cpu.values().fold(0u64, |a, &b| a.saturating_add(b));
+    if cpu_total == 0 || mem_total == 0 {
+        return None;
+    }
+    let s: f64 = cpu
+        .iter()
+        .map(|(&n, &ns)| (ns as f64 / cpu_total as f64) * (mem_on(n) as f64 / mem_total as f64))
+        .sum();
+    Some(s.clamp(0.0, 1.0))
+}
+
+/// EWMA step: `alpha × new + (1 − alpha) × old`; the first sample seeds it.
+pub fn ewma(old: Option<f64>, new: f64, alpha: f64) -> f64 {
+    match old {
+        None => new,
+        Some(o) => alpha * new + (1.0 - alpha) * o,
+    }
+}
+
+/// Expected share-model locality after the cgroup runs on `target` nodes with `cpuset.mems =
+/// target`. CPU time spreads over the target like today's time on those nodes (uniformly when
+/// it has none there); memory already on the target stays, memory outside it migrates and lands
+/// in proportion to the CPU time (first-touch-like). One node gives 1.0.
+pub fn expected_after(cg: &CgroupObs, target: &CpuSet) -> f64 {
+    let k = target.len();
+    if k == 0 {
+        return 0.0;
+    }
+    if k == 1 {
+        return 1.0;
+    }
+    let on_target: u64 = target
+        .iter()
+        .map(|n| cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0))
+        .sum();
+    let cpu_share = |n: u32| -> f64 {
+        if on_target == 0 {
+            1.0 / k as f64
+        } else {
+            cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0) as f64 / on_target as f64
+        }
+    };
+    let total = cg.total_mem();
+    if total == 0 {
+        return target.iter().map(|n| cpu_share(n).powi(2)).sum();
+    }
+    let outside: u64 = total.saturating_sub(target.iter().map(|n| cg.mem_on(n)).sum());
+    target
+        .iter()
+        .map(|n| {
+            let c = cpu_share(n);
+            let m = (cg.mem_on(n) as f64 + outside as f64 * c) / total as f64;
+            c * m
+        })
+        .sum::<f64>()
+        .clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cg(cpu: &[(u32, u64)], mem: &[(u32, u64)]) -> CgroupObs {
+        CgroupObs {
+            id: "t".into(),
+            cpu_ns_per_node: cpu.iter().copied().collect(),
+            mem_bytes_per_node: mem.iter().copied().collect(),
+            ..Default::default()
+        }
+    }
+
+    fn check(c: &CgroupObs, want: Option<(f64, Evidence)>) {
+        let got = instant(c);
+        match (got, want) {
+            (None, None) => {}
+            (Some((g, ge)), Some((w, we))) => {
+                assert!(
+                    (g - w).abs() < 1e-9 && ge == we,
+                    "{c:?}: got {g} {ge:?}, want {w} {we:?}"
+                )
+            }
+            _ => panic!("{c:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn instant_scores() {
+        use Evidence::*;
+        check(&cg(&[(0, 100)], &[(0, 10)]), Some((1.0, ShareModel)));
+        check(&cg(&[(0, 100)], &[(1, 10)]), Some((0.0, ShareModel)));
+        check(
+            &cg(&[(0, 50), (1, 50)], &[(0, 10), (1, 30)]),
+            Some((0.5, ShareModel)),
+        );
+        check(
+            &cg(&[(0, 75), (1, 25)], &[(0, 10)]),
+            Some((0.75, ShareModel)),
+        );
+        check(&cg(&[], &[(0, 10)]), None);
+        check(&cg(&[(0, 1)], &[]), None);
+        let mut f = cg(&[(0, 100)], &[(1, 10)]);
+        f.local_faults = Some(30);
+        f.remote_faults = Some(10);
+        check(&f, Some((0.75, HintingFaults)));
+        f.local_faults = Some(0);
+        f.remote_faults = Some(0);
+        f.local_events = Some(9);
+        f.remote_events = Some(1);
+        check(&f, Some((0.9, Pmu)));
+        let mut h = cg(&[(0, 100)], &[(0, 10)]);
+        h.hugepage_bytes_per_node.insert(1, 30);
+        check(&h, Some((0.25, ShareModel)));
+    }
+
+    #[test]
+    fn ewma_seeds_then_smooths() {
+        assert_eq!(ewma(None, 0.2, 0.5), 0.2);
+        assert!((ewma(Some(1.0), 0.0, 0.25) - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn expected_after_a_move() {
+        let c = cg(&[(0, 50), (1, 50)], &[(0, 10), (1, 10), (2, 20)]);
+        assert_eq!(expected_after(&c, &CpuSet::from_iter([3])), 1.0);
+        // two nodes, CPU 50/50, memory ends 50/50 → 0.5
+        assert!((expected_after(&c, &CpuSet::from_iter([0, 1])) - 0.5).abs() < 1e-9);
+        assert_eq!(expected_after(&c, &CpuSet::new()), 0.0);
+    }
+}

@@ -1,0 +1,102 @@
+//! The dynamic controller's pure core: observations, locality scores, the planner, the
+//! actuator seam and the controller's own state.
+//!
+//! One round: `state.observe(&obs, alpha)` updates the smoothed scores; `plan(..)` (pure, no
+//! I/O, cannot fail) proposes moves and explains every decision; `actuator::apply` carries each
+//! move out through a [`CgroupWriter`] (the cgroup layer's implementation, or [`FakeCgroups`]
+//! in tests) in an order that never leaves a workload without CPUs or memory; then
+//! `state.record_move` / `state.record_failure` starts the cooldown.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub mod actuator;
+pub mod fake;
+pub mod locality;
+pub mod observe;
+pub mod plan_types;
+pub mod planner;
+mod target;
+
+#[cfg(test)]
+mod actuator_tests;
+#[cfg(test)]
+mod planner_tests;
+
+pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, CgroupWriter, Step};
+pub use fake::{FakeCgroups, FakeFailure};
+pub use locality::Evidence;
+pub use observe::{CgroupObs, Constraints, NodeObs, Observations};
+pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Trigger};
+pub use planner::plan;
+
+/// What the controller remembers about one cgroup between rounds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CgroupState {
+    /// EWMA of the locality score; `None` until the first period with evidence, and again
+    /// right after a move (the old history no longer describes the new placement).
+    pub smoothed: Option<f64>,
+    /// When the last move (or failed attempt) started its cooldown.
+    pub last_move_ms: Option<u64>,
+    pub moves: u64,
+}
+
+/// The controller's memory across rounds (serialisable into the checkpoint).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ControllerState {
+    pub cgroups: BTreeMap<String, CgroupState>,
+    pub rounds: u64,
+    pub moves_total: u64,
+    pub bytes_migrated_total: u64,
+    pub failed_moves_total: u64,
+}
+
+impl ControllerState {
+    /// Folds one period into the smoothed scores and forgets cgroups no longer observed.
+    pub fn observe(&mut self, obs: &Observations, alpha: f64) {
+        let alpha = if alpha.is_finite() {
+            alpha.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for cg in &obs.cgroups {
+            seen.insert(cg.id.as_str());
+            let st = self.cgroups.entry(cg.id.clone()).or_default();
+            if let Some((s, _)) = locality::instant(cg) {
+                st.smoothed = Some(locality::ewma(st.smoothed, s, alpha));
+            }
+        }
+        self.cgroups.retain(|id, _| seen.contains(id.as_str()));
+        self.rounds += 1;
+    }
+
+    /// A move was applied: cooldown starts, history restarts, counters grow.
+    pub fn record_move(&mut self, mv: &Move, now_ms: u64) {
+        let st = self.cgroups.entry(mv.cgroup.clone()).or_default();
+        st.last_move_ms = Some(now_ms);
+        st.smoothed = None;
+        st.moves += 1;
+        self.moves_total += 1;
+        self.bytes_migrated_total = self
+            .bytes_migrated_total
+            .saturating_add(mv.bytes_to_migrate);
+    }
+
+    /// A move failed (and was rolled back): cooldown starts too, so it is not retried at once.
+    pub fn record_failure(&mut self, cgroup: &str, now_ms: u64) {
+        self.cgroups
+            .entry(cgroup.to_string())
+            .or_default()
+            .last_move_ms = Some(now_ms);
+        self.failed_moves_total += 1;
+    }
+
+    /// Milliseconds of cooldown left for `cgroup` at `now_ms`, or `None` when it may move.
+    pub fn cooldown_remaining(&self, cgroup: &str, now_ms: u64, cooldown_ms: u64) -> Option<u64> {
+        let last = self.cgroups.get(cgroup)?.last_move_ms?;
+        let until = last.saturating_add(cooldown_ms);
+        (now_ms < until).then(|| until - now_ms)
+    }
+}

@@ -1,0 +1,171 @@
+//! The planner's output: moves to apply and, for every managed cgroup, a decision that records
+//! what was considered, the numbers and the reason, for `rebalancer explain`.
+
+use serde::{Deserialize, Serialize};
+
+use super::locality::Evidence;
+use crate::cpuset::CpuSet;
+
+/// One round's result.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// In the order to apply them (most net gain first, ties by cgroup id).
+    pub moves: Vec<Move>,
+    /// One per observed cgroup, sorted by cgroup id.
+    pub decisions: Vec<Decision>,
+}
+
+impl Plan {
+    pub fn decision(&self, cgroup: &str) -> Option<&Decision> {
+        self.decisions
+            .binary_search_by(|d| d.cgroup.as_str().cmp(cgroup))
+            .ok()
+            .map(|i| &self.decisions[i])
+    }
+
+    pub fn bytes_to_migrate(&self) -> u64 {
+        self.moves.iter().map(|m| m.bytes_to_migrate).sum()
+    }
+}
+
+/// Why a cgroup was a candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Trigger {
+    /// Smoothed locality below `locality_threshold`.
+    PoorLocality,
+    /// Most of its CPU time is on overloaded nodes while another node has room.
+    Overloaded { nodes: CpuSet },
+}
+
+/// A change of one cgroup's cpuset. Both target sets are non-empty (the planner guarantees
+/// it and the actuator checks it again).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    pub cgroup: String,
+    pub from_cpus: CpuSet,
+    pub to_cpus: CpuSet,
+    pub from_mems: CpuSet,
+    pub to_mems: CpuSet,
+    /// Memory (normal + hugepages) outside the target nodes, which changing mems migrates.
+    pub bytes_to_migrate: u64,
+    pub reason: Trigger,
+    pub locality_before: f64,
+    pub locality_after: f64,
+    /// Net gain (saving − cost) that ranked it.
+    pub net: f64,
+}
+
+/// Why one target option is impossible.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Rejection {
+    /// Outside the workload's allowed nodes (set when seeding; listed for completeness).
+    NotAllowed,
+    /// Needs more nodes than single-numa-node / max_nodes permit.
+    TooManyNodes {
+        need: u32,
+        max: u32,
+    },
+    /// Not enough free CPUs (shared pool, or whole free cores for exclusive CPUs).
+    NoCpus {
+        need: u32,
+        free: u32,
+    },
+    /// Not enough free memory on the target for what would migrate.
+    NoMemory {
+        need: u64,
+        free: u64,
+    },
+    NoHugepages {
+        need: u64,
+        free: u64,
+    },
+    /// Would push this node past `overload_busy`.
+    Overloaded {
+        node: u32,
+        busy_after: f64,
+    },
+    /// The cgroup is already there.
+    Unchanged,
+}
+
+/// One target the planner weighed, with its numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Considered {
+    pub nodes: CpuSet,
+    pub locality_after: f64,
+    pub bytes_to_migrate: u64,
+    /// Locality gain plus load relief (for an overload trigger), in score points.
+    pub gain: f64,
+    /// Load relief part of `gain` (source busy − target busy after), 0 unless overloaded.
+    pub relief: f64,
+    /// Expected saving over the horizon: gain × CPU demand × horizon (CPU-seconds).
+    pub saving: f64,
+    /// Migration cost: GiB to migrate × `migration_cost_per_gib`.
+    pub cost: f64,
+    pub net: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected: Option<Rejection>,
+}
+
+/// Why a candidate was not moved.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Skip {
+    /// Pinned by the operator or adopted from an external writer.
+    Pinned,
+    /// Exclusive CPUs and `move_exclusive` is off.
+    Exclusive,
+    Cooldown {
+        remaining_ms: u64,
+    },
+    /// Every target option is impossible (see `considered`).
+    NoFeasibleTarget,
+    /// The best place is where it already is.
+    NoBetterTarget,
+    BelowMinGain {
+        gain: f64,
+    },
+    CostExceedsSaving {
+        saving: f64,
+        cost: f64,
+    },
+    /// Would pass the round's migration budget.
+    Budget {
+        need: u64,
+        remaining: u64,
+    },
+    /// `max_moves_per_round` reached.
+    MaxMoves,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Outcome {
+    Moved {
+        to_nodes: CpuSet,
+    },
+    /// Not a candidate: locality fine and no overload.
+    Healthy,
+    /// No evidence this period (no CPU time or no memory) and nothing smoothed yet.
+    NoData,
+    Skipped(Skip),
+}
+
+/// What the planner decided about one cgroup, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub cgroup: String,
+    /// This period's score and where it came from.
+    pub locality: Option<f64>,
+    pub evidence: Option<Evidence>,
+    /// The smoothed score the decision used.
+    pub smoothed: Option<f64>,
+    /// CPUs' worth of demand this period.
+    pub cpu_demand: f64,
+    pub memory_bytes: u64,
+    pub trigger: Option<Trigger>,
+    pub considered: Vec<Considered>,
+    pub outcome: Outcome,
+}

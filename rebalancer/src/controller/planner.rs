@@ -1,0 +1,230 @@
+//! The planner: one pure function from what was observed to the moves worth making.
+//!
+//! `plan` does no I/O and cannot fail. Every cgroup gets a [`Decision`]; candidates (poor
+//! smoothed locality, or running on an overloaded node while another has room) are priced
+//! against every target option (see `target`), gated by pinning, exclusivity, cooldown,
+//! `min_gain` (hysteresis) and cost, then accepted most-net-gain first (ties by id) within the
+//! round's migration budget and move count, re-checking each against the room earlier moves of
+//! the round took.
+
+use std::cmp::Ordering;
+
+use super::locality;
+use super::observe::{CgroupObs, Observations};
+use super::plan_types::{Decision, Move, Outcome, Plan, Rejection, Skip, Trigger};
+use super::target::{Projection, TargetOption};
+use super::ControllerState;
+use crate::config::ControllerConfig;
+use crate::topology::Topology;
+
+/// Plans one round. `now_ms` is on the same clock as the state's last-move times.
+pub fn plan(
+    topo: &Topology,
+    obs: &Observations,
+    state: &ControllerState,
+    cfg: &ControllerConfig,
+    now_ms: u64,
+) -> Plan {
+    let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
+    cgs.sort_by(|a, b| a.id.cmp(&b.id));
+    cgs.dedup_by(|a, b| a.id == b.id);
+
+    let mut proj = Projection::new(topo, obs, cfg);
+    let mut evals: Vec<Eval> = cgs
+        .iter()
+        .map(|cg| evaluate(&proj, obs, cg, state, cfg, now_ms))
+        .collect();
+
+    let mut proposals: Vec<usize> = (0..evals.len())
+        .filter(|&i| evals[i].chosen.is_some())
+        .collect();
+    proposals.sort_by(|&a, &b| {
+        let (na, nb) = (evals[a].chosen_net(), evals[b].chosen_net());
+        nb.total_cmp(&na).then_with(|| cgs[a].id.cmp(&cgs[b].id))
+    });
+
+    let mut moves = Vec::new();
+    for i in proposals {
+        if proj.moves_left == 0 {
+            evals[i].decision.outcome = Outcome::Skipped(Skip::MaxMoves);
+            continue;
+        }
+        if proj.dirty {
+            evals[i] = evaluate(&proj, obs, cgs[i], state, cfg, now_ms);
+        }
+        let eval = &mut evals[i];
+        if eval.chosen.is_none() {
+            continue;
+        }
+        match choose(&eval.options, cfg, proj.budget_left) {
+            Ok(k) => {
+                let opt = &eval.options[k];
+                let cg = cgs[i];
+                proj.accept(obs, cg, opt);
+                let c = &opt.considered;
+                eval.decision.outcome = Outcome::Moved {
+                    to_nodes: c.nodes.clone(),
+                };
+                moves.push(Move {
+                    cgroup: cg.id.clone(),
+                    from_cpus: cg.cpus.clone(),
+                    to_cpus: opt.to_cpus.clone(),
+                    from_mems: cg.mems.clone(),
+                    to_mems: c.nodes.clone(),
+                    bytes_to_migrate: c.bytes_to_migrate,
+                    reason: eval
+                        .decision
+                        .trigger
+                        .clone()
+                        .unwrap_or(Trigger::PoorLocality),
+                    locality_before: eval.decision.smoothed.unwrap_or(c.locality_after),
+                    locality_after: c.locality_after,
+                    net: c.net,
+                });
+            }
+            Err(skip) => eval.decision.outcome = Outcome::Skipped(skip),
+        }
+    }
+    Plan {
+        moves,
+        decisions: evals.into_iter().map(|e| e.decision).collect(),
+    }
+}
+
+struct Eval {
+    decision: Decision,
+    options: Vec<TargetOption>,
+    /// Index of the option chosen with the whole remaining budget, for a candidate.
+    chosen: Option<usize>,
+}
+
+impl Eval {
+    fn chosen_net(&self) -> f64 {
+        self.chosen
+            .map_or(f64::NEG_INFINITY, |k| self.options[k].considered.net)
+    }
+}
+
+fn evaluate(
+    proj: &Projection<'_>,
+    obs: &Observations,
+    cg: &CgroupObs,
+    state: &ControllerState,
+    cfg: &ControllerConfig,
+    now_ms: u64,
+) -> Eval {
+    let inst = locality::instant(cg);
+    let smoothed = state
+        .cgroups
+        .get(&cg.id)
+        .and_then(|s| s.smoothed)
+        .or(inst.map(|(s, _)| s));
+    let trigger = proj.trigger(cg, smoothed, cfg);
+    let mut decision = Decision {
+        cgroup: cg.id.clone(),
+        locality: inst.map(|(s, _)| s),
+        evidence: inst.map(|(_, e)| e),
+        smoothed,
+        cpu_demand: obs.cpu_demand(cg),
+        memory_bytes: cg.total_mem(),
+        trigger: trigger.clone(),
+        considered: Vec::new(),
+        outcome: Outcome::Healthy,
+    };
+    let eval = |outcome| Eval {
+        decision: Decision {
+            outcome,
+            ..decision.clone()
+        },
+        options: Vec::new(),
+        chosen: None,
+    };
+    let Some(trigger) = trigger else {
+        return eval(if smoothed.is_none() {
+            Outcome::NoData
+        } else {
+            Outcome::Healthy
+        });
+    };
+    let c = &cg.constraints;
+    if c.pinned {
+        return eval(Outcome::Skipped(Skip::Pinned));
+    }
+    if c.exclusive && !cfg.move_exclusive {
+        return eval(Outcome::Skipped(Skip::Exclusive));
+    }
+    if let Some(remaining_ms) = state.cooldown_remaining(&cg.id, now_ms, cfg.cooldown_ms) {
+        return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
+    }
+    let options = proj.options(obs, cg, &trigger, smoothed, cfg);
+    decision.considered = options.iter().map(|o| o.considered.clone()).collect();
+    let (outcome, chosen) = match choose(&options, cfg, proj.budget_left) {
+        Ok(k) => (Outcome::Healthy, Some(k)),
+        Err(skip) => (Outcome::Skipped(skip), None),
+    };
+    decision.outcome = outcome;
+    Eval {
+        decision,
+        options,
+        chosen,
+    }
+}
+
+/// The best acceptable option within `budget` bytes: feasible, gain ≥ `min_gain`, net > 0;
+/// most net first, then fewer bytes, fewer nodes, lower node ids. Otherwise the reason.
+fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
+    let feasible: Vec<usize> = (0..options.len())
+        .filter(|&k| options[k].considered.rejected.is_none())
+        .collect();
+    if feasible.is_empty() {
+        let here = options
+            .iter()
+            .any(|o| o.considered.rejected == Some(Rejection::Unchanged));
+        return Err(if here {
+            Skip::NoBetterTarget
+        } else {
+            Skip::NoFeasibleTarget
+        });
+    }
+    let acceptable: Vec<usize> = feasible
+        .iter()
+        .copied()
+        .filter(|&k| {
+            let c = &options[k].considered;
+            c.gain >= cfg.min_gain && c.net > 0.0
+        })
+        .collect();
+    if acceptable.is_empty() {
+        let best = feasible
+            .iter()
+            .map(|&k| &options[k].considered)
+            .max_by(|a, b| a.gain.total_cmp(&b.gain))
+            .map(|c| (c.gain, c.saving, c.cost));
+        return Err(match best {
+            Some((gain, _, _)) if gain < cfg.min_gain => Skip::BelowMinGain { gain },
+            Some((_, saving, cost)) => Skip::CostExceedsSaving { saving, cost },
+            None => Skip::NoFeasibleTarget,
+        });
+    }
+    let rank = |a: &usize, b: &usize| -> Ordering {
+        let (x, y) = (&options[*a].considered, &options[*b].considered);
+        y.net
+            .total_cmp(&x.net)
+            .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
+            .then(x.nodes.len().cmp(&y.nodes.len()))
+            .then_with(|| x.nodes.iter().cmp(y.nodes.iter()))
+    };
+    let within = acceptable
+        .iter()
+        .copied()
+        .filter(|&k| options[k].considered.bytes_to_migrate <= budget)
+        .min_by(rank);
+    within.ok_or_else(|| Skip::Budget {
+        need: acceptable
+            .iter()
+            .map(|&k| options[k].considered.bytes_to_migrate)
+            .min()
+            .unwrap_or(0),
+        remaining: budget,
+    })
+}

@@ -1,0 +1,692 @@
+//! Planner tests: one table of synthetic scenarios through `check()`, a multi-round simulation
+//! for hysteresis, and properties over random observations on an 8-node machine.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::config::ControllerConfig;
+use crate::cpuset::CpuSet;
+use crate::topology::{Topology, TopologyBuilder};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const PERIOD: u64 = 1_000_000_000;
+
+/// 4 nodes × 4 cores × 2 threads: node n has CPUs 4n..4n+3 and 16+4n..16+4n+3.
+fn machine() -> Topology {
+    TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 4,
+        cores_per_node: 4,
+        threads_per_core: 2,
+        ..Default::default()
+    }
+    .build()
+}
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap()
+}
+
+/// A cgroup: CPU demand per node (in CPUs), memory per node (MiB), current cpus and mems.
+fn cg(id: &str, cpu: &[(u32, f64)], mem_mib: &[(u32, u64)], cpus: &str, mems: &str) -> CgroupObs {
+    CgroupObs {
+        id: id.into(),
+        cpu_ns_per_node: cpu
+            .iter()
+            .map(|&(n, c)| (n, (c * PERIOD as f64) as u64))
+            .collect(),
+        mem_bytes_per_node: mem_mib.iter().map(|&(n, m)| (n, m * MIB)).collect(),
+        cpus: set(cpus),
+        mems: set(mems),
+        ..Default::default()
+    }
+}
+
+fn world(cgroups: Vec<CgroupObs>) -> Observations {
+    Observations {
+        period_ns: PERIOD,
+        cgroups,
+        nodes: (0..4)
+            .map(|n| {
+                (
+                    n,
+                    NodeObs {
+                        cpu_busy: 0.3,
+                        free_bytes: 32 * GIB,
+                        free_hugepage_bytes: 0,
+                    },
+                )
+            })
+            .collect(),
+        reserved_cpus: CpuSet::new(),
+    }
+}
+
+fn kind(o: &Outcome) -> String {
+    match o {
+        Outcome::Moved { .. } => "moved".into(),
+        Outcome::Healthy => "healthy".into(),
+        Outcome::NoData => "no-data".into(),
+        Outcome::Skipped(s) => {
+            let v = serde_json::to_value(s).unwrap();
+            format!("skip:{}", v["kind"].as_str().unwrap())
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    obs: Observations,
+    state: ControllerState,
+    cfg: ControllerConfig,
+    now: u64,
+    /// (cgroup, to_cpus, to_mems, MiB to migrate), in plan order.
+    moves: &'static [(&'static str, &'static str, &'static str, u64)],
+    /// (cgroup, outcome kind)
+    outcomes: &'static [(&'static str, &'static str)],
+}
+
+fn check(c: Case) {
+    let p = plan(&machine(), &c.obs, &c.state, &c.cfg, c.now);
+    let got: Vec<(String, String, String, u64)> = p
+        .moves
+        .iter()
+        .map(|m| {
+            (
+                m.cgroup.clone(),
+                m.to_cpus.to_string(),
+                m.to_mems.to_string(),
+                m.bytes_to_migrate / MIB,
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String, u64)> = c
+        .moves
+        .iter()
+        .map(|&(a, b, d, e)| (a.into(), b.into(), d.into(), e))
+        .collect();
+    assert_eq!(got, want, "{}: moves\n{:#?}", c.name, p.decisions);
+    for &(id, k) in c.outcomes {
+        let d = p
+            .decision(id)
+            .unwrap_or_else(|| panic!("{}: no decision for {id}", c.name));
+        assert_eq!(kind(&d.outcome), k, "{}: {id}: {d:#?}", c.name);
+    }
+    assert_eq!(p.decisions.len(), c.obs.cgroups.len(), "{}", c.name);
+    // Same plan whatever the input order.
+    let mut rev = c.obs.clone();
+    rev.cgroups.reverse();
+    assert_eq!(
+        plan(&machine(), &rev, &c.state, &c.cfg, c.now),
+        p,
+        "{}: order",
+        c.name
+    );
+}
+
+fn cfg() -> ControllerConfig {
+    ControllerConfig::default()
+}
+
+fn moved_at(id: &str, at: u64) -> ControllerState {
+    let mut s = ControllerState::default();
+    s.cgroups.entry(id.into()).or_default().last_move_ms = Some(at);
+    s
+}
+
+fn exclusive(mut c: CgroupObs) -> CgroupObs {
+    c.constraints.exclusive = true;
+    c
+}
+
+#[test]
+fn planner_rules() {
+    let base = |name, obs, moves, outcomes| Case {
+        name,
+        obs,
+        state: ControllerState::default(),
+        cfg: cfg(),
+        now: 100_000,
+        moves,
+        outcomes,
+    };
+    check(base(
+        "poor locality: to the node holding most memory, migrating the rest",
+        world(vec![cg(
+            "a",
+            &[(0, 1.0), (1, 1.0)],
+            &[(0, 100), (1, 900)],
+            "0-7,16-23",
+            "0-1",
+        )]),
+        &[("a", "4-7,20-23", "1", 100)],
+        &[("a", "moved")],
+    ));
+    check(base(
+        "memory-heavy, CPU on the wrong node: move the CPUs, migrate nothing",
+        world(vec![cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1")]),
+        &[("a", "4-7,20-23", "1", 0)],
+        &[("a", "moved")],
+    ));
+    let split = |id| cg(id, &[(2, 1.0)], &[(0, 400), (1, 400)], "8-11,24-27", "0-2");
+    check(Case {
+        cfg: ControllerConfig {
+            migration_budget_mib: 1000,
+            ..cfg()
+        },
+        ..base(
+            "budget stops the third move",
+            world(vec![split("b1"), split("b2"), split("b3")]),
+            &[("b1", "0-3,16-19", "0", 400), ("b2", "0-3,16-19", "0", 400)],
+            &[("b1", "moved"), ("b2", "moved"), ("b3", "skip:budget")],
+        )
+    });
+    check(Case {
+        cfg: ControllerConfig {
+            max_moves_per_round: 2,
+            ..cfg()
+        },
+        ..base(
+            "max moves per round",
+            world(vec![split("b1"), split("b2"), split("b3")]),
+            &[("b1", "0-3,16-19", "0", 400), ("b2", "0-3,16-19", "0", 400)],
+            &[("b3", "skip:max-moves")],
+        )
+    });
+    check(Case {
+        state: moved_at("a", 90_000),
+        ..base(
+            "cooldown blocks",
+            world(vec![cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1")]),
+            &[],
+            &[("a", "skip:cooldown")],
+        )
+    });
+    check(Case {
+        state: moved_at("a", 69_999),
+        ..base(
+            "cooldown over",
+            world(vec![cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1")]),
+            &[("a", "4-7,20-23", "1", 0)],
+            &[("a", "moved")],
+        )
+    });
+    check(Case {
+        cfg: ControllerConfig {
+            min_gain: 0.3,
+            ..cfg()
+        },
+        ..base(
+            "below min_gain: skip",
+            world(vec![cg(
+                "a",
+                &[(0, 0.75), (1, 0.25)],
+                &[(0, 100)],
+                "0-7,16-23",
+                "0-1",
+            )]),
+            &[],
+            &[("a", "skip:below-min-gain")],
+        )
+    });
+    check(base(
+        "above min_gain: same cgroup moves at the default",
+        world(vec![cg(
+            "a",
+            &[(0, 0.75), (1, 0.25)],
+            &[(0, 100)],
+            "0-7,16-23",
+            "0-1",
+        )]),
+        &[("a", "0-3,16-19", "0", 0)],
+        &[("a", "moved")],
+    ));
+    check(base(
+        "idle workload with much memory: migration costs more than it saves",
+        world(vec![cg(
+            "a",
+            &[(2, 0.01)],
+            &[(0, 2048), (1, 2048)],
+            "8-11,24-27",
+            "0-2",
+        )]),
+        &[],
+        &[("a", "skip:cost-exceeds-saving")],
+    ));
+    check(base(
+        "exclusive not moved by default",
+        world(vec![exclusive(cg(
+            "x",
+            &[(1, 1.0)],
+            &[(0, 1024)],
+            "4,20",
+            "0-1",
+        ))]),
+        &[],
+        &[("x", "skip:exclusive")],
+    ));
+    check(Case {
+        cfg: ControllerConfig {
+            move_exclusive: true,
+            ..cfg()
+        },
+        ..base(
+            "exclusive moved when allowed: whole free cores, not another's",
+            world(vec![
+                exclusive(cg("x", &[(1, 1.0)], &[(0, 1024)], "4,20", "0-1")),
+                exclusive(cg("y", &[(0, 1.0)], &[(0, 10)], "0,16", "0")),
+            ]),
+            &[("x", "1,17", "0", 0)],
+            &[("x", "moved"), ("y", "healthy")],
+        )
+    });
+    let mut fenced = cg("a", &[(0, 1.0)], &[(1, 1024)], "0-3,16-19", "0-1");
+    fenced.constraints.allowed_nodes = Some(set("0,2"));
+    check(base(
+        "allowed nodes respected: memory comes to the CPUs instead",
+        world(vec![fenced]),
+        &[("a", "0-3,16-19", "0", 1024)],
+        &[("a", "moved")],
+    ));
+    let mut full = world(vec![cg(
+        "a",
+        &[(2, 1.0)],
+        &[(0, 1024), (1, 1024)],
+        "8-11,24-27",
+        "0-2",
+    )]);
+    full.nodes.get_mut(&0).unwrap().free_bytes = 100 * MIB;
+    check(base(
+        "target without free memory rejected",
+        full.clone(),
+        &[("a", "4-7,20-23", "1", 1024)],
+        &[("a", "moved")],
+    ));
+    for n in full.nodes.values_mut() {
+        n.free_bytes = 100 * MIB;
+    }
+    check(base(
+        "no target has free memory",
+        full,
+        &[],
+        &[("a", "skip:no-feasible-target")],
+    ));
+    let mut hot = world(vec![
+        cg("o", &[(0, 2.0)], &[(0, 512)], "0-3,16-19", "0"),
+        cg("p", &[(0, 2.0)], &[(0, 512)], "0-3,16-19", "0"),
+    ]);
+    hot.nodes.get_mut(&0).unwrap().cpu_busy = 0.95;
+    hot.nodes.get_mut(&2).unwrap().cpu_busy = 0.1;
+    check(base(
+        "overloaded node: one workload leaves for the idlest node, then it is not overloaded",
+        hot,
+        &[("o", "8-11,24-27", "2", 512)],
+        &[("o", "moved"), ("p", "healthy")],
+    ));
+    let mut pinned = cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1");
+    pinned.constraints.pinned = true;
+    check(base(
+        "healthy, idle and pinned",
+        world(vec![
+            cg("h", &[(0, 2.0)], &[(0, 100)], "0-3,16-19", "0"),
+            cg("i", &[], &[(0, 100)], "0-3,16-19", "0"),
+            pinned,
+        ]),
+        &[],
+        &[("h", "healthy"), ("i", "no-data"), ("a", "skip:pinned")],
+    ));
+    let mut single = cg("s", &[(0, 5.0), (1, 5.0)], &[(2, 100)], "0-7,16-23", "0-2");
+    single.constraints.single_numa_node = true;
+    let mut multi = single.clone();
+    multi.id = "m".into();
+    multi.constraints.single_numa_node = false;
+    check(base(
+        "single-numa-node cannot fit 10 CPUs; without it two near nodes are used",
+        world(vec![single, multi]),
+        &[("m", "0-7,16-23", "0-1", 100)],
+        &[("s", "skip:no-feasible-target"), ("m", "moved")],
+    ));
+    check(base(
+        "room taken by an earlier move of the round is not counted twice",
+        world(vec![
+            cg("z", &[(0, 4.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+            cg("b", &[(0, 1.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+            cg("a", &[(0, 1.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+        ]),
+        // z fills node 1 to 0.8 busy; one more CPU would pass 0.9, so a and b take their
+        // memory to node 0 instead.
+        &[
+            ("z", "4-7,20-23", "1", 0),
+            ("a", "0-3,16-19", "0", 100),
+            ("b", "0-3,16-19", "0", 100),
+        ],
+        &[],
+    ));
+    check(base(
+        "ordering: most net gain first, ties by id",
+        world(vec![
+            cg("z", &[(0, 2.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+            cg("b", &[(0, 1.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+            cg("a", &[(0, 1.0)], &[(1, 100)], "0-3,16-19", "0-1"),
+        ]),
+        &[
+            ("z", "4-7,20-23", "1", 0),
+            ("a", "4-7,20-23", "1", 0),
+            ("b", "4-7,20-23", "1", 0),
+        ],
+        &[],
+    ));
+    let mut reserved = world(vec![cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1")]);
+    reserved.reserved_cpus = set("4,20");
+    check(base(
+        "reserved CPUs never handed out",
+        reserved,
+        &[("a", "5-7,21-23", "1", 0)],
+        &[],
+    ));
+}
+
+#[test]
+fn smoothing_keeps_one_bad_period_from_moving() {
+    let c = || cg("a", &[(0, 1.0)], &[(0, 100)], "0-3,16-19", "0");
+    let mut st = ControllerState::default();
+    for _ in 0..5 {
+        st.observe(&world(vec![c()]), 0.5);
+    }
+    // One period where all CPU time was remote: instant 0, smoothed 0.5·0 + 0.5·1 = 0.5 < 0.8,
+    // so with alpha 0.5 it would be a candidate; with alpha 0.1 it stays at 0.9.
+    let bad = world(vec![cg("a", &[(1, 1.0)], &[(0, 100)], "0-3,16-19", "0")]);
+    let mut slow = st.clone();
+    slow.observe(&bad, 0.1);
+    let p = plan(&machine(), &bad, &slow, &cfg(), 0);
+    assert_eq!(kind(&p.decisions[0].outcome), "healthy", "{p:#?}");
+    assert!((p.decisions[0].smoothed.unwrap() - 0.9).abs() < 1e-9);
+}
+
+/// The synthetic world's answer to a move: CPU time follows the cpus, memory the mems.
+fn apply_to_world(obs: &mut Observations, topo: &Topology, moves: &[Move]) {
+    for m in moves {
+        let c = obs.cgroups.iter_mut().find(|c| c.id == m.cgroup).unwrap();
+        let total = c.total_cpu_ns();
+        let nodes: Vec<u32> = m
+            .to_mems
+            .iter()
+            .filter(|&n| {
+                topo.cpus_of_nodes(&CpuSet::from_iter([n]))
+                    .intersection(&m.to_cpus)
+                    .len()
+                    > 0
+            })
+            .collect();
+        c.cpu_ns_per_node = nodes
+            .iter()
+            .map(|&n| (n, total / nodes.len() as u64))
+            .collect();
+        let mem: u64 = c.mem_bytes_per_node.values().sum();
+        let outside: u64 = c
+            .mem_bytes_per_node
+            .iter()
+            .filter(|(n, _)| !m.to_mems.contains(**n))
+            .map(|(_, b)| b)
+            .sum();
+        c.mem_bytes_per_node.retain(|n, _| m.to_mems.contains(*n));
+        let first = m.to_mems.first().unwrap();
+        *c.mem_bytes_per_node.entry(first).or_default() += outside;
+        assert_eq!(c.mem_bytes_per_node.values().sum::<u64>(), mem);
+        c.cpus = m.to_cpus.clone();
+        c.mems = m.to_mems.clone();
+    }
+    // Node busy follows the workloads' demand.
+    let mut busy: BTreeMap<u32, f64> = BTreeMap::new();
+    for c in &obs.cgroups {
+        for (&n, &ns) in &c.cpu_ns_per_node {
+            *busy.entry(n).or_default() += ns as f64 / PERIOD as f64 / 8.0;
+        }
+    }
+    for (n, o) in obs.nodes.iter_mut() {
+        o.cpu_busy = (0.05 + busy.get(n).copied().unwrap_or(0.0)).min(1.0);
+    }
+}
+
+#[test]
+fn hysteresis_no_ping_pong_across_rounds() {
+    let topo = machine();
+    let mut obs = world(vec![
+        cg(
+            "half",
+            &[(0, 1.0)],
+            &[(0, 500), (1, 500)],
+            "0-3,16-19",
+            "0-1",
+        ),
+        cg("wrong", &[(2, 2.0)], &[(3, 2048)], "8-11,24-27", "2-3"),
+        cg(
+            "two",
+            &[(0, 3.0), (1, 3.0)],
+            &[(0, 300), (1, 300)],
+            "0-7,16-23",
+            "0-1",
+        ),
+        cg("hot1", &[(3, 3.0)], &[(3, 100)], "12-15,28-31", "3"),
+        cg("hot2", &[(3, 3.0)], &[(3, 100)], "12-15,28-31", "3"),
+        cg("hot3", &[(3, 1.5)], &[(3, 100)], "12-15,28-31", "3"),
+    ]);
+    apply_to_world(&mut obs, &topo, &[]);
+    let cfg = ControllerConfig {
+        cooldown_ms: 10_000,
+        ..cfg()
+    };
+    let mut state = ControllerState::default();
+    let mut per_round = Vec::new();
+    let mut per_cg: BTreeMap<String, u32> = BTreeMap::new();
+    for round in 0..20u64 {
+        let now = round * 5_000;
+        state.observe(&obs, cfg.ewma_alpha);
+        let p = plan(&topo, &obs, &state, &cfg, now);
+        for m in &p.moves {
+            state.record_move(m, now);
+            *per_cg.entry(m.cgroup.clone()).or_default() += 1;
+        }
+        per_round.push(p.moves.len());
+        apply_to_world(&mut obs, &topo, &p.moves);
+    }
+    assert!(per_round[..3].iter().sum::<usize>() >= 2, "{per_round:?}");
+    assert_eq!(
+        per_round[8..].iter().sum::<usize>(),
+        0,
+        "still moving: {per_round:?} {per_cg:?}"
+    );
+    assert!(per_cg.values().all(|&n| n <= 1), "ping-pong: {per_cg:?}");
+}
+
+// ---- properties over random observations on an 8-node, 256-CPU machine ----
+
+fn big() -> Topology {
+    TopologyBuilder {
+        sockets: 2,
+        nodes_per_socket: 4,
+        cores_per_node: 16,
+        threads_per_core: 2,
+        ..Default::default()
+    }
+    .build()
+}
+
+fn arb_nodes() -> impl Strategy<Value = CpuSet> {
+    (1u32..256).prop_map(|m| (0..8).filter(|n| m & (1 << n) != 0).collect())
+}
+
+prop_compose! {
+    fn arb_cg(i: usize)(
+        cpu in proptest::collection::btree_map(0u32..8, 0u64..8 * PERIOD, 0..4),
+        mem in proptest::collection::btree_map(0u32..8, 0u64..4 * GIB, 0..4),
+        huge in proptest::collection::btree_map(0u32..8, 0u64..GIB, 0..2),
+        mems in arb_nodes(),
+        allowed in proptest::option::of(arb_nodes()),
+        exclusive in any::<bool>(),
+        single in any::<bool>(),
+        faults in proptest::option::of((0u64..1000, 0u64..1000)),
+    ) -> CgroupObs {
+        let topo = big();
+        let cpus = if exclusive {
+            CpuSet::from_iter([i as u32 % 128, i as u32 % 128 + 128])
+        } else {
+            topo.cpus_of_nodes(&mems)
+        };
+        CgroupObs {
+            id: format!("cg{i:03}"),
+            cpu_ns_per_node: cpu,
+            mem_bytes_per_node: mem,
+            hugepage_bytes_per_node: huge,
+            local_faults: faults.map(|f| f.0),
+            remote_faults: faults.map(|f| f.1),
+            cpus,
+            mems,
+            constraints: Constraints {
+                allowed_nodes: allowed,
+                exclusive,
+                single_numa_node: single,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
+fn arb_world() -> impl Strategy<Value = (Observations, ControllerState, ControllerConfig, u64)> {
+    let cgs = (1usize..30).prop_flat_map(|n| (0..n).map(arb_cg).collect::<Vec<_>>());
+    let nodes = proptest::collection::vec((0.0f64..1.0, 0u64..16 * GIB, 0u64..4 * GIB), 8);
+    let cooldowns = proptest::collection::vec(proptest::option::of(0u64..100_000), 30);
+    (
+        cgs,
+        nodes,
+        cooldowns,
+        0u64..4096,
+        0u32..6,
+        any::<bool>(),
+        proptest::collection::btree_set(0u32..256, 0..8),
+    )
+        .prop_map(
+            |(cgroups, nodes, cool, budget, max_moves, move_exclusive, reserved)| {
+                let mut state = ControllerState::default();
+                for (c, t) in cgroups.iter().zip(&cool) {
+                    state.cgroups.entry(c.id.clone()).or_default().last_move_ms = *t;
+                }
+                let obs = Observations {
+                    period_ns: PERIOD,
+                    cgroups,
+                    nodes: nodes
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (b, f, h))| {
+                            (
+                                i as u32,
+                                NodeObs {
+                                    cpu_busy: b,
+                                    free_bytes: f,
+                                    free_hugepage_bytes: h,
+                                },
+                            )
+                        })
+                        .collect(),
+                    reserved_cpus: reserved.into_iter().collect(),
+                };
+                let cfg = ControllerConfig {
+                    migration_budget_mib: budget,
+                    max_moves_per_round: max_moves,
+                    move_exclusive,
+                    cooldown_ms: 30_000,
+                    ..ControllerConfig::default()
+                };
+                (obs, state, cfg, 100_000)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn planner_invariants((obs, state, cfg, now) in arb_world()) {
+        let topo = big();
+        let p = plan(&topo, &obs, &state, &cfg, now);
+        prop_assert!(p.moves.len() <= cfg.max_moves_per_round as usize);
+        prop_assert!(p.bytes_to_migrate() <= cfg.migration_budget_mib * MIB);
+        prop_assert_eq!(p.decisions.len(), obs.cgroups.len());
+        let mut excl_claimed = obs
+            .cgroups
+            .iter()
+            .filter(|c| c.constraints.exclusive)
+            .fold(CpuSet::new(), |a, c| a.union(&c.cpus));
+        for m in &p.moves {
+            let c = obs.cgroups.iter().find(|c| c.id == m.cgroup).unwrap();
+            prop_assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty(), "{m:?}");
+            prop_assert!(state.cooldown_remaining(&m.cgroup, now, cfg.cooldown_ms).is_none());
+            let cpu_nodes: CpuSet = m.to_cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
+            prop_assert!(cpu_nodes.is_subset(&m.to_mems), "{m:?}");
+            if let Some(a) = &c.constraints.allowed_nodes {
+                prop_assert!(m.to_mems.is_subset(a), "{m:?} outside {a}");
+            }
+            if c.constraints.single_numa_node {
+                prop_assert_eq!(m.to_mems.len(), 1);
+            }
+            prop_assert!(m.to_cpus.is_disjoint(&obs.reserved_cpus), "{m:?}");
+            if c.constraints.exclusive {
+                prop_assert!(cfg.move_exclusive);
+                let others = excl_claimed.difference(&c.cpus);
+                prop_assert!(m.to_cpus.is_disjoint(&others), "{m:?} overlaps {others}");
+                excl_claimed = others.union(&m.to_cpus);
+            } else {
+                prop_assert!(m.to_cpus.is_disjoint(&excl_claimed), "{m:?} on exclusive CPUs");
+            }
+            prop_assert_eq!(&m.from_cpus, &c.cpus);
+            prop_assert_eq!(&m.from_mems, &c.mems);
+        }
+        // Deterministic.
+        prop_assert_eq!(plan(&topo, &obs, &state, &cfg, now), p);
+    }
+}
+
+/// Guards the property test against vacuity: its random worlds must reach every gate.
+#[test]
+fn random_worlds_exercise_every_gate() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut r = TestRunner::deterministic();
+    let (mut moves, mut excl) = (0, 0);
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..200 {
+        let (obs, state, cfg, now) = arb_world().new_tree(&mut r).unwrap().current();
+        let p = plan(&big(), &obs, &state, &cfg, now);
+        moves += p.moves.len();
+        excl += p
+            .moves
+            .iter()
+            .filter(|m| {
+                obs.cgroups
+                    .iter()
+                    .any(|c| c.id == m.cgroup && c.constraints.exclusive)
+            })
+            .count();
+        for d in &p.decisions {
+            *kinds.entry(kind(&d.outcome)).or_default() += 1;
+        }
+    }
+    assert!(moves > 50 && excl > 10, "{moves} moves, {excl} exclusive");
+    for k in [
+        "skip:budget",
+        "skip:cooldown",
+        "skip:max-moves",
+        "skip:exclusive",
+        "skip:no-feasible-target",
+        "skip:cost-exceeds-saving",
+    ] {
+        assert!(
+            kinds.get(k).copied().unwrap_or(0) > 0,
+            "{k} never reached: {kinds:?}"
+        );
+    }
+}

@@ -1,0 +1,443 @@
+//! Target options for one candidate cgroup, and the round's projected machine state.
+//!
+//! For every allowed node with CPUs the planner seeds a node set and grows it with the nearest
+//! nodes (SLIT distance, then id) until it has the CPUs the workload needs; each distinct set is
+//! then checked against the constraints and the projected free CPUs, memory, hugepages and load,
+//! and priced (locality after, bytes to migrate, gain, saving, cost). The [`Projection`] is
+//! updated after every accepted move so two moves of one round never count the same room twice.
+
+use std::collections::BTreeMap;
+
+use super::locality;
+use super::observe::{CgroupObs, Observations};
+use super::plan_types::{Considered, Rejection, Trigger};
+use crate::config::ControllerConfig;
+use crate::cpuset::CpuSet;
+use crate::topology::Topology;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The machine as this round's accepted moves leave it.
+pub(super) struct Projection<'t> {
+    topo: &'t Topology,
+    reserved: CpuSet,
+    free: BTreeMap<u32, u64>,
+    free_huge: BTreeMap<u32, u64>,
+    busy: BTreeMap<u32, f64>,
+    ncpus: BTreeMap<u32, usize>,
+    /// CPUs held exclusively by some workload.
+    excl_held: CpuSet,
+    /// Shared pool per node with CPUs: node CPUs − reserved − exclusively held.
+    pool: BTreeMap<u32, CpuSet>,
+    /// Per node with CPUs: the other nodes with CPUs, nearest first (distance, id).
+    nearest: BTreeMap<u32, Vec<u32>>,
+    pub budget_left: u64,
+    pub moves_left: u32,
+    /// Set once a move was accepted: later candidates are re-evaluated.
+    pub dirty: bool,
+}
+
+/// One option with what is needed to turn it into a move and to update the projection.
+#[derive(Clone, Debug)]
+pub(super) struct TargetOption {
+    pub considered: Considered,
+    pub to_cpus: CpuSet,
+    /// CPU share per target node after the move (sums to 1).
+    cpu_after: Vec<(u32, f64)>,
+}
+
+fn sane_busy(b: f64) -> f64 {
+    if b.is_finite() {
+        b.clamp(0.0, 1.0)
+    } else {
+        1.0
+    }
+}
+
+impl<'t> Projection<'t> {
+    pub fn new(topo: &'t Topology, obs: &Observations, cfg: &ControllerConfig) -> Self {
+        let mut free = BTreeMap::new();
+        let mut free_huge = BTreeMap::new();
+        let mut busy = BTreeMap::new();
+        let mut ncpus = BTreeMap::new();
+        for n in &topo.nodes {
+            let o = obs.nodes.get(&n.id);
+            free.insert(n.id, o.map_or(0, |o| o.free_bytes));
+            free_huge.insert(n.id, o.map_or(0, |o| o.free_hugepage_bytes));
+            busy.insert(n.id, o.map_or(1.0, |o| sane_busy(o.cpu_busy)));
+            ncpus.insert(n.id, n.cpus.len());
+        }
+        let excl_held = obs
+            .cgroups
+            .iter()
+            .filter(|c| c.constraints.exclusive)
+            .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus));
+        let cpu_nodes: Vec<u32> = topo
+            .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.id)
+            .collect();
+        let nearest = cpu_nodes
+            .iter()
+            .map(|&s| {
+                let mut others: Vec<u32> = cpu_nodes.iter().copied().filter(|&n| n != s).collect();
+                others.sort_by_key(|&n| (topo.distance(s, n), n));
+                (s, others)
+            })
+            .collect();
+        let mut p = Projection {
+            topo,
+            reserved: obs.reserved_cpus.clone(),
+            free,
+            free_huge,
+            busy,
+            ncpus,
+            excl_held,
+            pool: BTreeMap::new(),
+            nearest,
+            budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
+            moves_left: cfg.max_moves_per_round,
+            dirty: false,
+        };
+        p.refresh_pools();
+        p
+    }
+
+    fn refresh_pools(&mut self) {
+        let taken = self.reserved.union(&self.excl_held);
+        self.pool = self
+            .topo
+            .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| (n.id, n.cpus.difference(&taken)))
+            .collect();
+    }
+
+    pub fn busy(&self, node: u32) -> f64 {
+        self.busy.get(&node).copied().unwrap_or(1.0)
+    }
+
+    fn demand_on(obs: &Observations, cg: &CgroupObs, node: u32) -> f64 {
+        if obs.period_ns == 0 {
+            return 0.0;
+        }
+        cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0) as f64 / obs.period_ns as f64
+    }
+
+    /// The trigger that makes `cg` a candidate, if any.
+    pub fn trigger(
+        &self,
+        cg: &CgroupObs,
+        smoothed: Option<f64>,
+        cfg: &ControllerConfig,
+    ) -> Option<Trigger> {
+        let total = cg.total_cpu_ns();
+        if total > 0 {
+            let hot: CpuSet = cg
+                .cpu_ns_per_node
+                .iter()
+                .filter(|(&n, &ns)| ns > 0 && self.busy(n) >= cfg.overload_busy)
+                .map(|(&n, _)| n)
+                .collect();
+            let hot_ns: u64 = hot.iter().map(|n| cg.cpu_ns_per_node[&n]).sum();
+            let room = self
+                .pool
+                .keys()
+                .any(|&n| self.busy(n) < cfg.overload_busy && allowed(cg, n));
+            if hot_ns * 2 >= total && room {
+                return Some(Trigger::Overloaded { nodes: hot });
+            }
+        }
+        match smoothed {
+            Some(s) if s < cfg.locality_threshold => Some(Trigger::PoorLocality),
+            _ => None,
+        }
+    }
+
+    /// Every distinct target option for `cg`, priced and checked.
+    pub fn options(
+        &self,
+        obs: &Observations,
+        cg: &CgroupObs,
+        trigger: &Trigger,
+        before: Option<f64>,
+        cfg: &ControllerConfig,
+    ) -> Vec<TargetOption> {
+        let c = &cg.constraints;
+        let demand = obs.cpu_demand(cg);
+        let own_excl = if c.exclusive {
+            cg.cpus.clone()
+        } else {
+            CpuSet::new()
+        };
+        let need_cpus: u32 = if c.exclusive {
+            if c.exclusive_cpus > 0 {
+                c.exclusive_cpus
+            } else {
+                cg.cpus.len().max(1) as u32
+            }
+        } else {
+            (demand.ceil() as u32).max(1)
+        };
+        let max_nodes = if c.single_numa_node {
+            1
+        } else {
+            c.max_nodes.unwrap_or(u32::MAX).max(1)
+        };
+        let capacity = |n: u32| -> usize {
+            let pool = self.pool.get(&n).map_or(0, |p| p.len());
+            let own = self
+                .topo
+                .node(n)
+                .map_or(0, |node| node.cpus.intersection(&own_excl).len());
+            pool + own
+        };
+        let mut sets: Vec<CpuSet> = Vec::new();
+        for (&seed, nearest) in &self.nearest {
+            if !allowed(cg, seed) {
+                continue;
+            }
+            let mut t = CpuSet::new();
+            t.insert(seed);
+            let mut cap = capacity(seed);
+            for &n in nearest {
+                if cap >= need_cpus as usize {
+                    break;
+                }
+                if allowed(cg, n) {
+                    t.insert(n);
+                    cap += capacity(n);
+                }
+            }
+            if !sets.contains(&t) {
+                sets.push(t);
+            }
+        }
+        sets.into_iter()
+            .map(|t| {
+                self.price(
+                    obs, cg, trigger, before, cfg, t, need_cpus, max_nodes, &own_excl, demand,
+                )
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn price(
+        &self,
+        obs: &Observations,
+        cg: &CgroupObs,
+        trigger: &Trigger,
+        before: Option<f64>,
+        cfg: &ControllerConfig,
+        t: CpuSet,
+        need_cpus: u32,
+        max_nodes: u32,
+        own_excl: &CpuSet,
+        demand: f64,
+    ) -> TargetOption {
+        let after = locality::expected_after(cg, &t);
+        let normal_total: u64 = cg.mem_bytes_per_node.values().sum();
+        let huge_total: u64 = cg.hugepage_bytes_per_node.values().sum();
+        let normal_in: u64 = t.iter().filter_map(|n| cg.mem_bytes_per_node.get(&n)).sum();
+        let huge_in: u64 = t
+            .iter()
+            .filter_map(|n| cg.hugepage_bytes_per_node.get(&n))
+            .sum();
+        let normal_need = normal_total.saturating_sub(normal_in);
+        let huge_need = huge_total.saturating_sub(huge_in);
+        let bytes = normal_need.saturating_add(huge_need);
+
+        // CPU share per target node after the move, and the load it adds there.
+        let on_t: f64 = t.iter().map(|n| Self::demand_on(obs, cg, n)).sum();
+        let k = t.len().max(1) as f64;
+        let cpu_after: Vec<(u32, f64)> = t
+            .iter()
+            .map(|n| {
+                let share = if on_t > 0.0 {
+                    Self::demand_on(obs, cg, n) / on_t
+                } else {
+                    1.0 / k
+                };
+                (n, share)
+            })
+            .collect();
+        let mut rejected = None;
+        let mut dst_busy: f64 = 0.0;
+        for &(n, share) in &cpu_after {
+            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
+            let added = ((demand * share - Self::demand_on(obs, cg, n)) / ncpu).max(0.0);
+            let busy_after = self.busy(n) + added;
+            dst_busy = dst_busy.max(busy_after);
+            if added > 1e-12 && busy_after > cfg.overload_busy && rejected.is_none() {
+                rejected = Some(Rejection::Overloaded {
+                    node: n,
+                    busy_after,
+                });
+            }
+        }
+        let relief = match trigger {
+            Trigger::Overloaded { .. } => {
+                let total = cg.total_cpu_ns().max(1) as f64;
+                let src: f64 = cg
+                    .cpu_ns_per_node
+                    .iter()
+                    .map(|(&n, &ns)| ns as f64 / total * self.busy(n))
+                    .sum();
+                src - dst_busy
+            }
+            Trigger::PoorLocality => 0.0,
+        };
+        let gain = after - before.unwrap_or(after) + relief;
+        let saving = gain * demand * (cfg.horizon_ms as f64 / 1000.0);
+        let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
+
+        // Exclusive CPUs: whole free cores; shared: the pool of the target nodes.
+        let to_cpus = if cg.constraints.exclusive {
+            self.pick_cores(&t, need_cpus, own_excl)
+        } else {
+            let pool = t
+                .iter()
+                .filter_map(|n| self.pool.get(&n))
+                .fold(CpuSet::new(), |a, p| a.union(p));
+            // Already on these nodes with a narrower shared cpuset (admission's choice): keep it.
+            if t == cg.mems && !cg.cpus.is_empty() && cg.cpus.is_subset(&pool) {
+                cg.cpus.clone()
+            } else {
+                pool
+            }
+        };
+        let free: u64 = t.iter().filter_map(|n| self.free.get(&n)).sum();
+        let free_huge: u64 = t.iter().filter_map(|n| self.free_huge.get(&n)).sum();
+        let pre = if t.len() as u32 > max_nodes {
+            Some(Rejection::TooManyNodes {
+                need: t.len() as u32,
+                max: max_nodes,
+            })
+        } else if to_cpus.len() < need_cpus as usize || to_cpus.is_empty() {
+            Some(Rejection::NoCpus {
+                need: need_cpus,
+                free: to_cpus.len() as u32,
+            })
+        } else if normal_need > free {
+            Some(Rejection::NoMemory {
+                need: normal_need,
+                free,
+            })
+        } else if huge_need > free_huge {
+            Some(Rejection::NoHugepages {
+                need: huge_need,
+                free: free_huge,
+            })
+        } else if to_cpus == cg.cpus && t == cg.mems {
+            Some(Rejection::Unchanged)
+        } else {
+            None
+        };
+        TargetOption {
+            considered: Considered {
+                nodes: t,
+                locality_after: after,
+                bytes_to_migrate: bytes,
+                gain,
+                relief,
+                saving,
+                cost,
+                net: saving - cost,
+                rejected: pre.or(rejected),
+            },
+            to_cpus,
+            cpu_after,
+        }
+    }
+
+    /// `need` CPUs of free whole cores in `nodes` (own exclusive CPUs count as free), lowest
+    /// ids first; the last core may be used in part when `need` is not a multiple of its size.
+    fn pick_cores(&self, nodes: &CpuSet, need: u32, own: &CpuSet) -> CpuSet {
+        let free = nodes
+            .iter()
+            .filter_map(|n| self.topo.node(n))
+            .fold(CpuSet::new(), |a, node| {
+                a.union(
+                    &node
+                        .cpus
+                        .difference(&self.reserved)
+                        .difference(&self.excl_held.difference(own)),
+                )
+            });
+        let mut out = CpuSet::new();
+        let mut left = need as usize;
+        for cpu in free.iter() {
+            if left == 0 {
+                break;
+            }
+            if out.contains(cpu) {
+                continue;
+            }
+            let sib = self
+                .topo
+                .cpu(cpu)
+                .map_or_else(|| CpuSet::from_iter([cpu]), |c| c.siblings.clone());
+            if !sib.is_subset(&free) {
+                continue;
+            }
+            for s in sib.iter().take(left) {
+                out.insert(s);
+            }
+            left = need as usize - out.len().min(need as usize);
+        }
+        out
+    }
+
+    /// Records an accepted move: memory, hugepages, load, exclusive CPUs, budget, count.
+    pub fn accept(&mut self, obs: &Observations, cg: &CgroupObs, opt: &TargetOption) {
+        let t = &opt.considered.nodes;
+        let mut normal_out = 0u64;
+        let mut huge_out = 0u64;
+        for (&n, &b) in &cg.mem_bytes_per_node {
+            if !t.contains(n) {
+                *self.free.entry(n).or_default() += b;
+                normal_out += b;
+            }
+        }
+        for (&n, &b) in &cg.hugepage_bytes_per_node {
+            if !t.contains(n) {
+                *self.free_huge.entry(n).or_default() += b;
+                huge_out += b;
+            }
+        }
+        let demand = obs.cpu_demand(cg);
+        for &n in cg.cpu_ns_per_node.keys() {
+            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
+            if let Some(b) = self.busy.get_mut(&n) {
+                *b = (*b - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
+            }
+        }
+        for &(n, share) in &opt.cpu_after {
+            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
+            *self.busy.entry(n).or_default() += demand * share / ncpu;
+            let f = self.free.entry(n).or_default();
+            *f = f.saturating_sub((normal_out as f64 * share) as u64);
+            let h = self.free_huge.entry(n).or_default();
+            *h = h.saturating_sub((huge_out as f64 * share) as u64);
+        }
+        if cg.constraints.exclusive {
+            self.excl_held = self.excl_held.difference(&cg.cpus).union(&opt.to_cpus);
+            self.refresh_pools();
+        }
+        self.budget_left = self
+            .budget_left
+            .saturating_sub(opt.considered.bytes_to_migrate);
+        self.moves_left = self.moves_left.saturating_sub(1);
+        self.dirty = true;
+    }
+}
+
+fn allowed(cg: &CgroupObs, node: u32) -> bool {
+    cg.constraints
+        .allowed_nodes
+        .as_ref()
+        .is_none_or(|a| a.contains(node))
+}

@@ -1,0 +1,527 @@
+//! One control round, with its I/O: find the managed cgroups, observe them (CPU time per node,
+//! memory per node, current cpusets, constraints), observe the nodes, run the pure planner,
+//! apply its moves through the real cgroup writer, and publish scores, decisions and metrics.
+//!
+//! CPU time per node comes from the eBPF sampler when it runs, otherwise from /proc (each
+//! thread's utime+stime delta charged to the node of the CPU it last ran on).
+//!
+//! Constraints protect what others decided: a cgroup whose threads' own affinity, or whose
+//! cpuset written by someone else, covers fewer nodes than the machine keeps its CPUs there —
+//! we then move its memory to its CPUs, never its CPUs away from an operator's pin.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use crate::{
+    cgroup::{classify_with_roots, CgroupError, CgroupKind, Cgroups, Controller},
+    config::Config,
+    controller::{
+        self, CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs,
+        Observations, Outcome,
+    },
+    cpuset::CpuSet,
+    ebpf::Sample,
+    procfs,
+    serve::metrics::{NodeLabel, ReasonLabel},
+    topology::{sysfs, Topology},
+};
+
+use super::Daemon;
+
+/// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
+pub trait CpuTimeSource: Send {
+    /// Cumulative samples for each managed cgroup (keys are relative cgroup paths).
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> BTreeMap<String, Sample>;
+    fn name(&self) -> &'static str;
+}
+
+/// The eBPF samplers. Their cgroup ids are cgroup v2 ids, so they describe the managed cgroups
+/// directly only where the cpuset hierarchy is v2; on v1/hybrid hosts the engine uses /proc for
+/// CPU time instead (see `run`).
+pub struct EbpfCpuTime {
+    pub sampler: crate::ebpf::Sampler,
+}
+
+impl CpuTimeSource for EbpfCpuTime {
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        _topo: &Topology,
+    ) -> BTreeMap<String, Sample> {
+        let all = match self.sampler.read() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the eBPF maps failed");
+                return BTreeMap::new();
+            }
+        };
+        managed
+            .iter()
+            .filter_map(|cg| {
+                let id = cgroups.cgroup_id(cg).ok()?;
+                Some((cg.clone(), all.get(&id).cloned().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    fn name(&self) -> &'static str {
+        "ebpf"
+    }
+}
+
+/// /proc fallback: per-thread utime+stime charged to the node of the thread's last CPU.
+pub struct ProcCpuTime {
+    proc_root: PathBuf,
+    ns_per_tick: u64,
+    /// (cgroup, tid) → (last cumulative ticks); ns per node accumulate in `totals`.
+    last: BTreeMap<(String, u32), u64>,
+    totals: BTreeMap<String, Sample>,
+}
+
+impl ProcCpuTime {
+    pub fn new(proc_root: &Path) -> Self {
+        ProcCpuTime {
+            proc_root: proc_root.to_path_buf(),
+            ns_per_tick: procfs::ns_per_tick(),
+            last: BTreeMap::new(),
+            totals: BTreeMap::new(),
+        }
+    }
+}
+
+impl CpuTimeSource for ProcCpuTime {
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> BTreeMap<String, Sample> {
+        let mut seen = BTreeSet::new();
+        for cg in managed {
+            let pids = cgroups.procs(Controller::Cpuset, cg).unwrap_or_default();
+            let total = &mut self.totals.entry(cg.clone()).or_default().cpu_ns;
+            for pid in pids {
+                for (tid, (ticks, cpu)) in procfs::thread_cpu(&self.proc_root, pid) {
+                    let key = (cg.clone(), tid);
+                    let prev = self.last.insert(key.clone(), ticks);
+                    seen.insert(key);
+                    // A thread seen for the first time has no period to charge yet.
+                    let Some(prev) = prev else { continue };
+                    let ns = ticks.saturating_sub(prev).saturating_mul(self.ns_per_tick);
+                    if let Some(node) = topo.node_of_cpu(cpu) {
+                        *total.entry(node).or_default() += ns;
+                    }
+                }
+            }
+        }
+        self.last.retain(|k, _| seen.contains(k));
+        self.totals.retain(|cg, _| managed.contains(cg));
+        self.totals.clone()
+    }
+
+    fn name(&self) -> &'static str {
+        "procfs"
+    }
+}
+
+/// The real cgroup writer over the cgroup layer (reads are the *effective* sets).
+pub struct RealWriter<'a>(pub &'a Cgroups);
+
+fn wrap(cgroup: &str, file: CgroupFile, e: CgroupError) -> CgroupWriteError {
+    match e {
+        CgroupError::Io { source, .. } => CgroupWriteError::from_io(cgroup, file, "", source),
+        CgroupError::Write { source, value, .. } => {
+            CgroupWriteError::from_io(cgroup, file, &value, source)
+        }
+        CgroupError::OutsideParent { value, .. } => CgroupWriteError::NoSpace {
+            cgroup: cgroup.into(),
+            file,
+            value,
+        },
+        CgroupError::Empty { .. } => CgroupWriteError::Invalid {
+            cgroup: cgroup.into(),
+            file,
+            value: String::new(),
+        },
+        other => CgroupWriteError::Io {
+            cgroup: cgroup.into(),
+            file,
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+impl CgroupWriter for RealWriter<'_> {
+    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.0
+            .effective_cpus(cg)
+            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+    }
+    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.0
+            .effective_mems(cg)
+            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
+    }
+    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.0
+            .write_cpus(cg, cpus)
+            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+    }
+    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.0
+            .write_mems(cg, mems)
+            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
+    }
+    fn needs_memory_migrate(&self) -> bool {
+        self.0
+            .hierarchy(Controller::Cpuset)
+            .is_ok_and(|(_, v)| v == crate::cgroup::Version::V1)
+    }
+    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+        let (dir, _) = self
+            .0
+            .dir(Controller::Cpuset, cg)
+            .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))?;
+        let p = dir.join("cpuset.memory_migrate");
+        std::fs::read_to_string(&p)
+            .map(|s| s.trim() == "1")
+            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::MemoryMigrate, "", e))
+    }
+    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        self.0
+            .set_memory_migrate(cg, on)
+            .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
+    }
+}
+
+/// The control loop's long-lived I/O state.
+pub struct Engine {
+    pub cgroups: Cgroups,
+    pub cpu_source: Box<dyn CpuTimeSource>,
+    proc_root: PathBuf,
+    prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
+    prev: BTreeMap<String, Sample>,
+    last_round: Option<Instant>,
+    started: Instant,
+}
+
+impl Engine {
+    pub fn new(cgroups: Cgroups, cpu_source: Box<dyn CpuTimeSource>, proc_root: &Path) -> Engine {
+        Engine {
+            cgroups,
+            cpu_source,
+            proc_root: proc_root.to_path_buf(),
+            prev_stat: None,
+            prev: BTreeMap::new(),
+            last_round: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
+    /// below a configured root. Paths are relative, without a leading '/'.
+    pub fn managed(&self, cfg: &Config) -> Vec<String> {
+        let Ok(all) = self.cgroups.walk(Controller::Cpuset, "") else {
+            return Vec::new();
+        };
+        all.into_iter()
+            .map(|p| p.trim_start_matches('/').to_string())
+            .filter(|p| match classify_with_roots(p, &cfg.cgroups.roots) {
+                CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
+                CgroupKind::Configured { .. } => self
+                    .cgroups
+                    .procs(Controller::Cpuset, p)
+                    .is_ok_and(|v| !v.is_empty()),
+                _ => false,
+            })
+            .collect()
+    }
+
+    fn node_obs(&mut self, cfg: &Config, topo: &Topology) -> BTreeMap<u32, NodeObs> {
+        let stat = procfs::read_stat(&self.proc_root).ok();
+        let busy = match (&self.prev_stat, &stat) {
+            (Some(a), Some(b)) => procfs::busy_between(a, b),
+            _ => BTreeMap::new(),
+        };
+        self.prev_stat = stat;
+        let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
+        topo.nodes
+            .iter()
+            .map(|n| {
+                let cpus: Vec<f64> = n
+                    .cpus
+                    .iter()
+                    .filter_map(|c| busy.get(&c).copied())
+                    .collect();
+                let cpu_busy = if cpus.is_empty() {
+                    0.0
+                } else {
+                    cpus.iter().sum::<f64>() / cpus.len() as f64
+                };
+                let p = node_dir.join(format!("node{}/meminfo", n.id));
+                let free = std::fs::read_to_string(&p)
+                    .ok()
+                    .and_then(|t| sysfs::parse_meminfo(&p, &t).ok())
+                    .map_or(n.memory_free_bytes, |(_, free)| free);
+                let free_hp: u64 = n
+                    .hugepages
+                    .iter()
+                    .map(|(size, hp)| {
+                        hp.free * size.trim_end_matches("kB").parse::<u64>().unwrap_or(0) * 1024
+                    })
+                    .sum();
+                (
+                    n.id,
+                    NodeObs {
+                        cpu_busy,
+                        free_bytes: free,
+                        free_hugepage_bytes: free_hp,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Constraints of one cgroup: admission's promises for bound containers, and the operator's
+    /// pins (task affinity, or a cpuset we did not write) for everything else.
+    fn constraints(&self, s: &super::Shared, cg: &str, eff_cpus: &CpuSet) -> Constraints {
+        let topo = &s.topo;
+        let mut c = Constraints::default();
+        if let Some(b) = s.state.bindings.get(cg) {
+            if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
+                if let Some(ac) = pod
+                    .containers
+                    .iter()
+                    .find(|c| c.placement.container == b.container)
+                {
+                    c.exclusive = ac.placement.exclusive;
+                    c.exclusive_cpus = if c.exclusive {
+                        ac.placement.cpus.len() as u32
+                    } else {
+                        0
+                    };
+                    c.needs_hugepages = ac.memory.is_some();
+                    use crate::config::TopologyPolicy::*;
+                    match s.cfg.placement.policy {
+                        SingleNumaNode => c.single_numa_node = true,
+                        Restricted => {
+                            c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset())
+                        }
+                        _ => {}
+                    }
+                    if !ac.placement.devices.is_empty() {
+                        c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
+                    }
+                }
+            }
+            return c;
+        }
+        // Not ours: the threads' own affinity and the cgroup's cpuset are the operator's choice.
+        let mut allowed = CpuSet::new();
+        for pid in self
+            .cgroups
+            .procs(Controller::Cpuset, cg)
+            .unwrap_or_default()
+        {
+            if let Some((aff, _)) = procfs::task_placement(&self.proc_root, pid) {
+                allowed = allowed.union(&aff);
+            }
+        }
+        let pinned_cpus = if allowed.is_empty() {
+            eff_cpus.clone()
+        } else {
+            allowed.intersection(eff_cpus)
+        };
+        let nodes: CpuSet = pinned_cpus
+            .iter()
+            .filter_map(|cpu| topo.node_of_cpu(cpu))
+            .collect();
+        let all_nodes: CpuSet = topo
+            .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.id)
+            .collect();
+        if !nodes.is_empty() && nodes != all_nodes {
+            c.allowed_nodes = Some(nodes);
+        }
+        c
+    }
+
+    /// Runs one round. Returns the number of moves applied.
+    pub fn round(&mut self, d: &Daemon) -> usize {
+        let t0 = Instant::now();
+        let (cfg, topo) = {
+            let s = d.lock();
+            (s.cfg.clone(), s.topo.clone())
+        };
+        let managed = self.managed(&cfg);
+        let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
+        let period_ns = self
+            .last_round
+            .map_or(cfg.controller.period_ms * 1_000_000, |t| {
+                t.elapsed().as_nanos() as u64
+            });
+        self.last_round = Some(Instant::now());
+        let nodes = self.node_obs(&cfg, &topo);
+
+        let mut obs = Observations {
+            period_ns,
+            cgroups: Vec::new(),
+            nodes,
+            reserved_cpus: cfg.reserved_cpus(),
+        };
+        {
+            let s = d.lock();
+            for cg in &managed {
+                let (Ok(cpus), Ok(mems)) = (
+                    self.cgroups.effective_cpus(cg),
+                    self.cgroups.effective_mems(cg),
+                ) else {
+                    continue;
+                };
+                let numa = self.cgroups.numa_stat(cg).unwrap_or_default();
+                let now = cumulative.get(cg).cloned().unwrap_or_default();
+                let delta = now.delta(self.prev.get(cg).unwrap_or(&Sample::default()));
+                let cpu_ns_per_node = delta
+                    .cpu_ns
+                    .iter()
+                    .filter(|(_, v)| **v > 0)
+                    .map(|(n, v)| (*n, *v))
+                    .collect();
+                d.metrics
+                    .cross_node_migrations
+                    .inc_by(delta.cross_node_migrations);
+                d.metrics.numa_balancing_moves.inc_by(delta.numa_moves);
+                let faults = delta.local_faults + delta.remote_faults > 0;
+                let mut mem = numa.anon.clone();
+                for (n, b) in &numa.file {
+                    *mem.entry(*n).or_default() += b;
+                }
+                let constraints = self.constraints(&s, cg, &cpus);
+                obs.cgroups.push(CgroupObs {
+                    id: cg.clone(),
+                    cpu_ns_per_node,
+                    mem_bytes_per_node: mem,
+                    hugepage_bytes_per_node: numa.hugetlb.clone(),
+                    cross_node_migrations: delta.cross_node_migrations,
+                    numa_moves: delta.numa_moves,
+                    remote_faults: faults.then_some(delta.remote_faults),
+                    local_faults: faults.then_some(delta.local_faults),
+                    remote_events: (delta.remote_events > 0).then_some(delta.remote_events),
+                    cpus,
+                    mems,
+                    constraints,
+                    ..Default::default()
+                });
+            }
+        }
+        self.prev = cumulative;
+
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let plan = {
+            let mut s = d.lock();
+            s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
+            controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
+        };
+
+        let mut applied = 0;
+        for mv in &plan.moves {
+            let mut w = RealWriter(&self.cgroups);
+            match controller::apply(mv, &mut w, cfg.daemon.dry_run) {
+                Ok(done) => {
+                    applied += 1;
+                    tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
+                        before = mv.locality_before, after = mv.locality_after, dry_run = cfg.daemon.dry_run, steps = done.steps.len(), "move applied");
+                    let mut s = d.lock();
+                    if !cfg.daemon.dry_run {
+                        s.state.controller.record_move(mv, now_ms);
+                        d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
+                    }
+                    d.metrics
+                        .moves_applied
+                        .get_or_create(&ReasonLabel {
+                            reason: trigger_name(&mv.reason),
+                        })
+                        .inc();
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "move failed and was rolled back");
+                    d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
+                    d.metrics
+                        .moves_skipped
+                        .get_or_create(&ReasonLabel {
+                            reason: "apply-failed".into(),
+                        })
+                        .inc();
+                }
+            }
+        }
+
+        // Publish.
+        let mut scores = Vec::new();
+        {
+            let mut s = d.lock();
+            s.decisions = plan
+                .decisions
+                .iter()
+                .map(|dc| (dc.cgroup.clone(), dc.clone()))
+                .collect();
+            for dc in &plan.decisions {
+                if let Outcome::Skipped(skip) = &dc.outcome {
+                    let reason = serde_json::to_value(skip)
+                        .ok()
+                        .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+                        .unwrap_or_else(|| "other".into());
+                    d.metrics
+                        .moves_skipped
+                        .get_or_create(&ReasonLabel { reason })
+                        .inc();
+                }
+                if let Some(l) = dc.smoothed.or(dc.locality) {
+                    scores.push((dc.cgroup.clone(), l, 1.0 - l));
+                }
+            }
+            if let Err(e) = s.checkpoint() {
+                tracing::warn!(error = %e, "checkpoint failed");
+            }
+        }
+        d.metrics.set_cgroup_scores(&scores);
+        d.metrics.managed_cgroups.set(managed.len() as i64);
+        for (id, n) in &obs.nodes {
+            let l = NodeLabel {
+                node: id.to_string(),
+            };
+            d.metrics.node_cpu_busy.get_or_create(&l).set(n.cpu_busy);
+            d.metrics
+                .node_memory_free
+                .get_or_create(&l)
+                .set(n.free_bytes as i64);
+        }
+        d.metrics.round_duration.observe(t0.elapsed().as_secs_f64());
+        tracing::debug!(
+            managed = managed.len(),
+            moves = plan.moves.len(),
+            applied,
+            source = self.cpu_source.name(),
+            "round done"
+        );
+        applied
+    }
+}
+
+fn trigger_name(t: &controller::Trigger) -> String {
+    match t {
+        controller::Trigger::PoorLocality => "poor-locality".into(),
+        controller::Trigger::Overloaded { .. } => "overloaded".into(),
+    }
+}

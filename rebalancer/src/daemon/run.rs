@@ -1,0 +1,240 @@
+//! The daemon's main task: discover the machine, restore the checkpoint, start the listeners,
+//! then one `tokio::select!` loop over the control tick, SIGHUP (config reload), SIGINT/SIGTERM.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use super::{engine, Daemon, Persisted, Shared};
+use crate::{
+    checkpoint,
+    config::Config,
+    controller::ControllerState,
+    placement::admission::Allocator,
+    serve::{self, socket},
+    topology::sysfs,
+};
+
+/// Loads the checkpoint, or starts empty (with a warning when one existed but was unusable).
+fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
+    let fresh = || -> anyhow::Result<Persisted> {
+        Ok(Persisted {
+            allocator: Allocator::new(topo, &cfg.placement)
+                .context("building the allocator from config")?,
+            bindings: Default::default(),
+            controller: ControllerState::default(),
+        })
+    };
+    match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
+        Ok(Some(p)) => {
+            tracing::info!(
+                pods = p.allocator.pods.len(),
+                bindings = p.bindings.len(),
+                "checkpoint restored"
+            );
+            Ok(p)
+        }
+        Ok(None) => fresh(),
+        Err(e @ checkpoint::CheckpointError::Version { .. }) => Err(e.into()),
+        Err(e) => {
+            tracing::warn!(error = %e, "checkpoint unusable; rebuilding from the live cgroups");
+            fresh()
+        }
+    }
+}
+
+pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
+    let topo = sysfs::read(&cfg.daemon.sysfs_root)
+        .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
+    tracing::info!(
+        nodes = topo.nodes.len(),
+        cpus = topo.cpus.len(),
+        devices = topo.devices.len(),
+        dry_run = cfg.daemon.dry_run,
+        "rebalancer starting"
+    );
+    log_topology(&topo);
+    let cgroups =
+        crate::cgroup::Cgroups::detect(&cfg.cgroups.mount, "/proc/self/mountinfo".as_ref())
+            .with_context(|| format!("detecting cgroups under {}", cfg.cgroups.mount.display()))?;
+    let cpuset = cgroups
+        .hierarchy(crate::cgroup::Controller::Cpuset)
+        .map(|(p, v)| format!("{v:?} at {}", p.display()))
+        .unwrap_or_else(|e| e.to_string());
+    tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
+    let persisted = restore(&cfg, &topo)?;
+    let metrics = serve::Metrics::default();
+    let daemon = Daemon::new(
+        Shared {
+            topo,
+            cfg: cfg.clone(),
+            state: persisted,
+            decisions: Default::default(),
+            sources: Vec::new(),
+        },
+        metrics.clone(),
+    );
+
+    let cancel = CancellationToken::new();
+    let listen = cfg.server.metrics_listen.parse()?;
+    let (metrics_addr, metrics_task) =
+        serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener on {listen}"))?;
+    tracing::info!(%metrics_addr, "serving /metrics and /healthz");
+
+    let gid = cfg
+        .server
+        .socket_group
+        .as_deref()
+        .map(socket::group_id)
+        .transpose()?;
+    let listener = socket::bind(&cfg.server.socket, gid)?;
+    let api_task = socket::spawn(
+        listener,
+        serve::api::router(daemon.clone()),
+        socket::Access { allowed_gid: gid },
+        cancel.clone(),
+    );
+    tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
+
+    let cpu_source = cpu_time_source(&daemon, &cgroups);
+    tracing::info!(
+        source = cpu_source.name(),
+        "per-cgroup, per-node CPU time source"
+    );
+    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                rounds += 1;
+                engine.round(&daemon);
+                if max_rounds != 0 && rounds >= max_rounds {
+                    tracing::info!(rounds, "round limit reached, stopping");
+                    break;
+                }
+            }
+            _ = sighup.recv() => reload(&daemon, config_path.as_deref()),
+            _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
+        }
+    }
+    cancel.cancel();
+    let _ = metrics_task.await;
+    let _ = api_task.await;
+    let _ = std::fs::remove_file(&cfg.server.socket);
+    if let Err(e) = daemon.lock().checkpoint() {
+        tracing::warn!(error = %e, "final checkpoint failed");
+    }
+    tracing::info!("rebalancer stopped cleanly");
+    Ok(())
+}
+
+/// Starts the eBPF samplers (when enabled), records every source's status, and picks the
+/// per-cgroup CPU-time source: eBPF where the cpuset hierarchy is v2 (its ids are v2 ids),
+/// /proc otherwise.
+fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engine::CpuTimeSource> {
+    let (topo, ebpf_cfg) = {
+        let s = d.lock();
+        (s.topo.clone(), s.cfg.ebpf.clone())
+    };
+    let proc_source =
+        || Box::new(engine::ProcCpuTime::new("/proc".as_ref())) as Box<dyn engine::CpuTimeSource>;
+    if !ebpf_cfg.enabled {
+        tracing::info!(
+            "eBPF disabled by config (ebpf.enabled = false); running on memory.numa_stat and /proc"
+        );
+        return proc_source();
+    }
+    let (sampler, statuses) = crate::ebpf::Sampler::start(&topo, &ebpf_cfg);
+    for st in &statuses {
+        let l = crate::serve::metrics::SourceLabel {
+            source: st.name.clone(),
+        };
+        d.metrics
+            .ebpf_source_available
+            .get_or_create(&l)
+            .set(st.available as i64);
+        if st.available {
+            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source attached");
+        } else {
+            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source skipped");
+        }
+    }
+    d.lock().sources = statuses
+        .iter()
+        .filter_map(|s| serde_json::to_value(s).ok())
+        .collect();
+    let v2 = cgroups
+        .hierarchy(crate::cgroup::Controller::Cpuset)
+        .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
+    match sampler {
+        Some(sampler) if v2 => Box::new(engine::EbpfCpuTime { sampler }),
+        Some(_) => {
+            tracing::info!("cpuset is on cgroup v1 here while eBPF ids are v2 ids; per-cgroup CPU time comes from /proc");
+            proc_source()
+        }
+        None => {
+            tracing::warn!(
+                "no eBPF source could be attached; running on memory.numa_stat and /proc"
+            );
+            proc_source()
+        }
+    }
+}
+
+/// SIGHUP: re-read the config; a bad file is reported and the running config kept. Settings
+/// that need a restart (listeners, state dir, sysfs root) are reported as such.
+fn reload(d: &Daemon, path: Option<&std::path::Path>) {
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "config reload failed; keeping the running config");
+            return;
+        }
+    };
+    let mut s = d.lock();
+    if new.server != s.cfg.server
+        || new.daemon.state_dir != s.cfg.daemon.state_dir
+        || new.daemon.sysfs_root != s.cfg.daemon.sysfs_root
+    {
+        tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
+    }
+    s.cfg.controller = new.controller;
+    s.cfg.placement = new.placement;
+    s.cfg.daemon.dry_run = new.daemon.dry_run;
+    tracing::info!("config reloaded");
+}
+
+/// One log line per node: CPUs, sockets, L3 groups, memory, distances.
+fn log_topology(topo: &crate::topology::Topology) {
+    for n in &topo.nodes {
+        let online: Vec<_> = topo
+            .cpus
+            .iter()
+            .filter(|c| c.online && n.cpus.contains(c.id))
+            .collect();
+        let sockets: std::collections::BTreeSet<u32> = online.iter().map(|c| c.socket).collect();
+        let l3: std::collections::BTreeSet<u32> = online.iter().filter_map(|c| c.l3).collect();
+        tracing::info!(
+            node = n.id,
+            cpus = %n.cpus,
+            sockets = ?sockets,
+            l3_groups = l3.len(),
+            memory_mib = n.memory_total_bytes >> 20,
+            distances = ?n.distances,
+            "numa node"
+        );
+    }
+    let offline = topo.cpus.iter().filter(|c| !c.online).count();
+    if offline > 0 {
+        tracing::info!(offline, "offline CPUs");
+    }
+}

@@ -1,0 +1,434 @@
+//! Loads the embedded eBPF object, fills `CONFIG` (tracepoint offsets from tracefs, task_struct
+//! offsets from BTF, periods) and `CPU_NODE` (from the topology), then loads and attaches each
+//! source, reporting it as available or skipped with the reason (the verifier log is logged in
+//! full when a program is refused).
+use std::collections::BTreeMap;
+
+use aya::{
+    maps::Array,
+    programs::{
+        perf_event::{
+            HwCacheEvent, HwCacheOp, HwCacheResult, PerfEventConfig, PerfEventScope, SamplePolicy,
+            SoftwareEvent,
+        },
+        KProbe, PerfEvent, RawTracePoint, TracePoint,
+    },
+    Ebpf, EbpfLoader,
+};
+use rebalancer_common::{ProgConfig, CFG_TASK_OFFSETS, MAX_CPUS};
+
+use super::{
+    btf,
+    probe::{RemoteEvent, REMOTE_PERIOD},
+    tracefs::{self, Tracefs},
+    SourceStatus,
+};
+use crate::{
+    config::{EbpfConfig, OnCpuSource},
+    topology::Topology,
+};
+
+/// The eBPF object built by build.rs (empty when built with REBALANCER_NO_EBPF=1).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rebalancer"));
+
+/// Source names, in report order.
+pub const SOURCES: [&str; 9] = [
+    "on_cpu:cpu_clock",
+    "on_cpu:sched_switch",
+    "sched_migrate_task",
+    "sched_move_numa",
+    "sched_swap_numa",
+    "sched_stick_numa",
+    "mm_migrate_pages",
+    "numa_faults:kprobe",
+    "remote_memory:pmu",
+];
+
+/// What loading produced: the object (None when nothing could be loaded), one status per
+/// source, and the migrate reason names.
+pub struct Loaded {
+    pub ebpf: Option<Ebpf>,
+    pub statuses: Vec<SourceStatus>,
+    pub reason_names: BTreeMap<u32, String>,
+    pub remote_period: u64,
+}
+
+fn all_skipped(reason: &str) -> Loaded {
+    Loaded {
+        ebpf: None,
+        statuses: SOURCES
+            .iter()
+            .map(|s| SourceStatus::skipped(s, reason))
+            .collect(),
+        reason_names: BTreeMap::new(),
+        remote_period: REMOTE_PERIOD,
+    }
+}
+
+/// Loads and attaches everything this kernel supports. With `both_on_cpu` (probing) both
+/// on-CPU sources are attached, whichever the config selects.
+pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
+    if !cfg.enabled {
+        return all_skipped("disabled by config (ebpf.enabled = false)");
+    }
+    if OBJECT.is_empty() {
+        return all_skipped("built without eBPF (REBALANCER_NO_EBPF=1)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return all_skipped("not root (loading eBPF needs CAP_BPF and CAP_PERFMON)");
+    }
+    raise_memlock();
+    let ncpu_entries = topo.cpus.iter().map(|c| c.id + 1).max().unwrap_or(1);
+    if ncpu_entries > MAX_CPUS {
+        tracing::warn!(
+            cpus = ncpu_entries,
+            max = MAX_CPUS,
+            "more CPUs than CPU_NODE holds"
+        );
+    }
+    let mut ebpf = match EbpfLoader::new().load(OBJECT) {
+        Ok(e) => e,
+        Err(e) => return all_skipped(&format!("loading the eBPF object failed: {e}")),
+    };
+    let (pc, reason_names, mut pre) = prog_config(cfg);
+    if let Err(e) = fill_maps(&mut ebpf, topo, &pc) {
+        return all_skipped(&format!("filling config maps failed: {e}"));
+    }
+
+    let online: Vec<u32> = topo.online_cpus().iter().collect();
+    let mut res: BTreeMap<&str, Result<String, String>> = BTreeMap::new();
+
+    // On-CPU time: one of the two.
+    let period_ns = pc.sample_period_ns;
+    let sampled = both_on_cpu || cfg.on_cpu_source == OnCpuSource::Sampled;
+    let exact = both_on_cpu || cfg.on_cpu_source == OnCpuSource::Exact;
+    if sampled {
+        let r = attach_perf(
+            &mut ebpf,
+            "on_cpu_sample",
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            period_ns,
+            &online,
+        );
+        res.insert(
+            "on_cpu:cpu_clock",
+            r.map(|()| format!("software cpu-clock every {period_ns} ns per CPU")),
+        );
+    } else {
+        res.insert(
+            "on_cpu:cpu_clock",
+            Err("not selected (ebpf.on_cpu_source = \"exact\")".into()),
+        );
+    }
+    if exact {
+        let r = attach_tp(&mut ebpf, "sched_switch", "sched", "sched_switch");
+        res.insert(
+            "on_cpu:sched_switch",
+            r.map(|()| "exact per-switch accounting".into()),
+        );
+    } else {
+        res.insert(
+            "on_cpu:sched_switch",
+            Err("not selected (ebpf.on_cpu_source = \"sampled\")".into()),
+        );
+    }
+
+    // Migrations: raw tracepoint with BTF offsets, else the classic tracepoint.
+    let mig = if pc.flags & CFG_TASK_OFFSETS != 0 {
+        attach_raw_tp(&mut ebpf, "sched_migrate_task", "sched_migrate_task")
+            .map(|()| "raw tracepoint, migrating task's cgroup via BTF offsets".to_string())
+    } else {
+        Err("no kernel BTF offsets".to_string())
+    };
+    let mig = mig.or_else(|why| {
+        if pc.migrate_pid_off == 0 {
+            return Err(format!("{why}; tracepoint format unusable"));
+        }
+        attach_tp(
+            &mut ebpf,
+            "sched_migrate_task_tp",
+            "sched",
+            "sched_migrate_task",
+        )
+        .map(|()| format!("{why}: classic tracepoint, only self-migrations attributed to a cgroup"))
+    });
+    res.insert("sched_migrate_task", mig);
+
+    for (name, cat) in [
+        ("sched_move_numa", "sched"),
+        ("sched_swap_numa", "sched"),
+        ("sched_stick_numa", "sched"),
+        ("mm_migrate_pages", "migrate"),
+    ] {
+        if !pre.contains_key(name) {
+            let r = attach_tp(&mut ebpf, name, cat, name).map(|()| "tracepoint".to_string());
+            res.insert(name, r);
+        }
+    }
+
+    res.insert("numa_faults:kprobe", attach_kprobe(&mut ebpf));
+
+    let ev = RemoteEvent::choose(cfg.pmu_raw_event.as_deref());
+    let pconf = match ev {
+        RemoteEvent::NodeLoadMisses => PerfEventConfig::HwCache {
+            event: HwCacheEvent::Node,
+            operation: HwCacheOp::Read,
+            result: HwCacheResult::Miss,
+        },
+        RemoteEvent::Raw(v) => PerfEventConfig::Raw { event_id: v },
+    };
+    let r = attach_perf(
+        &mut ebpf,
+        "remote_mem_sample",
+        pconf,
+        REMOTE_PERIOD,
+        &online,
+    );
+    res.insert(
+        "remote_memory:pmu",
+        r.map(|()| format!("{} sampled every {REMOTE_PERIOD} events", ev.describe()))
+            .map_err(|e| format!("no PMU event {}: {e}", ev.describe())),
+    );
+
+    let statuses = SOURCES
+        .iter()
+        .map(|s| match (pre.remove(*s), res.remove(s)) {
+            (Some(p), _) => p,
+            (None, Some(Ok(why))) => SourceStatus::ok(s, why),
+            (None, Some(Err(why))) => SourceStatus::skipped(s, why),
+            (None, None) => SourceStatus::skipped(s, "not attempted"),
+        })
+        .collect();
+    Loaded {
+        ebpf: Some(ebpf),
+        statuses,
+        reason_names,
+        remote_period: REMOTE_PERIOD,
+    }
+}
+
+/// Builds `ProgConfig` from tracefs formats and kernel BTF; sources whose offsets cannot be
+/// found are pre-reported as skipped.
+fn prog_config(
+    cfg: &EbpfConfig,
+) -> (
+    ProgConfig,
+    BTreeMap<u32, String>,
+    BTreeMap<String, SourceStatus>,
+) {
+    let mut pc = ProgConfig {
+        sample_period_ns: 1_000_000_000 / u64::from(cfg.sample_hz.max(1)),
+        remote_period: REMOTE_PERIOD,
+        ..ProgConfig::default()
+    };
+    let mut skipped = BTreeMap::new();
+    let mut reasons = BTreeMap::new();
+    let mut skip = |name: &str, why: String| {
+        skipped.insert(name.to_string(), SourceStatus::skipped(name, why));
+    };
+    match Tracefs::find_or_mount() {
+        Err(e) => {
+            for s in [
+                "sched_move_numa",
+                "sched_swap_numa",
+                "sched_stick_numa",
+                "mm_migrate_pages",
+            ] {
+                skip(s, format!("{e}"));
+            }
+        }
+        Ok(t) => {
+            let fmt = |cat, name| t.format(cat, name);
+            match fmt("sched", "sched_migrate_task") {
+                Ok(f) => {
+                    if let (Some(p), Some(o), Some(d)) = (
+                        f.offset("pid", 4),
+                        f.offset("orig_cpu", 4),
+                        f.offset("dest_cpu", 4),
+                    ) {
+                        (
+                            pc.migrate_pid_off,
+                            pc.migrate_orig_cpu_off,
+                            pc.migrate_dest_cpu_off,
+                        ) = (p, o, d);
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "sched_migrate_task format"),
+            }
+            for (name, slot) in [
+                ("sched_move_numa", &mut pc.move_numa_dst_nid_off),
+                ("sched_swap_numa", &mut pc.swap_numa_dst_nid_off),
+                ("sched_stick_numa", &mut pc.stick_numa_dst_nid_off),
+            ] {
+                match fmt("sched", name).map(|f| f.offset("dst_nid", 4)) {
+                    Ok(Some(o)) => *slot = o,
+                    Ok(None) => skip(name, "format file has no 4-byte dst_nid".into()),
+                    Err(e) => skip(
+                        name,
+                        format!("{}: kernel without NUMA balancing?", error_chain(&e)),
+                    ),
+                }
+            }
+            match fmt("migrate", "mm_migrate_pages") {
+                Ok(f) => match (f.offset("succeeded", 8), f.offset("reason", 4)) {
+                    (Some(s), Some(r)) => {
+                        pc.mm_succeeded_off = s;
+                        pc.mm_reason_off = r;
+                        reasons = tracefs::print_symbolic(&f.print_fmt, "reason")
+                            .into_iter()
+                            .collect();
+                    }
+                    _ => skip(
+                        "mm_migrate_pages",
+                        "format file lacks succeeded (8 bytes) or reason (4 bytes)".into(),
+                    ),
+                },
+                Err(e) => skip("mm_migrate_pages", error_chain(&e)),
+            }
+        }
+    }
+    match std::fs::read("/sys/kernel/btf/vmlinux") {
+        Ok(data) => match btf::Btf::parse(&data).and_then(|b| btf::task_offsets(&b)) {
+            Ok(o) => {
+                [
+                    pc.task_cgroups_off,
+                    pc.css_set_dfl_cgrp_off,
+                    pc.cgroup_kn_off,
+                    pc.kernfs_node_id_off,
+                    pc.task_cpu_off,
+                ] = o;
+                pc.flags |= CFG_TASK_OFFSETS;
+            }
+            Err(e) => tracing::warn!(error = %e, "kernel BTF: task_struct offsets not found"),
+        },
+        Err(e) => tracing::warn!(error = %e, "no kernel BTF at /sys/kernel/btf/vmlinux"),
+    }
+    (pc, reasons, skipped)
+}
+
+fn fill_maps(ebpf: &mut Ebpf, topo: &Topology, pc: &ProgConfig) -> Result<(), String> {
+    let mut config: Array<_, ProgConfig> = ebpf
+        .map_mut("CONFIG")
+        .ok_or("no CONFIG map")?
+        .try_into()
+        .map_err(|e| format!("CONFIG: {e}"))?;
+    config.set(0, *pc, 0).map_err(|e| format!("CONFIG: {e}"))?;
+    let mut cpu_node: Array<_, u32> = ebpf
+        .map_mut("CPU_NODE")
+        .ok_or("no CPU_NODE map")?
+        .try_into()
+        .map_err(|e| format!("CPU_NODE: {e}"))?;
+    for c in &topo.cpus {
+        if let (Some(n), true) = (c.node, c.id < MAX_CPUS) {
+            cpu_node
+                .set(c.id, n, 0)
+                .map_err(|e| format!("CPU_NODE[{}]: {e}", c.id))?;
+        }
+    }
+    Ok(())
+}
+
+fn raise_memlock() {
+    // Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones to the memcg.
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid pointer to an initialised rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed");
+    }
+}
+
+/// `{e}` and its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Logs a load error with its verifier log and returns a one-line reason.
+fn load_failed(prog: &str, e: &aya::programs::ProgramError) -> String {
+    let full = error_chain(e);
+    tracing::warn!(program = prog, "verifier/load error:\n{full}");
+    let first = full.lines().next().unwrap_or("").to_string();
+    format!("program {prog} refused: {first}")
+}
+
+fn attach_tp(ebpf: &mut Ebpf, prog: &str, cat: &str, name: &str) -> Result<(), String> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("program {prog} missing"))?
+        .try_into()
+        .map_err(|e| format!("{prog}: {e}"))?;
+    p.load().map_err(|e| load_failed(prog, &e))?;
+    p.attach(cat, name)
+        .map(|_| ())
+        .map_err(|e| format!("attach {cat}/{name}: {}", error_chain(&e)))
+}
+
+fn attach_raw_tp(ebpf: &mut Ebpf, prog: &str, tp: &str) -> Result<(), String> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("program {prog} missing"))?
+        .try_into()
+        .map_err(|e| format!("{prog}: {e}"))?;
+    p.load().map_err(|e| load_failed(prog, &e))?;
+    p.attach(tp)
+        .map(|_| ())
+        .map_err(|e| format!("attach raw_tp {tp}: {}", error_chain(&e)))
+}
+
+fn attach_kprobe(ebpf: &mut Ebpf) -> Result<String, String> {
+    let has_kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    if !has_kprobes {
+        return Err(
+            "kernel has no kprobe PMU (/sys/bus/event_source/devices/kprobe absent: \
+             CONFIG_KPROBES off); NUMA hinting faults not sampled"
+                .into(),
+        );
+    }
+    let p: &mut KProbe = ebpf
+        .program_mut("task_numa_fault")
+        .ok_or("program task_numa_fault missing")?
+        .try_into()
+        .map_err(|e| format!("task_numa_fault: {e}"))?;
+    p.load().map_err(|e| load_failed("task_numa_fault", &e))?;
+    p.attach("task_numa_fault", 0)
+        .map(|_| "kprobe on task_numa_fault".into())
+        .map_err(|e| format!("attach kprobe task_numa_fault: {}", error_chain(&e)))
+}
+
+fn attach_perf(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    config: PerfEventConfig,
+    period: u64,
+    cpus: &[u32],
+) -> Result<(), String> {
+    let p: &mut PerfEvent = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("program {prog} missing"))?
+        .try_into()
+        .map_err(|e| format!("{prog}: {e}"))?;
+    p.load().map_err(|e| load_failed(prog, &e))?;
+    if cpus.is_empty() {
+        return Err("no online CPUs in the topology".into());
+    }
+    for &cpu in cpus {
+        p.attach(
+            config,
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            SamplePolicy::Period(period),
+            false,
+        )
+        .map_err(|e| format!("perf_event_open on CPU {cpu}: {}", error_chain(&e)))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! What this machine offers the samplers: kernel release, cgroup mode and the cgroup v2 mount
+//! (parsed from /proc/self/mountinfo text, pure), and which remote-memory PMU event to use.
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// How cgroups are mounted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    V1,
+    V2,
+    /// v1 controllers plus a v2 hierarchy (e.g. systemd's /sys/fs/cgroup/unified).
+    Hybrid,
+    None,
+}
+
+impl CgroupMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupMode::V1 => "v1",
+            CgroupMode::V2 => "v2",
+            CgroupMode::Hybrid => "hybrid",
+            CgroupMode::None => "none",
+        }
+    }
+}
+
+/// (mount point, fs type) of every mountinfo line. Format: `id parent maj:min root mountpoint
+/// options [optional…] - fstype source superoptions`.
+fn mounts(mountinfo: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    mountinfo.lines().filter_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        let mp = pre.split_whitespace().nth(4)?;
+        let fstype = post.split_whitespace().next()?;
+        Some((unescape(mp), fstype.to_string()))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal `\040` etc.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup mode described by mountinfo text.
+pub fn cgroup_mode(mountinfo: &str) -> CgroupMode {
+    let (mut v1, mut v2) = (false, false);
+    for (_, fstype) in mounts(mountinfo) {
+        match fstype.as_str() {
+            "cgroup" => v1 = true,
+            "cgroup2" => v2 = true,
+            _ => {}
+        }
+    }
+    match (v1, v2) {
+        (true, true) => CgroupMode::Hybrid,
+        (true, false) => CgroupMode::V1,
+        (false, true) => CgroupMode::V2,
+        (false, false) => CgroupMode::None,
+    }
+}
+
+/// Mount point of the cgroup v2 hierarchy (the first one), whose directory inodes are the ids
+/// `bpf_get_current_cgroup_id()` returns.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mounts(mountinfo)
+        .find(|(_, t)| t == "cgroup2")
+        .map(|(mp, _)| PathBuf::from(mp))
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "unknown".into();
+    }
+    // SAFETY: uname NUL-terminates release.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The remote-memory PMU event to count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteEvent {
+    /// PERF_TYPE_HW_CACHE node-load-misses (LL node, read, miss): perf's generic name for
+    /// loads served by a remote node.
+    NodeLoadMisses,
+    /// A raw, model-specific event config (`ebpf.pmu_raw_event`).
+    Raw(u64),
+}
+
+impl RemoteEvent {
+    /// The raw event when configured, otherwise the generic one.
+    pub fn choose(raw: Option<&str>) -> RemoteEvent {
+        match raw.and_then(crate::config::parse_u64) {
+            Some(v) => RemoteEvent::Raw(v),
+            None => RemoteEvent::NodeLoadMisses,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            RemoteEvent::NodeLoadMisses => "node-load-misses".into(),
+            RemoteEvent::Raw(v) => format!("raw event {v:#x}"),
+        }
+    }
+
+    /// `perf_event_attr.config` for PERF_TYPE_HW_CACHE / PERF_TYPE_RAW:
+    /// cache id | (op << 8) | (result << 16) for the generic event.
+    pub fn perf_config(self) -> u64 {
+        const PERF_COUNT_HW_CACHE_NODE: u64 = 6;
+        const OP_READ: u64 = 0;
+        const RESULT_MISS: u64 = 1;
+        match self {
+            RemoteEvent::NodeLoadMisses => {
+                PERF_COUNT_HW_CACHE_NODE | (OP_READ << 8) | (RESULT_MISS << 16)
+            }
+            RemoteEvent::Raw(v) => v,
+        }
+    }
+}
+
+/// Sampling period of the remote-memory event: one sample per this many events. Large enough
+/// that even a remote-heavy workload (10^8 events/s per CPU) costs few thousand samples/s.
+pub const REMOTE_PERIOD: u64 = 10_007;
+
+/// Remote events one cgroup caused on each node, from the number of PMU samples that
+/// attributed to it there: samples × period (an unbiased estimate of the event count).
+pub fn remote_events_from_samples(samples: u64, period: u64) -> u64 {
+    samples.saturating_mul(period)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+33 25 0:28 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+34 33 0:29 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+36 33 0:31 / /sys/fs/cgroup/cpuset rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,cpuset
+";
+    const V2: &str = "\
+35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+";
+    const V1: &str = "\
+36 33 0:31 / /sys/fs/cgroup/cpuset rw,nosuid - cgroup cgroup rw,cpuset
+37 33 0:32 / /sys/fs/cgroup/my\\040mem rw,nosuid - cgroup cgroup rw,memory
+";
+
+    fn check(text: &str, mode: CgroupMode, v2: Option<&str>) {
+        assert_eq!(cgroup_mode(text), mode, "{text}");
+        assert_eq!(cgroup2_mount(text), v2.map(PathBuf::from), "{text}");
+    }
+
+    #[test]
+    fn cgroup_modes() {
+        for (text, mode, v2) in [
+            (HYBRID, CgroupMode::Hybrid, Some("/sys/fs/cgroup/unified")),
+            (V2, CgroupMode::V2, Some("/sys/fs/cgroup")),
+            (V1, CgroupMode::V1, None),
+            ("", CgroupMode::None, None),
+            ("garbage without separator\n - \n", CgroupMode::None, None),
+        ] {
+            check(text, mode, v2);
+        }
+        assert!(mounts(V1).any(|(mp, _)| mp == "/sys/fs/cgroup/my mem"));
+    }
+
+    #[test]
+    fn remote_event_choice_and_counting() {
+        assert_eq!(RemoteEvent::choose(None), RemoteEvent::NodeLoadMisses);
+        assert_eq!(RemoteEvent::choose(Some("0x1d3")), RemoteEvent::Raw(0x1d3));
+        assert_eq!(RemoteEvent::choose(Some("467")), RemoteEvent::Raw(467));
+        // perf's node-load-misses: PERF_COUNT_HW_CACHE_NODE, READ, MISS
+        assert_eq!(RemoteEvent::NodeLoadMisses.perf_config(), 0x10006);
+        assert_eq!(RemoteEvent::Raw(0x1d3).perf_config(), 0x1d3);
+        assert_eq!(remote_events_from_samples(3, REMOTE_PERIOD), 30_021);
+        assert_eq!(remote_events_from_samples(u64::MAX, 2), u64::MAX);
+    }
+}

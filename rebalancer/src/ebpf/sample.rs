@@ -1,0 +1,485 @@
+//! [`Sampler`]: owns the loaded programs; each [`Sampler::read`] sums the per-CPU maps into a
+//! cumulative [`Sample`] per cgroup id, maps ids to cgroup v2 paths (id = inode of the cgroup's
+//! directory) and deletes map entries of cgroups that no longer exist. The folding is pure
+//! ([`fold`]) and unit-tested.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    Ebpf,
+};
+use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
+
+use super::{loader, probe, EbpfError, Sample, SourceStatus};
+use crate::{config::EbpfConfig, topology::Topology};
+
+/// Kernel accounting of one program (needs `kernel.bpf_stats_enabled`, see
+/// [`Sampler::enable_kernel_stats`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProgStat {
+    pub name: String,
+    pub run_time_ns: u64,
+    pub run_count: u64,
+}
+
+/// Per-CPU map contents, each value already summed over CPUs (except `pending`, which is per
+/// CPU by nature).
+#[derive(Clone, Debug, Default)]
+pub struct RawMaps {
+    pub cpu_time: Vec<(CgNodeKey, u64)>,
+    /// (cpu, state) of exact mode: time not yet flushed into `cpu_time`.
+    pub pending: Vec<(u32, SwitchState)>,
+    pub events: Vec<(CgNodeKey, CgEvents)>,
+    pub reasons: Vec<(CgReasonKey, u64)>,
+}
+
+/// Saturating sum of per-CPU counters.
+pub fn sum_u64(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
+/// Field-wise saturating sum of per-CPU event counters.
+pub fn sum_events<'a>(values: impl IntoIterator<Item = &'a CgEvents>) -> CgEvents {
+    values
+        .into_iter()
+        .fold(CgEvents::default(), |a, b| CgEvents {
+            migrations: a.migrations.saturating_add(b.migrations),
+            cross_node_migrations: a
+                .cross_node_migrations
+                .saturating_add(b.cross_node_migrations),
+            numa_moves: a.numa_moves.saturating_add(b.numa_moves),
+            numa_stuck: a.numa_stuck.saturating_add(b.numa_stuck),
+            pages_migrated: a.pages_migrated.saturating_add(b.pages_migrated),
+            local_faults: a.local_faults.saturating_add(b.local_faults),
+            remote_faults: a.remote_faults.saturating_add(b.remote_faults),
+            remote_events: a.remote_events.saturating_add(b.remote_events),
+        })
+}
+
+/// Folds map contents into one cumulative sample per cgroup id. `cpu_node` maps a CPU to its
+/// node (for pending exact-mode time); `remote_events` in the maps count PMU samples and are
+/// scaled by `remote_period`; reasons without a name are called `reason<N>`.
+pub fn fold(
+    raw: &RawMaps,
+    cpu_node: impl Fn(u32) -> Option<u32>,
+    reason_names: &BTreeMap<u32, String>,
+    remote_period: u64,
+) -> BTreeMap<u64, Sample> {
+    let mut out: BTreeMap<u64, Sample> = BTreeMap::new();
+    let mut add_ns = |cg: u64, node: u32, ns: u64| {
+        let e = out.entry(cg).or_default().cpu_ns.entry(node).or_default();
+        *e = e.saturating_add(ns);
+    };
+    for (k, ns) in &raw.cpu_time {
+        add_ns(k.cgroup_id, k.node, *ns);
+    }
+    for (cpu, st) in &raw.pending {
+        if st.pending_ns != 0 && st.cgroup_id != 0 {
+            add_ns(st.cgroup_id, cpu_node(*cpu).unwrap_or(0), st.pending_ns);
+        }
+    }
+    for (k, e) in &raw.events {
+        let s = out.entry(k.cgroup_id).or_default();
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut s.migrations, e.migrations);
+        add(&mut s.cross_node_migrations, e.cross_node_migrations);
+        add(&mut s.numa_moves, e.numa_moves);
+        add(&mut s.numa_stuck, e.numa_stuck);
+        add(&mut s.pages_migrated, e.pages_migrated);
+        add(&mut s.local_faults, e.local_faults);
+        add(&mut s.remote_faults, e.remote_faults);
+        add(
+            &mut s.remote_events,
+            probe::remote_events_from_samples(e.remote_events, remote_period),
+        );
+    }
+    for (k, pages) in &raw.reasons {
+        let name = reason_names
+            .get(&k.reason)
+            .cloned()
+            .unwrap_or_else(|| format!("reason{}", k.reason));
+        let v = out
+            .entry(k.cgroup_id)
+            .or_default()
+            .pages_by_reason
+            .entry(name)
+            .or_default();
+        *v = v.saturating_add(*pages);
+    }
+    out
+}
+
+/// Walks a cgroup v2 hierarchy: id (directory inode) → path relative to the root ("/" is the
+/// root). Unreadable subtrees are skipped (a cgroup may vanish during the walk).
+pub fn scan_cgroup_ids(root: &Path) -> BTreeMap<u64, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(md) = std::fs::metadata(&dir) else {
+            continue;
+        };
+        let rel = dir.strip_prefix(root).unwrap_or(&dir);
+        out.insert(md.ino(), format!("/{}", rel.display()));
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The running samplers.
+pub struct Sampler {
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    cpu_node: BTreeMap<u32, u32>,
+    v2_root: Option<PathBuf>,
+    reason_names: BTreeMap<u32, String>,
+    remote_period: u64,
+    paths: BTreeMap<u64, String>,
+    stats_fd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Sampler {
+    /// Loads and attaches every source this kernel supports. Returns no sampler when nothing
+    /// could be attached; the statuses say why, source by source.
+    pub fn start(topo: &Topology, cfg: &EbpfConfig) -> (Option<Sampler>, Vec<SourceStatus>) {
+        Self::start_with(topo, cfg, false)
+    }
+
+    /// Like [`Sampler::start`]; `both_on_cpu` attaches both on-CPU sources (for probing only:
+    /// they add into the same map).
+    pub fn start_with(
+        topo: &Topology,
+        cfg: &EbpfConfig,
+        both_on_cpu: bool,
+    ) -> (Option<Sampler>, Vec<SourceStatus>) {
+        let loaded = loader::load(topo, cfg, both_on_cpu);
+        let statuses = loaded.statuses;
+        let Some(mut ebpf) = loaded.ebpf else {
+            return (None, statuses);
+        };
+        if !statuses.iter().any(|s| s.available) {
+            return (None, statuses);
+        }
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "eBPF logger not started");
+                None
+            }
+        };
+        let v2_root = std::fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|m| probe::cgroup2_mount(&m));
+        let cpu_node = topo
+            .cpus
+            .iter()
+            .filter_map(|c| Some((c.id, c.node?)))
+            .collect();
+        let mut s = Sampler {
+            ebpf,
+            logger,
+            cpu_node,
+            v2_root,
+            reason_names: loaded.reason_names,
+            remote_period: loaded.remote_period,
+            paths: BTreeMap::new(),
+            stats_fd: None,
+        };
+        s.refresh_paths();
+        (Some(s), statuses)
+    }
+
+    /// The cgroup v2 mount the ids refer to, if any.
+    pub fn cgroup2_root(&self) -> Option<&Path> {
+        self.v2_root.as_deref()
+    }
+
+    /// Path (relative to the v2 root) of a cgroup id seen at the last read.
+    pub fn cgroup_path(&self, id: u64) -> Option<&str> {
+        self.paths.get(&id).map(String::as_str)
+    }
+
+    fn refresh_paths(&mut self) {
+        if let Some(root) = &self.v2_root {
+            self.paths = scan_cgroup_ids(root);
+        }
+    }
+
+    /// Reads every map: cumulative samples per cgroup id since the sampler started. Entries of
+    /// cgroups that no longer exist in the v2 hierarchy are deleted from the maps and left out.
+    pub fn read(&mut self) -> Result<BTreeMap<u64, Sample>, EbpfError> {
+        if let Some(l) = &mut self.logger {
+            l.flush();
+        }
+        self.refresh_paths();
+        let raw = self.read_raw()?;
+        if !self.paths.is_empty() {
+            self.prune(&raw)?;
+        }
+        let mut out = fold(
+            &raw,
+            |c| self.cpu_node.get(&c).copied(),
+            &self.reason_names,
+            self.remote_period,
+        );
+        if !self.paths.is_empty() {
+            out.retain(|id, _| self.paths.contains_key(id));
+        }
+        Ok(out)
+    }
+
+    /// Reads the maps without folding (for benchmarks).
+    pub fn read_raw(&self) -> Result<RawMaps, EbpfError> {
+        let mut raw = RawMaps::default();
+        // CPU_TIME before SWITCH_STATE: a flush between the two reads then loses a little
+        // instead of counting twice.
+        let cpu: PerCpuHashMap<&MapData, CgNodeKey, u64> = self.map("CPU_TIME")?;
+        for item in cpu.iter() {
+            let (k, v) = item.map_err(|source| EbpfError::Map {
+                map: "CPU_TIME",
+                source,
+            })?;
+            raw.cpu_time.push((k, sum_u64(v.iter().copied())));
+        }
+        let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
+        let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
+            map: "SWITCH_STATE",
+            source,
+        })?;
+        raw.pending = vals
+            .iter()
+            .enumerate()
+            .map(|(cpu, s)| (cpu as u32, *s))
+            .collect();
+        let ev: PerCpuHashMap<&MapData, CgNodeKey, CgEvents> = self.map("EVENTS")?;
+        for item in ev.iter() {
+            let (k, v) = item.map_err(|source| EbpfError::Map {
+                map: "EVENTS",
+                source,
+            })?;
+            raw.events.push((k, sum_events(v.iter())));
+        }
+        let rs: PerCpuHashMap<&MapData, CgReasonKey, u64> = self.map("MIGRATE_REASONS")?;
+        for item in rs.iter() {
+            let (k, v) = item.map_err(|source| EbpfError::Map {
+                map: "MIGRATE_REASONS",
+                source,
+            })?;
+            raw.reasons.push((k, sum_u64(v.iter().copied())));
+        }
+        Ok(raw)
+    }
+
+    fn map<'a, M>(&'a self, name: &'static str) -> Result<M, EbpfError>
+    where
+        M: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        let m = self.ebpf.map(name).ok_or(EbpfError::MissingMap(name))?;
+        M::try_from(m).map_err(|source| EbpfError::Map { map: name, source })
+    }
+
+    fn map_mut<'a, M>(&'a mut self, name: &'static str) -> Result<M, EbpfError>
+    where
+        M: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        let m = self.ebpf.map_mut(name).ok_or(EbpfError::MissingMap(name))?;
+        M::try_from(m).map_err(|source| EbpfError::Map { map: name, source })
+    }
+
+    /// Deletes the entries of cgroup ids absent from the v2 hierarchy.
+    fn prune(&mut self, raw: &RawMaps) -> Result<(), EbpfError> {
+        let gone = |id: &u64| !self.paths.contains_key(id);
+        let cpu: Vec<CgNodeKey> = raw
+            .cpu_time
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| gone(&k.cgroup_id))
+            .collect();
+        let ev: Vec<CgNodeKey> = raw
+            .events
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| gone(&k.cgroup_id))
+            .collect();
+        let rs: Vec<CgReasonKey> = raw
+            .reasons
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| gone(&k.cgroup_id))
+            .collect();
+        let dead: BTreeSet<u64> = cpu.iter().map(|k| k.cgroup_id).collect();
+        if !dead.is_empty() {
+            tracing::debug!(
+                cgroups = dead.len(),
+                "deleting map entries of vanished cgroups"
+            );
+        }
+        let mut m: PerCpuHashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
+        for k in &cpu {
+            let _ = m.remove(k); // may have been evicted meanwhile
+        }
+        let mut m: PerCpuHashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
+        for k in &ev {
+            let _ = m.remove(k);
+        }
+        let mut m: PerCpuHashMap<&mut MapData, CgReasonKey, u64> =
+            self.map_mut("MIGRATE_REASONS")?;
+        for k in &rs {
+            let _ = m.remove(k);
+        }
+        Ok(())
+    }
+
+    /// Program statistics (`Stat`), summed over CPUs.
+    pub fn stats(&self) -> Result<Vec<(&'static str, u64)>, EbpfError> {
+        let a: PerCpuArray<&MapData, u64> = self.map("STATS")?;
+        Stat::ALL
+            .iter()
+            .map(|s| {
+                let v = a.get(&(*s as u32), 0).map_err(|source| EbpfError::Map {
+                    map: "STATS",
+                    source,
+                })?;
+                Ok((s.name(), sum_u64(v.iter().copied())))
+            })
+            .collect()
+    }
+
+    /// Turns on the kernel's run-time accounting of BPF programs while the sampler lives
+    /// (same as `sysctl kernel.bpf_stats_enabled=1`).
+    pub fn enable_kernel_stats(&mut self) -> Result<(), String> {
+        let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.to_string())?;
+        self.stats_fd = Some(fd);
+        Ok(())
+    }
+
+    /// run_time_ns / run_cnt of every loaded program, from the kernel.
+    pub fn prog_stats(&self) -> Vec<ProgStat> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some(ProgStat {
+                    name: name.to_string(),
+                    run_time_ns: info.run_time().as_nanos() as u64,
+                    run_count: info.run_count(),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cg: u64, node: u32) -> CgNodeKey {
+        CgNodeKey {
+            cgroup_id: cg,
+            node,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn fold_sums_nodes_pending_events_and_reasons() {
+        let raw = RawMaps {
+            cpu_time: vec![(key(10, 0), 100), (key(10, 1), 50), (key(20, 0), 7)],
+            pending: vec![
+                (
+                    3,
+                    SwitchState {
+                        last_ns: 1,
+                        cgroup_id: 10,
+                        pending_ns: 5,
+                    },
+                ),
+                (0, SwitchState::default()),
+            ],
+            events: vec![
+                (
+                    key(10, 1),
+                    CgEvents {
+                        migrations: 4,
+                        cross_node_migrations: 1,
+                        remote_events: 2,
+                        ..Default::default()
+                    },
+                ),
+                (
+                    key(10, 0),
+                    CgEvents {
+                        migrations: 1,
+                        local_faults: 3,
+                        remote_faults: 9,
+                        ..Default::default()
+                    },
+                ),
+            ],
+            reasons: vec![
+                (
+                    CgReasonKey {
+                        cgroup_id: 20,
+                        reason: 5,
+                        _pad: 0,
+                    },
+                    512,
+                ),
+                (
+                    CgReasonKey {
+                        cgroup_id: 20,
+                        reason: 14,
+                        _pad: 0,
+                    },
+                    1,
+                ),
+            ],
+        };
+        let names = BTreeMap::from([(5, "numa_misplaced".to_string())]);
+        let node_of = |cpu: u32| (cpu == 3).then_some(1);
+        let out = fold(&raw, node_of, &names, 1000);
+        let a = &out[&10];
+        assert_eq!(a.cpu_ns, BTreeMap::from([(0, 100), (1, 55)]));
+        assert_eq!(a.migrations, 5);
+        assert_eq!(a.cross_node_migrations, 1);
+        assert_eq!(a.remote_events, 2000, "samples × period");
+        assert_eq!((a.local_faults, a.remote_faults), (3, 9));
+        let b = &out[&20];
+        assert_eq!(b.total_cpu_ns(), 7);
+        assert_eq!(b.pages_by_reason["numa_misplaced"], 512);
+        assert_eq!(b.pages_by_reason["reason14"], 1);
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn per_cpu_sums_saturate() {
+        assert_eq!(sum_u64([u64::MAX, 5]), u64::MAX);
+        let e = CgEvents {
+            migrations: u64::MAX,
+            remote_events: 1,
+            ..Default::default()
+        };
+        let s = sum_events([&e, &e]);
+        assert_eq!((s.migrations, s.remote_events), (u64::MAX, 2));
+    }
+
+    #[test]
+    fn scan_maps_inodes_to_paths() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        let ids = scan_cgroup_ids(d.path());
+        let ino = std::fs::metadata(d.path().join("a/b")).unwrap().ino();
+        assert_eq!(ids[&ino], "/a/b");
+        assert_eq!(ids.len(), 3);
+        assert!(scan_cgroup_ids(Path::new("/nonexistent/x")).is_empty());
+    }
+}

@@ -1,0 +1,777 @@
+//! Pod admission over all providers (CPU, memory, devices): Topology Manager scopes and
+//! policies, then allocation. The [`Allocator`] is a plain serialisable value (the future
+//! checkpoint); `admit` is atomic (a refused pod changes nothing) and `release` undoes a pod
+//! exactly.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{
+    AllocationStrategy, PlacementConfig, SharedCpuPolicy, TopologyPolicy, TopologyScope,
+};
+use crate::cpuset::CpuSet;
+use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
+use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceState};
+use crate::placement::memory::{
+    MemoryAllocation, MemoryError, MemoryRequest, MemoryResource, MemoryState,
+};
+use crate::placement::shared::{spread, Charges, SharedPools};
+use crate::placement::{NodeMask, TopologyHint};
+use crate::topology::Topology;
+
+pub use crate::placement::pod::{
+    Container, ContainerPlacement, Pod, Qos, Rejection, RejectionReason,
+};
+
+use RejectionReason as R;
+
+/// Hints of one provider: resource → list (`None` = no preference); `None` = no opinion.
+pub type ProviderHints = Option<BTreeMap<String, Option<Vec<TopologyHint>>>>;
+
+/// Why an allocator could not be built from the machine and config.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("placement.reserved_cpus: {0}")]
+    ReservedCpus(#[from] crate::cpuset::ParseCpuListError),
+    #[error("placement.reserved_memory: {0}")]
+    ReservedMemory(#[from] MemoryError),
+    #[error("placement.reserved_cpus {reserved} leaves no CPU for workloads")]
+    NoCpuLeft { reserved: CpuSet },
+}
+
+/// One admitted container: its placement and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmittedContainer {
+    pub placement: ContainerPlacement,
+    /// Millicores charged on shared CPUs (empty for exclusive containers).
+    pub charges: Charges,
+    pub memory: Option<MemoryAllocation>,
+}
+
+/// One admitted pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmittedPod {
+    pub qos: Qos,
+    pub cpu_request_millis: u64,
+    /// Requested bytes per memory resource (node-level capacity accounting).
+    pub memory_request: MemoryRequest,
+    pub containers: Vec<AdmittedContainer>,
+}
+
+/// The admission state: reserved CPUs, shared-pool charges, memory, devices, admitted pods.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocator {
+    pub reserved_cpus: CpuSet,
+    pub shared_load: Charges,
+    pub memory: MemoryState,
+    pub devices: DeviceState,
+    pub pods: BTreeMap<String, AdmittedPod>,
+}
+
+impl Allocator {
+    /// An empty state for `topo` with the config's reserved CPUs and memory.
+    pub fn new(topo: &Topology, cfg: &PlacementConfig) -> Result<Allocator, PlacementError> {
+        let reserved_cpus = CpuSet::parse(&cfg.reserved_cpus)?;
+        if topo.online_cpus().is_subset(&reserved_cpus) {
+            return Err(PlacementError::NoCpuLeft {
+                reserved: reserved_cpus,
+            });
+        }
+        Ok(Allocator {
+            reserved_cpus,
+            shared_load: Charges::new(),
+            memory: MemoryState::new(topo, &cfg.reserved_memory)?,
+            devices: DeviceState::default(),
+            pods: BTreeMap::new(),
+        })
+    }
+
+    /// CPUs held exclusively by admitted containers.
+    pub fn exclusive_cpus(&self) -> CpuSet {
+        self.placements()
+            .filter(|p| p.exclusive)
+            .fold(CpuSet::new(), |a, p| a.union(&p.cpus))
+    }
+
+    /// Every admitted container's placement, by pod uid then container order.
+    pub fn placements(&self) -> impl Iterator<Item = &ContainerPlacement> {
+        self.pods
+            .values()
+            .flat_map(|p| p.containers.iter().map(|c| &c.placement))
+    }
+
+    /// The shared pool now: online CPUs minus reserved and exclusive ones.
+    pub fn shared_pool(&self, view: &CpuView) -> CpuSet {
+        view.online
+            .difference(&self.reserved_cpus)
+            .difference(&self.exclusive_cpus())
+    }
+
+    /// A shared container's cpuset now (its admission pool minus CPUs since made exclusive).
+    pub fn current_cpus(&self, uid: &str, container: &str) -> Option<CpuSet> {
+        let pod = self.pods.get(uid)?;
+        let c = pod
+            .containers
+            .iter()
+            .find(|c| c.placement.container == container)?;
+        if c.placement.exclusive {
+            return Some(c.placement.cpus.clone());
+        }
+        Some(c.placement.cpus.difference(&self.exclusive_cpus()))
+    }
+
+    /// Admits `pod` or refuses it; on refusal the state is unchanged.
+    pub fn admit(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        pod: &Pod,
+    ) -> Result<Vec<ContainerPlacement>, Rejection> {
+        let mut next = self.clone();
+        let placements = next.admit_inner(topo, cfg, pod)?;
+        *self = next;
+        Ok(placements)
+    }
+
+    /// Releases a pod; `false` when it was not admitted.
+    pub fn release(&mut self, uid: &str) -> bool {
+        let Some(pod) = self.pods.remove(uid) else {
+            return false;
+        };
+        for c in &pod.containers {
+            for (cpu, m) in &c.charges {
+                if let Some(l) = self.shared_load.get_mut(cpu) {
+                    *l -= (*m).min(*l);
+                    if *l == 0 {
+                        self.shared_load.remove(cpu);
+                    }
+                }
+            }
+            if let Some(a) = &c.memory {
+                self.memory.release(a);
+            }
+        }
+        self.devices.release(uid);
+        true
+    }
+
+    fn admit_inner(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        pod: &Pod,
+    ) -> Result<Vec<ContainerPlacement>, Rejection> {
+        pod.validate()
+            .map_err(|d| Rejection::new(R::InvalidPod, d))?;
+        if self.pods.contains_key(&pod.uid) {
+            return Err(Rejection::new(
+                R::AlreadyAdmitted,
+                format!("pod {} is already admitted", pod.uid),
+            ));
+        }
+        let qos = pod.qos();
+        let view = CpuView::new(topo);
+        let (cpu_total, mem_total) = self.check_capacity(&view, pod)?;
+        // the pod is recorded first so that each container sees its siblings' CPUs taken
+        self.pods.insert(
+            pod.uid.clone(),
+            AdmittedPod {
+                qos,
+                cpu_request_millis: cpu_total,
+                memory_request: mem_total,
+                containers: Vec::new(),
+            },
+        );
+        let pod_hint = match cfg.scope {
+            TopologyScope::Pod => {
+                let reqs: Vec<&Container> = pod.containers.iter().collect();
+                Some(self.hint_for(topo, cfg, &view, qos, &reqs)?)
+            }
+            TopologyScope::Container => None,
+        };
+        let mut out = Vec::new();
+        for c in &pod.containers {
+            let hint = match pod_hint {
+                Some(h) => h,
+                None => self.hint_for(topo, cfg, &view, qos, &[c])?,
+            };
+            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, hint)?;
+            out.push(a.placement.clone());
+            if let Some(p) = self.pods.get_mut(&pod.uid) {
+                p.containers.push(a);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Node-level capacity (kubelet's resource-fit admission): the pod's requests plus those
+    /// admitted must fit the allocatable CPUs and memory of the machine.
+    fn check_capacity(&self, view: &CpuView, pod: &Pod) -> Result<(u64, MemoryRequest), Rejection> {
+        let cpu: u64 = pod.containers.iter().map(Container::cpu_request).sum();
+        let allocatable = view.online.difference(&self.reserved_cpus).len() as u64 * 1000;
+        let used: u64 = self.pods.values().map(|p| p.cpu_request_millis).sum();
+        if used + cpu > allocatable {
+            return Err(Rejection::new(
+                R::InsufficientCpu,
+                format!(
+                    "requested {cpu}m, {}m of {allocatable}m allocatable left",
+                    allocatable.saturating_sub(used)
+                ),
+            ));
+        }
+        let mut mem = MemoryRequest::new();
+        for c in &pod.containers {
+            for (r, b) in memory_request(c) {
+                *mem.entry(r).or_default() += b;
+            }
+        }
+        for (r, &b) in &mem {
+            let alloc: u64 = self
+                .memory
+                .nodes
+                .iter()
+                .filter_map(|n| n.blocks.get(r))
+                .map(|x| x.allocatable)
+                .sum();
+            let used: u64 = self
+                .pods
+                .values()
+                .filter_map(|p| p.memory_request.get(r))
+                .sum();
+            if used + b > alloc {
+                return Err(Rejection::new(
+                    R::InsufficientMemory,
+                    format!(
+                        "requested {b} bytes of {}, {} of {alloc} allocatable left",
+                        r.name(),
+                        alloc.saturating_sub(used)
+                    ),
+                ));
+            }
+        }
+        Ok((cpu, mem))
+    }
+
+    /// Collects the providers' hints for `containers` (one container, or the whole pod in pod
+    /// scope), merges them and applies the policy's admission rule and the tie-break strategy.
+    fn hint_for(
+        &self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        view: &CpuView,
+        qos: Qos,
+        containers: &[&Container],
+    ) -> Result<TopologyHint, Rejection> {
+        if cfg.policy == TopologyPolicy::None {
+            return Ok(TopologyHint::new(None, false));
+        }
+        let exclusive: u64 = containers
+            .iter()
+            .filter(|c| exclusive_cpus(qos, c).is_some())
+            .map(|c| c.cpu_request() / 1000)
+            .sum();
+        let cpu_hints: ProviderHints = (exclusive > 0).then(|| {
+            let h = cpu::exclusive_hints(
+                view,
+                &self.shared_pool(view),
+                exclusive as usize,
+                cfg.align_by_socket,
+            );
+            [("cpu".to_string(), Some(h))].into_iter().collect()
+        });
+        let mut mem = MemoryRequest::new();
+        if qos == Qos::Guaranteed {
+            for c in containers {
+                for (r, b) in memory_request(c) {
+                    *mem.entry(r).or_default() += b;
+                }
+            }
+        }
+        let mem_hints: ProviderHints = self
+            .memory
+            .hints(&mem)
+            .map(|m| m.into_iter().map(|(k, v)| (k, Some(v))).collect());
+        let mut by_resource = BTreeMap::new();
+        let mut addresses = Vec::new();
+        for c in containers {
+            for (r, n) in &c.devices {
+                *by_resource.entry(r.clone()).or_insert(0) += n;
+            }
+            addresses.extend(c.device_addresses.iter().cloned());
+        }
+        let dev_hints = self
+            .devices
+            .hints(
+                topo,
+                &cfg.device_resources,
+                DeviceRequest {
+                    by_resource: &by_resource,
+                    addresses: &addresses,
+                },
+            )
+            .map_err(device_rejection)?;
+        let providers = [cpu_hints, mem_hints, dev_hints];
+        let all = NodeMask::from_ids(topo.node_ids()).unwrap_or_default();
+        let lists = normalise(&providers);
+        let mut hint =
+            merge_providers(cfg.policy, cfg.prefer_closest_numa_nodes, topo, all, &lists);
+        let admit = match cfg.policy {
+            TopologyPolicy::None | TopologyPolicy::BestEffort => true,
+            TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode => hint.preferred,
+        };
+        if !admit {
+            return Err(Rejection::new(
+                R::TopologyAffinityError,
+                format!(
+                    "no preferred NUMA affinity under policy {:?} (best merged hint {:?})",
+                    cfg.policy, hint.affinity
+                ),
+            ));
+        }
+        if let (true, Some(aff)) = (hint.preferred, hint.affinity) {
+            hint.affinity = Some(self.tie_break(cfg.numa_allocation_strategy, view, &lists, aff));
+        }
+        Ok(hint)
+    }
+
+    /// Balance, not pack: among the masks as wide as `chosen` that every provider prefers
+    /// equally (each list has a preferred hint with no affinity or exactly that mask), pick by
+    /// load; `Kubelet` keeps the merge's lowest mask.
+    fn tie_break(
+        &self,
+        strategy: AllocationStrategy,
+        view: &CpuView,
+        lists: &[Vec<TopologyHint>],
+        chosen: NodeMask,
+    ) -> NodeMask {
+        if strategy == AllocationStrategy::Kubelet {
+            return chosen;
+        }
+        let mut cands: Vec<NodeMask> = lists
+            .iter()
+            .flatten()
+            .filter(|h| h.preferred)
+            .filter_map(|h| h.affinity)
+            .filter(|m| m.count() == chosen.count())
+            .collect();
+        cands.sort();
+        cands.dedup();
+        cands.retain(|m| {
+            lists.iter().all(|l| {
+                l.iter()
+                    .any(|h| h.preferred && h.affinity.is_none_or(|a| a == *m))
+            })
+        });
+        if cands.is_empty() {
+            return chosen;
+        }
+        let excl = self.exclusive_cpus();
+        let load = |m: NodeMask| {
+            let cpus = view.cpus_of_mask(m);
+            let busy = cpus.intersection(&excl).len() as f64
+                + cpus
+                    .iter()
+                    .filter_map(|c| self.shared_load.get(&c))
+                    .sum::<u64>() as f64
+                    / 1000.0;
+            let cpu = if cpus.is_empty() {
+                0.0
+            } else {
+                busy / cpus.len() as f64
+            };
+            cpu + self.memory.used_fraction(m)
+        };
+        let mut best = cands[0];
+        for &m in &cands[1..] {
+            let (lb, lm) = (load(best), load(m));
+            let better = match strategy {
+                AllocationStrategy::LeastAllocated => lm < lb,
+                AllocationStrategy::MostAllocated => lm > lb,
+                AllocationStrategy::Kubelet => false,
+            };
+            if better {
+                best = m;
+            }
+        }
+        best
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allocate(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        view: &CpuView,
+        qos: Qos,
+        uid: &str,
+        c: &Container,
+        hint: TopologyHint,
+    ) -> Result<AdmittedContainer, Rejection> {
+        let affinity = hint.affinity;
+        let shared = self.shared_pool(view);
+        // exclusive CPUs first (kubelet's CPU manager allocates before the memory manager)
+        let exclusive = match exclusive_cpus(qos, c) {
+            Some(n) => {
+                let opts = StaticOptions {
+                    full_pcpus_only: cfg.full_pcpus_only,
+                    distribute_across_numa: cfg.distribute_cpus_across_numa,
+                    align_by_socket: cfg.align_by_socket,
+                    prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+                };
+                let got = cpu::allocate_exclusive(view, &shared, n, affinity, &opts).map_err(
+                    |e| match e {
+                        CpuError::SmtAlignment { .. } => {
+                            Rejection::new(R::SmtAlignmentError, e.to_string())
+                        }
+                        CpuError::Insufficient { .. } => {
+                            Rejection::new(R::InsufficientCpu, e.to_string())
+                        }
+                    },
+                )?;
+                self.check_no_starvation(view, &shared.difference(&got), cfg.overcommit_ratio)?;
+                Some(got)
+            }
+            None => None,
+        };
+        let memory = if qos == Qos::Guaranteed {
+            let req = memory_request(c);
+            let mask = {
+                let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
+                let mask = self
+                    .memory
+                    .choose(&req, affinity, &*tie)
+                    .map_err(|e| match e {
+                        MemoryError::Insufficient { .. } => {
+                            Rejection::new(R::InsufficientMemory, e.to_string())
+                        }
+                        _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
+                    })?;
+                mask
+            };
+            Some(self.memory.allocate(&req, mask))
+        } else {
+            None
+        };
+        let devices = self
+            .devices
+            .allocate(
+                topo,
+                &cfg.device_resources,
+                DeviceRequest {
+                    by_resource: &c.devices,
+                    addresses: &c.device_addresses,
+                },
+                affinity,
+                &DeviceOwner {
+                    pod: uid.to_string(),
+                    container: c.name.clone(),
+                },
+            )
+            .map_err(device_rejection)?;
+        let within = memory.as_ref().map(|m| m.nodes).or(affinity);
+        let (cpus, charges) = match exclusive {
+            Some(cpus) => (cpus, Charges::new()),
+            None => {
+                let shared = self.shared_pool(view);
+                let pools = SharedPools {
+                    view,
+                    shared,
+                    load: &self.shared_load,
+                    overcommit_ratio: cfg.overcommit_ratio,
+                };
+                let millis = c.cpu_request();
+                let cpus = if qos == Qos::BestEffort {
+                    pools.best_effort(within)
+                } else {
+                    match cfg.shared_cpu_policy {
+                        SharedCpuPolicy::NumaAware => pools.numa_aware(millis, within),
+                        SharedCpuPolicy::TopologyAware => pools.topology_aware(millis, within),
+                    }
+                };
+                let cpus = cpus.ok_or_else(|| {
+                    Rejection::new(
+                        R::InsufficientCpu,
+                        format!(
+                            "no shared CPU pool{} can carry {millis}m for container {}",
+                            within.map_or(String::new(), |w| format!(" within nodes {w:?}")),
+                            c.name
+                        ),
+                    )
+                })?;
+                let charges = spread(&cpus, millis);
+                for (cpu, m) in &charges {
+                    *self.shared_load.entry(*cpu).or_default() += m;
+                }
+                (cpus, charges)
+            }
+        };
+        let mems = match &memory {
+            Some(m) => m.nodes.to_cpuset(),
+            None => view.nodes_of(&cpus).to_cpuset(),
+        };
+        Ok(AdmittedContainer {
+            placement: ContainerPlacement {
+                container: c.name.clone(),
+                exclusive: exclusive_cpus(qos, c).is_some(),
+                cpus,
+                mems,
+                affinity,
+                devices,
+            },
+            charges,
+            memory,
+        })
+    }
+
+    /// Taking exclusive CPUs must leave every shared container at least one CPU and keep every
+    /// node's shared charge within its overcommit capacity.
+    fn check_no_starvation(
+        &self,
+        view: &CpuView,
+        shared_after: &CpuSet,
+        ratio: f64,
+    ) -> Result<(), Rejection> {
+        for (uid, p) in &self.pods {
+            for c in p.containers.iter().filter(|c| !c.placement.exclusive) {
+                if c.placement.cpus.is_disjoint(shared_after) {
+                    return Err(Rejection::new(
+                        R::InsufficientCpu,
+                        format!(
+                            "exclusive CPUs would leave {uid}/{} without a CPU",
+                            c.placement.container
+                        ),
+                    ));
+                }
+            }
+        }
+        let pools = SharedPools {
+            view,
+            shared: shared_after.clone(),
+            load: &self.shared_load,
+            overcommit_ratio: ratio,
+        };
+        for (n, cpus) in &view.nodes {
+            let (load, cap) = (pools.load_of(cpus), pools.capacity_of(cpus));
+            if load > cap {
+                return Err(Rejection::new(
+                    R::InsufficientCpu,
+                    format!("exclusive CPUs would overcommit node {n}'s shared CPUs ({load}m charged, {cap}m capacity)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Exclusive CPU count of a container: Guaranteed with an integer CPU request.
+fn exclusive_cpus(qos: Qos, c: &Container) -> Option<usize> {
+    let r = c.cpu_request();
+    (qos == Qos::Guaranteed && r > 0 && r % 1000 == 0).then_some((r / 1000) as usize)
+}
+
+fn memory_request(c: &Container) -> MemoryRequest {
+    [
+        (MemoryResource::Memory, c.memory_request()),
+        (MemoryResource::Hugepages2Mi, c.hugepages_2mi_bytes),
+        (MemoryResource::Hugepages1Gi, c.hugepages_1gi_bytes),
+    ]
+    .into_iter()
+    .filter(|(_, b)| *b > 0)
+    .collect()
+}
+
+fn device_rejection(e: DeviceError) -> Rejection {
+    let reason = match e {
+        DeviceError::UnknownResource { .. } | DeviceError::UnknownAddress { .. } => {
+            R::UnknownDevice
+        }
+        DeviceError::Busy { .. } | DeviceError::Insufficient { .. } => R::InsufficientDevices,
+    };
+    Rejection::new(reason, e.to_string())
+}
+
+/// The tie between equally wide memory masks: lowest mask (kubelet) or by load.
+fn tie_fn<'a>(
+    a: &'a Allocator,
+    view: &'a CpuView,
+    s: AllocationStrategy,
+) -> Box<dyn Fn(NodeMask, NodeMask) -> bool + 'a> {
+    let load = move |m: NodeMask| {
+        let excl = a.exclusive_cpus();
+        let cpus = view.cpus_of_mask(m);
+        let c = if cpus.is_empty() {
+            0.0
+        } else {
+            cpus.intersection(&excl).len() as f64 / cpus.len() as f64
+        };
+        c + a.memory.used_fraction(m)
+    };
+    match s {
+        AllocationStrategy::Kubelet => Box::new(|x: NodeMask, y: NodeMask| x.0 < y.0),
+        AllocationStrategy::LeastAllocated => Box::new(move |x, y| {
+            let (lx, ly) = (load(x), load(y));
+            lx < ly || (lx == ly && x.0 < y.0)
+        }),
+        AllocationStrategy::MostAllocated => Box::new(move |x, y| {
+            let (lx, ly) = (load(x), load(y));
+            lx > ly || (lx == ly && x.0 < y.0)
+        }),
+    }
+}
+
+/// hint-merge.md step 1: providers → hint lists in provider order.
+pub fn normalise(providers: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
+    let mut lists = Vec::new();
+    for p in providers {
+        match p {
+            None => lists.push(vec![TopologyHint::new(None, true)]),
+            Some(m) if m.is_empty() => lists.push(vec![TopologyHint::new(None, true)]),
+            Some(m) => {
+                for l in m.values() {
+                    lists.push(match l {
+                        None => vec![TopologyHint::new(None, true)],
+                        Some(l) if l.is_empty() => vec![TopologyHint::new(None, false)],
+                        Some(l) => l.clone(),
+                    });
+                }
+            }
+        }
+    }
+    lists
+}
+
+// replaced by placement::merge when merged
+/// A minimal kubelet-style merge (hint-merge.md steps 2-6) until `placement::merge` lands:
+/// plain cartesian enumeration, skipping a subtree once the running intersection is empty
+/// (an empty affinity never wins) and folding identical lists (the memory provider gives one
+/// identical list per resource).
+pub fn merge_providers(
+    policy: TopologyPolicy,
+    prefer_closest: bool,
+    topo: &Topology,
+    all: NodeMask,
+    lists: &[Vec<TopologyHint>],
+) -> TopologyHint {
+    if policy == TopologyPolicy::None {
+        return TopologyHint::new(None, false);
+    }
+    let single = policy == TopologyPolicy::SingleNumaNode;
+    let mut lists: Vec<Vec<TopologyHint>> = lists.to_vec();
+    if single {
+        for l in &mut lists {
+            l.retain(|h| h.preferred && h.affinity.is_none_or(|a| a.count() == 1));
+        }
+    }
+    let mut dedup: Vec<Vec<TopologyHint>> = Vec::new();
+    for l in lists {
+        if !dedup.contains(&l) {
+            dedup.push(l);
+        }
+    }
+    let lists = dedup;
+    let bnp = lists
+        .iter()
+        .filter_map(|l| l.iter().filter_map(|h| h.affinity).map(|a| a.count()).min())
+        .max()
+        .unwrap_or(0);
+    let avg = |m: NodeMask| {
+        let ids: Vec<u32> = m.ids().collect();
+        let s: u64 = ids
+            .iter()
+            .flat_map(|&i| ids.iter().map(move |&j| (i, j)))
+            .map(|(i, j)| u64::from(topo.distance(i, j)))
+            .sum();
+        s as f64 / (ids.len() * ids.len()).max(1) as f64
+    };
+    let fit = |cur: TopologyHint, cand: TopologyHint| -> TopologyHint {
+        let (a, b) = (
+            cur.affinity.unwrap_or_default(),
+            cand.affinity.unwrap_or_default(),
+        );
+        if a == b {
+            return cur;
+        }
+        let cand_wins = if prefer_closest && !single && a.count() == b.count() {
+            let (x, y) = (avg(b), avg(a));
+            x < y || (x == y && b.0 < a.0)
+        } else {
+            b.narrower_than(a)
+        };
+        if cand_wins {
+            cand
+        } else {
+            cur
+        }
+    };
+    let compare = |cur: Option<TopologyHint>, cand: TopologyHint| -> Option<TopologyHint> {
+        if cand.affinity.is_none_or(|a| a.is_empty()) {
+            return cur;
+        }
+        let Some(cur) = cur else { return Some(cand) };
+        Some(match (cur.preferred, cand.preferred) {
+            (false, true) => cand,
+            (true, false) => cur,
+            (true, true) => fit(cur, cand),
+            (false, false) => {
+                let c = cur.affinity.map_or(0, |a| a.count());
+                let n = cand.affinity.map_or(0, |a| a.count());
+                if c > bnp {
+                    fit(cur, cand)
+                } else if c == bnp {
+                    if n == bnp {
+                        fit(cur, cand)
+                    } else {
+                        cur
+                    }
+                } else if n > bnp {
+                    cur
+                } else if n == bnp {
+                    cand
+                } else if n != c {
+                    if n > c {
+                        cand
+                    } else {
+                        cur
+                    }
+                } else {
+                    fit(cur, cand)
+                }
+            }
+        })
+    };
+    // depth-first over the cartesian product: (intersection, all preferred, first affinity)
+    fn walk(
+        lists: &[Vec<TopologyHint>],
+        aff: NodeMask,
+        pref: bool,
+        first: Option<NodeMask>,
+        f: &mut dyn FnMut(TopologyHint),
+    ) {
+        let Some((head, rest)) = lists.split_first() else {
+            f(TopologyHint::new(Some(aff), pref));
+            return;
+        };
+        for h in head {
+            let (aff2, first2, same) = match h.affinity {
+                None => (aff, first, true),
+                Some(a) => (aff.and(a), first.or(Some(a)), first.is_none_or(|f| f == a)),
+            };
+            if aff2.is_empty() {
+                continue;
+            }
+            walk(rest, aff2, pref && h.preferred && same, first2, f);
+        }
+    }
+    let mut best: Option<TopologyHint> = None;
+    walk(&lists, all, true, None, &mut |m| best = compare(best, m));
+    let mut out = best.unwrap_or(TopologyHint::new(Some(all), false));
+    if single && out.affinity == Some(all) {
+        out.affinity = None;
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

@@ -1,0 +1,285 @@
+//! Property test: random configs and random admit / release sequences on the EPYC-NPS4-like
+//! machine keep every placement invariant, refusals change nothing and release is an exact
+//! inverse of admission.
+use proptest::prelude::*;
+
+use super::*;
+
+#[derive(Clone, Debug)]
+enum Kind {
+    GuaranteedWhole,
+    GuaranteedFraction,
+    Burstable,
+    BestEffort,
+}
+
+#[derive(Clone, Debug)]
+struct Spec {
+    kind: Kind,
+    cpus: u64,
+    mem_gib: u64,
+    huge_2m_256mib: u64,
+    gpu: bool,
+    containers: usize,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit(Spec),
+    Release(usize),
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        prop_oneof![
+            Just(Kind::GuaranteedWhole),
+            Just(Kind::GuaranteedFraction),
+            Just(Kind::Burstable),
+            Just(Kind::BestEffort)
+        ],
+        1u64..=20,
+        1u64..=24,
+        0u64..=3,
+        prop::bool::weighted(0.15),
+        1usize..=2,
+    )
+        .prop_map(
+            |(kind, cpus, mem_gib, huge_2m_256mib, gpu, containers)| Spec {
+                kind,
+                cpus,
+                mem_gib,
+                huge_2m_256mib,
+                gpu,
+                containers,
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![4 => spec().prop_map(Op::Admit), 1 => (0usize..64).prop_map(Op::Release)]
+}
+
+fn config() -> impl Strategy<Value = PlacementConfig> {
+    (
+        prop_oneof![
+            Just(TopologyPolicy::None),
+            Just(TopologyPolicy::BestEffort),
+            Just(TopologyPolicy::Restricted),
+            Just(TopologyPolicy::SingleNumaNode)
+        ],
+        prop::bool::ANY,
+        prop_oneof![
+            Just(AllocationStrategy::Kubelet),
+            Just(AllocationStrategy::LeastAllocated),
+            Just(AllocationStrategy::MostAllocated)
+        ],
+        prop::bool::ANY,
+        (
+            prop::bool::ANY,
+            prop::bool::ANY,
+            prop::bool::ANY,
+            prop::bool::ANY,
+        ),
+    )
+        .prop_map(
+            |(policy, pod_scope, strategy, topo_aware, (full, dist, sock, l3))| PlacementConfig {
+                policy,
+                scope: if pod_scope {
+                    TopologyScope::Pod
+                } else {
+                    TopologyScope::Container
+                },
+                numa_allocation_strategy: strategy,
+                shared_cpu_policy: if topo_aware {
+                    SharedCpuPolicy::TopologyAware
+                } else {
+                    SharedCpuPolicy::NumaAware
+                },
+                full_pcpus_only: full,
+                distribute_cpus_across_numa: dist,
+                align_by_socket: sock,
+                prefer_align_cpus_by_uncorecache: l3,
+                reserved_cpus: "0,64".into(),
+                reserved_memory: vec![crate::config::ReservedMemory {
+                    node: 0,
+                    memory_bytes: G,
+                    hugepages_2mi_bytes: 0,
+                    hugepages_1gi_bytes: 0,
+                }],
+                ..Default::default()
+            },
+        )
+}
+
+fn make_pod(uid: &str, s: &Spec) -> Pod {
+    let containers = (0..s.containers)
+        .map(|i| {
+            let name = format!("c{i}");
+            let mut c = match s.kind {
+                Kind::GuaranteedWhole => guaranteed(&name, s.cpus * 1000, s.mem_gib * G),
+                Kind::GuaranteedFraction => guaranteed(&name, s.cpus * 1000 - 500, s.mem_gib * G),
+                Kind::Burstable => Container {
+                    name: name.clone(),
+                    cpu_request_millis: s.cpus * 250,
+                    cpu_limit_millis: s.cpus * 1000,
+                    memory_bytes: s.mem_gib * G / 2,
+                    ..Default::default()
+                },
+                Kind::BestEffort => Container {
+                    name: name.clone(),
+                    ..Default::default()
+                },
+            };
+            if !matches!(s.kind, Kind::BestEffort) {
+                c.hugepages_2mi_bytes = s.huge_2m_256mib * (256 << 20);
+            }
+            if s.gpu && i == 0 {
+                c.devices.insert("nvidia.com/gpu".into(), 1);
+            }
+            c
+        })
+        .collect();
+    Pod {
+        uid: uid.into(),
+        containers,
+    }
+}
+
+/// Every invariant of the state, as an error message naming the first one broken.
+fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), String> {
+    let view = CpuView::new(t);
+    let reserved = CpuSet::parse(&c.reserved_cpus).unwrap();
+    let mut seen = CpuSet::new();
+    for (uid, p) in &a.pods {
+        for ac in &p.containers {
+            let pl = &ac.placement;
+            let who = format!("{uid}/{}", pl.container);
+            if pl.cpus.is_empty() || pl.mems.is_empty() {
+                return Err(format!("{who}: empty cpuset {pl:?}"));
+            }
+            if !pl.cpus.is_disjoint(&reserved) {
+                return Err(format!("{who}: reserved CPU handed out: {}", pl.cpus));
+            }
+            if !pl.cpus.is_subset(&view.online) {
+                return Err(format!("{who}: CPU outside the machine"));
+            }
+            if pl.exclusive {
+                if !pl.cpus.is_disjoint(&seen) {
+                    return Err(format!("{who}: exclusive CPUs overlap: {}", pl.cpus));
+                }
+                seen = seen.union(&pl.cpus);
+            } else if a
+                .current_cpus(uid, &pl.container)
+                .is_none_or(|s| s.is_empty())
+            {
+                return Err(format!("{who}: shared container left without a CPU"));
+            }
+            let aligned = matches!(
+                c.policy,
+                TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode
+            );
+            let mems = NodeMask::from_ids(pl.mems.iter()).unwrap();
+            if aligned && !view.nodes_of(&pl.cpus).is_subset_of(mems) {
+                return Err(format!("{who}: cpus {} outside mems {}", pl.cpus, pl.mems));
+            }
+            if c.policy == TopologyPolicy::SingleNumaNode && pl.exclusive && mems.count() != 1 {
+                return Err(format!("{who}: single-numa-node spans {}", pl.mems));
+            }
+            if let Some(m) = &ac.memory {
+                for id in m.nodes.ids() {
+                    let n = a.memory.nodes.iter().find(|n| n.id == id).unwrap();
+                    if n.cells != m.nodes {
+                        return Err(format!(
+                            "{who}: node {id} serves {:?} not {:?}",
+                            n.cells, m.nodes
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    // memory groups never overlap and never exceed capacity
+    for n in &a.memory.nodes {
+        for o in &a.memory.nodes {
+            if n.assignments > 0
+                && o.assignments > 0
+                && n.cells != o.cells
+                && !n.cells.and(o.cells).is_empty()
+            {
+                return Err(format!("groups {:?} and {:?} overlap", n.cells, o.cells));
+            }
+        }
+        for (r, b) in &n.blocks {
+            if b.reserved > b.allocatable || b.free + b.reserved != b.allocatable {
+                return Err(format!("node {} {r:?} over capacity: {b:?}", n.id));
+            }
+        }
+    }
+    // CPU requests within allocatable; shared charges within each node's overcommit capacity
+    let alloc = view.online.difference(&reserved).len() as u64 * 1000;
+    let used: u64 = a.pods.values().map(|p| p.cpu_request_millis).sum();
+    if used > alloc {
+        return Err(format!("{used}m CPU admitted over {alloc}m"));
+    }
+    let pools = SharedPools {
+        view: &view,
+        shared: a.shared_pool(&view),
+        load: &a.shared_load,
+        overcommit_ratio: c.overcommit_ratio,
+    };
+    for (id, cpus) in &view.nodes {
+        if pools.load_of(cpus) > pools.capacity_of(cpus) {
+            return Err(format!("node {id} shared CPUs overcommitted"));
+        }
+    }
+    let gpus = a.devices.assigned.len();
+    if gpus > 1 {
+        return Err(format!("{gpus} devices handed out, machine has 1"));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_pod_sequences_keep_the_invariants(
+        c in config(),
+        ops in prop::collection::vec(op(), 1..28),
+    ) {
+        let t = epyc();
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let mut live: Vec<String> = Vec::new();
+        for (i, o) in ops.iter().enumerate() {
+            match o {
+                Op::Admit(s) => {
+                    let uid = format!("p{i}");
+                    let before = a.clone();
+                    match a.admit(&t, &c, &make_pod(&uid, s)) {
+                        Ok(pl) => {
+                            prop_assert_eq!(pl.len(), s.containers);
+                            let mut probe = a.clone();
+                            prop_assert!(probe.release(&uid));
+                            prop_assert!(probe == before, "release is not the inverse of admit");
+                            live.push(uid);
+                        }
+                        Err(_) => prop_assert!(a == before, "a refused pod changed the state"),
+                    }
+                }
+                Op::Release(k) => {
+                    if !live.is_empty() {
+                        let uid = live.remove(k % live.len());
+                        prop_assert!(a.release(&uid));
+                    }
+                }
+            }
+            if let Err(e) = invariants(&t, &c, &a) {
+                prop_assert!(false, "after op {} ({:?}) with {:?}: {}", i, o, c, e);
+            }
+        }
+        for uid in live {
+            a.release(&uid);
+        }
+        prop_assert!(a == Allocator::new(&t, &c).unwrap(), "releasing everything restores the empty state");
+    }
+}

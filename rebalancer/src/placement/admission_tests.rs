@@ -1,0 +1,297 @@
+//! Admission tests on an EPYC-NPS4-like machine: scenario table, atomicity, release, and a
+//! property test over random pod sequences checking the placement invariants.
+use super::*;
+use crate::topology::{DeviceClass, PciDevice, TopologyBuilder};
+
+pub(crate) const G: u64 = 1 << 30;
+pub(crate) const GPU: &str = "0000:c1:00.0";
+
+/// 2 sockets × 4 nodes × 8 cores × 2 threads (node n: CPUs 8n..8n+7 and 64+8n..64+8n+7),
+/// L3 per 4 cores, 16 GiB + 512 × 2 MiB + 2 × 1 GiB per node, one GPU on node 5.
+pub(crate) fn epyc() -> Topology {
+    let mut t = TopologyBuilder {
+        sockets: 2,
+        nodes_per_socket: 4,
+        cores_per_node: 8,
+        threads_per_core: 2,
+        cores_per_l3: 4,
+        memory_per_node_bytes: 16 * G,
+        hugepages_2m_per_node: 512,
+        hugepages_1g_per_node: 2,
+        ..Default::default()
+    }
+    .build();
+    t.devices.push(PciDevice {
+        address: GPU.into(),
+        class: DeviceClass::Gpu,
+        node: Some(5),
+        vendor: None,
+        device: None,
+    });
+    t
+}
+
+pub(crate) fn guaranteed(name: &str, cpu_millis: u64, mem: u64) -> Container {
+    Container {
+        name: name.into(),
+        cpu_request_millis: cpu_millis,
+        cpu_limit_millis: cpu_millis,
+        memory_bytes: mem,
+        memory_limit_bytes: mem,
+        ..Default::default()
+    }
+}
+
+fn pod(uid: &str, containers: Vec<Container>) -> Pod {
+    Pod {
+        uid: uid.into(),
+        containers,
+    }
+}
+
+fn cfg(policy: TopologyPolicy) -> PlacementConfig {
+    PlacementConfig {
+        policy,
+        ..Default::default()
+    }
+}
+
+/// What a scenario step expects: the first container's "cpus|mems|exclusive" or a reason.
+fn show(r: &Result<Vec<ContainerPlacement>, Rejection>) -> String {
+    match r {
+        Ok(p) => format!(
+            "{}|{}|{}",
+            p[0].cpus,
+            p[0].mems,
+            if p[0].exclusive { "x" } else { "s" }
+        ),
+        Err(e) => e.reason.to_string(),
+    }
+}
+
+/// Admits the pods in order on a fresh EPYC allocator and compares each answer.
+fn check(c: &PlacementConfig, steps: &[(Pod, &str)]) {
+    let t = epyc();
+    let mut a = Allocator::new(&t, c).unwrap();
+    for (p, want) in steps {
+        let got = show(&a.admit(&t, c, p));
+        assert_eq!(&got, want, "pod {}", p.uid);
+    }
+}
+
+#[test]
+fn guaranteed_pods_get_aligned_exclusive_cpus() {
+    let c = cfg(TopologyPolicy::Restricted);
+    check(
+        &c,
+        &[
+            (pod("a", vec![guaranteed("c", 4000, G)]), "0-1,64-65|0|x"),
+            (pod("b", vec![guaranteed("c", 4000, G)]), "2-3,66-67|0|x"),
+            (pod("c", vec![guaranteed("c", 16000, G)]), "8-15,72-79|1|x"),
+            (
+                pod("d", vec![guaranteed("c", 20000, G)]),
+                "TopologyAffinityError",
+            ),
+            // 20 GiB needs two nodes' memory while one CPU fits one node: nothing preferred
+            (
+                pod("e", vec![guaranteed("c", 1000, 20 * G)]),
+                "TopologyAffinityError",
+            ),
+        ],
+    );
+    let mut be = cfg(TopologyPolicy::BestEffort);
+    be.full_pcpus_only = true;
+    check(
+        &be,
+        &[
+            (pod("d", vec![guaranteed("c", 20000, G)]), "0-9,64-73|0-1|x"),
+            (
+                pod("s", vec![guaranteed("c", 3000, G)]),
+                "SMTAlignmentError",
+            ),
+            (
+                pod("m", vec![guaranteed("c", 1000, 20 * G)]),
+                "SMTAlignmentError",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn strategies_balance_or_pack() {
+    let mut c = cfg(TopologyPolicy::SingleNumaNode);
+    let steps = |second: &'static str| {
+        vec![
+            (pod("a", vec![guaranteed("c", 4000, G)]), "0-1,64-65|0|x"),
+            (pod("b", vec![guaranteed("c", 4000, G)]), second),
+        ]
+    };
+    check(&c, &steps("2-3,66-67|0|x"));
+    c.numa_allocation_strategy = AllocationStrategy::LeastAllocated;
+    check(&c, &steps("8-9,72-73|1|x"));
+    c.numa_allocation_strategy = AllocationStrategy::MostAllocated;
+    check(&c, &steps("2-3,66-67|0|x"));
+}
+
+#[test]
+fn shared_pools_devices_and_reserved_cpus() {
+    let mut c = cfg(TopologyPolicy::Restricted);
+    c.reserved_cpus = "0,64".into();
+    let burst = |name: &str, millis| Container {
+        name: name.into(),
+        cpu_request_millis: millis,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    let mut gpu = guaranteed("c", 2000, G);
+    gpu.devices.insert("nvidia.com/gpu".into(), 1);
+    let mut gpu2 = gpu.clone();
+    gpu2.name = "d".into();
+    check(
+        &c,
+        &[
+            (pod("g", vec![gpu]), "40,104|5|x"),
+            // the GPU is taken: no device hint can be preferred
+            (pod("g2", vec![gpu2]), "TopologyAffinityError"),
+            // least allocated, then most free: node 0 lost 2 reserved CPUs, node 5 two exclusive
+            (pod("b", vec![burst("c", 500)]), "8-15,72-79|1|s"),
+            (pod("b2", vec![burst("c", 500)]), "16-23,80-87|2|s"),
+            (
+                pod(
+                    "be",
+                    vec![Container {
+                        name: "c".into(),
+                        ..Default::default()
+                    }],
+                ),
+                "1-39,41-63,65-103,105-127|0-7|s",
+            ),
+            (pod("huge", vec![burst("c", 130_000)]), "InsufficientCPU"),
+        ],
+    );
+    c.shared_cpu_policy = SharedCpuPolicy::TopologyAware;
+    // the L3 group that lost the reserved CPUs is the tightest pool
+    check(&c, &[(pod("b", vec![burst("c", 2500)]), "1-3,65-67|0|s")]);
+}
+
+#[test]
+fn refusal_changes_nothing_and_release_restores() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::Restricted);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let empty = a.clone();
+    a.admit(&t, &c, &pod("a", vec![guaranteed("c", 2000, G)]))
+        .unwrap();
+    let after_a = a.clone();
+    let bad = pod(
+        "b",
+        vec![guaranteed("ok", 2000, G), guaranteed("too-big", 20000, G)],
+    );
+    let err = a.admit(&t, &c, &bad).unwrap_err();
+    assert_eq!(err.reason, RejectionReason::TopologyAffinityError);
+    assert_eq!(a, after_a, "a refused pod leaves no trace");
+    let dup = a.admit(&t, &c, &pod("a", vec![guaranteed("c", 1000, G)]));
+    assert_eq!(dup.unwrap_err().reason, RejectionReason::AlreadyAdmitted);
+    assert!(a.release("a"));
+    assert!(!a.release("a"));
+    assert_eq!(a, empty, "release restores the state exactly");
+}
+
+#[test]
+fn pod_scope_gives_every_container_the_pod_hint() {
+    let t = epyc();
+    let mut c = cfg(TopologyPolicy::SingleNumaNode);
+    c.scope = TopologyScope::Pod;
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let p = pod(
+        "p",
+        vec![guaranteed("a", 6000, G), guaranteed("b", 6000, G)],
+    );
+    let got = a.admit(&t, &c, &p).unwrap();
+    assert_eq!(got[0].affinity, Some(NodeMask::single(0)));
+    assert_eq!(got[1].affinity, Some(NodeMask::single(0)));
+    assert!(got[0].cpus.is_disjoint(&got[1].cpus));
+    // 12 + 12 CPUs do not fit one node together, though each container would
+    let q = pod(
+        "q",
+        vec![guaranteed("a", 12000, G), guaranteed("b", 12000, G)],
+    );
+    assert_eq!(
+        a.admit(&t, &c, &q).unwrap_err().reason,
+        RejectionReason::TopologyAffinityError
+    );
+}
+
+#[test]
+fn state_round_trips_through_json() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let mut g = guaranteed("c", 2000, G);
+    g.hugepages_2mi_bytes = 64 << 20;
+    g.device_addresses.push(GPU.into());
+    a.admit(&t, &c, &pod("a", vec![g])).unwrap();
+    a.admit(
+        &t,
+        &c,
+        &pod(
+            "b",
+            vec![Container {
+                name: "x".into(),
+                cpu_request_millis: 300,
+                ..Default::default()
+            }],
+        ),
+    )
+    .unwrap();
+    let json = serde_json::to_string(&a).unwrap();
+    let back: Allocator = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, a);
+}
+
+#[test]
+fn interim_merge_follows_the_rules() {
+    let t = epyc();
+    let all = NodeMask::from_ids(0..8).unwrap();
+    let h = |ids: &[u32], p| {
+        TopologyHint::new(Some(NodeMask::from_ids(ids.iter().copied()).unwrap()), p)
+    };
+    let m = |pol, lists: &[Vec<TopologyHint>]| merge_providers(pol, false, &t, all, lists);
+    // {0} preferred with {0,1} preferred gives {0} not preferred
+    assert_eq!(
+        m(
+            TopologyPolicy::BestEffort,
+            &[vec![h(&[0], true)], vec![h(&[0, 1], true)]]
+        ),
+        h(&[0], false)
+    );
+    // no lists: everything, preferred
+    assert_eq!(
+        m(TopologyPolicy::BestEffort, &[]),
+        TopologyHint::new(Some(all), true)
+    );
+    // an empty list: no combination at all
+    assert_eq!(
+        m(TopologyPolicy::Restricted, &[vec![]]),
+        TopologyHint::new(Some(all), false)
+    );
+    assert_eq!(
+        m(TopologyPolicy::SingleNumaNode, &[vec![h(&[0, 1], true)]]),
+        TopologyHint::new(None, false)
+    );
+    // preferred narrower wins; among equals the lower mask
+    assert_eq!(
+        m(
+            TopologyPolicy::Restricted,
+            &[vec![h(&[1], true), h(&[0], true), h(&[0, 1], false)]]
+        ),
+        h(&[0], true)
+    );
+    assert_eq!(
+        m(TopologyPolicy::None, &[vec![h(&[0], true)]]),
+        TopologyHint::new(None, false)
+    );
+}
+
+#[path = "admission_props.rs"]
+mod props;

@@ -1,0 +1,204 @@
+//! The admission API (HTTP + JSON over the unix socket; see `socket` for who may connect):
+//!
+//! - `POST /v1/admit` with a pod → 200 `{uid, containers:[{container,cpus,mems,affinity,exclusive}]}`
+//!   or 409 `{error, reason, details}` (kubelet-like reason, e.g. TopologyAffinityError);
+//! - `DELETE /v1/pods/{uid}` → 200, or 404 when the pod is unknown;
+//! - `GET /v1/status` → pods, placements, exclusive CPUs, sources, controller counters;
+//! - `GET /v1/explain/{cgroup}` → the cgroup's binding and the controller's last decision.
+//!
+//! Bodies are limited to [`MAX_BODY`] bytes and parsed strictly (unknown fields refused); a bad
+//! request gets a 4xx with a message and changes nothing. Every accepted change is checkpointed
+//! before it is acknowledged; if that fails it is undone and the client gets a 500.
+
+use std::time::Instant;
+
+use axum::{
+    body::Bytes,
+    extract::{DefaultBodyLimit, Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{delete, get, post},
+    Json, Router,
+};
+use serde_json::json;
+
+use crate::{
+    daemon::Daemon,
+    placement::pod::Pod,
+    serve::metrics::{ReasonLabel, ResultLabel},
+};
+
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 64 * 1024;
+
+pub fn router(d: Daemon) -> Router {
+    Router::new()
+        .route("/v1/admit", post(admit))
+        .route("/v1/pods/{uid}", delete(release))
+        .route("/v1/status", get(status))
+        .route("/v1/explain/{*cgroup}", get(explain))
+        .fallback(|| async {
+            err(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; see /v1/admit, /v1/pods/{uid}, /v1/status, /v1/explain/{cgroup}",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(d)
+}
+
+fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (code, Json(json!({"error": msg.into()}))).into_response()
+}
+
+fn count(d: &Daemon, result: &str) {
+    d.metrics
+        .admission_requests
+        .get_or_create(&ResultLabel {
+            result: result.into(),
+        })
+        .inc();
+}
+
+async fn admit(State(d): State<Daemon>, body: Bytes) -> Response {
+    let t0 = Instant::now();
+    let resp = admit_inner(&d, &body);
+    d.metrics
+        .admission_duration
+        .observe(t0.elapsed().as_secs_f64());
+    resp
+}
+
+fn admit_inner(d: &Daemon, body: &[u8]) -> Response {
+    let pod: Pod = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => {
+            count(d, "invalid");
+            return err(StatusCode::BAD_REQUEST, format!("invalid pod JSON: {e}"));
+        }
+    };
+    if let Err(e) = pod.validate() {
+        count(d, "invalid");
+        return err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid pod: {e}"),
+        );
+    }
+    let mut s = d.lock();
+    let shared = &mut *s;
+    match shared
+        .state
+        .allocator
+        .admit(&shared.topo, &shared.cfg.placement, &pod)
+    {
+        Ok(placements) => {
+            if let Err(e) = shared.checkpoint() {
+                shared.state.allocator.release(&pod.uid);
+                count(d, "error");
+                tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
+                return err(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("admission undone: {e}"),
+                );
+            }
+            count(d, "admitted");
+            tracing::info!(uid = %pod.uid, containers = placements.len(), "pod admitted");
+            (
+                StatusCode::OK,
+                Json(json!({"uid": pod.uid, "containers": placements})),
+            )
+                .into_response()
+        }
+        Err(rej) => {
+            count(d, "rejected");
+            d.metrics
+                .admission_rejections
+                .get_or_create(&ReasonLabel {
+                    reason: rej.reason.to_string(),
+                })
+                .inc();
+            tracing::info!(uid = %pod.uid, reason = %rej.reason, details = %rej.details, "pod rejected");
+            (
+                StatusCode::CONFLICT,
+                Json(
+                    json!({"error": rej.to_string(), "reason": rej.reason, "details": rej.details}),
+                ),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn release(State(d): State<Daemon>, Path(uid): Path<String>) -> Response {
+    let mut s = d.lock();
+    let before = s.state.clone();
+    if !s.state.allocator.release(&uid) {
+        return err(
+            StatusCode::NOT_FOUND,
+            format!("pod {uid:?} is not admitted"),
+        );
+    }
+    s.state.bindings.retain(|_, b| b.pod_uid != uid);
+    if let Err(e) = s.checkpoint() {
+        s.state = before;
+        return err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("release undone: {e}"),
+        );
+    }
+    tracing::info!(%uid, "pod released");
+    (StatusCode::OK, Json(json!({"uid": uid, "released": true}))).into_response()
+}
+
+/// The status document (also used by `rebalancer status --offline`).
+pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
+    let pods: Vec<_> = s
+        .state
+        .allocator
+        .pods
+        .iter()
+        .map(|(uid, p)| json!({"uid": uid, "qos": p.qos, "containers": p.containers.iter().map(|c| &c.placement).collect::<Vec<_>>()}))
+        .collect();
+    json!({
+        "nodes": s.topo.nodes.iter().map(|n| json!({"id": n.id, "cpus": n.cpus, "memory_free_bytes": n.memory_free_bytes})).collect::<Vec<_>>(),
+        "pods": pods,
+        "exclusive_cpus": s.state.allocator.exclusive_cpus(),
+        "reserved_cpus": s.state.allocator.reserved_cpus,
+        "bindings": s.state.bindings,
+        "sources": s.sources,
+        "controller": {
+            "rounds": s.state.controller.rounds,
+            "moves_total": s.state.controller.moves_total,
+            "bytes_migrated_total": s.state.controller.bytes_migrated_total,
+            "failed_moves_total": s.state.controller.failed_moves_total,
+        },
+        "decisions": s.decisions.values().collect::<Vec<_>>(),
+        "dry_run": s.cfg.daemon.dry_run,
+    })
+}
+
+async fn status(State(d): State<Daemon>) -> Response {
+    let s = d.lock();
+    (StatusCode::OK, Json(status_json(&s))).into_response()
+}
+
+async fn explain(State(d): State<Daemon>, Path(cgroup): Path<String>) -> Response {
+    let cgroup = cgroup.trim_matches('/').to_string();
+    if cgroup.split('/').any(|c| c == ".." || c == ".") {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "cgroup path may not contain `.` or `..` components",
+        );
+    }
+    let s = d.lock();
+    let decision = s.decisions.get(&cgroup);
+    let binding = s.state.bindings.get(&cgroup);
+    let ctl = s.state.controller.cgroups.get(&cgroup);
+    if decision.is_none() && binding.is_none() && ctl.is_none() {
+        return err(
+            StatusCode::NOT_FOUND,
+            format!("cgroup {cgroup:?} is not managed"),
+        );
+    }
+    (StatusCode::OK, Json(json!({"cgroup": cgroup, "binding": binding, "controller": ctl, "last_decision": decision}))).into_response()
+}

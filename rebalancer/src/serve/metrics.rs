@@ -1,0 +1,247 @@
+//! Prometheus metrics (prometheus-client): one `Metrics` value shared by the control loop, the
+//! admission API and the watcher, rendered in the OpenMetrics text format on `/metrics`.
+//!
+//! Names are prefixed `rebalancer_`, carry their unit, and counters end in `_total`. Per-cgroup
+//! series are bounded: only the `top_n` worst-locality cgroups of the last round are exported.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CgroupLabel {
+    pub cgroup: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HugepageLabel {
+    pub node: String,
+    pub size: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the daemon exports. Cheap to clone (handles share their values).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: std::sync::Arc<Registry>,
+    pub top_n: usize,
+    pub cgroup_locality: Family<CgroupLabel, FGauge>,
+    pub cgroup_remote_access: Family<CgroupLabel, FGauge>,
+    pub cross_node_migrations: Counter,
+    pub numa_balancing_moves: Counter,
+    pub pages_migrated: Counter,
+    pub moves_applied: Family<ReasonLabel, Counter>,
+    pub moves_skipped: Family<ReasonLabel, Counter>,
+    pub admission_requests: Family<ResultLabel, Counter>,
+    pub admission_rejections: Family<ReasonLabel, Counter>,
+    pub admission_duration: Histogram,
+    pub round_duration: Histogram,
+    pub node_cpu_busy: Family<NodeLabel, FGauge>,
+    pub node_memory_free: Family<NodeLabel, Gauge>,
+    pub node_hugepages_free: Family<HugepageLabel, Gauge>,
+    pub ebpf_source_available: Family<SourceLabel, Gauge>,
+    pub managed_cgroups: Gauge,
+}
+
+impl Metrics {
+    pub fn new(top_n: usize) -> Metrics {
+        let mut r = Registry::with_prefix("rebalancer");
+        let m = Metrics {
+            registry: Default::default(),
+            top_n,
+            cgroup_locality: Family::default(),
+            cgroup_remote_access: Family::default(),
+            cross_node_migrations: Counter::default(),
+            numa_balancing_moves: Counter::default(),
+            pages_migrated: Counter::default(),
+            moves_applied: Family::default(),
+            moves_skipped: Family::default(),
+            admission_requests: Family::default(),
+            admission_rejections: Family::default(),
+            admission_duration: Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25,
+            ]),
+            round_duration: Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+            ]),
+            node_cpu_busy: Family::default(),
+            node_memory_free: Family::default(),
+            node_hugepages_free: Family::default(),
+            ebpf_source_available: Family::default(),
+            managed_cgroups: Gauge::default(),
+        };
+        r.register(
+            "cgroup_locality_ratio",
+            "Smoothed fraction of a cgroup's CPU time on nodes holding its memory (top-N worst)",
+            m.cgroup_locality.clone(),
+        );
+        r.register(
+            "cgroup_remote_access_ratio",
+            "Estimated fraction of a cgroup's memory accesses that are remote (top-N worst)",
+            m.cgroup_remote_access.clone(),
+        );
+        r.register(
+            "cross_node_migrations",
+            "Scheduler migrations of managed tasks across NUMA nodes",
+            m.cross_node_migrations.clone(),
+        );
+        r.register(
+            "numa_balancing_moves",
+            "Kernel NUMA-balancing task moves/swaps seen by eBPF",
+            m.numa_balancing_moves.clone(),
+        );
+        r.register(
+            "pages_migrated",
+            "Pages migrated by rebalancer's moves",
+            m.pages_migrated.clone(),
+        );
+        r.register(
+            "moves_applied",
+            "Placement moves applied, by reason",
+            m.moves_applied.clone(),
+        );
+        r.register(
+            "moves_skipped",
+            "Candidate moves not made, by reason",
+            m.moves_skipped.clone(),
+        );
+        r.register(
+            "admission_requests",
+            "Admission requests, by result",
+            m.admission_requests.clone(),
+        );
+        r.register(
+            "admission_rejections",
+            "Admission rejections, by reason",
+            m.admission_rejections.clone(),
+        );
+        r.register_with_unit(
+            "admission_duration",
+            "Time to answer one admission",
+            Unit::Seconds,
+            m.admission_duration.clone(),
+        );
+        r.register_with_unit(
+            "control_round_duration",
+            "Time of one control round",
+            Unit::Seconds,
+            m.round_duration.clone(),
+        );
+        r.register(
+            "node_cpu_busy_ratio",
+            "Fraction of a node's CPU time busy in the last period",
+            m.node_cpu_busy.clone(),
+        );
+        r.register_with_unit(
+            "node_memory_free",
+            "Free memory per node",
+            Unit::Bytes,
+            m.node_memory_free.clone(),
+        );
+        r.register(
+            "node_hugepages_free",
+            "Free hugepages per node and size",
+            m.node_hugepages_free.clone(),
+        );
+        r.register(
+            "ebpf_source_available",
+            "1 when the eBPF/PMU source is loaded and attached",
+            m.ebpf_source_available.clone(),
+        );
+        r.register(
+            "managed_cgroups",
+            "Cgroups under management",
+            m.managed_cgroups.clone(),
+        );
+        Metrics {
+            registry: std::sync::Arc::new(r),
+            ..m
+        }
+    }
+
+    /// Replaces the per-cgroup series with the `top_n` lowest-locality cgroups.
+    pub fn set_cgroup_scores(&self, scores: &[(String, f64, f64)]) {
+        self.cgroup_locality.clear();
+        self.cgroup_remote_access.clear();
+        let mut sorted: Vec<&(String, f64, f64)> = scores.iter().collect();
+        sorted.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        for (cg, locality, remote) in sorted.into_iter().take(self.top_n) {
+            let l = CgroupLabel { cgroup: cg.clone() };
+            self.cgroup_locality.get_or_create(&l).set(*locality);
+            self.cgroup_remote_access.get_or_create(&l).set(*remote);
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_prefixed_with_units_and_totals() {
+        let m = Metrics::new(2);
+        m.pages_migrated.inc_by(5);
+        m.admission_duration.observe(0.001);
+        m.node_memory_free
+            .get_or_create(&NodeLabel { node: "0".into() })
+            .set(42);
+        m.set_cgroup_scores(&[
+            ("a".into(), 0.9, 0.1),
+            ("b".into(), 0.2, 0.8),
+            ("c".into(), 0.5, 0.5),
+        ]);
+        let text = m.render();
+        for want in [
+            "rebalancer_pages_migrated_total 5",
+            "rebalancer_admission_duration_seconds_count 1",
+            "rebalancer_node_memory_free_bytes{node=\"0\"} 42",
+            "rebalancer_cgroup_locality_ratio{cgroup=\"b\"} 0.2",
+            "rebalancer_cgroup_locality_ratio{cgroup=\"c\"} 0.5",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("cgroup=\"a\""),
+            "top-N must bound the cgroup series"
+        );
+    }
+}

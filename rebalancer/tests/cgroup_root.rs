@@ -1,0 +1,210 @@
+//! Root test on this machine's real cgroupfs: makes a cpuset cgroup through the layer, writes
+//! and reads it back, and shows that invalid writes are refused (by us, or by the kernel with a
+//! mapped error) and change nothing. Skips with a printed reason when not root or without a
+//! cpuset controller. Cleans up (rmdir) even when an assertion fails.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use rebalancer::{
+    cgroup::{CgroupError, Cgroups, Controller, Version},
+    cpuset::CpuSet,
+};
+
+/// Removes the test cgroups (deepest first) when dropped, whatever happened.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            for _ in 0..50 {
+                if !dir.exists() || std::fs::remove_dir(dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if dir.exists() {
+                eprintln!("WARNING: could not remove {}", dir.display());
+            }
+        }
+    }
+}
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap()
+}
+
+#[test]
+fn real_cpuset_write_read_back_and_refusals() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let cg = match Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) {
+        Ok(cg) => cg,
+        Err(e) => {
+            println!("SKIP: cannot detect cgroups: {e}");
+            return;
+        }
+    };
+    let (root, version) = match cg.hierarchy(Controller::Cpuset) {
+        Ok((r, v)) => (r.to_path_buf(), v),
+        Err(e) => {
+            println!("SKIP: {e}");
+            return;
+        }
+    };
+    if version == Version::V2 {
+        let controllers =
+            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        if !controllers.split_whitespace().any(|c| c == "cpuset") {
+            println!(
+                "SKIP: cpuset controller not available on the v2 hierarchy at {}",
+                root.display()
+            );
+            return;
+        }
+        cg.enable_cpuset_v2("/")
+            .expect("enable +cpuset in the root's subtree_control");
+    }
+    println!(
+        "cgroup mode {}, cpuset on {:?} at {}",
+        cg.mode(),
+        version,
+        root.display()
+    );
+
+    let all_cpus = cg.effective_cpus("/").unwrap();
+    let all_mems = cg.effective_mems("/").unwrap();
+    let first = set(&all_cpus.first().unwrap().to_string());
+    let name = format!("/rebalancer-test-{}", std::process::id());
+    let inner = format!("{name}/inner");
+    let _cleanup = Cleanup(vec![root.join(&name[1..]), root.join(&inner[1..])]);
+
+    // Create with the first CPU; it reads back, also through cgroups-rs's v1 reader.
+    cg.create_cpuset(&name, &first, &all_mems).unwrap();
+    assert_eq!(cg.cpus(&name).unwrap(), first);
+    assert_eq!(cg.mems(&name).unwrap(), all_mems);
+    if version == Version::V1 {
+        let c = cgroups_rs::fs::cpuset::CpuSetController::new(
+            root.join(&name[1..]),
+            root.clone(),
+            false,
+        );
+        let f = u64::from(first.first().unwrap());
+        assert_eq!(c.cpuset().cpus, vec![(f, f)]);
+    }
+    cg.write_cpus(&name, &all_cpus).unwrap();
+    assert_eq!(cg.cpus(&name).unwrap(), all_cpus);
+    assert_eq!(cg.effective_cpus(&name).unwrap(), all_cpus);
+    cg.set_memory_migrate(&name, true).unwrap();
+
+    // Refused by us, nothing changes.
+    let file = root.join(&name[1..]).join("cpuset.cpus");
+    let e = cg.write_cpus(&name, &CpuSet::new()).unwrap_err();
+    assert!(matches!(e, CgroupError::Empty { .. }), "{e}");
+    println!("empty: {e}");
+    let e = cg.write_cpus(&name, &set("4095")).unwrap_err();
+    assert!(matches!(e, CgroupError::OutsideParent { .. }), "{e}");
+    assert!(e.to_string().contains(&file.display().to_string()), "{e}");
+    println!("out of range: {e}");
+    let e = cg.write_mems(&name, &set("63")).unwrap_err();
+    assert!(matches!(e, CgroupError::OutsideParent { .. }), "{e}");
+    assert_eq!(cg.cpus(&name).unwrap(), all_cpus);
+    assert_eq!(cg.mems(&name).unwrap(), all_mems);
+
+    // A task can join, and sees the cpuset.
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let joined = cg.add_proc(Controller::Cpuset, &name, child.id());
+    let procs = cg.procs(Controller::Cpuset, &name);
+    let _ = child.kill();
+    let _ = child.wait();
+    joined.unwrap();
+    assert!(procs.unwrap().contains(&child.id()));
+
+    if all_cpus.len() < 2 {
+        println!("SKIP (part): one CPU, cannot test a child outside its parent");
+        return;
+    }
+    let second = set(&all_cpus.iter().nth(1).unwrap().to_string());
+    cg.write_cpus(&name, &first.union(&second)).unwrap();
+    cg.create_cpuset(&inner, &first, &all_mems).unwrap();
+    cg.write_cpus(&name, &first).unwrap();
+    assert_eq!(cg.effective_cpus(&name).unwrap(), first);
+
+    // Outside the parent: `second` is the machine's but not the parent's. Refused by us.
+    let e = cg.write_cpus(&inner, &second).unwrap_err();
+    assert!(matches!(e, CgroupError::OutsideParent { .. }), "{e}");
+    println!("outside parent: {e}");
+    assert_eq!(cg.cpus(&inner).unwrap(), first);
+
+    // Refused by the kernel: on v1 a parent may not drop a CPU its child uses (EBUSY). Our
+    // check passes (`second` is within the root), so this exercises the errno mapping.
+    let r = cg.write_cpus(&name, &second);
+    match version {
+        Version::V1 => {
+            let e = r.unwrap_err();
+            match &e {
+                CgroupError::Write { reason, path, .. } => {
+                    assert!(reason.contains("EBUSY"), "{reason}");
+                    assert_eq!(path, &file);
+                }
+                other => panic!("expected a kernel EBUSY, got {other:?}"),
+            }
+            println!("kernel refusal: {e}");
+            assert_eq!(
+                cg.cpus(&name).unwrap(),
+                first,
+                "a refused write changed the file"
+            );
+        }
+        // v2 allows it and takes the CPU from the child's effective set instead.
+        Version::V2 => r.unwrap(),
+    }
+}
+
+/// The readers parse this kernel's real files (the root cgroup of each v1 hierarchy; a v2 root
+/// has no cpu.max / memory.max, so on v2 only the cpuset and numa_stat-free parts are read).
+#[test]
+fn real_readers_parse_this_kernel() {
+    let cg = match Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) {
+        Ok(cg) => cg,
+        Err(e) => {
+            println!("SKIP: cannot detect cgroups: {e}");
+            return;
+        }
+    };
+    println!("mode {}", cg.mode());
+    if let Ok((_, Version::V1)) = cg.hierarchy(Controller::Memory) {
+        let s = cg.numa_stat("/").unwrap();
+        assert!(!s.anon.is_empty() && !s.file.is_empty(), "{s:?}");
+        println!("root numa_stat: {s:?}");
+        assert_eq!(cg.memory_max("/").unwrap(), None);
+    } else {
+        println!("SKIP (part): memory not on v1");
+    }
+    if let Ok((_, Version::V1)) = cg.hierarchy(Controller::Cpu) {
+        assert_eq!(cg.cpu_max("/").unwrap().quota_us, None);
+        assert!((1..=10_000).contains(&cg.cpu_weight("/").unwrap()));
+    }
+    if cg.mounts().v2.is_some() {
+        assert!(cg.cgroup_id("/").unwrap() > 0);
+    }
+    if cg.hierarchy(Controller::Cpuset).is_ok() {
+        let mine = cg
+            .cgroup_of_pid(Path::new("/proc"), std::process::id(), Controller::Cpuset)
+            .unwrap();
+        println!("this test's cpuset cgroup: {mine}");
+        assert!(cg.dir(Controller::Cpuset, &mine).unwrap().0.is_dir());
+        assert!(!cg.effective_cpus("/").unwrap().is_empty());
+        assert!(!cg.effective_mems("/").unwrap().is_empty());
+    }
+}

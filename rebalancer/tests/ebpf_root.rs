@@ -1,0 +1,183 @@
+//! Root test of the eBPF samplers on this kernel: a CPU-busy child in a fresh cgroup v2 group,
+//! bounced between CPUs 0 and 1 with sched_setaffinity; the sampled on-CPU time of its cgroup
+//! must be within 10% of the child's own rusage, and its migrations must be counted (attributed
+//! to the child's cgroup although the parent is the one calling sched_setaffinity). Run for the
+//! cpu-clock sampler and for exact sched_switch accounting. Skips (printing why) when not root,
+//! without kernel BTF, without a cgroup v2 hierarchy or with fewer than 2 CPUs.
+use std::{
+    ffi::CString,
+    os::unix::{fs::MetadataExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use rebalancer::{
+    cmd::sample::machine_topology,
+    config::{EbpfConfig, OnCpuSource},
+    ebpf::{probe, Sampler},
+};
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("no kernel BTF".into());
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if probe::cgroup2_mount(&mi).is_none() {
+        return Some("no cgroup v2 hierarchy mounted".into());
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return Some("needs 2 CPUs to force migrations".into());
+    }
+    None
+}
+
+fn set_affinity(pid: i32, cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; pid is our child.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Runs a busy child in `cg` for `secs`, bouncing it between CPUs 0 and 1; returns its CPU time
+/// (user + system) from wait4's rusage.
+fn busy_child(cg: &Path, secs: f64) -> Duration {
+    let procs = CString::new(
+        cg.join("cgroup.procs")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .expect("path without NUL");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "while :; do :; done"]);
+    // SAFETY: only async-signal-safe calls (open/write/close) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if n != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn busy child");
+    let pid = child.id() as i32;
+    let start = Instant::now();
+    let mut cpu = 0;
+    while start.elapsed().as_secs_f64() < secs {
+        set_affinity(pid, cpu);
+        cpu ^= 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: our child; wait4 fills status and rusage.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        let mut status = 0;
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &mut status, 0, &mut ru), pid);
+        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+}
+
+struct CgroupDir(PathBuf);
+impl Drop for CgroupDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn check_mode(mode: OnCpuSource) {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = probe::cgroup2_mount(&mi).unwrap();
+    let cg = CgroupDir(root.join(format!("rebalancer-test-{}-{mode:?}", std::process::id())));
+    std::fs::create_dir(&cg.0).expect("create cgroup");
+    let id = std::fs::metadata(&cg.0).unwrap().ino();
+
+    let topo = machine_topology(Path::new("/sys"));
+    let cfg = EbpfConfig {
+        on_cpu_source: mode,
+        sample_hz: 997,
+        ..EbpfConfig::default()
+    };
+    let (sampler, statuses) = Sampler::start(&topo, &cfg);
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    for s in &statuses {
+        eprintln!(
+            "{mode:?}: {} available={} ({})",
+            s.name, s.available, s.reason
+        );
+    }
+    let src = match mode {
+        OnCpuSource::Sampled => "on_cpu:cpu_clock",
+        OnCpuSource::Exact => "on_cpu:sched_switch",
+    };
+    assert!(statuses.iter().any(|s| s.name == src && s.available));
+    assert!(statuses
+        .iter()
+        .any(|s| s.name == "sched_migrate_task" && s.available));
+
+    let before = sampler.read().unwrap();
+    assert!(
+        !before.contains_key(&id),
+        "fresh cgroup already has samples"
+    );
+    let rusage = busy_child(&cg.0, 3.0);
+    std::thread::sleep(Duration::from_millis(50));
+    let after = sampler.read().unwrap();
+    let s = after.get(&id).cloned().unwrap_or_default();
+    let sampled = Duration::from_nanos(s.total_cpu_ns());
+    let ratio = sampled.as_secs_f64() / rusage.as_secs_f64();
+    eprintln!(
+        "{mode:?}: cgroup {id} sampled {sampled:?}, rusage {rusage:?}, ratio {ratio:.3}, \
+         migrations {} (cross-node {}), path {:?}",
+        s.migrations,
+        s.cross_node_migrations,
+        sampler.cgroup_path(id)
+    );
+    assert!(
+        rusage > Duration::from_millis(300),
+        "child barely ran: {rusage:?}"
+    );
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "{mode:?}: sampled {sampled:?} vs rusage {rusage:?}"
+    );
+    assert!(
+        s.migrations >= 5,
+        "{mode:?}: only {} migrations counted for the bounced child",
+        s.migrations
+    );
+    assert_eq!(s.cross_node_migrations, 0, "one-node machine");
+    assert!(sampler
+        .cgroup_path(id)
+        .is_some_and(|p| p.ends_with(&format!("{mode:?}"))));
+
+    // The cgroup goes away: its entries are deleted and no longer reported.
+    let path = cg.0.clone();
+    drop(cg);
+    assert!(!path.exists());
+    let gone = sampler.read().unwrap();
+    assert!(!gone.contains_key(&id), "vanished cgroup still reported");
+}
+
+#[test]
+fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    check_mode(OnCpuSource::Sampled);
+    check_mode(OnCpuSource::Exact);
+}
