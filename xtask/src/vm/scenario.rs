@@ -48,7 +48,7 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "rebalance",
         about: "with the daemon and numa_balancing=0, a remote process ends >= 95% local",
-        timeout_s: 120,
+        timeout_s: 180,
         default: true,
         host_judge: None,
     },
