@@ -5,8 +5,10 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+//! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
 mod overhead;
 mod setup;
+mod vm;
 
 use std::process::Command;
 
@@ -31,6 +33,9 @@ enum Cmd {
         /// Skip `setup` (when prerequisites are known to be installed).
         #[arg(long)]
         no_setup: bool,
+        /// Skip the multi-NUMA guest tests (`vm-test`) that run after the host tests.
+        #[arg(long)]
+        no_vm: bool,
     },
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
@@ -39,6 +44,8 @@ enum Cmd {
     },
     /// Measure the eBPF samplers' overhead on `perf bench sched pipe` (root; see overhead.rs).
     EbpfOverhead(overhead::OverheadArgs),
+    /// Boot multi-NUMA QEMU guests and run the guest scenarios (needs root for apt-get).
+    VmTest(vm::VmTestArgs),
 }
 
 fn main() -> Result<()> {
@@ -46,7 +53,8 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::all(),
         Cmd::EbpfOverhead(a) => overhead::run(a),
         Cmd::BuildEbpf => build_ebpf(),
-        Cmd::Test { no_setup } => test(no_setup),
+        Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
+        Cmd::VmTest(a) => vm::vm_test(&a),
         Cmd::Run { args } => {
             setup::all()?;
             let mut c = cargo();
@@ -108,7 +116,7 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
-fn test(no_setup: bool) -> Result<()> {
+fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     if !no_setup {
         setup::all()?;
     }
@@ -121,5 +129,14 @@ fn test(no_setup: bool) -> Result<()> {
         "warnings",
     ]))?;
     sh(cargo().args(["test", "--", "--test-threads=1"]))?;
+    if no_vm {
+        eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
+    } else {
+        eprintln!(
+            "xtask test: host tests passed; now the multi-NUMA guest tests (cargo xtask vm-test)"
+        );
+        vm::vm_test(&vm::VmTestArgs::default())?;
+        vm::selftest()?;
+    }
     Ok(())
 }

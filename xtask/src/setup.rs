@@ -34,6 +34,7 @@ pub fn apt(pkgs: &[&str]) -> Result<()> {
     sh(Command::new("apt-get").args(["update", "-q"]))?;
     sh(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(["-o", "DPkg::Lock::Timeout=300"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }

@@ -1,0 +1,414 @@
+//! `guest-tool`: static helper run inside the multi-NUMA test guest (`cargo xtask vm-test`).
+//! The guest has busybox only (no numactl, no jq), so workloads and measurements live here.
+//!
+//! - `hog`: allocate N MiB by first touch while pinned to one node, move its own affinity to
+//!   another node, keep touching, and report where its pages are (/proc/self/numa_maps)
+//!   as JSON lines, then one `HOG-RESULT key=value …` line for shell scripts.
+//! - `locality`: the same measure for another process, from /proc/PID/numa_maps.
+//! - `spin`: burn CPU on N threads for S seconds (load for the sampling scenarios).
+mod numa;
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+const PAGE: usize = 4096;
+
+#[derive(Parser)]
+#[command(name = "guest-tool")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Allocate memory on one node, move to another, report page locality over time.
+    Hog(HogArgs),
+    /// Page locality of a running process (pages on the nodes its threads may run on).
+    Locality {
+        #[arg(long)]
+        pid: i32,
+        /// Count file-backed pages too (default: anonymous memory only).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Burn CPU.
+    Spin {
+        #[arg(long, default_value_t = 1)]
+        threads: u32,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Each thread moves its own affinity round these nodes (comma list), forcing
+        /// cross-node migrations.
+        #[arg(long, value_delimiter = ',')]
+        flip_nodes: Vec<u32>,
+        /// Time on each node when flipping (ms).
+        #[arg(long, default_value_t = 200)]
+        flip_ms: u64,
+    },
+}
+
+#[derive(clap::Args)]
+struct HogArgs {
+    /// Memory to allocate (MiB).
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Node whose CPUs the hog runs on while it first-touches its memory.
+    #[arg(long)]
+    from_node: u32,
+    /// Node whose CPUs the hog moves to after allocating (omit to stay; e.g. when a daemon or
+    /// a cpuset change moves it).
+    #[arg(long)]
+    to_node: Option<u32>,
+    /// Keep touching on the first node this long before moving (ms).
+    #[arg(long, default_value_t = 0)]
+    settle_ms: u64,
+    /// Run this long after the move (s).
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Report every this many ms.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Stop as soon as this fraction of pages is local.
+    #[arg(long)]
+    until_local: Option<f64>,
+    /// madvise(MADV_NOHUGEPAGE) the buffer (4 KiB pages only).
+    #[arg(long)]
+    no_thp: bool,
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse().cmd) {
+        eprintln!("guest-tool: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Hog(a) => hog(a),
+        Cmd::Locality { pid, all } => locality_of(pid, all),
+        Cmd::Spin {
+            threads,
+            seconds,
+            flip_nodes,
+            flip_ms,
+        } => spin(threads, seconds, &flip_nodes, flip_ms),
+    }
+}
+
+fn spin(threads: u32, seconds: f64, flip_nodes: &[u32], flip_ms: u64) -> Result<()> {
+    let map = node_cpus()?;
+    let flips: Vec<Vec<u32>> = flip_nodes
+        .iter()
+        .map(|n| map.get(n).cloned().with_context(|| format!("no node {n}")))
+        .collect::<Result<_>>()?;
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let flips = flips.clone();
+            std::thread::spawn(move || -> Result<()> {
+                let mut x = 0u64;
+                let mut next_flip = Instant::now();
+                let mut k = 0;
+                while Instant::now() < end {
+                    if !flips.is_empty() && Instant::now() >= next_flip {
+                        set_affinity(0, &flips[k % flips.len()])?;
+                        k += 1;
+                        next_flip += Duration::from_millis(flip_ms);
+                    }
+                    for i in 0..10_000u64 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("spin thread panicked"))??;
+    }
+    Ok(())
+}
+
+/// CPUs of each node, from /sys/devices/system/node/node*/cpulist.
+fn node_cpus() -> Result<BTreeMap<u32, Vec<u32>>> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir("/sys/devices/system/node").context("listing NUMA nodes")? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name
+            .strip_prefix("node")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let p = e.path().join("cpulist");
+        let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        m.insert(id, numa::parse_list(&s).map_err(anyhow::Error::msg)?);
+    }
+    Ok(m)
+}
+
+fn set_affinity(tid: i32, cpus: &[u32]) -> Result<()> {
+    if cpus.is_empty() {
+        bail!("refusing an empty CPU affinity");
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds for ids < CPU_SETSIZE (checked).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c as usize >= libc::CPU_SETSIZE as usize {
+                bail!("cpu {c} beyond CPU_SETSIZE");
+            }
+            libc::CPU_SET(c as usize, &mut set);
+        }
+        if libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_setaffinity");
+        }
+    }
+    Ok(())
+}
+
+fn affinity(tid: i32) -> Result<Vec<u32>> {
+    // SAFETY: as above; the kernel fills the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+        }
+        Ok((0..libc::CPU_SETSIZE as u32)
+            .filter(|&c| libc::CPU_ISSET(c as usize, &set))
+            .collect())
+    }
+}
+
+/// Nodes whose CPUs intersect `cpus`.
+fn nodes_of(cpus: &[u32], map: &BTreeMap<u32, Vec<u32>>) -> Vec<u32> {
+    map.iter()
+        .filter(|(_, cs)| cs.iter().any(|c| cpus.contains(c)))
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+/// An anonymous private mapping, unmapped on drop.
+struct Buffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Buffer {
+    fn new(len: usize, no_thp: bool) -> Result<Self> {
+        // SAFETY: anonymous mapping; checked for MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mmap");
+        }
+        if no_thp {
+            // SAFETY: the range was just mapped.
+            unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// Writes one byte in every page (first touch allocates; later touches keep the pages hot
+    /// for NUMA hinting faults).
+    fn touch(&self, round: u8) {
+        let mut cursor = 0;
+        self.touch_until(&mut cursor, round, None);
+    }
+
+    /// Like `touch`, from `*cursor` on, returning early (cursor kept) once `deadline` passes —
+    /// a pass can take seconds under emulation while pages fault and migrate.
+    fn touch_until(&self, cursor: &mut usize, round: u8, deadline: Option<Instant>) {
+        while *cursor < self.len {
+            // SAFETY: cursor < len, inside the mapping.
+            unsafe { std::ptr::write_volatile(self.ptr.add(*cursor), round) };
+            *cursor += PAGE;
+            if (*cursor / PAGE).is_multiple_of(256) && deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                return;
+            }
+        }
+        *cursor = 0;
+    }
+
+    /// Pages of the buffer per node, from /proc/self/numa_maps (the line of the mapping that
+    /// holds the buffer; /proc/self/maps gives its start). move_pages(2) in query mode is no
+    /// use here: it reports -ENOENT for pages whose PTEs AutoNUMA has made PROT_NONE.
+    fn placement(&self) -> Result<BTreeMap<u32, u64>> {
+        let addr = self.ptr as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
+        let start = maps
+            .lines()
+            .find_map(|l| {
+                let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+                let (a, b) = (
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                );
+                (a <= addr && addr < b).then_some(a)
+            })
+            .context("buffer not found in /proc/self/maps")?;
+        let text = std::fs::read_to_string("/proc/self/numa_maps")
+            .context("reading /proc/self/numa_maps")?;
+        let line = text
+            .lines()
+            .find(|l| {
+                l.split_whitespace()
+                    .next()
+                    .and_then(|a| usize::from_str_radix(a, 16).ok())
+                    == Some(start)
+            })
+            .context("buffer not found in /proc/self/numa_maps")?;
+        Ok(numa::numa_maps_line(line, false))
+    }
+}
+
+/// Pages migrated system-wide so far (/proc/vmstat pgmigrate_success; 4 KiB units).
+fn pgmigrate() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("pgmigrate_success ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what new() mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn per_node_json(m: &BTreeMap<u32, u64>) -> serde_json::Value {
+    m.iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn hog(a: HogArgs) -> Result<()> {
+    let map = node_cpus()?;
+    let from_cpus = map
+        .get(&a.from_node)
+        .with_context(|| format!("no node {}", a.from_node))?;
+    set_affinity(0, from_cpus).with_context(|| format!("pinning to node {}", a.from_node))?;
+    // Let the scheduler move us before the first touch.
+    std::thread::sleep(Duration::from_millis(20));
+    let buf = Buffer::new(a.mib << 20, a.no_thp)?;
+    let t_alloc = Instant::now();
+    buf.touch(1);
+    let alloc_s = t_alloc.elapsed().as_secs_f64();
+    let settle_end = Instant::now() + Duration::from_millis(a.settle_ms);
+    let mut round = 2u8;
+    while Instant::now() < settle_end {
+        buf.touch(round);
+        round = round.wrapping_add(1);
+    }
+    let hist = buf.placement()?;
+    let pages = (a.mib << 20) / PAGE;
+    let on_from = numa::locality(&hist, &[a.from_node]);
+    let migrated0 = pgmigrate();
+    println!(
+        "{}",
+        json!({"event": "allocated", "mib": a.mib, "pages": pages, "seconds": alloc_s,
+               "per_node": per_node_json(&hist), "on_from_node": on_from})
+    );
+    if let Some(to) = a.to_node {
+        let cpus = map.get(&to).with_context(|| format!("no node {to}"))?;
+        set_affinity(0, cpus).with_context(|| format!("moving to node {to}"))?;
+    }
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(a.seconds);
+    let mut reached: Option<f64> = None;
+    let mut cursor = 0;
+    let mut last;
+    loop {
+        let next = (Instant::now() + Duration::from_millis(a.interval_ms)).min(end);
+        while Instant::now() < next {
+            buf.touch_until(&mut cursor, round, Some(next));
+            if cursor == 0 {
+                round = round.wrapping_add(1);
+            }
+        }
+        let hist = buf.placement()?;
+        let local_nodes = nodes_of(&affinity(0)?, &map);
+        let local = numa::locality(&hist, &local_nodes);
+        let off_from: u64 = hist
+            .iter()
+            .filter(|(n, _)| **n != a.from_node)
+            .map(|(_, p)| p)
+            .sum();
+        let migrated = pgmigrate().saturating_sub(migrated0);
+        let t = t0.elapsed().as_secs_f64();
+        println!(
+            "{}",
+            json!({"event": "sample", "t": t, "per_node": per_node_json(&hist),
+                   "local_nodes": local_nodes, "local": local, "off_from": off_from,
+                   "pgmigrate": migrated})
+        );
+        last = (local, off_from, migrated, t);
+        if reached.is_none() && a.until_local.is_some_and(|f| local >= f) {
+            reached = Some(t);
+        }
+        if reached.is_some() || Instant::now() >= end {
+            break;
+        }
+    }
+    let (local, moved, migrated, t) = last;
+    println!(
+        "HOG-RESULT pages={pages} on_from={on_from:.4} local={local:.4} moved={moved} pgmigrate={migrated} elapsed={t:.2} reached={} alloc_s={alloc_s:.2}",
+        reached.map_or("none".to_string(), |r| format!("{r:.2}")),
+    );
+    Ok(())
+}
+
+fn locality_of(pid: i32, all: bool) -> Result<()> {
+    let map = node_cpus()?;
+    let path = format!("/proc/{pid}/numa_maps");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let per_node = numa::numa_maps(&text, !all);
+    let mut cpus = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).context("listing threads")? {
+        let tid: i32 = e?.file_name().to_string_lossy().parse().unwrap_or(-1);
+        if tid > 0 {
+            if let Ok(c) = affinity(tid) {
+                cpus.extend(c);
+            }
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    let local_nodes = nodes_of(&cpus, &map);
+    let local = numa::locality(&per_node, &local_nodes);
+    let pages: u64 = per_node.values().sum();
+    println!(
+        "{}",
+        json!({"pid": pid, "pages": pages, "per_node": per_node_json(&per_node),
+               "local_nodes": local_nodes, "local": local})
+    );
+    println!("LOCALITY pid={pid} pages={pages} local={local:.4}");
+    Ok(())
+}

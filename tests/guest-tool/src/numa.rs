@@ -1,0 +1,103 @@
+//! Pure parsing and arithmetic for the guest tool: cpulists, `numa_maps` lines, and locality
+//! (the fraction of a process's pages that sit on the nodes where its threads may run).
+use std::collections::BTreeMap;
+
+/// Parses a kernel cpulist ("0-3,8,10-11"; empty or "\n" is the empty list).
+pub fn parse_list(s: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: u32 = a.trim().parse().map_err(|_| format!("bad cpulist {s:?}"))?;
+        let b: u32 = b.trim().parse().map_err(|_| format!("bad cpulist {s:?}"))?;
+        if b < a {
+            return Err(format!("bad range {part:?} in cpulist {s:?}"));
+        }
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Pages per node of one `numa_maps` line (`N0=12 N1=3` fields); `anon_only` skips lines without
+/// `anon=` (file mappings: the binary, libraries).
+pub fn numa_maps_line(line: &str, anon_only: bool) -> BTreeMap<u32, u64> {
+    let mut m = BTreeMap::new();
+    if anon_only && !line.split_whitespace().any(|f| f.starts_with("anon=")) {
+        return m;
+    }
+    for f in line.split_whitespace() {
+        let Some((k, v)) = f.split_once('=') else {
+            continue;
+        };
+        let (Some(node), Ok(pages)) = (k.strip_prefix('N'), v.parse::<u64>()) else {
+            continue;
+        };
+        if let Ok(node) = node.parse::<u32>() {
+            *m.entry(node).or_insert(0) += pages;
+        }
+    }
+    m
+}
+
+/// Sums the per-node pages of a whole `numa_maps` file.
+pub fn numa_maps(text: &str, anon_only: bool) -> BTreeMap<u32, u64> {
+    let mut total = BTreeMap::new();
+    for line in text.lines() {
+        for (n, p) in numa_maps_line(line, anon_only) {
+            *total.entry(n).or_insert(0) += p;
+        }
+    }
+    total
+}
+
+/// Fraction of pages on `local` nodes (0 when there are no pages).
+pub fn locality(per_node: &BTreeMap<u32, u64>, local: &[u32]) -> f64 {
+    let total: u64 = per_node.values().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let here: u64 = per_node
+        .iter()
+        .filter(|(n, _)| local.contains(n))
+        .map(|(_, p)| p)
+        .sum();
+    here as f64 / total as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(list: &str, want: Result<Vec<u32>, ()>) {
+        assert_eq!(parse_list(list).map_err(|_| ()), want, "cpulist {list:?}");
+    }
+
+    #[test]
+    fn cpulists() {
+        check("", Ok(vec![]));
+        check("\n", Ok(vec![]));
+        check("0-1", Ok(vec![0, 1]));
+        check("0-1,4,6-7\n", Ok(vec![0, 1, 4, 6, 7]));
+        check("3,1", Ok(vec![1, 3]));
+        check("2-1", Err(()));
+        check("a", Err(()));
+    }
+
+    #[test]
+    fn numa_maps_sums_anon_pages_only_when_asked() {
+        let text = "\
+7f0000000000 default anon=65536 dirty=65536 N0=100 N1=65436 kernelpagesize_kB=4
+55d0 default file=/bin/guest-tool mapped=10 N0=10 kernelpagesize_kB=4
+7ffd default stack anon=3 dirty=3 N1=3 kernelpagesize_kB=4";
+        let anon = numa_maps(text, true);
+        assert_eq!(anon, BTreeMap::from([(0, 100), (1, 65439)]));
+        let all = numa_maps(text, false);
+        assert_eq!(all, BTreeMap::from([(0, 110), (1, 65439)]));
+        assert!((locality(&anon, &[1]) - 65439.0 / 65539.0).abs() < 1e-9);
+        assert_eq!(locality(&BTreeMap::new(), &[0]), 0.0);
+    }
+}

@@ -1,0 +1,149 @@
+//! The guest scenarios: one entry per script in tests/vm/scenarios/<name>.sh.
+//!
+//! To add a scenario: write the script (source /vm/lib.sh, print one `VERDICT <name> …` line,
+//! or data blocks for a host judge), then add one entry here. A test keeps the two in step.
+use super::{
+    judge,
+    topology::VmTopology,
+    verdict::{guest_verdicts, Section, Status, Verdict},
+};
+
+pub type HostJudge = fn(&Section, &VmTopology) -> Vec<Verdict>;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// Guest-side time limit (busybox `timeout`), seconds.
+    pub timeout_s: u32,
+    /// Part of a run without `--scenario`.
+    pub default: bool,
+    /// `None`: the guest prints its verdict; `Some`: the host judges the data blocks (a guest
+    /// SKIP or FAIL still stands).
+    pub host_judge: Option<HostJudge>,
+}
+
+pub const ALL: &[Scenario] = &[
+    Scenario {
+        name: "topology",
+        about: "guest /sys and `rebalancer topology --json` match the QEMU command line",
+        timeout_s: 60,
+        default: true,
+        host_judge: Some(judge::topology),
+    },
+    Scenario {
+        name: "rebalance-control",
+        about:
+            "numa_balancing=0: remote pages stay remote without a daemon; =1: AutoNUMA moves them",
+        timeout_s: 150,
+        default: true,
+        host_judge: None,
+    },
+    Scenario {
+        name: "sampling",
+        about: "`rebalancer sample`: per-node CPU time and cross-node migrations, none once pinned",
+        timeout_s: 90,
+        default: true,
+        host_judge: Some(judge::sampling),
+    },
+    Scenario {
+        name: "rebalance",
+        about: "with the daemon and numa_balancing=0, a remote process ends >= 95% local",
+        timeout_s: 180,
+        default: true,
+        host_judge: None,
+    },
+    Scenario {
+        name: "admission",
+        about: "Kubernetes-layout cgroups get cpusets and mems from the watcher",
+        timeout_s: 60,
+        default: true,
+        host_judge: None,
+    },
+    Scenario {
+        name: "restart",
+        about: "kill -9 mid-round and restart: no double allocation, no empty cpuset",
+        timeout_s: 60,
+        default: true,
+        host_judge: None,
+    },
+    Scenario {
+        name: "bad-input",
+        about: "malformed API requests and config leave the daemon and cpusets intact",
+        timeout_s: 60,
+        default: true,
+        host_judge: None,
+    },
+    Scenario {
+        name: "selftest-fail",
+        about: "harness self-test: always FAILs, so `vm-test --scenario selftest-fail` must fail",
+        timeout_s: 10,
+        default: false,
+        host_judge: None,
+    },
+];
+
+pub fn by_name(name: &str) -> Option<&'static Scenario> {
+    ALL.iter().find(|s| s.name == name)
+}
+
+impl Scenario {
+    /// Verdicts for this scenario from its console section (`None`: it never started).
+    pub fn verdicts(&self, s: Option<&Section>, topo: &VmTopology) -> Vec<Verdict> {
+        let Some(s) = s else {
+            return vec![Verdict::new(
+                self.name,
+                Status::Fail,
+                "never started (guest crashed or timed out before it)",
+            )];
+        };
+        match self.host_judge {
+            None => guest_verdicts(s),
+            Some(judge) => {
+                let own: Vec<Verdict> = s
+                    .verdicts()
+                    .into_iter()
+                    .filter(|v| v.status != Status::Pass)
+                    .collect();
+                if own.is_empty() {
+                    judge(s, topo)
+                } else {
+                    own
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_has_a_script_and_every_script_a_scenario() {
+        let dir = crate::root().join("tests/vm/scenarios");
+        let mut scripts: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter_map(|f| f.strip_suffix(".sh").map(str::to_string))
+            .collect();
+        scripts.sort();
+        let mut names: Vec<String> = ALL.iter().map(|s| s.name.to_string()).collect();
+        names.sort();
+        assert_eq!(scripts, names);
+    }
+
+    #[test]
+    fn host_judged_scenarios_keep_a_guest_skip() {
+        let t = super::super::topology::by_name("2node").unwrap();
+        let s = super::super::verdict::parse(
+            "SCENARIO-BEGIN sampling\nVERDICT sampling SKIP no sample subcommand\nSCENARIO-END sampling rc=0\n",
+        );
+        let v = by_name("sampling")
+            .unwrap()
+            .verdicts(s.sections.first(), &t);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].status, Status::Skip);
+        let v = by_name("rebalance").unwrap().verdicts(None, &t);
+        assert_eq!(v[0].status, Status::Fail);
+    }
+}
