@@ -63,6 +63,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .map(|(p, v)| format!("{v:?} at {}", p.display()))
         .unwrap_or_else(|e| e.to_string());
     tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
+    let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
     let persisted = restore(&cfg, &topo)?;
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(
@@ -142,6 +143,9 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     if let Err(e) = daemon.lock().checkpoint() {
         tracing::warn!(error = %e, "final checkpoint failed");
     }
+    if let Some(old) = autonuma_restore {
+        let _ = std::fs::write(NUMA_BALANCING, old);
+    }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
 }
@@ -196,6 +200,40 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
             );
             proc_source()
         }
+    }
+}
+
+const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
+
+/// Detects kernel AutoNUMA and follows `controller.autonuma`. Returns the value to restore on
+/// exit when it was turned off.
+fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
+    use crate::config::AutoNuma;
+    let Ok(cur) = std::fs::read_to_string(NUMA_BALANCING) else {
+        tracing::info!("kernel NUMA balancing not present (no {NUMA_BALANCING})");
+        return None;
+    };
+    let cur = cur.trim().to_string();
+    if cur == "0" {
+        tracing::info!("kernel NUMA balancing (AutoNUMA) is off");
+        return None;
+    }
+    match choice {
+        AutoNuma::Leave => None,
+        AutoNuma::Warn => {
+            tracing::warn!(value = %cur, "kernel NUMA balancing (AutoNUMA) is on: it migrates pages toward threads on its own and can undo placements; set controller.autonuma = \"disable\" to turn it off while rebalancer runs");
+            None
+        }
+        AutoNuma::Disable => match std::fs::write(NUMA_BALANCING, "0") {
+            Ok(()) => {
+                tracing::info!(was = %cur, "kernel NUMA balancing turned off while rebalancer runs");
+                Some(cur)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not turn kernel NUMA balancing off");
+                None
+            }
+        },
     }
 }
 

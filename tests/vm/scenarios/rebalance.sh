@@ -62,6 +62,7 @@ while :; do
 done
 mig=$(( $(awk '/^pgmigrate_success /{print $2}' /proc/vmstat) - mig0 ))
 echo "# daemon log (tail):"; tail -30 /tmp/rb-daemon.log
+echo "# rebalancer explain vmtest-rb:"; rebalancer explain vmtest-rb 2>&1 | head -80
 echo "# memory.numa_stat anon: $(grep '^anon ' $cg/memory.numa_stat)"
 alive=yes; kill -0 $daemon 2>/dev/null || alive=no
 kill $daemon 2>/dev/null
