@@ -81,10 +81,9 @@ pub fn expected_after(cg: &CgroupObs, target: &CpuSet) -> f64 {
     if k == 1 {
         return 1.0;
     }
-    let on_target: u64 = target
-        .iter()
-        .map(|n| cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0))
-        .sum();
+    let on_target = target.iter().fold(0u64, |a, n| {
+        a.saturating_add(cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0))
+    });
     let cpu_share = |n: u32| -> f64 {
         if on_target == 0 {
             1.0 / k as f64
@@ -96,7 +95,10 @@ pub fn expected_after(cg: &CgroupObs, target: &CpuSet) -> f64 {
     if total == 0 {
         return target.iter().map(|n| cpu_share(n).powi(2)).sum();
     }
-    let outside: u64 = total.saturating_sub(target.iter().map(|n| cg.mem_on(n)).sum());
+    let inside = target
+        .iter()
+        .fold(0u64, |a, n| a.saturating_add(cg.mem_on(n)));
+    let outside = total.saturating_sub(inside);
     target
         .iter()
         .map(|n| {

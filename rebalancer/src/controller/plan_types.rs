@@ -24,7 +24,9 @@ impl Plan {
     }
 
     pub fn bytes_to_migrate(&self) -> u64 {
-        self.moves.iter().map(|m| m.bytes_to_migrate).sum()
+        self.moves
+            .iter()
+            .fold(0u64, |a, m| a.saturating_add(m.bytes_to_migrate))
     }
 }
 

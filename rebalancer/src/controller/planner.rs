@@ -60,6 +60,7 @@ pub fn plan(
             Ok(k) => {
                 let opt = &eval.options[k];
                 let cg = cgs[i];
+                let to_cpus = proj.to_cpus(cg, opt);
                 proj.accept(obs, cg, opt);
                 let c = &opt.considered;
                 eval.decision.outcome = Outcome::Moved {
@@ -68,7 +69,7 @@ pub fn plan(
                 moves.push(Move {
                     cgroup: cg.id.clone(),
                     from_cpus: cg.cpus.clone(),
-                    to_cpus: opt.to_cpus.clone(),
+                    to_cpus,
                     from_mems: cg.mems.clone(),
                     to_mems: c.nodes.clone(),
                     bytes_to_migrate: c.bytes_to_migrate,
@@ -87,7 +88,13 @@ pub fn plan(
     }
     Plan {
         moves,
-        decisions: evals.into_iter().map(|e| e.decision).collect(),
+        decisions: evals
+            .into_iter()
+            .map(|e| Decision {
+                considered: e.options.into_iter().map(|o| o.considered).collect(),
+                ..e.decision
+            })
+            .collect(),
     }
 }
 
@@ -120,7 +127,7 @@ fn evaluate(
         .and_then(|s| s.smoothed)
         .or(inst.map(|(s, _)| s));
     let trigger = proj.trigger(cg, smoothed, cfg);
-    let mut decision = Decision {
+    let decision = Decision {
         cgroup: cg.id.clone(),
         locality: inst.map(|(s, _)| s),
         evidence: inst.map(|(_, e)| e),
@@ -134,7 +141,7 @@ fn evaluate(
     let eval = |outcome| Eval {
         decision: Decision {
             outcome,
-            ..decision.clone()
+            ..decision
         },
         options: Vec::new(),
         chosen: None,
@@ -156,17 +163,16 @@ fn evaluate(
     if let Some(remaining_ms) = state.cooldown_remaining(&cg.id, now_ms, cfg.cooldown_ms) {
         return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
     }
+    // `considered` is filled from `options` when the plan is finished.
     let options = proj.options(obs, cg, &trigger, smoothed, cfg);
-    decision.considered = options.iter().map(|o| o.considered.clone()).collect();
     let (outcome, chosen) = match choose(&options, cfg, proj.budget_left) {
         Ok(k) => (Outcome::Healthy, Some(k)),
         Err(skip) => (Outcome::Skipped(skip), None),
     };
-    decision.outcome = outcome;
     Eval {
-        decision,
         options,
         chosen,
+        ..eval(outcome)
     }
 }
 

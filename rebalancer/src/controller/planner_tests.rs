@@ -690,3 +690,40 @@ fn random_worlds_exercise_every_gate() {
         );
     }
 }
+
+#[test]
+fn absurd_input_gives_a_plan_not_a_panic() {
+    let mut a = cg("a", &[], &[], "0-3", "0");
+    a.cpu_ns_per_node = [(0, u64::MAX), (1, u64::MAX), (9, 5)].into_iter().collect();
+    a.mem_bytes_per_node = [(0, u64::MAX), (1, u64::MAX)].into_iter().collect();
+    a.hugepage_bytes_per_node = [(2, u64::MAX)].into_iter().collect();
+    a.remote_faults = Some(u64::MAX);
+    a.local_faults = Some(u64::MAX);
+    a.constraints.exclusive = true;
+    a.constraints.exclusive_cpus = u32::MAX;
+    a.constraints.allowed_nodes = Some(CpuSet::new());
+    let mut b = a.clone();
+    b.id = "b".into();
+    b.constraints = Constraints::default();
+    let mut w = world(vec![a, b]);
+    w.nodes.get_mut(&0).unwrap().cpu_busy = f64::NAN;
+    w.nodes.get_mut(&1).unwrap().free_bytes = u64::MAX;
+    w.nodes.remove(&3);
+    let cfg = ControllerConfig {
+        move_exclusive: true,
+        migration_budget_mib: u64::MAX,
+        horizon_ms: u64::MAX,
+        migration_cost_per_gib: f64::INFINITY,
+        ..cfg()
+    };
+    for period in [0, 1, PERIOD] {
+        w.period_ns = period;
+        let mut st = ControllerState::default();
+        st.observe(&w, f64::NAN);
+        let p = plan(&machine(), &w, &st, &cfg, u64::MAX);
+        assert_eq!(p.decisions.len(), 2);
+        for m in &p.moves {
+            assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty());
+        }
+    }
+}

@@ -41,9 +41,11 @@ pub(super) struct Projection<'t> {
 #[derive(Clone, Debug)]
 pub(super) struct TargetOption {
     pub considered: Considered,
-    pub to_cpus: CpuSet,
-    /// CPU share per target node after the move (sums to 1).
-    cpu_after: Vec<(u32, f64)>,
+    /// The cpuset to write: picked whole cores for exclusive CPUs; `None` for a shared
+    /// workload, whose cpuset is the target's shared pool (see [`Projection::to_cpus`]).
+    picked: Option<CpuSet>,
+    /// The cgroup keeps its current (narrower) shared cpuset on the same nodes.
+    keep_cpus: bool,
 }
 
 fn sane_busy(b: f64) -> f64 {
@@ -135,19 +137,26 @@ impl<'t> Projection<'t> {
     ) -> Option<Trigger> {
         let total = cg.total_cpu_ns();
         if total > 0 {
-            let hot: CpuSet = cg
+            let is_hot = |(&n, &ns): (&u32, &u64)| ns > 0 && self.busy(n) >= cfg.overload_busy;
+            let hot_ns = cg
                 .cpu_ns_per_node
                 .iter()
-                .filter(|(&n, &ns)| ns > 0 && self.busy(n) >= cfg.overload_busy)
-                .map(|(&n, _)| n)
-                .collect();
-            let hot_ns: u64 = hot.iter().map(|n| cg.cpu_ns_per_node[&n]).sum();
-            let room = self
-                .pool
-                .keys()
-                .any(|&n| self.busy(n) < cfg.overload_busy && allowed(cg, n));
-            if hot_ns * 2 >= total && room {
-                return Some(Trigger::Overloaded { nodes: hot });
+                .filter(|&e| is_hot(e))
+                .fold(0u64, |a, (_, &ns)| a.saturating_add(ns));
+            if hot_ns > 0
+                && hot_ns.saturating_mul(2) >= total
+                && self
+                    .pool
+                    .keys()
+                    .any(|&n| self.busy(n) < cfg.overload_busy && allowed(cg, n))
+            {
+                let nodes = cg
+                    .cpu_ns_per_node
+                    .iter()
+                    .filter(|&e| is_hot(e))
+                    .map(|(&n, _)| n)
+                    .collect();
+                return Some(Trigger::Overloaded { nodes });
             }
         }
         match smoothed {
@@ -188,10 +197,13 @@ impl<'t> Projection<'t> {
         };
         let capacity = |n: u32| -> usize {
             let pool = self.pool.get(&n).map_or(0, |p| p.len());
-            let own = self
-                .topo
-                .node(n)
-                .map_or(0, |node| node.cpus.intersection(&own_excl).len());
+            let own = if own_excl.is_empty() {
+                0
+            } else {
+                self.topo
+                    .node(n)
+                    .map_or(0, |node| node.cpus.intersection(&own_excl).len())
+            };
             pool + own
         };
         let mut sets: Vec<CpuSet> = Vec::new();
@@ -239,34 +251,18 @@ impl<'t> Projection<'t> {
         demand: f64,
     ) -> TargetOption {
         let after = locality::expected_after(cg, &t);
-        let normal_total: u64 = cg.mem_bytes_per_node.values().sum();
-        let huge_total: u64 = cg.hugepage_bytes_per_node.values().sum();
-        let normal_in: u64 = t.iter().filter_map(|n| cg.mem_bytes_per_node.get(&n)).sum();
-        let huge_in: u64 = t
-            .iter()
-            .filter_map(|n| cg.hugepage_bytes_per_node.get(&n))
-            .sum();
+        let normal_total = sat_sum(cg.mem_bytes_per_node.values());
+        let huge_total = sat_sum(cg.hugepage_bytes_per_node.values());
+        let normal_in = sat_sum(t.iter().filter_map(|n| cg.mem_bytes_per_node.get(&n)));
+        let huge_in = sat_sum(t.iter().filter_map(|n| cg.hugepage_bytes_per_node.get(&n)));
         let normal_need = normal_total.saturating_sub(normal_in);
         let huge_need = huge_total.saturating_sub(huge_in);
         let bytes = normal_need.saturating_add(huge_need);
 
         // CPU share per target node after the move, and the load it adds there.
-        let on_t: f64 = t.iter().map(|n| Self::demand_on(obs, cg, n)).sum();
-        let k = t.len().max(1) as f64;
-        let cpu_after: Vec<(u32, f64)> = t
-            .iter()
-            .map(|n| {
-                let share = if on_t > 0.0 {
-                    Self::demand_on(obs, cg, n) / on_t
-                } else {
-                    1.0 / k
-                };
-                (n, share)
-            })
-            .collect();
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
-        for &(n, share) in &cpu_after {
+        for (n, share) in cpu_after(obs, cg, &t) {
             let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
             let added = ((demand * share - Self::demand_on(obs, cg, n)) / ncpu).max(0.0);
             let busy_after = self.busy(n) + added;
@@ -295,31 +291,41 @@ impl<'t> Projection<'t> {
         let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
 
         // Exclusive CPUs: whole free cores; shared: the pool of the target nodes.
-        let to_cpus = if cg.constraints.exclusive {
-            self.pick_cores(&t, need_cpus, own_excl)
-        } else {
-            let pool = t
-                .iter()
-                .filter_map(|n| self.pool.get(&n))
-                .fold(CpuSet::new(), |a, p| a.union(p));
-            // Already on these nodes with a narrower shared cpuset (admission's choice): keep it.
-            if t == cg.mems && !cg.cpus.is_empty() && cg.cpus.is_subset(&pool) {
-                cg.cpus.clone()
-            } else {
-                pool
-            }
+        let picked = cg
+            .constraints
+            .exclusive
+            .then(|| self.pick_cores(&t, need_cpus, own_excl));
+        let pool_len: usize = t
+            .iter()
+            .filter_map(|n| self.pool.get(&n))
+            .map(|p| p.len())
+            .sum();
+        // Already on these nodes with a narrower shared cpuset (admission's choice): keep it.
+        let keep_cpus = picked.is_none()
+            && t == cg.mems
+            && !cg.cpus.is_empty()
+            && cg.cpus.is_subset(&self.pool_of(&t));
+        let n_cpus = match &picked {
+            Some(p) => p.len(),
+            None if keep_cpus => cg.cpus.len(),
+            None => pool_len,
         };
-        let free: u64 = t.iter().filter_map(|n| self.free.get(&n)).sum();
-        let free_huge: u64 = t.iter().filter_map(|n| self.free_huge.get(&n)).sum();
+        let unchanged = t == cg.mems
+            && match &picked {
+                Some(p) => *p == cg.cpus,
+                None => keep_cpus || cg.cpus == self.pool_of(&t),
+            };
+        let free = sat_sum(t.iter().filter_map(|n| self.free.get(&n)));
+        let free_huge = sat_sum(t.iter().filter_map(|n| self.free_huge.get(&n)));
         let pre = if t.len() as u32 > max_nodes {
             Some(Rejection::TooManyNodes {
                 need: t.len() as u32,
                 max: max_nodes,
             })
-        } else if to_cpus.len() < need_cpus as usize || to_cpus.is_empty() {
+        } else if n_cpus < need_cpus as usize || n_cpus == 0 {
             Some(Rejection::NoCpus {
                 need: need_cpus,
-                free: to_cpus.len() as u32,
+                free: n_cpus as u32,
             })
         } else if normal_need > free {
             Some(Rejection::NoMemory {
@@ -331,7 +337,7 @@ impl<'t> Projection<'t> {
                 need: huge_need,
                 free: free_huge,
             })
-        } else if to_cpus == cg.cpus && t == cg.mems {
+        } else if unchanged {
             Some(Rejection::Unchanged)
         } else {
             None
@@ -348,8 +354,23 @@ impl<'t> Projection<'t> {
                 net: saving - cost,
                 rejected: pre.or(rejected),
             },
-            to_cpus,
-            cpu_after,
+            picked,
+            keep_cpus,
+        }
+    }
+
+    fn pool_of(&self, t: &CpuSet) -> CpuSet {
+        t.iter()
+            .filter_map(|n| self.pool.get(&n))
+            .fold(CpuSet::new(), |a, p| a.union(p))
+    }
+
+    /// The cpuset a chosen option writes.
+    pub fn to_cpus(&self, cg: &CgroupObs, opt: &TargetOption) -> CpuSet {
+        match &opt.picked {
+            Some(p) => p.clone(),
+            None if opt.keep_cpus => cg.cpus.clone(),
+            None => self.pool_of(&opt.considered.nodes),
         }
     }
 
@@ -398,14 +419,16 @@ impl<'t> Projection<'t> {
         let mut huge_out = 0u64;
         for (&n, &b) in &cg.mem_bytes_per_node {
             if !t.contains(n) {
-                *self.free.entry(n).or_default() += b;
-                normal_out += b;
+                let f = self.free.entry(n).or_default();
+                *f = f.saturating_add(b);
+                normal_out = normal_out.saturating_add(b);
             }
         }
         for (&n, &b) in &cg.hugepage_bytes_per_node {
             if !t.contains(n) {
-                *self.free_huge.entry(n).or_default() += b;
-                huge_out += b;
+                let f = self.free_huge.entry(n).or_default();
+                *f = f.saturating_add(b);
+                huge_out = huge_out.saturating_add(b);
             }
         }
         let demand = obs.cpu_demand(cg);
@@ -415,7 +438,7 @@ impl<'t> Projection<'t> {
                 *b = (*b - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
             }
         }
-        for &(n, share) in &opt.cpu_after {
+        for (n, share) in cpu_after(obs, cg, t) {
             let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
             *self.busy.entry(n).or_default() += demand * share / ncpu;
             let f = self.free.entry(n).or_default();
@@ -424,7 +447,8 @@ impl<'t> Projection<'t> {
             *h = h.saturating_sub((huge_out as f64 * share) as u64);
         }
         if cg.constraints.exclusive {
-            self.excl_held = self.excl_held.difference(&cg.cpus).union(&opt.to_cpus);
+            let to = self.to_cpus(cg, opt);
+            self.excl_held = self.excl_held.difference(&cg.cpus).union(&to);
             self.refresh_pools();
         }
         self.budget_left = self
@@ -440,4 +464,28 @@ fn allowed(cg: &CgroupObs, node: u32) -> bool {
         .allowed_nodes
         .as_ref()
         .is_none_or(|a| a.contains(node))
+}
+
+/// Sum that saturates instead of overflowing on absurd input.
+fn sat_sum<'a>(it: impl Iterator<Item = &'a u64>) -> u64 {
+    it.fold(0u64, |a, &b| a.saturating_add(b))
+}
+
+/// CPU share per target node after a move (sums to 1): today's time on those nodes,
+/// renormalised, or uniform when it has none there.
+fn cpu_after<'a>(
+    obs: &'a Observations,
+    cg: &'a CgroupObs,
+    t: &'a CpuSet,
+) -> impl Iterator<Item = (u32, f64)> + 'a {
+    let on_t: f64 = t.iter().map(|n| Projection::demand_on(obs, cg, n)).sum();
+    let k = t.len().max(1) as f64;
+    t.iter().map(move |n| {
+        let share = if on_t > 0.0 {
+            Projection::demand_on(obs, cg, n) / on_t
+        } else {
+            1.0 / k
+        };
+        (n, share)
+    })
 }
