@@ -415,10 +415,10 @@ fn apply_to_world(obs: &mut Observations, topo: &Topology, moves: &[Move]) {
             .to_mems
             .iter()
             .filter(|&n| {
-                topo.cpus_of_nodes(&CpuSet::from_iter([n]))
+                !topo
+                    .cpus_of_nodes(&CpuSet::from_iter([n]))
                     .intersection(&m.to_cpus)
-                    .len()
-                    > 0
+                    .is_empty()
             })
             .collect();
         c.cpu_ns_per_node = nodes
