@@ -250,6 +250,20 @@ pub struct ControllerConfig {
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
     /// and no move may push a node past it.
     pub overload_busy: f64,
+    /// What to do about kernel AutoNUMA (kernel.numa_balancing) when it is on.
+    pub autonuma: AutoNuma,
+}
+
+/// Coexistence with the kernel's own NUMA balancing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AutoNuma {
+    /// Leave it as it is and say nothing.
+    Leave,
+    /// Leave it, and warn at start that it moves pages behind our placements.
+    Warn,
+    /// Turn it off while the daemon runs (restored on exit).
+    Disable,
 }
 
 impl Default for ControllerConfig {
@@ -266,6 +280,7 @@ impl Default for ControllerConfig {
             horizon_ms: 60_000,
             move_exclusive: false,
             overload_busy: 0.9,
+            autonuma: AutoNuma::Warn,
         }
     }
 }
