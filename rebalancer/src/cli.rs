@@ -35,6 +35,8 @@ pub enum Command {
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
+    /// Simulate a workload trace on a fixture machine: rebalancer vs static, AutoNUMA, oracle.
+    Simulate(cmd::simulate::SimulateArgs),
 }
 
 /// Entry point of the binary.
@@ -49,6 +51,7 @@ pub fn main() -> ExitCode {
         Command::Admit(a) => cmd::admit::admit(a),
         Command::Status(a) => cmd::admit::status(a),
         Command::Explain(a) => cmd::admit::explain(a),
+        Command::Simulate(a) => cmd::simulate::run(a),
     };
     match result {
         Ok(code) => code,

@@ -5,4 +5,5 @@ pub mod hints;
 pub mod probe;
 pub mod run;
 pub mod sample;
+pub mod simulate;
 pub mod topology;
