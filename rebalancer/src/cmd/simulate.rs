@@ -24,7 +24,7 @@ pub struct SimulateArgs {
     /// Seed of --generate.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Policies to run (comma-separated); default all four.
+    /// Policies to run (comma-separated); default all five.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<Policy>,
     /// Rebalancer config (its [placement] and [controller] sections are used); default the
@@ -64,6 +64,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         vec![
             Policy::Rebalancer,
             Policy::Static,
+            Policy::Kubelet,
             Policy::Autonuma,
             Policy::Oracle,
         ]

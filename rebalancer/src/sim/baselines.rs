@@ -184,7 +184,9 @@ pub(super) fn oracle_place(w: &mut World<'_>) {
         }
         let set = match best {
             Some(b) => b.3,
-            // nowhere fits: the allowed node with most CPU left (it will be contended)
+            // nowhere fits: stay if it already runs somewhere allowed (moving would not
+            // relieve anything), else the allowed node with most CPU left
+            None if allowed_set(l, &l.mems) && !l.cpus.is_empty() => l.mems.clone(),
             None => seeds
                 .iter()
                 .copied()

@@ -134,9 +134,9 @@ type Trace = (u64, MachineAdditions, Vec<Task>);
 fn multi_tenant(rng: &mut Rng) -> Trace {
     let duration = 600;
     let mut tasks = Vec::new();
-    for i in 0..40 {
+    for i in 0..52 {
         let req = rng.range(2, 8) * 250;
-        let arrive = if i < 30 { 0 } else { rng.range(30, 300) };
+        let arrive = if i < 40 { 0 } else { rng.range(30, 300) };
         let req_cpus = req as f64 / 1000.0;
         tasks.push(Task {
             pod: pod(
@@ -147,7 +147,7 @@ fn multi_tenant(rng: &mut Rng) -> Trace {
             leave_s: (rng.range(0, 3) == 0).then(|| arrive + rng.range(120, 400)),
             initial_mem_bytes: rng.range(512, 4096) * MIB,
             hugepages: false,
-            phases: alternating(rng, req_cpus, req_cpus * 3.0, duration),
+            phases: alternating(rng, req_cpus, req_cpus * 4.0, duration),
         });
     }
     for i in 0..6 {

@@ -48,10 +48,13 @@ impl Default for SimConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// Admission only (kubelet-like static placement).
-    Static,
-    /// Admission, then pages follow threads at a fixed rate (AutoNUMA-like).
+    /// kubelet-like: Guaranteed integer-CPU containers get exclusive CPUs from the real
+    /// allocator, every other container the whole shared pool and every node's memory.
+    Kubelet,
+    /// kubelet-like placement, then pages follow threads at a fixed rate (AutoNUMA-like).
     Autonuma,
+    /// The rebalancer's admission only (NUMA-aware shared pools), no dynamic control.
+    Static,
     /// Admission, then the real planner every controller period.
     Rebalancer,
     /// Clairvoyant greedy placement at every arrival, departure and phase change.
@@ -126,6 +129,8 @@ pub(super) struct World<'a> {
     pub acc_steps: u64,
     pub state: ControllerState,
     pub stats: Stats,
+    /// Shared containers get the whole shared pool (kubelet-like policies).
+    pub kubelet_like: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -160,8 +165,10 @@ impl<'a> World<'a> {
         topo: &'a Topology,
         trace: &'a Workload,
         cfg: &'a SimConfig,
+        policy: Policy,
     ) -> Result<World<'a>, crate::placement::admission::PlacementError> {
         Ok(World {
+            kubelet_like: matches!(policy, Policy::Kubelet | Policy::Autonuma),
             topo,
             trace,
             cfg,
@@ -394,13 +401,16 @@ impl<'a> World<'a> {
                         .iter()
                         .filter_map(|a| self.topo.devices.iter().find(|d| &d.address == a))
                         .find_map(|d| d.node);
+                    let (cpus, mems) = if self.kubelet_like && !p.exclusive {
+                        (self.shared_pool(), self.topo.node_ids().collect())
+                    } else {
+                        let cpus = self.alloc.current_cpus(task.uid(), &p.container);
+                        (cpus.unwrap_or_else(|| p.cpus.clone()), p.mems.clone())
+                    };
                     let live = Live {
                         task: i,
-                        cpus: self
-                            .alloc
-                            .current_cpus(task.uid(), &p.container)
-                            .unwrap_or_else(|| p.cpus.clone()),
-                        mems: p.mems.clone(),
+                        cpus,
+                        mems,
                         mem: BTreeMap::new(),
                         pending_initial: task.initial_mem_bytes,
                         threads: BTreeMap::new(),
@@ -433,8 +443,25 @@ impl<'a> World<'a> {
         changed
     }
 
+    /// Online CPUs minus reserved and exclusively held ones.
+    pub fn shared_pool(&self) -> CpuSet {
+        self.topo
+            .online_cpus()
+            .difference(&self.alloc.reserved_cpus)
+            .difference(&self.alloc.exclusive_cpus())
+    }
+
     /// The kernel: thread placement, initial memory, growth.
     fn kernel(&mut self, step_s: f64) {
+        if self.kubelet_like {
+            // kubelet shrinks / grows shared containers' cpusets as exclusive CPUs come and go
+            let pool = self.shared_pool();
+            for l in self.live.values_mut() {
+                if !l.constraints.exclusive && !pool.is_empty() {
+                    l.cpus = pool.clone();
+                }
+            }
+        }
         let uids: Vec<String> = self.live.keys().cloned().collect();
         for u in &uids {
             let l = &self.live[u];
@@ -605,7 +632,7 @@ pub fn run_policy(
     cfg: &SimConfig,
     policy: Policy,
 ) -> Result<PolicyReport, SimError> {
-    let mut w = World::new(topo, trace, cfg)?;
+    let mut w = World::new(topo, trace, cfg, policy)?;
     let step_ms = cfg.step_ms.max(1);
     let step_s = step_ms as f64 / 1000.0;
     let period = cfg.controller.period_ms.max(step_ms);

@@ -23,6 +23,7 @@ fn all() -> Vec<Policy> {
     vec![
         Policy::Rebalancer,
         Policy::Static,
+        Policy::Kubelet,
         Policy::Autonuma,
         Policy::Oracle,
     ]
@@ -123,8 +124,8 @@ fn spread_workload_is_consolidated_by_the_planner() {
     assert!(v.locality_ratio > 0.8 && v.locality_ratio <= 1.0, "{v:?}");
 }
 
-/// AutoNUMA moves pages toward threads at its rate: a busy neighbour arriving on one node
-/// pushes a machine-wide pod's threads away from it, and its pages follow; hugetlb memory is
+/// AutoNUMA moves pages toward threads at its rate: a Guaranteed neighbour taking one node's
+/// CPUs pushes a machine-wide pod's threads off it, and its pages follow; hugetlb memory is
 /// never moved by it.
 #[test]
 fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
@@ -133,7 +134,9 @@ fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
         name: "main".into(),
         ..Default::default()
     };
-    let hog = task("hog", 5, vec![phase(0, 8.0, 0.1)], GIB / 4);
+    let mut hog = task("hog", 5, vec![phase(0, 8.0, 0.1)], GIB / 4);
+    let c = &mut hog.pod.containers[0];
+    (c.cpu_request_millis, c.cpu_limit_millis, c.memory_limit_bytes) = (8000, 8000, GIB);
     let mut trace = Workload {
         name: "an".into(),
         seed: 0,
@@ -142,7 +145,7 @@ fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
         tasks: vec![be, hog],
     };
     let cfg = SimConfig::default();
-    let st = run_policy(&machine(), &trace, &cfg, Policy::Static).unwrap();
+    let st = run_policy(&machine(), &trace, &cfg, Policy::Kubelet).unwrap();
     let r = run_policy(&machine(), &trace, &cfg, Policy::Autonuma).unwrap();
     assert!(r.bytes_migrated > 0, "{r:?}");
     assert!(
