@@ -3,7 +3,7 @@
 //!
 //! - `on_cpu_sample` (perf_event, software cpu-clock at `ebpf.sample_hz` per CPU): on-CPU time
 //!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate.
-//! - `sched_switch` (tracepoint): exact on-CPU time per (cgroup id, node) — the option.
+//! - `sched_switch` (raw tracepoint): exact on-CPU time per (cgroup id, node) — the option.
 //! - `sched_migrate_task` (raw tracepoint, the migrating task's cgroup read through task_struct
 //!   offsets taken from kernel BTF) or `sched_migrate_task_tp` (classic tracepoint fallback
 //!   without BTF: only migrations of the current task are attributed).
@@ -37,9 +37,11 @@ pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
     done(oncpu::try_on_cpu_sample(&ctx))
 }
 
-#[tracepoint(category = "sched", name = "sched_switch")]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    done(oncpu::try_sched_switch(&ctx))
+/// A raw tracepoint: no trace record is formatted before the program runs (the classic
+/// tracepoint copies both comms and more on every switch), and no argument is needed.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
+    done(oncpu::try_sched_switch(&ctx)) as i32
 }
 
 #[raw_tracepoint(tracepoint = "sched_migrate_task")]

@@ -2,7 +2,7 @@
 //! accounting (option).
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    programs::{PerfEventContext, TracePointContext},
+    programs::{PerfEventContext, RawTracePointContext},
 };
 use rebalancer_common::{Stat, SWITCH_FLUSH_NS};
 
@@ -26,7 +26,7 @@ pub fn try_on_cpu_sample(_ctx: &PerfEventContext) -> Result<(), i64> {
 /// helpers (no context read). Time accumulates in a per-CPU slot while the same cgroup keeps
 /// running and goes to the hash map only when the cgroup changes or the slot passes
 /// `SWITCH_FLUSH_NS`: the common case costs one array access, no hash lookup.
-pub fn try_sched_switch(_ctx: &TracePointContext) -> Result<(), i64> {
+pub fn try_sched_switch(_ctx: &RawTracePointContext) -> Result<(), i64> {
     let now = unsafe { bpf_ktime_get_ns() };
     let st = SWITCH_STATE.get_ptr_mut(0).ok_or(-2i64)?;
     let st = unsafe { &mut *st };

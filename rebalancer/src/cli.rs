@@ -35,6 +35,8 @@ pub enum Command {
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
+    /// Admit a list of pods in order on a (fixture) machine and print each placement (dry).
+    Plan(cmd::plan::PlanArgs),
     /// Simulate a workload trace on a fixture machine: rebalancer vs static, AutoNUMA, oracle.
     Simulate(cmd::simulate::SimulateArgs),
 }
@@ -51,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Admit(a) => cmd::admit::admit(a),
         Command::Status(a) => cmd::admit::status(a),
         Command::Explain(a) => cmd::admit::explain(a),
+        Command::Plan(a) => cmd::plan::run(a),
         Command::Simulate(a) => cmd::simulate::run(a),
     };
     match result {

@@ -170,6 +170,14 @@ fn check_mode(mode: OnCpuSource) {
     assert!(!path.exists());
     let gone = sampler.read().unwrap();
     assert!(!gone.contains_key(&id), "vanished cgroup still reported");
+    // Missing at two reads in a row: its map entries are deleted.
+    sampler.read().unwrap();
+    let raw = sampler.read_raw().unwrap();
+    assert!(
+        !raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == id)
+            && !raw.events.iter().any(|(k, _)| k.cgroup_id == id),
+        "map entries of the vanished cgroup were not deleted"
+    );
 }
 
 #[test]
@@ -180,4 +188,85 @@ fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
     }
     check_mode(OnCpuSource::Sampled);
     check_mode(OnCpuSource::Exact);
+}
+
+/// Reading 10,000 cgroups' entries (one CPU_TIME entry per node + one EVENTS entry each),
+/// filled from userspace: reports the time of one read (map iteration) and of the fold.
+#[test]
+fn read_10k_cgroups_timing() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = machine_topology(Path::new("/sys"));
+    let nodes: Vec<u32> = topo.node_ids().collect();
+    let cfg = EbpfConfig::default();
+    let (sampler, statuses) = Sampler::start(&topo, &cfg);
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let n = 10_000u64;
+    let first = 1 << 40; // far from real cgroup ids
+    let t = Instant::now();
+    sampler.bench_fill(first, n, &nodes).unwrap();
+    let fill = t.elapsed();
+    let mut reads = Vec::new();
+    let mut folds = Vec::new();
+    let mut seen = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let raw = sampler.read_raw().unwrap();
+        reads.push(t.elapsed());
+        let t = Instant::now();
+        let folded = sampler.fold_raw(&raw);
+        folds.push(t.elapsed());
+        seen = folded.keys().filter(|id| **id >= first).count();
+    }
+    reads.sort();
+    folds.sort();
+    assert_eq!(seen as u64, n, "every filled cgroup read back");
+    eprintln!(
+        "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}, \
+         read median {:?} (min {:?}), fold median {:?}",
+        n,
+        nodes.len(),
+        topo.cpus.len(),
+        reads[2],
+        reads[0],
+        folds[2]
+    );
+}
+
+/// With a CPU → node map that puts CPU 0 and CPU 1 on different nodes (as the 2-node guest
+/// does for real), bouncing the child between them counts cross-node migrations for its
+/// cgroup (every one of its migrations here is CPU 0 <-> CPU 1).
+#[test]
+fn cross_node_migrations_with_a_two_node_cpu_map() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = probe::cgroup2_mount(&mi).unwrap();
+    let cg = CgroupDir(root.join(format!("rebalancer-test-{}-xnode", std::process::id())));
+    std::fs::create_dir(&cg.0).expect("create cgroup");
+    let id = std::fs::metadata(&cg.0).unwrap().ino();
+    let mut topo = machine_topology(Path::new("/sys"));
+    for c in &mut topo.cpus {
+        c.node = Some(c.id % 2);
+    }
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let before = sampler.read().unwrap();
+    busy_child(&cg.0, 1.5);
+    let after = sampler.read().unwrap();
+    let d = after
+        .get(&id)
+        .cloned()
+        .unwrap_or_default()
+        .delta(before.get(&id).unwrap_or(&Default::default()));
+    eprintln!(
+        "xnode: migrations {} cross-node {}",
+        d.migrations, d.cross_node_migrations
+    );
+    assert!(d.cross_node_migrations >= 5, "{d:?}");
+    assert!(d.cross_node_migrations <= d.migrations, "{d:?}");
 }

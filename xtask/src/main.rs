@@ -5,6 +5,7 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+mod overhead;
 mod setup;
 
 use std::process::Command;
@@ -36,11 +37,14 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Measure the eBPF samplers' overhead on `perf bench sched pipe` (root; see overhead.rs).
+    EbpfOverhead(overhead::OverheadArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::all(),
+        Cmd::EbpfOverhead(a) => overhead::run(a),
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup } => test(no_setup),
         Cmd::Run { args } => {
@@ -111,12 +115,11 @@ fn test(no_setup: bool) -> Result<()> {
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
     sh(cargo().args([
         "clippy",
-        "--workspace",
         "--all-targets",
         "--",
         "-D",
         "warnings",
     ]))?;
-    sh(cargo().args(["test", "--workspace", "--", "--test-threads=1"]))?;
+    sh(cargo().args(["test", "--", "--test-threads=1"]))?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! the work in the library modules).
 pub mod admit;
 pub mod hints;
+pub mod plan;
 pub mod probe;
 pub mod run;
 pub mod sample;

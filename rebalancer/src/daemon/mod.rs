@@ -14,6 +14,7 @@ use std::{
 
 pub mod engine;
 pub mod run;
+pub mod watcher;
 
 use serde::{Deserialize, Serialize};
 

@@ -99,6 +99,15 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
+    for o in super::watcher::reconcile(&daemon, &cgroups) {
+        tracing::info!(outcome = ?o, "reconciled at start");
+    }
+    match super::watcher::spawn(daemon.clone(), cgroups.clone()) {
+        Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
+        }
+    }
     let cpu_source = cpu_time_source(&daemon, &cgroups);
     tracing::info!(
         source = cpu_source.name(),

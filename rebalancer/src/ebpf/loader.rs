@@ -122,10 +122,10 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
         );
     }
     if exact {
-        let r = attach_tp(&mut ebpf, "sched_switch", "sched", "sched_switch");
+        let r = attach_raw_tp(&mut ebpf, "sched_switch", "sched_switch");
         res.insert(
             "on_cpu:sched_switch",
-            r.map(|()| "exact per-switch accounting".into()),
+            r.map(|()| "raw tracepoint, exact per-switch accounting".into()),
         );
     } else {
         res.insert(

@@ -144,6 +144,8 @@ pub struct Sampler {
     reason_names: BTreeMap<u32, String>,
     remote_period: u64,
     paths: BTreeMap<u64, String>,
+    /// Ids in the maps but not in the hierarchy at the previous read.
+    missing_before: BTreeSet<u64>,
     stats_fd: Option<std::os::fd::OwnedFd>,
 }
 
@@ -152,6 +154,16 @@ impl Sampler {
     /// could be attached; the statuses say why, source by source.
     pub fn start(topo: &Topology, cfg: &EbpfConfig) -> (Option<Sampler>, Vec<SourceStatus>) {
         Self::start_with(topo, cfg, false)
+    }
+
+    /// Folds raw map contents the way [`Sampler::read`] does (without pruning).
+    pub fn fold_raw(&self, raw: &RawMaps) -> BTreeMap<u64, Sample> {
+        fold(
+            raw,
+            |c| self.cpu_node.get(&c).copied(),
+            &self.reason_names,
+            self.remote_period,
+        )
     }
 
     /// Like [`Sampler::start`]; `both_on_cpu` attaches both on-CPU sources (for probing only:
@@ -192,6 +204,7 @@ impl Sampler {
             reason_names: loaded.reason_names,
             remote_period: loaded.remote_period,
             paths: BTreeMap::new(),
+            missing_before: BTreeSet::new(),
             stats_fd: None,
         };
         s.refresh_paths();
@@ -214,8 +227,10 @@ impl Sampler {
         }
     }
 
-    /// Reads every map: cumulative samples per cgroup id since the sampler started. Entries of
-    /// cgroups that no longer exist in the v2 hierarchy are deleted from the maps and left out.
+    /// Reads every map: cumulative samples per cgroup id since the sampler started. Cgroups not
+    /// in the v2 hierarchy are left out; their map entries are deleted once they are missing at
+    /// two reads in a row (a cgroup created between the hierarchy walk and the map read is
+    /// found by the next walk and keeps its counts).
     pub fn read(&mut self) -> Result<BTreeMap<u64, Sample>, EbpfError> {
         if let Some(l) = &mut self.logger {
             l.flush();
@@ -295,9 +310,19 @@ impl Sampler {
         M::try_from(m).map_err(|source| EbpfError::Map { map: name, source })
     }
 
-    /// Deletes the entries of cgroup ids absent from the v2 hierarchy.
+    /// Deletes the entries of cgroup ids absent from the v2 hierarchy at this read and the one
+    /// before.
     fn prune(&mut self, raw: &RawMaps) -> Result<(), EbpfError> {
-        let gone = |id: &u64| !self.paths.contains_key(id);
+        let missing: BTreeSet<u64> = raw
+            .cpu_time
+            .iter()
+            .map(|(k, _)| k.cgroup_id)
+            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
+            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+            .filter(|id| !self.paths.contains_key(id))
+            .collect();
+        let before = std::mem::replace(&mut self.missing_before, missing);
+        let gone = |id: &u64| self.missing_before.contains(id) && before.contains(id);
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
             .iter()
@@ -316,7 +341,11 @@ impl Sampler {
             .map(|(k, _)| *k)
             .filter(|k| gone(&k.cgroup_id))
             .collect();
-        let dead: BTreeSet<u64> = cpu.iter().map(|k| k.cgroup_id).collect();
+        let dead: BTreeSet<u64> = cpu
+            .iter()
+            .map(|k| k.cgroup_id)
+            .chain(ev.iter().map(|k| k.cgroup_id))
+            .collect();
         if !dead.is_empty() {
             tracing::debug!(
                 cgroups = dead.len(),
@@ -335,6 +364,53 @@ impl Sampler {
             self.map_mut("MIGRATE_REASONS")?;
         for k in &rs {
             let _ = m.remove(k);
+        }
+        Ok(())
+    }
+
+    /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids
+    /// (starting at `first_id`) on every node of `nodes`, as the programs would.
+    pub fn bench_fill(&mut self, first_id: u64, n: u64, nodes: &[u32]) -> Result<(), EbpfError> {
+        let ncpu = aya::util::nr_cpus().map_or(1, |n| n);
+        let io = |map, e: std::io::Error| EbpfError::Map {
+            map,
+            source: aya::maps::MapError::from(aya::sys::SyscallError {
+                call: "PerCpuValues",
+                io_error: e,
+            }),
+        };
+        let mut cpu: PerCpuHashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
+        for id in first_id..first_id + n {
+            for &node in nodes {
+                let k = CgNodeKey {
+                    cgroup_id: id,
+                    node,
+                    _pad: 0,
+                };
+                let v =
+                    PerCpuValues::try_from(vec![1_000u64; ncpu]).map_err(|e| io("CPU_TIME", e))?;
+                cpu.insert(k, v, 0).map_err(|source| EbpfError::Map {
+                    map: "CPU_TIME",
+                    source,
+                })?;
+            }
+        }
+        let mut ev: PerCpuHashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
+        for id in first_id..first_id + n {
+            let k = CgNodeKey {
+                cgroup_id: id,
+                node: nodes.first().copied().unwrap_or(0),
+                _pad: 0,
+            };
+            let e = CgEvents {
+                migrations: 1,
+                ..CgEvents::default()
+            };
+            let v = PerCpuValues::try_from(vec![e; ncpu]).map_err(|e| io("EVENTS", e))?;
+            ev.insert(k, v, 0).map_err(|source| EbpfError::Map {
+                map: "EVENTS",
+                source,
+            })?;
         }
         Ok(())
     }
@@ -458,6 +534,22 @@ mod tests {
         assert_eq!(b.pages_by_reason["numa_misplaced"], 512);
         assert_eq!(b.pages_by_reason["reason14"], 1);
         assert_eq!(out.len(), 2);
+    }
+
+    /// Without eBPF the daemon gets no sampler and a reason for every source.
+    #[test]
+    fn disabled_by_config_reports_every_source_skipped() {
+        let topo = crate::topology::TopologyBuilder::default().build();
+        let cfg = EbpfConfig {
+            enabled: false,
+            ..EbpfConfig::default()
+        };
+        let (s, st) = Sampler::start(&topo, &cfg);
+        assert!(s.is_none());
+        assert_eq!(st.len(), loader::SOURCES.len());
+        assert!(st
+            .iter()
+            .all(|s| !s.available && s.reason.contains("ebpf.enabled = false")));
     }
 
     #[test]

@@ -16,6 +16,8 @@ use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceSt
 use crate::placement::memory::{
     MemoryAllocation, MemoryError, MemoryRequest, MemoryResource, MemoryState,
 };
+use crate::placement::merge::{self, MergeOptions};
+use crate::placement::numa_info::NumaInfo;
 use crate::placement::shared::{spread, Charges, SharedPools};
 use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
@@ -26,8 +28,7 @@ pub use crate::placement::pod::{
 
 use RejectionReason as R;
 
-/// Hints of one provider: resource → list (`None` = no preference); `None` = no opinion.
-pub type ProviderHints = Option<BTreeMap<String, Option<Vec<TopologyHint>>>>;
+pub use crate::placement::merge::ProviderHints;
 
 /// Why an allocator could not be built from the machine and config.
 #[derive(Debug, thiserror::Error)]
@@ -312,14 +313,14 @@ impl Allocator {
             )
             .map_err(device_rejection)?;
         let providers = [cpu_hints, mem_hints, dev_hints];
-        let all = NodeMask::from_ids(topo.node_ids()).unwrap_or_default();
-        let lists = normalise(&providers);
-        let mut hint =
-            merge_providers(cfg.policy, cfg.prefer_closest_numa_nodes, topo, all, &lists);
-        let admit = match cfg.policy {
-            TopologyPolicy::None | TopologyPolicy::BestEffort => true,
-            TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode => hint.preferred,
-        };
+        let numa = numa_info(topo);
+        let mut hint = merge::merge(
+            cfg.policy,
+            &MergeOptions::from_config(cfg),
+            &numa,
+            &providers,
+        );
+        let admit = merge::admit(cfg.policy, &hint);
         if !admit {
             return Err(Rejection::new(
                 R::TopologyAffinityError,
@@ -330,7 +331,12 @@ impl Allocator {
             ));
         }
         if let (true, Some(aff)) = (hint.preferred, hint.affinity) {
-            hint.affinity = Some(self.tie_break(cfg.numa_allocation_strategy, view, &lists, aff));
+            hint.affinity = Some(self.tie_break(
+                cfg.numa_allocation_strategy,
+                view,
+                &merge::normalise(&providers),
+                aff,
+            ));
         }
         Ok(hint)
     }
@@ -438,16 +444,14 @@ impl Allocator {
             let req = memory_request(c);
             let mask = {
                 let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
-                let mask = self
-                    .memory
+                self.memory
                     .choose(&req, affinity, &*tie)
                     .map_err(|e| match e {
                         MemoryError::Insufficient { .. } => {
                             Rejection::new(R::InsufficientMemory, e.to_string())
                         }
                         _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
-                    })?;
-                mask
+                    })?
             };
             Some(self.memory.allocate(&req, mask))
         } else {
@@ -567,7 +571,7 @@ impl Allocator {
 /// Exclusive CPU count of a container: Guaranteed with an integer CPU request.
 fn exclusive_cpus(qos: Qos, c: &Container) -> Option<usize> {
     let r = c.cpu_request();
-    (qos == Qos::Guaranteed && r > 0 && r % 1000 == 0).then_some((r / 1000) as usize)
+    (qos == Qos::Guaranteed && r > 0 && r.is_multiple_of(1000)).then_some((r / 1000) as usize)
 }
 
 fn memory_request(c: &Container) -> MemoryRequest {
@@ -579,6 +583,20 @@ fn memory_request(c: &Container) -> MemoryRequest {
     .into_iter()
     .filter(|(_, b)| *b > 0)
     .collect()
+}
+
+/// The merge's view of the machine: node ids and distance rows indexed by node id.
+pub fn numa_info(topo: &Topology) -> NumaInfo {
+    let ids: Vec<u32> = topo.node_ids().collect();
+    let max = ids.iter().copied().max().unwrap_or(0);
+    let distances = ids
+        .iter()
+        .map(|&i| {
+            let row = (0..=max).map(|j| u64::from(topo.distance(i, j))).collect();
+            (i, row)
+        })
+        .collect();
+    NumaInfo::new(ids, distances)
 }
 
 fn device_rejection(e: DeviceError) -> Rejection {
@@ -618,158 +636,6 @@ fn tie_fn<'a>(
             lx > ly || (lx == ly && x.0 < y.0)
         }),
     }
-}
-
-/// hint-merge.md step 1: providers → hint lists in provider order.
-pub fn normalise(providers: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
-    let mut lists = Vec::new();
-    for p in providers {
-        match p {
-            None => lists.push(vec![TopologyHint::new(None, true)]),
-            Some(m) if m.is_empty() => lists.push(vec![TopologyHint::new(None, true)]),
-            Some(m) => {
-                for l in m.values() {
-                    lists.push(match l {
-                        None => vec![TopologyHint::new(None, true)],
-                        Some(l) if l.is_empty() => vec![TopologyHint::new(None, false)],
-                        Some(l) => l.clone(),
-                    });
-                }
-            }
-        }
-    }
-    lists
-}
-
-// replaced by placement::merge when merged
-/// A minimal kubelet-style merge (hint-merge.md steps 2-6) until `placement::merge` lands:
-/// plain cartesian enumeration, skipping a subtree once the running intersection is empty
-/// (an empty affinity never wins) and folding identical lists (the memory provider gives one
-/// identical list per resource).
-pub fn merge_providers(
-    policy: TopologyPolicy,
-    prefer_closest: bool,
-    topo: &Topology,
-    all: NodeMask,
-    lists: &[Vec<TopologyHint>],
-) -> TopologyHint {
-    if policy == TopologyPolicy::None {
-        return TopologyHint::new(None, false);
-    }
-    let single = policy == TopologyPolicy::SingleNumaNode;
-    let mut lists: Vec<Vec<TopologyHint>> = lists.to_vec();
-    if single {
-        for l in &mut lists {
-            l.retain(|h| h.preferred && h.affinity.is_none_or(|a| a.count() == 1));
-        }
-    }
-    let mut dedup: Vec<Vec<TopologyHint>> = Vec::new();
-    for l in lists {
-        if !dedup.contains(&l) {
-            dedup.push(l);
-        }
-    }
-    let lists = dedup;
-    let bnp = lists
-        .iter()
-        .filter_map(|l| l.iter().filter_map(|h| h.affinity).map(|a| a.count()).min())
-        .max()
-        .unwrap_or(0);
-    let avg = |m: NodeMask| {
-        let ids: Vec<u32> = m.ids().collect();
-        let s: u64 = ids
-            .iter()
-            .flat_map(|&i| ids.iter().map(move |&j| (i, j)))
-            .map(|(i, j)| u64::from(topo.distance(i, j)))
-            .sum();
-        s as f64 / (ids.len() * ids.len()).max(1) as f64
-    };
-    let fit = |cur: TopologyHint, cand: TopologyHint| -> TopologyHint {
-        let (a, b) = (
-            cur.affinity.unwrap_or_default(),
-            cand.affinity.unwrap_or_default(),
-        );
-        if a == b {
-            return cur;
-        }
-        let cand_wins = if prefer_closest && !single && a.count() == b.count() {
-            let (x, y) = (avg(b), avg(a));
-            x < y || (x == y && b.0 < a.0)
-        } else {
-            b.narrower_than(a)
-        };
-        if cand_wins {
-            cand
-        } else {
-            cur
-        }
-    };
-    let compare = |cur: Option<TopologyHint>, cand: TopologyHint| -> Option<TopologyHint> {
-        if cand.affinity.is_none_or(|a| a.is_empty()) {
-            return cur;
-        }
-        let Some(cur) = cur else { return Some(cand) };
-        Some(match (cur.preferred, cand.preferred) {
-            (false, true) => cand,
-            (true, false) => cur,
-            (true, true) => fit(cur, cand),
-            (false, false) => {
-                let c = cur.affinity.map_or(0, |a| a.count());
-                let n = cand.affinity.map_or(0, |a| a.count());
-                if c > bnp {
-                    fit(cur, cand)
-                } else if c == bnp {
-                    if n == bnp {
-                        fit(cur, cand)
-                    } else {
-                        cur
-                    }
-                } else if n > bnp {
-                    cur
-                } else if n == bnp {
-                    cand
-                } else if n != c {
-                    if n > c {
-                        cand
-                    } else {
-                        cur
-                    }
-                } else {
-                    fit(cur, cand)
-                }
-            }
-        })
-    };
-    // depth-first over the cartesian product: (intersection, all preferred, first affinity)
-    fn walk(
-        lists: &[Vec<TopologyHint>],
-        aff: NodeMask,
-        pref: bool,
-        first: Option<NodeMask>,
-        f: &mut dyn FnMut(TopologyHint),
-    ) {
-        let Some((head, rest)) = lists.split_first() else {
-            f(TopologyHint::new(Some(aff), pref));
-            return;
-        };
-        for h in head {
-            let (aff2, first2, same) = match h.affinity {
-                None => (aff, first, true),
-                Some(a) => (aff.and(a), first.or(Some(a)), first.is_none_or(|f| f == a)),
-            };
-            if aff2.is_empty() {
-                continue;
-            }
-            walk(rest, aff2, pref && h.preferred && same, first2, f);
-        }
-    }
-    let mut best: Option<TopologyHint> = None;
-    walk(&lists, all, true, None, &mut |m| best = compare(best, m));
-    let mut out = best.unwrap_or(TopologyHint::new(Some(all), false));
-    if single && out.affinity == Some(all) {
-        out.affinity = None;
-    }
-    out
 }
 
 #[cfg(test)]

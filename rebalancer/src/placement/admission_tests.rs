@@ -249,49 +249,5 @@ fn state_round_trips_through_json() {
     assert_eq!(back, a);
 }
 
-#[test]
-fn interim_merge_follows_the_rules() {
-    let t = epyc();
-    let all = NodeMask::from_ids(0..8).unwrap();
-    let h = |ids: &[u32], p| {
-        TopologyHint::new(Some(NodeMask::from_ids(ids.iter().copied()).unwrap()), p)
-    };
-    let m = |pol, lists: &[Vec<TopologyHint>]| merge_providers(pol, false, &t, all, lists);
-    // {0} preferred with {0,1} preferred gives {0} not preferred
-    assert_eq!(
-        m(
-            TopologyPolicy::BestEffort,
-            &[vec![h(&[0], true)], vec![h(&[0, 1], true)]]
-        ),
-        h(&[0], false)
-    );
-    // no lists: everything, preferred
-    assert_eq!(
-        m(TopologyPolicy::BestEffort, &[]),
-        TopologyHint::new(Some(all), true)
-    );
-    // an empty list: no combination at all
-    assert_eq!(
-        m(TopologyPolicy::Restricted, &[vec![]]),
-        TopologyHint::new(Some(all), false)
-    );
-    assert_eq!(
-        m(TopologyPolicy::SingleNumaNode, &[vec![h(&[0, 1], true)]]),
-        TopologyHint::new(None, false)
-    );
-    // preferred narrower wins; among equals the lower mask
-    assert_eq!(
-        m(
-            TopologyPolicy::Restricted,
-            &[vec![h(&[1], true), h(&[0], true), h(&[0, 1], false)]]
-        ),
-        h(&[0], true)
-    );
-    assert_eq!(
-        m(TopologyPolicy::None, &[vec![h(&[0], true)]]),
-        TopologyHint::new(None, false)
-    );
-}
-
 #[path = "admission_props.rs"]
 mod props;

@@ -323,7 +323,7 @@ impl<'a> Acc<'a> {
                 continue;
             }
             let full = self.v.free_core_cpus(&free);
-            if full.len() < self.need && self.need % self.v.cpus_per_core == 0 {
+            if full.len() < self.need && self.need.is_multiple_of(self.v.cpus_per_core) {
                 // would split cores although whole cores were asked for
                 continue;
             }
@@ -573,7 +573,7 @@ pub fn allocate_exclusive(
     let available = available.intersection(&v.online);
     if opts.full_pcpus_only {
         let free_cores = v.free_core_cpus(&available).len();
-        if n % v.cpus_per_core != 0 || n > free_cores {
+        if !n.is_multiple_of(v.cpus_per_core) || n > free_cores {
             return Err(CpuError::SmtAlignment {
                 requested: n,
                 per_core: v.cpus_per_core,

@@ -60,7 +60,8 @@ impl DeviceState {
     }
 
     /// Hints per requested resource (and per requested address, keyed `pci:<address>`).
-    /// A resource whose devices have no NUMA node gets `None` (no preference), as in kubelet.
+    /// A resource none of whose devices has a NUMA node gets `None` (no preference), as in
+    /// kubelet; devices without a node count in no mask.
     /// `None` overall when nothing is requested.
     #[allow(clippy::type_complexity)]
     pub fn hints(
@@ -78,7 +79,8 @@ impl DeviceState {
                     resource: res.clone(),
                 })?;
             let every: Vec<&PciDevice> = topo.devices.iter().filter(|d| d.class == class).collect();
-            if every.iter().any(|d| d.node.is_none()) {
+            // kubelet's deviceHasTopologyAlignment: no device of the resource has a node
+            if every.iter().all(|d| d.node.is_none()) {
                 out.insert(res.clone(), None);
                 continue;
             }
@@ -200,6 +202,7 @@ mod tests {
             ("0000:42:00.0", DeviceClass::Gpu, Some(2)),
             ("0000:c1:00.0", DeviceClass::Gpu, Some(3)),
             ("0000:01:00.0", DeviceClass::Nic, None),
+            ("0000:02:00.0", DeviceClass::Gpu, None),
         ] {
             t.devices.push(PciDevice {
                 address: addr.into(),
@@ -278,6 +281,8 @@ mod tests {
             ("nvidia.com/gpu", 2, &[], "2P 02 12 23"),
             ("nvidia.com/gpu", 2, &["0000:41:00.0"], "23"),
             ("nvidia.com/gpu", 3, &[], "23P"),
+            // the GPU without a node counts in no mask; a fourth GPU is impossible
+            ("nvidia.com/gpu", 4, &[], ""),
             ("example.com/nic", 1, &[], "nil"),
         ]);
     }

@@ -96,7 +96,9 @@ impl Container {
                 self.name
             ));
         }
-        if self.hugepages_2mi_bytes % (2 << 20) != 0 || self.hugepages_1gi_bytes % (1 << 30) != 0 {
+        if !self.hugepages_2mi_bytes.is_multiple_of(2 << 20)
+            || !self.hugepages_1gi_bytes.is_multiple_of(1 << 30)
+        {
             return Err(format!(
                 "container {}: hugepages must be a multiple of the page size",
                 self.name

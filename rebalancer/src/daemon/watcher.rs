@@ -1,0 +1,348 @@
+//! The cgroup watcher: inotify on the cpuset hierarchy's managed roots (the Kubernetes kubepods
+//! tree and the configured roots), so a new container cgroup is admitted and its cpuset written
+//! within milliseconds of its appearance, and a removed one is released — with any runtime
+//! (containerd, CRI-O, podman, systemd), without configuring the runtime.
+//!
+//! Requests are read from the cgroup itself: CPU limit from cpu.max (v1 cfs quota), CPU request
+//! from cpu.weight (v1 shares, inverted from kubelet's shares formula), memory limit from
+//! memory.max; QoS from the path. A container of a pod already admitted through the API is
+//! bound to that pod's next unbound container instead of being admitted again.
+//!
+//! It runs on its own thread with blocking inotify reads; each event takes the shared lock
+//! briefly. `reconcile` does the same for what already exists (at start, and after an inotify
+//! queue overflow).
+
+use std::{
+    collections::BTreeMap,
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+
+use super::{Binding, Daemon};
+use crate::{
+    cgroup::{classify_with_roots, CgroupKind, Cgroups, Controller, Qos},
+    placement::pod::{Container, Pod},
+};
+
+/// What happened to one cgroup, for logs and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WatchOutcome {
+    Admitted {
+        cgroup: String,
+        cpus: String,
+        mems: String,
+        micros: u128,
+    },
+    Bound {
+        cgroup: String,
+        pod: String,
+    },
+    Rejected {
+        cgroup: String,
+        reason: String,
+    },
+    Released {
+        cgroup: String,
+    },
+    Ignored,
+}
+
+/// Approximate inverse (one weight step ≈ 2.5% at small requests) of kubelet's shares formula (shares = request_millis * 1024 / 1000) through the v2
+/// weight mapping the cgroup layer applies (weight = 1 + (shares - 2) * 9999 / 262142).
+pub fn request_millis_from_weight(weight: u64) -> u64 {
+    let shares = (weight.saturating_sub(1) * 262_142).div_ceil(9_999) + 2;
+    if shares <= 2 {
+        return 0;
+    }
+    (shares * 1000).div_ceil(1024)
+}
+
+/// The single-container pod the watcher admits for a container cgroup it does not know.
+pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) -> Pod {
+    let limit_millis = cgroups
+        .cpu_max(rel)
+        .ok()
+        .and_then(|m| m.quota_us.map(|q| q * 1000 / m.period_us.max(1)))
+        .unwrap_or(0);
+    let weight_req = cgroups
+        .cpu_weight(rel)
+        .map(request_millis_from_weight)
+        .unwrap_or(0);
+    let mem_limit = cgroups.memory_max(rel).ok().flatten().unwrap_or(0);
+    let (req, mem_req) = match qos {
+        Qos::Guaranteed => (limit_millis, mem_limit),
+        Qos::Burstable => (weight_req.max(1), 0),
+        Qos::BestEffort => (0, 0),
+    };
+    let name = id.chars().take(12).collect::<String>();
+    Pod {
+        uid: format!("{pod_uid}/{name}"),
+        containers: vec![Container {
+            name,
+            cpu_request_millis: if qos == Qos::BestEffort { 0 } else { req },
+            cpu_limit_millis: if qos == Qos::Guaranteed {
+                limit_millis
+            } else {
+                0
+            },
+            memory_bytes: mem_req,
+            memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
+            ..Default::default()
+        }],
+    }
+}
+
+/// Handles a cgroup that appeared: admit (or bind) and write its cpuset (unless dry-run).
+pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
+    let rel = rel.trim_matches('/').to_string();
+    let mut s = d.lock();
+    let CgroupKind::Container {
+        pod_uid, qos, id, ..
+    } = classify_with_roots(&rel, &s.cfg.cgroups.roots)
+    else {
+        return WatchOutcome::Ignored;
+    };
+    if !s.cfg.cgroups.kubernetes || s.state.bindings.contains_key(&rel) {
+        return WatchOutcome::Ignored;
+    }
+    // A pod admitted through the API: bind to its next unbound container.
+    if let Some(pod) = s.state.allocator.pods.get(&pod_uid) {
+        let bound: Vec<&str> = s
+            .state
+            .bindings
+            .values()
+            .filter(|b| b.pod_uid == pod_uid)
+            .map(|b| b.container.as_str())
+            .collect();
+        if let Some(c) = pod
+            .containers
+            .iter()
+            .find(|c| !bound.contains(&c.placement.container.as_str()))
+        {
+            let (cpus, mems, container) = (
+                c.placement.cpus.clone(),
+                c.placement.mems.clone(),
+                c.placement.container.clone(),
+            );
+            s.state.bindings.insert(
+                rel.clone(),
+                Binding {
+                    pod_uid: pod_uid.clone(),
+                    container,
+                },
+            );
+            if !s.cfg.daemon.dry_run {
+                write(cgroups, &rel, &cpus, &mems);
+            }
+            let _ = s.checkpoint();
+            return WatchOutcome::Bound {
+                cgroup: rel,
+                pod: pod_uid,
+            };
+        }
+    }
+    let pod = pod_for(cgroups, &rel, &pod_uid, &id, qos);
+    let shared = &mut *s;
+    match shared
+        .state
+        .allocator
+        .admit(&shared.topo, &shared.cfg.placement, &pod)
+    {
+        Ok(placements) => {
+            let p = &placements[0];
+            shared.state.bindings.insert(
+                rel.clone(),
+                Binding {
+                    pod_uid: pod.uid.clone(),
+                    container: p.container.clone(),
+                },
+            );
+            if !shared.cfg.daemon.dry_run {
+                write(cgroups, &rel, &p.cpus, &p.mems);
+            }
+            let micros = t0.elapsed().as_micros();
+            if let Err(e) = shared.checkpoint() {
+                tracing::warn!(error = %e, "checkpoint after watcher admission failed");
+            }
+            d.metrics
+                .admission_requests
+                .get_or_create(&crate::serve::metrics::ResultLabel {
+                    result: "admitted".into(),
+                })
+                .inc();
+            d.metrics.admission_duration.observe(micros as f64 / 1e6);
+            tracing::info!(cgroup = %rel, cpus = %p.cpus, mems = %p.mems, micros, "container cgroup admitted");
+            WatchOutcome::Admitted {
+                cgroup: rel,
+                cpus: p.cpus.to_string(),
+                mems: p.mems.to_string(),
+                micros,
+            }
+        }
+        Err(rej) => {
+            d.metrics
+                .admission_rejections
+                .get_or_create(&crate::serve::metrics::ReasonLabel {
+                    reason: rej.reason.to_string(),
+                })
+                .inc();
+            tracing::warn!(cgroup = %rel, reason = %rej.reason, details = %rej.details, "container cgroup not admitted; left as the runtime made it");
+            WatchOutcome::Rejected {
+                cgroup: rel,
+                reason: rej.reason.to_string(),
+            }
+        }
+    }
+}
+
+fn write(cgroups: &Cgroups, rel: &str, cpus: &crate::cpuset::CpuSet, mems: &crate::cpuset::CpuSet) {
+    // mems first: a task must never find itself with CPUs but no allowed memory node.
+    if let Err(e) = cgroups
+        .write_mems(rel, mems)
+        .and_then(|_| cgroups.write_cpus(rel, cpus))
+    {
+        tracing::warn!(cgroup = %rel, error = %e, "writing the admitted cpuset failed");
+    }
+}
+
+/// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod.
+pub fn on_removed(d: &Daemon, rel: &str) -> WatchOutcome {
+    let rel = rel.trim_matches('/').to_string();
+    let mut s = d.lock();
+    let Some(b) = s.state.bindings.remove(&rel) else {
+        return WatchOutcome::Ignored;
+    };
+    // Watcher-admitted pods are keyed "<pod uid>/<container>"; API pods are released by DELETE.
+    if b.pod_uid.contains('/') {
+        s.state.allocator.release(&b.pod_uid);
+    }
+    let _ = s.checkpoint();
+    tracing::info!(cgroup = %rel, "container cgroup removed; released");
+    WatchOutcome::Released { cgroup: rel }
+}
+
+/// Admits what exists and is unknown, releases bindings whose cgroup vanished.
+pub fn reconcile(d: &Daemon, cgroups: &Cgroups) -> Vec<WatchOutcome> {
+    let live: Vec<String> = cgroups
+        .walk(Controller::Cpuset, "")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.trim_matches('/').to_string())
+        .collect();
+    let gone: Vec<String> = d
+        .lock()
+        .state
+        .bindings
+        .keys()
+        .filter(|k| !live.contains(k))
+        .cloned()
+        .collect();
+    let mut out: Vec<WatchOutcome> = gone.iter().map(|g| on_removed(d, g)).collect();
+    for rel in &live {
+        match on_created(d, cgroups, rel, Instant::now()) {
+            WatchOutcome::Ignored => {}
+            o => out.push(o),
+        }
+    }
+    out
+}
+
+/// Starts the watcher thread over the cpuset hierarchy. Returns an error if inotify is
+/// unavailable; the daemon then relies on `reconcile` each round.
+pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let root = cgroups
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, _)| p.to_path_buf())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
+    let mut ino = Inotify::init()?;
+    let mut watches: BTreeMap<WatchDescriptor, PathBuf> = BTreeMap::new();
+    let mask = WatchMask::CREATE | WatchMask::DELETE | WatchMask::ONLYDIR | WatchMask::DELETE_SELF;
+    add_tree(&mut ino, &mut watches, &root, Path::new(""), mask);
+    std::thread::Builder::new().name("cgroup-watcher".into()).spawn(move || {
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            let events = match ino.read_events_blocking(&mut buf) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::error!(error = %e, "inotify read failed; watcher stopped (rounds still reconcile)");
+                    return;
+                }
+            };
+            let t0 = Instant::now();
+            let mut new_dirs = Vec::new();
+            let mut overflow = false;
+            for ev in events {
+                if ev.mask.contains(EventMask::Q_OVERFLOW) {
+                    overflow = true;
+                    continue;
+                }
+                let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
+                let rel = parent.join(name);
+                if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
+                    new_dirs.push(rel);
+                } else if ev.mask.contains(EventMask::DELETE) && ev.mask.contains(EventMask::ISDIR) {
+                    on_removed(&d, &rel.to_string_lossy());
+                    watches.retain(|_, p| !p.starts_with(&rel));
+                }
+            }
+            for rel in new_dirs {
+                on_created(&d, &cgroups, &rel.to_string_lossy(), t0);
+                add_tree(&mut ino, &mut watches, &root, &rel, mask);
+            }
+            if overflow {
+                tracing::warn!("inotify queue overflowed; reconciling");
+                reconcile(&d, &cgroups);
+            }
+        }
+    })
+}
+
+/// Watches `rel` and every directory below it (skipping what vanished meanwhile).
+fn add_tree(
+    ino: &mut Inotify,
+    watches: &mut BTreeMap<WatchDescriptor, PathBuf>,
+    root: &Path,
+    rel: &Path,
+    mask: WatchMask,
+) {
+    let dir = root.join(rel);
+    let Ok(wd) = ino.watches().add(&dir, mask) else {
+        return;
+    };
+    watches.insert(wd, rel.to_path_buf());
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            add_tree(
+                ino,
+                watches,
+                root,
+                &rel.join(OsStr::new(&e.file_name())),
+                mask,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_inverts_kubelet_shares() {
+        // kubelet: 500m → 512 shares → weight 1 + 510*9999/262142 = 20; the weight scale is
+        // coarser than millicores, so the inverse is exact to within one weight step (~2.5%).
+        let back = request_millis_from_weight(20);
+        assert!((485..=515).contains(&back), "{back}");
+        assert_eq!(request_millis_from_weight(1), 0);
+        // 2 CPUs → 2048 shares → weight 79
+        let w = 1 + (2048 - 2) * 9999 / 262_142;
+        let back = request_millis_from_weight(w);
+        assert!((1990..=2010).contains(&back), "{back}");
+    }
+}

@@ -1,0 +1,250 @@
+//! Root test of the cgroup watcher with real cgroups and a real daemon: container cgroups made
+//! in the Kubernetes cgroupfs-driver layout (kubepods/<qos>/pod<uid>/<id>) get their cpuset
+//! from the daemon (the latency from mkdir to the cpuset being written is measured and
+//! printed), a Guaranteed one gets exclusive CPUs, and a removed one is released (its CPUs can
+//! be handed out again). A restart reconciles from the checkpoint without double allocation.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rebalancer::{
+    cgroup::{Cgroups, Controller, Version},
+    cpuset::CpuSet,
+};
+
+struct Cleanup {
+    dirs: Vec<PathBuf>,
+    daemon: Option<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(d) = &mut self.daemon {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        // Deepest first, whatever the order they were made in.
+        self.dirs
+            .sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in &self.dirs {
+            for _ in 0..50 {
+                if !dir.exists() || std::fs::remove_dir(dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn start_daemon(dir: &Path) -> Child {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "rebalancer=info")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(dir.join("s.sock")).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Polls until `file` reads non-empty; returns the time it took.
+fn wait_written(file: &Path, since: Instant) -> Option<Duration> {
+    while since.elapsed() < Duration::from_secs(10) {
+        if std::fs::read_to_string(file).is_ok_and(|s| !s.trim().is_empty()) {
+            return Some(since.elapsed());
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    None
+}
+
+#[test]
+fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: no cgroups");
+        return;
+    };
+    let Ok((root, version)) = cg
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, v)| (p.to_path_buf(), v))
+    else {
+        println!("SKIP: no cpuset controller");
+        return;
+    };
+    if version == Version::V2 {
+        let _ = cg.enable_cpuset_v2("");
+    }
+    if root.join("kubepods").exists() {
+        println!("SKIP: a real kubepods hierarchy exists here; not touching it");
+        return;
+    }
+    let all = cg.effective_cpus("").unwrap();
+    let mems = cg.effective_mems("").unwrap();
+    if all.len() < 2 {
+        println!("SKIP: needs 2 CPUs");
+        return;
+    }
+    let uid = format!("0000aaaa-bbbb-cccc-dddd-{:012}", std::process::id());
+    let mut clean = Cleanup {
+        dirs: Vec::new(),
+        daemon: None,
+    };
+    for rel in [
+        "kubepods",
+        "kubepods/burstable",
+        &format!("kubepods/pod{uid}"),
+        &format!("kubepods/burstable/pod{uid}"),
+    ] {
+        cg.create_cpuset(rel, &all, &mems).expect("create parent");
+        if version == Version::V2 {
+            let _ = cg.enable_cpuset_v2(rel);
+        }
+        clean.dirs.push(root.join(rel));
+    }
+    let state = tempfile::tempdir().unwrap();
+    clean.daemon = Some(start_daemon(state.path()));
+
+    // A Guaranteed container: 1 CPU limit (cpu.max / cfs quota) → one exclusive CPU. The
+    // runtime sets the CPU limit first (on v1 in the separate cpu hierarchy), then the cpuset.
+    let g_rel = format!("kubepods/pod{uid}/{}", "a".repeat(64));
+    let g_dir = root.join(&g_rel);
+    let mut limits_set = 0;
+    for (ctl, file, value) in [
+        (Controller::Cpu, "cpu.cfs_quota_us", "100000"),
+        (Controller::Memory, "memory.limit_in_bytes", "268435456"),
+    ] {
+        let Ok((ctl_root, Version::V1)) = cg.hierarchy(ctl).map(|(p, v)| (p.to_path_buf(), v))
+        else {
+            continue;
+        };
+        if ctl_root == root {
+            continue;
+        }
+        let mut rel = PathBuf::new();
+        for part in Path::new(&g_rel).components() {
+            rel.push(part);
+            let d = ctl_root.join(&rel);
+            if !d.exists() {
+                std::fs::create_dir(&d).unwrap();
+                clean.dirs.push(d);
+            }
+        }
+        if std::fs::write(ctl_root.join(&g_rel).join(file), value).is_ok() {
+            limits_set += 1;
+        }
+    }
+    // On v2 the limits live in the same directory, which appears with the cpuset: skip the
+    // exclusivity check there (the watcher reads whatever is set at that instant).
+    let guaranteed_limit = limits_set == 2;
+    let t0 = Instant::now();
+    std::fs::create_dir(&g_dir).unwrap();
+    clean.dirs.push(g_dir.clone());
+    let lat = wait_written(&g_dir.join("cpuset.cpus"), t0)
+        .expect("the watcher never wrote the new cgroup's cpuset");
+    let cpus = CpuSet::parse(&std::fs::read_to_string(g_dir.join("cpuset.cpus")).unwrap()).unwrap();
+    println!(
+        "guaranteed container: cpuset {cpus} written {:.2} ms after mkdir",
+        lat.as_secs_f64() * 1e3
+    );
+    assert!(!cpus.is_empty() && cpus.is_subset(&all));
+    if guaranteed_limit {
+        assert_eq!(
+            cpus.len(),
+            1,
+            "a 1-CPU Guaranteed container gets one exclusive CPU"
+        );
+    }
+
+    // A Burstable container next to it: a shared cpuset, never the exclusive CPUs... but with no
+    // cpu limit set on this test cgroup it is a Burstable share of the pool.
+    let b_rel = format!("kubepods/burstable/pod{uid}/{}", "b".repeat(64));
+    let b_dir = root.join(&b_rel);
+    let t1 = Instant::now();
+    std::fs::create_dir(&b_dir).unwrap();
+    clean.dirs.push(b_dir.clone());
+    let lat =
+        wait_written(&b_dir.join("cpuset.cpus"), t1).expect("burstable container not admitted");
+    let bcpus =
+        CpuSet::parse(&std::fs::read_to_string(b_dir.join("cpuset.cpus")).unwrap()).unwrap();
+    println!(
+        "burstable container: cpuset {bcpus} written {:.2} ms after mkdir",
+        lat.as_secs_f64() * 1e3
+    );
+    assert!(!bcpus.is_empty());
+
+    // Remove the burstable container: released (its binding disappears from status).
+    std::fs::remove_dir(&b_dir).unwrap();
+    let sock = state.path().join("s.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+            .args(["status", "--json", "--socket"])
+            .arg(&sock)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let bindings = v["bindings"].as_object().cloned().unwrap_or_default();
+        if !bindings.contains_key(&b_rel) {
+            assert!(
+                bindings.contains_key(&g_rel),
+                "the guaranteed binding must stay: {v}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "removed cgroup never released: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Restart: the checkpoint is reconciled; the guaranteed container keeps its CPUs, nothing
+    // is admitted twice.
+    let mut d = clean.daemon.take().unwrap();
+    unsafe { libc::kill(d.id() as i32, libc::SIGKILL) };
+    let _ = d.wait();
+    clean.daemon = Some(start_daemon(state.path()));
+    let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+        .args(["status", "--json", "--socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["pods"].as_array().map(|a| a.len()),
+        Some(1),
+        "after kill -9 and restart: {v}"
+    );
+    let after =
+        CpuSet::parse(&std::fs::read_to_string(g_dir.join("cpuset.cpus")).unwrap()).unwrap();
+    assert_eq!(after, cpus);
+}
