@@ -113,13 +113,7 @@ fn test(no_setup: bool) -> Result<()> {
         setup::all()?;
     }
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    sh(cargo().args([
-        "clippy",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     sh(cargo().args(["test", "--", "--test-threads=1"]))?;
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! What each policy does to the simulated machine besides admission: the AutoNUMA-like
-//! page-follows-thread migration, the clairvoyant greedy oracle, and one round of the REAL
+//! page-follows-thread migration (its task placement is in the kernel model, `run`), the clairvoyant greedy oracle, and one round of the REAL
 //! planner ([`crate::controller::plan`]) whose moves are applied to cpus/mems.
 
 use std::collections::BTreeMap;

@@ -127,6 +127,20 @@ pub fn table(r: &Report) -> String {
             );
         }
     }
+    for p in r.policies.iter().filter(|p| !p.planner_skips.is_empty()) {
+        let skips: Vec<String> = p
+            .planner_skips
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\n{:?}: {} planner rounds; skipped candidates: {}",
+            p.policy,
+            p.planner_rounds,
+            skips.join(", ")
+        );
+    }
     if let Some(v) = &r.vs_oracle {
         let _ = writeln!(
             s,

@@ -51,7 +51,8 @@ pub enum Policy {
     /// kubelet-like: Guaranteed integer-CPU containers get exclusive CPUs from the real
     /// allocator, every other container the whole shared pool and every node's memory.
     Kubelet,
-    /// kubelet-like placement, then pages follow threads at a fixed rate (AutoNUMA-like).
+    /// kubelet-like placement with AutoNUMA-like balancing: threads lean toward the node with
+    /// most of their memory, pages follow threads at a fixed rate.
     Autonuma,
     /// The rebalancer's admission only (NUMA-aware shared pools), no dynamic control.
     Static,
@@ -131,6 +132,8 @@ pub(super) struct World<'a> {
     pub stats: Stats,
     /// Shared containers get the whole shared pool (kubelet-like policies).
     pub kubelet_like: bool,
+    /// Kernel NUMA balancing on (task placement toward memory, pages toward threads).
+    pub autonuma: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -169,6 +172,7 @@ impl<'a> World<'a> {
     ) -> Result<World<'a>, crate::placement::admission::PlacementError> {
         Ok(World {
             kubelet_like: matches!(policy, Policy::Kubelet | Policy::Autonuma),
+            autonuma: policy == Policy::Autonuma,
             topo,
             trace,
             cfg,
@@ -229,6 +233,17 @@ impl<'a> World<'a> {
     /// Thread share per node for `cpus`: CPUs on the node, divided by 1 + how loaded the node
     /// was last step (the scheduler's load balancing pulls threads toward idle nodes).
     pub fn threads_for(&self, cpus: &CpuSet, exclusive: bool) -> BTreeMap<u32, f64> {
+        self.threads_pref(cpus, exclusive, None)
+    }
+
+    /// As [`World::threads_for`], with a NUMA-balancing preferred node weighted ×8 (the kernel's
+    /// task placement pulls a task toward the node holding most of its memory).
+    pub fn threads_pref(
+        &self,
+        cpus: &CpuSet,
+        exclusive: bool,
+        preferred: Option<u32>,
+    ) -> BTreeMap<u32, f64> {
         let mut w: BTreeMap<u32, f64> = BTreeMap::new();
         for cpu in cpus.iter() {
             if let Some(n) = self.topo.node_of_cpu(cpu) {
@@ -241,6 +256,9 @@ impl<'a> World<'a> {
                     / self.ncpus.get(n).copied().unwrap_or(1).max(1) as f64;
                 *x /= 1.0 + load;
             }
+        }
+        if let Some(x) = preferred.and_then(|p| w.get_mut(&p)) {
+            *x *= 8.0;
         }
         normalise(w)
     }
@@ -465,7 +483,17 @@ impl<'a> World<'a> {
         let uids: Vec<String> = self.live.keys().cloned().collect();
         for u in &uids {
             let l = &self.live[u];
-            let th = self.threads_for(&l.cpus, l.constraints.exclusive);
+            // AutoNUMA-like task placement: toward the node with most of its memory
+            let preferred = self
+                .autonuma
+                .then(|| {
+                    l.mem
+                        .iter()
+                        .max_by_key(|(n, b)| (**b, std::cmp::Reverse(**n)))
+                })
+                .flatten()
+                .map(|(n, _)| *n);
+            let th = self.threads_pref(&l.cpus, l.constraints.exclusive, preferred);
             let l = self.live.get_mut(u).expect("listed");
             l.threads = th;
             let initial = std::mem::take(&mut l.pending_initial);

@@ -136,7 +136,11 @@ fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
     };
     let mut hog = task("hog", 5, vec![phase(0, 8.0, 0.1)], GIB / 4);
     let c = &mut hog.pod.containers[0];
-    (c.cpu_request_millis, c.cpu_limit_millis, c.memory_limit_bytes) = (8000, 8000, GIB);
+    (
+        c.cpu_request_millis,
+        c.cpu_limit_millis,
+        c.memory_limit_bytes,
+    ) = (8000, 8000, GIB);
     let mut trace = Workload {
         name: "an".into(),
         seed: 0,
