@@ -59,7 +59,7 @@ pub(super) fn autonuma_step(w: &mut World<'_>, step_s: f64) {
                 left -= t;
             }
         }
-        for (&n, _) in &excess {
+        for &n in excess.keys() {
             if let Some(b) = l.mem.get_mut(&n) {
                 let t = left.min(*b);
                 *b -= t;

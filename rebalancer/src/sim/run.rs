@@ -681,7 +681,7 @@ pub fn run_policy(
         w.measure(t, step_s);
         match policy {
             Policy::Autonuma => baselines::autonuma_step(&mut w, step_s),
-            Policy::Rebalancer if t_ms > 0 && (t_ms + step_ms) % period == 0 => {
+            Policy::Rebalancer if t_ms > 0 && (t_ms + step_ms).is_multiple_of(period) => {
                 baselines::rebalancer_round(&mut w, t_ms + step_ms)
             }
             _ => {}
@@ -697,7 +697,8 @@ mod tests {
 
     #[test]
     fn take_from_is_exact() {
-        let cases: [(&[(u32, u64)], u64, &[(u32, u64)]); 4] = [
+        type Case<'a> = (&'a [(u32, u64)], u64, &'a [(u32, u64)]);
+        let cases: [Case; 4] = [
             (&[(0, 10), (1, 10), (2, 5)], 10, &[(0, 5), (1, 5), (2, 5)]),
             (&[(0, 3), (1, 3)], 3, &[(0, 1), (1, 2)]),
             (&[(0, 3), (1, 3)], 100, &[]),
