@@ -37,6 +37,8 @@ pub enum Command {
     Hints(cmd::hints::HintsCommand),
     /// Admit a list of pods in order on a (fixture) machine and print each placement (dry).
     Plan(cmd::plan::PlanArgs),
+    /// Simulate a workload trace on a fixture machine: rebalancer vs static, AutoNUMA, oracle.
+    Simulate(cmd::simulate::SimulateArgs),
 }
 
 /// Entry point of the binary.
@@ -52,6 +54,7 @@ pub fn main() -> ExitCode {
         Command::Status(a) => cmd::admit::status(a),
         Command::Explain(a) => cmd::admit::explain(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Simulate(a) => cmd::simulate::run(a),
     };
     match result {
         Ok(code) => code,

@@ -14,4 +14,5 @@ pub mod ebpf;
 pub mod placement;
 pub mod procfs;
 pub mod serve;
+pub mod sim;
 pub mod topology;

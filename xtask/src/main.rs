@@ -121,13 +121,7 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         setup::all()?;
     }
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    sh(cargo().args([
-        "clippy",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     sh(cargo().args(["test", "--", "--test-threads=1"]))?;
     if no_vm {
         eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");

@@ -6,4 +6,5 @@ pub mod plan;
 pub mod probe;
 pub mod run;
 pub mod sample;
+pub mod simulate;
 pub mod topology;

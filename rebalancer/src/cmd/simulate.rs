@@ -1,0 +1,104 @@
+//! `rebalancer simulate`: run a workload trace on a fixture machine under the rebalancer and
+//! the static / AutoNUMA-like / oracle baselines (see `sim`), or `--generate` a seeded trace.
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+
+use crate::config::Config;
+use crate::sim::{self, Kind, Policy, SimConfig, Workload};
+use crate::topology::sysfs;
+
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// A sysfs tree (directory standing for /sys) or a fixture name under
+    /// tests/fixtures/sysfs (epyc-nps4, intel-snc, gpu-nic, kunpeng920, …).
+    #[arg(long, value_name = "DIR|NAME", required_unless_present = "generate")]
+    pub topology: Option<String>,
+    /// The workload trace (JSON, as printed by --generate); "-" reads stdin.
+    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    pub workload: Option<PathBuf>,
+    /// Print a generated trace of this kind on stdout instead of simulating.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub generate: Option<Kind>,
+    /// Seed of --generate.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Policies to run (comma-separated); default all five.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub policy: Vec<Policy>,
+    /// Rebalancer config (its [placement] and [controller] sections are used); default the
+    /// embedded one.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(kind) = a.generate {
+        let w = sim::generate(kind, a.seed);
+        println!("{}", serde_json::to_string_pretty(&w)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (Some(topo_arg), Some(wl)) = (a.topology.as_deref(), a.workload.as_deref()) else {
+        bail!("--topology and --workload are required unless --generate is given");
+    };
+    let root = fixture_dir(topo_arg)?;
+    let topo =
+        sysfs::read(&root).with_context(|| format!("reading topology under {}", root.display()))?;
+    let text = if wl == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading the workload from stdin")?
+    } else {
+        std::fs::read_to_string(wl).with_context(|| format!("reading {}", wl.display()))?
+    };
+    let trace = Workload::from_json(&text).with_context(|| format!("in {}", wl.display()))?;
+    let cfg = Config::load(a.config.as_deref())?;
+    let sc = SimConfig {
+        placement: cfg.placement,
+        controller: cfg.controller,
+        ..SimConfig::default()
+    };
+    let mut policies = if a.policy.is_empty() {
+        vec![
+            Policy::Rebalancer,
+            Policy::Static,
+            Policy::Kubelet,
+            Policy::Autonuma,
+            Policy::Oracle,
+        ]
+    } else {
+        a.policy.clone()
+    };
+    policies.dedup();
+    let name = Path::new(topo_arg)
+        .file_name()
+        .map_or(topo_arg.to_string(), |n| n.to_string_lossy().into_owned());
+    let report = sim::simulate(&topo, &name, &trace, &sc, &policies)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", sim::table(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A directory as given, or a fixture name looked up under tests/fixtures/sysfs (from the
+/// current directory, then from the source tree the binary was built from).
+fn fixture_dir(arg: &str) -> anyhow::Result<PathBuf> {
+    let p = PathBuf::from(arg);
+    if p.is_dir() {
+        return Ok(p);
+    }
+    let candidates = [
+        PathBuf::from("tests/fixtures/sysfs").join(arg),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/sysfs")
+            .join(arg),
+    ];
+    candidates
+        .into_iter()
+        .find(|c| c.is_dir())
+        .with_context(|| format!("--topology {arg}: neither a directory nor a fixture name"))
+}

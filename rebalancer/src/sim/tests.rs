@@ -1,0 +1,198 @@
+//! Simulator tests: determinism for a seed, and small scenarios whose outcome the model fixes.
+
+use super::workload::{Phase, Task};
+use super::*;
+use crate::placement::pod::{Container, Pod};
+use crate::topology::TopologyBuilder;
+
+const GIB: u64 = 1 << 30;
+
+fn machine() -> Topology {
+    TopologyBuilder {
+        sockets: 2,
+        nodes_per_socket: 2,
+        cores_per_node: 4,
+        threads_per_core: 2,
+        memory_per_node_bytes: 32 * GIB,
+        ..Default::default()
+    }
+    .build()
+}
+
+fn all() -> Vec<Policy> {
+    vec![
+        Policy::Rebalancer,
+        Policy::Static,
+        Policy::Kubelet,
+        Policy::Autonuma,
+        Policy::Oracle,
+    ]
+}
+
+#[test]
+fn a_simulation_is_deterministic_for_a_seed() {
+    let mut trace = generate(Kind::ChurnStorm, 11);
+    trace.duration_s = 120;
+    let topo = machine();
+    let cfg = SimConfig::default();
+    let a = simulate(&topo, "synthetic", &trace, &cfg, &all()).unwrap();
+    let b = simulate(&topo, "synthetic", &trace, &cfg, &all()).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+    // and the seed matters
+    let mut other = generate(Kind::ChurnStorm, 12);
+    other.duration_s = 120;
+    let c = simulate(&topo, "synthetic", &other, &cfg, &all()).unwrap();
+    assert_ne!(a.policies, c.policies);
+    for p in &a.policies {
+        assert_eq!(p.invariant_violations, 0, "{p:?}");
+        assert!(p.admitted > 0, "{p:?}");
+    }
+}
+
+fn task(uid: &str, arrive_s: u64, phases: Vec<Phase>, mem: u64) -> Task {
+    Task {
+        pod: Pod {
+            uid: uid.into(),
+            containers: vec![Container {
+                name: "main".into(),
+                cpu_request_millis: 2000,
+                cpu_limit_millis: 4000,
+                memory_bytes: GIB,
+                ..Default::default()
+            }],
+        },
+        arrive_s,
+        leave_s: None,
+        initial_mem_bytes: mem,
+        hugepages: false,
+        phases,
+    }
+}
+
+fn phase(at_s: u64, cpus: f64, mem: f64) -> Phase {
+    Phase {
+        at_s,
+        cpus,
+        mem_intensity: mem,
+        io_intensity: 0.0,
+        grow_bytes_per_s: 0,
+    }
+}
+
+/// A BestEffort pod gets the whole machine: its threads and first-touch memory spread over
+/// every node (locality ≈ 1/4). The planner consolidates it; the oracle starts consolidated;
+/// static stays spread.
+#[test]
+fn spread_workload_is_consolidated_by_the_planner() {
+    let mut be = task("be", 0, vec![phase(0, 2.0, 0.6)], GIB / 2);
+    be.pod.containers[0] = Container {
+        name: "main".into(),
+        ..Default::default()
+    };
+    let trace = Workload {
+        name: "spread".into(),
+        seed: 0,
+        duration_s: 120,
+        machine: Default::default(),
+        tasks: vec![be],
+    };
+    let r = simulate(
+        &machine(),
+        "synthetic",
+        &trace,
+        &SimConfig::default(),
+        &all(),
+    )
+    .unwrap();
+    let get = |p| r.policies.iter().find(|x| x.policy == p).unwrap();
+    let (reb, st, or) = (
+        get(Policy::Rebalancer),
+        get(Policy::Static),
+        get(Policy::Oracle),
+    );
+    assert!(st.mean_locality < 0.35, "{st:?}");
+    assert!(reb.moves >= 1, "{reb:?}");
+    assert!(reb.mean_locality > 0.8, "{reb:?}");
+    assert!(or.mean_locality > 0.99, "{or:?}");
+    assert!(reb.slowdown < st.slowdown, "{reb:?} vs {st:?}");
+    assert_eq!(reb.move_reversals, 0);
+    let v = r.vs_oracle.unwrap();
+    assert!(v.locality_ratio > 0.8 && v.locality_ratio <= 1.0, "{v:?}");
+}
+
+/// AutoNUMA moves pages toward threads at its rate: a Guaranteed neighbour taking one node's
+/// CPUs pushes a machine-wide pod's threads off it, and its pages follow; hugetlb memory is
+/// never moved by it.
+#[test]
+fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
+    let mut be = task("be", 0, vec![phase(0, 2.0, 0.5)], 2 * GIB);
+    be.pod.containers[0] = Container {
+        name: "main".into(),
+        ..Default::default()
+    };
+    let mut hog = task("hog", 5, vec![phase(0, 8.0, 0.1)], GIB / 4);
+    let c = &mut hog.pod.containers[0];
+    (
+        c.cpu_request_millis,
+        c.cpu_limit_millis,
+        c.memory_limit_bytes,
+    ) = (8000, 8000, GIB);
+    let mut trace = Workload {
+        name: "an".into(),
+        seed: 0,
+        duration_s: 60,
+        machine: Default::default(),
+        tasks: vec![be, hog],
+    };
+    let cfg = SimConfig::default();
+    let st = run_policy(&machine(), &trace, &cfg, Policy::Kubelet).unwrap();
+    let r = run_policy(&machine(), &trace, &cfg, Policy::Autonuma).unwrap();
+    assert!(r.bytes_migrated > 0, "{r:?}");
+    assert!(
+        r.bytes_migrated <= 2 * 60 * cfg.model.autonuma_bytes_per_s,
+        "{r:?}"
+    );
+    assert!(r.mean_locality > st.mean_locality, "{r:?} vs {st:?}");
+    assert_eq!((r.moves, st.bytes_migrated), (0, 0));
+    trace.tasks[0].hugepages = true;
+    trace.machine.hugepages_1g_per_node = Some(4);
+    let topo = trace.machine(&machine());
+    let r = run_policy(&topo, &trace, &cfg, Policy::Autonuma).unwrap();
+    assert_eq!(r.bytes_migrated, 0, "{r:?}");
+}
+
+/// Pods the real allocator refuses are counted, identically under every policy.
+#[test]
+fn rejections_come_from_the_real_allocator() {
+    let tasks = (0..6)
+        .map(|i| {
+            let mut t = task(&format!("t{i}"), 0, vec![phase(0, 1.0, 0.1)], GIB);
+            t.pod.containers[0].cpu_request_millis = 8000;
+            t.pod.containers[0].cpu_limit_millis = 8000;
+            t
+        })
+        .collect();
+    let trace = Workload {
+        name: "full".into(),
+        seed: 0,
+        duration_s: 5,
+        machine: Default::default(),
+        tasks,
+    };
+    let r = simulate(
+        &machine(),
+        "synthetic",
+        &trace,
+        &SimConfig::default(),
+        &all(),
+    )
+    .unwrap();
+    for p in &r.policies {
+        // 32 CPUs allocatable, 8 CPUs each: 4 fit
+        assert_eq!((p.admitted, p.rejections), (4, 2), "{p:?}");
+    }
+}
