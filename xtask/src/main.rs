@@ -5,6 +5,8 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+//! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod fuzz;
 mod setup;
 
 use std::process::Command;
@@ -31,6 +33,14 @@ enum Cmd {
         #[arg(long)]
         no_setup: bool,
     },
+    /// Run every fuzz target (cargo fuzz, nightly) from its seed corpus for N seconds each.
+    Fuzz {
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Only these targets (repeatable); default all of fuzz/fuzz_targets.
+        #[arg(long = "target")]
+        targets: Vec<String>,
+    },
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -43,6 +53,7 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::all(),
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup } => test(no_setup),
+        Cmd::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Cmd::Run { args } => {
             setup::all()?;
             let mut c = cargo();
