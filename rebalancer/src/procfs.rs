@@ -50,8 +50,15 @@ pub fn parse_stat(text: &str) -> Result<BTreeMap<u32, CpuTimes>, String> {
             return Err(format!("too few fields in line {line:?}"));
         }
         // user nice system idle iowait irq softirq steal (guest time is already in user)
-        let total: u64 = vals.iter().take(8).sum();
-        let idle = vals[3] + vals.get(4).copied().unwrap_or(0);
+        let overflow = || format!("counters overflow u64 in line {line:?}");
+        let total = vals
+            .iter()
+            .take(8)
+            .try_fold(0u64, |acc, v| acc.checked_add(*v))
+            .ok_or_else(overflow)?;
+        let idle = vals[3]
+            .checked_add(vals.get(4).copied().unwrap_or(0))
+            .ok_or_else(overflow)?;
         out.insert(
             id,
             CpuTimes {
@@ -121,7 +128,7 @@ pub fn parse_task_cpu(stat: &str) -> Option<(u64, u32)> {
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     let cpu: u32 = f.get(36)?.parse().ok()?;
-    Some((utime + stime, cpu))
+    Some((utime.checked_add(stime)?, cpu))
 }
 
 /// Nanoseconds per clock tick of /proc times.
@@ -179,6 +186,21 @@ mod tests {
     use super::*;
 
     const STAT: &str = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 60 0 20 400 20 0 0 0 0 0\ncpu1 40 0 30 400 30 0 0 0 0 0\nintr 1 2 3\nctxt 99\n";
+
+    /// Fuzzing finding (target `procfs`): utime + stime, and the /proc/stat sums, overflowed
+    /// u64 and panicked on a hostile or corrupt stat text; now the line is refused.
+    #[test]
+    fn task_cpu_and_stat_overflow_are_refused_not_panics() {
+        let max = u64::MAX;
+        let task = format!("1 (x) S {}{max} {max} {}", "0 ".repeat(10), "0 ".repeat(24));
+        assert_eq!(parse_task_cpu(&task), None);
+        let ok = format!("1 (x) S {}5 7 {}", "0 ".repeat(10), "0 ".repeat(24));
+        assert_eq!(parse_task_cpu(&ok), Some((12, 0)));
+        let e = parse_stat(&format!("cpu0 {max} 1 0 0\n")).unwrap_err();
+        assert!(e.contains("overflow"), "{e}");
+        let e = parse_stat(&format!("cpu0 0 0 0 {max} 1\n")).unwrap_err();
+        assert!(e.contains("overflow"), "{e}");
+    }
 
     #[test]
     fn stat_and_busy_fraction() {

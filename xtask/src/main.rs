@@ -6,6 +6,8 @@
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
 //! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
+//! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod fuzz;
 mod overhead;
 mod setup;
 mod vm;
@@ -37,6 +39,14 @@ enum Cmd {
         #[arg(long)]
         no_vm: bool,
     },
+    /// Run every fuzz target (cargo fuzz, nightly) from its seed corpus for N seconds each.
+    Fuzz {
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Only these targets (repeatable); default all of fuzz/fuzz_targets.
+        #[arg(long = "target")]
+        targets: Vec<String>,
+    },
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -55,6 +65,7 @@ fn main() -> Result<()> {
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
         Cmd::VmTest(a) => vm::vm_test(&a),
+        Cmd::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Cmd::Run { args } => {
             setup::all()?;
             let mut c = cargo();
@@ -132,5 +143,7 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         vm::vm_test(&vm::VmTestArgs::default())?;
         vm::selftest()?;
     }
+    eprintln!("xtask test: every fuzz target briefly, from its committed corpus");
+    fuzz::run(5, &[])?;
     Ok(())
 }

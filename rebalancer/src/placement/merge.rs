@@ -302,9 +302,8 @@ impl Merger<'_> {
                     }
                 } else if n > bnp {
                     cur
-                } else if n == bnp {
-                    cand
-                } else if n > c {
+                } else if n == bnp || n > c {
+                    // steer to bnp; otherwise, below it, the wider of the two
                     cand
                 } else if n < c {
                     cur

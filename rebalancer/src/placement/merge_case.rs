@@ -344,7 +344,8 @@ mod tests {
     fn parses_and_validates_cases() {
         let hint1 = json!([{"r": [{"affinity": [1], "preferred": true}]}]);
         let closest = json!({"prefer_closest_numa": true});
-        let cases: Vec<(&str, Value, Result<&str, (&str, &str)>)> = vec![
+        type Case<'a> = (&'a str, Value, Result<&'a str, (&'a str, &'a str)>);
+        let cases: Vec<Case> = vec![
             (
                 "no providers: ALL preferred",
                 base("best-effort"),
