@@ -3,6 +3,7 @@
 //!   by the member process's own affinity;
 //! - dry-run (of one move, and of a whole daemon run managing the cgroup) leaves every file of
 //!   the cgroup byte-identical.
+//!
 //! Skips with a printed reason when not root, without a cpuset controller or with < 2 CPUs.
 use std::{
     collections::BTreeMap,

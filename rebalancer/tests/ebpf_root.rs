@@ -71,6 +71,8 @@ fn busy_child(cg: &Path, secs: f64) -> Duration {
             Ok(())
         });
     }
+    // Reaped below with wait4 (for its rusage), not with Child::wait.
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().expect("spawn busy child");
     let pid = child.id() as i32;
     let start = Instant::now();

@@ -76,6 +76,9 @@ fn prometheus_scrapes_the_daemon() {
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     while http_get(metrics_port, "/healthz").is_none_or(|b| !b.contains("ok")) {
+        if let Ok(Some(status)) = daemon.0.try_wait() {
+            panic!("rebalancer run exited early with {status} (its stderr is above)");
+        }
         assert!(
             Instant::now() < deadline,
             "daemon did not serve /healthz on port {metrics_port}"
