@@ -267,11 +267,7 @@ impl Engine {
                 } else {
                     cpus.iter().sum::<f64>() / cpus.len() as f64
                 };
-                let p = node_dir.join(format!("node{}/meminfo", n.id));
-                let free = std::fs::read_to_string(&p)
-                    .ok()
-                    .and_then(|t| sysfs::parse_meminfo(&p, &t).ok())
-                    .map_or(n.memory_free_bytes, |(_, free)| free);
+                let free = node_free_bytes(&node_dir, n.id).unwrap_or(n.memory_free_bytes);
                 let free_hp: u64 = n
                     .hugepages
                     .iter()
@@ -519,9 +515,41 @@ impl Engine {
     }
 }
 
+/// MemFree of a node now, in bytes (node meminfo is in kB).
+pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
+    let p = node_dir.join(format!("node{node}/meminfo"));
+    let text = std::fs::read_to_string(&p).ok()?;
+    sysfs::parse_meminfo(&p, &text)
+        .ok()
+        .map(|(_, free_kb)| free_kb.saturating_mul(1024))
+}
+
 fn trigger_name(t: &controller::Trigger) -> String {
     match t {
         controller::Trigger::PoorLocality => "poor-locality".into(),
         controller::Trigger::Overloaded { .. } => "overloaded".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: node free memory was taken in kB as if it were bytes, so every target looked
+    /// full ("no-memory", free 452784 for 442 MiB) and the controller never moved memory.
+    #[test]
+    fn node_free_memory_is_in_bytes_like_the_topology() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
+        let topo = sysfs::read(&root).unwrap();
+        let node_dir = root.join("devices/system/node");
+        for n in &topo.nodes {
+            assert_eq!(
+                node_free_bytes(&node_dir, n.id),
+                Some(n.memory_free_bytes),
+                "node {}",
+                n.id
+            );
+        }
+        assert!(topo.nodes[0].memory_free_bytes > 1 << 30);
     }
 }
