@@ -294,6 +294,9 @@ pub struct ServerConfig {
     pub metrics_listen: String,
     /// A group whose members may also use the admission socket (root always may).
     pub socket_group: Option<String>,
+    /// Admission API requests per second per client uid (with one second of burst); past it a
+    /// client gets 429 Too Many Requests. 0: no limit.
+    pub requests_per_second: u32,
 }
 
 impl Default for ServerConfig {
@@ -302,6 +305,7 @@ impl Default for ServerConfig {
             socket: "/run/rebalancer/rebalancer.sock".into(),
             metrics_listen: "127.0.0.1:9717".into(),
             socket_group: None,
+            requests_per_second: 2000,
         }
     }
 }

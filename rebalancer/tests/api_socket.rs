@@ -240,3 +240,28 @@ fn non_root_clients_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_client_past_its_rate_limit_gets_429_then_is_served_again() {
+    let d = start("epyc-nps4", "requests_per_second = 5\n");
+    let answers: Vec<(u16, serde_json::Value)> = (0..20)
+        .map(|_| req(&d.socket, "GET", "/v1/status", ""))
+        .collect();
+    let codes: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    let served = codes.iter().filter(|&&c| c == 200).count();
+    let limited: Vec<&serde_json::Value> = answers
+        .iter()
+        .filter(|a| a.0 == 429)
+        .map(|a| &a.1)
+        .collect();
+    assert_eq!(served + limited.len(), 20, "{codes:?}");
+    // One second of burst (5) plus whatever refilled while the 20 requests ran.
+    assert!((5..20).contains(&served), "{codes:?}");
+    assert!(!limited.is_empty(), "{codes:?}");
+    for body in limited {
+        let msg = body["error"].as_str().unwrap_or_default();
+        assert!(msg.contains("rate limited"), "{body}");
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(req(&d.socket, "GET", "/v1/status", "").0, 200);
+}

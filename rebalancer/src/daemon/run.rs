@@ -96,6 +96,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         listener,
         serve::api::router(daemon.clone()),
         socket::Access { allowed_gid: gid },
+        cfg.server.requests_per_second,
         cancel.clone(),
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod client;
 pub mod metrics;
+pub mod ratelimit;
 pub mod socket;
 
 use std::net::SocketAddr;

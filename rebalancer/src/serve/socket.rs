@@ -1,15 +1,16 @@
 //! The admission socket: a unix socket served by axum, mode 0600 (0660 with a configured group),
 //! whose peers are checked with SO_PEERCRED — root always, members of the configured group
-//! when one is set, nobody else.
+//! when one is set, nobody else — and rate-limited per peer uid (`server.requests_per_second`).
 
 use std::{
     os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use axum::{
     extract::{connect_info::Connected, ConnectInfo, Request},
-    http::StatusCode,
+    http::{header, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     serve::IncomingStream,
@@ -17,6 +18,8 @@ use axum::{
 };
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
+
+use super::ratelimit::RateLimiter;
 
 /// Credentials of the connecting process, from SO_PEERCRED.
 #[derive(Clone, Copy, Debug)]
@@ -137,18 +140,40 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<UnixListener, SocketError
     Ok(listener)
 }
 
+/// What every request passes before its handler: the peer check, then the peer's rate limit.
+#[derive(Clone)]
+struct Gate {
+    access: Access,
+    limiter: Arc<Mutex<RateLimiter>>,
+}
+
 async fn check_peer(
-    axum::extract::State(access): axum::extract::State<Access>,
+    axum::extract::State(gate): axum::extract::State<Gate>,
     ConnectInfo(peer): ConnectInfo<PeerCred>,
     req: Request,
     next: Next,
 ) -> Response {
-    if access.allows(&peer) {
-        return next.run(req).await;
+    let Some(uid) = peer.uid.filter(|_| gate.access.allows(&peer)) else {
+        tracing::warn!(uid = ?peer.uid, pid = ?peer.pid, "admission socket: peer refused");
+        return (StatusCode::FORBIDDEN, Json(serde_json::json!({"error": "permission denied: only root (or the configured group) may use this socket"})))
+            .into_response();
+    };
+    let limited = gate
+        .limiter
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .check(uid, std::time::Instant::now());
+    if let Err(wait) = limited {
+        tracing::debug!(uid, pid = ?peer.pid, "admission socket: rate limited");
+        let secs = wait.as_secs() + 1;
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs.to_string())],
+            Json(serde_json::json!({"error": format!("rate limited: more than server.requests_per_second requests from uid {uid}; retry in {wait:?}")})),
+        )
+            .into_response();
     }
-    tracing::warn!(uid = ?peer.uid, pid = ?peer.pid, "admission socket: peer refused");
-    (StatusCode::FORBIDDEN, Json(serde_json::json!({"error": "permission denied: only root (or the configured group) may use this socket"})))
-        .into_response()
+    next.run(req).await
 }
 
 /// Serves `router` on `listener` with the peer check, until `cancel`.
@@ -156,9 +181,14 @@ pub fn spawn(
     listener: UnixListener,
     router: Router,
     access: Access,
+    requests_per_second: u32,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let app = router.layer(middleware::from_fn_with_state(access, check_peer));
+    let gate = Gate {
+        access,
+        limiter: Arc::new(Mutex::new(RateLimiter::new(requests_per_second))),
+    };
+    let app = router.layer(middleware::from_fn_with_state(gate, check_peer));
     tokio::spawn(async move {
         let served = axum::serve(
             listener,
