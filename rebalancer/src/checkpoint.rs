@@ -75,7 +75,7 @@ pub fn save<T: Serialize>(dir: &Path, data: &T) -> Result<(), CheckpointError> {
         checksum: format!("{:016x}", fnv1a(&canonical)),
         data: value,
     };
-    let bytes = serde_json::to_vec_pretty(&env).map_err(|e| werr(std::io::Error::other(e)))?;
+    let bytes = serde_json::to_vec(&env).map_err(|e| werr(std::io::Error::other(e)))?;
     std::fs::create_dir_all(dir).map_err(werr)?;
     let tmp = dir.join(format!(".{FILE_NAME}.tmp.{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(werr)?;
@@ -170,7 +170,7 @@ mod tests {
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
 
-        std::fs::write(&p, good.replace("\"version\": 1", "\"version\": 7")).unwrap();
+        std::fs::write(&p, good.replace("\"version\":1", "\"version\":7")).unwrap();
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(
             matches!(e, CheckpointError::Version { found: 7, .. }),

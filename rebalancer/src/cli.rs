@@ -32,6 +32,8 @@ pub enum Command {
     Status(cmd::admit::StatusArgs),
     /// Explain the running daemon's last decision about one cgroup.
     Explain(cmd::admit::ExplainArgs),
+    /// Live view of the running daemon: nodes × workloads (CPU share, memory share, locality).
+    Top(cmd::top::TopArgs),
     /// Topology-hint tools (kubelet Topology Manager model).
     #[command(subcommand)]
     Hints(cmd::hints::HintsCommand),
@@ -53,6 +55,7 @@ pub fn main() -> ExitCode {
         Command::Admit(a) => cmd::admit::admit(a),
         Command::Status(a) => cmd::admit::status(a),
         Command::Explain(a) => cmd::admit::explain(a),
+        Command::Top(a) => cmd::top::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Simulate(a) => cmd::simulate::run(a),
     };

@@ -265,3 +265,16 @@ fn a_client_past_its_rate_limit_gets_429_then_is_served_again() {
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(req(&d.socket, "GET", "/v1/status", "").0, 200);
 }
+
+#[test]
+fn top_view_lists_every_node_and_refuses_a_bad_query() {
+    let d = start("epyc-nps4", "");
+    let (code, v) = req(&d.socket, "GET", "/v1/top?limit=5", "");
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 8, "{v}");
+    for q in ["/v1/top?limit=x", "/v1/top?limit=-1", "/v1/top?bogus=1"] {
+        let (code, v) = req(&d.socket, "GET", q, "");
+        assert_eq!(code, 400, "{q}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("bad query"), "{v}");
+    }
+}

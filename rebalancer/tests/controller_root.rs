@@ -190,3 +190,104 @@ fn dry_run_leaves_every_file_byte_identical() {
         "a dry-run daemon wrote to cgroupfs"
     );
 }
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn top_shows_a_busy_workload_on_its_node() {
+    let Some((cg, rel, _guard)) = setup("top") else {
+        return;
+    };
+    let busy = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    cg.add_proc(Controller::Cpuset, &rel, busy.0.id())
+        .expect("join the cgroup");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\ndry_run = true\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[cgroups]\nroots = [\"{rel}\"]\nkubernetes = false\n[controller]\nperiod_ms = 300\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let _daemon = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = dir.path().join("s.sock");
+    let top = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+            .arg("top")
+            .args(args)
+            .arg("--socket")
+            .arg(&sock)
+            .output()
+            .unwrap()
+    };
+    // Wait for a few rounds (the first one has no CPU delta yet).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let view = loop {
+        assert!(std::time::Instant::now() < deadline, "no rounds in 30 s");
+        let out = top(&["--json"]);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["rounds"].as_u64().unwrap_or(0) >= 3 {
+                break v;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let w = view["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["cgroup"] == rel.as_str())
+        .unwrap_or_else(|| panic!("{rel} not in {view}"));
+    let cpu = w["cpu"].as_f64().unwrap();
+    println!("top: {rel} uses {cpu:.2} CPUs, shares {}", w["cpu_share"]);
+    // A spinning shell on a 2-CPU machine shared with the test itself: well over a third of one.
+    assert!(cpu > 0.3 && cpu < 2.5, "{w}");
+    let share_sum: f64 = w["cpu_share"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|s| s.as_f64().unwrap())
+        .sum();
+    assert!((share_sum - 1.0).abs() < 1e-6, "{w}");
+    let nodes = view["nodes"].as_array().unwrap();
+    assert!(!nodes.is_empty());
+    let busy_total: f64 = nodes.iter().map(|n| n["busy"].as_f64().unwrap()).sum();
+    assert!(busy_total > 0.0, "{view}");
+
+    let out = top(&["--once"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(text.contains("NODE") && text.contains("WORKLOAD"), "{text}");
+    assert!(
+        text.lines().any(|l| l.contains(&rel[rel.len() - 8..])),
+        "{text}"
+    );
+}

@@ -7,4 +7,5 @@ pub mod probe;
 pub mod run;
 pub mod sample;
 pub mod simulate;
+pub mod top;
 pub mod topology;

@@ -490,6 +490,7 @@ impl Engine {
             if let Err(e) = s.checkpoint() {
                 tracing::warn!(error = %e, "checkpoint failed");
             }
+            s.last_obs = Some(obs.clone());
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);

@@ -52,6 +52,8 @@ pub struct Shared {
     pub decisions: BTreeMap<String, Decision>,
     /// eBPF / PMU source availability, for `status`.
     pub sources: Vec<serde_json::Value>,
+    /// The last round's observations, for `top`.
+    pub last_obs: Option<crate::controller::Observations>,
 }
 
 impl Shared {

@@ -73,6 +73,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             state: persisted,
             decisions: Default::default(),
             sources: Vec::new(),
+            last_obs: None,
         },
         metrics.clone(),
     );

@@ -109,6 +109,38 @@ impl Allocator {
             .difference(&self.exclusive_cpus())
     }
 
+    /// The CPUs an exclusive allocation may take: the shared pool minus what the shared
+    /// containers need to keep — one CPU of each one's pool, and per node enough shared CPUs to
+    /// carry the node's shared charge within `ratio`. The kept CPUs are the highest-numbered of
+    /// each pool (exclusive allocations pack from the low end), so the hints steer a Guaranteed
+    /// pod to another node rather than starving a Burstable pod confined to this one.
+    fn exclusive_pool(&self, view: &CpuView, ratio: f64) -> CpuSet {
+        let shared = self.shared_pool(view);
+        let mut keep = CpuSet::new();
+        for p in self.pods.values() {
+            for c in p.containers.iter().filter(|c| !c.placement.exclusive) {
+                let pool = c.placement.cpus.intersection(&shared);
+                if pool.is_disjoint(&keep) {
+                    if let Some(last) = pool.iter().last() {
+                        keep.insert(last);
+                    }
+                }
+            }
+        }
+        for cpus in view.nodes.values() {
+            let load: u64 = cpus.iter().filter_map(|c| self.shared_load.get(&c)).sum();
+            let need = (load as f64 / (1000.0 * ratio)).ceil() as usize;
+            let node_shared = cpus.intersection(&shared);
+            let have = node_shared.intersection(&keep).len();
+            let mut spare: Vec<u32> = node_shared.iter().filter(|&c| !keep.contains(c)).collect();
+            spare.reverse();
+            for cpu in spare.into_iter().take(need.saturating_sub(have)) {
+                keep.insert(cpu);
+            }
+        }
+        shared.difference(&keep)
+    }
+
     /// A shared container's cpuset now (its admission pool minus CPUs since made exclusive).
     pub fn current_cpus(&self, uid: &str, container: &str) -> Option<CpuSet> {
         let pod = self.pods.get(uid)?;
@@ -275,7 +307,7 @@ impl Allocator {
         let cpu_hints: ProviderHints = (exclusive > 0).then(|| {
             let h = cpu::exclusive_hints(
                 view,
-                &self.shared_pool(view),
+                &self.exclusive_pool(view, cfg.overcommit_ratio),
                 exclusive as usize,
                 cfg.align_by_socket,
             );
@@ -425,7 +457,8 @@ impl Allocator {
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
                 };
-                let got = cpu::allocate_exclusive(view, &shared, n, affinity, &opts).map_err(
+                let pool = self.exclusive_pool(view, cfg.overcommit_ratio);
+                let got = cpu::allocate_exclusive(view, &pool, n, affinity, &opts).map_err(
                     |e| match e {
                         CpuError::SmtAlignment { .. } => {
                             Rejection::new(R::SmtAlignmentError, e.to_string())

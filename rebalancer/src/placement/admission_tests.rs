@@ -251,3 +251,40 @@ fn state_round_trips_through_json() {
 
 #[path = "admission_props.rs"]
 mod props;
+
+#[test]
+fn guaranteed_pods_go_elsewhere_rather_than_starve_a_confined_burstable_pod() {
+    // A Burstable pod is confined (numa-aware shared pool) to node 0 (CPUs 0-7,64-71) and
+    // charges 12 CPUs' worth there (16 shared CPUs × 1.5 overcommit carry 24). Guaranteed pods
+    // pack from node 0: once node 0 is down to what the Burstable pod needs, they must move on
+    // to node 1, never be refused while the machine is nearly empty.
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let burst = Container {
+        name: "c".into(),
+        cpu_request_millis: 12_000,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    let b = a.admit(&t, &c, &pod("b", vec![burst])).unwrap();
+    assert_eq!(b[0].cpus.to_cpulist(), "0-7,64-71");
+    let mut nodes_used = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let g = a
+            .admit(
+                &t,
+                &c,
+                &pod(&format!("g{i}"), vec![guaranteed("c", 1000, G)]),
+            )
+            .unwrap_or_else(|e| panic!("g{i} refused: {e}"));
+        nodes_used.insert(g[0].mems.to_cpulist());
+        let shared_on_0 = a
+            .current_cpus("b", "c")
+            .unwrap()
+            .intersection(&CpuSet::parse("0-7,64-71").unwrap());
+        // 12 000m at 1.5× overcommit needs 8 shared CPUs on node 0.
+        assert!(shared_on_0.len() >= 8, "after g{i}: {shared_on_0}");
+    }
+    assert!(nodes_used.len() > 1, "{nodes_used:?}");
+}

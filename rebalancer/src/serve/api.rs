@@ -4,7 +4,8 @@
 //!   or 409 `{error, reason, details}` (kubelet-like reason, e.g. TopologyAffinityError);
 //! - `DELETE /v1/pods/{uid}` → 200, or 404 when the pod is unknown;
 //! - `GET /v1/status` → pods, placements, exclusive CPUs, sources, controller counters;
-//! - `GET /v1/explain/{cgroup}` → the cgroup's binding and the controller's last decision.
+//! - `GET /v1/explain/{cgroup}` → the cgroup's binding and the controller's last decision;
+//! - `GET /v1/top?limit=N` → nodes × the N busiest workloads of the last round (`serve::top`).
 //!
 //! Bodies are limited to [`MAX_BODY`] bytes and parsed strictly (unknown fields refused); a bad
 //! request gets a 4xx with a message and changes nothing. Every accepted change is checkpointed
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 use axum::{
     body::Bytes,
-    extract::{DefaultBodyLimit, Path, State},
+    extract::{rejection::QueryRejection, DefaultBodyLimit, Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -37,6 +38,7 @@ pub fn router(d: Daemon) -> Router {
         .route("/v1/pods/{uid}", delete(release))
         .route("/v1/status", get(status))
         .route("/v1/explain/{*cgroup}", get(explain))
+        .route("/v1/top", get(top))
         .fallback(|| async {
             err(
                 StatusCode::NOT_FOUND,
@@ -180,6 +182,22 @@ pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
 async fn status(State(d): State<Daemon>) -> Response {
     let s = d.lock();
     (StatusCode::OK, Json(status_json(&s))).into_response()
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopQuery {
+    limit: Option<usize>,
+}
+
+async fn top(State(d): State<Daemon>, q: Result<Query<TopQuery>, QueryRejection>) -> Response {
+    let limit = match q {
+        Ok(Query(q)) => q.limit.unwrap_or(20).min(10_000),
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
+    };
+    let s = d.lock();
+    let view = crate::serve::top::build(&s, s.last_obs.as_ref(), limit);
+    (StatusCode::OK, Json(view)).into_response()
 }
 
 async fn explain(State(d): State<Daemon>, Path(cgroup): Path<String>) -> Response {

@@ -6,6 +6,7 @@ pub mod client;
 pub mod metrics;
 pub mod ratelimit;
 pub mod socket;
+pub mod top;
 
 use std::net::SocketAddr;
 
