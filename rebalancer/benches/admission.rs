@@ -4,6 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use rebalancer::checkpoint;
 use rebalancer::config::{PlacementConfig, TopologyPolicy};
 use rebalancer::placement::admission::{Allocator, Container, Pod};
 use rebalancer::topology::{DeviceClass, PciDevice, Topology, TopologyBuilder};
@@ -121,6 +122,14 @@ fn bench(c: &mut Criterion) {
             ),
             ("gpu-hugepages", pod("x", vec![gpu])),
         ];
+        if policy == TopologyPolicy::BestEffort {
+            // The checkpoint every admission writes before it answers: the half-full
+            // allocator's state, to tmpfs (so the figure is CPU, not the disk's fsync).
+            let dir = tempfile::tempdir_in("/dev/shm").expect("tmpfs dir");
+            c.bench_function("checkpoint/save-half-full", |bch| {
+                bch.iter(|| checkpoint::save(dir.path(), black_box(&base)).expect("save"))
+            });
+        }
         for (name, p) in cases {
             let mut a = base.clone();
             c.bench_function(&format!("admit/{policy:?}/{name}"), |bch| {

@@ -53,7 +53,7 @@ pub struct Config {
 pub struct DaemonConfig {
     /// Stands for `/sys`: topology is read below it.
     pub sysfs_root: PathBuf,
-    /// Where the daemon keeps its checkpoint.
+    /// Where the daemon keeps its checkpoint (tmpfs by default: it lives as long as cgroupfs).
     pub state_dir: PathBuf,
     /// Compute and log everything, write nothing to cgroupfs.
     pub dry_run: bool,
@@ -65,7 +65,7 @@ impl Default for DaemonConfig {
     fn default() -> Self {
         Self {
             sysfs_root: "/sys".into(),
-            state_dir: "/var/lib/rebalancer".into(),
+            state_dir: "/run/rebalancer/state".into(),
             dry_run: false,
             log_level: "info".into(),
         }
