@@ -157,12 +157,25 @@ impl CpuSet {
         s
     }
 
+    /// Adds every CPU of `other` in place (no allocation when `self` is already as wide).
+    pub fn union_with(&mut self, other: &CpuSet) {
+        if self.words.len() < other.words.len() {
+            self.words.resize(other.words.len(), 0);
+        }
+        for (a, b) in self.words.iter_mut().zip(&other.words) {
+            *a |= b;
+        }
+    }
+
     pub fn is_subset(&self, other: &CpuSet) -> bool {
-        self.difference(other).is_empty()
+        self.words
+            .iter()
+            .enumerate()
+            .all(|(i, a)| a & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
 
     pub fn is_disjoint(&self, other: &CpuSet) -> bool {
-        self.intersection(other).is_empty()
+        self.words.iter().zip(&other.words).all(|(a, b)| a & b == 0)
     }
 
     /// The kernel's compact cpulist form (`0-3,8`); empty string for the empty set.
@@ -295,6 +308,21 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn in_place_and_word_wise_ops_match_set_semantics(
+            a in proptest::collection::btree_set(0u32..300, 0..40),
+            b in proptest::collection::btree_set(0u32..300, 0..40),
+        ) {
+            let (sa, sb): (CpuSet, CpuSet) = (a.iter().copied().collect(), b.iter().copied().collect());
+            let mut u = sa.clone();
+            u.union_with(&sb);
+            let want: CpuSet = a.union(&b).copied().collect();
+            proptest::prop_assert_eq!(&u, &want);
+            proptest::prop_assert_eq!(&sa.union(&sb), &want);
+            proptest::prop_assert_eq!(sa.is_subset(&sb), a.is_subset(&b));
+            proptest::prop_assert_eq!(sa.is_disjoint(&sb), a.is_disjoint(&b));
+        }
+
         #[test]
         fn cpulist_round_trips(ids in proptest::collection::btree_set(0u32..600, 0..80)) {
             let s: CpuSet = ids.iter().copied().collect();

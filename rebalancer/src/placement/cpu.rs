@@ -104,9 +104,11 @@ impl CpuView {
 
     /// CPUs of the nodes in `mask`.
     pub fn cpus_of_mask(&self, mask: NodeMask) -> CpuSet {
-        mask.ids()
-            .filter_map(|n| self.nodes.get(&n))
-            .fold(CpuSet::new(), |a, s| a.union(s))
+        let mut cpus = CpuSet::new();
+        for s in mask.ids().filter_map(|n| self.nodes.get(&n)) {
+            cpus.union_with(s);
+        }
+        cpus
     }
 
     /// CPUs in fully free cores of `available`.
@@ -114,7 +116,10 @@ impl CpuView {
         self.cores
             .values()
             .filter(|c| c.len() == self.cpus_per_core && c.is_subset(available))
-            .fold(CpuSet::new(), |a, s| a.union(s))
+            .fold(CpuSet::new(), |mut a, s| {
+                a.union_with(s);
+                a
+            })
     }
 
     fn sockets_first(&self) -> bool {
