@@ -287,12 +287,12 @@ impl Engine {
             .collect()
     }
 
-    /// Constraints of one cgroup: admission's promises for bound containers, and the operator's
-    /// pins (task affinity, or a cpuset we did not write) for everything else.
-    fn constraints(&self, s: &super::Shared, cg: &str, eff_cpus: &CpuSet) -> Constraints {
-        let topo = &s.topo;
+    /// Constraints of a cgroup bound to an admitted container: admission's promises. No I/O
+    /// (called under the daemon lock); `None` when the cgroup is not ours.
+    fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
         let mut c = Constraints::default();
-        if let Some(b) = s.state.bindings.get(cg) {
+        {
+            let b = s.state.bindings.get(cg)?;
             if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
                 if let Some(ac) = pod
                     .containers
@@ -319,9 +319,14 @@ impl Engine {
                     }
                 }
             }
-            return c;
         }
-        // Not ours: the threads' own affinity and the cgroup's cpuset are the operator's choice.
+        Some(c)
+    }
+
+    /// Constraints of a cgroup we did not admit: the threads' own affinity and the cgroup's
+    /// cpuset are the operator's choice. Reads /proc: call without the daemon lock.
+    fn operator_constraints(&self, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
+        let mut c = Constraints::default();
         let mut allowed = CpuSet::new();
         for pid in self
             .cgroups
@@ -376,8 +381,16 @@ impl Engine {
             nodes,
             reserved_cpus: cfg.reserved_cpus(),
         };
-        {
+        // Admission's promises under a short lock; every file read happens without it, so
+        // admissions are never held up by a round's I/O.
+        let bound: BTreeMap<String, Constraints> = {
             let s = d.lock();
+            managed
+                .iter()
+                .filter_map(|cg| Self::bound_constraints(&s, cg).map(|c| (cg.clone(), c)))
+                .collect()
+        };
+        {
             for cg in &managed {
                 let (Ok(cpus), Ok(mems)) = (
                     self.cgroups.effective_cpus(cg),
@@ -403,7 +416,10 @@ impl Engine {
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
-                let constraints = self.constraints(&s, cg, &cpus);
+                let constraints = match bound.get(cg) {
+                    Some(c) => c.clone(),
+                    None => self.operator_constraints(&topo, cg, &cpus),
+                };
                 obs.cgroups.push(CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
