@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cpuset::CpuSet;
+
 pub mod actuator;
 pub mod fake;
 pub mod locality;
@@ -40,6 +42,10 @@ pub struct CgroupState {
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
     pub moves: u64,
+    /// The cpuset.cpus the last move wrote: when the cgroup's CPUs differ from it, someone else
+    /// (the operator) has moved the workload since, and the cooldown no longer applies.
+    #[serde(default)]
+    pub last_cpus: Option<CpuSet>,
 }
 
 /// The controller's memory across rounds (serialisable into the checkpoint).
@@ -76,6 +82,7 @@ impl ControllerState {
     pub fn record_move(&mut self, mv: &Move, now_ms: u64) {
         let st = self.cgroups.entry(mv.cgroup.clone()).or_default();
         st.last_move_ms = Some(now_ms);
+        st.last_cpus = Some(mv.to_cpus.clone());
         st.smoothed = None;
         st.moves += 1;
         self.moves_total += 1;
@@ -93,9 +100,21 @@ impl ControllerState {
         self.failed_moves_total += 1;
     }
 
-    /// Milliseconds of cooldown left for `cgroup` at `now_ms`, or `None` when it may move.
-    pub fn cooldown_remaining(&self, cgroup: &str, now_ms: u64, cooldown_ms: u64) -> Option<u64> {
-        let last = self.cgroups.get(cgroup)?.last_move_ms?;
+    /// Milliseconds of cooldown left for `cgroup` (whose cpuset.cpus is now `cpus`) at
+    /// `now_ms`, or `None` when it may move — also when its CPUs were changed by someone else
+    /// since our last move (the situation the cooldown protected is gone).
+    pub fn cooldown_remaining(
+        &self,
+        cgroup: &str,
+        cpus: &CpuSet,
+        now_ms: u64,
+        cooldown_ms: u64,
+    ) -> Option<u64> {
+        let st = self.cgroups.get(cgroup)?;
+        let last = st.last_move_ms?;
+        if st.last_cpus.as_ref().is_some_and(|c| c != cpus) {
+            return None;
+        }
         let until = last.saturating_add(cooldown_ms);
         (now_ms < until).then(|| until - now_ms)
     }

@@ -28,6 +28,11 @@ pub struct Constraints {
     pub max_nodes: Option<u32>,
     /// Pinned by the operator (or adopted from an external writer): never moved.
     pub pinned: bool,
+    /// The operator owns cpuset.cpus (a cgroup we did not admit): only its memory moves (to
+    /// `allowed_nodes`, where its threads may run); its CPUs are never narrowed or widened, so
+    /// a thread's later sched_setaffinity to any CPU of the cgroup keeps working.
+    #[serde(default)]
+    pub keep_cpus: bool,
 }
 
 /// One managed cgroup's measurements over the last period.

@@ -160,7 +160,16 @@ fn evaluate(
     if c.exclusive && !cfg.move_exclusive {
         return eval(Outcome::Skipped(Skip::Exclusive));
     }
-    if let Some(remaining_ms) = state.cooldown_remaining(&cg.id, now_ms, cfg.cooldown_ms) {
+    // Memory bound to nodes where the threads may no longer run (the operator moved them):
+    // fixed now, not after the cooldown.
+    let misplaced = c
+        .allowed_nodes
+        .as_ref()
+        .is_some_and(|a| !cg.mems.is_subset(a));
+    if let Some(remaining_ms) = state
+        .cooldown_remaining(&cg.id, &cg.cpus, now_ms, cfg.cooldown_ms)
+        .filter(|_| !misplaced)
+    {
         return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
     }
     // `considered` is filled from `options` when the plan is finished.

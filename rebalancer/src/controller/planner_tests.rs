@@ -214,6 +214,49 @@ fn planner_rules() {
             &[("a", "moved")],
         )
     });
+    // A cgroup we did not admit, spanning every node, whose threads the operator pinned to
+    // node 1 (their affinity): memory follows to node 1, the cgroup's CPUs are never narrowed
+    // (a thread may later set its affinity to any of them).
+    let operators = |cpu_node: u32, allowed: &str| {
+        let mut c = cg("w", &[(cpu_node, 1.0)], &[(0, 512)], "0-31", "0-3");
+        c.constraints.keep_cpus = true;
+        c.constraints.allowed_nodes = Some(set(allowed));
+        c
+    };
+    check(base(
+        "operator's CPUs: move only the memory",
+        world(vec![operators(1, "1")]),
+        &[("w", "0-31", "1", 512)],
+        &[("w", "moved")],
+    ));
+    // After that move the thread moves itself to node 2: its memory is now bound where it may
+    // not run, so the cooldown does not hold the fix back.
+    let mut after = operators(2, "2");
+    after.mems = set("1");
+    after.mem_bytes_per_node = [(1, 512 * MIB)].into();
+    let mut st = moved_at("w", 95_000);
+    st.cgroups.get_mut("w").unwrap().last_cpus = Some(set("0-31"));
+    check(Case {
+        state: st.clone(),
+        ..base(
+            "operator moved the threads: no cooldown",
+            world(vec![after]),
+            &[("w", "0-31", "2", 512)],
+            &[("w", "moved")],
+        )
+    });
+    // Our own cgroup whose CPUs someone else changed after our move: cooldown waived too.
+    let mut st = moved_at("a", 90_000);
+    st.cgroups.get_mut("a").unwrap().last_cpus = Some(set("4-7,20-23"));
+    check(Case {
+        state: st,
+        ..base(
+            "CPUs changed by someone else since our move: no cooldown",
+            world(vec![cg("a", &[(0, 2.0)], &[(1, 8192)], "0-3,16-19", "0-1")]),
+            &[("a", "4-7,20-23", "1", 0)],
+            &[("a", "moved")],
+        )
+    });
     check(Case {
         cfg: ControllerConfig {
             min_gain: 0.3,
@@ -528,6 +571,7 @@ prop_compose! {
         allowed in proptest::option::of(arb_nodes()),
         exclusive in any::<bool>(),
         single in any::<bool>(),
+        keep in any::<bool>(),
         faults in proptest::option::of((0u64..1000, 0u64..1000)),
     ) -> CgroupObs {
         let topo = big();
@@ -549,6 +593,7 @@ prop_compose! {
                 allowed_nodes: allowed,
                 exclusive,
                 single_numa_node: single,
+                keep_cpus: keep && !exclusive,
                 ..Default::default()
             },
             ..Default::default()
@@ -624,22 +669,34 @@ proptest! {
         for m in &p.moves {
             let c = obs.cgroups.iter().find(|c| c.id == m.cgroup).unwrap();
             prop_assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty(), "{m:?}");
-            prop_assert!(state.cooldown_remaining(&m.cgroup, now, cfg.cooldown_ms).is_none());
-            let cpu_nodes: CpuSet = m.to_cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
-            prop_assert!(cpu_nodes.is_subset(&m.to_mems), "{m:?}");
+            let misplaced = c.constraints.allowed_nodes.as_ref().is_some_and(|a| !c.mems.is_subset(a));
+            prop_assert!(misplaced || state.cooldown_remaining(&m.cgroup, &c.cpus, now, cfg.cooldown_ms).is_none());
+            if c.constraints.keep_cpus {
+                // The operator's CPUs are never rewritten; only memory moves.
+                prop_assert_eq!(&m.to_cpus, &c.cpus);
+            } else {
+                let cpu_nodes: CpuSet = m.to_cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
+                prop_assert!(cpu_nodes.is_subset(&m.to_mems), "{m:?}");
+            }
             if let Some(a) = &c.constraints.allowed_nodes {
                 prop_assert!(m.to_mems.is_subset(a), "{m:?} outside {a}");
             }
             if c.constraints.single_numa_node {
                 prop_assert_eq!(m.to_mems.len(), 1);
             }
-            prop_assert!(m.to_cpus.is_disjoint(&obs.reserved_cpus), "{m:?}");
+            if !c.constraints.keep_cpus {
+                prop_assert!(m.to_cpus.is_disjoint(&obs.reserved_cpus), "{m:?}");
+            } else {
+                // Memory only to nodes holding some of the operator's CPUs.
+                let cpu_nodes: CpuSet = c.cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
+                prop_assert!(m.to_mems.is_subset(&cpu_nodes), "{m:?}");
+            }
             if c.constraints.exclusive {
                 prop_assert!(cfg.move_exclusive);
                 let others = excl_claimed.difference(&c.cpus);
                 prop_assert!(m.to_cpus.is_disjoint(&others), "{m:?} overlaps {others}");
                 excl_claimed = others.union(&m.to_cpus);
-            } else {
+            } else if !c.constraints.keep_cpus {
                 prop_assert!(m.to_cpus.is_disjoint(&excl_claimed), "{m:?} on exclusive CPUs");
             }
             prop_assert_eq!(&m.from_cpus, &c.cpus);

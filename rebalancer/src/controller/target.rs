@@ -148,7 +148,7 @@ impl<'t> Projection<'t> {
                 && self
                     .pool
                     .keys()
-                    .any(|&n| self.busy(n) < cfg.overload_busy && allowed(cg, n))
+                    .any(|&n| self.busy(n) < cfg.overload_busy && self.allowed(cg, n))
             {
                 let nodes = cg
                     .cpu_ns_per_node
@@ -196,6 +196,13 @@ impl<'t> Projection<'t> {
             c.max_nodes.unwrap_or(u32::MAX).max(1)
         };
         let capacity = |n: u32| -> usize {
+            if c.keep_cpus {
+                // The operator's CPUs stay: what the node offers is the part of them on it.
+                return self
+                    .topo
+                    .node(n)
+                    .map_or(0, |node| node.cpus.intersection(&cg.cpus).len());
+            }
             let pool = self.pool.get(&n).map_or(0, |p| p.len());
             let own = if own_excl.is_empty() {
                 0
@@ -208,7 +215,7 @@ impl<'t> Projection<'t> {
         };
         let mut sets: Vec<CpuSet> = Vec::new();
         for (&seed, nearest) in &self.nearest {
-            if !allowed(cg, seed) {
+            if !self.allowed(cg, seed) {
                 continue;
             }
             let mut t = CpuSet::new();
@@ -218,7 +225,7 @@ impl<'t> Projection<'t> {
                 if cap >= need_cpus as usize {
                     break;
                 }
-                if allowed(cg, n) {
+                if self.allowed(cg, n) {
                     t.insert(n);
                     cap += capacity(n);
                 }
@@ -300,11 +307,11 @@ impl<'t> Projection<'t> {
             .filter_map(|n| self.pool.get(&n))
             .map(|p| p.len())
             .sum();
-        // Already on these nodes with a narrower shared cpuset (admission's choice): keep it.
+        // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
+        // cpuset (admission's choice): keep them.
         let keep_cpus = picked.is_none()
-            && t == cg.mems
             && !cg.cpus.is_empty()
-            && cg.cpus.is_subset(&self.pool_of(&t));
+            && (cg.constraints.keep_cpus || (t == cg.mems && cg.cpus.is_subset(&self.pool_of(&t))));
         let n_cpus = match &picked {
             Some(p) => p.len(),
             None if keep_cpus => cg.cpus.len(),
@@ -457,13 +464,20 @@ impl<'t> Projection<'t> {
         self.moves_left = self.moves_left.saturating_sub(1);
         self.dirty = true;
     }
-}
 
-fn allowed(cg: &CgroupObs, node: u32) -> bool {
-    cg.constraints
-        .allowed_nodes
-        .as_ref()
-        .is_none_or(|a| a.contains(node))
+    /// Whether `cg` may use `node`: its allowed nodes, and for a cgroup whose CPUs are the
+    /// operator's (`keep_cpus`), only nodes holding some of those CPUs.
+    fn allowed(&self, cg: &CgroupObs, node: u32) -> bool {
+        cg.constraints
+            .allowed_nodes
+            .as_ref()
+            .is_none_or(|a| a.contains(node))
+            && (!cg.constraints.keep_cpus
+                || self
+                    .topo
+                    .node(node)
+                    .is_some_and(|n| !n.cpus.is_disjoint(&cg.cpus)))
+    }
 }
 
 /// Sum that saturates instead of overflowing on absurd input.

@@ -326,7 +326,10 @@ impl Engine {
     /// Constraints of a cgroup we did not admit: the threads' own affinity and the cgroup's
     /// cpuset are the operator's choice. Reads /proc: call without the daemon lock.
     fn operator_constraints(&self, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
-        let mut c = Constraints::default();
+        let mut c = Constraints {
+            keep_cpus: true,
+            ..Default::default()
+        };
         let mut allowed = CpuSet::new();
         for pid in self
             .cgroups
