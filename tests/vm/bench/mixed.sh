@@ -7,15 +7,18 @@
 #   w1: MIB MiB first-touched on B; at t=0 the operator pins its cgroup to A's CPUs.
 #   w2: the same; at t=SHIFT the operator re-pins it to B (the CPU load shifts).
 #   w3: MIB MiB first-touched on A, then the process moves its own affinity to B (no cpuset pin).
-#   load: one busy thread pinned to A at t=0, re-pinned to B at t=SHIFT.
-# The manager (if any) runs from before the workload starts. Every second: the workload's
-# aggregate locality (pages on the nodes where its threads may run, `guest-tool locality`).
+# Each hog is a busy thread (it keeps touching its memory), so w2's re-pin is CPU load moving
+# from A to B. The CPUs are not saturated (3 busy threads, 4 CPUs): numad only moves a process
+# to a node with spare CPU. The manager (if any) runs from before the workload starts. About
+# every second: the workload's aggregate locality (pages on the nodes where its threads may run,
+# `guest-tool locality`), stamped when the measurement returns (reading numa_maps can stall for
+# seconds while a large migration runs under TCG).
 # Output for the host (xtask/src/vm/bench.rs): data block `bench` with lines
 #   cond=.. mib=.. window=.. shift=.. period_ms=..
 #   sample t=<s> pids=.. missing=.. pages=.. local_pages=.. local=.. mig=<pgmigrate since t=0>
 #   shift t=<s>
 #   result pgmigrate=.. numa_pte_updates=.. numa_hint_faults=.. numa_pages_migrated=..
-#          mgr=.. mgr_cpu_ticks=..|na mgr_alive=yes|no|na clk_tck=..
+#          mgr=.. mgr_cpu_ticks=..|na mgr_total_ticks=..|na mgr_alive=yes|no|na clk_tck=..
 . /vm/lib.sh
 . /vm/topology.env
 . /vm/bench.env
@@ -36,10 +39,21 @@ vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat; }
 ticks() { awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null; }
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.1f", b - a}'; }
 
+# rmdir_tree DIR: removes DIR and its children, retrying while dying processes still hold them.
+rmdir_tree() {
+    i=0
+    while [ -d "$1" ] && [ $i -lt 60 ]; do
+        for d in $(find "$1" -mindepth 1 -type d | sort -r) "$1"; do rmdir "$d" 2>/dev/null; done
+        [ -d "$1" ] && sleep 0.5
+        i=$((i + 1))
+    done
+    [ ! -d "$1" ]
+}
+rmdir_tree "$CG" || { verdict "$S" FAIL "a previous condition's $CG is still busy"; exit 0; }
 echo "$NB" > /proc/sys/kernel/numa_balancing
 mkdir "$CG" || { verdict "$S" FAIL "cannot create $CG"; exit 0; }
 echo "+cpuset +memory +cpu" > "$CG"/cgroup.subtree_control
-for w in w1 w2 w3 load; do mkdir "$CG/$w"; done
+for w in w1 w2 w3; do mkdir "$CG/$w"; done
 
 # The manager, started before the workload (a service that is already running).
 MGR_PID=
@@ -48,7 +62,7 @@ case $MGR in
         [ -x /bin/numad ] || { verdict "$S" FAIL "no numad in the guest"; exit 0; }
         mkdir -p /var/log /var/run
         # -i 1:2: scan every 1-2 s (default 5-15 s); -H 0: leave khugepaged's setting alone.
-        LD_LIBRARY_PATH=/lib/x86_64-linux-gnu numad -i 1:2 -H 0 -l 6 &
+        LD_LIBRARY_PATH=/lib/x86_64-linux-gnu numad -i 1:2 -H 0 -l 7 &
         i=0
         while [ -z "$MGR_PID" ] && [ $i -lt 20 ]; do
             sleep 0.5; i=$((i + 1)); MGR_PID=$(pidof numad)
@@ -102,11 +116,9 @@ for f in /tmp/w1.out /tmp/w2.out /tmp/w3.out; do
 done
 echo "# allocated 3 x $MIB MiB in $(since "$t") s"
 
-# t=0: the operator pins w1, w2 and the load to A.
+# t=0: the operator pins w1 and w2 to A.
 cpus_of "$A" > "$CG"/w1/cpuset.cpus
 cpus_of "$A" > "$CG"/w2/cpuset.cpus
-cpus_of "$A" > "$CG"/load/cpuset.cpus
-P4=$(start load /tmp/load.out "guest-tool spin --threads 1 --seconds 100000")
 MIG0=$(vmstat pgmigrate_success)
 PTE0=$(vmstat numa_pte_updates)
 HINT0=$(vmstat numa_hint_faults)
@@ -122,31 +134,43 @@ measure() {
         now=$(since "$T0")
         if [ $shifted = no ] && ! fgt "$SHIFT" "$now"; then
             cpus_of "$B" > "$CG"/w2/cpuset.cpus
-            cpus_of "$B" > "$CG"/load/cpuset.cpus
             echo "shift t=$now"
             shifted=yes
         fi
-        tot=$(guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" --pid "$P4" | sed -n 's/^LOCALITY-TOTAL //p')
+        tot=$(guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
+        now=$(since "$T0")
         echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0))"
-        fgt "$now" "$WINDOW" && break
+        ! fgt "$WINDOW" "$now" && break
         sleep 1
     done
-    cpu=na; alive=na
+    cpu=na; total=na; alive=na
     if [ -n "$MGR_PID" ]; then
         alive=no
-        if kill -0 "$MGR_PID" 2>/dev/null; then alive=yes; cpu=$(($(ticks "$MGR_PID") - CPU0)); fi
+        if kill -0 "$MGR_PID" 2>/dev/null; then
+            alive=yes; total=$(ticks "$MGR_PID"); cpu=$((total - CPU0))
+        fi
     fi
-    echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
+    echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
 }
 data bench measure
 
 # For the reader of the log.
-for w in w1 w2 w3 load; do
+for w in w1 w2 w3; do
     echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"
 done
-guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" --pid "$P4" | grep '^LOCALITY' | sed 's/^/# /'
+guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | grep '^LOCALITY' | sed 's/^/# /'
 case $MGR in
-    numad) echo "# numad log (tail):"; tail -25 /var/log/numad.log ;;
+    numad)
+        echo "# numad log (decisions):"
+        grep -E 'Advis|moved|Bad|Skipping|Tried|percent|Could not|Cannot' /var/log/numad.log | tail -30
+        echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
     rebalancer) echo "# daemon log (moves):"; grep -v 'round done' /tmp/bench-daemon.log | tail -25 ;;
 esac
+# Clean slate for the next condition: the workload and the manager gone, their memory freed.
+kill -9 "$P1" "$P2" "$P3" $MGR_PID 2>/dev/null
+i=0
+while [ $i -lt 60 ] && { [ -d /proc/"$P1" ] || [ -d /proc/"$P2" ] || [ -d /proc/"$P3" ]; }; do
+    sleep 0.5; i=$((i + 1))
+done
+rmdir_tree "$CG" || echo "# $CG still busy after the workload was killed"
 exit 0

@@ -24,7 +24,10 @@ pub const CONDITIONS: &[(&str, &str)] = &[
     ("autonuma", "kernel AutoNUMA (numa_balancing=1)"),
     ("numad", "numad -i 1:2 (numa_balancing=0)"),
     ("rebalancer", "rebalancer (numa_balancing=0)"),
-    ("rebalancer-autonuma", "rebalancer + AutoNUMA (numa_balancing=1)"),
+    (
+        "rebalancer-autonuma",
+        "rebalancer + AutoNUMA (numa_balancing=1)",
+    ),
 ];
 
 #[derive(Debug, clap::Args)]
@@ -39,10 +42,10 @@ pub struct VmBenchArgs {
     #[arg(long, default_value_t = 320)]
     pub mib: u32,
     /// Measured window per condition (s).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 90)]
     pub window: u32,
-    /// When the operator re-pins w2 and the load to the other node (s into the window).
-    #[arg(long, default_value_t = 30)]
+    /// When the operator re-pins w2 to the other node (s into the window).
+    #[arg(long, default_value_t = 45)]
     pub shift: u32,
     /// The rebalancer's control period (ms).
     #[arg(long, default_value_t = 2000)]
@@ -168,6 +171,8 @@ pub struct Row {
     pub hint_faults: u64,
     /// The manager's own CPU time in the window (s); `None` without a manager process.
     pub mgr_cpu_s: Option<f64>,
+    /// The same since the manager started (start-up included).
+    pub mgr_total_s: Option<f64>,
     pub mgr: String,
     /// Something that makes the row suspect (a workload process or the manager died).
     pub note: Option<String>,
@@ -198,10 +203,14 @@ pub fn summarize(r: &CondRun) -> Result<Row, String> {
     });
     let mgr = r.get("mgr").unwrap_or("none").to_string();
     let clk = r.num("clk_tck").unwrap_or(100).max(1) as f64;
-    let mgr_cpu_s = match r.get("mgr_cpu_ticks") {
-        Some("na") | None => None,
-        Some(_) => Some(r.num("mgr_cpu_ticks")? as f64 / clk),
+    let ticks = |k: &str| -> Result<Option<f64>, String> {
+        match r.get(k) {
+            Some("na") | None => Ok(None),
+            Some(_) => Ok(Some(r.num(k)? as f64 / clk)),
+        }
     };
+    let mgr_cpu_s = ticks("mgr_cpu_ticks")?;
+    let mgr_total_s = ticks("mgr_total_ticks")?;
     let mut notes = Vec::new();
     if s.iter().any(|x| x.missing > 0) {
         notes.push("a workload process died".to_string());
@@ -218,6 +227,7 @@ pub fn summarize(r: &CondRun) -> Result<Row, String> {
         pte_updates: r.num("numa_pte_updates")?,
         hint_faults: r.num("numa_hint_faults")?,
         mgr_cpu_s,
+        mgr_total_s,
         mgr,
         note: (!notes.is_empty()).then(|| notes.join("; ")),
     })
@@ -237,10 +247,11 @@ pub fn table(rows: &[(&str, Result<Row, String>)], window: u32) -> String {
         let _ = match row {
             Err(e) => writeln!(out, "| {label} | no data: {e} | | | | | | |"),
             Ok(r) => {
-                let cpu = match r.mgr_cpu_s {
-                    Some(c) => format!("{c:.2} s"),
-                    None if r.pte_updates > 0 => "kernel (in the tasks)".into(),
-                    None => "—".into(),
+                let cpu = match (r.mgr_cpu_s, r.mgr_total_s) {
+                    (Some(c), Some(t)) => format!("{c:.2} s ({t:.2} s since start)"),
+                    (Some(c), None) => format!("{c:.2} s"),
+                    (None, _) if r.pte_updates > 0 => "kernel (in the tasks)".into(),
+                    (None, _) => "—".into(),
                 };
                 let note = r.note.as_ref().map_or(String::new(), |n| format!(" ({n})"));
                 writeln!(
@@ -293,7 +304,10 @@ fn numad() -> Result<PathBuf> {
     fs::copy(x.join("usr/bin/numad"), &bin).context("the numad package has no usr/bin/numad")?;
     fs::write(
         dir.join("package"),
-        format!("{}\n", deb.file_name().unwrap_or_default().to_string_lossy()),
+        format!(
+            "{}\n",
+            deb.file_name().unwrap_or_default().to_string_lossy()
+        ),
     )?;
     fs::remove_dir_all(&dl)?;
     eprintln!("vm-bench: cached numad as {}", bin.display());
@@ -331,7 +345,11 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
             .collect::<Result<_>>()?
     };
     if a.shift >= a.window {
-        bail!("--shift ({}) must fall inside --window ({})", a.shift, a.window);
+        bail!(
+            "--shift ({}) must fall inside --window ({})",
+            a.shift,
+            a.window
+        );
     }
     let assets = assets::prepare(a.rebalancer_bin.as_deref())?;
     let numad = numad()?;
@@ -414,11 +432,14 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
         .collect();
     let md = table(&rows, a.window);
     let head = format!(
-        "Topology {} ({}), {} MiB per node; workload 3 x {} MiB + 1 busy thread; window {} s, shift at {} s; rebalancer period {} ms.\n\n",
+        "Topology {} ({}), {} MiB per node; workload 3 busy hogs x {} MiB; window {} s, shift at {} s; rebalancer period {} ms.\n\n",
         topo.name, topo.about, topo.nodes[0].mem_mib, a.mib, a.window, a.shift, a.period_ms
     );
     fs::write(dir.join("results.md"), format!("{head}{md}"))?;
-    println!("\n=== vm-bench results (log: {})\n\n{head}{md}", log.display());
+    println!(
+        "\n=== vm-bench results (log: {})\n\n{head}{md}",
+        log.display()
+    );
     println!(
         "=== vm-bench total {:.0}s (guest {:.0}s)",
         t0.elapsed().as_secs_f64(),
@@ -448,10 +469,13 @@ sample t=4.1 pids=4 missing=0 pages=100 local_pages=96 local=0.9600 mig=96
 shift t=30.0
 sample t=30.0 pids=4 missing=0 pages=100 local_pages=60 local=0.6000 mig=96
 sample t=36.1 pids=4 missing=0 pages=100 local_pages=100 local=1.0000 mig=136
-result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_alive=yes clk_tck=100
+result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_total_ticks=450 mgr_alive=yes clk_tck=100
 ";
 
-    fn check(text: &str, want: Result<(f64, Option<f64>, Option<f64>, u64), &str>) {
+    /// Final locality, time to 95% after the pins and after the shift, pages migrated.
+    type Want = (f64, Option<f64>, Option<f64>, u64);
+
+    fn check(text: &str, want: Result<Want, &str>) {
         let got = parse_block(text).and_then(|r| summarize(&r));
         match (got, want) {
             (Ok(r), Ok((fin, t95, t95s, mig))) => {
@@ -477,7 +501,10 @@ result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
             "sample t=1 pids=1 missing=0 pages=1 local_pages=1 mig=0\n",
             Err("no result line"),
         );
-        check("sample t=x pages=1\nresult pgmigrate=0\n", Err("bad sample"));
+        check(
+            "sample t=x pages=1\nresult pgmigrate=0\n",
+            Err("bad sample"),
+        );
         check(
             "sample t=1 pids=1 missing=0 pages=1 local_pages=1\nresult pgmigrate=zz\n",
             Err("not a number"),
@@ -487,13 +514,16 @@ result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
     #[test]
     fn summary_details_and_table() {
         let r = summarize(&parse_block(BLOCK).unwrap()).unwrap();
-        assert_eq!(r.mgr_cpu_s, Some(1.5));
+        assert_eq!((r.mgr_cpu_s, r.mgr_total_s), (Some(1.5), Some(4.5)));
         assert_eq!(r.note, None);
         // Step-weighted mean: 0 for 2 s, .5 for 2 s, .96 for 25.9 s, .6 for 6.1 s, over 36 s.
         let want = (0.5 * 2.0 + 0.96 * 25.9 + 0.6 * 6.1) / 36.0;
         assert!((r.mean_local - want).abs() < 1e-9, "{}", r.mean_local);
         let died = BLOCK
-            .replace("missing=0 pages=100 local_pages=60", "missing=1 pages=100 local_pages=60")
+            .replace(
+                "missing=0 pages=100 local_pages=60",
+                "missing=1 pages=100 local_pages=60",
+            )
             .replace("mgr_alive=yes", "mgr_alive=no");
         let d = summarize(&parse_block(&died).unwrap()).unwrap();
         assert_eq!(
@@ -501,19 +531,16 @@ result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
             Some("a workload process died; rebalancer exited during the window")
         );
         let kernel = BLOCK.replace(
-            "numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_alive=yes",
-            "numa_pte_updates=5 numa_hint_faults=7 numa_pages_migrated=3 mgr=none mgr_cpu_ticks=na mgr_alive=na",
+            "numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_total_ticks=450 mgr_alive=yes",
+            "numa_pte_updates=5 numa_hint_faults=7 numa_pages_migrated=3 mgr=none mgr_cpu_ticks=na mgr_total_ticks=na mgr_alive=na",
         );
         let k = summarize(&parse_block(&kernel).unwrap()).unwrap();
-        let t = table(
-            &[("A", Ok(r)), ("K", Ok(k)), ("X", Err("boom".into()))],
-            60,
-        );
+        let t = table(&[("A", Ok(r)), ("K", Ok(k)), ("X", Err("boom".into()))], 60);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5, "{t}");
         assert_eq!(
             lines[2],
-            "| A | 100.0% | 82.0% | 4.1 s | 6.1 s | 136 | 1.50 s | 0 / 0 |"
+            "| A | 100.0% | 82.0% | 4.1 s | 6.1 s | 136 | 1.50 s (4.50 s since start) | 0 / 0 |"
         );
         assert!(lines[3].contains("kernel (in the tasks)") && lines[3].ends_with("| 5 / 7 |"));
         assert_eq!(lines[4], "| X | no data: boom | | | | | | |");
