@@ -159,12 +159,17 @@ for w in w1 w2 w3; do
     echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"
 done
 guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | grep '^LOCALITY' | sed 's/^/# /'
+for w in w1 w2 w3; do grep -H 'error' /tmp/$w.out | sed 's/^/# workload /'; done
 case $MGR in
     numad)
         echo "# numad log (decisions):"
         grep -E 'Advis|moved|Bad|Skipping|Tried|percent|Could not|Cannot' /var/log/numad.log | tail -30
         echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
-    rebalancer) echo "# daemon log (moves):"; grep -v 'round done' /tmp/bench-daemon.log | tail -25 ;;
+    rebalancer)
+        echo "# daemon log (moves):"; grep -v 'round done' /tmp/bench-daemon.log | grep -v 'eBPF source' | tail -25
+        for w in w1 w2 w3; do
+            echo "# rebalancer explain bench/$w:"; rebalancer explain bench/$w 2>&1 | head -40
+        done ;;
 esac
 # Clean slate for the next condition: the workload and the manager gone, their memory freed.
 kill -9 "$P1" "$P2" "$P3" $MGR_PID 2>/dev/null
