@@ -6,6 +6,8 @@
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
 //! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
+//! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
+//!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
 mod fuzz;
 mod overhead;
@@ -56,6 +58,8 @@ enum Cmd {
     EbpfOverhead(overhead::OverheadArgs),
     /// Boot multi-NUMA QEMU guests and run the guest scenarios (needs root for apt-get).
     VmTest(vm::VmTestArgs),
+    /// Benchmark no manager / AutoNUMA / numad / rebalancer side by side in one multi-NUMA guest.
+    VmBench(vm::VmBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -65,6 +69,7 @@ fn main() -> Result<()> {
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
         Cmd::VmTest(a) => vm::vm_test(&a),
+        Cmd::VmBench(a) => vm::vm_bench(&a),
         Cmd::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Cmd::Run { args } => {
             setup::all()?;

@@ -4,7 +4,8 @@
 //! - `hog`: allocate N MiB by first touch while pinned to one node, move its own affinity to
 //!   another node, keep touching, and report where its pages are (/proc/self/numa_maps)
 //!   as JSON lines, then one `HOG-RESULT key=value …` line for shell scripts.
-//! - `locality`: the same measure for another process, from /proc/PID/numa_maps.
+//! - `locality`: the same measure for other processes, from /proc/PID/numa_maps (one line per
+//!   pid, and for several pids a `LOCALITY-TOTAL` line summing them: the benchmark's aggregate).
 //! - `spin`: burn CPU on N threads for S seconds (load for the sampling scenarios).
 mod numa;
 
@@ -30,10 +31,11 @@ struct Cli {
 enum Cmd {
     /// Allocate memory on one node, move to another, report page locality over time.
     Hog(HogArgs),
-    /// Page locality of a running process (pages on the nodes its threads may run on).
+    /// Page locality of running processes (pages on the nodes their threads may run on).
     Locality {
-        #[arg(long)]
-        pid: i32,
+        /// Process to measure (repeatable; a pid that is gone is counted as missing).
+        #[arg(long, required = true)]
+        pid: Vec<i32>,
         /// Count file-backed pages too (default: anonymous memory only).
         #[arg(long)]
         all: bool,
@@ -93,7 +95,7 @@ fn main() {
 fn run(cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Hog(a) => hog(a),
-        Cmd::Locality { pid, all } => locality_of(pid, all),
+        Cmd::Locality { pid, all } => locality_of(&pid, all),
         Cmd::Spin {
             threads,
             seconds,
@@ -385,8 +387,39 @@ fn hog(a: HogArgs) -> Result<()> {
     Ok(())
 }
 
-fn locality_of(pid: i32, all: bool) -> Result<()> {
+fn locality_of(pids: &[i32], all: bool) -> Result<()> {
     let map = node_cpus()?;
+    let (mut pages, mut local_pages, mut missing) = (0u64, 0u64, 0u32);
+    for &pid in pids {
+        match locality_one(pid, all, &map) {
+            Ok((p, l)) => {
+                pages += p;
+                local_pages += l;
+            }
+            Err(e) if pids.len() > 1 => {
+                eprintln!("guest-tool: pid {pid}: {e:#}");
+                missing += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if pids.len() == 1 {
+        return Ok(());
+    }
+    let local = if pages == 0 {
+        0.0
+    } else {
+        local_pages as f64 / pages as f64
+    };
+    println!(
+        "LOCALITY-TOTAL pids={} missing={missing} pages={pages} local_pages={local_pages} local={local:.4}",
+        pids.len()
+    );
+    Ok(())
+}
+
+/// Prints one process's locality; returns its (pages, local pages).
+fn locality_one(pid: i32, all: bool, map: &BTreeMap<u32, Vec<u32>>) -> Result<(u64, u64)> {
     let path = format!("/proc/{pid}/numa_maps");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let per_node = numa::numa_maps(&text, !all);
@@ -401,14 +434,15 @@ fn locality_of(pid: i32, all: bool) -> Result<()> {
     }
     cpus.sort_unstable();
     cpus.dedup();
-    let local_nodes = nodes_of(&cpus, &map);
+    let local_nodes = nodes_of(&cpus, map);
     let local = numa::locality(&per_node, &local_nodes);
     let pages: u64 = per_node.values().sum();
+    let local_pages = numa::local_pages(&per_node, &local_nodes);
     println!(
         "{}",
         json!({"pid": pid, "pages": pages, "per_node": per_node_json(&per_node),
                "local_nodes": local_nodes, "local": local})
     );
     println!("LOCALITY pid={pid} pages={pages} local={local:.4}");
-    Ok(())
+    Ok((pages, local_pages))
 }

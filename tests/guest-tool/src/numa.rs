@@ -54,18 +54,22 @@ pub fn numa_maps(text: &str, anon_only: bool) -> BTreeMap<u32, u64> {
     total
 }
 
+/// Pages on `local` nodes.
+pub fn local_pages(per_node: &BTreeMap<u32, u64>, local: &[u32]) -> u64 {
+    per_node
+        .iter()
+        .filter(|(n, _)| local.contains(n))
+        .map(|(_, p)| p)
+        .sum()
+}
+
 /// Fraction of pages on `local` nodes (0 when there are no pages).
 pub fn locality(per_node: &BTreeMap<u32, u64>, local: &[u32]) -> f64 {
     let total: u64 = per_node.values().sum();
     if total == 0 {
         return 0.0;
     }
-    let here: u64 = per_node
-        .iter()
-        .filter(|(n, _)| local.contains(n))
-        .map(|(_, p)| p)
-        .sum();
-    here as f64 / total as f64
+    local_pages(per_node, local) as f64 / total as f64
 }
 
 #[cfg(test)]
@@ -98,6 +102,8 @@ mod tests {
         let all = numa_maps(text, false);
         assert_eq!(all, BTreeMap::from([(0, 110), (1, 65439)]));
         assert!((locality(&anon, &[1]) - 65439.0 / 65539.0).abs() < 1e-9);
+        assert_eq!(local_pages(&anon, &[1]), 65439);
+        assert_eq!(local_pages(&anon, &[0, 1]), 65539);
         assert_eq!(locality(&BTreeMap::new(), &[0]), 0.0);
     }
 }

@@ -32,7 +32,7 @@ pub fn vm_dir() -> PathBuf {
     target_dir().join("vm")
 }
 
-fn stdout_of(c: &mut Command) -> Result<String> {
+pub(super) fn stdout_of(c: &mut Command) -> Result<String> {
     let o = c.output().with_context(|| format!("spawning {c:?}"))?;
     if !o.status.success() {
         bail!(
@@ -142,7 +142,7 @@ pub fn prepare(rebalancer_bin: Option<&Path>) -> Result<Assets> {
 
 /// Shared libraries of a dynamically linked binary (absolute paths from `ldd`; none for a
 /// static one).
-fn shared_libs(bin: &Path) -> Vec<PathBuf> {
+pub(super) fn shared_libs(bin: &Path) -> Vec<PathBuf> {
     let out = Command::new("ldd")
         .arg(bin)
         .output()
@@ -157,7 +157,7 @@ fn shared_libs(bin: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn copy_exec(from: &Path, to: &Path) -> Result<()> {
+pub(super) fn copy_exec(from: &Path, to: &Path) -> Result<()> {
     fs::copy(from, to)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     fs::set_permissions(to, fs::Permissions::from_mode(0o755))?;
@@ -166,6 +166,17 @@ fn copy_exec(from: &Path, to: &Path) -> Result<()> {
 
 /// Stages the guest's root under `dir/root` and packs it as `dir/initrd.gz`.
 pub fn initramfs(
+    dir: &Path,
+    a: &Assets,
+    topo: &VmTopology,
+    scenarios: &[&Scenario],
+) -> Result<PathBuf> {
+    stage(dir, a, topo, scenarios)?;
+    pack(dir)
+}
+
+/// Stages the guest's root under `dir/root` (returned), to be packed by [`pack`].
+pub fn stage(
     dir: &Path,
     a: &Assets,
     topo: &VmTopology,
@@ -209,8 +220,13 @@ pub fn initramfs(
         .map(|s| format!("{} {}\n", s.name, s.timeout_s))
         .collect();
     fs::write(rootfs.join("vm/scenarios.list"), list)?;
+    Ok(rootfs)
+}
+
+/// Packs `dir/root` as `dir/initrd.gz`.
+pub fn pack(dir: &Path) -> Result<PathBuf> {
     let initrd = dir.join("initrd.gz");
-    sh(Command::new("sh").current_dir(&rootfs).args([
+    sh(Command::new("sh").current_dir(dir.join("root")).args([
         "-c",
         "find . | cpio -o -H newc --quiet | gzip -1 > ../initrd.gz",
     ]))?;

@@ -7,7 +7,10 @@
 //! - `verdict`: the console protocol (SCENARIO-BEGIN/END, DATA blocks, VERDICT, VM-DONE).
 //! - `judge`: host-side judges for scenarios that print data.
 //! - `assets`: packages, kernel cache, static builds, initramfs; `qemu`: boot and console.
+//! - `bench`: `cargo xtask vm-bench`, the side-by-side benchmark (no manager, AutoNUMA, numad,
+//!   rebalancer) in one boot.
 mod assets;
+mod bench;
 mod judge;
 mod qemu;
 mod scenario;
@@ -18,6 +21,7 @@ use std::{fs, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
 
+pub use bench::{vm_bench, VmBenchArgs};
 use scenario::Scenario;
 use topology::VmTopology;
 use verdict::{Status, Verdict};

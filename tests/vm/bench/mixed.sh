@@ -1,0 +1,181 @@
+# Benchmark (cargo xtask vm-bench): one condition of the fixed mixed workload.
+#   sh /vm/bench/mixed.sh none|autonuma|numad|rebalancer|rebalancer-autonuma
+# Parameters come from /vm/bench.env (MIB, WINDOW, SHIFT, PERIOD_MS). The guest's init runs one
+# condition per "scenario" and cleans up between them (every process killed, cgroups removed).
+#
+# Workload (A = first CPU node, B = last CPU node), each in its own cgroup under /bench:
+#   w1: MIB MiB first-touched on B; at t=0 the operator pins its cgroup to A's CPUs.
+#   w2: the same; at t=SHIFT the operator re-pins it to B (the CPU load shifts).
+#   w3: MIB MiB first-touched on A, then the process moves its own affinity to B (no cpuset pin).
+# Each hog is a busy thread (it keeps touching its memory), so w2's re-pin is CPU load moving
+# from A to B. The CPUs are not saturated (3 busy threads, 4 CPUs): numad only moves a process
+# to a node with spare CPU. The manager (if any) runs from before the workload starts. About
+# every second: the workload's aggregate locality (pages on the nodes where its threads may run,
+# `guest-tool locality`), stamped when the measurement returns (reading numa_maps can stall for
+# seconds while a large migration runs under TCG).
+# Output for the host (xtask/src/vm/bench.rs): data block `bench` with lines
+#   cond=.. mib=.. window=.. shift=.. period_ms=..
+#   sample t=<s> pids=.. missing=.. pages=.. local_pages=.. local=.. mig=<pgmigrate since t=0>
+#   shift t=<s>
+#   result pgmigrate=.. numa_pte_updates=.. numa_hint_faults=.. numa_pages_migrated=..
+#          mgr=.. mgr_cpu_ticks=..|na mgr_total_ticks=..|na mgr_alive=yes|no|na clk_tck=..
+. /vm/lib.sh
+. /vm/topology.env
+. /vm/bench.env
+COND=$1
+S=bench-$COND
+case $COND in
+    none) NB=0; MGR=none ;;
+    autonuma) NB=1; MGR=none ;;
+    numad) NB=0; MGR=numad ;;
+    rebalancer) NB=0; MGR=rebalancer ;;
+    rebalancer-autonuma) NB=1; MGR=rebalancer ;;
+    *) verdict "$S" FAIL "unknown condition $COND"; exit 0 ;;
+esac
+A=$(first_cpu_node)
+B=$(last_cpu_node)
+CG=/sys/fs/cgroup/bench
+vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat; }
+ticks() { awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null; }
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.1f", b - a}'; }
+
+# rmdir_tree DIR: removes DIR and its children, retrying while dying processes still hold them.
+rmdir_tree() {
+    i=0
+    while [ -d "$1" ] && [ $i -lt 60 ]; do
+        for d in $(find "$1" -mindepth 1 -type d | sort -r) "$1"; do rmdir "$d" 2>/dev/null; done
+        [ -d "$1" ] && sleep 0.5
+        i=$((i + 1))
+    done
+    [ ! -d "$1" ]
+}
+rmdir_tree "$CG" || { verdict "$S" FAIL "a previous condition's $CG is still busy"; exit 0; }
+echo "$NB" > /proc/sys/kernel/numa_balancing
+mkdir "$CG" || { verdict "$S" FAIL "cannot create $CG"; exit 0; }
+echo "+cpuset +memory +cpu" > "$CG"/cgroup.subtree_control
+for w in w1 w2 w3; do mkdir "$CG/$w"; done
+
+# The manager, started before the workload (a service that is already running).
+MGR_PID=
+case $MGR in
+    numad)
+        [ -x /bin/numad ] || { verdict "$S" FAIL "no numad in the guest"; exit 0; }
+        mkdir -p /var/log /var/run
+        # -i 1:2: scan every 1-2 s (default 5-15 s); -H 0: leave khugepaged's setting alone.
+        LD_LIBRARY_PATH=/lib/x86_64-linux-gnu numad -i 1:2 -H 0 -l 7 &
+        i=0
+        while [ -z "$MGR_PID" ] && [ $i -lt 20 ]; do
+            sleep 0.5; i=$((i + 1)); MGR_PID=$(pidof numad)
+        done
+        [ -n "$MGR_PID" ] || { cat /var/log/numad.log; verdict "$S" FAIL "numad did not start"; exit 0; }
+        ;;
+    rebalancer)
+        cat > /tmp/bench.toml <<CONF
+[daemon]
+state_dir = "/tmp/rb-state"
+[cgroups]
+roots = ["bench"]
+kubernetes = false
+[controller]
+period_ms = $PERIOD_MS
+[server]
+socket = "/run/rebalancer/rebalancer.sock"
+metrics_listen = "127.0.0.1:9717"
+CONF
+        t=$(uptime_s)
+        RUST_LOG=rebalancer=debug rebalancer run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
+        MGR_PID=$!
+        i=0
+        until grep -q 'round done' /tmp/bench-daemon.log; do
+            sleep 1; i=$((i + 1))
+            if [ $i -ge 150 ] || ! kill -0 "$MGR_PID" 2>/dev/null; then
+                tail -20 /tmp/bench-daemon.log; verdict "$S" FAIL "the daemon did not start"; exit 0
+            fi
+        done
+        echo "# rebalancer: first round $(since "$t") s after start, $(ticks "$MGR_PID") ticks of CPU so far"
+        ;;
+esac
+
+# The workload: allocations first (w1, w2 on B; w3 on A, then it moves itself to B).
+start() { # start CGROUP OUTFILE CMD...: runs CMD inside bench/CGROUP; prints its pid
+    g=$1; o=$2; shift 2
+    sh -c "echo \$\$ > $CG/$g/cgroup.procs && exec $*" > "$o" 2>&1 &
+    echo $!
+}
+HOG="guest-tool hog --mib $MIB --seconds 100000 --interval-ms 100000000"
+t=$(uptime_s)
+P1=$(start w1 /tmp/w1.out "$HOG --from-node $B")
+P2=$(start w2 /tmp/w2.out "$HOG --from-node $B")
+P3=$(start w3 /tmp/w3.out "$HOG --from-node $A --to-node $B")
+i=0
+for f in /tmp/w1.out /tmp/w2.out /tmp/w3.out; do
+    until grep -q '"allocated"' "$f"; do
+        sleep 0.5; i=$((i + 1))
+        [ $i -lt 360 ] || { cat /tmp/w*.out; verdict "$S" FAIL "the workload never finished allocating"; exit 0; }
+    done
+done
+echo "# allocated 3 x $MIB MiB in $(since "$t") s"
+
+# t=0: the operator pins w1 and w2 to A.
+cpus_of "$A" > "$CG"/w1/cpuset.cpus
+cpus_of "$A" > "$CG"/w2/cpuset.cpus
+MIG0=$(vmstat pgmigrate_success)
+PTE0=$(vmstat numa_pte_updates)
+HINT0=$(vmstat numa_hint_faults)
+NPM0=$(vmstat numa_pages_migrated)
+CPU0=na
+[ -n "$MGR_PID" ] && CPU0=$(ticks "$MGR_PID")
+T0=$(uptime_s)
+
+measure() {
+    echo "cond=$COND mib=$MIB window=$WINDOW shift=$SHIFT period_ms=$PERIOD_MS"
+    shifted=no
+    while :; do
+        now=$(since "$T0")
+        if [ $shifted = no ] && ! fgt "$SHIFT" "$now"; then
+            cpus_of "$B" > "$CG"/w2/cpuset.cpus
+            echo "shift t=$now"
+            shifted=yes
+        fi
+        tot=$(guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
+        now=$(since "$T0")
+        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0))"
+        ! fgt "$WINDOW" "$now" && break
+        sleep 1
+    done
+    cpu=na; total=na; alive=na
+    if [ -n "$MGR_PID" ]; then
+        alive=no
+        if kill -0 "$MGR_PID" 2>/dev/null; then
+            alive=yes; total=$(ticks "$MGR_PID"); cpu=$((total - CPU0))
+        fi
+    fi
+    echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
+}
+data bench measure
+
+# For the reader of the log.
+for w in w1 w2 w3; do
+    echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"
+done
+guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | grep '^LOCALITY' | sed 's/^/# /'
+for w in w1 w2 w3; do grep -H 'error' /tmp/$w.out | sed 's/^/# workload /'; done
+case $MGR in
+    numad)
+        echo "# numad log (decisions):"
+        grep -E 'Advis|moved|Bad|Skipping|Tried|percent|Could not|Cannot' /var/log/numad.log | tail -30
+        echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
+    rebalancer)
+        echo "# daemon log (moves):"; grep -v 'round done' /tmp/bench-daemon.log | grep -v 'eBPF source' | tail -25
+        for w in w1 w2 w3; do
+            echo "# rebalancer explain bench/$w:"; rebalancer explain bench/$w 2>&1 | head -40
+        done ;;
+esac
+# Clean slate for the next condition: the workload and the manager gone, their memory freed.
+kill -9 "$P1" "$P2" "$P3" $MGR_PID 2>/dev/null
+i=0
+while [ $i -lt 60 ] && { [ -d /proc/"$P1" ] || [ -d /proc/"$P2" ] || [ -d /proc/"$P3" ]; }; do
+    sleep 0.5; i=$((i + 1))
+done
+rmdir_tree "$CG" || echo "# $CG still busy after the workload was killed"
+exit 0
