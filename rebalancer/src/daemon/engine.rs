@@ -41,13 +41,20 @@ pub trait CpuTimeSource: Send {
         topo: &Topology,
     ) -> BTreeMap<String, Sample>;
     fn name(&self) -> &'static str;
+    /// Entries in the eBPF per-cgroup maps after the last read (None without eBPF).
+    fn map_entries(&self) -> Option<usize> {
+        None
+    }
 }
 
-/// The eBPF samplers. Their cgroup ids are cgroup v2 ids, so they describe the managed cgroups
-/// directly only where the cpuset hierarchy is v2; on v1/hybrid hosts the engine uses /proc for
-/// CPU time instead (see `run`).
+/// The eBPF samplers. Their cgroup ids are cgroup v2 ids. Where the cpuset hierarchy is v2
+/// they describe every managed cgroup directly. On hybrid hosts (cpuset on v1, a cgroup2 mount
+/// beside it) a container runtime such as runc also creates each container's cgroup at the same
+/// path in the unified hierarchy: cgroups with such a twin are read from eBPF, the others from
+/// `fallback` (/proc).
 pub struct EbpfCpuTime {
     pub sampler: crate::ebpf::Sampler,
+    pub fallback: Option<ProcCpuTime>,
 }
 
 impl CpuTimeSource for EbpfCpuTime {
@@ -55,26 +62,41 @@ impl CpuTimeSource for EbpfCpuTime {
         &mut self,
         cgroups: &Cgroups,
         managed: &[String],
-        _topo: &Topology,
+        topo: &Topology,
     ) -> BTreeMap<String, Sample> {
         let all = match self.sampler.read() {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the eBPF maps failed");
-                return BTreeMap::new();
+                BTreeMap::new()
             }
         };
-        managed
-            .iter()
-            .filter_map(|cg| {
-                let id = cgroups.cgroup_id(cg).ok()?;
-                Some((cg.clone(), all.get(&id).cloned().unwrap_or_default()))
-            })
-            .collect()
+        let mut out = BTreeMap::new();
+        let mut rest = Vec::new();
+        for cg in managed {
+            match cgroups.cgroup_id(cg) {
+                Ok(id) => {
+                    out.insert(cg.clone(), all.get(&id).cloned().unwrap_or_default());
+                }
+                Err(_) => rest.push(cg.clone()),
+            }
+        }
+        if let Some(proc) = &mut self.fallback {
+            out.extend(proc.cumulative(cgroups, &rest, topo));
+        }
+        out
     }
 
     fn name(&self) -> &'static str {
-        "ebpf"
+        if self.fallback.is_some() {
+            "ebpf+procfs"
+        } else {
+            "ebpf"
+        }
+    }
+
+    fn map_entries(&self) -> Option<usize> {
+        Some(self.sampler.map_entries())
     }
 }
 
@@ -288,39 +310,14 @@ impl Engine {
     }
 
     /// Constraints of one cgroup: admission's promises for bound containers, and the operator's
-    /// pins (task affinity, or a cpuset we did not write) for everything else.
-    fn constraints(&self, s: &super::Shared, cg: &str, eff_cpus: &CpuSet) -> Constraints {
-        let topo = &s.topo;
-        let mut c = Constraints::default();
-        if let Some(b) = s.state.bindings.get(cg) {
-            if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
-                if let Some(ac) = pod
-                    .containers
-                    .iter()
-                    .find(|c| c.placement.container == b.container)
-                {
-                    c.exclusive = ac.placement.exclusive;
-                    c.exclusive_cpus = if c.exclusive {
-                        ac.placement.cpus.len() as u32
-                    } else {
-                        0
-                    };
-                    c.needs_hugepages = ac.memory.is_some();
-                    use crate::config::TopologyPolicy::*;
-                    match s.cfg.placement.policy {
-                        SingleNumaNode => c.single_numa_node = true,
-                        Restricted => {
-                            c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset())
-                        }
-                        _ => {}
-                    }
-                    if !ac.placement.devices.is_empty() {
-                        c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
-                    }
-                }
-            }
+    /// pins (task affinity, or a cpuset we did not write) for everything else. Takes the
+    /// shared lock only for the binding lookup (the /proc reads run without it, so the watcher
+    /// is never held up by a round).
+    fn constraints(&self, d: &Daemon, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
+        if let Some(c) = bound_constraints(&d.lock(), cg) {
             return c;
         }
+        let mut c = Constraints::default();
         // Not ours: the threads' own affinity and the cgroup's cpuset are the operator's choice.
         let mut allowed = CpuSet::new();
         for pid in self
@@ -377,7 +374,6 @@ impl Engine {
             reserved_cpus: cfg.reserved_cpus(),
         };
         {
-            let s = d.lock();
             for cg in &managed {
                 let (Ok(cpus), Ok(mems)) = (
                     self.cgroups.effective_cpus(cg),
@@ -403,7 +399,7 @@ impl Engine {
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
-                let constraints = self.constraints(&s, cg, &cpus);
+                let constraints = self.constraints(d, &topo, cg, &cpus);
                 obs.cgroups.push(CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
@@ -430,38 +426,10 @@ impl Engine {
             controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
         };
 
-        let mut applied = 0;
-        for mv in &plan.moves {
+        let applied = {
             let mut w = RealWriter(&self.cgroups);
-            match controller::apply(mv, &mut w, cfg.daemon.dry_run) {
-                Ok(done) => {
-                    applied += 1;
-                    tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
-                        before = mv.locality_before, after = mv.locality_after, dry_run = cfg.daemon.dry_run, steps = done.steps.len(), "move applied");
-                    let mut s = d.lock();
-                    if !cfg.daemon.dry_run {
-                        s.state.controller.record_move(mv, now_ms);
-                        d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
-                    }
-                    d.metrics
-                        .moves_applied
-                        .get_or_create(&ReasonLabel {
-                            reason: trigger_name(&mv.reason),
-                        })
-                        .inc();
-                }
-                Err(e) => {
-                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "move failed and was rolled back");
-                    d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
-                    d.metrics
-                        .moves_skipped
-                        .get_or_create(&ReasonLabel {
-                            reason: "apply-failed".into(),
-                        })
-                        .inc();
-                }
-            }
-        }
+            super::apply::apply_moves(d, &mut w, &plan.moves, now_ms, cfg.daemon.dry_run).applied
+        };
 
         // Publish.
         let mut scores = Vec::new();
@@ -493,6 +461,9 @@ impl Engine {
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
+        if let Some(n) = self.cpu_source.map_entries() {
+            d.metrics.ebpf_map_entries.set(n as i64);
+        }
         for (id, n) in &obs.nodes {
             let l = NodeLabel {
                 node: id.to_string(),
@@ -515,6 +486,37 @@ impl Engine {
     }
 }
 
+/// Constraints of a cgroup bound to an admitted container (None when not bound).
+fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
+    let b = s.state.bindings.get(cg)?;
+    let mut c = Constraints::default();
+    if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
+        if let Some(ac) = pod
+            .containers
+            .iter()
+            .find(|c| c.placement.container == b.container)
+        {
+            c.exclusive = ac.placement.exclusive;
+            c.exclusive_cpus = if c.exclusive {
+                ac.placement.cpus.len() as u32
+            } else {
+                0
+            };
+            c.needs_hugepages = ac.memory.is_some();
+            use crate::config::TopologyPolicy::*;
+            match s.cfg.placement.policy {
+                SingleNumaNode => c.single_numa_node = true,
+                Restricted => c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset()),
+                _ => {}
+            }
+            if !ac.placement.devices.is_empty() {
+                c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
+            }
+        }
+    }
+    Some(c)
+}
+
 /// MemFree of a node now, in bytes (node meminfo is in kB).
 pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
     let p = node_dir.join(format!("node{node}/meminfo"));
@@ -522,13 +524,6 @@ pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
     sysfs::parse_meminfo(&p, &text)
         .ok()
         .map(|(_, free_kb)| free_kb.saturating_mul(1024))
-}
-
-fn trigger_name(t: &controller::Trigger) -> String {
-    match t {
-        controller::Trigger::PoorLocality => "poor-locality".into(),
-        controller::Trigger::Overloaded { .. } => "overloaded".into(),
-    }
 }
 
 #[cfg(test)]

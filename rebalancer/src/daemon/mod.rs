@@ -12,6 +12,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+pub mod apply;
 pub mod engine;
 pub mod run;
 pub mod watcher;
