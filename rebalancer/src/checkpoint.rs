@@ -63,23 +63,38 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Writes `data` to `dir/checkpoint.json` atomically.
 pub fn save<T: Serialize>(dir: &Path, data: &T) -> Result<(), CheckpointError> {
-    let path = dir.join(FILE_NAME);
-    let werr = |source| CheckpointError::Write {
-        path: path.clone(),
-        source,
+    write_encoded(dir, &encode(dir, data)?)
+}
+
+/// The checkpoint file's bytes for `data` (versioned, checksummed envelope). `dir` only names
+/// the file in errors.
+pub fn encode<T: Serialize>(dir: &Path, data: &T) -> Result<Vec<u8>, CheckpointError> {
+    let werr = |e: serde_json::Error| CheckpointError::Write {
+        path: dir.join(FILE_NAME),
+        source: std::io::Error::other(e),
     };
-    let value = serde_json::to_value(data).map_err(|e| werr(std::io::Error::other(e)))?;
-    let canonical = serde_json::to_vec(&value).map_err(|e| werr(std::io::Error::other(e)))?;
+    let value = serde_json::to_value(data).map_err(werr)?;
+    let canonical = serde_json::to_vec(&value).map_err(werr)?;
     let env = Envelope {
         version: VERSION,
         checksum: format!("{:016x}", fnv1a(&canonical)),
         data: value,
     };
-    let bytes = serde_json::to_vec_pretty(&env).map_err(|e| werr(std::io::Error::other(e)))?;
+    serde_json::to_vec_pretty(&env).map_err(werr)
+}
+
+/// Writes bytes from [`encode`] to `dir/checkpoint.json` atomically (temp file, fsync, rename,
+/// fsync of the directory). Callers serialise their writes (one temp file name per process).
+pub fn write_encoded(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let path = dir.join(FILE_NAME);
+    let werr = |source| CheckpointError::Write {
+        path: path.clone(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(werr)?;
     let tmp = dir.join(format!(".{FILE_NAME}.tmp.{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(werr)?;
-    f.write_all(&bytes).map_err(werr)?;
+    f.write_all(bytes).map_err(werr)?;
     f.sync_all().map_err(werr)?;
     drop(f);
     std::fs::rename(&tmp, &path).map_err(werr)?;

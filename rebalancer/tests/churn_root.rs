@@ -3,7 +3,7 @@
 //! removed at `REBALANCER_CHURN_RATE` per second (default 200) for `REBALANCER_CHURN_SECS`
 //! seconds (default 60). Half are removed at once (often before the watcher reaches them: the
 //! vanish-before-admission race), half live 400 ms and must have their cpuset written by then.
-//! Every 20th also gets a twin in the cgroup2 (unified) hierarchy running a short busy process,
+//! Every 50th also gets a twin in the cgroup2 (unified) hierarchy running a short busy process,
 //! so the eBPF programs create map entries for a cgroup that then disappears.
 //!
 //! Asserted, and printed:
@@ -46,7 +46,7 @@ fn twin(unified: PathBuf, rel: String) -> std::thread::JoinHandle<()> {
         let mut child = std::process::Command::new("sh")
             .args([
                 "-c",
-                "read x; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done",
+                "read x; i=0; while [ $i -lt 8000 ]; do i=$((i+1)); done",
             ])
             .stdin(std::process::Stdio::piped())
             .spawn()
@@ -119,6 +119,8 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
     let mut twin_threads = Vec::new();
     let mut retry: Vec<(Instant, String, String)> = Vec::new();
     let mut next_tick = t0;
+    let (mut t_create, mut t_remove, mut t_probe) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     while t0.elapsed() < Duration::from_secs(secs) {
         due += per_tick;
         while due >= 1.0 {
@@ -126,17 +128,20 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
             made += 1;
             let uid = format!("c0ffee00-0000-4000-8000-{made:012}");
             let id = format!("{:064x}", made);
+            let tc = Instant::now();
             let (pod, c) = tree.pod_with_container(&uid, &id);
+            t_create += tc.elapsed();
             let long = made.is_multiple_of(2);
             let life = if long { 400 } else { 0 };
             pending.push_back((Instant::now() + Duration::from_millis(life), pod, c, long));
-            if made.is_multiple_of(20) {
+            if made.is_multiple_of(50) {
                 if let Some(u) = &twins_root {
                     twin_threads.push(twin(u.clone(), format!("{burstable}/pod{uid}/{id}")));
                 }
             }
         }
         let now = Instant::now();
+        let tr = Instant::now();
         while pending.front().is_some_and(|p| p.0 <= now) {
             let (_, pod, c, long) = pending.pop_front().unwrap();
             if long {
@@ -168,7 +173,9 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
                 true
             }
         });
+        t_remove += tr.elapsed();
         if now >= next_rss {
+            let tp = Instant::now();
             rss.push((t0.elapsed(), d.rss_kb()));
             if let Some(e) = d.metric("rebalancer_ebpf_map_entries") {
                 peak_entries = peak_entries.max(e);
@@ -176,6 +183,7 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
             assert!(d.alive(), "daemon died during churn:\n{}", d.log_text());
             next_rss += Duration::from_secs(1);
             tree.forget_removed();
+            t_probe += tp.elapsed();
         }
         next_tick += tick;
         if let Some(wait) = next_tick.checked_duration_since(Instant::now()) {
@@ -270,6 +278,12 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
     println!(
         "churn: {made} container cgroups (+{made} pod cgroups) in {:.1} s = {achieved:.1}/s (target {rate}/s)",
         churn_time.as_secs_f64()
+    );
+    println!(
+        "test loop: {:.1} s creating, {:.1} s removing, {:.1} s probing the daemon",
+        t_create.as_secs_f64(),
+        t_remove.as_secs_f64(),
+        t_probe.as_secs_f64()
     );
     println!(
         "watcher: {admitted} admitted, {released} released; long-lived answered {answered}, late {late}, unanswered {unanswered}"

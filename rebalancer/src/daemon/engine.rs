@@ -234,6 +234,8 @@ pub struct Engine {
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     started: Instant,
+    /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
+    topo_fingerprint: Option<String>,
 }
 
 impl Engine {
@@ -246,6 +248,7 @@ impl Engine {
             prev: BTreeMap::new(),
             last_round: None,
             started: Instant::now(),
+            topo_fingerprint: None,
         }
     }
 
@@ -350,9 +353,55 @@ impl Engine {
         c
     }
 
+    /// Rebuilds the topology when CPUs or nodes went online or offline since the last check
+    /// (a node taken offline, CPU hotplug): `cpu/online` and `node/online` are compared each
+    /// round, and on a change the whole sysfs tree is read again and replaces the shared
+    /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
+    /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
+    /// again next round).
+    pub fn refresh_topology(&mut self, d: &Daemon) -> bool {
+        let root = d.lock().cfg.daemon.sysfs_root.clone();
+        let now = topology_fingerprint(&root);
+        let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
+            return false;
+        };
+        if before == now {
+            return false;
+        }
+        let topo = match sysfs::read(&root) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "CPUs or nodes changed but the topology cannot be read again; keeping the old one");
+                self.topo_fingerprint = Some(before);
+                return false;
+            }
+        };
+        let mut s = d.lock();
+        let online = topo.online_cpus();
+        tracing::warn!(
+            nodes_before = s.topo.nodes.len(),
+            nodes = topo.nodes.len(),
+            cpus_before = %s.topo.online_cpus(),
+            cpus = %online,
+            "CPUs or NUMA nodes went online/offline; topology rebuilt"
+        );
+        for (uid, pod) in &s.state.allocator.pods {
+            for c in &pod.containers {
+                if !c.placement.cpus.is_subset(&online) {
+                    tracing::warn!(pod = %uid, container = %c.placement.container, cpus = %c.placement.cpus,
+                        "admitted container holds CPUs that are now offline");
+                }
+            }
+        }
+        s.topo = topo;
+        true
+    }
+
     /// Runs one round. Returns the number of moves applied.
     pub fn round(&mut self, d: &Daemon) -> usize {
         let t0 = Instant::now();
+        tracing::debug!("round start");
+        self.refresh_topology(d);
         let (cfg, topo) = {
             let s = d.lock();
             (s.cfg.clone(), s.topo.clone())
@@ -455,9 +504,9 @@ impl Engine {
                     scores.push((dc.cgroup.clone(), l, 1.0 - l));
                 }
             }
-            if let Err(e) = s.checkpoint() {
-                tracing::warn!(error = %e, "checkpoint failed");
-            }
+        }
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint failed");
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
@@ -484,6 +533,16 @@ impl Engine {
         );
         applied
     }
+}
+
+/// `cpu/online` and `node/online` under a sysfs root: what changes when CPUs or nodes go
+/// online or offline.
+fn topology_fingerprint(root: &Path) -> String {
+    ["devices/system/cpu/online", "devices/system/node/online"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// Constraints of a cgroup bound to an admitted container (None when not bound).

@@ -73,6 +73,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             state: persisted,
             decisions: Default::default(),
             sources: Vec::new(),
+            ckpt: Default::default(),
         },
         metrics.clone(),
     );
@@ -140,7 +141,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let _ = metrics_task.await;
     let _ = api_task.await;
     let _ = std::fs::remove_file(&cfg.server.socket);
-    if let Err(e) = daemon.lock().checkpoint() {
+    if let Err(e) = daemon.checkpoint() {
         tracing::warn!(error = %e, "final checkpoint failed");
     }
     if let Some(old) = autonuma_restore {

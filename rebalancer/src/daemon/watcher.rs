@@ -120,7 +120,7 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
 /// Writes the checkpoint after watcher changes. A failure is logged: the live cgroups are the
 /// truth for watcher admissions, and a restart reconciles from them.
 fn checkpoint(d: &Daemon) {
-    if let Err(e) = d.lock().checkpoint() {
+    if let Err(e) = d.checkpoint() {
         tracing::warn!(error = %e, "checkpoint after watcher changes failed");
     }
 }
