@@ -75,12 +75,17 @@ pub fn encode<T: Serialize>(dir: &Path, data: &T) -> Result<Vec<u8>, CheckpointE
     };
     let value = serde_json::to_value(data).map_err(werr)?;
     let canonical = serde_json::to_vec(&value).map_err(werr)?;
-    let env = Envelope {
-        version: VERSION,
-        checksum: format!("{:016x}", fnv1a(&canonical)),
-        data: value,
-    };
-    serde_json::to_vec_pretty(&env).map_err(werr)
+    // The envelope is written by hand around the canonical data (serialising the whole state a
+    // third time, pretty, cost more than the rest under churn); `load` parses it as JSON.
+    let head = format!(
+        "{{\n  \"version\": {VERSION},\n  \"checksum\": \"{:016x}\",\n  \"data\": ",
+        fnv1a(&canonical)
+    );
+    let mut out = Vec::with_capacity(head.len() + canonical.len() + 2);
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(&canonical);
+    out.extend_from_slice(b"\n}\n");
+    Ok(out)
 }
 
 /// Writes bytes from [`encode`] to `dir/checkpoint.json` atomically (temp file, fsync, rename,

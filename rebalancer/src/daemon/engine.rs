@@ -41,8 +41,9 @@ pub trait CpuTimeSource: Send {
         topo: &Topology,
     ) -> BTreeMap<String, Sample>;
     fn name(&self) -> &'static str;
-    /// Entries in the eBPF per-cgroup maps after the last read (None without eBPF).
-    fn map_entries(&self) -> Option<usize> {
+    /// Entries in the eBPF per-cgroup maps after the last read, and how many of them belong
+    /// to cgroups already gone (None without eBPF).
+    fn map_entries(&self) -> Option<(usize, usize)> {
         None
     }
 }
@@ -95,8 +96,8 @@ impl CpuTimeSource for EbpfCpuTime {
         }
     }
 
-    fn map_entries(&self) -> Option<usize> {
-        Some(self.sampler.map_entries())
+    fn map_entries(&self) -> Option<(usize, usize)> {
+        Some((self.sampler.map_entries(), self.sampler.stale_entries()))
     }
 }
 
@@ -510,8 +511,9 @@ impl Engine {
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
-        if let Some(n) = self.cpu_source.map_entries() {
+        if let Some((n, stale)) = self.cpu_source.map_entries() {
             d.metrics.ebpf_map_entries.set(n as i64);
+            d.metrics.ebpf_map_stale_entries.set(stale as i64);
         }
         for (id, n) in &obs.nodes {
             let l = NodeLabel {

@@ -330,19 +330,17 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
         mask,
         &mut initial,
     );
+    let ck = spawn_checkpointer(d.clone())?;
     std::thread::Builder::new().name("cgroup-watcher".into()).spawn(move || {
-        let mut ck = Coalesce::default();
+        let mut changed = false;
         for rel in initial {
-            ck.dirty |= created(&d, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
+            changed |= created(&d, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
         }
-        ck.maybe_flush(&d, true);
+        if changed {
+            let _ = ck.send(());
+        }
         let mut buf = [0u8; 64 * 1024];
         loop {
-            // With changes not yet checkpointed, wait at most until they are due.
-            if ck.dirty && !readable(&ino, CHECKPOINT_EVERY) {
-                ck.maybe_flush(&d, true);
-                continue;
-            }
             let events = match ino.read_events_blocking(&mut buf) {
                 Ok(e) => e,
                 Err(e) => {
@@ -352,6 +350,7 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
             };
             let t0 = Instant::now();
             let mut overflow = false;
+            let mut changed = false;
             let mut found = Vec::new();
             // In order: a cgroup created and removed within one batch is admitted (or found
             // gone) before its removal is handled, never after.
@@ -363,18 +362,20 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
                 let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
                 let rel = parent.join(name);
                 if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
-                    ck.dirty |= created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
+                    changed |= created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
                     // Directories made below it before its watch existed are admitted too.
                     add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found);
                     for sub in found.drain(..) {
-                        ck.dirty |= created(&d, &cgroups, &sub.to_string_lossy(), t0).changed();
+                        changed |= created(&d, &cgroups, &sub.to_string_lossy(), t0).changed();
                     }
                 } else if ev.mask.contains(EventMask::DELETE) && ev.mask.contains(EventMask::ISDIR) {
-                    ck.dirty |= removed(&d, &rel.to_string_lossy()).changed();
+                    changed |= removed(&d, &rel.to_string_lossy()).changed();
                     watches.retain(|_, p| !p.starts_with(&rel));
                 }
             }
-            ck.maybe_flush(&d, false);
+            if changed {
+                let _ = ck.send(());
+            }
             if overflow {
                 tracing::warn!("inotify queue overflowed; reconciling");
                 reconcile(&d, &cgroups);
@@ -383,44 +384,27 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
     })
 }
 
-/// Longest time watcher changes wait for their checkpoint. Under churn (hundreds of cgroups a
-/// second) one checkpoint covers many changes instead of one fsync'd write per event; a crash
+/// Shortest time between two checkpoints of watcher changes. Under churn (hundreds of cgroups
+/// a second) one checkpoint covers many changes instead of one fsync'd write per event; a crash
 /// in between loses nothing that matters: the live cgroups are the truth for what the watcher
 /// admitted, and a restart reconciles from them.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
-/// Checkpoint coalescing of the watcher thread.
-#[derive(Default)]
-struct Coalesce {
-    dirty: bool,
-    last: Option<Instant>,
-}
-
-impl Coalesce {
-    /// Checkpoints when dirty and (`now` or the last checkpoint is `CHECKPOINT_EVERY` old).
-    fn maybe_flush(&mut self, d: &Daemon, now: bool) {
-        if !self.dirty {
-            return;
-        }
-        if now || self.last.is_none_or(|t| t.elapsed() >= CHECKPOINT_EVERY) {
-            checkpoint(d);
-            self.dirty = false;
-            self.last = Some(Instant::now());
-        }
-    }
-}
-
-/// Waits up to `timeout` for the inotify descriptor to become readable.
-fn readable(ino: &Inotify, timeout: Duration) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd {
-        fd: ino.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
-    n != 0
+/// The thread that checkpoints watcher changes, so the watcher never waits for the disk:
+/// requests sent while it writes are coalesced into the next write, at most one per
+/// [`CHECKPOINT_EVERY`].
+fn spawn_checkpointer(d: Daemon) -> std::io::Result<std::sync::mpsc::Sender<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("checkpointer".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                while rx.try_recv().is_ok() {}
+                checkpoint(&d);
+                std::thread::sleep(CHECKPOINT_EVERY);
+            }
+        })?;
+    Ok(tx)
 }
 
 /// Watches `rel` and every directory below it (skipping what vanished meanwhile); pushes the

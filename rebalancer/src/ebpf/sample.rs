@@ -153,6 +153,8 @@ pub struct Sampler {
     missing_before: BTreeSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
     entries: usize,
+    /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
+    stale: usize,
     stats_fd: Option<std::os::fd::OwnedFd>,
 }
 
@@ -213,6 +215,7 @@ impl Sampler {
             paths: BTreeMap::new(),
             missing_before: BTreeSet::new(),
             entries: 0,
+            stale: 0,
             stats_fd: None,
         };
         s.refresh_paths();
@@ -245,12 +248,13 @@ impl Sampler {
         }
         self.refresh_paths();
         let raw = self.read_raw()?;
-        let deleted = if self.paths.is_empty() {
-            0
+        let (deleted, stale) = if self.paths.is_empty() {
+            (0, 0)
         } else {
             self.prune(&raw)?
         };
         self.entries = raw_entries(&raw).saturating_sub(deleted);
+        self.stale = stale;
         let mut out = fold(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -268,6 +272,13 @@ impl Sampler {
     /// number for the live cgroups within two reads (see [`Sampler::read`]).
     pub fn map_entries(&self) -> usize {
         self.entries
+    }
+
+    /// Entries, after the last read, of cgroups gone from the hierarchy: they are deleted at
+    /// the next read (a cgroup must be missing at two reads in a row), so this is 0 two reads
+    /// after the last cgroup went away. Anything else would be a leak.
+    pub fn stale_entries(&self) -> usize {
+        self.stale
     }
 
     /// Reads the maps without folding (for benchmarks).
@@ -329,8 +340,9 @@ impl Sampler {
     }
 
     /// Deletes the entries of cgroup ids absent from the v2 hierarchy at this read and the one
-    /// before. Returns how many entries it deleted.
-    fn prune(&mut self, raw: &RawMaps) -> Result<usize, EbpfError> {
+    /// before. Returns how many entries it deleted, and how many of cgroups missing only at this
+    /// read it kept.
+    fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
         let missing: BTreeSet<u64> = raw
             .cpu_time
             .iter()
@@ -383,7 +395,16 @@ impl Sampler {
         for k in &rs {
             let _ = m.remove(k);
         }
-        Ok(cpu.len() + ev.len() + rs.len())
+        let deleted = cpu.len() + ev.len() + rs.len();
+        let missing_entries = raw
+            .cpu_time
+            .iter()
+            .map(|(k, _)| k.cgroup_id)
+            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
+            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+            .filter(|id| self.missing_before.contains(id))
+            .count();
+        Ok((deleted, missing_entries.saturating_sub(deleted)))
     }
 
     /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub node_hugepages_free: Family<HugepageLabel, Gauge>,
     pub ebpf_source_available: Family<SourceLabel, Gauge>,
     pub ebpf_map_entries: Gauge,
+    pub ebpf_map_stale_entries: Gauge,
     pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
 }
@@ -96,6 +97,7 @@ impl Metrics {
             node_hugepages_free: Family::default(),
             ebpf_source_available: Family::default(),
             ebpf_map_entries: Gauge::default(),
+            ebpf_map_stale_entries: Gauge::default(),
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
         };
@@ -181,6 +183,11 @@ impl Metrics {
             "ebpf_map_entries",
             "Entries in the eBPF per-cgroup maps after the last round's pruning",
             m.ebpf_map_entries.clone(),
+        );
+        r.register(
+            "ebpf_map_stale_entries",
+            "Of those, entries of cgroups already removed (deleted at the next round)",
+            m.ebpf_map_stale_entries.clone(),
         );
         r.register(
             "moves_failed",
