@@ -341,10 +341,21 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
         "every admission is released once its cgroup is gone"
     );
     if ebpf {
+        assert_eq!(
+            end_stale,
+            Some(0.0),
+            "stale eBPF map entries (of removed cgroups) after the cleanup interval"
+        );
         let (b, e) = (baseline.unwrap(), end_entries.unwrap());
+        // Live cgroups (the root, others' on this host) may gain an entry meanwhile (a first
+        // migration, a page-migration reason); the removed ones' are all gone (stale = 0).
         assert!(
-            e <= b,
-            "stale eBPF map entries: {e} after churn, {b} before"
+            e <= b + 2.0,
+            "map entries grew from {b} to {e} over churn of removed cgroups"
+        );
+        assert!(
+            peak_stale > 0.0 || twins_root.is_none(),
+            "removed twins never showed as stale before their cleanup"
         );
         if twins_root.is_some() {
             assert!(
