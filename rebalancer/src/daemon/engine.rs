@@ -526,6 +526,14 @@ impl Engine {
                 .set(n.free_bytes as i64);
         }
         d.metrics.round_duration.observe(t0.elapsed().as_secs_f64());
+        // Give freed heap back to the kernel once a round: the daemon's threads (watcher,
+        // checkpointer, runtime workers) each get a malloc arena, and under cgroup churn their
+        // high-water marks otherwise stay resident (RSS creeping up by a few % without a leak).
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         tracing::debug!(
             managed = managed.len(),
             moves = plan.moves.len(),
