@@ -63,23 +63,43 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Writes `data` to `dir/checkpoint.json` atomically.
 pub fn save<T: Serialize>(dir: &Path, data: &T) -> Result<(), CheckpointError> {
+    write_encoded(dir, &encode(dir, data)?)
+}
+
+/// The checkpoint file's bytes for `data` (versioned, checksummed envelope). `dir` only names
+/// the file in errors.
+pub fn encode<T: Serialize>(dir: &Path, data: &T) -> Result<Vec<u8>, CheckpointError> {
+    let werr = |e: serde_json::Error| CheckpointError::Write {
+        path: dir.join(FILE_NAME),
+        source: std::io::Error::other(e),
+    };
+    let value = serde_json::to_value(data).map_err(werr)?;
+    let canonical = serde_json::to_vec(&value).map_err(werr)?;
+    // The envelope is written by hand around the canonical data (serialising the whole state a
+    // third time, pretty, cost more than the rest under churn); `load` parses it as JSON.
+    let head = format!(
+        "{{\n  \"version\": {VERSION},\n  \"checksum\": \"{:016x}\",\n  \"data\": ",
+        fnv1a(&canonical)
+    );
+    let mut out = Vec::with_capacity(head.len() + canonical.len() + 2);
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(&canonical);
+    out.extend_from_slice(b"\n}\n");
+    Ok(out)
+}
+
+/// Writes bytes from [`encode`] to `dir/checkpoint.json` atomically (temp file, fsync, rename,
+/// fsync of the directory). Callers serialise their writes (one temp file name per process).
+pub fn write_encoded(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let path = dir.join(FILE_NAME);
     let werr = |source| CheckpointError::Write {
         path: path.clone(),
         source,
     };
-    let value = serde_json::to_value(data).map_err(|e| werr(std::io::Error::other(e)))?;
-    let canonical = serde_json::to_vec(&value).map_err(|e| werr(std::io::Error::other(e)))?;
-    let env = Envelope {
-        version: VERSION,
-        checksum: format!("{:016x}", fnv1a(&canonical)),
-        data: value,
-    };
-    let bytes = serde_json::to_vec(&env).map_err(|e| werr(std::io::Error::other(e)))?;
     std::fs::create_dir_all(dir).map_err(werr)?;
     let tmp = dir.join(format!(".{FILE_NAME}.tmp.{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(werr)?;
-    f.write_all(&bytes).map_err(werr)?;
+    f.write_all(bytes).map_err(werr)?;
     f.sync_all().map_err(werr)?;
     drop(f);
     std::fs::rename(&tmp, &path).map_err(werr)?;
@@ -170,7 +190,7 @@ mod tests {
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
 
-        std::fs::write(&p, good.replace("\"version\":1", "\"version\":7")).unwrap();
+        std::fs::write(&p, good.replace("\"version\": 1", "\"version\": 7")).unwrap();
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(
             matches!(e, CheckpointError::Version { found: 7, .. }),

@@ -198,6 +198,11 @@ impl Cgroups {
         Ok((root.join(clean(rel)?), v))
     }
 
+    /// Whether cgroup `rel` exists in controller `c`'s hierarchy now.
+    pub fn exists(&self, c: Controller, rel: &str) -> bool {
+        self.dir(c, rel).is_ok_and(|(d, _)| d.is_dir())
+    }
+
     fn read(&self, path: &Path) -> Result<String, CgroupError> {
         fs::read_to_string(path).map_err(|source| CgroupError::Io {
             path: path.to_path_buf(),
@@ -330,13 +335,21 @@ impl Cgroups {
         let (root, _) = self.hierarchy(c)?;
         let start = clean(rel)?;
         let mut out = Vec::new();
-        let mut stack = vec![start];
+        let mut stack = vec![start.clone()];
+        let first = start;
         while let Some(r) = stack.pop() {
             let dir = root.join(&r);
-            let rd = fs::read_dir(&dir).map_err(|source| CgroupError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                // A cgroup below the start removed during the walk (its container exited).
+                Err(e)
+                    if r != first
+                        && matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) =>
+                {
+                    continue
+                }
+                Err(source) => return Err(CgroupError::Io { path: dir, source }),
+            };
             out.push(format!("/{}", r.display()));
             for e in rd.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {

@@ -63,6 +63,18 @@ pub enum CgroupWriteError {
 }
 
 impl CgroupWriteError {
+    /// A short, stable name of the failure (a metric label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Vanished { .. } => "vanished",
+            Self::Busy { .. } => "busy",
+            Self::Invalid { .. } => "invalid",
+            Self::NoSpace { .. } => "no-space",
+            Self::Permission { .. } => "permission",
+            Self::Io { .. } => "io",
+        }
+    }
+
     /// Classifies an I/O error on `file` of `cgroup` (writing `value`) by its errno.
     pub fn from_io(cgroup: &str, file: CgroupFile, value: &str, err: std::io::Error) -> Self {
         let cgroup = cgroup.to_string();
@@ -171,6 +183,25 @@ pub enum ApplyError {
         #[source]
         source: CgroupWriteError,
     },
+}
+
+impl ApplyError {
+    /// A short, stable name of why the move failed (a metric label): the errno class of the
+    /// write that failed, or what else went wrong.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::EmptyTarget { .. } => "empty-target",
+            Self::Vanished { .. } => "vanished",
+            Self::Read { source, .. } => match source {
+                CgroupWriteError::Vanished { .. } => "vanished",
+                _ => "read",
+            },
+            Self::Stale { .. } => "stale",
+            Self::Failed { source, .. } => source.kind(),
+            Self::Verify { .. } => "verify",
+            Self::RollbackFailed { .. } => "rollback-failed",
+        }
+    }
 }
 
 /// A vanished cgroup is its own error; anything else is wrapped by `f`.

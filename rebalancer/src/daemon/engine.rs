@@ -41,13 +41,21 @@ pub trait CpuTimeSource: Send {
         topo: &Topology,
     ) -> BTreeMap<String, Sample>;
     fn name(&self) -> &'static str;
+    /// Entries in the eBPF per-cgroup maps after the last read, and how many of them belong
+    /// to cgroups already gone (None without eBPF).
+    fn map_entries(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
-/// The eBPF samplers. Their cgroup ids are cgroup v2 ids, so they describe the managed cgroups
-/// directly only where the cpuset hierarchy is v2; on v1/hybrid hosts the engine uses /proc for
-/// CPU time instead (see `run`).
+/// The eBPF samplers. Their cgroup ids are cgroup v2 ids. Where the cpuset hierarchy is v2
+/// they describe every managed cgroup directly. On hybrid hosts (cpuset on v1, a cgroup2 mount
+/// beside it) a container runtime such as runc also creates each container's cgroup at the same
+/// path in the unified hierarchy: cgroups with such a twin are read from eBPF, the others from
+/// `fallback` (/proc).
 pub struct EbpfCpuTime {
     pub sampler: crate::ebpf::Sampler,
+    pub fallback: Option<ProcCpuTime>,
 }
 
 impl CpuTimeSource for EbpfCpuTime {
@@ -55,26 +63,41 @@ impl CpuTimeSource for EbpfCpuTime {
         &mut self,
         cgroups: &Cgroups,
         managed: &[String],
-        _topo: &Topology,
+        topo: &Topology,
     ) -> BTreeMap<String, Sample> {
         let all = match self.sampler.read() {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the eBPF maps failed");
-                return BTreeMap::new();
+                BTreeMap::new()
             }
         };
-        managed
-            .iter()
-            .filter_map(|cg| {
-                let id = cgroups.cgroup_id(cg).ok()?;
-                Some((cg.clone(), all.get(&id).cloned().unwrap_or_default()))
-            })
-            .collect()
+        let mut out = BTreeMap::new();
+        let mut rest = Vec::new();
+        for cg in managed {
+            match cgroups.cgroup_id(cg) {
+                Ok(id) => {
+                    out.insert(cg.clone(), all.get(&id).cloned().unwrap_or_default());
+                }
+                Err(_) => rest.push(cg.clone()),
+            }
+        }
+        if let Some(proc) = &mut self.fallback {
+            out.extend(proc.cumulative(cgroups, &rest, topo));
+        }
+        out
     }
 
     fn name(&self) -> &'static str {
-        "ebpf"
+        if self.fallback.is_some() {
+            "ebpf+procfs"
+        } else {
+            "ebpf"
+        }
+    }
+
+    fn map_entries(&self) -> Option<(usize, usize)> {
+        Some((self.sampler.map_entries(), self.sampler.stale_entries()))
     }
 }
 
@@ -212,6 +235,8 @@ pub struct Engine {
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     started: Instant,
+    /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
+    topo_fingerprint: Option<String>,
 }
 
 impl Engine {
@@ -224,6 +249,7 @@ impl Engine {
             prev: BTreeMap::new(),
             last_round: None,
             started: Instant::now(),
+            topo_fingerprint: None,
         }
     }
 
@@ -287,49 +313,19 @@ impl Engine {
             .collect()
     }
 
-    /// Constraints of a cgroup bound to an admitted container: admission's promises. No I/O
-    /// (called under the daemon lock); `None` when the cgroup is not ours.
-    fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
-        let mut c = Constraints::default();
-        {
-            let b = s.state.bindings.get(cg)?;
-            if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
-                if let Some(ac) = pod
-                    .containers
-                    .iter()
-                    .find(|c| c.placement.container == b.container)
-                {
-                    c.exclusive = ac.placement.exclusive;
-                    c.exclusive_cpus = if c.exclusive {
-                        ac.placement.cpus.len() as u32
-                    } else {
-                        0
-                    };
-                    c.needs_hugepages = ac.memory.is_some();
-                    use crate::config::TopologyPolicy::*;
-                    match s.cfg.placement.policy {
-                        SingleNumaNode => c.single_numa_node = true,
-                        Restricted => {
-                            c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset())
-                        }
-                        _ => {}
-                    }
-                    if !ac.placement.devices.is_empty() {
-                        c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
-                    }
-                }
-            }
+    /// Constraints of one cgroup: admission's promises for bound containers, and the operator's
+    /// pins (task affinity, or a cpuset we did not write) for everything else. Takes the
+    /// shared lock only for the binding lookup (the /proc reads run without it, so the watcher
+    /// is never held up by a round).
+    fn constraints(&self, d: &Daemon, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
+        if let Some(c) = bound_constraints(&d.lock(), cg) {
+            return c;
         }
-        Some(c)
-    }
-
-    /// Constraints of a cgroup we did not admit: the threads' own affinity and the cgroup's
-    /// cpuset are the operator's choice. Reads /proc: call without the daemon lock.
-    fn operator_constraints(&self, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
         let mut c = Constraints {
             keep_cpus: true,
             ..Default::default()
         };
+        // Not ours: the threads' own affinity and the cgroup's cpuset are the operator's choice.
         let mut allowed = CpuSet::new();
         for pid in self
             .cgroups
@@ -361,9 +357,55 @@ impl Engine {
         c
     }
 
+    /// Rebuilds the topology when CPUs or nodes went online or offline since the last check
+    /// (a node taken offline, CPU hotplug): `cpu/online` and `node/online` are compared each
+    /// round, and on a change the whole sysfs tree is read again and replaces the shared
+    /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
+    /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
+    /// again next round).
+    pub fn refresh_topology(&mut self, d: &Daemon) -> bool {
+        let root = d.lock().cfg.daemon.sysfs_root.clone();
+        let now = topology_fingerprint(&root);
+        let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
+            return false;
+        };
+        if before == now {
+            return false;
+        }
+        let topo = match sysfs::read(&root) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "CPUs or nodes changed but the topology cannot be read again; keeping the old one");
+                self.topo_fingerprint = Some(before);
+                return false;
+            }
+        };
+        let mut s = d.lock();
+        let online = topo.online_cpus();
+        tracing::warn!(
+            nodes_before = s.topo.nodes.len(),
+            nodes = topo.nodes.len(),
+            cpus_before = %s.topo.online_cpus(),
+            cpus = %online,
+            "CPUs or NUMA nodes went online/offline; topology rebuilt"
+        );
+        for (uid, pod) in &s.state.allocator.pods {
+            for c in &pod.containers {
+                if !c.placement.cpus.is_subset(&online) {
+                    tracing::warn!(pod = %uid, container = %c.placement.container, cpus = %c.placement.cpus,
+                        "admitted container holds CPUs that are now offline");
+                }
+            }
+        }
+        s.topo = topo;
+        true
+    }
+
     /// Runs one round. Returns the number of moves applied.
     pub fn round(&mut self, d: &Daemon) -> usize {
         let t0 = Instant::now();
+        tracing::debug!("round start");
+        self.refresh_topology(d);
         let (cfg, topo) = {
             let s = d.lock();
             (s.cfg.clone(), s.topo.clone())
@@ -383,15 +425,6 @@ impl Engine {
             cgroups: Vec::new(),
             nodes,
             reserved_cpus: cfg.reserved_cpus(),
-        };
-        // Admission's promises under a short lock; every file read happens without it, so
-        // admissions are never held up by a round's I/O.
-        let bound: BTreeMap<String, Constraints> = {
-            let s = d.lock();
-            managed
-                .iter()
-                .filter_map(|cg| Self::bound_constraints(&s, cg).map(|c| (cg.clone(), c)))
-                .collect()
         };
         {
             for cg in &managed {
@@ -419,10 +452,7 @@ impl Engine {
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
-                let constraints = match bound.get(cg) {
-                    Some(c) => c.clone(),
-                    None => self.operator_constraints(&topo, cg, &cpus),
-                };
+                let constraints = self.constraints(d, &topo, cg, &cpus);
                 obs.cgroups.push(CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
@@ -449,38 +479,10 @@ impl Engine {
             controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
         };
 
-        let mut applied = 0;
-        for mv in &plan.moves {
+        let applied = {
             let mut w = RealWriter(&self.cgroups);
-            match controller::apply(mv, &mut w, cfg.daemon.dry_run) {
-                Ok(done) => {
-                    applied += 1;
-                    tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
-                        before = mv.locality_before, after = mv.locality_after, dry_run = cfg.daemon.dry_run, steps = done.steps.len(), "move applied");
-                    let mut s = d.lock();
-                    if !cfg.daemon.dry_run {
-                        s.state.controller.record_move(mv, now_ms);
-                        d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
-                    }
-                    d.metrics
-                        .moves_applied
-                        .get_or_create(&ReasonLabel {
-                            reason: trigger_name(&mv.reason),
-                        })
-                        .inc();
-                }
-                Err(e) => {
-                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "move failed and was rolled back");
-                    d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
-                    d.metrics
-                        .moves_skipped
-                        .get_or_create(&ReasonLabel {
-                            reason: "apply-failed".into(),
-                        })
-                        .inc();
-                }
-            }
-        }
+            super::apply::apply_moves(d, &mut w, &plan.moves, now_ms, cfg.daemon.dry_run).applied
+        };
 
         // Publish.
         let mut scores = Vec::new();
@@ -506,13 +508,17 @@ impl Engine {
                     scores.push((dc.cgroup.clone(), l, 1.0 - l));
                 }
             }
-            if let Err(e) = s.checkpoint() {
-                tracing::warn!(error = %e, "checkpoint failed");
-            }
             s.last_obs = Some(obs.clone());
+        }
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint failed");
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
+        if let Some((n, stale)) = self.cpu_source.map_entries() {
+            d.metrics.ebpf_map_entries.set(n as i64);
+            d.metrics.ebpf_map_stale_entries.set(stale as i64);
+        }
         for (id, n) in &obs.nodes {
             let l = NodeLabel {
                 node: id.to_string(),
@@ -524,6 +530,14 @@ impl Engine {
                 .set(n.free_bytes as i64);
         }
         d.metrics.round_duration.observe(t0.elapsed().as_secs_f64());
+        // Give freed heap back to the kernel once a round: the daemon's threads (watcher,
+        // checkpointer, runtime workers) each get a malloc arena, and under cgroup churn their
+        // high-water marks otherwise stay resident (RSS creeping up by a few % without a leak).
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         tracing::debug!(
             managed = managed.len(),
             moves = plan.moves.len(),
@@ -535,6 +549,47 @@ impl Engine {
     }
 }
 
+/// `cpu/online` and `node/online` under a sysfs root: what changes when CPUs or nodes go
+/// online or offline.
+fn topology_fingerprint(root: &Path) -> String {
+    ["devices/system/cpu/online", "devices/system/node/online"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(f)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Constraints of a cgroup bound to an admitted container (None when not bound).
+fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
+    let b = s.state.bindings.get(cg)?;
+    let mut c = Constraints::default();
+    if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
+        if let Some(ac) = pod
+            .containers
+            .iter()
+            .find(|c| c.placement.container == b.container)
+        {
+            c.exclusive = ac.placement.exclusive;
+            c.exclusive_cpus = if c.exclusive {
+                ac.placement.cpus.len() as u32
+            } else {
+                0
+            };
+            c.needs_hugepages = ac.memory.is_some();
+            use crate::config::TopologyPolicy::*;
+            match s.cfg.placement.policy {
+                SingleNumaNode => c.single_numa_node = true,
+                Restricted => c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset()),
+                _ => {}
+            }
+            if !ac.placement.devices.is_empty() {
+                c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
+            }
+        }
+    }
+    Some(c)
+}
+
 /// MemFree of a node now, in bytes (node meminfo is in kB).
 pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
     let p = node_dir.join(format!("node{node}/meminfo"));
@@ -542,13 +597,6 @@ pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
     sysfs::parse_meminfo(&p, &text)
         .ok()
         .map(|(_, free_kb)| free_kb.saturating_mul(1024))
-}
-
-fn trigger_name(t: &controller::Trigger) -> String {
-    match t {
-        controller::Trigger::PoorLocality => "poor-locality".into(),
-        controller::Trigger::Overloaded { .. } => "overloaded".into(),
-    }
 }
 
 #[cfg(test)]

@@ -8,13 +8,20 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
 };
 
+pub mod apply;
 pub mod engine;
 pub mod run;
 pub mod watcher;
+
+#[cfg(test)]
+mod fault_tests;
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +61,8 @@ pub struct Shared {
     pub sources: Vec<serde_json::Value>,
     /// The last round's observations, for `top`.
     pub last_obs: Option<crate::controller::Observations>,
+    /// Orders checkpoint writes (see [`CheckpointWriter`]).
+    pub ckpt: Arc<CheckpointWriter>,
 }
 
 impl Shared {
@@ -61,9 +70,40 @@ impl Shared {
         self.cfg.daemon.state_dir.clone()
     }
 
-    /// Writes the checkpoint now.
+    /// Writes the checkpoint now, under the state lock (the admission API acknowledges only
+    /// what is on disk). The watcher and the control loop use [`Daemon::checkpoint`] instead.
     pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        checkpoint::save(&self.cfg.daemon.state_dir, &self.state)
+        let gen = self.ckpt.next_generation();
+        let dir = &self.cfg.daemon.state_dir;
+        self.ckpt
+            .write(dir, gen, &checkpoint::encode(dir, &self.state)?)
+    }
+}
+
+/// Serialises checkpoint writes and keeps an older state from overwriting a newer one: each
+/// checkpoint takes a generation while the state lock is held (so generations follow the
+/// state's order), and a write whose generation is older than the one on disk is dropped.
+#[derive(Debug, Default)]
+pub struct CheckpointWriter {
+    next: AtomicU64,
+    written: Mutex<u64>,
+}
+
+impl CheckpointWriter {
+    /// A new generation; call with the state lock held.
+    pub fn next_generation(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Writes `bytes` of generation `gen` unless a newer generation is already on disk.
+    pub fn write(&self, dir: &Path, gen: u64, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let mut on_disk = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if *on_disk > gen {
+            return Ok(());
+        }
+        checkpoint::write_encoded(dir, bytes)?;
+        *on_disk = gen;
+        Ok(())
     }
 }
 
@@ -80,6 +120,19 @@ impl Daemon {
             inner: Arc::new(Mutex::new(shared)),
             metrics,
         }
+    }
+
+    /// Writes the checkpoint: encoded under the state lock, written (fsync, rename) outside it,
+    /// so a slow disk never holds up the watcher or the API.
+    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
+        let (dir, gen, bytes, w) = {
+            let s = self.lock();
+            let gen = s.ckpt.next_generation();
+            let dir = s.cfg.daemon.state_dir.clone();
+            let bytes = checkpoint::encode(&dir, &s.state)?;
+            (dir, gen, bytes, s.ckpt.clone())
+        };
+        w.write(&dir, gen, &bytes)
     }
 
     /// Locks the shared state. A panic in another holder does not make the state unusable:

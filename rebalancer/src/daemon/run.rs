@@ -74,6 +74,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             decisions: Default::default(),
             sources: Vec::new(),
             last_obs: None,
+            ckpt: Default::default(),
         },
         metrics.clone(),
     );
@@ -142,7 +143,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let _ = metrics_task.await;
     let _ = api_task.await;
     let _ = std::fs::remove_file(&cfg.server.socket);
-    if let Err(e) = daemon.lock().checkpoint() {
+    if let Err(e) = daemon.checkpoint() {
         tracing::warn!(error = %e, "final checkpoint failed");
     }
     if let Some(old) = autonuma_restore {
@@ -190,10 +191,21 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
     let v2 = cgroups
         .hierarchy(crate::cgroup::Controller::Cpuset)
         .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
+    let unified = cgroups.mounts().v2.is_some();
     match sampler {
-        Some(sampler) if v2 => Box::new(engine::EbpfCpuTime { sampler }),
+        Some(sampler) if v2 => Box::new(engine::EbpfCpuTime {
+            sampler,
+            fallback: None,
+        }),
+        Some(sampler) if unified => {
+            tracing::info!("cpuset is on cgroup v1 here and eBPF ids are v2 ids: cgroups with a twin in the unified hierarchy (as runc makes them) are read from eBPF, the others from /proc");
+            Box::new(engine::EbpfCpuTime {
+                sampler,
+                fallback: Some(engine::ProcCpuTime::new("/proc".as_ref())),
+            })
+        }
         Some(_) => {
-            tracing::info!("cpuset is on cgroup v1 here while eBPF ids are v2 ids; per-cgroup CPU time comes from /proc");
+            tracing::info!("cpuset is on cgroup v1 and there is no cgroup2 mount for the eBPF ids; per-cgroup CPU time comes from /proc");
             proc_source()
         }
         None => {

@@ -16,7 +16,7 @@ use std::{
     collections::BTreeMap,
     ffi::OsStr,
     path::{Path, PathBuf},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
@@ -47,7 +47,19 @@ pub enum WatchOutcome {
     Released {
         cgroup: String,
     },
+    /// The cgroup was removed before its cpuset could be written (its container exited at
+    /// once): the admission was undone. A normal race, logged at debug level.
+    Vanished {
+        cgroup: String,
+    },
     Ignored,
+}
+
+impl WatchOutcome {
+    /// True when the daemon's state changed (and must be checkpointed).
+    pub fn changed(&self) -> bool {
+        !matches!(self, WatchOutcome::Ignored | WatchOutcome::Rejected { .. })
+    }
 }
 
 /// Approximate inverse (one weight step ≈ 2.5% at small requests) of kubelet's shares formula (shares = request_millis * 1024 / 1000) through the v2
@@ -95,8 +107,26 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
     }
 }
 
-/// Handles a cgroup that appeared: admit (or bind) and write its cpuset (unless dry-run).
+/// Handles a cgroup that appeared: admit (or bind) and write its cpuset (unless dry-run),
+/// then checkpoint.
 pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
+    let o = created(d, cgroups, rel, t0);
+    if o.changed() {
+        checkpoint(d);
+    }
+    o
+}
+
+/// Writes the checkpoint after watcher changes. A failure is logged: the live cgroups are the
+/// truth for watcher admissions, and a restart reconciles from them.
+fn checkpoint(d: &Daemon) {
+    if let Err(e) = d.checkpoint() {
+        tracing::warn!(error = %e, "checkpoint after watcher changes failed");
+    }
+}
+
+/// [`on_created`] without the checkpoint (the watcher checkpoints once per batch of events).
+fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
     let mut s = d.lock();
     let CgroupKind::Container {
@@ -127,6 +157,10 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
                 c.placement.mems.clone(),
                 c.placement.container.clone(),
             );
+            if !s.cfg.daemon.dry_run && write(cgroups, &rel, &cpus, &mems) == Written::Vanished {
+                tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written");
+                return WatchOutcome::Vanished { cgroup: rel };
+            }
             s.state.bindings.insert(
                 rel.clone(),
                 Binding {
@@ -134,10 +168,6 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
                     container,
                 },
             );
-            if !s.cfg.daemon.dry_run {
-                write(cgroups, &rel, &cpus, &mems);
-            }
-            let _ = s.checkpoint();
             return WatchOutcome::Bound {
                 cgroup: rel,
                 pod: pod_uid,
@@ -153,6 +183,13 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
     {
         Ok(placements) => {
             let p = &placements[0];
+            if !shared.cfg.daemon.dry_run
+                && write(cgroups, &rel, &p.cpus, &p.mems) == Written::Vanished
+            {
+                shared.state.allocator.release(&pod.uid);
+                tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written; admission undone");
+                return WatchOutcome::Vanished { cgroup: rel };
+            }
             shared.state.bindings.insert(
                 rel.clone(),
                 Binding {
@@ -160,13 +197,7 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
                     container: p.container.clone(),
                 },
             );
-            if !shared.cfg.daemon.dry_run {
-                write(cgroups, &rel, &p.cpus, &p.mems);
-            }
             let micros = t0.elapsed().as_micros();
-            if let Err(e) = shared.checkpoint() {
-                tracing::warn!(error = %e, "checkpoint after watcher admission failed");
-            }
             d.metrics
                 .admission_requests
                 .get_or_create(&crate::serve::metrics::ResultLabel {
@@ -198,18 +229,45 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
     }
 }
 
-fn write(cgroups: &Cgroups, rel: &str, cpus: &crate::cpuset::CpuSet, mems: &crate::cpuset::CpuSet) {
+#[derive(Debug, PartialEq, Eq)]
+enum Written {
+    Ok,
+    Failed,
+    Vanished,
+}
+
+fn write(
+    cgroups: &Cgroups,
+    rel: &str,
+    cpus: &crate::cpuset::CpuSet,
+    mems: &crate::cpuset::CpuSet,
+) -> Written {
     // mems first: a task must never find itself with CPUs but no allowed memory node.
-    if let Err(e) = cgroups
+    match cgroups
         .write_mems(rel, mems)
         .and_then(|_| cgroups.write_cpus(rel, cpus))
     {
-        tracing::warn!(cgroup = %rel, error = %e, "writing the admitted cpuset failed");
+        Ok(()) => Written::Ok,
+        // Removed meanwhile (ENOENT, or ENODEV from a dying cgroup): not an error.
+        Err(_) if !cgroups.exists(Controller::Cpuset, rel) => Written::Vanished,
+        Err(e) => {
+            tracing::warn!(cgroup = %rel, error = %e, "writing the admitted cpuset failed");
+            Written::Failed
+        }
     }
 }
 
-/// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod.
+/// Handles a cgroup that disappeared: unbind, release a watcher-admitted pod, checkpoint.
 pub fn on_removed(d: &Daemon, rel: &str) -> WatchOutcome {
+    let o = removed(d, rel);
+    if o.changed() {
+        checkpoint(d);
+    }
+    o
+}
+
+/// [`on_removed`] without the checkpoint.
+fn removed(d: &Daemon, rel: &str) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
     let mut s = d.lock();
     let Some(b) = s.state.bindings.remove(&rel) else {
@@ -219,7 +277,6 @@ pub fn on_removed(d: &Daemon, rel: &str) -> WatchOutcome {
     if b.pod_uid.contains('/') {
         s.state.allocator.release(&b.pod_uid);
     }
-    let _ = s.checkpoint();
     tracing::info!(cgroup = %rel, "container cgroup removed; released");
     WatchOutcome::Released { cgroup: rel }
 }
@@ -240,12 +297,15 @@ pub fn reconcile(d: &Daemon, cgroups: &Cgroups) -> Vec<WatchOutcome> {
         .filter(|k| !live.contains(k))
         .cloned()
         .collect();
-    let mut out: Vec<WatchOutcome> = gone.iter().map(|g| on_removed(d, g)).collect();
+    let mut out: Vec<WatchOutcome> = gone.iter().map(|g| removed(d, g)).collect();
     for rel in &live {
-        match on_created(d, cgroups, rel, Instant::now()) {
+        match created(d, cgroups, rel, Instant::now()) {
             WatchOutcome::Ignored => {}
             o => out.push(o),
         }
+    }
+    if out.iter().any(WatchOutcome::changed) {
+        checkpoint(d);
     }
     out
 }
@@ -260,8 +320,25 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
     let mut ino = Inotify::init()?;
     let mut watches: BTreeMap<WatchDescriptor, PathBuf> = BTreeMap::new();
     let mask = WatchMask::CREATE | WatchMask::DELETE | WatchMask::ONLYDIR | WatchMask::DELETE_SELF;
-    add_tree(&mut ino, &mut watches, &root, Path::new(""), mask);
+    // What appeared between the start-up reconcile and these watches is handled first.
+    let mut initial = Vec::new();
+    add_tree(
+        &mut ino,
+        &mut watches,
+        &root,
+        Path::new(""),
+        mask,
+        &mut initial,
+    );
+    let ck = spawn_checkpointer(d.clone())?;
     std::thread::Builder::new().name("cgroup-watcher".into()).spawn(move || {
+        let mut changed = false;
+        for rel in initial {
+            changed |= created(&d, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
+        }
+        if changed {
+            let _ = ck.send(());
+        }
         let mut buf = [0u8; 64 * 1024];
         loop {
             let events = match ino.read_events_blocking(&mut buf) {
@@ -272,8 +349,11 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
                 }
             };
             let t0 = Instant::now();
-            let mut new_dirs = Vec::new();
             let mut overflow = false;
+            let mut changed = false;
+            let mut found = Vec::new();
+            // In order: a cgroup created and removed within one batch is admitted (or found
+            // gone) before its removal is handled, never after.
             for ev in events {
                 if ev.mask.contains(EventMask::Q_OVERFLOW) {
                     overflow = true;
@@ -282,15 +362,19 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
                 let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
                 let rel = parent.join(name);
                 if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
-                    new_dirs.push(rel);
+                    changed |= created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
+                    // Directories made below it before its watch existed are admitted too.
+                    add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found);
+                    for sub in found.drain(..) {
+                        changed |= created(&d, &cgroups, &sub.to_string_lossy(), t0).changed();
+                    }
                 } else if ev.mask.contains(EventMask::DELETE) && ev.mask.contains(EventMask::ISDIR) {
-                    on_removed(&d, &rel.to_string_lossy());
+                    changed |= removed(&d, &rel.to_string_lossy()).changed();
                     watches.retain(|_, p| !p.starts_with(&rel));
                 }
             }
-            for rel in new_dirs {
-                on_created(&d, &cgroups, &rel.to_string_lossy(), t0);
-                add_tree(&mut ino, &mut watches, &root, &rel, mask);
+            if changed {
+                let _ = ck.send(());
             }
             if overflow {
                 tracing::warn!("inotify queue overflowed; reconciling");
@@ -300,13 +384,38 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
     })
 }
 
-/// Watches `rel` and every directory below it (skipping what vanished meanwhile).
+/// Shortest time between two checkpoints of watcher changes. Under churn (hundreds of cgroups
+/// a second) one checkpoint covers many changes instead of one fsync'd write per event; a crash
+/// in between loses nothing that matters: the live cgroups are the truth for what the watcher
+/// admitted, and a restart reconciles from them.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+/// The thread that checkpoints watcher changes, so the watcher never waits for the disk:
+/// requests sent while it writes are coalesced into the next write, at most one per
+/// [`CHECKPOINT_EVERY`].
+fn spawn_checkpointer(d: Daemon) -> std::io::Result<std::sync::mpsc::Sender<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("checkpointer".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                while rx.try_recv().is_ok() {}
+                checkpoint(&d);
+                std::thread::sleep(CHECKPOINT_EVERY);
+            }
+        })?;
+    Ok(tx)
+}
+
+/// Watches `rel` and every directory below it (skipping what vanished meanwhile); pushes the
+/// directories found below `rel` onto `found`.
 fn add_tree(
     ino: &mut Inotify,
     watches: &mut BTreeMap<WatchDescriptor, PathBuf>,
     root: &Path,
     rel: &Path,
     mask: WatchMask,
+    found: &mut Vec<PathBuf>,
 ) {
     let dir = root.join(rel);
     let Ok(wd) = ino.watches().add(&dir, mask) else {
@@ -318,13 +427,9 @@ fn add_tree(
     };
     for e in rd.flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) {
-            add_tree(
-                ino,
-                watches,
-                root,
-                &rel.join(OsStr::new(&e.file_name())),
-                mask,
-            );
+            let sub = rel.join(OsStr::new(&e.file_name()));
+            found.push(sub.clone());
+            add_tree(ino, watches, root, &sub, mask, found);
         }
     }
 }

@@ -113,6 +113,11 @@ pub fn fold(
     out
 }
 
+/// Entries of the per-cgroup maps in `raw` (the per-CPU `pending` array is not per cgroup).
+pub fn raw_entries(raw: &RawMaps) -> usize {
+    raw.cpu_time.len() + raw.events.len() + raw.reasons.len()
+}
+
 /// Walks a cgroup v2 hierarchy: id (directory inode) → path relative to the root ("/" is the
 /// root). Unreadable subtrees are skipped (a cgroup may vanish during the walk).
 pub fn scan_cgroup_ids(root: &Path) -> BTreeMap<u64, String> {
@@ -146,6 +151,10 @@ pub struct Sampler {
     paths: BTreeMap<u64, String>,
     /// Ids in the maps but not in the hierarchy at the previous read.
     missing_before: BTreeSet<u64>,
+    /// Entries left in the per-cgroup maps after the last read's pruning.
+    entries: usize,
+    /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
+    stale: usize,
     stats_fd: Option<std::os::fd::OwnedFd>,
 }
 
@@ -205,6 +214,8 @@ impl Sampler {
             remote_period: loaded.remote_period,
             paths: BTreeMap::new(),
             missing_before: BTreeSet::new(),
+            entries: 0,
+            stale: 0,
             stats_fd: None,
         };
         s.refresh_paths();
@@ -237,9 +248,13 @@ impl Sampler {
         }
         self.refresh_paths();
         let raw = self.read_raw()?;
-        if !self.paths.is_empty() {
-            self.prune(&raw)?;
-        }
+        let (deleted, stale) = if self.paths.is_empty() {
+            (0, 0)
+        } else {
+            self.prune(&raw)?
+        };
+        self.entries = raw_entries(&raw).saturating_sub(deleted);
+        self.stale = stale;
         let mut out = fold(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -250,6 +265,20 @@ impl Sampler {
             out.retain(|id, _| self.paths.contains_key(id));
         }
         Ok(out)
+    }
+
+    /// Entries in the per-cgroup maps (CPU_TIME, EVENTS, MIGRATE_REASONS) after the last
+    /// [`Sampler::read`] pruned those of vanished cgroups: after churn it returns to the
+    /// number for the live cgroups within two reads (see [`Sampler::read`]).
+    pub fn map_entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Entries, after the last read, of cgroups gone from the hierarchy: they are deleted at
+    /// the next read (a cgroup must be missing at two reads in a row), so this is 0 two reads
+    /// after the last cgroup went away. Anything else would be a leak.
+    pub fn stale_entries(&self) -> usize {
+        self.stale
     }
 
     /// Reads the maps without folding (for benchmarks).
@@ -311,8 +340,9 @@ impl Sampler {
     }
 
     /// Deletes the entries of cgroup ids absent from the v2 hierarchy at this read and the one
-    /// before.
-    fn prune(&mut self, raw: &RawMaps) -> Result<(), EbpfError> {
+    /// before. Returns how many entries it deleted, and how many of cgroups missing only at this
+    /// read it kept.
+    fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
         let missing: BTreeSet<u64> = raw
             .cpu_time
             .iter()
@@ -365,7 +395,16 @@ impl Sampler {
         for k in &rs {
             let _ = m.remove(k);
         }
-        Ok(())
+        let deleted = cpu.len() + ev.len() + rs.len();
+        let missing_entries = raw
+            .cpu_time
+            .iter()
+            .map(|(k, _)| k.cgroup_id)
+            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
+            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+            .filter(|id| self.missing_before.contains(id))
+            .count();
+        Ok((deleted, missing_entries.saturating_sub(deleted)))
     }
 
     /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids

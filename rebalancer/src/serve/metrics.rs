@@ -65,6 +65,9 @@ pub struct Metrics {
     pub node_memory_free: Family<NodeLabel, Gauge>,
     pub node_hugepages_free: Family<HugepageLabel, Gauge>,
     pub ebpf_source_available: Family<SourceLabel, Gauge>,
+    pub ebpf_map_entries: Gauge,
+    pub ebpf_map_stale_entries: Gauge,
+    pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
 }
 
@@ -93,6 +96,9 @@ impl Metrics {
             node_memory_free: Family::default(),
             node_hugepages_free: Family::default(),
             ebpf_source_available: Family::default(),
+            ebpf_map_entries: Gauge::default(),
+            ebpf_map_stale_entries: Gauge::default(),
+            moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
         };
         r.register(
@@ -172,6 +178,21 @@ impl Metrics {
             "ebpf_source_available",
             "1 when the eBPF/PMU source is loaded and attached",
             m.ebpf_source_available.clone(),
+        );
+        r.register(
+            "ebpf_map_entries",
+            "Entries in the eBPF per-cgroup maps after the last round's pruning",
+            m.ebpf_map_entries.clone(),
+        );
+        r.register(
+            "ebpf_map_stale_entries",
+            "Of those, entries of cgroups already removed (deleted at the next round)",
+            m.ebpf_map_stale_entries.clone(),
+        );
+        r.register(
+            "moves_failed",
+            "Moves that failed and were rolled back (or found their cgroup gone), by reason",
+            m.moves_failed.clone(),
         );
         r.register(
             "managed_cgroups",

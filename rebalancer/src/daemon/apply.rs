@@ -1,0 +1,114 @@
+//! Applying one round's moves: each move through the actuator (any [`CgroupWriter`]: the real
+//! cgroup layer, or `FakeCgroups` in the fault-injection tests), the controller's memory
+//! (cooldown, counters) and the metrics updated, and the round's migration budget enforced
+//! once more on what is actually applied (the planner already keeps to it; this is the
+//! actuator-side guard of the invariant).
+//!
+//! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
+//! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
+//! A cgroup that vanished before or during its move is a normal race (its container exited)
+//! and is logged at debug level; an external change (stale) is adopted and logged at info; a
+//! real write failure is a warning.
+
+use crate::{
+    controller::{self, ApplyError, CgroupWriter, Move},
+    serve::metrics::ReasonLabel,
+};
+
+use super::Daemon;
+
+/// What one call of [`apply_moves`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub applied: usize,
+    /// (cgroup, reason) of each move that failed.
+    pub failed: Vec<(String, &'static str)>,
+    /// Moves not attempted because they would have exceeded the round's migration budget.
+    pub over_budget: usize,
+    /// Bytes the applied moves migrate.
+    pub bytes: u64,
+}
+
+/// Applies `moves` through `w` in order (see the module doc).
+pub fn apply_moves(
+    d: &Daemon,
+    w: &mut dyn CgroupWriter,
+    moves: &[Move],
+    now_ms: u64,
+    dry_run: bool,
+) -> Applied {
+    let budget = d
+        .lock()
+        .cfg
+        .controller
+        .migration_budget_mib
+        .saturating_mul(1 << 20);
+    let mut out = Applied::default();
+    for mv in moves {
+        if out.bytes.saturating_add(mv.bytes_to_migrate) > budget {
+            tracing::warn!(cgroup = %mv.cgroup, bytes = mv.bytes_to_migrate, budget, "move not applied: it would exceed the round's migration budget");
+            d.metrics
+                .moves_skipped
+                .get_or_create(&ReasonLabel {
+                    reason: "budget".into(),
+                })
+                .inc();
+            out.over_budget += 1;
+            continue;
+        }
+        match controller::apply(mv, w, dry_run) {
+            Ok(done) => {
+                out.applied += 1;
+                out.bytes = out.bytes.saturating_add(mv.bytes_to_migrate);
+                tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
+                    before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(), "move applied");
+                let mut s = d.lock();
+                if !dry_run {
+                    s.state.controller.record_move(mv, now_ms);
+                    d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
+                }
+                d.metrics
+                    .moves_applied
+                    .get_or_create(&ReasonLabel {
+                        reason: trigger_name(&mv.reason),
+                    })
+                    .inc();
+            }
+            Err(e) => {
+                let reason = e.reason();
+                match &e {
+                    ApplyError::Vanished { .. } => {
+                        tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
+                    }
+                    ApplyError::Read { .. } if reason == "vanished" => {
+                        tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
+                    }
+                    ApplyError::Stale { .. } => {
+                        tracing::info!(cgroup = %mv.cgroup, error = %e, "cgroup changed by someone else since it was observed; their choice is kept")
+                    }
+                    _ => {
+                        tracing::warn!(cgroup = %mv.cgroup, error = %e, reason, "move failed")
+                    }
+                }
+                if reason != "vanished" {
+                    d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
+                }
+                d.metrics
+                    .moves_failed
+                    .get_or_create(&ReasonLabel {
+                        reason: reason.into(),
+                    })
+                    .inc();
+                out.failed.push((mv.cgroup.clone(), reason));
+            }
+        }
+    }
+    out
+}
+
+fn trigger_name(t: &controller::Trigger) -> String {
+    match t {
+        controller::Trigger::PoorLocality => "poor-locality".into(),
+        controller::Trigger::Overloaded { .. } => "overloaded".into(),
+    }
+}

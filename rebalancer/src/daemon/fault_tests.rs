@@ -1,0 +1,409 @@
+//! Fault injection through the daemon's seams (issue 9, item 2), on `FakeCgroups` and sysfs
+//! fixtures; the faults that need the real kernel are in `tests/faults_root.rs`. Each test
+//! ends with [`assert_invariants`]: no empty cpuset, every cpuset within its parent, exclusive
+//! CPUs disjoint and never reserved, the round's migration budget kept, and the checkpoint on
+//! disk equal to the daemon's state.
+
+use std::path::Path;
+
+use super::{apply::apply_moves, engine::Engine, Daemon, Persisted, Shared};
+use crate::{
+    cgroup::{Cgroups, Mounts},
+    config::Config,
+    controller::{
+        self, CgroupFile, CgroupObs, ControllerState, FakeCgroups, FakeFailure, Move, NodeObs,
+        Observations, Trigger,
+    },
+    cpuset::CpuSet,
+    placement::admission::Allocator,
+    serve::Metrics,
+    topology::{sysfs, Topology, TopologyBuilder},
+};
+
+const MIB: u64 = 1 << 20;
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap()
+}
+
+fn daemon(topo: Topology, state_dir: &Path, sysfs_root: Option<&Path>) -> Daemon {
+    let mut cfg = Config::load(None).unwrap();
+    cfg.daemon.state_dir = state_dir.to_path_buf();
+    if let Some(r) = sysfs_root {
+        cfg.daemon.sysfs_root = r.to_path_buf();
+    }
+    let allocator = Allocator::new(&topo, &cfg.placement).unwrap();
+    Daemon::new(
+        Shared {
+            topo,
+            cfg,
+            state: Persisted {
+                allocator,
+                bindings: Default::default(),
+                controller: ControllerState::default(),
+            },
+            decisions: Default::default(),
+            sources: Vec::new(),
+            last_obs: None,
+            ckpt: Default::default(),
+        },
+        Metrics::default(),
+    )
+}
+
+/// 2 nodes × 4 CPUs: node 0 = 0-3, node 1 = 4-7.
+fn two_nodes() -> Topology {
+    TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 2,
+        cores_per_node: 4,
+        threads_per_core: 1,
+        ..Default::default()
+    }
+    .build()
+}
+
+fn mv(cg: &str, from: &str, to: &str, from_mems: &str, to_mems: &str, mib: u64) -> Move {
+    Move {
+        cgroup: cg.into(),
+        from_cpus: set(from),
+        to_cpus: set(to),
+        from_mems: set(from_mems),
+        to_mems: set(to_mems),
+        bytes_to_migrate: mib * MIB,
+        reason: Trigger::PoorLocality,
+        locality_before: 0.2,
+        locality_after: 0.9,
+        net: 1.0,
+    }
+}
+
+/// The invariants of PRODUCT.md on the daemon's state, the fake cgroups (`parent` is every
+/// cgroup's parent effective set: (cpus, mems)) and the checkpoint on disk.
+fn assert_invariants(
+    d: &Daemon,
+    fake: &FakeCgroups,
+    cgroups: &[&str],
+    parent: (&CpuSet, &CpuSet),
+    applied_bytes: u64,
+) {
+    let s = d.lock();
+    for cg in cgroups {
+        let (Some(cpus), Some(mems)) = (fake.cpus(cg), fake.mems(cg)) else {
+            continue; // vanished
+        };
+        assert!(!cpus.is_empty() && !mems.is_empty(), "{cg}: empty cpuset");
+        assert!(
+            cpus.is_subset(parent.0) && mems.is_subset(parent.1),
+            "{cg}: {cpus}/{mems} outside the parent"
+        );
+    }
+    for (c, cpus, mems) in fake.history() {
+        assert!(
+            !cpus.is_empty() && !mems.is_empty(),
+            "{c} went through an empty cpuset"
+        );
+    }
+    let mut seen = CpuSet::new();
+    for pod in s.state.allocator.pods.values() {
+        for c in pod.containers.iter().filter(|c| c.placement.exclusive) {
+            assert!(
+                c.placement.cpus.intersection(&seen).is_empty(),
+                "exclusive CPUs overlap"
+            );
+            assert!(c
+                .placement
+                .cpus
+                .intersection(&s.state.allocator.reserved_cpus)
+                .is_empty());
+            seen = seen.union(&c.placement.cpus);
+        }
+    }
+    let budget = s.cfg.controller.migration_budget_mib * MIB;
+    assert!(applied_bytes <= budget, "{applied_bytes} > budget {budget}");
+    drop(s);
+    d.checkpoint().unwrap();
+    let on_disk: Persisted = crate::checkpoint::load(&d.lock().state_dir())
+        .unwrap()
+        .unwrap();
+    assert_eq!(on_disk, d.lock().state, "checkpoint differs from the state");
+}
+
+fn failed(d: &Daemon, reason: &str) -> u64 {
+    d.metrics
+        .moves_failed
+        .get_or_create(&crate::serve::metrics::ReasonLabel {
+            reason: reason.into(),
+        })
+        .get()
+}
+
+/// Fault (b): a write failing with EBUSY, EINVAL, ENOSPC or EACCES, at each write of a move
+/// (v1 and v2): the cgroup is rolled back to its cpuset before the move, the failure is
+/// counted under its reason, the controller records the failure (cooldown), and the round
+/// goes on: the next cgroup's move is applied.
+#[test]
+fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
+    let table = [
+        (FakeFailure::Busy, "busy"),
+        (FakeFailure::Invalid, "invalid"),
+        (FakeFailure::NoSpace, "no-space"),
+        (FakeFailure::Permission, "permission"),
+    ];
+    let points = [
+        (CgroupFile::MemoryMigrate, 1),
+        (CgroupFile::Mems, 1),
+        (CgroupFile::Cpus, 1),
+        (CgroupFile::Mems, 2),
+        (CgroupFile::MemoryMigrate, 2),
+    ];
+    let (all, mems) = (set("0-7"), set("0-1"));
+    for v1 in [false, true] {
+        for (failure, reason) in table {
+            for (file, nth) in points {
+                if !v1 && file == CgroupFile::MemoryMigrate {
+                    continue;
+                }
+                let at = format!("v1={v1} {reason} at {file} #{nth}");
+                let dir = tempfile::tempdir().unwrap();
+                let d = daemon(two_nodes(), dir.path(), None);
+                let mut f = if v1 {
+                    FakeCgroups::v1()
+                } else {
+                    FakeCgroups::v2()
+                };
+                f.insert("pod/a", "0-3", "0");
+                f.insert("pod/b", "0-3", "0");
+                f.fail_write(file, nth, failure);
+                let moves = [
+                    mv("pod/a", "0-3", "4-7", "0", "1", 10),
+                    mv("pod/b", "0-3", "4-7", "0", "1", 10),
+                ];
+                let done = apply_moves(&d, &mut f, &moves, 1000, false);
+                assert_eq!(done.failed, [("pod/a".to_string(), reason)], "{at}");
+                assert_eq!(done.applied, 1, "{at}: the round goes on");
+                assert_eq!(f.cpus("pod/a"), Some(&set("0-3")), "{at}: rolled back");
+                assert_eq!(f.mems("pod/a"), Some(&set("0")), "{at}: rolled back");
+                assert_eq!(f.memory_migrate("pod/a"), Some(false), "{at}");
+                assert_eq!(f.cpus("pod/b"), Some(&set("4-7")), "{at}");
+                assert_eq!(failed(&d, reason), 1, "{at}: counted by reason");
+                {
+                    let s = d.lock();
+                    let st = &s.state.controller;
+                    assert_eq!(st.failed_moves_total, 1, "{at}");
+                    assert!(
+                        st.cooldown_remaining("pod/a", &set("0-3"), 1001, 60_000)
+                            .is_some(),
+                        "{at}"
+                    );
+                }
+                assert_invariants(&d, &f, &["pod/a", "pod/b"], (&all, &mems), done.bytes);
+            }
+        }
+    }
+}
+
+/// Fault (a) on the fake (the real rmdir is in faults_root): a cgroup removed between plan and
+/// apply is a quiet "vanished" (no failure recorded, no cooldown for a cgroup that is gone),
+/// and the other moves of the round are applied.
+#[test]
+fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(two_nodes(), dir.path(), None);
+    let mut f = FakeCgroups::v2()
+        .with("pod/a", "0-3", "0")
+        .with("pod/b", "0-3", "0");
+    let moves = [
+        mv("pod/a", "0-3", "4-7", "0", "1", 10),
+        mv("pod/b", "0-3", "4-7", "0", "1", 10),
+    ];
+    f.remove("pod/a"); // the container exited after the plan
+    let done = apply_moves(&d, &mut f, &moves, 1000, false);
+    assert_eq!(done.failed, [("pod/a".to_string(), "vanished")]);
+    assert_eq!(done.applied, 1);
+    assert_eq!(f.cpus("pod/b"), Some(&set("4-7")));
+    assert_eq!(failed(&d, "vanished"), 1);
+    assert_eq!(d.lock().state.controller.failed_moves_total, 0);
+    assert_invariants(
+        &d,
+        &f,
+        &["pod/a", "pod/b"],
+        (&set("0-7"), &set("0-1")),
+        done.bytes,
+    );
+}
+
+/// The actuator side keeps the migration budget even if a plan exceeded it: moves past the
+/// budget are not attempted (and counted as skipped for "budget").
+#[test]
+fn a_plan_past_the_migration_budget_is_cut_at_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon(two_nodes(), dir.path(), None);
+    d.lock().cfg.controller.migration_budget_mib = 100;
+    let mut f = FakeCgroups::v2();
+    let names = ["pod/a", "pod/b", "pod/c"];
+    for n in names {
+        f.insert(n, "0-3", "0");
+    }
+    let moves: Vec<Move> = names
+        .iter()
+        .map(|n| mv(n, "0-3", "4-7", "0", "1", 60))
+        .collect();
+    let done = apply_moves(&d, &mut f, &moves, 1000, false);
+    assert_eq!((done.applied, done.over_budget), (1, 2));
+    assert_eq!(f.cpus("pod/b"), Some(&set("0-3")), "not attempted");
+    assert_invariants(&d, &f, &names, (&set("0-7"), &set("0-1")), done.bytes);
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_tree(&src, &dst);
+        } else if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// Takes node `n` (the highest) of a copied sysfs tree offline as the kernel shows it: its
+/// CPUs leave `cpu/online`, it leaves `node/online`, its node directory goes, and the other
+/// nodes' distance rows lose its column.
+fn take_last_node_offline(root: &Path, topo: &Topology) -> (u32, CpuSet) {
+    let last = topo.nodes.last().unwrap();
+    let node_dir = root.join("devices/system/node");
+    let online: CpuSet = topo.online_cpus().difference(&last.cpus);
+    std::fs::write(root.join("devices/system/cpu/online"), online.to_string()).unwrap();
+    let nodes: CpuSet = topo
+        .nodes
+        .iter()
+        .map(|n| n.id)
+        .filter(|&n| n != last.id)
+        .collect();
+    std::fs::write(node_dir.join("online"), nodes.to_string()).unwrap();
+    std::fs::remove_dir_all(node_dir.join(format!("node{}", last.id))).unwrap();
+    for n in nodes.iter() {
+        let p = node_dir.join(format!("node{n}/distance"));
+        let row = std::fs::read_to_string(&p).unwrap();
+        let mut v: Vec<&str> = row.split_whitespace().collect();
+        v.pop();
+        std::fs::write(&p, v.join(" ")).unwrap();
+    }
+    (last.id, last.cpus.clone())
+}
+
+/// A cgroup on node 0's CPUs whose memory sits on `to`: the planner moves its CPUs there.
+fn pulled_to(topo: &Topology, to: u32) -> Observations {
+    let n0 = &topo.nodes[0];
+    let cgroup = CgroupObs {
+        id: "pod/c".into(),
+        cpu_ns_per_node: [(n0.id, 2_000_000_000)].into(),
+        mem_bytes_per_node: [(to, 8 << 30)].into(),
+        cpus: n0.cpus.clone(),
+        mems: topo.nodes.iter().map(|n| n.id).collect(),
+        ..Default::default()
+    };
+    Observations {
+        period_ns: 1_000_000_000,
+        cgroups: vec![cgroup],
+        nodes: topo
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.id,
+                    NodeObs {
+                        cpu_busy: 0.3,
+                        free_bytes: 32 << 30,
+                        free_hugepage_bytes: 0,
+                    },
+                )
+            })
+            .collect(),
+        reserved_cpus: CpuSet::new(),
+    }
+}
+
+/// Fault (c): a NUMA node goes offline between rounds (sysfs fixture changed under a running
+/// engine). The engine notices, rebuilds the topology, and plans made after it never reference
+/// the vanished node's CPUs or memory — even for a cgroup whose stale memory figures still
+/// point at that node (before the change, the same observation moved it there).
+#[test]
+fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
+    let root = tempfile::tempdir().unwrap();
+    copy_tree(&fixture, root.path());
+    let state = tempfile::tempdir().unwrap();
+    let before = sysfs::read(root.path()).unwrap();
+    let d = daemon(before.clone(), state.path(), Some(root.path()));
+    let mut engine = Engine::new(
+        Cgroups::new(Mounts::default()),
+        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Path::new("/proc"),
+    );
+    assert!(!engine.refresh_topology(&d), "first look only records");
+    assert!(!engine.refresh_topology(&d), "nothing changed");
+
+    let cfg = d.lock().cfg.controller.clone();
+    let (gone, gone_cpus) = (
+        before.nodes.last().unwrap().id,
+        before.nodes.last().unwrap().cpus.clone(),
+    );
+    let p = controller::plan(
+        &before,
+        &pulled_to(&before, gone),
+        &ControllerState::default(),
+        &cfg,
+        1_000_000,
+    );
+    assert!(
+        p.moves.iter().any(|m| m.to_cpus.is_subset(&gone_cpus)),
+        "the scenario must move toward node {gone} while it is online: {:#?}",
+        p.decisions
+    );
+
+    let (id, cpus) = take_last_node_offline(root.path(), &before);
+    assert_eq!((id, &cpus), (gone, &gone_cpus));
+    assert!(engine.refresh_topology(&d), "the change is noticed");
+    let after = d.lock().topo.clone();
+    assert_eq!(after.nodes.len(), before.nodes.len() - 1);
+    assert!(after.node(gone).is_none());
+    assert!(after.online_cpus().intersection(&gone_cpus).is_empty());
+
+    let p = controller::plan(
+        &after,
+        &pulled_to(&after, gone),
+        &ControllerState::default(),
+        &cfg,
+        1_000_000,
+    );
+    for m in &p.moves {
+        assert!(
+            m.to_cpus.intersection(&gone_cpus).is_empty() && !m.to_mems.contains(gone),
+            "a plan after the change references node {gone}: {m:?}"
+        );
+        assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty());
+        assert!(m.to_cpus.is_subset(&after.online_cpus()));
+    }
+    // And the rebuilt topology is what every later round uses: a second check is quiet.
+    assert!(!engine.refresh_topology(&d));
+    let mut f = FakeCgroups::v2();
+    f.insert("pod/c", &after.nodes[0].cpus.to_string(), "0");
+    let all_mems: CpuSet = after.nodes.iter().map(|n| n.id).collect();
+    let mut moves = p.moves.clone();
+    for m in &mut moves {
+        m.from_mems = set("0");
+    }
+    let done = apply_moves(&d, &mut f, &moves, 1_000_000, false);
+    assert_invariants(
+        &d,
+        &f,
+        &["pod/c"],
+        (&after.online_cpus(), &all_mems),
+        done.bytes,
+    );
+}
