@@ -4,6 +4,10 @@
 //!
 //! Loading refuses what it cannot trust — a newer or unknown version, a bad checksum, truncated
 //! JSON — with an error that says so; the daemon then rebuilds from the live cgroups and warns.
+//!
+//! Versions: 2 (written now) checksums the exact bytes of `data` as written, so saving
+//! serialises the state once (no JSON tree); 1 checksummed the canonical re-serialisation of a
+//! JSON tree of `data` and is still read (migrated: the next save writes version 2).
 
 use std::{
     io::Write,
@@ -13,7 +17,9 @@ use std::{
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// Version of the checkpoint format written by this build.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// Oldest version this build reads (and migrates by writing `VERSION` on the next save).
+pub const OLDEST_READ: u32 = 1;
 /// Name of the checkpoint file inside the state directory.
 pub const FILE_NAME: &str = "checkpoint.json";
 
@@ -37,18 +43,30 @@ pub enum CheckpointError {
     Version { path: PathBuf, found: u32 },
 }
 
-#[derive(Serialize, Deserialize)]
+/// Version 2: the checksum is FNV-1a 64 (hex) of the exact bytes of `data`.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Envelope {
+struct Envelope<'a> {
+    #[allow(dead_code)] // read first, separately
     version: u32,
-    /// FNV-1a 64 of the canonical JSON of `data`, in hex.
+    checksum: String,
+    #[serde(borrow)]
+    data: &'a serde_json::value::RawValue,
+}
+
+/// Version 1: the checksum is of the canonical JSON of `data` (a tree, re-serialised).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvelopeV1 {
+    #[allow(dead_code)] // read first, separately
+    version: u32,
     checksum: String,
     data: serde_json::Value,
 }
 
 /// Who wrote a checkpoint of version `found`, for the refusal message.
 fn written_by(found: &u32) -> &'static str {
-    if *found < VERSION {
+    if *found < OLDEST_READ {
         "written by an older rebalancer (no migration exists for it)"
     } else {
         "written by a newer rebalancer"
@@ -73,17 +91,16 @@ pub fn encode<T: Serialize>(dir: &Path, data: &T) -> Result<Vec<u8>, CheckpointE
         path: dir.join(FILE_NAME),
         source: std::io::Error::other(e),
     };
-    let value = serde_json::to_value(data).map_err(werr)?;
-    let canonical = serde_json::to_vec(&value).map_err(werr)?;
-    // The envelope is written by hand around the canonical data (serialising the whole state a
-    // third time, pretty, cost more than the rest under churn); `load` parses it as JSON.
+    // One serialisation of the state, checksummed as written; the envelope is written by hand
+    // around it (every admission pays for this before it is answered).
+    let body = serde_json::to_vec(data).map_err(werr)?;
     let head = format!(
         "{{\n  \"version\": {VERSION},\n  \"checksum\": \"{:016x}\",\n  \"data\": ",
-        fnv1a(&canonical)
+        fnv1a(&body)
     );
-    let mut out = Vec::with_capacity(head.len() + canonical.len() + 2);
+    let mut out = Vec::with_capacity(head.len() + body.len() + 3);
     out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(&canonical);
+    out.extend_from_slice(&body);
     out.extend_from_slice(b"\n}\n");
     Ok(out)
 }
@@ -122,30 +139,48 @@ pub fn load<T: DeserializeOwned>(dir: &Path) -> Result<Option<T>, CheckpointErro
         message,
     };
     // Read the version first, so a newer format is refused as such, not as "corrupt".
-    let head: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    #[derive(Deserialize)]
+    struct Head {
+        version: Option<u64>,
+    }
+    let head: Head = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let version = head
-        .get("version")
-        .and_then(|v| v.as_u64())
+        .version
         .ok_or_else(|| corrupt("no version field".into()))?;
-    if version != VERSION as u64 {
-        return Err(CheckpointError::Version {
+    let mismatch = |want: &str, sum: u64| {
+        corrupt(format!(
+            "checksum {want} does not match content ({sum:016x})"
+        ))
+    };
+    match version {
+        2 => {
+            let env: Envelope =
+                serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+            let sum = fnv1a(env.data.get().as_bytes());
+            if format!("{sum:016x}") != env.checksum {
+                return Err(mismatch(&env.checksum, sum));
+            }
+            serde_json::from_str(env.data.get())
+                .map(Some)
+                .map_err(|e| corrupt(e.to_string()))
+        }
+        1 => {
+            let env: EnvelopeV1 =
+                serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+            let canonical = serde_json::to_vec(&env.data).map_err(|e| corrupt(e.to_string()))?;
+            let sum = fnv1a(&canonical);
+            if format!("{sum:016x}") != env.checksum {
+                return Err(mismatch(&env.checksum, sum));
+            }
+            serde_json::from_value(env.data)
+                .map(Some)
+                .map_err(|e| corrupt(e.to_string()))
+        }
+        v => Err(CheckpointError::Version {
             path,
-            found: version.min(u32::MAX as u64) as u32,
-        });
+            found: v.min(u32::MAX as u64) as u32,
+        }),
     }
-    let env: Envelope = serde_json::from_value(head).map_err(|e| corrupt(e.to_string()))?;
-    let canonical = serde_json::to_vec(&env.data).map_err(|e| corrupt(e.to_string()))?;
-    let sum = format!("{:016x}", fnv1a(&canonical));
-    if sum != env.checksum {
-        return Err(corrupt(format!(
-            "checksum {} does not match content ({sum})",
-            env.checksum
-        )));
-    }
-    serde_json::from_value(env.data)
-        .map(Some)
-        .map_err(|e| corrupt(e.to_string()))
 }
 
 #[cfg(test)]
@@ -190,7 +225,7 @@ mod tests {
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
 
-        std::fs::write(&p, good.replace("\"version\": 1", "\"version\": 7")).unwrap();
+        std::fs::write(&p, good.replace("\"version\": 2", "\"version\": 7")).unwrap();
         let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
         assert!(
             matches!(e, CheckpointError::Version { found: 7, .. }),
@@ -233,9 +268,36 @@ mod tests {
         for needle in ["version 0", "older rebalancer", "refusing", "move it aside"] {
             assert!(msg.contains(needle), "{needle:?} not in {msg}");
         }
-        // the same envelope with this build's version loads: only the version was refused
-        let cur = serde_json::json!({"version": VERSION, "checksum": sum, "data": data});
-        std::fs::write(d.path().join(FILE_NAME), cur.to_string()).unwrap();
+        // the same envelope as version 1 loads (migrated): only the version was refused
+        let v1 = serde_json::json!({"version": 1, "checksum": sum, "data": data});
+        std::fs::write(d.path().join(FILE_NAME), v1.to_string()).unwrap();
         assert_eq!(load(d.path()).unwrap(), Some(sample()));
+    }
+
+    /// Upgrade: a version-1 checkpoint (checksum of the canonical JSON tree, pretty-printed as
+    /// the first builds wrote it) is read and the next save writes version 2; a version-1 file
+    /// whose data was changed is still refused as corrupt.
+    #[test]
+    fn version_1_checkpoint_is_migrated_and_still_verified() {
+        let d = tempfile::tempdir().unwrap();
+        let data = serde_json::to_value(sample()).unwrap();
+        let sum = format!("{:016x}", fnv1a(&serde_json::to_vec(&data).unwrap()));
+        let v1 = serde_json::json!({"version": 1, "checksum": sum, "data": data});
+        let p = d.path().join(FILE_NAME);
+        std::fs::write(&p, serde_json::to_vec_pretty(&v1).unwrap()).unwrap();
+        let back: BTreeMap<String, Vec<u32>> = load(d.path()).unwrap().unwrap();
+        assert_eq!(back, sample());
+        save(d.path(), &back).unwrap();
+        assert!(std::fs::read_to_string(&p)
+            .unwrap()
+            .contains("\"version\": 2"));
+        assert_eq!(load(d.path()).unwrap(), Some(sample()));
+
+        let tampered = serde_json::to_string_pretty(&v1)
+            .unwrap()
+            .replace("pod-b", "pod-c");
+        std::fs::write(&p, tampered).unwrap();
+        let e = load::<BTreeMap<String, Vec<u32>>>(d.path()).unwrap_err();
+        assert!(e.to_string().contains("checksum"), "{e}");
     }
 }
