@@ -127,8 +127,14 @@ pub fn on_created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> Watc
         ..
     } = classify(&rel)
     {
-        let via_api = d.lock().state.allocator.pods.contains_key(&pod_uid);
-        if !via_api && !await_limits(cgroups, &rel, LIMITS_GRACE) {
+        let settled = {
+            let s = d.lock();
+            // Through the API (its requests are known), already bound, or not ours to admit.
+            s.state.allocator.pods.contains_key(&pod_uid)
+                || s.state.bindings.contains_key(&rel)
+                || !s.cfg.cgroups.kubernetes
+        };
+        if !settled && !await_limits(cgroups, &rel, LIMITS_GRACE) {
             tracing::warn!(cgroup = %rel, "Guaranteed container cgroup without cpu.max / memory.max limits after {LIMITS_GRACE:?}; admitting what it shows");
         }
     }
