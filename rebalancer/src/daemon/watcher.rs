@@ -481,6 +481,7 @@ mod tests {
             },
             decisions: Default::default(),
             sources: Vec::new(),
+            last_obs: None,
         };
         let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
         (Daemon::new(shared, Metrics::default()), cgroups)
