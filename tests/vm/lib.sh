@@ -48,9 +48,99 @@ cleanup_all() {
     for p in /proc/[0-9]*; do
         pid=${p#/proc/}
         [ "$pid" = 1 ] || [ "$pid" = "$$" ] && continue
-        [ -s "$p/cmdline" ] || continue   # kernel threads have an empty cmdline
+        [ -e "$p/exe" ] || continue   # kernel threads have no exe (procfs sizes are all 0)
         kill -9 "$pid" 2>/dev/null
     done
     sleep 0.2
     for d in $(find /sys/fs/cgroup -mindepth 1 -type d | sort -r); do rmdir "$d" 2>/dev/null; done
 }
+
+# --- cpulists (busybox has no jq or numactl) ---
+# ids CPULIST: its ids, one a line ("0-2,5" → 0 1 2 5).
+ids() { echo "$1" | tr ',' '\n' | awk -F- '$1 == "" {next} NF == 1 {print $1; next} {for (i = $1; i <= $2; i++) print i}'; }
+# ncount CPULIST: how many ids.
+ncount() { ids "$1" | grep -c .; }
+# common A B: ids in both, comma-separated.
+# (busybox grep -f with an empty pattern file matches every line: an empty B is handled first.)
+common() { [ -n "$2" ] || return 0; ids "$2" > /tmp/.ids; ids "$1" | grep -Fx -f /tmp/.ids | tr '\n' ',' | sed 's/,$//'; }
+# minus A B: ids of A not in B, comma-separated.
+minus() {
+    if [ -z "$2" ]; then ids "$1" | tr '\n' ',' | sed 's/,$//'; return 0; fi
+    ids "$2" > /tmp/.ids; ids "$1" | grep -Fxv -f /tmp/.ids | tr '\n' ',' | sed 's/,$//'
+}
+# same A B: exit 0 when A and B hold the same ids.
+same() { [ -z "$(minus "$1" "$2")" ] && [ -z "$(minus "$2" "$1")" ]; }
+# nodes_of CPULIST: the nodes of those CPUs, comma-separated.
+nodes_of() { for n in $NODES; do [ -n "$(common "$1" "$(cpus_of "$n")")" ] && printf '%s,' "$n"; done | sed 's/,$//'; }
+# since T0: seconds since uptime T0.
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b - a}'; }
+
+# --- the daemon ---
+SOCK=/run/rebalancer/rebalancer.sock
+CG=/sys/fs/cgroup
+# start_daemon CONF LOG: starts `rebalancer run --config CONF` (output appended to LOG) and waits
+# (at most 60 s) until `rebalancer status` answers. Sets DAEMON (pid) and DAEMON_UP (seconds).
+start_daemon() {
+    if rebalancer status > /dev/null 2>&1; then
+        echo "# another daemon already answers on $SOCK"
+        return 1
+    fi
+    _t=$(uptime_s)
+    RUST_LOG=${RUST_LOG:-rebalancer=info} rebalancer run --config "$1" >> "$2" 2>&1 &
+    DAEMON=$!
+    _i=0
+    until rebalancer status > /dev/null 2>&1; do
+        kill -0 "$DAEMON" 2>/dev/null || return 1
+        _i=$((_i + 1)); [ $_i -lt 300 ] || return 1
+        sleep 0.2
+    done
+    kill -0 "$DAEMON" 2>/dev/null || return 1
+    DAEMON_UP=$(since "$_t")
+}
+# status_field KEY: a flat array field of `rebalancer status --json` as a cpulist
+# (e.g. exclusive_cpus [1,2] → 1,2).
+status_field() { rebalancer status --json | tr -d ' \n' | sed -n "s/.*\"$1\":\[\([0-9,]*\)\].*/\1/p"; }
+
+# --- Kubernetes layouts ---
+# kdir REL: makes REL and its missing parents below /sys/fs/cgroup, each with cpuset, cpu and
+# memory enabled for its children (as kubelet's pod and QoS cgroups are).
+kdir() {
+    _p=$CG
+    for _part in $(echo "$1" | tr '/' ' '); do
+        _p=$_p/$_part
+        [ -d "$_p" ] || mkdir "$_p" || return 1
+        echo "+cpuset +cpu +memory" > "$_p/cgroup.subtree_control" || return 1
+    done
+}
+# cid N: a 64-hex-digit container id.
+cid() { printf 'c%063d' "$1"; }
+# pod_slice QOS UID: the systemd-driver pod cgroup (QOS: guaranteed, burstable, besteffort).
+pod_slice() {
+    _u=$(echo "$2" | tr - _)
+    case $1 in
+        guaranteed) echo "kubepods.slice/kubepods-pod$_u.slice" ;;
+        *) echo "kubepods.slice/kubepods-$1.slice/kubepods-$1-pod$_u.slice" ;;
+    esac
+}
+# cpuset_snapshot: "path cpus mems effective-cpus effective-mems" of every cgroup, sorted.
+cpuset_snapshot() {
+    find $CG -name cpuset.cpus | sort | while read -r _f; do
+        _d=${_f%/cpuset.cpus}
+        read -r _c < "$_f"; read -r _m < "$_d/cpuset.mems"
+        read -r _ec < "$_d/cpuset.cpus.effective"; read -r _em < "$_d/cpuset.mems.effective"
+        echo "${_d#$CG}/ cpus=$_c mems=$_m eff=$_ec/$_em"
+    done
+}
+# empty_cpusets REL...: cgroups at or below each REL whose effective cpus or mems are empty.
+empty_cpusets() {
+    for _r in "$@"; do
+        [ -d "$CG/$_r" ] || continue
+        find "$CG/$_r" -name cpuset.cpus.effective | while read -r _f; do
+            _d=${_f%/cpuset.cpus.effective}
+            read -r _ec < "$_f"; read -r _em < "$_d/cpuset.mems.effective"
+            [ -n "$_ec" ] && [ -n "$_em" ] || echo "${_d#$CG/}"
+        done
+    done
+}
+# gpod_json UID CPUS: a one-container Guaranteed pod (CPUS whole CPUs, 64 MiB) for `rebalancer admit`.
+gpod_json() { echo "{\"uid\":\"$1\",\"containers\":[{\"name\":\"main\",\"cpu_request_millis\":$(($2 * 1000)),\"cpu_limit_millis\":$(($2 * 1000)),\"memory_bytes\":67108864,\"memory_limit_bytes\":67108864}]}"; }

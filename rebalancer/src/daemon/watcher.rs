@@ -21,11 +21,34 @@ use std::{
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
-use super::{Binding, Daemon};
+use super::{Binding, Daemon, Shared};
 use crate::{
-    cgroup::{classify_with_roots, CgroupKind, Cgroups, Controller, Qos},
+    cgroup::{classify, classify_with_roots, CgroupKind, Cgroups, Controller, Qos},
+    cpuset::CpuSet,
     placement::pod::{Container, Pod},
 };
+
+/// How long a Guaranteed container's limits may take to appear after its cgroup: a runtime
+/// makes the directory first and writes cpu.max / memory.max just after (on v2 they live in the
+/// directory itself), so at the inotify event they usually still read "max".
+pub const LIMITS_GRACE: Duration = Duration::from_millis(250);
+
+/// Waits at most `grace` until a Guaranteed container cgroup shows a CPU quota and a memory
+/// limit (a Guaranteed container always has both). `false` when they never appeared.
+pub fn await_limits(cgroups: &Cgroups, rel: &str, grace: Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        let cpu = cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some());
+        let mem = cgroups.memory_max(rel).is_ok_and(|m| m.is_some());
+        if cpu && mem {
+            return true;
+        }
+        if t0.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// What happened to one cgroup, for logs and tests.
 #[derive(Clone, Debug, PartialEq)]
@@ -128,6 +151,23 @@ fn checkpoint(d: &Daemon) {
 /// [`on_created`] without the checkpoint (the watcher checkpoints once per batch of events).
 fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
+    if let CgroupKind::Container {
+        pod_uid,
+        qos: Qos::Guaranteed,
+        ..
+    } = classify(&rel)
+    {
+        let settled = {
+            let s = d.lock();
+            // Through the API (its requests are known), already bound, or not ours to admit.
+            s.state.allocator.pods.contains_key(&pod_uid)
+                || s.state.bindings.contains_key(&rel)
+                || !s.cfg.cgroups.kubernetes
+        };
+        if !settled && !await_limits(cgroups, &rel, LIMITS_GRACE) {
+            tracing::warn!(cgroup = %rel, "Guaranteed container cgroup without cpu.max / memory.max limits after {LIMITS_GRACE:?}; admitting what it shows");
+        }
+    }
     let mut s = d.lock();
     let CgroupKind::Container {
         pod_uid, qos, id, ..
@@ -152,10 +192,11 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
             .iter()
             .find(|c| !bound.contains(&c.placement.container.as_str()))
         {
-            let (cpus, mems, container) = (
+            let (cpus, mems, container, exclusive) = (
                 c.placement.cpus.clone(),
                 c.placement.mems.clone(),
                 c.placement.container.clone(),
+                c.placement.exclusive,
             );
             if !s.cfg.daemon.dry_run && write(cgroups, &rel, &cpus, &mems) == Written::Vanished {
                 tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written");
@@ -168,6 +209,9 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
                     container,
                 },
             );
+            if exclusive && !s.cfg.daemon.dry_run {
+                shrink_shared(&s, cgroups);
+            }
             return WatchOutcome::Bound {
                 cgroup: rel,
                 pod: pod_uid,
@@ -197,6 +241,9 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
                     container: p.container.clone(),
                 },
             );
+            if p.exclusive && !shared.cfg.daemon.dry_run {
+                shrink_shared(shared, cgroups);
+            }
             let micros = t0.elapsed().as_micros();
             d.metrics
                 .admission_requests
@@ -236,12 +283,7 @@ enum Written {
     Vanished,
 }
 
-fn write(
-    cgroups: &Cgroups,
-    rel: &str,
-    cpus: &crate::cpuset::CpuSet,
-    mems: &crate::cpuset::CpuSet,
-) -> Written {
+fn write(cgroups: &Cgroups, rel: &str, cpus: &CpuSet, mems: &CpuSet) -> Written {
     // mems first: a task must never find itself with CPUs but no allowed memory node.
     match cgroups
         .write_mems(rel, mems)
@@ -255,6 +297,54 @@ fn write(
             Written::Failed
         }
     }
+}
+
+/// Exclusive CPUs were just handed out: every bound shared container stops using them, as
+/// kubelet's CPU manager shrinks its shared pool. Its cpuset keeps what is left of its live set,
+/// or else its admission pool minus the exclusive CPUs (never empty: the allocator refuses an
+/// exclusive allocation that would leave a shared container without a CPU).
+pub fn shrink_shared(s: &Shared, cgroups: &Cgroups) -> usize {
+    let excl = s.state.allocator.exclusive_cpus();
+    let mut shrunk = 0;
+    for (cg, b) in &s.state.bindings {
+        let exclusive = s.state.allocator.pods.get(&b.pod_uid).is_some_and(|p| {
+            p.containers
+                .iter()
+                .any(|c| c.placement.container == b.container && c.placement.exclusive)
+        });
+        let Some(pool) = s.state.allocator.current_cpus(&b.pod_uid, &b.container) else {
+            continue;
+        };
+        if exclusive {
+            continue;
+        }
+        let live = match cgroups.cpus(cg) {
+            Ok(c) if !c.is_empty() => c,
+            _ => match cgroups.effective_cpus(cg) {
+                Ok(c) => c,
+                Err(_) => continue,
+            },
+        };
+        if live.is_disjoint(&excl) {
+            continue;
+        }
+        let kept = live.difference(&excl);
+        let new = if kept.is_empty() { pool } else { kept };
+        if new.is_empty() {
+            tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
+            continue;
+        }
+        match cgroups.write_cpus(cg, &new) {
+            Ok(()) => {
+                shrunk += 1;
+                tracing::info!(cgroup = %cg, cpus = %new, "shared container moved off newly exclusive CPUs");
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %cg, error = %e, "moving a shared container off exclusive CPUs failed")
+            }
+        }
+    }
+    shrunk
 }
 
 /// Handles a cgroup that disappeared: unbind, release a watcher-admitted pod, checkpoint.
@@ -437,6 +527,161 @@ fn add_tree(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        cgroup::Mounts, config::Config, controller::ControllerState, daemon::Persisted,
+        placement::admission::Allocator, serve::Metrics, topology::TopologyBuilder,
+    };
+
+    const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
+
+    fn put(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    /// A fake v2 hierarchy (2 nodes x 2 CPUs) and a daemon over it.
+    fn fake(root: &Path) -> (Daemon, Cgroups) {
+        put(root, "cgroup.controllers", "cpuset cpu memory\n");
+        for dir in [
+            "",
+            "kubepods.slice",
+            "kubepods.slice/kubepods-besteffort.slice",
+        ] {
+            put(root, &format!("{dir}/cpuset.cpus.effective"), "0-3\n");
+            put(root, &format!("{dir}/cpuset.mems.effective"), "0-1\n");
+        }
+        let topo = TopologyBuilder {
+            cores_per_node: 2,
+            threads_per_core: 1,
+            ..Default::default()
+        }
+        .build();
+        let mut cfg = Config::default();
+        cfg.daemon.state_dir = root.join("state");
+        let allocator = Allocator::new(&topo, &cfg.placement).unwrap();
+        let shared = Shared {
+            topo,
+            cfg,
+            state: Persisted {
+                allocator,
+                bindings: Default::default(),
+                controller: ControllerState::default(),
+            },
+            decisions: Default::default(),
+            sources: Vec::new(),
+            last_obs: None,
+            ckpt: Default::default(),
+        };
+        let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
+        (Daemon::new(shared, Metrics::default()), cgroups)
+    }
+
+    /// A container cgroup as a runtime makes it: the directory, limits still unset.
+    fn container(root: &Path, pod: &str, id: &str) -> String {
+        let rel = format!("{pod}/cri-containerd-{}.scope", id.repeat(64));
+        put(root, &format!("{pod}/cpuset.cpus.effective"), "0-3\n");
+        put(root, &format!("{pod}/cpuset.mems.effective"), "0-1\n");
+        for (f, v) in [
+            ("cpuset.cpus", ""),
+            ("cpuset.mems", ""),
+            ("cpu.max", "max 100000\n"),
+            ("cpu.weight", "100\n"),
+            ("memory.max", "max\n"),
+        ] {
+            put(root, &format!("{rel}/{f}"), v);
+        }
+        rel
+    }
+
+    #[test]
+    fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_ones_move_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        // A BestEffort container first: the whole shared pool.
+        let be = container(
+            root,
+            &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
+            "b",
+        );
+        let o = on_created(&d, &cg, &be, Instant::now());
+        assert!(
+            matches!(&o, WatchOutcome::Admitted { cpus, .. } if cpus == "0-3"),
+            "{o:?}"
+        );
+        // A Guaranteed 1-CPU container whose runtime writes its limits 30 ms after mkdir.
+        let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+        let (gdir, t0) = (root.join(&g), Instant::now());
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            std::fs::write(gdir.join("memory.max"), "67108864\n").unwrap();
+            std::fs::write(gdir.join("cpu.max"), "100000 100000\n").unwrap();
+        });
+        let o = on_created(&d, &cg, &g, t0);
+        writer.join().unwrap();
+        let WatchOutcome::Admitted { cpus, mems, .. } = &o else {
+            panic!("{o:?}")
+        };
+        let gcpus = CpuSet::parse(cpus).unwrap();
+        assert_eq!(
+            gcpus.len(),
+            1,
+            "one exclusive CPU, not the shared pool: {o:?}"
+        );
+        assert_eq!(d.lock().state.allocator.exclusive_cpus(), gcpus);
+        assert_eq!(
+            mems,
+            &d.lock()
+                .topo
+                .node_of_cpu(gcpus.iter().next().unwrap())
+                .unwrap()
+                .to_string()
+        );
+        // The BestEffort container no longer runs on the exclusive CPU, and still has CPUs.
+        let be_now = cg.cpus(&be).unwrap();
+        assert_eq!(be_now, CpuSet::parse("0-3").unwrap().difference(&gcpus));
+        // Limits that never come: admitted as shown after the grace time, not blocked forever.
+        let never = container(
+            root,
+            &format!("kubepods.slice/kubepods-pod{}.slice", us.replace('8', "9")),
+            "c",
+        );
+        let t = Instant::now();
+        assert!(!await_limits(&cg, &never, Duration::from_millis(20)));
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        spawn(d.clone(), cg.clone()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let pod = format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+            UID.replace('-', "_")
+        );
+        let be = {
+            // Hold the lock: the watcher takes the pod cgroup's event and then waits in
+            // on_created, before it can watch the pod cgroup; the container appears meanwhile.
+            let _held = d.lock();
+            std::fs::create_dir_all(root.join(&pod)).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            container(root, &pod, "e")
+        };
+        let t0 = Instant::now();
+        while cg.cpus(&be).unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the container made before its pod cgroup was watched never got a cpuset"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(cg.cpus(&be).unwrap(), CpuSet::parse("0-3").unwrap());
+    }
 
     #[test]
     fn weight_inverts_kubelet_shares() {

@@ -7,6 +7,8 @@
 //! - `locality`: the same measure for other processes, from /proc/PID/numa_maps (one line per
 //!   pid, and for several pids a `LOCALITY-TOTAL` line summing them: the benchmark's aggregate).
 //! - `spin`: burn CPU on N threads for S seconds (load for the sampling scenarios).
+//! - `mkcg`: make a cgroup as a container runtime does and time the daemon's cpuset write.
+mod mkcg;
 mod numa;
 
 use std::{
@@ -53,6 +55,17 @@ enum Cmd {
         /// Time on each node when flipping (ms).
         #[arg(long, default_value_t = 200)]
         flip_ms: u64,
+    },
+    /// Make a cgroup as a runtime does (mkdir, then its limits), and wait for its cpuset.
+    Mkcg {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// FILE=VALUE written right after mkdir, e.g. --set "cpu.max=100000 100000".
+        #[arg(long = "set", value_name = "FILE=VALUE")]
+        set: Vec<String>,
+        /// How long to wait for cpuset.cpus to be written (ms).
+        #[arg(long, default_value_t = 5000)]
+        wait_ms: u64,
     },
 }
 
@@ -102,6 +115,7 @@ fn run(cmd: Cmd) -> Result<()> {
             flip_nodes,
             flip_ms,
         } => spin(threads, seconds, &flip_nodes, flip_ms),
+        Cmd::Mkcg { dir, set, wait_ms } => mkcg::mkcg(&dir, &set, wait_ms),
     }
 }
 

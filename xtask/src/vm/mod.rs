@@ -58,10 +58,12 @@ fn list() {
     }
     println!("scenarios:");
     for s in scenario::ALL {
-        let d = if s.default {
-            ""
+        let d = if !s.default {
+            " (not run by default)".to_string()
+        } else if !s.topologies.is_empty() {
+            format!(" (by default on {} only)", s.topologies.join(", "))
         } else {
-            " (not run by default)"
+            String::new()
         };
         println!("  {:<18} {}{d}", s.name, s.about);
     }
@@ -199,7 +201,16 @@ pub fn vm_test(a: &VmTestArgs) -> Result<()> {
     let prep = t0.elapsed().as_secs_f64();
     let mut outcomes = Vec::new();
     for t in &topos {
-        outcomes.push(run_one(t, &scenarios, &assets, a)?);
+        // Without --scenario, a scenario restricted to some topologies boots only on those.
+        let here: Vec<&'static Scenario> = scenarios
+            .iter()
+            .copied()
+            .filter(|s| !a.scenario.is_empty() || s.by_default_on(t.name))
+            .collect();
+        if here.is_empty() {
+            continue;
+        }
+        outcomes.push(run_one(t, &here, &assets, a)?);
     }
     println!("\n=== vm-test summary (preparation {prep:.0}s)");
     let mut failed = 0;

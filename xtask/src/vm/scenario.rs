@@ -17,6 +17,9 @@ pub struct Scenario {
     pub timeout_s: u32,
     /// Part of a run without `--scenario`.
     pub default: bool,
+    /// Topologies a run without `--scenario` boots it on (empty: every one). For scenarios whose
+    /// subject does not depend on the NUMA layout, to keep the default run short.
+    pub topologies: &'static [&'static str],
     /// `None`: the guest prints its verdict; `Some`: the host judges the data blocks (a guest
     /// SKIP or FAIL still stands).
     pub host_judge: Option<HostJudge>,
@@ -28,6 +31,7 @@ pub const ALL: &[Scenario] = &[
         about: "guest /sys and `rebalancer topology --json` match the QEMU command line",
         timeout_s: 60,
         default: true,
+        topologies: &[],
         host_judge: Some(judge::topology),
     },
     Scenario {
@@ -36,6 +40,7 @@ pub const ALL: &[Scenario] = &[
             "numa_balancing=0: remote pages stay remote without a daemon; =1: AutoNUMA moves them",
         timeout_s: 150,
         default: true,
+        topologies: &[],
         host_judge: None,
     },
     Scenario {
@@ -43,6 +48,7 @@ pub const ALL: &[Scenario] = &[
         about: "`rebalancer sample`: per-node CPU time and cross-node migrations, none once pinned",
         timeout_s: 90,
         default: true,
+        topologies: &[],
         host_judge: Some(judge::sampling),
     },
     Scenario {
@@ -50,6 +56,7 @@ pub const ALL: &[Scenario] = &[
         about: "with the daemon and numa_balancing=0, a remote process ends >= 95% local",
         timeout_s: 180,
         default: true,
+        topologies: &[],
         host_judge: None,
     },
     Scenario {
@@ -57,13 +64,15 @@ pub const ALL: &[Scenario] = &[
         about: "Kubernetes-layout cgroups get cpusets and mems from the watcher",
         timeout_s: 60,
         default: true,
+        topologies: &[],
         host_judge: None,
     },
     Scenario {
         name: "restart",
         about: "kill -9 mid-round and restart: no double allocation, no empty cpuset",
-        timeout_s: 60,
+        timeout_s: 90,
         default: true,
+        topologies: &[],
         host_judge: None,
     },
     Scenario {
@@ -71,6 +80,7 @@ pub const ALL: &[Scenario] = &[
         about: "malformed API requests and config leave the daemon and cpusets intact",
         timeout_s: 60,
         default: true,
+        topologies: &["2node"],
         host_judge: None,
     },
     Scenario {
@@ -78,6 +88,7 @@ pub const ALL: &[Scenario] = &[
         about: "harness self-test: always FAILs, so `vm-test --scenario selftest-fail` must fail",
         timeout_s: 10,
         default: false,
+        topologies: &[],
         host_judge: None,
     },
 ];
@@ -87,6 +98,11 @@ pub fn by_name(name: &str) -> Option<&'static Scenario> {
 }
 
 impl Scenario {
+    /// Whether a run without `--scenario` boots this scenario on `topology`.
+    pub fn by_default_on(&self, topology: &str) -> bool {
+        self.default && (self.topologies.is_empty() || self.topologies.contains(&topology))
+    }
+
     /// Verdicts for this scenario from its console section (`None`: it never started).
     pub fn verdicts(&self, s: Option<&Section>, topo: &VmTopology) -> Vec<Verdict> {
         let Some(s) = s else {
@@ -130,6 +146,23 @@ mod tests {
         let mut names: Vec<String> = ALL.iter().map(|s| s.name.to_string()).collect();
         names.sort();
         assert_eq!(scripts, names);
+    }
+
+    #[test]
+    fn topology_restrictions_name_real_topologies() {
+        for s in ALL {
+            for t in s.topologies {
+                assert!(
+                    super::super::topology::by_name(t).is_some(),
+                    "{}: {t}",
+                    s.name
+                );
+            }
+        }
+        let b = by_name("bad-input").unwrap();
+        assert!(b.by_default_on("2node") && !b.by_default_on("memonly"));
+        assert!(by_name("admission").unwrap().by_default_on("memonly"));
+        assert!(!by_name("selftest-fail").unwrap().by_default_on("2node"));
     }
 
     #[test]
