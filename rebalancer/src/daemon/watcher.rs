@@ -267,11 +267,46 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
                     reason: rej.reason.to_string(),
                 })
                 .inc();
-            tracing::warn!(cgroup = %rel, reason = %rej.reason, details = %rej.details, "container cgroup not admitted; left as the runtime made it");
+            let fenced = (!shared.cfg.daemon.dry_run)
+                .then(|| fence_off_exclusive(shared, cgroups, &rel))
+                .flatten();
+            match &fenced {
+                Some(pool) => {
+                    tracing::warn!(cgroup = %rel, reason = %rej.reason, details = %rej.details, cpus = %pool,
+                    "container cgroup not admitted; moved off exclusive CPUs to the shared pool, unaccounted")
+                }
+                None => tracing::warn!(cgroup = %rel, reason = %rej.reason, details = %rej.details,
+                    "container cgroup not admitted; left as the runtime made it"),
+            }
             WatchOutcome::Rejected {
                 cgroup: rel,
                 reason: rej.reason.to_string(),
             }
+        }
+    }
+}
+
+/// A container we could not admit still never runs on another container's exclusive CPUs: when
+/// the cpuset the runtime gave it overlaps them, it gets the shared pool instead (unaccounted, as
+/// kubelet's shared pool would run it). Returns the cpuset written, if one was.
+fn fence_off_exclusive(s: &Shared, cgroups: &Cgroups, rel: &str) -> Option<CpuSet> {
+    let excl = s.state.allocator.exclusive_cpus();
+    let current = cgroups.effective_cpus(rel).ok()?;
+    if current.is_disjoint(&excl) {
+        return None;
+    }
+    let pool = s
+        .state
+        .allocator
+        .shared_pool(&crate::placement::cpu::CpuView::new(&s.topo));
+    if pool.is_empty() {
+        return None;
+    }
+    match cgroups.write_cpus(rel, &pool) {
+        Ok(()) => Some(pool),
+        Err(e) => {
+            tracing::warn!(cgroup = %rel, error = %e, "moving a rejected container off exclusive CPUs failed");
+            None
         }
     }
 }
@@ -681,6 +716,39 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(cg.cpus(&be).unwrap(), CpuSet::parse("0-3").unwrap());
+    }
+
+    #[test]
+    fn a_rejected_container_is_fenced_off_exclusive_cpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        // A Guaranteed container takes 3 of the 4 CPUs.
+        let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+        put(root, &format!("{g}/cpu.max"), "300000 100000\n");
+        put(root, &format!("{g}/memory.max"), "67108864\n");
+        let o = on_created(&d, &cg, &g, Instant::now());
+        let WatchOutcome::Admitted { cpus, .. } = &o else {
+            panic!("{o:?}")
+        };
+        let excl = CpuSet::parse(cpus).unwrap();
+        assert_eq!(excl.len(), 3);
+        // A Burstable container asking for 8 CPUs cannot be admitted; the runtime gave it the
+        // whole machine, exclusive CPUs included.
+        let other = UID.replace('8', "9").replace('-', "_");
+        let b = container(
+            root,
+            &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{other}.slice"),
+            "b",
+        );
+        put(root, &format!("{b}/cpu.weight"), "313\n");
+        put(root, &format!("{b}/cpuset.cpus.effective"), "0-3\n");
+        let o = on_created(&d, &cg, &b, Instant::now());
+        assert!(matches!(o, WatchOutcome::Rejected { .. }), "{o:?}");
+        let now = cg.cpus(&b).unwrap();
+        assert!(!now.is_empty() && now.is_disjoint(&excl), "{now} vs {excl}");
+        assert_eq!(now, CpuSet::parse("0-3").unwrap().difference(&excl));
     }
 
     #[test]
