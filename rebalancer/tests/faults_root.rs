@@ -17,7 +17,6 @@ use rebalancer::{
     controller::{Move, Trigger},
     cpuset::CpuSet,
     daemon::{apply::apply_moves, engine::RealWriter, Persisted, Shared},
-    placement::admission::Allocator,
     serve::Metrics,
     topology::sysfs,
 };
@@ -82,22 +81,7 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
     let mut cfg = Config::load(None).unwrap();
     cfg.daemon.state_dir = state.path().to_path_buf();
     let topo = sysfs::read(std::path::Path::new("/sys")).unwrap();
-    let d = rebalancer::daemon::Daemon::new(
-        Shared {
-            state: Persisted {
-                allocator: Allocator::new(&topo, &cfg.placement).unwrap(),
-                bindings: Default::default(),
-                controller: Default::default(),
-            },
-            topo,
-            cfg,
-            decisions: Default::default(),
-            sources: Vec::new(),
-            last_obs: None,
-            ckpt: Default::default(),
-        },
-        Metrics::default(),
-    );
+    let d = rebalancer::daemon::Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
     let mv = |cgroup: &str| Move {
         cgroup: cgroup.to_string(),
         from_cpus: all.clone(),

@@ -15,7 +15,6 @@ use crate::{
         Observations, Trigger,
     },
     cpuset::CpuSet,
-    placement::admission::Allocator,
     serve::Metrics,
     topology::{sysfs, Topology, TopologyBuilder},
 };
@@ -32,23 +31,7 @@ fn daemon(topo: Topology, state_dir: &Path, sysfs_root: Option<&Path>) -> Daemon
     if let Some(r) = sysfs_root {
         cfg.daemon.sysfs_root = r.to_path_buf();
     }
-    let allocator = Allocator::new(&topo, &cfg.placement).unwrap();
-    Daemon::new(
-        Shared {
-            topo,
-            cfg,
-            state: Persisted {
-                allocator,
-                bindings: Default::default(),
-                controller: ControllerState::default(),
-            },
-            decisions: Default::default(),
-            sources: Vec::new(),
-            last_obs: None,
-            ckpt: Default::default(),
-        },
-        Metrics::default(),
-    )
+    Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default())
 }
 
 /// 2 nodes × 4 CPUs: node 0 = 0-3, node 1 = 4-7.

@@ -66,6 +66,37 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The daemon's state on `topo` under `cfg`, holding `state` (restored or fresh); nothing
+    /// observed or decided yet.
+    pub fn new(topo: Topology, cfg: Config, state: Persisted) -> Shared {
+        Shared {
+            topo,
+            cfg,
+            state,
+            decisions: Default::default(),
+            sources: Vec::new(),
+            last_obs: None,
+            ckpt: Default::default(),
+        }
+    }
+
+    /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
+    pub fn fresh(
+        topo: Topology,
+        cfg: Config,
+    ) -> Result<Shared, crate::placement::admission::PlacementError> {
+        let allocator = Allocator::new(&topo, &cfg.placement)?;
+        Ok(Shared::new(
+            topo,
+            cfg,
+            Persisted {
+                allocator,
+                bindings: Default::default(),
+                controller: Default::default(),
+            },
+        ))
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.cfg.daemon.state_dir.clone()
     }

@@ -66,18 +66,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
     let persisted = restore(&cfg, &topo)?;
     let metrics = serve::Metrics::default();
-    let daemon = Daemon::new(
-        Shared {
-            topo,
-            cfg: cfg.clone(),
-            state: persisted,
-            decisions: Default::default(),
-            sources: Vec::new(),
-            last_obs: None,
-            ckpt: Default::default(),
-        },
-        metrics.clone(),
-    );
+    let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
 
     let cancel = CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;

@@ -562,10 +562,7 @@ fn add_tree(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        cgroup::Mounts, config::Config, controller::ControllerState, daemon::Persisted,
-        placement::admission::Allocator, serve::Metrics, topology::TopologyBuilder,
-    };
+    use crate::{cgroup::Mounts, config::Config, serve::Metrics, topology::TopologyBuilder};
 
     const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
 
@@ -594,20 +591,7 @@ mod tests {
         .build();
         let mut cfg = Config::default();
         cfg.daemon.state_dir = root.join("state");
-        let allocator = Allocator::new(&topo, &cfg.placement).unwrap();
-        let shared = Shared {
-            topo,
-            cfg,
-            state: Persisted {
-                allocator,
-                bindings: Default::default(),
-                controller: ControllerState::default(),
-            },
-            decisions: Default::default(),
-            sources: Vec::new(),
-            last_obs: None,
-            ckpt: Default::default(),
-        };
+        let shared = Shared::fresh(topo, cfg).unwrap();
         let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
         (Daemon::new(shared, Metrics::default()), cgroups)
     }
