@@ -89,6 +89,26 @@ fn setup(name: &str) -> Option<(Cgroups, String, Guard)> {
     Some((cg, rel, guard))
 }
 
+/// Writes a dry-run daemon config managing `rel` (state and socket in `dir`, metrics on a free
+/// port) plus `extra` sections; returns its path.
+fn dry_run_config(dir: &Path, rel: &str, extra: &str) -> PathBuf {
+    let cfg = dir.join("c.toml");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\ndry_run = true\nstate_dir = \"{0}/state\"\n[cgroups]\nroots = [\"{rel}\"]\nkubernetes = false\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n{extra}",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -158,20 +178,11 @@ fn dry_run_leaves_every_file_byte_identical() {
 
     // A whole daemon run in dry-run mode managing this cgroup writes nothing either.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(
-        &cfg,
-        format!(
-            "[daemon]\ndry_run = true\nstate_dir = \"{0}/state\"\n[cgroups]\nroots = [\"{rel}\"]\n[controller]\nperiod_ms = 200\nlocality_threshold = 1.0\nmin_gain = 0.0\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let cfg = dry_run_config(
+        dir.path(),
+        &rel,
+        "[controller]\nperiod_ms = 200\nlocality_threshold = 1.0\nmin_gain = 0.0\n",
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
         .args(["run", "--rounds", "4", "--config"])
         .arg(&cfg)
@@ -214,20 +225,11 @@ fn top_shows_a_busy_workload_on_its_node() {
     cg.add_proc(Controller::Cpuset, &rel, busy.0.id())
         .expect("join the cgroup");
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(
-        &cfg,
-        format!(
-            "[daemon]\ndry_run = true\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[cgroups]\nroots = [\"{rel}\"]\nkubernetes = false\n[controller]\nperiod_ms = 300\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let cfg = dry_run_config(
+        dir.path(),
+        &rel,
+        "[ebpf]\nenabled = false\n[controller]\nperiod_ms = 300\n",
+    );
     let _daemon = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_rebalancer"))
             .args(["run", "--config"])
