@@ -28,19 +28,39 @@ use crate::{
     placement::pod::{Container, Pod},
 };
 
-/// How long a Guaranteed container's limits may take to appear after its cgroup: a runtime
-/// makes the directory first and writes cpu.max / memory.max just after (on v2 they live in the
-/// directory itself), so at the inotify event they usually still read "max".
+/// How long a container's limits may take to appear after its cgroup: a runtime makes the
+/// directory first and writes cpu.max / memory.max / cpu.weight just after (on v2 they live in
+/// the directory itself), so at the inotify event they usually still show the defaults.
 pub const LIMITS_GRACE: Duration = Duration::from_millis(250);
 
-/// Waits at most `grace` until a Guaranteed container cgroup shows a CPU quota and a memory
-/// limit (a Guaranteed container always has both). `false` when they never appeared.
-pub fn await_limits(cgroups: &Cgroups, rel: &str, grace: Duration) -> bool {
+/// The kernel's default cgroup v2 cpu.weight: what a new cgroup shows before its runtime
+/// writes the container's (kubelet's 2.6-CPU request maps to it too, and is rare).
+const DEFAULT_V2_WEIGHT: u64 = 100;
+
+/// Waits at most `grace` until a container cgroup shows what its QoS class implies it will get:
+/// a Guaranteed one a CPU quota and a memory limit (it always has both); a Burstable one on
+/// cgroup v2 a cpu.weight other than the kernel default (v1's default shares equal a 1-CPU
+/// request, so there is nothing to wait for). `false` when they never appeared.
+pub fn await_limits(cgroups: &Cgroups, rel: &str, qos: Qos, grace: Duration) -> bool {
     let t0 = Instant::now();
+    let v2_cpu = cgroups
+        .hierarchy(Controller::Cpu)
+        .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
     loop {
-        let cpu = cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some());
-        let mem = cgroups.memory_max(rel).is_ok_and(|m| m.is_some());
-        if cpu && mem {
+        let ready = match qos {
+            Qos::Guaranteed => {
+                cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some())
+                    && cgroups.memory_max(rel).is_ok_and(|m| m.is_some())
+            }
+            Qos::Burstable => {
+                !v2_cpu
+                    || cgroups
+                        .cpu_weight(rel)
+                        .is_ok_and(|w| w != DEFAULT_V2_WEIGHT)
+            }
+            Qos::BestEffort => true,
+        };
+        if ready {
             return true;
         }
         if t0.elapsed() >= grace {
@@ -153,7 +173,7 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
     let rel = rel.trim_matches('/').to_string();
     if let CgroupKind::Container {
         pod_uid,
-        qos: Qos::Guaranteed,
+        qos: qos @ (Qos::Guaranteed | Qos::Burstable),
         ..
     } = classify(&rel)
     {
@@ -164,8 +184,8 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
                 || s.state.bindings.contains_key(&rel)
                 || !s.cfg.cgroups.kubernetes
         };
-        if !settled && !await_limits(cgroups, &rel, LIMITS_GRACE) {
-            tracing::warn!(cgroup = %rel, "Guaranteed container cgroup without cpu.max / memory.max limits after {LIMITS_GRACE:?}; admitting what it shows");
+        if !settled && !await_limits(cgroups, &rel, qos, LIMITS_GRACE) {
+            tracing::warn!(cgroup = %rel, ?qos, "container cgroup still without the limits of its QoS class (cpu.max / memory.max, or cpu.weight) after {LIMITS_GRACE:?}; admitting what it shows");
         }
     }
     let mut s = d.lock();
@@ -668,7 +688,12 @@ mod tests {
             "c",
         );
         let t = Instant::now();
-        assert!(!await_limits(&cg, &never, Duration::from_millis(20)));
+        assert!(!await_limits(
+            &cg,
+            &never,
+            Qos::Guaranteed,
+            Duration::from_millis(20)
+        ));
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 
@@ -700,6 +725,36 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(cg.cpus(&be).unwrap(), CpuSet::parse("0-3").unwrap());
+    }
+
+    #[test]
+    fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        let b = container(
+            root,
+            &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{us}.slice"),
+            "b",
+        );
+        // The runtime writes the 500m request's weight 30 ms after the directory appears; until
+        // then the kernel default (100, i.e. ~2.6 CPUs) shows.
+        let bdir = root.join(&b);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            std::fs::write(bdir.join("cpu.weight"), "20\n").unwrap();
+        });
+        let o = on_created(&d, &cg, &b, Instant::now());
+        writer.join().unwrap();
+        assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
+        let s = d.lock();
+        let pod = s.state.allocator.pods.values().next().unwrap();
+        assert!(
+            (450..=550).contains(&pod.cpu_request_millis),
+            "admitted with {}m, not the 500m written after mkdir",
+            pod.cpu_request_millis
+        );
     }
 
     #[test]
