@@ -5,6 +5,8 @@
 //!   the cgroup byte-identical.
 //!
 //! Skips with a printed reason when not root, without a cpuset controller or with < 2 CPUs.
+mod common;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -39,39 +41,15 @@ impl Drop for Guard {
 }
 
 fn setup(name: &str) -> Option<(Cgroups, String, Guard)> {
-    if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP: not root");
-        return None;
-    }
-    let cg = match Cgroups::detect(
-        Path::new("/sys/fs/cgroup"),
-        Path::new("/proc/self/mountinfo"),
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("SKIP: {e}");
-            return None;
-        }
-    };
+    let cg = common::root_cgroups()?;
     let Ok((root, _)) = cg.hierarchy(Controller::Cpuset) else {
-        println!("SKIP: no cpuset controller");
         return None;
     };
     let root = root.to_path_buf();
     let parent_cpus = cg.effective_cpus("").ok()?;
-    if parent_cpus.len() < 2 {
-        println!("SKIP: needs 2 CPUs, the root cpuset has {parent_cpus}");
-        return None;
-    }
     let rel = format!("rebalancer-test-{name}-{}", std::process::id());
     let two: CpuSet = parent_cpus.iter().take(2).collect();
     let mems: CpuSet = cg.effective_mems("").ok()?.iter().take(1).collect();
-    if cg
-        .hierarchy(Controller::Cpuset)
-        .is_ok_and(|(_, v)| v == rebalancer::cgroup::Version::V2)
-    {
-        let _ = cg.enable_cpuset_v2("");
-    }
     cg.create_cpuset(&rel, &two, &mems)
         .expect("create test cpuset");
     let mut guard = Guard {
@@ -159,6 +137,7 @@ fn a_real_move_is_applied_and_read_back() {
 
 #[test]
 fn dry_run_leaves_every_file_byte_identical() {
+    let _serial = common::serial();
     let Some((cg, rel, guard)) = setup("dry") else {
         return;
     };
@@ -213,6 +192,7 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn top_shows_a_busy_workload_on_its_node() {
+    let _serial = common::serial();
     let Some((cg, rel, _guard)) = setup("top") else {
         return;
     };
