@@ -77,6 +77,36 @@ since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b - a}'; }
 
 # --- the daemon ---
 SOCK=/run/rebalancer/rebalancer.sock
+
+# kube_conf FILE STATE_DIR PERIOD_MS [ROOTS]: the daemon config of the Kubernetes-layout
+# scenarios (watcher on, eBPF off, the scenario socket); ROOTS is a TOML array, e.g. '["a"]'.
+kube_conf() {
+    {
+        echo '[daemon]'
+        echo "state_dir = \"$2\""
+        echo '[cgroups]'
+        [ -n "$4" ] && echo "roots = $4"
+        echo 'kubernetes = true'
+        echo '[ebpf]'
+        echo 'enabled = false'
+        echo '[controller]'
+        echo "period_ms = $3"
+        echo '[server]'
+        echo "socket = \"$SOCK\""
+        echo 'metrics_listen = "127.0.0.1:9717"'
+    } > "$1"
+}
+
+# daemon_fail SCENARIO LOG DETAIL...: prints the daemon's status and log tail, the FAIL verdict,
+# kills the daemon and ends the scenario.
+daemon_fail() {
+    s=$1; log=$2; shift 2
+    echo "# status:"; rebalancer status 2>&1 | head -30
+    echo "# daemon log (tail):"; tail -40 "$log"
+    verdict "$s" FAIL "$*"
+    kill -9 $DAEMON 2>/dev/null
+    exit 0
+}
 CG=/sys/fs/cgroup
 # start_daemon CONF LOG: starts `rebalancer run --config CONF` (output appended to LOG) and waits
 # (at most 60 s) until `rebalancer status` answers. Sets DAEMON (pid) and DAEMON_UP (seconds).

@@ -14,27 +14,9 @@
 S=admission
 need_subcommand $S admit "issue 6, admission API and watcher" || exit 0
 LOG=/tmp/adm-daemon.log
-fail() {
-    echo "# status:"; rebalancer status 2>&1 | head -30
-    echo "# daemon log (tail):"; tail -40 $LOG
-    verdict $S FAIL "$*"
-    kill -9 $DAEMON 2>/dev/null
-    exit 0
-}
+fail() { daemon_fail $S $LOG "$*"; }
 ALL=$(cat $CG/cpuset.cpus.effective)
-cat > /tmp/adm.toml <<CONF
-[daemon]
-state_dir = "/tmp/adm-state"
-[cgroups]
-kubernetes = true
-[ebpf]
-enabled = false
-[controller]
-period_ms = 60000
-[server]
-socket = "$SOCK"
-metrics_listen = "127.0.0.1:9717"
-CONF
+kube_conf /tmp/adm.toml /tmp/adm-state 60000
 kdir kubepods.slice/kubepods-burstable.slice && kdir kubepods.slice/kubepods-besteffort.slice &&
     kdir kubepods/besteffort || fail "cannot make the kubepods QoS cgroups"
 start_daemon /tmp/adm.toml $LOG || fail "the daemon did not start"

@@ -11,27 +11,8 @@
 S=bad-input
 need_subcommand $S admit "issue 6, admission API" || exit 0
 LOG=/tmp/bi-daemon.log
-fail() {
-    echo "# daemon log (tail):"; tail -40 $LOG
-    verdict $S FAIL "$*"
-    kill -9 $DAEMON 2>/dev/null
-    exit 0
-}
-good_conf() {
-    cat > /tmp/bi.toml <<CONF
-[daemon]
-state_dir = "/tmp/bi-state"
-[cgroups]
-kubernetes = true
-[ebpf]
-enabled = false
-[controller]
-period_ms = 60000
-[server]
-socket = "$SOCK"
-metrics_listen = "127.0.0.1:9717"
-CONF
-}
+fail() { daemon_fail $S $LOG "$*"; }
+good_conf() { kube_conf /tmp/bi.toml /tmp/bi-state 60000; }
 good_conf
 kdir kubepods.slice/kubepods-besteffort.slice || fail "cannot make the kubepods cgroups"
 start_daemon /tmp/bi.toml $LOG || fail "the daemon did not start"

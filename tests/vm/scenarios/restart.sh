@@ -12,27 +12,8 @@
 S=restart
 need_subcommand $S explain "issue 5, controller state" || exit 0
 LOG=/tmp/rs-daemon.log
-fail() {
-    echo "# status:"; rebalancer status 2>&1 | head -30
-    echo "# daemon log (tail):"; tail -40 $LOG
-    verdict $S FAIL "$*"
-    kill -9 $DAEMON 2>/dev/null
-    exit 0
-}
-cat > /tmp/rs.toml <<CONF
-[daemon]
-state_dir = "/tmp/rs-state"
-[cgroups]
-roots = ["vmtest-rs"]
-kubernetes = true
-[ebpf]
-enabled = false
-[controller]
-period_ms = 200
-[server]
-socket = "$SOCK"
-metrics_listen = "127.0.0.1:9717"
-CONF
+fail() { daemon_fail $S $LOG "$*"; }
+kube_conf /tmp/rs.toml /tmp/rs-state 200 '["vmtest-rs"]'
 echo 0 > /proc/sys/kernel/numa_balancing
 kdir kubepods.slice/kubepods-burstable.slice && kdir kubepods.slice/kubepods-besteffort.slice ||
     fail "cannot make the kubepods QoS cgroups"
