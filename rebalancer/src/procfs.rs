@@ -28,6 +28,9 @@ pub enum ProcError {
 pub struct CpuTimes {
     pub busy: u64,
     pub total: u64,
+    /// Time the hypervisor ran something else while this virtual CPU wanted to run (part of
+    /// `busy` and `total`; 0 on bare metal).
+    pub steal: u64,
 }
 
 /// Parses the `cpuN ...` lines of /proc/stat (idle + iowait count as idle).
@@ -64,6 +67,7 @@ pub fn parse_stat(text: &str) -> Result<BTreeMap<u32, CpuTimes>, String> {
             CpuTimes {
                 busy: total.saturating_sub(idle),
                 total,
+                steal: vals.get(7).copied().unwrap_or(0),
             },
         );
     }
@@ -209,9 +213,12 @@ mod tests {
             a[&0],
             CpuTimes {
                 busy: 80,
-                total: 500
+                total: 500,
+                steal: 0,
             }
         );
+        let v = parse_stat("cpu0 10 0 5 80 0 0 0 5 0 0\n").unwrap();
+        assert_eq!(v[&0].steal, 5, "8th field is steal");
         let b = parse_stat("cpu0 160 0 20 400 20 0 0 0\ncpu1 40 0 30 500 30 0 0 0\n").unwrap();
         let busy = busy_between(&a, &b);
         assert!((busy[&0] - 1.0).abs() < 1e-9);

@@ -143,10 +143,11 @@ fn check_mode(mode: OnCpuSource) {
     let ratio = sampled.as_secs_f64() / rusage.as_secs_f64();
     eprintln!(
         "{mode:?}: cgroup {id} sampled {sampled:?}, rusage {rusage:?}, ratio {ratio:.3}, \
-         migrations {} (cross-node {}), path {:?}",
+         migrations {} (cross-node {}), path {:?}, steal {:.1}% (taken out)",
         s.migrations,
         s.cross_node_migrations,
-        sampler.cgroup_path(id)
+        sampler.cgroup_path(id),
+        sampler.steal_share() * 100.0
     );
     assert!(
         rusage > Duration::from_millis(300),

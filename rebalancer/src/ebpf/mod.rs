@@ -7,6 +7,7 @@
 //! - `loader`: loads the object, fills the config maps, attaches each source and reports it.
 //! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
 //!   ids to paths, deletes entries of vanished cgroups.
+//! - `steal`: takes hypervisor steal time out of on-CPU time (both sources count wall time).
 //!
 //! Without eBPF (not root, old kernel, `ebpf.enabled = false`, or built with
 //! `REBALANCER_NO_EBPF=1`) [`Sampler::start`] returns no sampler and every source as skipped
@@ -19,6 +20,7 @@ pub mod btf;
 pub mod loader;
 pub mod probe;
 pub mod sample;
+pub mod steal;
 pub mod tracefs;
 
 pub use sample::Sampler;

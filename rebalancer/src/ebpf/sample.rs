@@ -1,7 +1,7 @@
 //! [`Sampler`]: owns the loaded programs; each [`Sampler::read`] sums the per-CPU maps into a
 //! cumulative [`Sample`] per cgroup id, maps ids to cgroup v2 paths (id = inode of the cgroup's
-//! directory) and deletes map entries of cgroups that no longer exist. The folding is pure
-//! ([`fold`]) and unit-tested.
+//! directory), deletes map entries of cgroups that no longer exist, and takes the hypervisor's
+//! steal time out of on-CPU time (`steal`). The folding is pure ([`fold`]) and unit-tested.
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::unix::fs::MetadataExt,
@@ -14,8 +14,13 @@ use aya::{
 };
 use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
-use super::{loader, probe, EbpfError, Sample, SourceStatus};
-use crate::{config::EbpfConfig, topology::Topology};
+use super::{loader, probe, steal::StealCorrection, EbpfError, Sample, SourceStatus};
+use crate::{config::EbpfConfig, procfs, topology::Topology};
+
+/// /proc/stat now (None when unreadable: that interval is not steal-corrected).
+fn read_proc_stat() -> Option<BTreeMap<u32, procfs::CpuTimes>> {
+    procfs::read_stat(Path::new("/proc")).ok()
+}
 
 /// Kernel accounting of one program (needs `kernel.bpf_stats_enabled`, see
 /// [`Sampler::enable_kernel_stats`]).
@@ -156,6 +161,8 @@ pub struct Sampler {
     /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
     stale: usize,
     stats_fd: Option<std::os::fd::OwnedFd>,
+    /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
+    steal: StealCorrection,
 }
 
 impl Sampler {
@@ -217,6 +224,7 @@ impl Sampler {
             entries: 0,
             stale: 0,
             stats_fd: None,
+            steal: StealCorrection::new(read_proc_stat()),
         };
         s.refresh_paths();
         (Some(s), statuses)
@@ -248,6 +256,7 @@ impl Sampler {
         }
         self.refresh_paths();
         let raw = self.read_raw()?;
+        let stat = read_proc_stat();
         let (deleted, stale) = if self.paths.is_empty() {
             (0, 0)
         } else {
@@ -264,7 +273,14 @@ impl Sampler {
         if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
+        self.steal.apply(stat, &self.cpu_node, &mut out);
         Ok(out)
+    }
+
+    /// Share of all CPUs' time the hypervisor stole between the last two reads (0 on bare
+    /// metal); on-CPU time in [`Sampler::read`] is already corrected for it.
+    pub fn steal_share(&self) -> f64 {
+        self.steal.last_steal_share()
     }
 
     /// Entries in the per-cgroup maps (CPU_TIME, EVENTS, MIGRATE_REASONS) after the last
