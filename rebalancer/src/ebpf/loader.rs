@@ -51,6 +51,8 @@ pub struct Loaded {
     pub statuses: Vec<SourceStatus>,
     pub reason_names: BTreeMap<u32, String>,
     pub remote_period: u64,
+    /// Period of the cpu-clock sampler (what one on-CPU sample credits).
+    pub sample_period_ns: u64,
 }
 
 fn all_skipped(reason: &str) -> Loaded {
@@ -62,6 +64,7 @@ fn all_skipped(reason: &str) -> Loaded {
             .collect(),
         reason_names: BTreeMap::new(),
         remote_period: REMOTE_PERIOD,
+        sample_period_ns: 0,
     }
 }
 
@@ -205,6 +208,7 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
         statuses,
         reason_names,
         remote_period: REMOTE_PERIOD,
+        sample_period_ns: period_ns,
     }
 }
 

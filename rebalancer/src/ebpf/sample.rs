@@ -14,13 +14,12 @@ use aya::{
 };
 use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
-use super::{loader, probe, steal::StealCorrection, EbpfError, Sample, SourceStatus};
+use super::{
+    loader, probe,
+    steal::{CpuReading, OnCpuClock, StealCorrection},
+    EbpfError, Sample, SourceStatus,
+};
 use crate::{config::EbpfConfig, procfs, topology::Topology};
-
-/// /proc/stat now (None when unreadable: that interval is not steal-corrected).
-fn read_proc_stat() -> Option<BTreeMap<u32, procfs::CpuTimes>> {
-    procfs::read_stat(Path::new("/proc")).ok()
-}
 
 /// Kernel accounting of one program (needs `kernel.bpf_stats_enabled`, see
 /// [`Sampler::enable_kernel_stats`]).
@@ -207,6 +206,16 @@ impl Sampler {
         let v2_root = std::fs::read_to_string("/proc/self/mountinfo")
             .ok()
             .and_then(|m| probe::cgroup2_mount(&m));
+        let exact = statuses
+            .iter()
+            .any(|s| s.name == "on_cpu:sched_switch" && s.available);
+        let clock = if exact {
+            OnCpuClock::Exact
+        } else {
+            OnCpuClock::Sampled {
+                period_ns: loaded.sample_period_ns,
+            }
+        };
         let cpu_node = topo
             .cpus
             .iter()
@@ -224,8 +233,10 @@ impl Sampler {
             entries: 0,
             stale: 0,
             stats_fd: None,
-            steal: StealCorrection::new(read_proc_stat()),
+            steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
         };
+        let first = s.cpu_reading();
+        s.steal = StealCorrection::new(clock, procfs::ns_per_tick(), first);
         s.refresh_paths();
         (Some(s), statuses)
     }
@@ -256,7 +267,7 @@ impl Sampler {
         }
         self.refresh_paths();
         let raw = self.read_raw()?;
-        let stat = read_proc_stat();
+        let reading = self.cpu_reading();
         let (deleted, stale) = if self.paths.is_empty() {
             (0, 0)
         } else {
@@ -273,8 +284,20 @@ impl Sampler {
         if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
-        self.steal.apply(stat, &self.cpu_node, &mut out);
+        self.steal.apply(reading, &self.cpu_node, &mut out);
         Ok(out)
+    }
+
+    /// /proc/stat and the per-CPU cpu-clock sample counts now (None when /proc/stat is
+    /// unreadable: that interval is not steal-corrected).
+    fn cpu_reading(&self) -> Option<CpuReading> {
+        let stat = procfs::read_stat(Path::new("/proc")).ok()?;
+        let a: PerCpuArray<&MapData, u64> = self.map("STATS").ok()?;
+        let samples = a
+            .get(&(Stat::ClockSamples as u32), 0)
+            .map(|v| (0u32..).zip(v.iter().copied()).collect())
+            .unwrap_or_default();
+        Some(CpuReading { stat, samples })
     }
 
     /// Share of all CPUs' time the hypervisor stole between the last two reads (0 on bare

@@ -1,67 +1,114 @@
 //! Steal-time correction of on-CPU time.
 //!
-//! Both on-CPU sources measure wall-clock time while a task is `current`: a cpu-clock sample
-//! credits one hrtimer period, exact mode credits the ktime between two switches. On a virtual
-//! machine part of that wall time was stolen: the hypervisor ran something else and the vCPU
-//! did not run at all. The kernel's own accounting (rusage, cpu.stat) leaves stolen time out,
-//! so uncorrected samples overstate a workload's CPU time by the steal share (measured: 13% on
-//! a busy CI host).
+//! On a virtual machine part of the wall time was stolen: the hypervisor ran something else
+//! and the vCPU did not run at all. The kernel's own accounting (rusage, cpu.stat) leaves
+//! stolen time out; the on-CPU sources do not:
+//! - exact mode credits the ktime between two switches, steal included: the share of the
+//!   node's time not stolen, `(W - S) / W`, scales it back;
+//! - a cpu-clock sample credits one period. A steal shorter than the period leaves the sample
+//!   count as it was (too much credited); a longer one makes the hrtimer skip the periods it
+//!   missed (about right). Both regimes are covered by scaling the credited time `N·p` to the
+//!   time the CPUs actually had, `(W - S) / (N·p)`, never above 1.
 //!
-//! [`StealCorrection`] scales each read interval's new on-CPU time of a node by the share of
-//! that node's CPU time that was not stolen (`steal` column of /proc/stat over the same
-//! interval) and keeps the corrected cumulative values, so [`super::Sampler::read`] still
-//! returns cumulative samples. Pure: /proc/stat is read by the caller.
+//! `W` is the node's CPU time between two reads and `S` its steal (/proc/stat), `N` the
+//! node's samples (per-CPU `ClockSamples`, idle ones included) and `p` the period. Without
+//! steal nothing is scaled. [`StealCorrection`] applies the factor to each read interval's
+//! new on-CPU time and keeps corrected cumulative values, so [`super::Sampler::read`] still
+//! returns cumulative samples. Pure: the caller reads /proc/stat and the maps.
 use std::collections::{BTreeMap, HashMap};
 
 use super::Sample;
 use crate::procfs::CpuTimes;
 
-/// Per node, the share of its CPUs' time between two /proc/stat readings that was not stolen
-/// (1.0 for a node whose CPUs did not advance, or are missing from either reading).
-pub fn unstolen_share(
-    before: &BTreeMap<u32, CpuTimes>,
-    after: &BTreeMap<u32, CpuTimes>,
+/// What one on-CPU credit is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnCpuClock {
+    /// cpu-clock samples of `period_ns` each.
+    Sampled { period_ns: u64 },
+    /// ktime between switches.
+    Exact,
+}
+
+/// Per-CPU counters at one read: /proc/stat times and (sampled mode) cumulative sample counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuReading {
+    pub stat: BTreeMap<u32, CpuTimes>,
+    pub samples: BTreeMap<u32, u64>,
+}
+
+/// Per node, the factor that turns credited on-CPU time between two readings into the time
+/// the CPUs had. Nodes without steal (or without data) are absent: factor 1.
+pub fn node_factors(
+    before: &CpuReading,
+    after: &CpuReading,
     cpu_node: &BTreeMap<u32, u32>,
+    clock: OnCpuClock,
+    ns_per_tick: u64,
 ) -> BTreeMap<u32, f64> {
-    let mut sums: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-    for (cpu, a) in after {
-        let (Some(b), Some(node)) = (before.get(cpu), cpu_node.get(cpu)) else {
+    // (wall ticks, steal ticks, samples) per node
+    let mut sums: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    for (cpu, a) in &after.stat {
+        let (Some(b), Some(node)) = (before.stat.get(cpu), cpu_node.get(cpu)) else {
             continue;
         };
+        let n = |r: &CpuReading| r.samples.get(cpu).copied().unwrap_or(0);
         let e = sums.entry(*node).or_default();
-        e.0 = e.0.saturating_add(a.steal.saturating_sub(b.steal));
-        e.1 = e.1.saturating_add(a.total.saturating_sub(b.total));
+        e.0 = e.0.saturating_add(a.total.saturating_sub(b.total));
+        e.1 = e.1.saturating_add(a.steal.saturating_sub(b.steal));
+        e.2 = e.2.saturating_add(n(after).saturating_sub(n(before)));
     }
     sums.into_iter()
-        .map(|(node, (steal, total))| {
-            let share = if total == 0 {
-                1.0
-            } else {
-                1.0 - (steal as f64 / total as f64).clamp(0.0, 1.0)
+        .filter(|(_, (w, s, _))| *w > 0 && *s > 0)
+        .filter_map(|(node, (w, s, n))| {
+            let had = w.saturating_sub(s) as f64 * ns_per_tick as f64;
+            let credited = match clock {
+                OnCpuClock::Exact => w as f64 * ns_per_tick as f64,
+                OnCpuClock::Sampled { period_ns } => n as f64 * period_ns as f64,
             };
-            (node, share)
+            (credited > 0.0).then(|| (node, (had / credited).clamp(0.0, 1.0)))
         })
         .collect()
 }
 
+/// Share of all CPUs' time stolen between two readings.
+pub fn steal_share(before: &CpuReading, after: &CpuReading) -> f64 {
+    let (mut w, mut s) = (0u64, 0u64);
+    for (cpu, a) in &after.stat {
+        if let Some(b) = before.stat.get(cpu) {
+            w = w.saturating_add(a.total.saturating_sub(b.total));
+            s = s.saturating_add(a.steal.saturating_sub(b.steal));
+        }
+    }
+    if w == 0 {
+        0.0
+    } else {
+        (s as f64 / w as f64).clamp(0.0, 1.0)
+    }
+}
+
 /// Turns raw cumulative on-CPU time into steal-corrected cumulative time, read after read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StealCorrection {
-    prev_stat: Option<BTreeMap<u32, CpuTimes>>,
+    clock: OnCpuClock,
+    ns_per_tick: u64,
+    prev: Option<CpuReading>,
     /// Raw cumulative ns per (cgroup, node) at the previous read.
     raw: HashMap<(u64, u32), u64>,
     /// Corrected cumulative ns per (cgroup, node).
     corrected: HashMap<(u64, u32), u64>,
-    /// Steal share of all CPUs over the last interval (for reports).
     last_steal_share: f64,
 }
 
 impl StealCorrection {
-    /// Starts from a /proc/stat reading taken when the samplers were attached.
-    pub fn new(stat: Option<BTreeMap<u32, CpuTimes>>) -> Self {
+    /// Starts from a reading taken when the samplers were attached.
+    pub fn new(clock: OnCpuClock, ns_per_tick: u64, first: Option<CpuReading>) -> Self {
         StealCorrection {
-            prev_stat: stat,
-            ..Default::default()
+            clock,
+            ns_per_tick,
+            prev: first,
+            raw: HashMap::new(),
+            corrected: HashMap::new(),
+            last_steal_share: 0.0,
         }
     }
 
@@ -71,37 +118,42 @@ impl StealCorrection {
     }
 
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
-    /// values. `stat` is /proc/stat read now (None when unreadable: no correction this
-    /// interval). A raw counter that went back (an evicted entry counting again) adds nothing
-    /// for that interval, as [`Sample::delta`] does; cgroups absent from `samples` are forgotten.
+    /// values. `now` is the reading taken with the maps (None when unreadable: no correction
+    /// this interval). A raw counter that went back (an evicted entry counting again) adds
+    /// nothing for that interval, as [`Sample::delta`] does; cgroups absent from `samples` are
+    /// forgotten.
     pub fn apply(
         &mut self,
-        stat: Option<BTreeMap<u32, CpuTimes>>,
+        now: Option<CpuReading>,
         cpu_node: &BTreeMap<u32, u32>,
         samples: &mut BTreeMap<u64, Sample>,
     ) {
-        let share = match (&self.prev_stat, &stat) {
+        let factors = match (&self.prev, &now) {
             (Some(b), Some(a)) => {
-                let all: BTreeMap<u32, u32> = a.keys().map(|c| (*c, 0)).collect();
-                self.last_steal_share = 1.0 - unstolen_share(b, a, &all).get(&0).unwrap_or(&1.0);
-                unstolen_share(b, a, cpu_node)
+                self.last_steal_share = steal_share(b, a);
+                node_factors(b, a, cpu_node, self.clock, self.ns_per_tick)
             }
             _ => BTreeMap::new(),
         };
-        if stat.is_some() {
-            self.prev_stat = stat;
+        if now.is_some() {
+            self.prev = now;
         }
         let mut raw = HashMap::with_capacity(self.raw.len());
         let mut corrected = HashMap::with_capacity(self.corrected.len());
         for (cg, s) in samples.iter_mut() {
             for (node, ns) in s.cpu_ns.iter_mut() {
                 let key = (*cg, *node);
-                let last = self.raw.get(&key).copied().unwrap_or(0);
-                let new = ns.saturating_sub(last);
-                let f = share.get(node).copied().unwrap_or(1.0);
-                let add = (new as f64 * f).round() as u64;
-                let c = self.corrected.get(&key).copied().unwrap_or(0);
-                let c = c.saturating_add(add);
+                let new = ns.saturating_sub(self.raw.get(&key).copied().unwrap_or(0));
+                let add = match factors.get(node) {
+                    Some(f) => (new as f64 * f).round() as u64,
+                    None => new,
+                };
+                let c = self
+                    .corrected
+                    .get(&key)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_add(add);
                 raw.insert(key, *ns);
                 corrected.insert(key, c);
                 *ns = c;
@@ -116,19 +168,22 @@ impl StealCorrection {
 mod tests {
     use super::*;
 
-    fn stat(rows: &[(u32, u64, u64)]) -> BTreeMap<u32, CpuTimes> {
-        rows.iter()
-            .map(|&(cpu, total, steal)| {
-                (
-                    cpu,
-                    CpuTimes {
+    /// A reading from (cpu, total ticks, steal ticks, samples).
+    fn reading(rows: &[(u32, u64, u64, u64)]) -> CpuReading {
+        CpuReading {
+            stat: rows
+                .iter()
+                .map(|&(cpu, total, steal, _)| {
+                    let t = CpuTimes {
                         busy: total / 2,
                         total,
                         steal,
-                    },
-                )
-            })
-            .collect()
+                    };
+                    (cpu, t)
+                })
+                .collect(),
+            samples: rows.iter().map(|&(cpu, _, _, n)| (cpu, n)).collect(),
+        }
     }
 
     fn sample(ns: &[(u32, u64)]) -> Sample {
@@ -138,44 +193,85 @@ mod tests {
         }
     }
 
+    const MS: u64 = 1_000_000;
+    const TICK: u64 = 10 * MS;
+
     #[test]
-    fn share_per_node_from_steal_deltas() {
+    fn exact_mode_takes_the_stolen_share_out() {
         let nodes = BTreeMap::from([(0, 0), (1, 0), (2, 1), (3, 1)]);
-        let a = stat(&[(0, 100, 10), (1, 100, 0), (2, 100, 0), (3, 100, 0)]);
-        let b = stat(&[(0, 200, 30), (1, 200, 20), (2, 200, 0), (3, 100, 0)]);
-        let s = unstolen_share(&a, &b, &nodes);
-        assert!((s[&0] - 0.8).abs() < 1e-9, "{s:?}"); // 40 of 200 stolen
-        assert!((s[&1] - 1.0).abs() < 1e-9, "{s:?}");
-        // a node whose CPUs did not advance is not corrected
-        let s = unstolen_share(&a, &a, &nodes);
-        assert_eq!(s[&0], 1.0);
+        let a = reading(&[
+            (0, 100, 10, 0),
+            (1, 100, 0, 0),
+            (2, 100, 0, 0),
+            (3, 100, 0, 0),
+        ]);
+        let b = reading(&[
+            (0, 200, 30, 0),
+            (1, 200, 20, 0),
+            (2, 200, 0, 0),
+            (3, 100, 0, 0),
+        ]);
+        let f = node_factors(&a, &b, &nodes, OnCpuClock::Exact, TICK);
+        assert!((f[&0] - 0.8).abs() < 1e-9, "{f:?}"); // 40 of 200 ticks stolen
+        assert!(!f.contains_key(&1), "no steal on node 1: {f:?}");
+        assert!(node_factors(&a, &a, &nodes, OnCpuClock::Exact, TICK).is_empty());
+        assert!((steal_share(&a, &b) - 40.0 / 300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sampled_mode_covers_short_and_long_steals() {
+        let nodes = BTreeMap::from([(0, 0)]);
+        let clock = OnCpuClock::Sampled { period_ns: MS };
+        // 1 s of wall time (100 ticks), 100 ms stolen.
+        let a = reading(&[(0, 0, 0, 0)]);
+        // Short steals inside periods: all 1000 samples fired, 1 s credited for 0.9 s had.
+        let short = reading(&[(0, 100, 10, 1000)]);
+        let f = node_factors(&a, &short, &nodes, clock, TICK);
+        assert!((f[&0] - 0.9).abs() < 1e-9, "{f:?}");
+        // Long steals: the hrtimer skipped the 100 missed periods; nothing to take out.
+        let long = reading(&[(0, 100, 10, 900)]);
+        let f = node_factors(&a, &long, &nodes, clock, TICK);
+        assert!((f[&0] - 1.0).abs() < 1e-9, "{f:?}");
+        // Fewer samples than the time had (an hrtimer held off): never scaled up.
+        let few = reading(&[(0, 100, 10, 500)]);
+        assert_eq!(node_factors(&a, &few, &nodes, clock, TICK)[&0], 1.0);
+        // No samples at all: nothing to scale.
+        let none = reading(&[(0, 100, 10, 0)]);
+        assert!(node_factors(&a, &none, &nodes, clock, TICK).is_empty());
     }
 
     #[test]
     fn corrects_each_interval_and_stays_cumulative() {
         let nodes = BTreeMap::from([(0, 0), (1, 1)]);
-        let mut c = StealCorrection::new(Some(stat(&[(0, 0, 0), (1, 0, 0)])));
+        let start = reading(&[(0, 0, 0, 0), (1, 0, 0, 0)]);
+        let mut c = StealCorrection::new(OnCpuClock::Exact, TICK, Some(start));
         // interval 1: node 0 had 25% steal, node 1 none
         let mut s = BTreeMap::from([(7, sample(&[(0, 1000), (1, 1000)]))]);
-        c.apply(Some(stat(&[(0, 100, 25), (1, 100, 0)])), &nodes, &mut s);
+        c.apply(
+            Some(reading(&[(0, 100, 25, 0), (1, 100, 0, 0)])),
+            &nodes,
+            &mut s,
+        );
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 750), (1, 1000)]));
         assert!((c.last_steal_share() - 0.125).abs() < 1e-9);
         // interval 2: no steal; raw grew by 400 on node 0
         let mut s = BTreeMap::from([(7, sample(&[(0, 1400), (1, 1000)]))]);
-        c.apply(Some(stat(&[(0, 200, 25), (1, 200, 0)])), &nodes, &mut s);
+        c.apply(
+            Some(reading(&[(0, 200, 25, 0), (1, 200, 0, 0)])),
+            &nodes,
+            &mut s,
+        );
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1000)]));
         // a counter that went back adds nothing; /proc/stat unreadable: no correction
         let mut s = BTreeMap::from([(7, sample(&[(0, 100), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1100)]));
         // a vanished cgroup is forgotten: when its id counts again it starts from 0
-        c.apply(
-            Some(stat(&[(0, 300, 25), (1, 300, 0)])),
-            &nodes,
-            &mut BTreeMap::new(),
-        );
+        let r3 = reading(&[(0, 300, 25, 0), (1, 300, 0, 0)]);
+        c.apply(Some(r3), &nodes, &mut BTreeMap::new());
         let mut s = BTreeMap::from([(7, sample(&[(0, 10)]))]);
-        c.apply(Some(stat(&[(0, 400, 75), (1, 400, 0)])), &nodes, &mut s);
+        let r4 = reading(&[(0, 400, 75, 0), (1, 400, 0, 0)]);
+        c.apply(Some(r4), &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 5)]));
     }
 }
