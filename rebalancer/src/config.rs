@@ -241,6 +241,10 @@ pub struct ControllerConfig {
     pub migration_budget_mib: u64,
     /// Most moves per round.
     pub max_moves_per_round: u32,
+    /// A workload with more memory to move than a round's budget allows is moved in stages:
+    /// CPUs first, then its pages a budget at a time (move_pages(2)), mems narrowed once the
+    /// rest fits. Off: such a move waits (for ever, if its memory never fits).
+    pub staged_migration: bool,
     /// Cost of migrating one GiB, in the same units as the saving (remote-access ns avoided).
     pub migration_cost_per_gib: f64,
     /// Horizon over which a move's saving is counted.
@@ -276,6 +280,7 @@ impl Default for ControllerConfig {
             cooldown_ms: 30_000,
             migration_budget_mib: 1024,
             max_moves_per_round: 4,
+            staged_migration: true,
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
             move_exclusive: false,

@@ -113,6 +113,7 @@ fn mv(rel: &str, from: &CpuSet, to: &CpuSet, mems: &CpuSet) -> Move {
         locality_before: 0.0,
         locality_after: 1.0,
         net: 1.0,
+        stage: None,
     }
 }
 

@@ -93,6 +93,7 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
         locality_before: 0.1,
         locality_after: 0.9,
         net: 1.0,
+        stage: None,
     };
     let plan = [mv(&a), mv(&b)];
     // The container exits between plan and apply.

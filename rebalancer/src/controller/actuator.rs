@@ -6,6 +6,8 @@
 //! old ∪ new, move cpus, narrow mems to the target (this migrates the memory), (v1: restore
 //! `memory_migrate`); then it reads both sets back. On any failure it rolls back to the
 //! previous cpus/mems. A dry run reads but writes nothing. An empty set is never written.
+//! A staged move (see [`super::Stage`]) only widens mems, then moves up to its budget of pages
+//! through [`CgroupWriter::move_pages`].
 
 use std::fmt;
 
@@ -20,6 +22,8 @@ pub enum CgroupFile {
     Cpus,
     Mems,
     MemoryMigrate,
+    /// The pages of the cgroup's processes (move_pages(2)), not a file.
+    Pages,
 }
 
 impl fmt::Display for CgroupFile {
@@ -28,6 +32,7 @@ impl fmt::Display for CgroupFile {
             CgroupFile::Cpus => "cpuset.cpus",
             CgroupFile::Mems => "cpuset.mems",
             CgroupFile::MemoryMigrate => "cpuset.memory_migrate",
+            CgroupFile::Pages => "pages (move_pages)",
         })
     }
 }
@@ -112,6 +117,14 @@ pub trait CgroupWriter {
     fn needs_memory_migrate(&self) -> bool;
     fn read_memory_migrate(&self, cgroup: &str) -> Result<bool, CgroupWriteError>;
     fn set_memory_migrate(&mut self, cgroup: &str, on: bool) -> Result<(), CgroupWriteError>;
+    /// Moves at most `max_bytes` of the cgroup's pages that are on nodes outside `toward` to
+    /// `toward` (move_pages(2)); returns the bytes moved. Used by staged moves only.
+    fn move_pages(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError>;
 }
 
 /// One write of a move.
@@ -121,6 +134,11 @@ pub enum Step {
     SetMemoryMigrate(bool),
     WriteMems(CpuSet),
     WriteCpus(CpuSet),
+    /// A staged move's page moves (after the writes).
+    MovePages {
+        toward: CpuSet,
+        max_bytes: u64,
+    },
 }
 
 impl fmt::Display for Step {
@@ -129,6 +147,9 @@ impl fmt::Display for Step {
             Step::SetMemoryMigrate(on) => write!(f, "cpuset.memory_migrate={}", u8::from(*on)),
             Step::WriteMems(s) => write!(f, "cpuset.mems={s}"),
             Step::WriteCpus(s) => write!(f, "cpuset.cpus={s}"),
+            Step::MovePages { toward, max_bytes } => {
+                write!(f, "move_pages(≤{max_bytes} bytes → nodes {toward})")
+            }
         }
     }
 }
@@ -139,6 +160,12 @@ pub struct Applied {
     pub cgroup: String,
     pub steps: Vec<Step>,
     pub dry_run: bool,
+    /// Bytes migrated: the planned figure for a plain move (the kernel migrates on the mems
+    /// write), what move_pages reported for a stage (0 in a dry run).
+    pub moved_bytes: u64,
+    /// A stage's page moves failed (the cpuset writes stand: they are valid on their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages_error: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +267,7 @@ fn run(w: &mut dyn CgroupWriter, cgroup: &str, step: &Step) -> Result<(), Cgroup
         Step::SetMemoryMigrate(on) => w.set_memory_migrate(cgroup, *on),
         Step::WriteMems(s) => w.write_mems(cgroup, s),
         Step::WriteCpus(s) => w.write_cpus(cgroup, s),
+        Step::MovePages { toward, max_bytes } => w.move_pages(cgroup, toward, *max_bytes).map(drop),
     }
 }
 
@@ -280,11 +308,17 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
     }
     let migrate_off = w.needs_memory_migrate() && !w.read_memory_migrate(cg).map_err(read_err)?;
     let steps = steps_for(mv, &cpus, &mems, migrate_off);
+    let page_step = mv.stage.as_ref().map(|s| Step::MovePages {
+        toward: s.toward.clone(),
+        max_bytes: mv.bytes_to_migrate,
+    });
     if dry_run {
         return Ok(Applied {
             cgroup: cg.to_string(),
-            steps,
+            steps: steps.into_iter().chain(page_step).collect(),
             dry_run: true,
+            moved_bytes: 0,
+            pages_error: None,
         });
     }
 
@@ -325,10 +359,20 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
             return Err(rollback(w, cg, &state, &cpus, &mems, !migrate_off, cause));
         }
     }
+    let (moved_bytes, pages_error) = match &mv.stage {
+        None => (mv.bytes_to_migrate, None),
+        Some(s) => match w.move_pages(cg, &s.toward, mv.bytes_to_migrate) {
+            // Never credit more than the stage's share of the budget.
+            Ok(b) => (b.min(mv.bytes_to_migrate), None),
+            Err(e) => (0, Some(e.to_string())),
+        },
+    };
     Ok(Applied {
         cgroup: cg.to_string(),
-        steps,
+        steps: steps.into_iter().chain(page_step).collect(),
         dry_run: false,
+        moved_bytes,
+        pages_error,
     })
 }
 
@@ -345,6 +389,7 @@ impl Live {
             Step::SetMemoryMigrate(on) => self.migrate_on = *on,
             Step::WriteMems(s) => self.mems = s.clone(),
             Step::WriteCpus(s) => self.cpus = s.clone(),
+            Step::MovePages { .. } => {}
         }
     }
 }
@@ -371,6 +416,7 @@ fn rollback(
         locality_before: 0.0,
         locality_after: 0.0,
         net: 0.0,
+        stage: None,
     };
     let mut steps = steps_for(&back, &live.cpus, &live.mems, false);
     if live.migrate_on != migrate_was_on {

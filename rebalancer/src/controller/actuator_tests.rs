@@ -22,6 +22,7 @@ fn mv(from_cpus: &str, to_cpus: &str, from_mems: &str, to_mems: &str) -> Move {
         locality_before: 0.0,
         locality_after: 1.0,
         net: 1.0,
+        stage: None,
     }
 }
 
@@ -224,4 +225,58 @@ fn read_back_mismatch_rolls_back() {
     );
     assert_eq!(f.cpus("pod/c"), Some(&set("4-5")));
     assert_eq!(f.mems("pod/c"), Some(&set("0")));
+}
+
+/// A stage widens mems (the kernel migrates nothing), moves the CPUs, then moves at most its
+/// bytes of pages toward the target; v1 and v2 alike. A dry run moves nothing.
+#[test]
+fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
+    const MIB: u64 = 1 << 20;
+    for v1 in [false, true] {
+        let mut f = if v1 {
+            FakeCgroups::v1()
+        } else {
+            FakeCgroups::v2()
+        };
+        f.insert("pod/c", "0-3", "0");
+        f.set_memory("pod/c", &[(0, 300 * MIB)]);
+        let m = Move {
+            to_mems: set("0-1"),
+            bytes_to_migrate: 100 * MIB,
+            stage: Some(crate::controller::Stage {
+                toward: set("1"),
+                remaining_bytes: 300 * MIB,
+            }),
+            ..mv("0-3", "4-7", "0", "0-1")
+        };
+        let dry = apply(&m, &mut f, true).unwrap();
+        assert_eq!(dry.moved_bytes, 0);
+        assert!(dry
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::MovePages { .. })));
+        assert_eq!(f.migrated(), 0, "dry run");
+        assert!(f.writes().is_empty(), "dry run");
+
+        let a = apply(&m, &mut f, false).unwrap();
+        assert_eq!(a.moved_bytes, 100 * MIB);
+        assert_eq!(a.pages_error, None);
+        assert_eq!(f.migrated(), 100 * MIB, "widening migrated something");
+        assert_eq!(
+            f.memory("pod/c").unwrap(),
+            &std::collections::BTreeMap::from([(0, 200 * MIB), (1, 100 * MIB)])
+        );
+        assert_eq!(f.cpus("pod/c"), Some(&set("4-7")));
+        assert_eq!(f.mems("pod/c"), Some(&set("0-1")));
+        never_empty(&f);
+
+        // The last round is a plain move: narrowing mems migrates the rest.
+        let last = mv("4-7", "4-7", "0-1", "1");
+        apply(&last, &mut f, false).unwrap();
+        assert_eq!(f.migrated(), 300 * MIB);
+        assert_eq!(
+            f.memory("pod/c").unwrap(),
+            &std::collections::BTreeMap::from([(1, 300 * MIB)])
+        );
+    }
 }

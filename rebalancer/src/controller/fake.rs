@@ -32,6 +32,8 @@ struct FakeCgroup {
     cpus: CpuSet,
     mems: CpuSet,
     memory_migrate: bool,
+    /// Bytes of the workload's memory per node.
+    memory: BTreeMap<u32, u64>,
 }
 
 /// In-memory cgroups (v2 by default; `v1()` requires memory_migrate for migration).
@@ -47,6 +49,8 @@ pub struct FakeCgroups {
     misreport: BTreeMap<CgroupFile, CpuSet>,
     /// (cgroup, cpus, mems) after every successful write.
     history: Vec<(String, CpuSet, CpuSet)>,
+    /// Bytes migrated so far (mems writes and move_pages).
+    migrated: u64,
 }
 
 impl FakeCgroups {
@@ -76,6 +80,7 @@ impl FakeCgroups {
                 cpus: parse(cpus),
                 mems: parse(mems),
                 memory_migrate: false,
+                memory: BTreeMap::new(),
             },
         );
     }
@@ -108,6 +113,23 @@ impl FakeCgroups {
 
     pub fn mems(&self, cgroup: &str) -> Option<&CpuSet> {
         self.cgroups.get(cgroup).map(|c| &c.mems)
+    }
+
+    /// Gives the cgroup `bytes` of memory on each node (a mems write then migrates it the way
+    /// the kernel does: off the nodes no longer allowed, nothing on a widening).
+    pub fn set_memory(&mut self, cgroup: &str, per_node: &[(u32, u64)]) {
+        if let Some(c) = self.cgroups.get_mut(cgroup) {
+            c.memory = per_node.iter().copied().collect();
+        }
+    }
+
+    pub fn memory(&self, cgroup: &str) -> Option<&BTreeMap<u32, u64>> {
+        self.cgroups.get(cgroup).map(|c| &c.memory)
+    }
+
+    /// Bytes migrated so far by mems writes and move_pages.
+    pub fn migrated(&self) -> u64 {
+        self.migrated
     }
 
     pub fn memory_migrate(&self, cgroup: &str) -> Option<bool> {
@@ -179,6 +201,22 @@ impl FakeCgroups {
     }
 }
 
+/// Moves up to `max` bytes that are on nodes outside `keep` to node `to`; returns the bytes.
+fn shift(memory: &mut BTreeMap<u32, u64>, keep: &CpuSet, to: u32, max: u64) -> u64 {
+    let mut moved = 0u64;
+    for (n, b) in memory.iter_mut() {
+        if keep.contains(*n) {
+            continue;
+        }
+        let take = (*b).min(max - moved);
+        *b -= take;
+        moved += take;
+    }
+    *memory.entry(to).or_default() += moved;
+    memory.retain(|_, b| *b > 0);
+    moved
+}
+
 impl CgroupWriter for FakeCgroups {
     fn read_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError> {
         let c = self.get(cgroup)?;
@@ -205,7 +243,38 @@ impl CgroupWriter for FakeCgroups {
 
     fn write_mems(&mut self, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
         let v = mems.clone();
-        self.write(cgroup, CgroupFile::Mems, mems.to_string(), |c| c.mems = v)
+        let migrates = !self.v1 || self.get(cgroup)?.memory_migrate;
+        let mut moved = 0;
+        self.write(cgroup, CgroupFile::Mems, mems.to_string(), |c| {
+            if migrates {
+                if let Some(to) = v.first() {
+                    moved = shift(&mut c.memory, &v, to, u64::MAX);
+                }
+            }
+            c.mems = v
+        })?;
+        self.migrated += moved;
+        Ok(())
+    }
+
+    fn move_pages(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        let c = self
+            .cgroups
+            .get_mut(cgroup)
+            .ok_or_else(|| CgroupWriteError::Vanished {
+                cgroup: cgroup.to_string(),
+            })?;
+        let Some(to) = toward.first().filter(|n| c.mems.contains(*n)) else {
+            return Ok(0); // like move_pages: a node outside the cpuset is refused
+        };
+        let moved = shift(&mut c.memory, toward, to, max_bytes);
+        self.migrated += moved;
+        Ok(moved)
     }
 
     fn needs_memory_migrate(&self) -> bool {

@@ -30,7 +30,7 @@ pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, Cgr
 pub use fake::{FakeCgroups, FakeFailure};
 pub use locality::Evidence;
 pub use observe::{CgroupObs, Constraints, NodeObs, Observations};
-pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Trigger};
+pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
 pub use planner::plan;
 
 /// What the controller remembers about one cgroup between rounds.
@@ -46,6 +46,17 @@ pub struct CgroupState {
     /// (the operator) has moved the workload since, and the cooldown no longer applies.
     #[serde(default)]
     pub last_cpus: Option<CpuSet>,
+    /// A staged move under way (see [`plan_types::Stage`]): later rounds continue it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<Staging>,
+}
+
+/// Where a staged move is going, and how much was left to move when its last stage ran.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staging {
+    pub to_cpus: CpuSet,
+    pub toward: CpuSet,
+    pub remaining_bytes: u64,
 }
 
 /// The controller's memory across rounds (serialisable into the checkpoint).
@@ -78,25 +89,28 @@ impl ControllerState {
         self.rounds += 1;
     }
 
-    /// A move was applied: cooldown starts, history restarts, counters grow.
-    pub fn record_move(&mut self, mv: &Move, now_ms: u64) {
+    /// A move was applied and migrated `bytes`: cooldown starts (a staged move is continued
+    /// without one), history restarts, counters grow.
+    pub fn record_move(&mut self, mv: &Move, bytes: u64, now_ms: u64) {
         let st = self.cgroups.entry(mv.cgroup.clone()).or_default();
         st.last_move_ms = Some(now_ms);
         st.last_cpus = Some(mv.to_cpus.clone());
         st.smoothed = None;
         st.moves += 1;
+        st.staging = mv.stage.as_ref().map(|s| Staging {
+            to_cpus: mv.to_cpus.clone(),
+            toward: s.toward.clone(),
+            remaining_bytes: s.remaining_bytes,
+        });
         self.moves_total += 1;
-        self.bytes_migrated_total = self
-            .bytes_migrated_total
-            .saturating_add(mv.bytes_to_migrate);
+        self.bytes_migrated_total = self.bytes_migrated_total.saturating_add(bytes);
     }
 
     /// A move failed (and was rolled back): cooldown starts too, so it is not retried at once.
     pub fn record_failure(&mut self, cgroup: &str, now_ms: u64) {
-        self.cgroups
-            .entry(cgroup.to_string())
-            .or_default()
-            .last_move_ms = Some(now_ms);
+        let st = self.cgroups.entry(cgroup.to_string()).or_default();
+        st.last_move_ms = Some(now_ms);
+        st.staging = None;
         self.failed_moves_total += 1;
     }
 

@@ -49,13 +49,31 @@ pub struct Move {
     pub to_cpus: CpuSet,
     pub from_mems: CpuSet,
     pub to_mems: CpuSet,
-    /// Memory (normal + hugepages) outside the target nodes, which changing mems migrates.
+    /// Memory (normal + hugepages) outside the target nodes, which changing mems migrates;
+    /// for a staged move, the most its page moves may migrate this round.
     pub bytes_to_migrate: u64,
     pub reason: Trigger,
     pub locality_before: f64,
     pub locality_after: f64,
     /// Net gain (saving − cost) that ranked it.
     pub net: f64,
+    /// Set when the memory to migrate exceeds what the round's budget has left (see [`Stage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+}
+
+/// One round of a staged move. The memory off the target exceeds the budget left, so instead
+/// of narrowing mems (which migrates everything at once) cpus move to the target now, mems
+/// only widen to old ∪ `toward` (the kernel migrates nothing on a widening) and up to
+/// [`Move::bytes_to_migrate`] of the pages on other nodes are moved to `toward` one by one
+/// (move_pages(2)). Later rounds continue without a cooldown until the rest fits in a round's
+/// budget; then a plain move narrows mems to `toward`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stage {
+    /// The nodes the memory is moving to (the final cpuset.mems).
+    pub toward: CpuSet,
+    /// Memory off `toward` when the stage was planned.
+    pub remaining_bytes: u64,
 }
 
 /// Why one target option is impossible.

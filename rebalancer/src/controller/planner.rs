@@ -5,13 +5,14 @@
 //! against every target option (see `target`), gated by pinning, exclusivity, cooldown,
 //! `min_gain` (hysteresis) and cost, then accepted most-net-gain first (ties by id) within the
 //! round's migration budget and move count, re-checking each against the room earlier moves of
-//! the round took.
+//! the round took. A move whose memory exceeds the budget left is staged (see [`Stage`]);
+//! stages under way are continued first, before any new candidate.
 
 use std::cmp::Ordering;
 
 use super::locality;
 use super::observe::{CgroupObs, Observations};
-use super::plan_types::{Decision, Move, Outcome, Plan, Rejection, Skip, Trigger};
+use super::plan_types::{Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
 use super::target::{Projection, TargetOption};
 use super::ControllerState;
 use crate::config::ControllerConfig;
@@ -30,9 +31,34 @@ pub fn plan(
     cgs.dedup_by(|a, b| a.id == b.id);
 
     let mut proj = Projection::new(topo, obs, cfg);
+    // Staged moves under way go first: finishing what was started.
+    let mut moves = Vec::new();
+    let mut continued: Vec<Option<Outcome>> = vec![None; cgs.len()];
+    for (i, cg) in cgs.iter().enumerate() {
+        match continue_stage(&mut proj, cg, state) {
+            Some(Ok(mv)) => {
+                continued[i] = Some(Outcome::Moved {
+                    to_nodes: mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone(),
+                });
+                moves.push(mv);
+            }
+            Some(Err(skip)) => continued[i] = Some(Outcome::Skipped(skip)),
+            None => {}
+        }
+    }
     let mut evals: Vec<Eval> = cgs
         .iter()
-        .map(|cg| evaluate(&proj, obs, cg, state, cfg, now_ms))
+        .zip(&continued)
+        .map(|(cg, cont)| match cont {
+            None => evaluate(&proj, obs, cg, state, cfg, now_ms),
+            Some(outcome) => {
+                let mut e = evaluate(&proj, obs, cg, state, cfg, now_ms);
+                e.decision.outcome = outcome.clone();
+                e.options.clear();
+                e.chosen = None;
+                e
+            }
+        })
         .collect();
 
     let mut proposals: Vec<usize> = (0..evals.len())
@@ -43,7 +69,6 @@ pub fn plan(
         nb.total_cmp(&na).then_with(|| cgs[a].id.cmp(&cgs[b].id))
     });
 
-    let mut moves = Vec::new();
     for i in proposals {
         if proj.moves_left == 0 {
             evals[i].decision.outcome = Outcome::Skipped(Skip::MaxMoves);
@@ -61,8 +86,17 @@ pub fn plan(
                 let opt = &eval.options[k];
                 let cg = cgs[i];
                 let to_cpus = proj.to_cpus(cg, opt);
-                proj.accept(obs, cg, opt);
                 let c = &opt.considered;
+                // Over the budget left: the first stage (see `Stage`) takes what is left.
+                let stage = (c.bytes_to_migrate > proj.budget_left).then(|| Stage {
+                    toward: c.nodes.clone(),
+                    remaining_bytes: c.bytes_to_migrate,
+                });
+                let (to_mems, bytes) = match &stage {
+                    Some(_) => (cg.mems.union(&c.nodes), proj.budget_left),
+                    None => (c.nodes.clone(), c.bytes_to_migrate),
+                };
+                proj.accept(obs, cg, opt);
                 eval.decision.outcome = Outcome::Moved {
                     to_nodes: c.nodes.clone(),
                 };
@@ -71,8 +105,8 @@ pub fn plan(
                     from_cpus: cg.cpus.clone(),
                     to_cpus,
                     from_mems: cg.mems.clone(),
-                    to_mems: c.nodes.clone(),
-                    bytes_to_migrate: c.bytes_to_migrate,
+                    to_mems,
+                    bytes_to_migrate: bytes,
                     reason: eval
                         .decision
                         .trigger
@@ -81,6 +115,7 @@ pub fn plan(
                     locality_before: eval.decision.smoothed.unwrap_or(c.locality_after),
                     locality_after: c.locality_after,
                     net: c.net,
+                    stage,
                 });
             }
             Err(skip) => eval.decision.outcome = Outcome::Skipped(skip),
@@ -185,8 +220,84 @@ fn evaluate(
     }
 }
 
+/// The next round of a staged move of `cg` (see [`Stage`]), when one is under way and still
+/// stands: the cgroup's CPUs are still the ones the last stage wrote, its mems still include
+/// the target, and the last stage made progress. `None` sends the cgroup down the normal
+/// path (with its cooldown). The final round narrows mems once the rest fits in the budget.
+fn continue_stage(
+    proj: &mut Projection<'_>,
+    cg: &CgroupObs,
+    state: &ControllerState,
+) -> Option<Result<Move, Skip>> {
+    let sg = state.cgroups.get(&cg.id)?.staging.as_ref()?;
+    if cg.constraints.pinned || cg.cpus != sg.to_cpus || !sg.toward.is_subset(&cg.mems) {
+        return None;
+    }
+    let all: u64 = cg
+        .mem_bytes_per_node
+        .keys()
+        .chain(cg.hugepage_bytes_per_node.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .fold(0u64, |a, &n| a.saturating_add(cg.mem_on(n)));
+    let remaining = cg
+        .mem_bytes_per_node
+        .keys()
+        .chain(cg.hugepage_bytes_per_node.keys())
+        .filter(|n| !sg.toward.contains(**n))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .fold(0u64, |a, &n| a.saturating_add(cg.mem_on(n)));
+    if remaining != 0 && remaining >= sg.remaining_bytes {
+        return None; // no progress: its pages do not move (pinned, mlocked by a device …)
+    }
+    if proj.moves_left == 0 {
+        return Some(Err(Skip::MaxMoves));
+    }
+    let budget = proj.budget_left;
+    if remaining > 0 && budget == 0 {
+        return Some(Err(Skip::Budget {
+            need: remaining,
+            remaining: budget,
+        }));
+    }
+    let last = remaining <= budget;
+    let bytes = remaining.min(budget);
+    let local = |moved: u64| {
+        let on = all.saturating_sub(remaining).saturating_add(moved);
+        if all == 0 {
+            1.0
+        } else {
+            on as f64 / all as f64
+        }
+    };
+    proj.accept_pages(&sg.toward, bytes);
+    Some(Ok(Move {
+        cgroup: cg.id.clone(),
+        from_cpus: cg.cpus.clone(),
+        to_cpus: cg.cpus.clone(),
+        from_mems: cg.mems.clone(),
+        to_mems: if last {
+            sg.toward.clone()
+        } else {
+            cg.mems.clone()
+        },
+        bytes_to_migrate: bytes,
+        reason: Trigger::PoorLocality,
+        locality_before: local(0),
+        locality_after: local(bytes),
+        net: 0.0,
+        stage: (!last).then(|| Stage {
+            toward: sg.toward.clone(),
+            remaining_bytes: remaining,
+        }),
+    }))
+}
+
 /// The best acceptable option within `budget` bytes: feasible, gain ≥ `min_gain`, net > 0;
-/// most net first, then fewer bytes, fewer nodes, lower node ids. Otherwise the reason.
+/// most net first, then fewer bytes, fewer nodes, lower node ids. With staged migration on,
+/// the best acceptable option over the budget when at least a quarter of the round's budget
+/// is left (its first stage takes that). Otherwise the reason.
 fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
     let feasible: Vec<usize> = (0..options.len())
         .filter(|&k| options[k].considered.rejected.is_none())
@@ -234,7 +345,13 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
         .copied()
         .filter(|&k| options[k].considered.bytes_to_migrate <= budget)
         .min_by(rank);
-    within.ok_or_else(|| Skip::Budget {
+    let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
+    let staged = || {
+        (cfg.staged_migration && budget > 0 && budget >= full / 4)
+            .then(|| acceptable.iter().copied().min_by(rank))
+            .flatten()
+    };
+    within.or_else(staged).ok_or_else(|| Skip::Budget {
         need: acceptable
             .iter()
             .map(|&k| options[k].considered.bytes_to_migrate)

@@ -469,14 +469,23 @@ fn apply_to_world(obs: &mut Observations, topo: &Topology, moves: &[Move]) {
             .map(|&n| (n, total / nodes.len() as u64))
             .collect();
         let mem: u64 = c.mem_bytes_per_node.values().sum();
-        let outside: u64 = c
-            .mem_bytes_per_node
-            .iter()
-            .filter(|(n, _)| !m.to_mems.contains(**n))
-            .map(|(_, b)| b)
-            .sum();
-        c.mem_bytes_per_node.retain(|n, _| m.to_mems.contains(*n));
-        let first = m.to_mems.first().unwrap();
+        // A plain move migrates everything off the new mems; a stage moves its bytes toward
+        // the target (pages, one node after the other).
+        let (keep, mut budget) = match &m.stage {
+            None => (&m.to_mems, u64::MAX),
+            Some(s) => (&s.toward, m.bytes_to_migrate),
+        };
+        let mut outside = 0u64;
+        for (n, b) in c.mem_bytes_per_node.iter_mut() {
+            if !keep.contains(*n) {
+                let take = (*b).min(budget);
+                *b -= take;
+                budget -= take;
+                outside += take;
+            }
+        }
+        c.mem_bytes_per_node.retain(|_, b| *b > 0);
+        let first = keep.first().unwrap();
         *c.mem_bytes_per_node.entry(first).or_default() += outside;
         assert_eq!(c.mem_bytes_per_node.values().sum::<u64>(), mem);
         c.cpus = m.to_cpus.clone();
@@ -530,8 +539,15 @@ fn hysteresis_no_ping_pong_across_rounds() {
         state.observe(&obs, cfg.ewma_alpha);
         let p = plan(&topo, &obs, &state, &cfg, now);
         for m in &p.moves {
-            state.record_move(m, now);
-            *per_cg.entry(m.cgroup.clone()).or_default() += 1;
+            // The later rounds of a staged move are that one move going on.
+            let continuing = state
+                .cgroups
+                .get(&m.cgroup)
+                .is_some_and(|s| s.staging.is_some());
+            state.record_move(m, m.bytes_to_migrate, now);
+            if !continuing {
+                *per_cg.entry(m.cgroup.clone()).or_default() += 1;
+            }
         }
         per_round.push(p.moves.len());
         apply_to_world(&mut obs, &topo, &p.moves);
@@ -669,6 +685,17 @@ proptest! {
         for m in &p.moves {
             let c = obs.cgroups.iter().find(|c| c.id == m.cgroup).unwrap();
             prop_assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty(), "{m:?}");
+            // A stage only widens mems (nothing migrates on a widening); the constraints hold
+            // for where it is going.
+            let target = match &m.stage {
+                Some(s) => {
+                    prop_assert_eq!(&m.to_mems, &c.mems.union(&s.toward));
+                    prop_assert!(s.remaining_bytes > m.bytes_to_migrate, "{m:?}");
+                    s.toward.clone()
+                }
+                None => m.to_mems.clone(),
+            };
+            let m = &Move { to_mems: target, ..m.clone() };
             let misplaced = c.constraints.allowed_nodes.as_ref().is_some_and(|a| !c.mems.is_subset(a));
             prop_assert!(misplaced || state.cooldown_remaining(&m.cgroup, &c.cpus, now, cfg.cooldown_ms).is_none());
             if c.constraints.keep_cpus {
@@ -783,4 +810,100 @@ fn absurd_input_gives_a_plan_not_a_panic() {
             assert!(!m.to_cpus.is_empty() && !m.to_mems.is_empty());
         }
     }
+}
+
+/// A single-node workload whose CPUs run on node 2 and whose 3,000 MiB are split over nodes 0
+/// and 1: moving it to node 0 migrates 1,500 MiB, more than the 1,000 MiB budget.
+fn staged_world() -> (Observations, ControllerConfig) {
+    let mut big = cg(
+        "big",
+        &[(2, 1.0)],
+        &[(0, 1500), (1, 1500)],
+        "8-11,24-27",
+        "0-2",
+    );
+    big.constraints.single_numa_node = true;
+    let cfg = ControllerConfig {
+        migration_budget_mib: 1000,
+        cooldown_ms: 60_000,
+        ..cfg()
+    };
+    (world(vec![big]), cfg)
+}
+
+#[test]
+fn more_memory_than_the_budget_moves_in_stages() {
+    let topo = machine();
+    let (mut obs, cfg) = staged_world();
+    let mut state = ControllerState::default();
+    let mut rounds = Vec::new();
+    for round in 0..6u64 {
+        let now = round * 5_000;
+        state.observe(&obs, cfg.ewma_alpha);
+        let p = plan(&topo, &obs, &state, &cfg, now);
+        assert!(p.bytes_to_migrate() <= 1000 * MIB, "{:?}", p.moves);
+        for m in &p.moves {
+            rounds.push((
+                m.to_cpus.to_string(),
+                m.to_mems.to_string(),
+                m.bytes_to_migrate / MIB,
+                m.stage.as_ref().map(|s| s.toward.to_string()),
+            ));
+            state.record_move(m, m.bytes_to_migrate, now);
+        }
+        apply_to_world(&mut obs, &topo, &p.moves);
+    }
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        rounds,
+        vec![
+            // CPUs move now, mems only widen, a budget's worth of pages moves…
+            (s("0-3,16-19"), s("0-2"), 1000, Some(s("0"))),
+            // …and the next round (inside the cooldown) narrows mems: the rest fits.
+            (s("0-3,16-19"), s("0"), 500, None),
+        ]
+    );
+    let c = &obs.cgroups[0];
+    assert_eq!(c.mem_bytes_per_node, BTreeMap::from([(0, 3000 * MIB)]));
+    assert!(state.cgroups["big"].staging.is_none());
+}
+
+#[test]
+fn staging_off_or_stalled_or_overridden_falls_back() {
+    let topo = machine();
+    let (obs, cfg) = staged_world();
+    // Off: the move waits for a budget it never gets.
+    let off = ControllerConfig {
+        staged_migration: false,
+        ..cfg.clone()
+    };
+    let p = plan(&topo, &obs, &ControllerState::default(), &off, 0);
+    assert!(p.moves.is_empty());
+    assert_eq!(kind(&p.decision("big").unwrap().outcome), "skip:budget");
+
+    let p = plan(&topo, &obs, &ControllerState::default(), &cfg, 0);
+    let first = p.moves[0].clone();
+    assert!(first.stage.is_some());
+    let mut state = ControllerState::default();
+    state.record_move(&first, 0, 0);
+    let mut after = obs.clone();
+    after.cgroups[0].cpus = first.to_cpus.clone();
+    after.cgroups[0].mems = first.to_mems.clone();
+    // Stalled: no page moved (pinned pages): no next stage, the cooldown applies again.
+    let p = plan(&topo, &after, &state, &cfg, 5_000);
+    assert!(p.moves.is_empty(), "{:?}", p.moves);
+    assert_eq!(kind(&p.decision("big").unwrap().outcome), "skip:cooldown");
+    // Progress: the next stage comes inside the cooldown.
+    let mut moving = after.clone();
+    moving.cgroups[0].mem_bytes_per_node = BTreeMap::from([(0, 2000 * MIB), (1, 1000 * MIB)]);
+    let p = plan(&topo, &moving, &state, &cfg, 5_000);
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(p.moves[0].to_mems, set("0"), "{:?}", p.moves);
+    assert_eq!(p.moves[0].bytes_to_migrate, 1000 * MIB);
+    // The operator moved its CPUs meanwhile: staging is over, their choice is the input.
+    let mut theirs = moving.clone();
+    theirs.cgroups[0].cpus = set("12-15");
+    let p = plan(&topo, &theirs, &state, &cfg, 5_000);
+    assert!(p.moves.iter().all(|m| m.from_cpus == set("12-15")));
+    assert_ne!(kind(&p.decision("big").unwrap().outcome), "skip:cooldown");
 }

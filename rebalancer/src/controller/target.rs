@@ -465,6 +465,19 @@ impl<'t> Projection<'t> {
         self.dirty = true;
     }
 
+    /// Records a round of a staged move: `bytes` of memory move to `toward` (spread evenly;
+    /// the sources' free memory is not credited until it shows), budget, count.
+    pub fn accept_pages(&mut self, toward: &CpuSet, bytes: u64) {
+        let k = toward.len().max(1) as u64;
+        for n in toward.iter() {
+            let f = self.free.entry(n).or_default();
+            *f = f.saturating_sub(bytes / k);
+        }
+        self.budget_left = self.budget_left.saturating_sub(bytes);
+        self.moves_left = self.moves_left.saturating_sub(1);
+        self.dirty = true;
+    }
+
     /// Whether `cg` may use `node`: its allowed nodes, and for a cgroup whose CPUs are the
     /// operator's (`keep_cpus`), only nodes holding some of those CPUs.
     fn allowed(&self, cg: &CgroupObs, node: u32) -> bool {

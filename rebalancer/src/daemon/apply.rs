@@ -60,12 +60,17 @@ pub fn apply_moves(
             Ok(done) => {
                 out.applied += 1;
                 out.bytes = out.bytes.saturating_add(mv.bytes_to_migrate);
+                let staged = mv.stage.as_ref().map(|s| s.toward.to_string());
                 tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
+                    moved = done.moved_bytes, staged_toward = ?staged,
                     before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(), "move applied");
+                if let Some(e) = &done.pages_error {
+                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
+                }
                 let mut s = d.lock();
                 if !dry_run {
-                    s.state.controller.record_move(mv, now_ms);
-                    d.metrics.pages_migrated.inc_by(mv.bytes_to_migrate / 4096);
+                    s.state.controller.record_move(mv, done.moved_bytes, now_ms);
+                    d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
                 }
                 d.metrics
                     .moves_applied

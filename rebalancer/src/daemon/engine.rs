@@ -224,6 +224,19 @@ impl CgroupWriter for RealWriter<'_> {
             .set_memory_migrate(cg, on)
             .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
     }
+    fn move_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        let pids = self
+            .0
+            .procs(Controller::Cpuset, cg)
+            .map_err(|e| wrap(cg, CgroupFile::Pages, e))?;
+        crate::pages::move_pids_pages(&pids, toward, max_bytes)
+            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
+    }
 }
 
 /// The control loop's long-lived I/O state.

@@ -58,6 +58,7 @@ fn mv(cg: &str, from: &str, to: &str, from_mems: &str, to_mems: &str, mib: u64) 
         locality_before: 0.2,
         locality_after: 0.9,
         net: 1.0,
+        stage: None,
     }
 }
 

@@ -317,10 +317,13 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
         l.cpus = mv.to_cpus.clone();
         l.mems = mv.to_mems.clone();
         l.threads = threads.clone();
-        let moved = w.evacuate(&mv.cgroup, &mv.to_mems, &threads);
+        let moved = match &mv.stage {
+            None => w.evacuate(&mv.cgroup, &mv.to_mems, &threads),
+            Some(s) => w.evacuate_upto(&mv.cgroup, &s.toward, &threads, mv.bytes_to_migrate),
+        };
         w.count_migration(moved);
         w.stats.moves += 1;
-        w.state.record_move(mv, now_ms);
+        w.state.record_move(mv, moved, now_ms);
     }
     for l in w.live.values_mut() {
         l.cpu_ns_acc.clear();

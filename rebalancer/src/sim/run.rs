@@ -318,6 +318,17 @@ impl<'a> World<'a> {
     /// Moves memory of `uid` from nodes outside `keep` into `keep`, by `shares` (renormalised
     /// over `keep`), bounded by free memory. Returns bytes moved.
     pub fn evacuate(&mut self, uid: &str, keep: &CpuSet, shares: &BTreeMap<u32, f64>) -> u64 {
+        self.evacuate_upto(uid, keep, shares, u64::MAX)
+    }
+
+    /// Like [`World::evacuate`], moving at most `limit` bytes (a staged move's round).
+    pub fn evacuate_upto(
+        &mut self,
+        uid: &str,
+        keep: &CpuSet,
+        shares: &BTreeMap<u32, f64>,
+        limit: u64,
+    ) -> u64 {
         let Some(l) = self.live.get(uid) else {
             return 0;
         };
@@ -327,7 +338,8 @@ impl<'a> World<'a> {
             .iter()
             .filter(|(n, _)| !keep.contains(**n))
             .map(|(_, b)| b)
-            .sum();
+            .sum::<u64>()
+            .min(limit);
         if outside == 0 {
             return 0;
         }

@@ -1,0 +1,251 @@
+//! Moving a process's pages to other NUMA nodes with move_pages(2), a budget at a time: the
+//! I/O edge of staged moves (see `controller::Stage`).
+//!
+//! `/proc/<pid>/numa_maps` tells which mappings hold pages on which nodes ([`parse_numa_maps`],
+//! pure); `/proc/<pid>/maps` gives their ends ([`parse_maps`]). Each candidate mapping is walked
+//! in 2 MiB-aligned chunks of 512 pages: one move_pages call asks where each page is, one moves
+//! those on other nodes (round-robin over the target nodes), one asks again and counts the
+//! pages that arrived. A transparent huge page is 2 MiB-aligned, so it lies in one chunk and is
+//! counted whole; the walk stops while at least a chunk of budget is left, so it never moves
+//! more than the budget. Hugetlb mappings are left alone (their pages move when mems narrow).
+//! Pages shared with processes outside the request are not moved by the kernel and not counted.
+
+use std::collections::BTreeMap;
+
+use crate::cpuset::CpuSet;
+
+const PAGE: u64 = 4096;
+/// Pages per chunk: one 2 MiB transparent huge page.
+const CHUNK: u64 = 512;
+const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+
+/// One mapping of numa_maps: its start, pages per node, and whether it is hugetlb.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NumaMap {
+    pub start: u64,
+    pub pages: BTreeMap<u32, u64>,
+    pub hugetlb: bool,
+}
+
+/// Parses `/proc/<pid>/numa_maps` (`<start> <policy> [key=value | flag]…`, pages per node as
+/// `N<node>=<pages>`). Lines that do not start with a hex address are skipped.
+pub fn parse_numa_maps(text: &str) -> Vec<NumaMap> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.split_ascii_whitespace();
+            let start = u64::from_str_radix(it.next()?, 16).ok()?;
+            let mut m = NumaMap {
+                start,
+                ..Default::default()
+            };
+            for tok in it {
+                if tok == "huge" {
+                    m.hugetlb = true;
+                } else if let Some((k, v)) = tok.split_once('=') {
+                    let node = k.strip_prefix('N').and_then(|n| n.parse::<u32>().ok());
+                    if let (Some(node), Ok(v)) = (node, v.parse::<u64>()) {
+                        m.pages.insert(node, v);
+                    }
+                }
+            }
+            Some(m)
+        })
+        .collect()
+}
+
+/// Parses `/proc/<pid>/maps` into start → end.
+pub fn parse_maps(text: &str) -> BTreeMap<u64, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let range = line.split_ascii_whitespace().next()?;
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            );
+            (a < b).then_some((a, b))
+        })
+        .collect()
+}
+
+/// The 2 MiB-aligned chunks of `[start, end)`, clipped to it.
+pub fn chunks(start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> {
+    let span = CHUNK * PAGE;
+    let first = start - start % span;
+    (0..)
+        .map(move |i| first.saturating_add(i * span))
+        .take_while(move |&a| a < end)
+        .map(move |a| (a.max(start), (a + span).min(end)))
+}
+
+/// move_pages(2) on `pid`: with `nodes` it moves, without it only fills `status`.
+fn move_pages(
+    pid: u32,
+    addrs: &[u64],
+    nodes: Option<&[libc::c_int]>,
+    status: &mut [libc::c_int],
+) -> std::io::Result<()> {
+    let ptrs: Vec<*mut libc::c_void> = addrs.iter().map(|&a| a as *mut libc::c_void).collect();
+    // SAFETY: the arrays have addrs.len() elements; the kernel reads `ptrs` and `nodes`
+    // and writes `status`; the addresses are in the other process and only looked up.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            pid as libc::c_int,
+            ptrs.len() as libc::c_ulong,
+            ptrs.as_ptr(),
+            nodes.map_or(std::ptr::null(), |n| n.as_ptr()),
+            status.as_mut_ptr(),
+            if nodes.is_some() { MPOL_MF_MOVE } else { 0 },
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Moves at most `max_pages` of `pid`'s pages that are on nodes outside `toward` to `toward`;
+/// returns the pages moved. A process that exited meanwhile has moved 0.
+pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {
+    let targets: Vec<libc::c_int> = toward.iter().map(|n| n as libc::c_int).collect();
+    if targets.is_empty() || max_pages < CHUNK {
+        return Ok(0);
+    }
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}"));
+    let (numa, maps) = match (read("numa_maps"), read("maps")) {
+        (Ok(n), Ok(m)) => (parse_numa_maps(&n), parse_maps(&m)),
+        (Err(e), _) | (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        (Err(e), _) | (_, Err(e)) => return Err(e),
+    };
+    let mut moved = 0u64;
+    let mut rr = 0usize;
+    for m in numa
+        .iter()
+        .filter(|m| !m.hugetlb && m.pages.iter().any(|(n, p)| *p > 0 && !toward.contains(*n)))
+    {
+        let Some(&end) = maps.get(&m.start) else {
+            continue;
+        };
+        for (a, b) in chunks(m.start, end) {
+            if max_pages - moved < CHUNK {
+                return Ok(moved);
+            }
+            let addrs: Vec<u64> = (a..b).step_by(PAGE as usize).collect();
+            let mut status = vec![0; addrs.len()];
+            match move_pages(pid, &addrs, None, &mut status) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
+                Err(e) => return Err(e),
+            }
+            let off = |s: libc::c_int| s >= 0 && !toward.contains(s as u32);
+            let pick: Vec<u64> = addrs
+                .iter()
+                .zip(&status)
+                .filter(|(_, s)| off(**s))
+                .map(|(a, _)| *a)
+                .collect();
+            if pick.is_empty() {
+                continue;
+            }
+            let nodes: Vec<libc::c_int> = (0..pick.len())
+                .map(|i| targets[(rr + i) % targets.len()])
+                .collect();
+            rr = rr.wrapping_add(pick.len());
+            let mut st = vec![0; pick.len()];
+            match move_pages(pid, &pick, Some(&nodes), &mut st) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
+                // Some pages could not be moved (busy, shared …): count what arrived below.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+            match move_pages(pid, &pick, None, &mut st) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
+                Err(e) => return Err(e),
+            }
+            moved += st
+                .iter()
+                .filter(|&&s| s >= 0 && toward.contains(s as u32))
+                .count() as u64;
+        }
+    }
+    Ok(moved)
+}
+
+/// Moves at most `max_bytes` of the pages of `pids` off nodes outside `toward`; returns the
+/// bytes moved.
+pub fn move_pids_pages(pids: &[u32], toward: &CpuSet, max_bytes: u64) -> std::io::Result<u64> {
+    let mut left = max_bytes / PAGE;
+    for &pid in pids {
+        left -= move_process_pages(pid, toward, left)?.min(left);
+        if left < CHUNK {
+            break;
+        }
+    }
+    Ok((max_bytes / PAGE - left) * PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numa_maps_lines() {
+        let text = "\
+55d0c0a00000 default file=/usr/bin/x mapped=3 N0=3 kernelpagesize_kB=4
+7f0000000000 bind:1 anon=16384 dirty=16384 N0=100 N1=16284 kernelpagesize_kB=4
+7f1000000000 default file=/anon_hugepage\\040(deleted) huge anon=2 dirty=2 N1=2 kernelpagesize_kB=2048
+garbage line
+";
+        let m = parse_numa_maps(text);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1].start, 0x7f00_0000_0000);
+        assert_eq!(m[1].pages, BTreeMap::from([(0, 100), (1, 16284)]));
+        assert!(!m[1].hugetlb && m[2].hugetlb);
+    }
+
+    #[test]
+    fn maps_lines() {
+        let text = "55d0c0a00000-55d0c0a03000 r--p 00000000 fd:01 123 /usr/bin/x\n\
+                    7f0000000000-7f0004000000 rw-p 00000000 00:00 0\nbad\n";
+        let m = parse_maps(text);
+        assert_eq!(m[&0x55d0_c0a0_0000], 0x55d0_c0a0_3000);
+        assert_eq!(m[&0x7f00_0000_0000], 0x7f00_0400_0000);
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn chunks_are_2m_aligned_and_clipped() {
+        let mib = 1 << 20;
+        let c: Vec<_> = chunks(3 * mib, 7 * mib + PAGE).collect();
+        assert_eq!(
+            c,
+            vec![
+                (3 * mib, 4 * mib),
+                (4 * mib, 6 * mib),
+                (6 * mib, 7 * mib + PAGE),
+            ]
+        );
+        assert_eq!(chunks(0, PAGE).count(), 1);
+    }
+
+    /// On any machine: our own pages are all on allowed nodes, so asking to move them to every
+    /// node there is moves nothing, and the budget floor stops the walk.
+    #[test]
+    fn own_pages_already_on_the_target_move_nothing() {
+        let v = vec![1u8; 8 << 20];
+        let all = CpuSet::parse(
+            std::fs::read_to_string("/sys/devices/system/node/online")
+                .unwrap_or_else(|_| "0".into())
+                .trim(),
+        )
+        .unwrap();
+        let me = std::process::id();
+        assert_eq!(move_process_pages(me, &all, 1 << 20).unwrap(), 0);
+        assert_eq!(move_process_pages(me, &all, CHUNK - 1).unwrap(), 0);
+        assert_eq!(move_pids_pages(&[u32::MAX - 1], &all, 1 << 30).unwrap(), 0);
+        drop(v);
+    }
+}
