@@ -60,6 +60,14 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "staged",
+        about: "4x more remote memory than the round budget: moved in stages, never past the budget",
+        timeout_s: 150,
+        default: true,
+        topologies: &[],
+        host_judge: None,
+    },
+    Scenario {
         name: "admission",
         about: "Kubernetes-layout cgroups get cpusets and mems from the watcher",
         timeout_s: 60,

@@ -1,0 +1,82 @@
+# Scenario staged: a workload with four times more remote memory than the daemon's per-round
+# migration budget (128 MiB vs 32 MiB, kernel.numa_balancing=0) is moved in stages: no round
+# migrates more than the budget (the kernel's own pgmigrate_success, sampled between rounds, and
+# the daemon's log), at least two rounds are page-by-page stages (move_pages), and the workload
+# ends >= 95% local with cpuset.mems narrowed to its CPUs' node.
+. /vm/lib.sh
+. /vm/topology.env
+S=staged
+PERIOD_MS=3000
+BUDGET_MIB=32
+STARTUP_S=40
+from=$(last_cpu_node)
+to=$(first_cpu_node)
+cg=/sys/fs/cgroup/vmtest-st
+LOG=/tmp/st-daemon.log
+mkdir "$cg" || { verdict $S FAIL "cannot create $cg"; exit 0; }
+echo 0 > /proc/sys/kernel/numa_balancing
+
+sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool hog --mib 128 --from-node $from --to-node $to --seconds 300 --interval-ms 5000" > /tmp/st-hog.out 2>&1 &
+hog=$!
+i=0
+until grep -q '"allocated"' /tmp/st-hog.out; do
+    sleep 0.5; i=$((i + 1))
+    [ $i -lt 120 ] || { cat /tmp/st-hog.out; verdict $S FAIL "the workload never finished allocating"; exit 0; }
+done
+cpus_of "$to" > "$cg"/cpuset.cpus
+sleep 1
+before=$(guest-tool locality --pid $hog | grep '^LOCALITY')
+echo "# before the daemon: $before"
+
+cat > /tmp/st.toml <<CONF
+[daemon]
+state_dir = "/tmp/st-state"
+[cgroups]
+roots = ["vmtest-st"]
+kubernetes = false
+[controller]
+period_ms = $PERIOD_MS
+migration_budget_mib = $BUDGET_MIB
+[server]
+socket = "/run/rebalancer/rebalancer.sock"
+metrics_listen = "127.0.0.1:9717"
+CONF
+budget_pages=$((BUDGET_MIB * 256))
+t0=$(uptime_s)
+RUST_LOG=rebalancer=debug rebalancer run --config /tmp/st.toml > $LOG 2>&1 &
+daemon=$!
+# Up to 4 stages and the final narrowing, one per period, after the start-up.
+limit=$(awk -v s=$STARTUP_S -v p=$PERIOD_MS 'BEGIN{print s + 8 * p / 1000}')
+reached=none
+maxwin=0
+prev=$(awk '/^pgmigrate_success /{print $2}' /proc/vmstat)
+total=0
+n=0
+while :; do
+    sleep 0.5
+    cur=$(awk '/^pgmigrate_success /{print $2}' /proc/vmstat)
+    d=$((cur - prev)); prev=$cur; total=$((total + d))
+    [ $d -gt $maxwin ] && maxwin=$d
+    n=$((n + 1))
+    [ $((n % 2)) = 0 ] || continue
+    now=$(since "$t0")
+    loc=$(guest-tool locality --pid $hog | grep '^LOCALITY')
+    echo "# t=${now}s $loc mems=$(cat $cg/cpuset.mems.effective) migrated so far $total pages, most in 0.5 s: $maxwin"
+    if fgt "$(kv local "$loc")" 0.9499 && [ "$(cat $cg/cpuset.mems.effective)" = "$to" ]; then reached=$now; break; fi
+    fgt "$now" "$limit" && break
+    kill -0 $daemon 2>/dev/null || break
+done
+echo "# daemon log (moves):"; grep "move applied\|staged move" $LOG | tail -20
+alive=yes; kill -0 $daemon 2>/dev/null || alive=no
+kill $daemon 2>/dev/null
+stages=$(grep "move applied" $LOG | grep -c 'staged_toward=Some')
+over=$(grep "move applied" $LOG | sed -n 's/.* moved=\([0-9]*\).*/\1/p' | awk -v b=$((BUDGET_MIB << 20)) '$1 > b' | wc -l)
+empty=$(grep -c 'staged move: moving pages failed' $LOG)
+[ -n "$(cat $cg/cpuset.cpus.effective)" ] || { verdict $S FAIL "the workload's cgroup was left with an empty cpuset"; exit 0; }
+[ "$alive" = yes ] || { verdict $S FAIL "the daemon exited: $(tail -1 $LOG)"; exit 0; }
+[ "$empty" = 0 ] || { verdict $S FAIL "move_pages failed $empty times: $(grep 'moving pages failed' $LOG | head -1)"; exit 0; }
+[ $maxwin -le $budget_pages ] || { verdict $S FAIL "$maxwin pages migrated within 0.5 s, past the $BUDGET_MIB MiB ($budget_pages pages) budget of a round"; exit 0; }
+[ "$over" = 0 ] || { verdict $S FAIL "$over moves report more bytes moved than the budget"; exit 0; }
+[ "$stages" -ge 2 ] || { verdict $S FAIL "only $stages staged rounds in the log (expected >= 2 for 128 MiB over a $BUDGET_MIB MiB budget)"; exit 0; }
+[ "$reached" != none ] || { verdict $S FAIL "not >= 95% local with mems=$to within $limit s: $loc, $stages stages, $total pages migrated"; exit 0; }
+verdict $S PASS "95% local with mems=$to ${reached} s after the start, in $stages stages + the final narrowing; at most $maxwin pages (budget $budget_pages) migrated within 0.5 s, $total in all"
