@@ -4,7 +4,7 @@
 //! `/proc/<pid>/numa_maps` tells which mappings hold pages on which nodes ([`parse_numa_maps`],
 //! pure); `/proc/<pid>/maps` gives their ends ([`parse_maps`]). Each candidate mapping is walked
 //! in 2 MiB-aligned chunks of 512 pages: one move_pages call asks where each page is, one moves
-//! those on other nodes (round-robin over the target nodes), one asks again and counts the
+//! those on other nodes (one target node per chunk, round-robin), one asks again and counts the
 //! pages that arrived. A transparent huge page is 2 MiB-aligned, so it lies in one chunk and is
 //! counted whole; the walk stops while at least a chunk of budget is left, so it never moves
 //! more than the budget. Hugetlb mappings are left alone (their pages move when mems narrow).
@@ -148,10 +148,9 @@ pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io:
             if pick.is_empty() {
                 continue;
             }
-            let nodes: Vec<libc::c_int> = (0..pick.len())
-                .map(|i| targets[(rr + i) % targets.len()])
-                .collect();
-            rr = rr.wrapping_add(pick.len());
+            // One node per chunk: the pages of a huge page must not be sent to two nodes.
+            let nodes = vec![targets[rr % targets.len()]; pick.len()];
+            rr = rr.wrapping_add(1);
             let mut st = vec![0; pick.len()];
             match move_pages(pid, &pick, Some(&nodes), &mut st) {
                 Ok(()) => {}
