@@ -310,10 +310,14 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
         let excl = w.live[&mv.cgroup].constraints.exclusive;
         let threads = w.threads_for(&mv.to_cpus, excl);
         let l = w.live.get_mut(&mv.cgroup).expect("checked");
-        if l.prev_mems.as_ref() == Some(&mv.to_mems) {
-            w.stats.reversals += 1;
+        // A reversal: mems changed back to what they were before the previous change (the
+        // rounds of a staged move keep mems as they are: not a change).
+        if l.mems != mv.to_mems {
+            if l.prev_mems.as_ref() == Some(&mv.to_mems) {
+                w.stats.reversals += 1;
+            }
+            l.prev_mems = Some(l.mems.clone());
         }
-        l.prev_mems = Some(l.mems.clone());
         l.cpus = mv.to_cpus.clone();
         l.mems = mv.to_mems.clone();
         l.threads = threads.clone();
@@ -323,6 +327,7 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
         };
         w.count_migration(moved);
         w.stats.moves += 1;
+        w.stats.staged += u64::from(mv.stage.is_some());
         w.state.record_move(mv, moved, now_ms);
     }
     for l in w.live.values_mut() {

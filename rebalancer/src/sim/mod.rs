@@ -135,9 +135,10 @@ pub fn table(r: &Report) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "\n{:?}: {} planner rounds; skipped candidates: {}",
+            "\n{:?}: {} planner rounds; {} of the moves were staged rounds; skipped candidates: {}",
             p.policy,
             p.planner_rounds,
+            p.staged_rounds,
             skips.join(", ")
         );
     }

@@ -77,6 +77,9 @@ pub struct PolicyReport {
     pub pages_migrated: u64,
     pub migration_cpu_s: f64,
     pub moves: u64,
+    /// Of `moves`, the page-moving rounds of staged moves (see `controller::Stage`).
+    #[serde(default)]
+    pub staged_rounds: u64,
     /// Moves back to the mems the cgroup had before its previous move.
     pub move_reversals: u64,
     pub admitted: u64,
@@ -145,6 +148,7 @@ pub(super) struct Stats {
     pub slices: Vec<(f64, f64)>,
     pub bytes_migrated: u64,
     pub moves: u64,
+    pub staged: u64,
     pub reversals: u64,
     pub admitted: u64,
     pub rejections: u64,
@@ -605,6 +609,7 @@ impl<'a> World<'a> {
             pages_migrated: s.bytes_migrated / 4096,
             migration_cpu_s: round(migration_cpu_s),
             moves: s.moves,
+            staged_rounds: s.staged,
             move_reversals: s.reversals,
             admitted: s.admitted,
             rejections: s.rejections,
