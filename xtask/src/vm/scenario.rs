@@ -61,7 +61,8 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "staged",
-        about: "4x more remote memory than the round budget: moved in stages, never past the budget",
+        about:
+            "4x more remote memory than the round budget: moved in stages, never past the budget",
         timeout_s: 150,
         default: true,
         topologies: &[],
