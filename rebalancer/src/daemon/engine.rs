@@ -402,15 +402,8 @@ impl Engine {
             cpus = %online,
             "CPUs or NUMA nodes went online/offline; topology rebuilt"
         );
-        for (uid, pod) in &s.state.allocator.pods {
-            for c in &pod.containers {
-                if !c.placement.cpus.is_subset(&online) {
-                    tracing::warn!(pod = %uid, container = %c.placement.container, cpus = %c.placement.cpus,
-                        "admitted container holds CPUs that are now offline");
-                }
-            }
-        }
         s.topo = topo;
+        super::watcher::replace_offline(&mut s, &self.cgroups);
         true
     }
 

@@ -402,6 +402,46 @@ pub fn shrink_shared(s: &Shared, cgroups: &Cgroups) -> usize {
     shrunk
 }
 
+/// Exclusive CPUs that went offline are replaced (see `Allocator::replace_offline`): the
+/// container's cgroup gets its new cpuset, and shared containers move off CPUs that just
+/// became exclusive. The state is checkpointed at the end of the round.
+pub fn replace_offline(s: &mut Shared, cgroups: &Cgroups) {
+    let sh = &mut *s;
+    let replaced = sh
+        .state
+        .allocator
+        .replace_offline(&sh.topo, &sh.cfg.placement);
+    if replaced.is_empty() {
+        return;
+    }
+    let dry_run = sh.cfg.daemon.dry_run;
+    for r in &replaced {
+        let cg = sh
+            .state
+            .bindings
+            .iter()
+            .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container)
+            .map(|(cg, _)| cg.clone());
+        if r.added.len() < r.lost.len() {
+            tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
+                "exclusive CPUs went offline and not all could be replaced");
+        } else {
+            tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
+                "exclusive CPUs went offline; replaced");
+        }
+        let Some(cg) = cg else { continue };
+        if dry_run {
+            continue;
+        }
+        if let Err(e) = cgroups.write_cpus(&cg, &r.cpus) {
+            tracing::warn!(cgroup = %cg, error = %e, "writing the replacement exclusive CPUs failed");
+        }
+    }
+    if !dry_run {
+        shrink_shared(sh, cgroups);
+    }
+}
+
 /// Handles a cgroup that disappeared: unbind, release a watcher-admitted pod, checkpoint.
 pub fn on_removed(d: &Daemon, rel: &str) -> WatchOutcome {
     let o = removed(d, rel);
@@ -695,6 +735,51 @@ mod tests {
             Duration::from_millis(20)
         ));
         assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    /// CPU hotplug: a Guaranteed container's exclusive CPU goes offline; it gets another one
+    /// written to its cgroup, the BestEffort container moves off that one, and nothing is
+    /// empty.
+    #[test]
+    fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        let be = container(
+            root,
+            &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
+            "b",
+        );
+        on_created(&d, &cg, &be, Instant::now());
+        let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+        std::fs::write(root.join(&g).join("memory.max"), "67108864\n").unwrap();
+        std::fs::write(root.join(&g).join("cpu.max"), "100000 100000\n").unwrap();
+        let o = on_created(&d, &cg, &g, Instant::now());
+        assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
+        let old = cg.cpus(&g).unwrap();
+        assert_eq!(old.len(), 1);
+        let gone = old.first().unwrap();
+
+        let mut s = d.lock();
+        for c in s.topo.cpus.iter_mut() {
+            if c.id == gone {
+                c.online = false;
+            }
+        }
+        replace_offline(&mut s, &cg);
+        let new = cg.cpus(&g).unwrap();
+        assert_eq!(new.len(), 1, "CPU count kept: {new}");
+        assert!(!new.contains(gone));
+        assert_eq!(s.state.allocator.exclusive_cpus(), new);
+        let be_now = cg.cpus(&be).unwrap();
+        assert!(
+            !be_now.is_empty() && be_now.is_disjoint(&new),
+            "{be_now} vs {new}"
+        );
+        // Nothing more to do at the next check.
+        replace_offline(&mut s, &cg);
+        assert_eq!(cg.cpus(&g).unwrap(), new);
     }
 
     #[test]

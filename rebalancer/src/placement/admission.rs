@@ -50,6 +50,19 @@ pub struct AdmittedContainer {
     pub memory: Option<MemoryAllocation>,
 }
 
+/// An exclusive placement that lost CPUs to hotplug (see [`Allocator::replace_offline`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    pub pod_uid: String,
+    pub container: String,
+    /// Its CPUs that went offline.
+    pub lost: CpuSet,
+    /// Online CPUs it got in their place.
+    pub added: CpuSet,
+    /// Its cpuset now.
+    pub cpus: CpuSet,
+}
+
 /// One admitted pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmittedPod {
@@ -152,6 +165,90 @@ impl Allocator {
             return Some(c.placement.cpus.clone());
         }
         Some(c.placement.cpus.difference(&self.exclusive_cpus()))
+    }
+
+    /// CPUs went offline (hotplug, a node taken away): each exclusive placement that held some
+    /// gets as many online CPUs from the exclusive pool in their place — within its NUMA
+    /// affinity first, then anywhere, whole cores when `full_pcpus_only` asks and single CPUs
+    /// when nothing else is left — so a Guaranteed container keeps its CPU count. One that
+    /// cannot be made whole keeps its online CPUs plus what could be found (`added` shorter
+    /// than `lost`); one left with no online CPU at all keeps its old set (the kernel then runs
+    /// it on its parent's CPUs). Shared placements need nothing: the shared pool is derived
+    /// from the online CPUs every time.
+    pub fn replace_offline(&mut self, topo: &Topology, cfg: &PlacementConfig) -> Vec<Replaced> {
+        let view = CpuView::new(topo);
+        let hit: Vec<(String, usize)> = self
+            .pods
+            .iter()
+            .flat_map(|(uid, p)| {
+                p.containers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| {
+                        c.placement.exclusive && !c.placement.cpus.is_subset(&view.online)
+                    })
+                    .map(|(i, _)| (uid.clone(), i))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (uid, i) in hit {
+            let placement = &self.pods[&uid].containers[i].placement;
+            let (old, affinity) = (placement.cpus.clone(), placement.affinity);
+            let lost = old.difference(&view.online);
+            let keep = old.intersection(&view.online);
+            // The lost CPUs are not in the exclusive pool (offline); the kept ones are held.
+            let pool = self.exclusive_pool(&view, cfg.overcommit_ratio);
+            let strict = StaticOptions {
+                full_pcpus_only: cfg.full_pcpus_only,
+                distribute_across_numa: false,
+                align_by_socket: cfg.align_by_socket,
+                prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+            };
+            let loose = StaticOptions {
+                full_pcpus_only: false,
+                align_by_socket: false,
+                ..strict
+            };
+            let mut added = CpuSet::new();
+            for n in (1..=lost.len()).rev() {
+                let tries = [(affinity, strict), (None, strict), (None, loose)];
+                let shared = self.shared_pool(&view);
+                if let Some(got) = tries.iter().find_map(|(a, o)| {
+                    let got = cpu::allocate_exclusive(&view, &pool, n, *a, o).ok()?;
+                    // As at admission: the shared containers keep enough CPUs.
+                    self.check_no_starvation(&view, &shared.difference(&got), cfg.overcommit_ratio)
+                        .ok()
+                        .map(|()| got)
+                }) {
+                    added = got;
+                    break;
+                }
+            }
+            let cpus = keep.union(&added);
+            if cpus.is_empty() {
+                out.push(Replaced {
+                    pod_uid: uid,
+                    container: placement.container.clone(),
+                    lost,
+                    added,
+                    cpus: old,
+                });
+                continue;
+            }
+            let container = placement.container.clone();
+            self.pods.get_mut(&uid).expect("listed above").containers[i]
+                .placement
+                .cpus = cpus.clone();
+            out.push(Replaced {
+                pod_uid: uid,
+                container,
+                lost,
+                added,
+                cpus,
+            });
+        }
+        out
     }
 
     /// Admits `pod` or refuses it; on refusal the state is unchanged.

@@ -288,3 +288,112 @@ fn guaranteed_pods_go_elsewhere_rather_than_starve_a_confined_burstable_pod() {
     }
     assert!(nodes_used.len() > 1, "{nodes_used:?}");
 }
+
+fn offline(t: &Topology, cpus: &CpuSet) -> Topology {
+    let mut t = t.clone();
+    for c in t.cpus.iter_mut() {
+        if cpus.contains(c.id) {
+            c.online = false;
+        }
+    }
+    t
+}
+
+/// Hotplug: a Guaranteed container keeps its CPU count, on its node while the node has room,
+/// never on another container's exclusive CPUs; shared placements are untouched.
+#[test]
+fn exclusive_cpus_that_go_offline_are_replaced() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::SingleNumaNode);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let g1 = a
+        .admit(&t, &c, &pod("g1", vec![guaranteed("c", 4000, G)]))
+        .unwrap()[0]
+        .clone();
+    let g2 = a
+        .admit(&t, &c, &pod("g2", vec![guaranteed("c", 2000, G)]))
+        .unwrap()[0]
+        .clone();
+    let mut b = guaranteed("b", 500, G);
+    b.cpu_limit_millis = 0;
+    let shared = a.admit(&t, &c, &pod("b", vec![b])).unwrap()[0].clone();
+    assert!(g1.exclusive && g2.exclusive && !shared.exclusive);
+    let node = |cpus: &CpuSet| -> std::collections::BTreeSet<u32> {
+        cpus.iter().filter_map(|x| t.node_of_cpu(x)).collect()
+    };
+
+    // One core of g1 goes offline.
+    let core: CpuSet = t.cpu(g1.cpus.first().unwrap()).unwrap().siblings.clone();
+    let t1 = offline(&t, &core);
+    let r = a.replace_offline(&t1, &c);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].pod_uid, "g1");
+    assert_eq!(r[0].lost, core);
+    assert_eq!(r[0].added.len(), core.len());
+    let now = a.current_cpus("g1", "c").unwrap();
+    assert_eq!(now, r[0].cpus);
+    assert_eq!(now.len(), g1.cpus.len(), "CPU count kept");
+    assert!(now.is_subset(&t1.online_cpus()));
+    assert_eq!(node(&now), node(&g1.cpus), "same node while it has room");
+    assert!(
+        now.is_disjoint(&g2.cpus),
+        "another container's exclusive CPUs"
+    );
+    assert_eq!(a.current_cpus("g2", "c").unwrap(), g2.cpus);
+    assert!(a.replace_offline(&t1, &c).is_empty(), "nothing more to do");
+
+    // g1's whole node goes: its CPUs come from elsewhere.
+    let n: u32 = *node(&now).iter().next().unwrap();
+    let t2 = offline(&t1, &t.node(n).unwrap().cpus);
+    let r = a.replace_offline(&t2, &c);
+    let g1r = r.iter().find(|x| x.pod_uid == "g1").unwrap();
+    assert_eq!(g1r.cpus.len(), g1.cpus.len());
+    assert!(g1r.cpus.is_subset(&t2.online_cpus()));
+    assert!(a.exclusive_cpus().is_subset(&t2.online_cpus()), "{r:?}");
+    let excl: Vec<CpuSet> = a
+        .placements()
+        .filter(|p| p.exclusive)
+        .map(|p| p.cpus.clone())
+        .collect();
+    for (i, x) in excl.iter().enumerate() {
+        for y in &excl[i + 1..] {
+            assert!(x.is_disjoint(y), "exclusive CPUs overlap: {x} / {y}");
+        }
+    }
+}
+
+/// Nothing left to give: the container keeps its online CPUs, and is reported short.
+#[test]
+fn a_replacement_short_of_cpus_keeps_what_is_online() {
+    let t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 1,
+        cores_per_node: 4,
+        threads_per_core: 1,
+        memory_per_node_bytes: 16 * G,
+        ..Default::default()
+    }
+    .build();
+    let c = cfg(TopologyPolicy::None);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let g = a
+        .admit(&t, &c, &pod("g", vec![guaranteed("c", 2000, G)]))
+        .unwrap()[0]
+        .clone();
+    let mut b = guaranteed("b", 500, G);
+    b.cpu_limit_millis = 0;
+    a.admit(&t, &c, &pod("b", vec![b])).unwrap();
+    // Two CPUs go offline: one of g's and one of the two left; the last one stays shared (a
+    // Burstable container runs there).
+    let lost = CpuSet::from_iter([g.cpus.first().unwrap()]);
+    let other = t.online_cpus().difference(&g.cpus).first().unwrap();
+    let t1 = offline(&t, &lost.union(&CpuSet::from_iter([other])));
+    let r = a.replace_offline(&t1, &c);
+    assert_eq!(r.len(), 1);
+    assert!(
+        r[0].added.is_empty(),
+        "the last shared CPU is not taken: {r:?}"
+    );
+    assert_eq!(r[0].cpus, g.cpus.difference(&lost));
+    assert_eq!(a.current_cpus("g", "c").unwrap(), r[0].cpus);
+}
