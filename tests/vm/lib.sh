@@ -174,3 +174,21 @@ empty_cpusets() {
 }
 # gpod_json UID CPUS: a one-container Guaranteed pod (CPUS whole CPUs, 64 MiB) for `rebalancer admit`.
 gpod_json() { echo "{\"uid\":\"$1\",\"containers\":[{\"name\":\"main\",\"cpu_request_millis\":$(($2 * 1000)),\"cpu_limit_millis\":$(($2 * 1000)),\"memory_bytes\":67108864,\"memory_limit_bytes\":67108864}]}"; }
+
+# remote_hog SCENARIO CGROUP MIB FROM TO OUT: makes CGROUP, starts `guest-tool hog` in it with MIB
+# MiB first-touched on node FROM that then runs on node TO (output in OUT), waits until it has
+# allocated, and confines CGROUP to node TO's CPUs (an operator's pin: the memory stays on FROM).
+# Sets HOG to its pid. On failure prints the scenario's FAIL verdict and returns 1.
+remote_hog() {
+    _s=$1 _cg=$2 _mib=$3 _from=$4 _to=$5 _out=$6
+    mkdir "$_cg" || { verdict "$_s" FAIL "cannot create $_cg"; return 1; }
+    sh -c "echo \$\$ > $_cg/cgroup.procs && exec guest-tool hog --mib $_mib --from-node $_from --to-node $_to --seconds 300 --interval-ms 5000" > "$_out" 2>&1 &
+    HOG=$!
+    _i=0
+    until grep -q '"allocated"' "$_out"; do
+        sleep 0.5; _i=$((_i + 1))
+        [ $_i -lt 120 ] || { cat "$_out"; verdict "$_s" FAIL "the workload never finished allocating"; return 1; }
+    done
+    cpus_of "$_to" > "$_cg"/cpuset.cpus
+    sleep 1
+}

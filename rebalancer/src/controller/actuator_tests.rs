@@ -44,11 +44,7 @@ fn never_empty(f: &FakeCgroups) {
 }
 
 fn check(v1: bool, m: Move, want: &[&str]) {
-    let mut f = if v1 {
-        FakeCgroups::v1()
-    } else {
-        FakeCgroups::v2()
-    };
+    let mut f = FakeCgroups::version(v1);
     f.insert("pod/c", &m.from_cpus.to_string(), &m.from_mems.to_string());
     let a = apply(&m, &mut f, false).unwrap();
     assert_eq!(writes(&f), want, "{m:?}");
@@ -115,11 +111,7 @@ fn rollback_restores_on_every_failure() {
                 if !v1 && file == CgroupFile::MemoryMigrate {
                     continue;
                 }
-                let mut f = if v1 {
-                    FakeCgroups::v1()
-                } else {
-                    FakeCgroups::v2()
-                };
+                let mut f = FakeCgroups::version(v1);
                 f.insert("pod/c", "0-3", "0");
                 f.fail_write(file, nth, kind);
                 let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
@@ -151,11 +143,7 @@ fn failed_rollback_is_reported() {
 #[test]
 fn dry_run_writes_nothing() {
     for v1 in [false, true] {
-        let mut f = if v1 {
-            FakeCgroups::v1()
-        } else {
-            FakeCgroups::v2()
-        };
+        let mut f = FakeCgroups::version(v1);
         f.insert("pod/c", "0-3", "0");
         let a = apply(&mv("0-3", "4-7", "0", "1"), &mut f, true).unwrap();
         assert!(a.dry_run);
@@ -233,11 +221,7 @@ fn read_back_mismatch_rolls_back() {
 fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
     const MIB: u64 = 1 << 20;
     for v1 in [false, true] {
-        let mut f = if v1 {
-            FakeCgroups::v1()
-        } else {
-            FakeCgroups::v2()
-        };
+        let mut f = FakeCgroups::version(v1);
         f.insert("pod/c", "0-3", "0");
         f.set_memory("pod/c", &[(0, 300 * MIB)]);
         let m = Move {

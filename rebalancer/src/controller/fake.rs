@@ -65,6 +65,15 @@ impl FakeCgroups {
         }
     }
 
+    /// [`FakeCgroups::v1`] or [`FakeCgroups::v2`].
+    pub fn version(v1: bool) -> Self {
+        if v1 {
+            Self::v1()
+        } else {
+            Self::v2()
+        }
+    }
+
     pub fn with(mut self, cgroup: &str, cpus: &str, mems: &str) -> Self {
         self.insert(cgroup, cpus, mems);
         self

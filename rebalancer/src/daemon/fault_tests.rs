@@ -151,11 +151,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
                 let at = format!("v1={v1} {reason} at {file} #{nth}");
                 let dir = tempfile::tempdir().unwrap();
                 let d = daemon(two_nodes(), dir.path(), None);
-                let mut f = if v1 {
-                    FakeCgroups::v1()
-                } else {
-                    FakeCgroups::v2()
-                };
+                let mut f = FakeCgroups::version(v1);
                 f.insert("pod/a", "0-3", "0");
                 f.insert("pod/b", "0-3", "0");
                 f.fail_write(file, nth, failure);

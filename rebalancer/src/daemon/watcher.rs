@@ -673,6 +673,12 @@ mod tests {
         rel
     }
 
+    /// What a runtime writes for a Guaranteed 1-CPU, 64 MiB container.
+    fn guaranteed_limits(dir: &Path) {
+        std::fs::write(dir.join("memory.max"), "67108864\n").unwrap();
+        std::fs::write(dir.join("cpu.max"), "100000 100000\n").unwrap();
+    }
+
     #[test]
     fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_ones_move_off() {
         let dir = tempfile::tempdir().unwrap();
@@ -695,8 +701,7 @@ mod tests {
         let (gdir, t0) = (root.join(&g), Instant::now());
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
-            std::fs::write(gdir.join("memory.max"), "67108864\n").unwrap();
-            std::fs::write(gdir.join("cpu.max"), "100000 100000\n").unwrap();
+            guaranteed_limits(&gdir);
         });
         let o = on_created(&d, &cg, &g, t0);
         writer.join().unwrap();
@@ -753,8 +758,7 @@ mod tests {
         );
         on_created(&d, &cg, &be, Instant::now());
         let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
-        std::fs::write(root.join(&g).join("memory.max"), "67108864\n").unwrap();
-        std::fs::write(root.join(&g).join("cpu.max"), "100000 100000\n").unwrap();
+        guaranteed_limits(&root.join(&g));
         let o = on_created(&d, &cg, &g, Instant::now());
         assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
         let old = cg.cpus(&g).unwrap();

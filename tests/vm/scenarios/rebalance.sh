@@ -12,21 +12,12 @@ STARTUP_S=40   # daemon start under emulation (eBPF load, BTF parse) before its 
 from=$(last_cpu_node)
 to=$(first_cpu_node)
 cg=/sys/fs/cgroup/vmtest-rb
-mkdir "$cg" || { verdict $S FAIL "cannot create $cg"; exit 0; }
 echo 0 > /proc/sys/kernel/numa_balancing
 
 # The workload: 256 MiB first-touched on node $from, then it moves itself to node $to and keeps
-# touching its memory.
-sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool hog --mib 256 --from-node $from --to-node $to --seconds 300 --interval-ms 5000" > /tmp/rb-hog.out 2>&1 &
-hog=$!
-i=0
-until grep -q '"allocated"' /tmp/rb-hog.out; do
-    sleep 0.5; i=$((i + 1))
-    [ $i -lt 120 ] || { cat /tmp/rb-hog.out; verdict $S FAIL "the workload never finished allocating"; exit 0; }
-done
-# An operator confines the workload's cgroup to node $to's CPUs; its memory stays on node $from.
-cpus_of "$to" > "$cg"/cpuset.cpus
-sleep 1
+# touching its memory; an operator confines its cgroup to node $to's CPUs.
+remote_hog $S "$cg" 256 "$from" "$to" /tmp/rb-hog.out || exit 0
+hog=$HOG
 before=$(guest-tool locality --pid $hog | grep '^LOCALITY')
 echo "# before the daemon: $before; cpuset.cpus=$(cat $cg/cpuset.cpus.effective) mems=$(cat $cg/cpuset.mems.effective)"
 if fgt "$(kv local "$before")" 0.05; then

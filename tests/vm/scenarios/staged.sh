@@ -13,18 +13,9 @@ from=$(last_cpu_node)
 to=$(first_cpu_node)
 cg=/sys/fs/cgroup/vmtest-st
 LOG=/tmp/st-daemon.log
-mkdir "$cg" || { verdict $S FAIL "cannot create $cg"; exit 0; }
 echo 0 > /proc/sys/kernel/numa_balancing
-
-sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool hog --mib 128 --from-node $from --to-node $to --seconds 300 --interval-ms 5000" > /tmp/st-hog.out 2>&1 &
-hog=$!
-i=0
-until grep -q '"allocated"' /tmp/st-hog.out; do
-    sleep 0.5; i=$((i + 1))
-    [ $i -lt 120 ] || { cat /tmp/st-hog.out; verdict $S FAIL "the workload never finished allocating"; exit 0; }
-done
-cpus_of "$to" > "$cg"/cpuset.cpus
-sleep 1
+remote_hog $S "$cg" 128 "$from" "$to" /tmp/st-hog.out || exit 0
+hog=$HOG
 before=$(guest-tool locality --pid $hog | grep '^LOCALITY')
 echo "# before the daemon: $before"
 
