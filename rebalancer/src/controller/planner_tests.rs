@@ -907,3 +907,27 @@ fn staging_off_or_stalled_or_overridden_falls_back() {
     assert!(p.moves.iter().all(|m| m.from_cpus == set("12-15")));
     assert_ne!(kind(&p.decision("big").unwrap().outcome), "skip:cooldown");
 }
+
+/// A locality point is priced by how far "remote" is: the same workload and option save 22×
+/// more between nodes at distance 32 than between sub-NUMA clusters at distance 11.
+#[test]
+fn saving_is_priced_by_the_slit_distance() {
+    let saving = |near: u32| {
+        let topo = TopologyBuilder {
+            near,
+            ..Default::default()
+        }
+        .build();
+        let obs = world(vec![cg("a", &[(0, 2.0)], &[(1, 4096)], "0-3", "0-1")]);
+        let p = plan(&topo, &obs, &ControllerState::default(), &cfg(), 0);
+        let d = p.decision("a").unwrap();
+        d.considered
+            .iter()
+            .find(|c| c.nodes == set("0"))
+            .unwrap_or_else(|| panic!("{d:#?}"))
+            .saving
+    };
+    let (near, far) = (saving(11), saving(32));
+    assert!(near > 0.0, "{near}");
+    assert!((far / near - 22.0).abs() < 1e-6, "{far} / {near}");
+}
