@@ -72,10 +72,10 @@ pub fn parse_maps(text: &str) -> BTreeMap<u64, u64> {
 pub fn chunks(start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> {
     let span = CHUNK * PAGE;
     let first = start - start % span;
-    (0..)
-        .map(move |i| first.saturating_add(i * span))
+    (0u64..)
+        .map_while(move |i| first.checked_add(i.checked_mul(span)?))
         .take_while(move |&a| a < end)
-        .map(move |a| (a.max(start), (a + span).min(end)))
+        .map(move |a| (a.max(start), a.saturating_add(span).min(end)))
 }
 
 /// move_pages(2) on `pid`: with `nodes` it moves, without it only fills `status`.
@@ -228,6 +228,9 @@ garbage line
             ]
         );
         assert_eq!(chunks(0, PAGE).count(), 1);
+        // The top of the address space: no overflow.
+        let top: Vec<_> = chunks(u64::MAX - PAGE, u64::MAX).collect();
+        assert_eq!(top, vec![(u64::MAX - PAGE, u64::MAX)]);
     }
 
     /// On any machine: our own pages are all on allowed nodes, so asking to move them to every
