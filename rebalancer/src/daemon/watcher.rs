@@ -673,6 +673,16 @@ mod tests {
         rel
     }
 
+    /// A BestEffort container of pod UID.
+    fn besteffort_container(root: &Path) -> String {
+        let us = UID.replace('-', "_");
+        container(
+            root,
+            &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
+            "b",
+        )
+    }
+
     /// What a runtime writes for a Guaranteed 1-CPU, 64 MiB container.
     fn guaranteed_limits(dir: &Path) {
         std::fs::write(dir.join("memory.max"), "67108864\n").unwrap();
@@ -686,11 +696,7 @@ mod tests {
         let (d, cg) = fake(root);
         let us = UID.replace('-', "_");
         // A BestEffort container first: the whole shared pool.
-        let be = container(
-            root,
-            &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
-            "b",
-        );
+        let be = besteffort_container(root);
         let o = on_created(&d, &cg, &be, Instant::now());
         assert!(
             matches!(&o, WatchOutcome::Admitted { cpus, .. } if cpus == "0-3"),
@@ -751,11 +757,7 @@ mod tests {
         let root = dir.path();
         let (d, cg) = fake(root);
         let us = UID.replace('-', "_");
-        let be = container(
-            root,
-            &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
-            "b",
-        );
+        let be = besteffort_container(root);
         on_created(&d, &cg, &be, Instant::now());
         let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
         guaranteed_limits(&root.join(&g));
