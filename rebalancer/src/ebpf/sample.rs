@@ -235,8 +235,8 @@ impl Sampler {
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
         };
-        let first = s.cpu_reading();
-        s.steal = StealCorrection::new(clock, procfs::ns_per_tick(), first);
+        // The first interval starts now (the reading needs the loaded STATS map).
+        s.steal.reset(s.cpu_reading());
         s.refresh_paths();
         (Some(s), statuses)
     }

@@ -112,6 +112,11 @@ impl StealCorrection {
         }
     }
 
+    /// Starts the next interval at `reading` (the first reading, once the maps exist).
+    pub fn reset(&mut self, reading: Option<CpuReading>) {
+        self.prev = reading;
+    }
+
     /// Share of all CPUs' time stolen over the last interval (0 on bare metal).
     pub fn last_steal_share(&self) -> f64 {
         self.last_steal_share
