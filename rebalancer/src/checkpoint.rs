@@ -108,18 +108,40 @@ pub fn encode<T: Serialize>(dir: &Path, data: &T) -> Result<Vec<u8>, CheckpointE
 /// Writes bytes from [`encode`] to `dir/checkpoint.json` atomically (temp file, fsync, rename,
 /// fsync of the directory). Callers serialise their writes (one temp file name per process).
 pub fn write_encoded(dir: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     let path = dir.join(FILE_NAME);
     let werr = |source| CheckpointError::Write {
         path: path.clone(),
         source,
     };
-    std::fs::create_dir_all(dir).map_err(werr)?;
+    // The state directory is the daemon's alone: 0700, whoever made it and whatever the umask.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(werr)?;
+    let md = std::fs::metadata(dir).map_err(werr)?;
+    if md.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(werr)?;
+    }
     let tmp = dir.join(format!(".{FILE_NAME}.tmp.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(werr)?;
-    f.write_all(bytes).map_err(werr)?;
-    f.sync_all().map_err(werr)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(werr)?;
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &path)
+    })();
+    if let Err(e) = written {
+        // Never leave a half-written temp file behind (it would fill a tmpfs over time).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(werr(e));
+    }
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(werr)?;
@@ -208,6 +230,35 @@ mod tests {
         );
         // no temp files left behind
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn state_is_0600_in_a_0700_dir_and_a_failed_write_leaves_no_temp_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let d = base.path().join("state");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        save(&d, &sample()).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700);
+        assert_eq!(mode(&d.join(FILE_NAME)), 0o600);
+        // A fresh directory is made 0700 too.
+        let fresh = base.path().join("a/b");
+        save(&fresh, &sample()).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        // The rename fails (the target is a directory): the error is returned, no temp file.
+        let bad = base.path().join("bad");
+        std::fs::create_dir_all(bad.join(FILE_NAME)).unwrap();
+        assert!(matches!(
+            save(&bad, &sample()),
+            Err(CheckpointError::Write { .. })
+        ));
+        let names: Vec<_> = std::fs::read_dir(&bad)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
     }
 
     #[test]

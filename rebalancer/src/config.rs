@@ -82,6 +82,11 @@ pub struct CgroupConfig {
     pub roots: Vec<String>,
     /// Manage the Kubernetes kubepods hierarchy when present.
     pub kubernetes: bool,
+    /// Where kubelet puts pod cgroups (its `--cgroup-root` + kubepods, relative to the
+    /// hierarchy root, e.g. `/kubelet.slice/kubelet-kubepods.slice`). Unset: `kubepods` or
+    /// `kubepods.slice` directly under the hierarchy root. Kubepods-looking cgroups anywhere
+    /// else are never admitted (a delegated user subtree could make them).
+    pub kubernetes_root: Option<String>,
 }
 
 impl Default for CgroupConfig {
@@ -90,6 +95,7 @@ impl Default for CgroupConfig {
             mount: "/sys/fs/cgroup".into(),
             roots: Vec::new(),
             kubernetes: true,
+            kubernetes_root: None,
         }
     }
 }
@@ -302,6 +308,9 @@ pub struct ServerConfig {
     /// Admission API requests per second per client uid (with one second of burst); past it a
     /// client gets 429 Too Many Requests. 0: no limit.
     pub requests_per_second: u32,
+    /// Open connections per listener (metrics, admission socket); past it the oldest connection
+    /// without a request in flight is closed (at most a quarter of the fd limit each).
+    pub max_connections: u32,
 }
 
 impl Default for ServerConfig {
@@ -311,6 +320,7 @@ impl Default for ServerConfig {
             metrics_listen: "127.0.0.1:9717".into(),
             socket_group: None,
             requests_per_second: 2000,
+            max_connections: 256,
         }
     }
 }
@@ -432,6 +442,14 @@ impl Config {
         for root in &self.cgroups.roots {
             if root.split('/').any(|c| c == "..") {
                 return Err(bad("cgroups.roots", format!("{root:?} contains `..`")));
+            }
+        }
+        if let Some(k) = &self.cgroups.kubernetes_root {
+            if k.split('/').any(|c| c == "..") || k.trim_matches('/').is_empty() {
+                return Err(bad(
+                    "cgroups.kubernetes_root",
+                    format!("{k:?} must name a cgroup below the hierarchy root, without `..`"),
+                ));
             }
         }
         Ok(())

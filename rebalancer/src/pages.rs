@@ -108,6 +108,16 @@ fn move_pages(
 /// Moves at most `max_pages` of `pid`'s pages that are on nodes outside `toward` to `toward`;
 /// returns the pages moved. A process that exited meanwhile has moved 0.
 pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {
+    match Pinned::open(pid) {
+        Some(p) => move_pinned_pages(&p, toward, max_pages),
+        None => Ok(0),
+    }
+}
+
+/// [`move_process_pages`] on a pinned process: stops as soon as it has exited, so its pid,
+/// reused by another process, is never the target of a later call.
+fn move_pinned_pages(p: &Pinned, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {
+    let pid = p.pid;
     let targets: Vec<libc::c_int> = toward.iter().map(|n| n as libc::c_int).collect();
     if targets.is_empty() || max_pages < CHUNK {
         return Ok(0);
@@ -131,6 +141,9 @@ pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io:
             if max_pages - moved < CHUNK {
                 return Ok(moved);
             }
+            if !p.alive() {
+                return Ok(moved);
+            }
             let addrs: Vec<u64> = (a..b).step_by(PAGE as usize).collect();
             let mut status = vec![0; addrs.len()];
             match move_pages(pid, &addrs, None, &mut status) {
@@ -152,6 +165,9 @@ pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io:
             let nodes = vec![targets[rr % targets.len()]; pick.len()];
             rr = rr.wrapping_add(1);
             let mut st = vec![0; pick.len()];
+            if !p.alive() {
+                return Ok(moved);
+            }
             match move_pages(pid, &pick, Some(&nodes), &mut st) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
@@ -174,16 +190,76 @@ pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io:
 }
 
 /// Moves at most `max_bytes` of the pages of `pids` off nodes outside `toward`; returns the
-/// bytes moved.
-pub fn move_pids_pages(pids: &[u32], toward: &CpuSet, max_bytes: u64) -> std::io::Result<u64> {
+/// bytes moved. `members` re-reads the cgroup's processes: pids are pinned (pidfd) a batch at a
+/// time, and only those still members after the pin are moved, so a pid that exited and was
+/// reused by a process elsewhere after `pids` was read is never touched.
+pub fn move_pids_pages(
+    pids: &[u32],
+    toward: &CpuSet,
+    max_bytes: u64,
+    members: impl Fn() -> std::io::Result<Vec<u32>>,
+) -> std::io::Result<u64> {
     let mut left = max_bytes / PAGE;
-    for &pid in pids {
-        left -= move_process_pages(pid, toward, left)?.min(left);
-        if left < CHUNK {
-            break;
+    // A batch bounds the pidfds held at once.
+    'batches: for batch in pids.chunks(64) {
+        let pinned: Vec<Pinned> = batch.iter().filter_map(|&p| Pinned::open(p)).collect();
+        if pinned.is_empty() {
+            continue;
+        }
+        let now: std::collections::BTreeSet<u32> = members()?.into_iter().collect();
+        for p in pinned.iter().filter(|p| now.contains(&p.pid)) {
+            left -= move_pinned_pages(p, toward, left)?.min(left);
+            if left < CHUNK {
+                break 'batches;
+            }
         }
     }
     Ok((max_bytes / PAGE - left) * PAGE)
+}
+
+/// A process pinned by a pidfd (Linux 5.3+): while it is open, the pid cannot name another
+/// process unless this one has exited, which [`Pinned::alive`] tells. Without pidfd_open
+/// (older kernels) the pid is used as is and `alive` always says yes.
+struct Pinned {
+    pid: u32,
+    fd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Pinned {
+    /// None when the process is gone already.
+    fn open(pid: u32) -> Option<Pinned> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+        if fd >= 0 {
+            // SAFETY: a fresh fd we own.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) };
+            return Some(Pinned { pid, fd: Some(fd) });
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => None,
+            _ => Some(Pinned { pid, fd: None }),
+        }
+    }
+
+    /// True while the pinned process has not exited (signal 0 through the pidfd).
+    fn alive(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.fd else {
+            return true;
+        };
+        // SAFETY: signal 0 checks existence only; the fd is open.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        r == 0
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +289,28 @@ garbage line
         assert_eq!(m[&0x55d0_c0a0_0000], 0x55d0_c0a0_3000);
         assert_eq!(m[&0x7f00_0000_0000], 0x7f00_0400_0000);
         assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn a_pinned_process_that_exited_is_not_alive_and_non_members_are_skipped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let p = Pinned::open(pid).expect("a live child");
+        assert!(p.alive());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!p.alive(), "reaped: its pid may now be reused");
+        assert!(Pinned::open(pid).is_none() || !p.alive());
+        // A pid no longer listed in its cgroup (reused elsewhere) is never moved.
+        let me = std::process::id();
+        let nodes = CpuSet::parse("0").unwrap();
+        assert_eq!(
+            move_pids_pages(&[me], &nodes, 1 << 30, || Ok(vec![me + 1])).unwrap(),
+            0
+        );
     }
 
     #[test]
@@ -247,7 +345,10 @@ garbage line
         let me = std::process::id();
         assert_eq!(move_process_pages(me, &all, 1 << 20).unwrap(), 0);
         assert_eq!(move_process_pages(me, &all, CHUNK - 1).unwrap(), 0);
-        assert_eq!(move_pids_pages(&[u32::MAX - 1], &all, 1 << 30).unwrap(), 0);
+        assert_eq!(
+            move_pids_pages(&[u32::MAX - 1], &all, 1 << 30, || Ok(vec![])).unwrap(),
+            0
+        );
         drop(v);
     }
 }

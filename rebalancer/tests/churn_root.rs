@@ -86,7 +86,10 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
     let budget_mib = 1024;
     let mut d = Daemon::start(
         "",
-        &format!("[controller]\nperiod_ms = {period_ms}\nmigration_budget_mib = {budget_mib}\n"),
+        &format!(
+            "{}[controller]\nperiod_ms = {period_ms}\nmigration_budget_mib = {budget_mib}\n",
+            tree.cgroups_toml()
+        ),
     );
     d.wait_rounds(2, Duration::from_secs(30));
     let log = d.log_text();

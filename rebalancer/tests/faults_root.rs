@@ -129,7 +129,10 @@ fn program_failing_to_attach_leaves_the_daemon_on_its_fallback_with_the_reason()
     };
     let mut tree = KubeTree::new(cg, "attach");
     containers(&mut tree, 2, "d");
-    let d = Daemon::start("", "[controller]\nperiod_ms = 200\n");
+    let d = Daemon::start(
+        "",
+        &format!("{}[controller]\nperiod_ms = 200\n", tree.cgroups_toml()),
+    );
     d.wait_rounds(2, Duration::from_secs(30));
     let st = wait_bound(&d, &tree);
     let sources = st["sources"].as_array().cloned().unwrap_or_default();
@@ -182,7 +185,10 @@ fn truncated_or_corrupted_checkpoint_is_rebuilt_from_live_cgroups_with_a_warning
     };
     let mut tree = KubeTree::new(cg, "ckpt");
     containers(&mut tree, 3, "e");
-    let mut d = Daemon::start("", "[controller]\nperiod_ms = 200\n");
+    let mut d = Daemon::start(
+        "",
+        &format!("{}[controller]\nperiod_ms = 200\n", tree.cgroups_toml()),
+    );
     wait_bound(&d, &tree);
     for (how, damage) in [
         (
@@ -285,7 +291,10 @@ fn signal_mid_round(d: &mut Daemon, sig: i32) -> (std::process::ExitStatus, bool
 /// Starts a daemon with a fast control loop over the tree; returns it once bound, with the
 /// measured mean round duration.
 fn busy_daemon(tree: &KubeTree) -> (Daemon, f64) {
-    let d = Daemon::start("", "[controller]\nperiod_ms = 100\n");
+    let d = Daemon::start(
+        "",
+        &format!("{}[controller]\nperiod_ms = 100\n", tree.cgroups_toml()),
+    );
     wait_bound(&d, tree);
     d.wait_rounds(5, Duration::from_secs(30));
     let m = d.metrics();

@@ -1,8 +1,11 @@
 //! What a cgroup path is: a Kubernetes pod or container (either kubelet cgroup driver), a QoS
 //! tier, a systemd slice/service/scope, something below a configured root, or other.
 //!
-//! Layouts recognised (anywhere in the path, so a `--cgroup-root` prefix such as `kubelet.slice`
-//! is fine):
+//! Kubernetes kinds are recognised only under kubelet's cgroup root: `kubepods` or
+//! `kubepods.slice` directly under the hierarchy root, or the configured `cgroups.kubernetes_root`
+//! (for a `--cgroup-root` such as `/kubelet.slice/kubelet-kubepods.slice`). Anywhere else a
+//! kubepods-looking path is never a pod or container: whoever may create cgroups elsewhere (a
+//! user with a delegated `user@.service` subtree) cannot pose as one. Layouts recognised:
 //! - systemd driver: `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/
 //!   cri-containerd-<id>.scope` (also `crio-<id>.scope`, `docker-<id>.scope`); Guaranteed pods
 //!   sit directly under `kubepods.slice` as `kubepods-pod<uid>.slice`; the pod UID's dashes are
@@ -87,11 +90,25 @@ pub fn classify(rel: &str) -> CgroupKind {
 /// Like [`classify`], but a path at or below one of `roots` (e.g. `"/batch.slice"`) is
 /// [`CgroupKind::Configured`] unless it is a Kubernetes pod or container.
 pub fn classify_with_roots(rel: &str, roots: &[String]) -> CgroupKind {
+    classify_in(rel, None, roots)
+}
+
+/// Like [`classify_with_roots`], with kubelet's cgroup root at `kubepods` (relative to the
+/// hierarchy root, e.g. `"/kubelet.slice/kubelet-kubepods.slice"`); `None`: `kubepods` or
+/// `kubepods.slice` directly under the hierarchy root.
+pub fn classify_in(rel: &str, kubepods: Option<&str>, roots: &[String]) -> CgroupKind {
     let segs: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
     if segs.is_empty() {
         return CgroupKind::Root;
     }
-    if let Some(k) = kubernetes(&segs) {
+    let at = match kubepods {
+        None => (segs[0] == "kubepods" || segs[0] == "kubepods.slice").then_some(0),
+        Some(k) => {
+            let k: Vec<&str> = k.split('/').filter(|s| !s.is_empty()).collect();
+            (!k.is_empty() && segs.starts_with(&k)).then(|| k.len() - 1)
+        }
+    };
+    if let Some(k) = at.and_then(|at| kubernetes(&segs, at)) {
         return k;
     }
     for root in roots {
@@ -112,10 +129,8 @@ pub fn classify_with_roots(rel: &str, roots: &[String]) -> CgroupKind {
     }
 }
 
-fn kubernetes(segs: &[&str]) -> Option<CgroupKind> {
-    let at = segs
-        .iter()
-        .position(|s| *s == "kubepods" || s.ends_with("kubepods.slice"))?;
+/// The Kubernetes kind of `segs`, whose segment `at` is kubelet's cgroup root.
+fn kubernetes(segs: &[&str], at: usize) -> Option<CgroupKind> {
     let systemd = segs[at].ends_with(".slice");
     let rest = &segs[at + 1..];
     let Some(first) = rest.first() else {
@@ -245,8 +260,12 @@ mod tests {
             (format!("/kubepods/pod{UID}/{ID}"), container(Qos::Guaranteed, None)),
             (format!("/kubepods/pod{UID}"), pod(Qos::Guaranteed)),
             (format!("/kubepods/besteffort/pod{UID}/crio-{ID}"), container(Qos::BestEffort, Some("crio"))),
-            // A --cgroup-root prefix (kind, kubelet.slice).
-            (format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{us}.slice/cri-containerd-{ID}.scope"), container(Qos::Burstable, Some("containerd"))),
+            // A --cgroup-root prefix (kind, kubelet.slice) is not kubelet's root unless configured.
+            (format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{us}.slice/cri-containerd-{ID}.scope"), CgroupKind::SystemdScope { name: format!("cri-containerd-{ID}.scope") }),
+            // Decoys: kubepods-looking paths anywhere but at the top are never pods or containers.
+            (format!("/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-pod{us}.slice/cri-containerd-{ID}.scope"), CgroupKind::SystemdScope { name: format!("cri-containerd-{ID}.scope") }),
+            (format!("/rbt/kubepods/pod{UID}/{ID}"), CgroupKind::Other),
+            (format!("/jobs/kubepods/pod{UID}/{ID}"), CgroupKind::Configured { root: "/jobs".into() }),
             (format!("/kubepods.slice/kubepods-pod{us}.slice/crio-conmon-{ID}.scope"),
              CgroupKind::PodOther { pod_uid: UID.into(), qos: Qos::Guaranteed, name: format!("crio-conmon-{ID}.scope") }),
             (format!("/kubepods/pod{UID}/{ID}/sub"),
@@ -266,6 +285,34 @@ mod tests {
         assert_eq!(
             classify(&format!("/kubepods/pod{UID}")).pod_uid(),
             Some(UID)
+        );
+    }
+
+    #[test]
+    fn a_configured_kubelet_root_is_the_only_place_of_pods() {
+        let us = UID.replace('-', "_");
+        let root = Some("/kubelet.slice/kubelet-kubepods.slice");
+        let nested = format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{us}.slice/cri-containerd-{ID}.scope");
+        assert_eq!(
+            classify_in(&nested, root, &[]),
+            container(Qos::Burstable, Some("containerd"))
+        );
+        assert_eq!(
+            classify_in("/kubelet.slice/kubelet-kubepods.slice", root, &[]),
+            CgroupKind::Kubepods
+        );
+        // With a configured root, the top-level one is not kubelet's either.
+        assert_eq!(
+            classify_in(&format!("/kubepods/pod{UID}/{ID}"), root, &[]),
+            CgroupKind::Other
+        );
+        assert_eq!(
+            classify_in(
+                &format!("/rbt-x/kubepods/burstable/pod{UID}/{ID}"),
+                Some("rbt-x/kubepods"),
+                &[]
+            ),
+            container(Qos::Burstable, None)
         );
     }
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 use crate::{
-    cgroup::{classify_with_roots, CgroupError, CgroupKind, Cgroups, Controller},
+    cgroup::{classify_in, CgroupError, CgroupKind, Cgroups, Controller},
     config::Config,
     controller::{
         self, CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs,
@@ -234,7 +234,12 @@ impl CgroupWriter for RealWriter<'_> {
             .0
             .procs(Controller::Cpuset, cg)
             .map_err(|e| wrap(cg, CgroupFile::Pages, e))?;
-        crate::pages::move_pids_pages(&pids, toward, max_bytes)
+        let members = || {
+            self.0
+                .procs(Controller::Cpuset, cg)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        crate::pages::move_pids_pages(&pids, toward, max_bytes, members)
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
     }
 }
@@ -274,13 +279,19 @@ impl Engine {
         };
         all.into_iter()
             .map(|p| p.trim_start_matches('/').to_string())
-            .filter(|p| match classify_with_roots(p, &cfg.cgroups.roots) {
-                CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
-                CgroupKind::Configured { .. } => self
-                    .cgroups
-                    .procs(Controller::Cpuset, p)
-                    .is_ok_and(|v| !v.is_empty()),
-                _ => false,
+            .filter(|p| {
+                match classify_in(
+                    p,
+                    cfg.cgroups.kubernetes_root.as_deref(),
+                    &cfg.cgroups.roots,
+                ) {
+                    CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
+                    CgroupKind::Configured { .. } => self
+                        .cgroups
+                        .procs(Controller::Cpuset, p)
+                        .is_ok_and(|v| !v.is_empty()),
+                    _ => false,
+                }
             })
             .collect()
     }

@@ -17,6 +17,7 @@ use std::{
 
 pub mod apply;
 pub mod engine;
+pub mod lock;
 pub mod run;
 pub mod watcher;
 

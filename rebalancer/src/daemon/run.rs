@@ -45,6 +45,8 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
 }
 
 pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
+    // First: a second daemon on the same state must change nothing (not even AutoNUMA).
+    let _instance = super::lock::acquire(&cfg.daemon.state_dir)?;
     let topo = sysfs::read(&cfg.daemon.sysfs_root)
         .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
     tracing::info!(
@@ -63,15 +65,15 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .map(|(p, v)| format!("{v:?} at {}", p.display()))
         .unwrap_or_else(|e| e.to_string());
     tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
-    let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
     let persisted = restore(&cfg, &topo)?;
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
 
     let cancel = CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;
+    let limits = serve::conn::Limits::new(cfg.server.max_connections as usize);
     let (metrics_addr, metrics_task) =
-        serve::spawn_metrics(listen, metrics.clone(), cancel.clone())
+        serve::spawn_metrics(listen, metrics.clone(), limits, cancel.clone())
             .await
             .with_context(|| format!("binding the metrics listener on {listen}"))?;
     tracing::info!(%metrics_addr, "serving /metrics and /healthz");
@@ -88,10 +90,14 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         serve::api::router(daemon.clone()),
         socket::Access { allowed_gid: gid },
         cfg.server.requests_per_second,
+        limits,
+        metrics.clone(),
         cancel.clone(),
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
+    // Only once nothing can fail at start any more: an early error must not leave it off.
+    let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
     for o in super::watcher::reconcile(&daemon, &cgroups) {
         tracing::info!(outcome = ?o, "reconciled at start");
     }
@@ -113,13 +119,30 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rounds = 0u64;
+    let period = Duration::from_millis(cfg.controller.period_ms);
+    let rounds_health = metrics
+        .health
+        .register("rounds", Some((period * 10).max(Duration::from_secs(60))));
+    let mut health_tick = tokio::time::interval(Duration::from_millis(500));
+    let mut failure: Option<String> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 rounds += 1;
                 engine.round(&daemon);
+                rounds_health.beat();
                 if max_rounds != 0 && rounds >= max_rounds {
                     tracing::info!(rounds, "round limit reached, stopping");
+                    break;
+                }
+            }
+            _ = health_tick.tick() => {
+                // A component dead for a while: exit non-zero so systemd / the DaemonSet
+                // restarts the daemon (a restart reconciles from the live cgroups).
+                if let Some(dead) = metrics.health.dead().into_iter().find(|d| d.for_ >= crate::health::EXIT_AFTER) {
+                    let msg = format!("component {} dead for {:.1?} ({}); exiting to be restarted", dead.component, dead.for_, dead.reason);
+                    tracing::error!("{msg}");
+                    failure = Some(msg);
                     break;
                 }
             }
@@ -128,18 +151,52 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
         }
     }
+    rounds_health.stopped();
+    // Whatever clients or disks do, the daemon is gone (AutoNUMA restored) within 5 s.
+    shutdown_watchdog(autonuma_restore.clone(), SHUTDOWN_BOUND);
     cancel.cancel();
-    let _ = metrics_task.await;
-    let _ = api_task.await;
+    // Each listener closes at once and drops what is left after its grace (see serve::conn).
+    let drained = tokio::time::timeout(Duration::from_secs(3), async {
+        let _ = metrics_task.await;
+        let _ = api_task.await;
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("listeners did not drain within 3 s; stopping anyway");
+    }
     let _ = std::fs::remove_file(&cfg.server.socket);
     if let Err(e) = daemon.checkpoint() {
         tracing::warn!(error = %e, "final checkpoint failed");
+    } else {
+        tracing::info!("final checkpoint written");
     }
     if let Some(old) = autonuma_restore {
         let _ = std::fs::write(NUMA_BALANCING, old);
     }
+    if let Some(msg) = failure {
+        anyhow::bail!(msg);
+    }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// From the stop signal to the process' end, at most.
+const SHUTDOWN_BOUND: Duration = Duration::from_millis(4500);
+
+/// A thread that, if the orderly stop has not ended the process within `bound`, restores
+/// AutoNUMA and exits with status 1 (a hung disk or a stuck task must not leave the kernel's
+/// NUMA balancing off, nor wait for systemd's SIGKILL).
+fn shutdown_watchdog(autonuma_restore: Option<String>, bound: Duration) {
+    let _ = std::thread::Builder::new()
+        .name("shutdown-watchdog".into())
+        .spawn(move || {
+            std::thread::sleep(bound);
+            tracing::error!(?bound, "shutdown did not finish in time; exiting now");
+            if let Some(old) = autonuma_restore {
+                let _ = std::fs::write(NUMA_BALANCING, old);
+            }
+            std::process::exit(1);
+        });
 }
 
 /// Starts the eBPF samplers (when enabled), records every source's status, and picks the

@@ -23,7 +23,7 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use super::{Binding, Daemon, Shared};
 use crate::{
-    cgroup::{classify, classify_with_roots, CgroupKind, Cgroups, Controller, Qos},
+    cgroup::{classify_in, CgroupKind, Cgroups, Controller, Qos},
     cpuset::CpuSet,
     placement::pod::{Container, Pod},
 };
@@ -95,13 +95,22 @@ pub enum WatchOutcome {
     Vanished {
         cgroup: String,
     },
+    /// Writing its cpuset failed: nothing was kept (no binding; a watcher admission undone).
+    WriteFailed {
+        cgroup: String,
+    },
     Ignored,
 }
 
 impl WatchOutcome {
     /// True when the daemon's state changed (and must be checkpointed).
     pub fn changed(&self) -> bool {
-        !matches!(self, WatchOutcome::Ignored | WatchOutcome::Rejected { .. })
+        !matches!(
+            self,
+            WatchOutcome::Ignored
+                | WatchOutcome::Rejected { .. }
+                | WatchOutcome::WriteFailed { .. }
+        )
     }
 }
 
@@ -171,11 +180,12 @@ fn checkpoint(d: &Daemon) {
 /// [`on_created`] without the checkpoint (the watcher checkpoints once per batch of events).
 fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
+    let kube_root = d.lock().cfg.cgroups.kubernetes_root.clone();
     if let CgroupKind::Container {
         pod_uid,
         qos: qos @ (Qos::Guaranteed | Qos::Burstable),
         ..
-    } = classify(&rel)
+    } = classify_in(&rel, kube_root.as_deref(), &[])
     {
         let settled = {
             let s = d.lock();
@@ -191,7 +201,11 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
     let mut s = d.lock();
     let CgroupKind::Container {
         pod_uid, qos, id, ..
-    } = classify_with_roots(&rel, &s.cfg.cgroups.roots)
+    } = classify_in(
+        &rel,
+        s.cfg.cgroups.kubernetes_root.as_deref(),
+        &s.cfg.cgroups.roots,
+    )
     else {
         return WatchOutcome::Ignored;
     };
@@ -218,9 +232,14 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
                 c.placement.container.clone(),
                 c.placement.exclusive,
             );
-            if !s.cfg.daemon.dry_run && write(cgroups, &rel, &cpus, &mems) == Written::Vanished {
-                tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written");
-                return WatchOutcome::Vanished { cgroup: rel };
+            match (!s.cfg.daemon.dry_run).then(|| write(cgroups, &rel, &cpus, &mems)) {
+                Some(Written::Vanished) => {
+                    tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written");
+                    return WatchOutcome::Vanished { cgroup: rel };
+                }
+                // Not bound: a binding must describe a cpuset that was written.
+                Some(Written::Failed) => return WatchOutcome::WriteFailed { cgroup: rel },
+                _ => {}
             }
             s.state.bindings.insert(
                 rel.clone(),
@@ -247,12 +266,30 @@ fn created(d: &Daemon, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcom
     {
         Ok(placements) => {
             let p = &placements[0];
-            if !shared.cfg.daemon.dry_run
-                && write(cgroups, &rel, &p.cpus, &p.mems) == Written::Vanished
-            {
-                shared.state.allocator.release(&pod.uid);
-                tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written; admission undone");
-                return WatchOutcome::Vanished { cgroup: rel };
+            match (!shared.cfg.daemon.dry_run).then(|| write(cgroups, &rel, &p.cpus, &p.mems)) {
+                Some(Written::Vanished) => {
+                    shared.state.allocator.release(&pod.uid);
+                    tracing::debug!(cgroup = %rel, "container cgroup vanished before its cpuset was written; admission undone");
+                    return WatchOutcome::Vanished { cgroup: rel };
+                }
+                Some(Written::Failed) => {
+                    // Its CPUs were never given to it: keeping the admission would hold them
+                    // (exclusive ones shrinking everyone's shared pool) for nothing.
+                    shared.state.allocator.release(&pod.uid);
+                    d.metrics
+                        .admission_requests
+                        .get_or_create(&crate::serve::metrics::ResultLabel {
+                            result: "write_failed".into(),
+                        })
+                        .inc();
+                    if let Some(pool) = fence_off_exclusive(shared, cgroups, &rel) {
+                        tracing::warn!(cgroup = %rel, cpus = %pool, "admission undone: its cpuset could not be written; moved off exclusive CPUs");
+                    } else {
+                        tracing::warn!(cgroup = %rel, "admission undone: its cpuset could not be written");
+                    }
+                    return WatchOutcome::WriteFailed { cgroup: rel };
+                }
+                _ => {}
             }
             shared.state.bindings.insert(
                 rel.clone(),
@@ -514,9 +551,14 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
         Path::new(""),
         mask,
         &mut initial,
+        &d.metrics,
     );
     let ck = spawn_checkpointer(d.clone())?;
+    let health = d.metrics.health.register("watcher", None);
+    let metrics = d.metrics.clone();
     std::thread::Builder::new().name("cgroup-watcher".into()).spawn(move || {
+        // Dropped by a panic or a return: the component shows dead in /healthz.
+        let health = health;
         let mut changed = false;
         for rel in initial {
             changed |= created(&d, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
@@ -529,7 +571,8 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
             let events = match ino.read_events_blocking(&mut buf) {
                 Ok(e) => e,
                 Err(e) => {
-                    tracing::error!(error = %e, "inotify read failed; watcher stopped (rounds still reconcile)");
+                    tracing::error!(error = %e, "inotify read failed; watcher stopped (the daemon exits to be restarted)");
+                    health.failed(format!("inotify read failed: {e}"));
                     return;
                 }
             };
@@ -546,10 +589,11 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
                 }
                 let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
                 let rel = parent.join(name);
+                test_hook_kill(name);
                 if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
                     changed |= created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
                     // Directories made below it before its watch existed are admitted too.
-                    add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found);
+                    add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found, &metrics);
                     for sub in found.drain(..) {
                         changed |= created(&d, &cgroups, &sub.to_string_lossy(), t0).changed();
                     }
@@ -580,14 +624,18 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 /// [`CHECKPOINT_EVERY`].
 fn spawn_checkpointer(d: Daemon) -> std::io::Result<std::sync::mpsc::Sender<()>> {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let health = d.metrics.health.register("checkpointer", None);
     std::thread::Builder::new()
         .name("checkpointer".into())
         .spawn(move || {
+            let health = health;
             while rx.recv().is_ok() {
                 while rx.try_recv().is_ok() {}
                 checkpoint(&d);
                 std::thread::sleep(CHECKPOINT_EVERY);
             }
+            // The watcher (its only sender) is gone; that is the watcher's failure, not ours.
+            health.stopped();
         })?;
     Ok(tx)
 }
@@ -601,10 +649,17 @@ fn add_tree(
     rel: &Path,
     mask: WatchMask,
     found: &mut Vec<PathBuf>,
+    metrics: &crate::serve::Metrics,
 ) {
     let dir = root.join(rel);
-    let Ok(wd) = ino.watches().add(&dir, mask) else {
-        return;
+    let wd = match ino.watches().add(&dir, mask) {
+        Ok(wd) => wd,
+        // Removed meanwhile: nothing to watch.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            watch_failed(metrics, &dir, &e);
+            return;
+        }
     };
     watches.insert(wd, rel.to_path_buf());
     let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -614,8 +669,48 @@ fn add_tree(
         if e.file_type().is_ok_and(|t| t.is_dir()) {
             let sub = rel.join(OsStr::new(&e.file_name()));
             found.push(sub.clone());
-            add_tree(ino, watches, root, &sub, mask, found);
+            add_tree(ino, watches, root, &sub, mask, found, metrics);
         }
+    }
+}
+
+/// A directory the watcher could not watch: counted by errno, warned at the 1st, 2nd, 4th, 8th…
+/// failure (ENOSPC floods would flood the log too). Its containers are admitted at the next
+/// restart's reconcile only.
+fn watch_failed(metrics: &crate::serve::Metrics, dir: &Path, e: &std::io::Error) {
+    let reason = match e.raw_os_error() {
+        Some(libc::ENOSPC) => "ENOSPC".to_string(),
+        Some(libc::ENOMEM) => "ENOMEM".to_string(),
+        Some(libc::EACCES) => "EACCES".to_string(),
+        Some(n) => format!("errno {n}"),
+        None => "other".to_string(),
+    };
+    let c = metrics
+        .inotify_watch_failures
+        .get_or_create(&crate::serve::metrics::ReasonLabel {
+            reason: reason.clone(),
+        });
+    let n = c.inc() + 1;
+    if n.is_power_of_two() {
+        let hint = if reason == "ENOSPC" {
+            "; raise fs.inotify.max_user_watches"
+        } else {
+            ""
+        };
+        tracing::warn!(dir = %dir.display(), error = %e, failures = n,
+            "cannot watch a cgroup directory: containers made below it are not admitted until a restart{hint}");
+    }
+}
+
+/// Debug builds only, and only with `REBALANCER_TEST_HOOKS=1` in the environment: a cgroup named
+/// `rebalancer-test-kill-watcher` panics the watcher thread, so the root tests can check that a
+/// dead watcher is seen (`tests/hardening_root.rs`). Release builds compile it to nothing.
+fn test_hook_kill(name: &OsStr) {
+    if cfg!(debug_assertions)
+        && name == "rebalancer-test-kill-watcher"
+        && std::env::var_os("REBALANCER_TEST_HOOKS").is_some_and(|v| v == "1")
+    {
+        panic!("test hook: watcher killed");
     }
 }
 
@@ -879,6 +974,57 @@ mod tests {
         let now = cg.cpus(&b).unwrap();
         assert!(!now.is_empty() && now.is_disjoint(&excl), "{now} vs {excl}");
         assert_eq!(now, CpuSet::parse("0-3").unwrap().difference(&excl));
+    }
+
+    #[test]
+    fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+        guaranteed_limits(&root.join(&g));
+        // cpuset.mems cannot be written (a directory in its place), the cgroup still exists.
+        std::fs::remove_file(root.join(&g).join("cpuset.mems")).unwrap();
+        std::fs::create_dir(root.join(&g).join("cpuset.mems")).unwrap();
+        let o = on_created(&d, &cg, &g, Instant::now());
+        assert_eq!(o, WatchOutcome::WriteFailed { cgroup: g.clone() });
+        let s = d.lock();
+        assert!(
+            s.state.allocator.pods.is_empty(),
+            "admission kept after a failed write"
+        );
+        assert!(s.state.bindings.is_empty());
+        assert!(s.state.allocator.exclusive_cpus().is_empty());
+    }
+
+    #[test]
+    fn a_kubepods_decoy_outside_kubelets_root_is_never_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake(root);
+        let us = UID.replace('-', "_");
+        for dir in ["user.slice", "user.slice/user-1000.slice"] {
+            put(root, &format!("{dir}/cpuset.cpus.effective"), "0-3\n");
+            put(root, &format!("{dir}/cpuset.mems.effective"), "0-1\n");
+        }
+        let decoy = container(
+            root,
+            &format!("user.slice/user-1000.slice/kubepods.slice/kubepods-pod{us}.slice"),
+            "a",
+        );
+        guaranteed_limits(&root.join(&decoy));
+        assert_eq!(
+            on_created(&d, &cg, &decoy, Instant::now()),
+            WatchOutcome::Ignored
+        );
+        assert!(reconcile(&d, &cg).is_empty());
+        let s = d.lock();
+        assert!(s.state.allocator.pods.is_empty() && s.state.bindings.is_empty());
+        assert_eq!(
+            std::fs::read_to_string(root.join(&decoy).join("cpuset.cpus")).unwrap(),
+            ""
+        );
     }
 
     #[test]

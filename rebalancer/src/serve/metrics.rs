@@ -43,6 +43,22 @@ pub struct SourceLabel {
     pub source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ComponentLabel {
+    pub component: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerReasonLabel {
+    pub listener: String,
+    pub reason: String,
+}
+
 type FGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric the daemon exports. Cheap to clone (handles share their values).
@@ -69,6 +85,11 @@ pub struct Metrics {
     pub ebpf_map_stale_entries: Gauge,
     pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
+    /// Liveness of the daemon's components (its `rebalancer_component_up` family).
+    pub health: crate::health::Health,
+    pub http_connections: Family<ListenerLabel, Gauge>,
+    pub http_connections_closed: Family<ListenerReasonLabel, Counter>,
+    pub inotify_watch_failures: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -100,7 +121,32 @@ impl Metrics {
             ebpf_map_stale_entries: Gauge::default(),
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
+            health: Default::default(),
+            http_connections: Family::default(),
+            http_connections_closed: Family::default(),
+            inotify_watch_failures: Family::default(),
         };
+        let component_up = Family::<ComponentLabel, Gauge>::default();
+        r.register(
+            "component_up",
+            "1 while a daemon component (watcher, checkpointer, rounds, ...) is alive, 0 once dead",
+            component_up.clone(),
+        );
+        r.register(
+            "http_connections",
+            "Open connections per listener (metrics, api)",
+            m.http_connections.clone(),
+        );
+        r.register(
+            "http_connections_closed",
+            "Connections closed by the daemon, by listener and reason (evicted, refused, idle, request_timeout)",
+            m.http_connections_closed.clone(),
+        );
+        r.register(
+            "inotify_watch_failures",
+            "Cgroup directories the watcher could not watch, by errno (ENOSPC: fs.inotify.max_user_watches)",
+            m.inotify_watch_failures.clone(),
+        );
         r.register(
             "cgroup_locality_ratio",
             "Smoothed fraction of a cgroup's CPU time on nodes holding its memory (top-N worst)",
@@ -201,6 +247,7 @@ impl Metrics {
         );
         Metrics {
             registry: std::sync::Arc::new(r),
+            health: crate::health::Health::new(component_up),
             ..m
         }
     }
@@ -220,6 +267,8 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
+        // Silent components turn dead at the scrape, not only at the next /healthz.
+        let _ = self.health.dead();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

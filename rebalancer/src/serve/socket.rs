@@ -8,12 +8,13 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use std::os::unix::io::AsRawFd;
+
 use axum::{
-    extract::{connect_info::Connected, ConnectInfo, Request},
+    extract::{ConnectInfo, Request},
     http::{header, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    serve::IncomingStream,
     Json, Router,
 };
 use tokio::net::UnixListener;
@@ -21,28 +22,75 @@ use tokio_util::sync::CancellationToken;
 
 use super::ratelimit::RateLimiter;
 
-/// Credentials of the connecting process, from SO_PEERCRED.
-#[derive(Clone, Copy, Debug)]
+/// Credentials of the connecting process: uid, gid and pid from SO_PEERCRED, its supplementary
+/// groups from SO_PEERGROUPS (as the kernel recorded them at connect time).
+#[derive(Clone, Debug, Default)]
 pub struct PeerCred {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub pid: Option<i32>,
+    pub groups: Vec<u32>,
 }
 
-impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        match stream.io().peer_cred() {
+impl PeerCred {
+    /// The credentials of the peer of `stream`.
+    pub fn of(stream: &tokio::net::UnixStream) -> PeerCred {
+        match stream.peer_cred() {
             Ok(c) => PeerCred {
                 uid: Some(c.uid()),
                 gid: Some(c.gid()),
                 pid: c.pid(),
+                groups: peer_groups(stream.as_raw_fd()),
             },
-            Err(_) => PeerCred {
-                uid: None,
-                gid: None,
-                pid: None,
-            },
+            Err(_) => PeerCred::default(),
         }
+    }
+}
+
+/// `SO_PEERGROUPS` (asm-generic value, as on x86 and arm; not exported by the libc crate here).
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+); empty when unavailable, so a
+/// peer is then judged by its primary group only.
+fn peer_groups(fd: std::os::unix::io::RawFd) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: the buffer is `len` bytes long and outlives the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return groups;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() && n <= 65536 {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Vec::new();
+    }
+}
+
+/// The admission socket as a [`super::conn::Listener`]: each connection with its peer's
+/// credentials.
+pub struct PeerListener(pub UnixListener);
+
+impl super::conn::Listener for PeerListener {
+    type Io = tokio::net::UnixStream;
+    type Info = PeerCred;
+    async fn accept_conn(&mut self) -> std::io::Result<(Self::Io, PeerCred)> {
+        let (s, _) = self.0.accept().await?;
+        let cred = PeerCred::of(&s);
+        Ok((s, cred))
     }
 }
 
@@ -56,6 +104,8 @@ pub enum SocketError {
     },
     #[error("{path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("{path} is the socket of a running daemon (it accepts connections); refusing to take it over")]
+    InUse { path: PathBuf },
     #[error("cannot bind admission socket {path}")]
     Bind {
         path: PathBuf,
@@ -73,10 +123,11 @@ pub struct Access {
 }
 
 impl Access {
+    /// Root, or a member of the configured group: as primary group or a supplementary one.
     pub fn allows(&self, peer: &PeerCred) -> bool {
-        match (peer.uid, peer.gid) {
-            (Some(0), _) => true,
-            (Some(_), Some(gid)) => self.allowed_gid == Some(gid),
+        match (peer.uid, peer.gid, self.allowed_gid) {
+            (Some(0), _, _) => true,
+            (Some(_), Some(gid), Some(allowed)) => gid == allowed || peer.groups.contains(&allowed),
             _ => false,
         }
     }
@@ -117,6 +168,12 @@ pub fn bind(path: &Path, group: Option<u32>) -> Result<UnixListener, SocketError
     if let Ok(md) = std::fs::symlink_metadata(path) {
         if !md.file_type().is_socket() {
             return Err(SocketError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        // A socket something still listens on is never stolen; only a stale one is replaced.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(SocketError::InUse {
                 path: path.to_path_buf(),
             });
         }
@@ -176,12 +233,15 @@ async fn check_peer(
     next.run(req).await
 }
 
-/// Serves `router` on `listener` with the peer check, until `cancel`.
+/// Serves `router` on `listener` with the peer check, within `limits` (see [`super::conn`]),
+/// until `cancel`.
 pub fn spawn(
     listener: UnixListener,
     router: Router,
     access: Access,
     requests_per_second: u32,
+    limits: super::conn::Limits,
+    metrics: super::Metrics,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let gate = Gate {
@@ -189,17 +249,7 @@ pub fn spawn(
         limiter: Arc::new(Mutex::new(RateLimiter::new(requests_per_second))),
     };
     let app = router.layer(middleware::from_fn_with_state(gate, check_peer));
-    tokio::spawn(async move {
-        let served = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<PeerCred>(),
-        )
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "admission socket failed");
-        }
-    })
+    super::conn::spawn(PeerListener(listener), app, limits, "api", metrics, cancel)
 }
 
 #[cfg(test)]
@@ -211,18 +261,15 @@ mod tests {
         let root = PeerCred {
             uid: Some(0),
             gid: Some(0),
-            pid: None,
+            ..Default::default()
         };
         let user = PeerCred {
             uid: Some(1000),
             gid: Some(1000),
             pid: None,
+            groups: vec![1000, 27],
         };
-        let unknown = PeerCred {
-            uid: None,
-            gid: None,
-            pid: None,
-        };
+        let unknown = PeerCred::default();
         assert!(Access::default().allows(&root));
         assert!(!Access::default().allows(&user));
         assert!(!Access::default().allows(&unknown));
@@ -234,6 +281,27 @@ mod tests {
             allowed_gid: Some(5)
         }
         .allows(&user));
+        // A supplementary group counts as membership.
+        assert!(Access {
+            allowed_gid: Some(27)
+        }
+        .allows(&user));
+    }
+
+    #[tokio::test]
+    async fn supplementary_groups_come_from_so_peergroups() {
+        let (a, _b) = tokio::net::UnixStream::pair().unwrap();
+        let cred = PeerCred::of(&a);
+        // SAFETY: getgroups with a buffer of the size it reports.
+        let mut mine = vec![0 as libc::gid_t; 256];
+        let n = unsafe { libc::getgroups(mine.len() as i32, mine.as_mut_ptr()) };
+        assert!(n >= 0);
+        mine.truncate(n as usize);
+        mine.sort_unstable();
+        let mut got = cred.groups.clone();
+        got.sort_unstable();
+        assert_eq!(got, mine, "SO_PEERGROUPS of our own socket pair");
+        assert_eq!(cred.uid, Some(unsafe { libc::geteuid() }));
     }
 
     #[tokio::test]
@@ -252,6 +320,8 @@ mod tests {
             std::fs::metadata(&s).unwrap().permissions().mode() & 0o777,
             0o600
         );
+        // A live socket is never taken over.
+        assert!(matches!(bind(&s, None), Err(SocketError::InUse { .. })));
         drop(l);
         // A stale socket is replaced.
         bind(&s, None).unwrap();

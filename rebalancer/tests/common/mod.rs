@@ -106,6 +106,15 @@ impl KubeTree {
         t
     }
 
+    /// The `[cgroups]` section naming the tree's kubepods as kubelet's cgroup root (the daemon
+    /// admits containers only there, see `cgroup::kube`).
+    pub fn cgroups_toml(&self) -> String {
+        format!(
+            "[cgroups]\nkubernetes_root = \"{}/kubepods\"\n",
+            self.prefix
+        )
+    }
+
     /// Makes one cgroup directory (cpuset copied from the parent on v1, as runc does).
     pub fn mkdir(&mut self, rel: &str) -> std::io::Result<()> {
         let dir = self.mount.join(rel);
@@ -193,11 +202,22 @@ pub struct Daemon {
     pub state_dir: PathBuf,
     pub metrics_port: u16,
     pub config: PathBuf,
+    /// Run in the daemon child before exec (e.g. dropping capabilities).
+    pub pre_exec: Option<fn() -> std::io::Result<()>>,
 }
 
 impl Daemon {
     /// Writes a config (`extra` is appended TOML: whole sections) and starts the daemon.
     pub fn start(server_extra: &str, extra: &str) -> Daemon {
+        Daemon::start_with(server_extra, extra, None)
+    }
+
+    /// [`Daemon::start`] with `pre_exec` run in the child before exec.
+    pub fn start_with(
+        server_extra: &str,
+        extra: &str,
+        pre_exec: Option<fn() -> std::io::Result<()>>,
+    ) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("rb-root")
             .tempdir_in("/tmp")
@@ -227,6 +247,7 @@ impl Daemon {
             state_dir,
             metrics_port: port,
             config,
+            pre_exec,
         };
         d.restart();
         d
@@ -239,14 +260,18 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
-            .args(["run", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rebalancer"));
+        cmd.args(["run", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "rebalancer=debug")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+            .stderr(log);
+        if let Some(f) = self.pre_exec {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: `f` only makes async-signal-safe calls (prctl, setrlimit).
+            unsafe { cmd.pre_exec(f) };
+        }
+        let child = cmd.spawn().unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {

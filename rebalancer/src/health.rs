@@ -1,0 +1,263 @@
+//! Component health: each long-lived part of the daemon (the cgroup watcher, the checkpointer,
+//! the round loop, later the NRI connection) registers here and holds a [`Reporter`]. A
+//! component is dead when its reporter is dropped without [`Reporter::stopped`] — the thread
+//! returned, or panicked (unwinding drops it) — or, for a component registered with a maximum
+//! silence, when it has not called [`Reporter::beat`] for that long. `/healthz` answers 503 naming
+//! every dead component, `rebalancer_component_up{component}` shows 1/0, and the daemon's main
+//! loop exits non-zero once a component has been dead for [`EXIT_AFTER`] so that systemd or the
+//! DaemonSet restarts it (a restart reconciles from the live cgroups).
+//!
+//! No I/O; the lock is held only to read or flip a few fields.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::metrics::{family::Family, gauge::Gauge};
+
+use crate::serve::metrics::ComponentLabel;
+
+/// How long a component may stay dead before the daemon exits non-zero to be restarted.
+pub const EXIT_AFTER: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Running,
+    /// Stopped on purpose (daemon shutdown): not a failure.
+    Stopped,
+    Dead {
+        reason: String,
+        since: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct Component {
+    state: State,
+    last_beat: Instant,
+    max_silence: Option<Duration>,
+}
+
+/// The registry, cheap to clone.
+#[derive(Clone, Default)]
+pub struct Health {
+    inner: Arc<Mutex<BTreeMap<String, Component>>>,
+    up: Family<ComponentLabel, Gauge>,
+}
+
+/// A dead component: its name, why, and for how long.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dead {
+    pub component: String,
+    pub reason: String,
+    pub for_: Duration,
+}
+
+impl Health {
+    /// A registry exporting `rebalancer_component_up` through `up`.
+    pub fn new(up: Family<ComponentLabel, Gauge>) -> Health {
+        Health {
+            inner: Default::default(),
+            up,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Component>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `name` as running. With `max_silence`, it must [`Reporter::beat`] at least
+    /// that often.
+    pub fn register(&self, name: &str, max_silence: Option<Duration>) -> Reporter {
+        self.lock().insert(
+            name.to_string(),
+            Component {
+                state: State::Running,
+                last_beat: Instant::now(),
+                max_silence,
+            },
+        );
+        self.set_up(name, true);
+        Reporter {
+            health: self.clone(),
+            name: name.to_string(),
+            done: false,
+        }
+    }
+
+    fn set_up(&self, name: &str, up: bool) {
+        self.up
+            .get_or_create(&ComponentLabel {
+                component: name.to_string(),
+            })
+            .set(up as i64);
+    }
+
+    fn mark(&self, name: &str, state: State) {
+        let dead = matches!(state, State::Dead { .. });
+        if let Some(c) = self.lock().get_mut(name) {
+            if matches!(c.state, State::Dead { .. }) {
+                return;
+            }
+            c.state = state;
+        }
+        if dead {
+            self.set_up(name, false);
+        }
+    }
+
+    /// Every dead component now (silent ones included), and refreshes the gauges.
+    pub fn dead(&self) -> Vec<Dead> {
+        let now = Instant::now();
+        let out: Vec<Dead> = self
+            .lock()
+            .iter()
+            .filter_map(|(name, c)| match &c.state {
+                State::Dead { reason, since } => Some(Dead {
+                    component: name.clone(),
+                    reason: reason.clone(),
+                    for_: now.duration_since(*since),
+                }),
+                State::Running => {
+                    let silent = now.duration_since(c.last_beat);
+                    c.max_silence.filter(|m| silent > *m).map(|m| Dead {
+                        component: name.clone(),
+                        reason: format!("no progress for {silent:.1?} (limit {m:?})"),
+                        for_: silent - m,
+                    })
+                }
+                State::Stopped => None,
+            })
+            .collect();
+        for (name, _) in self.lock().iter() {
+            self.set_up(name, !out.iter().any(|d| &d.component == name));
+        }
+        out
+    }
+
+    /// The `/healthz` answer: `Ok("ok\n")`, or `Err(text naming each dead component)`.
+    pub fn report(&self) -> Result<String, String> {
+        let dead = self.dead();
+        if dead.is_empty() {
+            return Ok("ok\n".into());
+        }
+        let mut s = String::from("unhealthy:\n");
+        for d in dead {
+            s.push_str(&format!("{}: {}\n", d.component, d.reason));
+        }
+        Err(s)
+    }
+}
+
+/// Held by a component for its lifetime. Dropping it without [`Reporter::stopped`] marks the
+/// component dead ("panicked" while unwinding, else "exited").
+pub struct Reporter {
+    health: Health,
+    name: String,
+    done: bool,
+}
+
+impl Reporter {
+    /// Progress: resets the silence clock.
+    pub fn beat(&self) {
+        if let Some(c) = self.health.lock().get_mut(&self.name) {
+            c.last_beat = Instant::now();
+        }
+    }
+
+    /// The component failed and stops: dead with `reason`.
+    pub fn failed(mut self, reason: impl Into<String>) {
+        self.done = true;
+        self.health.mark(
+            &self.name,
+            State::Dead {
+                reason: reason.into(),
+                since: Instant::now(),
+            },
+        );
+    }
+
+    /// The component stops on purpose (shutdown).
+    pub fn stopped(mut self) {
+        self.done = true;
+        self.health.mark(&self.name, State::Stopped);
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let reason = if std::thread::panicking() {
+            "thread panicked"
+        } else {
+            "thread exited"
+        };
+        self.health.mark(
+            &self.name,
+            State::Dead {
+                reason: reason.into(),
+                since: Instant::now(),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(h: &Health, name: &str) -> i64 {
+        h.up.get_or_create(&ComponentLabel {
+            component: name.into(),
+        })
+        .get()
+    }
+
+    #[test]
+    fn a_panicked_or_returned_thread_is_dead_and_named() {
+        let h = Health::default();
+        let r = h.register("watcher", None);
+        let c = h.register("checkpointer", None);
+        assert_eq!(h.report(), Ok("ok\n".into()));
+        assert_eq!(up(&h, "watcher"), 1);
+        let t = std::thread::spawn(move || {
+            let _r = r;
+            panic!("boom");
+        });
+        assert!(t.join().is_err());
+        std::thread::spawn(move || drop(c)).join().unwrap();
+        let text = h.report().unwrap_err();
+        assert!(text.contains("watcher: thread panicked"), "{text}");
+        assert!(text.contains("checkpointer: thread exited"), "{text}");
+        assert_eq!(up(&h, "watcher"), 0);
+        assert_eq!(up(&h, "checkpointer"), 0);
+    }
+
+    #[test]
+    fn silence_past_the_limit_is_death_and_stopping_is_not() {
+        let h = Health::default();
+        let r = h.register("rounds", Some(Duration::from_millis(30)));
+        r.beat();
+        assert!(h.dead().is_empty());
+        std::thread::sleep(Duration::from_millis(60));
+        let d = h.dead();
+        assert_eq!(d.len(), 1);
+        assert!(d[0].reason.contains("no progress"), "{:?}", d);
+        assert_eq!(up(&h, "rounds"), 0);
+        r.beat();
+        assert!(h.dead().is_empty());
+        assert_eq!(up(&h, "rounds"), 1);
+        r.stopped();
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(h.dead().is_empty());
+        h.register("nri", None).failed("connection lost");
+        assert_eq!(
+            h.report().unwrap_err(),
+            "unhealthy:\nnri: connection lost\n"
+        );
+    }
+}
