@@ -577,3 +577,208 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
         })
         .collect()
 }
+
+/// Why new reservations were not applied to the allocator.
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationError {
+    #[error("{0}")]
+    Invalid(#[from] crate::placement::admission::PlacementError),
+    #[error("placement.reserved_cpus {reserved} would take CPUs {taken} that admitted containers hold: {holders}; release them first")]
+    CpusHeld {
+        reserved: CpuSet,
+        taken: CpuSet,
+        holders: String,
+    },
+    #[error("placement.reserved_memory changed while {0} admitted container(s) hold Memory Manager memory; release them first")]
+    MemoryHeld(usize),
+}
+
+/// Applies `cfg`'s `reserved_cpus` and `reserved_memory` to `alloc` (a restart with a changed
+/// config, or SIGHUP), or refuses with the reason and leaves `alloc` unchanged. Newly reserved
+/// CPUs may not be in any admitted placement — exclusive, or a shared container's pool — so no
+/// reserved CPU is ever in a placement; CPUs no longer reserved simply become free. Memory
+/// reservations may change only while no admitted container holds Memory Manager memory (the
+/// blocks' reserved figures would otherwise be rebuilt under live allocations).
+pub fn reconfigure(
+    alloc: &mut crate::placement::admission::Allocator,
+    topo: &crate::topology::Topology,
+    cfg: &crate::config::PlacementConfig,
+) -> Result<bool, ReservationError> {
+    use crate::placement::admission::Allocator;
+    let fresh = Allocator::new(topo, cfg)?;
+    let cpus_changed = fresh.reserved_cpus != alloc.reserved_cpus;
+    // What each block was built with (its live `reserved` / `free` move with allocations).
+    let built = |m: &crate::placement::memory::MemoryState| -> Vec<(u32, &'static str, u64)> {
+        m.nodes
+            .iter()
+            .flat_map(|n| {
+                n.blocks
+                    .iter()
+                    .map(move |(r, b)| (n.id, r.name(), b.system_reserved))
+            })
+            .collect()
+    };
+    let memory_changed = built(&alloc.memory) != built(&fresh.memory);
+    if !cpus_changed && !memory_changed {
+        return Ok(false);
+    }
+    let added = fresh.reserved_cpus.difference(&alloc.reserved_cpus);
+    let mut taken = CpuSet::new();
+    let mut holders = Vec::new();
+    for (uid, p) in &alloc.pods {
+        for c in &p.containers {
+            let hit = c.placement.cpus.intersection(&added);
+            if !hit.is_empty() {
+                taken = taken.union(&hit);
+                holders.push(format!("{uid}/{} on {hit}", c.placement.container));
+            }
+        }
+    }
+    if !taken.is_empty() {
+        return Err(ReservationError::CpusHeld {
+            reserved: fresh.reserved_cpus,
+            taken,
+            holders: holders.join(", "),
+        });
+    }
+    if memory_changed {
+        let held = alloc
+            .pods
+            .values()
+            .flat_map(|p| &p.containers)
+            .filter(|c| c.memory.is_some())
+            .count();
+        if held > 0 {
+            return Err(ReservationError::MemoryHeld(held));
+        }
+        alloc.memory = fresh.memory;
+    }
+    alloc.reserved_cpus = fresh.reserved_cpus;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::Path, sync::Arc, time::Instant};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{
+        cgroup::{Cgroups, Mounts},
+        config::Config,
+        daemon::{run::reload, writer::CgroupCpusetWriter},
+        placement::pod::Container,
+        serve::Metrics,
+        topology::TopologyBuilder,
+    };
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A Guaranteed pod of n CPUs (exclusive).
+        Guaranteed(u64),
+        /// A Burstable pod requesting millis (shared pool).
+        Burstable(u64),
+        /// Release the i-th admitted pod (modulo the number).
+        Release(usize),
+        /// SIGHUP with these CPUs (bit i = CPU i) as placement.reserved_cpus.
+        Reserve(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u64..=3).prop_map(Op::Guaranteed),
+            (100u64..=2500).prop_map(Op::Burstable),
+            any::<usize>().prop_map(Op::Release),
+            any::<u8>().prop_map(Op::Reserve),
+        ]
+    }
+
+    fn pod(uid: &str, millis: u64, guaranteed: bool) -> Pod {
+        Pod {
+            uid: uid.into(),
+            containers: vec![Container {
+                name: "c".into(),
+                cpu_request_millis: millis,
+                cpu_limit_millis: if guaranteed { millis } else { 0 },
+                memory_bytes: if guaranteed { 64 << 20 } else { 0 },
+                memory_limit_bytes: if guaranteed { 64 << 20 } else { 0 },
+                ..Default::default()
+            }],
+        }
+    }
+
+    fn config_file(path: &Path, state: &Path, reserved: &CpuSet) {
+        std::fs::write(
+            path,
+            format!(
+                "[daemon]\nstate_dir = \"{}\"\n[placement]\nreserved_cpus = \"{reserved}\"\n",
+                state.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Issue 13: whatever the order of admissions, releases and SIGHUPs changing
+        /// `reserved_cpus`, no reserved CPU is ever in an exclusive or a shared placement; a
+        /// reload is applied exactly when no admitted container holds a newly reserved CPU, and
+        /// the reservations in force are the allocator's.
+        #[test]
+        fn a_reload_of_reserved_cpus_never_leaves_a_reserved_cpu_in_a_placement(ops in proptest::collection::vec(op(), 1..24)) {
+            let dir = tempfile::tempdir().unwrap();
+            let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
+            config_file(&file, &state, &CpuSet::new());
+            let cfg = Config::load(Some(&file)).unwrap();
+            let topo = TopologyBuilder { cores_per_node: 4, threads_per_core: 1, ..Default::default() }.build();
+            let d = Daemon::new(Shared::fresh(topo.clone(), cfg).unwrap(), Metrics::default());
+            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))));
+            let mut live: Vec<String> = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                match op {
+                    Op::Guaranteed(n) | Op::Burstable(n) => {
+                        let g = matches!(op, Op::Guaranteed(_));
+                        let uid = format!("p{i}");
+                        let p = pod(&uid, if g { n * 1000 } else { *n }, g);
+                        if adm.admit(AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
+                            live.push(uid);
+                        }
+                    }
+                    Op::Release(k) if !live.is_empty() => {
+                        let uid = live.remove(k % live.len());
+                        adm.release(&uid, Durability::Durable).unwrap();
+                    }
+                    Op::Release(_) => {}
+                    Op::Reserve(bits) => {
+                        let want: CpuSet = (0..8).filter(|c| bits & (1 << c) != 0).collect();
+                        let before = d.lock().state.allocator.clone();
+                        let held: CpuSet = before
+                            .placements()
+                            .fold(CpuSet::new(), |a, p| a.union(&p.cpus))
+                            .intersection(&want.difference(&before.reserved_cpus));
+                        config_file(&file, &state, &want);
+                        reload(&d, Some(&file));
+                        let s = d.lock();
+                        let in_force = &s.state.allocator.reserved_cpus;
+                        let all_reserved = topo.online_cpus().is_subset(&want);
+                        if held.is_empty() && !all_reserved {
+                            prop_assert_eq!(in_force, &want, "refused without a holder");
+                        } else {
+                            prop_assert_eq!(in_force, &before.reserved_cpus, "applied though {} is held", held);
+                        }
+                        prop_assert_eq!(&s.cfg.reserved_cpus(), in_force, "config and allocator disagree");
+                    }
+                }
+                let s = d.lock();
+                let reserved = &s.state.allocator.reserved_cpus;
+                for p in s.state.allocator.placements() {
+                    prop_assert!(p.cpus.is_disjoint(reserved), "{} holds reserved CPUs {} after {:?}", p.container, reserved, op);
+                    prop_assert!(!p.cpus.is_empty());
+                }
+                let pool = s.state.allocator.shared_pool(&CpuView::new(&s.topo));
+                prop_assert!(pool.is_disjoint(reserved));
+            }
+        }
+    }
+}

@@ -247,7 +247,6 @@ pub struct Engine {
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
-    started: Instant,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
 }
@@ -261,9 +260,15 @@ impl Engine {
             prev_stat: None,
             prev: BTreeMap::new(),
             last_round: None,
-            started: Instant::now(),
             topo_fingerprint: None,
         }
+    }
+
+    /// The clock of the controller's times (last move, cooldown): milliseconds of
+    /// CLOCK_BOOTTIME, which keeps counting across daemon restarts (and suspend), so times
+    /// restored from the checkpoint mean what they meant (see [`super::boot_ms`]).
+    pub fn now_ms(&self) -> u64 {
+        super::boot_ms()
     }
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
@@ -416,9 +421,13 @@ impl Engine {
         let t0 = Instant::now();
         tracing::debug!("round start");
         self.refresh_topology(adm);
-        let (cfg, topo) = {
+        let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
-            (s.cfg.clone(), s.topo.clone())
+            (
+                s.cfg.clone(),
+                s.topo.clone(),
+                s.state.allocator.reserved_cpus.clone(),
+            )
         };
         let managed = self.managed(&cfg);
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
@@ -434,7 +443,8 @@ impl Engine {
             period_ns,
             cgroups: Vec::new(),
             nodes,
-            reserved_cpus: cfg.reserved_cpus(),
+            // The allocator's: the reservations in force (see `admission::reconfigure`).
+            reserved_cpus,
         };
         {
             for cg in &managed {
@@ -482,7 +492,7 @@ impl Engine {
         }
         self.prev = cumulative;
 
-        let now_ms = self.started.elapsed().as_millis() as u64;
+        let now_ms = self.now_ms();
         // The planner runs on a copy of the controller's state, outside the lock.
         let ctl = {
             let mut s = d.lock();

@@ -105,6 +105,23 @@ impl Shared {
     }
 }
 
+/// Milliseconds since boot (CLOCK_BOOTTIME): the clock of every time the checkpoint holds.
+/// Unlike process uptime it survives a restart; unlike the wall clock it never jumps. The
+/// checkpoint lives on tmpfs and so never outlives a boot; a state dir on disk restored after
+/// a reboot has times in the future, which [`ControllerState::clamp_times`] brings back to now.
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
+}
+
 /// Serialises checkpoint writes and keeps an older state from overwriting a newer one: each
 /// checkpoint takes a generation while the state lock is held (so generations follow the
 /// state's order), and a write whose generation is older than the one on disk is dropped.

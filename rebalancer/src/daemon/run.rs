@@ -25,7 +25,9 @@ use crate::{
 };
 
 /// Loads the checkpoint, or starts empty (with a warning when one existed but was unusable).
-fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
+/// Its times are CLOCK_BOOTTIME milliseconds (see `daemon::boot_ms`): they keep their meaning
+/// across the restart; any from the future (an earlier boot) are clamped to now.
+pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
     let fresh = || -> anyhow::Result<Persisted> {
         Ok(Persisted {
             allocator: Allocator::new(topo, &cfg.placement)
@@ -35,7 +37,14 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
         })
     };
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
-        Ok(Some(p)) => {
+        Ok(Some(mut p)) => {
+            let clamped = p.controller.clamp_times(super::boot_ms());
+            if clamped > 0 {
+                tracing::warn!(
+                    clamped,
+                    "checkpoint times from the future (an earlier boot?) set to now"
+                );
+            }
             tracing::info!(
                 pods = p.allocator.pods.len(),
                 bindings = p.bindings.len(),
@@ -77,7 +86,19 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .unwrap_or_else(|e| e.to_string());
     tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
-    let persisted = restore(&cfg, &topo)?;
+    let mut cfg = cfg;
+    let mut persisted = restore(&cfg, &topo)?;
+    match super::admission::reconfigure(&mut persisted.allocator, &topo, &cfg.placement) {
+        Ok(true) => {
+            tracing::info!(reserved_cpus = %persisted.allocator.reserved_cpus, "changed reservations applied to the restored allocator")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, reserved_cpus = %persisted.allocator.reserved_cpus,
+                "the configured reservations are not in force; the checkpoint's stay until the pods holding them are released and the daemon restarted or reloaded");
+            cfg.placement.reserved_cpus = persisted.allocator.reserved_cpus.to_string();
+        }
+    }
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
     let admission = Admission::new(
@@ -308,9 +329,12 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
     }
 }
 
-/// SIGHUP: re-read the config; a bad file is reported and the running config kept. Settings
+/// SIGHUP: re-read the config; a bad file is reported and the running config kept. The
+/// controller section (period included: the round thread reads it before each wait) and
+/// dry-run apply at once; the placement section applies when its reservations can be applied
+/// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root) are reported as such.
-fn reload(d: &Daemon, path: Option<&std::path::Path>) {
+pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -318,6 +342,7 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
             return;
         }
     };
+    let _order = d.order();
     let mut s = d.lock();
     if new.server != s.cfg.server
         || new.daemon.state_dir != s.cfg.daemon.state_dir
@@ -326,8 +351,31 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
         tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
     }
     s.cfg.controller = new.controller;
-    s.cfg.placement = new.placement;
     s.cfg.daemon.dry_run = new.daemon.dry_run;
+    let sh = &mut *s;
+    let placed = match super::admission::reconfigure(
+        &mut sh.state.allocator,
+        &sh.topo,
+        &new.placement,
+    ) {
+        Ok(changed) => {
+            sh.cfg.placement = new.placement;
+            if changed {
+                tracing::info!(reserved_cpus = %sh.state.allocator.reserved_cpus, "reservations changed");
+            }
+            changed
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "config reload: the [placement] section is not applied; the running one stays");
+            false
+        }
+    };
+    drop(s);
+    if placed {
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after the reload failed");
+        }
+    }
     tracing::info!("config reloaded");
 }
 
