@@ -491,9 +491,8 @@ fn a_second_daemon_on_the_same_state_refuses_to_start_and_steals_nothing() {
         )),
         "{err}"
     );
-    assert_eq!(
+    assert!(
         d.status()["controller"].is_object(),
-        true,
         "the first still serves its socket"
     );
     let mode = std::fs::metadata(&d.state_dir)

@@ -29,7 +29,7 @@ use crate::{
     topology::{sysfs, Topology},
 };
 
-use super::Daemon;
+use super::{admission::Admission, Daemon};
 
 /// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
 pub trait CpuTimeSource: Send {
@@ -252,7 +252,6 @@ pub struct Engine {
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
-    started: Instant,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
 }
@@ -266,9 +265,15 @@ impl Engine {
             prev_stat: None,
             prev: BTreeMap::new(),
             last_round: None,
-            started: Instant::now(),
             topo_fingerprint: None,
         }
+    }
+
+    /// The clock of the controller's times (last move, cooldown): milliseconds of
+    /// CLOCK_BOOTTIME, which keeps counting across daemon restarts (and suspend), so times
+    /// restored from the checkpoint mean what they meant (see [`super::boot_ms`]).
+    pub fn now_ms(&self) -> u64 {
+        super::boot_ms()
     }
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
@@ -387,7 +392,8 @@ impl Engine {
     /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
     /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
     /// again next round).
-    pub fn refresh_topology(&mut self, d: &Daemon) -> bool {
+    pub fn refresh_topology(&mut self, adm: &Admission) -> bool {
+        let d = &adm.daemon;
         let root = d.lock().cfg.daemon.sysfs_root.clone();
         let now = topology_fingerprint(&root);
         let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
@@ -404,28 +410,35 @@ impl Engine {
                 return false;
             }
         };
-        let mut s = d.lock();
-        let online = topo.online_cpus();
-        tracing::warn!(
-            nodes_before = s.topo.nodes.len(),
-            nodes = topo.nodes.len(),
-            cpus_before = %s.topo.online_cpus(),
-            cpus = %online,
-            "CPUs or NUMA nodes went online/offline; topology rebuilt"
-        );
-        s.topo = topo;
-        super::watcher::replace_offline(&mut s, &self.cgroups);
+        {
+            let mut s = d.lock();
+            let online = topo.online_cpus();
+            tracing::warn!(
+                nodes_before = s.topo.nodes.len(),
+                nodes = topo.nodes.len(),
+                cpus_before = %s.topo.online_cpus(),
+                cpus = %online,
+                "CPUs or NUMA nodes went online/offline; topology rebuilt"
+            );
+            s.topo = topo;
+        }
+        adm.replace_offline();
         true
     }
 
     /// Runs one round. Returns the number of moves applied.
-    pub fn round(&mut self, d: &Daemon) -> usize {
+    pub fn round(&mut self, adm: &Admission) -> usize {
+        let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
-        self.refresh_topology(d);
-        let (cfg, topo) = {
+        self.refresh_topology(adm);
+        let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
-            (s.cfg.clone(), s.topo.clone())
+            (
+                s.cfg.clone(),
+                s.topo.clone(),
+                s.state.allocator.reserved_cpus.clone(),
+            )
         };
         let managed = self.managed(&cfg);
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
@@ -441,7 +454,8 @@ impl Engine {
             period_ns,
             cgroups: Vec::new(),
             nodes,
-            reserved_cpus: cfg.reserved_cpus(),
+            // The allocator's: the reservations in force (see `admission::reconfigure`).
+            reserved_cpus,
         };
         {
             for cg in &managed {
@@ -489,12 +503,14 @@ impl Engine {
         }
         self.prev = cumulative;
 
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        let plan = {
+        let now_ms = self.now_ms();
+        // The planner runs on a copy of the controller's state, outside the lock.
+        let ctl = {
             let mut s = d.lock();
             s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
-            controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
+            s.state.controller.clone()
         };
+        let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
 
         let applied = {
             let mut w = RealWriter(&self.cgroups);
