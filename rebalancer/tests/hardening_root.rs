@@ -577,7 +577,10 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
             .collect()
     };
     let mut full = Daemon::start("", &extra);
+    // The sources are known once the rounds run (eBPF loads after the listeners).
+    full.wait_rounds(1, Duration::from_secs(60));
     let with_all = sources(&full);
+    assert!(!with_all.is_empty(), "no eBPF source status at all");
     assert!(full.signal_and_wait(libc::SIGTERM).success());
     drop(full);
     let mut d = Daemon::start_with("", &extra, Some(only_granted_caps));
@@ -589,6 +592,7 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
         .unwrap();
     let want: u64 = GRANTED.iter().map(|c| 1u64 << c).sum();
     assert_eq!(eff, want, "CapEff {eff:#x}");
+    d.wait_rounds(1, Duration::from_secs(60));
     let with_five = sources(&d);
     println!("eBPF sources, all caps: {with_all:?}\nfive caps: {with_five:?}");
     assert_eq!(

@@ -331,3 +331,60 @@ fn weight_inverts_kubelet_shares() {
     let back = request_millis_from_weight(w);
     assert!((1990..=2010).contains(&back), "{back}");
 }
+
+#[test]
+fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("ok")).unwrap();
+    // ONLYDIR on a regular file: inotify_add_watch fails (ENOTDIR), as it would with ENOSPC.
+    std::fs::write(root.join("file"), "").unwrap();
+    let m = Metrics::default();
+    let mut ino = Inotify::init().unwrap();
+    let mut watches = BTreeMap::new();
+    let mut found = Vec::new();
+    let mask = WatchMask::CREATE | WatchMask::ONLYDIR;
+    add_tree(
+        &mut ino,
+        &mut watches,
+        root,
+        Path::new("file"),
+        mask,
+        &mut found,
+        &m,
+    );
+    add_tree(
+        &mut ino,
+        &mut watches,
+        root,
+        Path::new("gone"),
+        mask,
+        &mut found,
+        &m,
+    );
+    add_tree(
+        &mut ino,
+        &mut watches,
+        root,
+        Path::new("ok"),
+        mask,
+        &mut found,
+        &m,
+    );
+    assert_eq!(watches.len(), 1, "only the directory is watched");
+    let text = m.render();
+    assert!(
+        text.contains(&format!(
+            "rebalancer_inotify_watch_failures_total{{reason=\"errno {}\"}} 1",
+            libc::ENOTDIR
+        )),
+        "{text}"
+    );
+    // A directory removed meanwhile is not a failure.
+    assert_eq!(
+        text.matches("rebalancer_inotify_watch_failures_total{")
+            .count(),
+        1,
+        "{text}"
+    );
+}
