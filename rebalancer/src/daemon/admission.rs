@@ -813,7 +813,7 @@ fn rebook_memory(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{path::Path, sync::Arc, time::Instant};
 
     use proptest::prelude::*;
@@ -849,15 +849,16 @@ mod tests {
         ]
     }
 
-    fn pod(uid: &str, millis: u64, guaranteed: bool) -> Pod {
+    /// A one-container pod: Guaranteed (`millis` limit = request, `mem` bytes) or Burstable.
+    pub(crate) fn pod(uid: &str, millis: u64, mem: u64, guaranteed: bool) -> Pod {
         Pod {
             uid: uid.into(),
             containers: vec![Container {
                 name: "c".into(),
                 cpu_request_millis: millis,
                 cpu_limit_millis: if guaranteed { millis } else { 0 },
-                memory_bytes: if guaranteed { 64 << 20 } else { 0 },
-                memory_limit_bytes: if guaranteed { 64 << 20 } else { 0 },
+                memory_bytes: if guaranteed { mem } else { 0 },
+                memory_limit_bytes: if guaranteed { mem } else { 0 },
                 ..Default::default()
             }],
         }
@@ -895,7 +896,7 @@ mod tests {
                     Op::Guaranteed(n) | Op::Burstable(n) => {
                         let g = matches!(op, Op::Guaranteed(_));
                         let uid = format!("p{i}");
-                        let p = pod(&uid, if g { n * 1000 } else { *n }, g);
+                        let p = pod(&uid, if g { n * 1000 } else { *n }, 64 << 20, g);
                         if adm.admit(AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
                             live.push(uid);
                         }

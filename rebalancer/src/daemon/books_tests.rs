@@ -16,7 +16,7 @@ use std::{
 use proptest::prelude::*;
 
 use super::{
-    admission::{Admission, AdmitRequest, Durability},
+    admission::{tests::pod, Admission, AdmitRequest, Durability},
     apply::apply_moves,
     engine::{bound_constraints, promised_unused},
     writer::{CpusetChange, CpusetWriter, WriteError},
@@ -28,10 +28,7 @@ use crate::{
         self, CgroupObs, CgroupWriteError, CgroupWriter, FakeCgroups, NodeObs, Observations,
     },
     cpuset::CpuSet,
-    placement::{
-        memory::MemoryResource,
-        pod::{Container, Pod},
-    },
+    placement::memory::MemoryResource,
     serve::Metrics,
     topology::TopologyBuilder,
 };
@@ -83,20 +80,6 @@ fn op() -> impl Strategy<Value = Op> {
         (0u32..2).prop_map(Op::Round),
         (0u32..2).prop_map(Op::Round),
     ]
-}
-
-fn pod(uid: &str, millis: u64, mem: u64, guaranteed: bool) -> Pod {
-    Pod {
-        uid: uid.into(),
-        containers: vec![Container {
-            name: "c".into(),
-            cpu_request_millis: millis,
-            cpu_limit_millis: if guaranteed { millis } else { 0 },
-            memory_bytes: if guaranteed { mem } else { 0 },
-            memory_limit_bytes: if guaranteed { mem } else { 0 },
-            ..Default::default()
-        }],
-    }
 }
 
 /// One round's observations of the bound cgroups, as the engine makes them: CPU time on
@@ -221,6 +204,47 @@ fn books_agree(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
     Ok(())
 }
 
+/// Two nodes of 4 CPUs and 2 GiB, a daemon over them, its admission service writing a fake.
+struct World {
+    _dir: tempfile::TempDir,
+    topo: crate::topology::Topology,
+    ctl: crate::config::ControllerConfig,
+    d: Daemon,
+    fake: Arc<Mutex<FakeCgroups>>,
+    adm: Admission,
+}
+
+fn world(move_exclusive: bool) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = TopologyBuilder {
+        cores_per_node: 4,
+        threads_per_core: 1,
+        memory_per_node_bytes: NODE_BYTES,
+        ..Default::default()
+    }
+    .build();
+    let mut cfg = Config::default();
+    cfg.daemon.state_dir = dir.path().join("state");
+    cfg.controller.move_exclusive = move_exclusive;
+    cfg.controller.staged_migration = false;
+    cfg.controller.migration_budget_mib = 4096;
+    let ctl = cfg.controller.clone();
+    let d = Daemon::new(
+        Shared::fresh(topo.clone(), cfg).unwrap(),
+        Metrics::default(),
+    );
+    let fake = Arc::new(Mutex::new(FakeCgroups::v2()));
+    let adm = Admission::new(d.clone(), Arc::new(FakeCpuset(fake.clone())));
+    World {
+        _dir: dir,
+        topo,
+        ctl,
+        d,
+        fake,
+        adm,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
@@ -228,25 +252,8 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..30),
         move_exclusive in any::<bool>(),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let topo = TopologyBuilder {
-            cores_per_node: 4,
-            threads_per_core: 1,
-            memory_per_node_bytes: NODE_BYTES,
-            ..Default::default()
-        }
-        .build();
-        let mut cfg = Config::default();
-        cfg.daemon.state_dir = dir.path().join("state");
-        cfg.controller.move_exclusive = move_exclusive;
-        cfg.controller.staged_migration = false;
-        cfg.controller.migration_budget_mib = 4096;
-        cfg.controller.min_gain = 0.05;
-        let cooldown = cfg.controller.cooldown_ms;
-        let ctl = cfg.controller.clone();
-        let d = Daemon::new(Shared::fresh(topo.clone(), cfg).unwrap(), Metrics::default());
-        let fake = Arc::new(Mutex::new(FakeCgroups::v2()));
-        let adm = Admission::new(d.clone(), Arc::new(FakeCpuset(fake.clone())));
+        let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
+        let cooldown = ctl.cooldown_ms;
         let mut live: Vec<(String, String)> = Vec::new();
         let mut now = 1_000_000u64;
         let mut moves = 0;
@@ -301,25 +308,14 @@ proptest! {
 /// constraint); and memory promised to it but untouched is not free to a Burstable move.
 #[test]
 fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
-    let dir = tempfile::tempdir().unwrap();
-    let topo = TopologyBuilder {
-        cores_per_node: 4,
-        threads_per_core: 1,
-        memory_per_node_bytes: NODE_BYTES,
-        ..Default::default()
-    }
-    .build();
-    let mut cfg = Config::default();
-    cfg.daemon.state_dir = dir.path().join("state");
-    cfg.controller.move_exclusive = true;
-    cfg.controller.staged_migration = false;
-    let ctl = cfg.controller.clone();
-    let d = Daemon::new(
-        Shared::fresh(topo.clone(), cfg).unwrap(),
-        Metrics::default(),
-    );
-    let fake = Arc::new(Mutex::new(FakeCgroups::v2()));
-    let adm = Admission::new(d.clone(), Arc::new(FakeCpuset(fake.clone())));
+    let World {
+        _dir,
+        topo,
+        ctl,
+        d,
+        fake,
+        adm,
+    } = world(true);
     let admit = |i: usize, g: bool, mem: u64| {
         let cg = format!("kubepods/p{i}/c");
         fake.lock().unwrap().insert(&cg, "0-7", "0-1");
