@@ -347,8 +347,14 @@ impl Admission {
                 return Err(ReleaseError::NotAdmitted(uid.into()));
             }
             s.state.bindings.retain(|_, b| b.pod_uid != uid);
-            before
+            (before, s.cfg.daemon.dry_run)
         };
+        let (before, dry_run) = before;
+        let freed = before.allocator.exclusive_cpus()
+            != self.daemon.lock().state.allocator.exclusive_cpus();
+        if freed {
+            self.shrink_locked_order(dry_run);
+        }
         if durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
                 let mut s = self.daemon.lock();
@@ -372,11 +378,20 @@ impl Admission {
         let b = {
             let mut s = self.daemon.lock();
             let b = s.state.bindings.remove(cgroup)?;
+            let excl = s.state.allocator.exclusive_cpus();
             if b.pod_uid.contains('/') {
                 s.state.allocator.release(&b.pod_uid);
             }
-            b
+            (
+                b,
+                excl != s.state.allocator.exclusive_cpus(),
+                s.cfg.daemon.dry_run,
+            )
         };
+        let (b, freed, dry_run) = b;
+        if freed {
+            self.shrink_locked_order(dry_run);
+        }
         if durability == Durability::Durable {
             self.checkpoint_logged();
         }
@@ -501,42 +516,18 @@ impl Admission {
         r
     }
 
-    /// The shared-pool shrink. Call with `order` held: the books are read under the state
-    /// lock, the containers' cpusets read and written without it.
+    /// The shared pool follows the books (see [`shared_changes`]), through the writer. Call
+    /// with `order` held.
     fn shrink_locked_order(&self, dry_run: bool) -> Vec<CpusetChange> {
-        let (excl, shared) = {
-            let s = self.daemon.lock();
-            (s.state.allocator.exclusive_cpus(), shared_bound(&s))
-        };
+        let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
         let mut out = Vec::new();
-        for (cg, pool) in shared {
-            let Some(live) = self.writer.cpus(&cg) else {
-                continue;
-            };
-            if live.is_disjoint(&excl) {
-                continue;
-            }
-            let kept = live.difference(&excl);
-            let cpus = if kept.is_empty() { pool } else { kept };
-            if cpus.is_empty() {
-                tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
-                continue;
-            }
-            let change = CpusetChange {
-                cgroup: cg,
-                cpus,
-                mems: None,
-            };
+        for change in changes {
             if !dry_run {
-                match self.writer.write(&change) {
-                    Ok(()) => {
-                        tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container moved off newly exclusive CPUs")
-                    }
-                    Err(e) => {
-                        tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container off exclusive CPUs failed");
-                        continue;
-                    }
+                if let Err(e) = self.writer.write(&change) {
+                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed");
+                    continue;
                 }
+                tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
             }
             out.push(change);
         }
@@ -573,7 +564,31 @@ fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
     )
 }
 
-/// Bound shared containers and their admission pools minus the exclusive CPUs.
+/// The shared pool as the books have it: every bound shared container's cpuset should be its
+/// pool minus the exclusive CPUs (`Allocator::current_cpus`) — smaller when exclusive CPUs were
+/// taken (kubelet's shrink), larger again when they were freed. The changes for the bound shared
+/// containers whose live cpus (`live`, read without the state lock) differ from that; one whose
+/// pool is all exclusive keeps what it has (never an empty cpuset).
+pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
+    let want = shared_bound(&d.lock());
+    let mut out = Vec::new();
+    for (cg, cpus) in want {
+        if cpus.is_empty() {
+            tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
+            continue;
+        }
+        if live(&cg).is_some_and(|l| l != cpus) {
+            out.push(CpusetChange {
+                cgroup: cg,
+                cpus,
+                mems: None,
+            });
+        }
+    }
+    out
+}
+
+/// Bound shared containers and their pools minus the exclusive CPUs.
 fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
     s.state
         .bindings
@@ -672,8 +687,148 @@ pub fn reconfigure(
     Ok(true)
 }
 
+/// Why the books refuse a control-round move (a reason label for `moves_skipped`).
+pub type BooksRefusal = &'static str;
+
+/// The books' side of a control-round move, checked just before it is written (`apply`): its
+/// CPUs may not be reserved, nor another container's exclusive ones — an admission may have
+/// taken them since the round planned — and a bound container holding Memory Manager memory
+/// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
+/// pin) is checked for memory only.
+pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
+    let s = d.lock();
+    let a = &s.state.allocator;
+    let own = bound_container(&s, &mv.cgroup);
+    if mv.to_cpus != mv.from_cpus {
+        if !mv.to_cpus.is_disjoint(&a.reserved_cpus) {
+            return Err("books-reserved");
+        }
+        let mut excl = a.exclusive_cpus();
+        if let Some(c) = own.filter(|c| c.placement.exclusive) {
+            excl = excl.difference(&c.placement.cpus);
+        }
+        if !mv.to_cpus.is_disjoint(&excl) {
+            return Err("books-exclusive");
+        }
+        // An exclusive container's new CPUs leave every shared container at least one.
+        if own.is_some_and(|c| c.placement.exclusive) {
+            let after = excl.union(&mv.to_cpus);
+            let starved = a
+                .pods
+                .values()
+                .flat_map(|p| &p.containers)
+                .filter(|c| !c.placement.exclusive)
+                .any(|c| !c.placement.cpus.is_empty() && c.placement.cpus.is_subset(&after));
+            if starved {
+                return Err("books-shared-starved");
+            }
+        }
+    }
+    if let (Some(c), None) = (own, &mv.stage) {
+        if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
+            if mask != mem.nodes && rebook_memory(a.memory.clone(), mem, mask).is_none() {
+                return Err("books-memory");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A move was written: the bound container's placement follows it — its CPUs (for a shared
+/// container, its pool and the CPU charges spread over it), its mems, and Memory Manager
+/// memory re-booked on the new nodes — so later admissions decide on what cgroupfs holds.
+/// Unbound cgroups have nothing in the books. Returns true when exclusive CPUs changed (the
+/// shared containers then follow: [`shared_changes`]).
+pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
+    let _order = d.order();
+    let mut s = d.lock();
+    let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
+        return false;
+    };
+    let a = &mut s.state.allocator;
+    let Some(c) = a.pods.get_mut(&b.pod_uid).and_then(|p| {
+        p.containers
+            .iter_mut()
+            .find(|c| c.placement.container == b.container)
+    }) else {
+        return false;
+    };
+    let exclusive_moved = c.placement.exclusive && c.placement.cpus != mv.to_cpus;
+    if c.placement.cpus != mv.to_cpus {
+        c.placement.cpus = mv.to_cpus.clone();
+        if !c.placement.exclusive {
+            let millis: u64 = c.charges.values().sum();
+            for (cpu, m) in &c.charges {
+                if let Some(l) = a.shared_load.get_mut(cpu) {
+                    *l -= (*m).min(*l);
+                    if *l == 0 {
+                        a.shared_load.remove(cpu);
+                    }
+                }
+            }
+            c.charges = crate::placement::shared::spread(&mv.to_cpus, millis);
+            for (cpu, m) in &c.charges {
+                *a.shared_load.entry(*cpu).or_default() += m;
+            }
+        }
+    }
+    if mv.stage.is_none() && c.placement.mems != mv.to_mems {
+        c.placement.mems = mv.to_mems.clone();
+        if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
+            if mask != mem.nodes {
+                if let Some((state, new)) = rebook_memory(a.memory.clone(), mem, mask) {
+                    a.memory = state;
+                    c.memory = Some(new);
+                }
+            }
+        }
+    }
+    exclusive_moved
+}
+
+fn bound_container<'a>(
+    s: &'a Shared,
+    cg: &str,
+) -> Option<&'a crate::placement::admission::AdmittedContainer> {
+    let b = s.state.bindings.get(cg)?;
+    s.state
+        .allocator
+        .pods
+        .get(&b.pod_uid)?
+        .containers
+        .iter()
+        .find(|c| c.placement.container == b.container)
+}
+
+fn node_mask(mems: &CpuSet) -> Option<crate::placement::mask::NodeMask> {
+    crate::placement::mask::NodeMask::from_ids(mems.iter())
+}
+
+/// `mem` moved to the nodes of `mask` on `state`: the new state and allocation, or None when
+/// those nodes' blocks cannot take all of it (a Guaranteed block would be short).
+fn rebook_memory(
+    mut state: crate::placement::memory::MemoryState,
+    mem: &crate::placement::memory::MemoryAllocation,
+    mask: crate::placement::mask::NodeMask,
+) -> Option<(
+    crate::placement::memory::MemoryState,
+    crate::placement::memory::MemoryAllocation,
+)> {
+    let mut req = crate::placement::memory::MemoryRequest::new();
+    for &(_, r, t) in &mem.taken {
+        *req.entry(r).or_default() += t;
+    }
+    state.release(mem);
+    let new = state.allocate(&req, mask);
+    let mut got = crate::placement::memory::MemoryRequest::new();
+    for &(_, r, t) in &new.taken {
+        *got.entry(r).or_default() += t;
+    }
+    (got == req).then_some((state, new))
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{path::Path, sync::Arc, time::Instant};
 
     use proptest::prelude::*;
@@ -709,15 +864,16 @@ mod tests {
         ]
     }
 
-    fn pod(uid: &str, millis: u64, guaranteed: bool) -> Pod {
+    /// A one-container pod: Guaranteed (`millis` limit = request, `mem` bytes) or Burstable.
+    pub(crate) fn pod(uid: &str, millis: u64, mem: u64, guaranteed: bool) -> Pod {
         Pod {
             uid: uid.into(),
             containers: vec![Container {
                 name: "c".into(),
                 cpu_request_millis: millis,
                 cpu_limit_millis: if guaranteed { millis } else { 0 },
-                memory_bytes: if guaranteed { 64 << 20 } else { 0 },
-                memory_limit_bytes: if guaranteed { 64 << 20 } else { 0 },
+                memory_bytes: if guaranteed { mem } else { 0 },
+                memory_limit_bytes: if guaranteed { mem } else { 0 },
                 ..Default::default()
             }],
         }
@@ -755,7 +911,7 @@ mod tests {
                     Op::Guaranteed(n) | Op::Burstable(n) => {
                         let g = matches!(op, Op::Guaranteed(_));
                         let uid = format!("p{i}");
-                        let p = pod(&uid, if g { n * 1000 } else { *n }, g);
+                        let p = pod(&uid, if g { n * 1000 } else { *n }, 64 << 20, g);
                         if adm.admit(AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
                             live.push(uid);
                         }

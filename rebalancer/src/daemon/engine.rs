@@ -502,6 +502,16 @@ impl Engine {
             }
         }
         self.prev = cumulative;
+        // Memory the Memory Manager promised Guaranteed containers and they have not touched
+        // yet is free to the kernel but not to moves: the planner sees it as taken.
+        {
+            let s = d.lock();
+            for (node, bytes) in promised_unused(&s, &obs) {
+                if let Some(n) = obs.nodes.get_mut(&node) {
+                    n.free_bytes = n.free_bytes.saturating_sub(bytes);
+                }
+            }
+        }
 
         let now_ms = self.now_ms();
         // The planner runs on a copy of the controller's state, outside the lock.
@@ -592,8 +602,51 @@ fn topology_fingerprint(root: &Path) -> String {
         .join("|")
 }
 
+/// Per node, the Memory Manager memory admitted Guaranteed containers were promised there and
+/// do not use (yet): their blocks' `taken` bytes minus what the round observed in their cgroups
+/// on that node (a container not observed counts as using none).
+pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap<u32, u64> {
+    let used: BTreeMap<&str, &BTreeMap<u32, u64>> = obs
+        .cgroups
+        .iter()
+        .map(|c| (c.id.as_str(), &c.mem_bytes_per_node))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (cg, b) in &s.state.bindings {
+        let Some(mem) = s
+            .state
+            .allocator
+            .pods
+            .get(&b.pod_uid)
+            .and_then(|p| {
+                p.containers
+                    .iter()
+                    .find(|c| c.placement.container == b.container)
+            })
+            .and_then(|c| c.memory.as_ref())
+        else {
+            continue;
+        };
+        let mut promised: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(node, r, t) in &mem.taken {
+            if r == crate::placement::memory::MemoryResource::Memory {
+                *promised.entry(node).or_default() += t;
+            }
+        }
+        for (node, p) in promised {
+            let u = used
+                .get(cg.as_str())
+                .and_then(|m| m.get(&node))
+                .copied()
+                .unwrap_or(0);
+            *out.entry(node).or_default() += p.saturating_sub(u);
+        }
+    }
+    out
+}
+
 /// Constraints of a cgroup bound to an admitted container (None when not bound).
-fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
+pub(crate) fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
     let b = s.state.bindings.get(cg)?;
     let mut c = Constraints::default();
     if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
@@ -617,6 +670,14 @@ fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
             }
             if !ac.placement.devices.is_empty() {
                 c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
+            }
+            // Memory Manager memory stays in its group (the nodes it was booked on).
+            if let Some(mem) = &ac.memory {
+                let group = mem.nodes.to_cpuset();
+                c.allowed_nodes = Some(match c.allowed_nodes.take() {
+                    Some(a) => a.intersection(&group),
+                    Option::None => group,
+                });
             }
         }
     }

@@ -25,6 +25,8 @@ pub mod watcher;
 pub mod writer;
 
 #[cfg(test)]
+mod books_tests;
+#[cfg(test)]
 mod fault_tests;
 
 use serde::{Deserialize, Serialize};
