@@ -11,6 +11,7 @@ pub mod controller;
 pub mod cpuset;
 pub mod daemon;
 pub mod ebpf;
+pub mod nri;
 pub mod pages;
 pub mod placement;
 pub mod procfs;

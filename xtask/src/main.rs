@@ -9,6 +9,7 @@
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod containerd;
 mod fuzz;
 mod overhead;
 mod setup;

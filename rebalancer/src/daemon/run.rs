@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{engine, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
-    config::Config,
+    config::{AdmissionMode, Config},
     controller::ControllerState,
     placement::admission::Allocator,
     serve::{self, socket},
@@ -92,14 +92,28 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
-    for o in super::watcher::reconcile(&daemon, &cgroups) {
-        tracing::info!(outcome = ?o, "reconciled at start");
-    }
-    match super::watcher::spawn(daemon.clone(), cgroups.clone()) {
-        Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
-        Err(e) => {
-            tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
+    let mode = super::nri::resolve_mode(&cfg.kubernetes);
+    daemon.lock().admission = mode;
+    let nri_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    match mode {
+        AdmissionMode::Nri => {
+            tracing::info!(socket = %cfg.kubernetes.nri_socket.display(), "admission: NRI plugin (placement at container creation)");
+            super::nri::spawn(daemon.clone(), nri_stop.clone())
+                .context("starting the NRI plugin thread")?;
         }
+        AdmissionMode::Watcher | AdmissionMode::Auto => {
+            tracing::info!(nri_socket = %cfg.kubernetes.nri_socket.display(), "admission: cgroup watcher (no NRI socket, or chosen)");
+            for o in super::watcher::reconcile(&daemon, &cgroups) {
+                tracing::info!(outcome = ?o, "reconciled at start");
+            }
+            match super::watcher::spawn(daemon.clone(), cgroups.clone()) {
+                Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
+                }
+            }
+        }
+        AdmissionMode::Off => tracing::info!("admission: off (admission API only)"),
     }
     let cpu_source = cpu_time_source(&daemon, &cgroups);
     tracing::info!(
@@ -129,6 +143,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         }
     }
     cancel.cancel();
+    nri_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = metrics_task.await;
     let _ = api_task.await;
     let _ = std::fs::remove_file(&cfg.server.socket);

@@ -69,6 +69,8 @@ pub struct Metrics {
     pub ebpf_map_stale_entries: Gauge,
     pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
+    /// 1 while the NRI plugin is registered with the runtime.
+    pub nri_connected: Gauge,
 }
 
 impl Metrics {
@@ -100,6 +102,7 @@ impl Metrics {
             ebpf_map_stale_entries: Gauge::default(),
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
+            nri_connected: Gauge::default(),
         };
         r.register(
             "cgroup_locality_ratio",
@@ -198,6 +201,11 @@ impl Metrics {
             "managed_cgroups",
             "Cgroups under management",
             m.managed_cgroups.clone(),
+        );
+        r.register(
+            "nri_connected",
+            "1 while the NRI plugin is registered with the container runtime, else 0",
+            m.nri_connected.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

@@ -1,0 +1,645 @@
+//! The NRI plugin's policy: admission inside the container lifecycle. The transport
+//! (`crate::nri::session`) calls this [`Policy`] for every pod and container event it
+//! subscribed to; nothing here touches a socket, and nothing here writes cgroupfs — the
+//! runtime applies every cpuset (NRI mode is "never behind the runtime's back").
+//!
+//! - CreateContainer: the container's request ([`request`], the one mapping from NRI to a
+//!   placement request) is admitted by the allocator; the answer is a ContainerAdjustment of
+//!   `linux.resources.cpu.cpus` / `mems`, so the placement holds from the first instruction.
+//!   When exclusive CPUs were handed out, the shared containers that still have them get a
+//!   ContainerUpdate in the same answer. A refusal fails CreateContainer with the reason.
+//! - StopContainer / RemoveContainer / RemovePodSandbox: release. An init container's CPUs are
+//!   free again once it stopped, so the app containers after it reuse them, as kubelet does;
+//!   a sidecar (restartable init container) keeps running and keeps its CPUs.
+//! - Synchronize (every connect): running containers already bound by the checkpoint keep
+//!   their allocation; unknown ones are admitted (adopted) and updated; bindings of containers
+//!   the runtime no longer has are released — no double allocation after a restart.
+//!
+//! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
+//! (as the watcher keys its admissions), bound to its cgroup path.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::cgroup::kube::{classify, CgroupKind, Qos};
+use crate::cpuset::CpuSet;
+use crate::daemon::{Binding, Daemon};
+use crate::nri::api;
+use crate::nri::session::Handler;
+use crate::placement::admission::{Container, Pod};
+use crate::serve::metrics::{ReasonLabel, ResultLabel};
+
+/// One container's admission request, from the NRI pod and container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Allocator key: `<pod uid>/<container id, 12>`.
+    pub key: String,
+    /// Its cgroup, relative to the hierarchy root (as the watcher and controller name it).
+    pub cgroup: String,
+    pub qos: Qos,
+    pub pod: Pod,
+}
+
+/// Events the plugin subscribes to.
+pub const EVENTS: &[api::Event] = &[
+    api::Event::RunPodSandbox,
+    api::Event::RemovePodSandbox,
+    api::Event::CreateContainer,
+    api::Event::StopContainer,
+    api::Event::RemoveContainer,
+];
+
+/// NRI's event mask: bit `e - 1` per event.
+pub fn event_mask(events: &[api::Event]) -> i32 {
+    events.iter().fold(0, |m, e| m | 1 << (*e as i32 - 1))
+}
+
+/// The runtime's cgroups path as a path under the hierarchy root: cgroupfs form
+/// (`/kubepods/burstable/pod<uid>/<id>`) as it is; systemd form
+/// (`kubepods-burstable-pod<uid>.slice:cri-containerd:<id>`) expanded as systemd lays it out.
+pub fn cgroup_rel(cgroups_path: &str) -> String {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    if let [slice, prefix, name] = parts[..] {
+        let mut out = Vec::new();
+        let stem = slice.strip_suffix(".slice").unwrap_or(slice);
+        let mut acc = String::new();
+        for (i, piece) in stem.split('-').enumerate() {
+            if i > 0 {
+                acc.push('-');
+            }
+            acc.push_str(piece);
+            out.push(format!("{acc}.slice"));
+        }
+        out.push(if prefix.is_empty() {
+            format!("{name}.scope")
+        } else {
+            format!("{prefix}-{name}.scope")
+        });
+        return out.join("/");
+    }
+    cgroups_path.trim_matches('/').to_string()
+}
+
+/// kubelet's shares = millis * 1024 / 1000 (at least 2), inverted.
+fn millis_from_shares(shares: u64) -> u64 {
+    if shares <= 2 {
+        0
+    } else {
+        (shares * 1000).div_ceil(1024)
+    }
+}
+
+/// The whole mapping from an NRI pod and container to an admission request. `Ok(None)`: not a
+/// Kubernetes container (its cgroup is not under kubepods) — left as the runtime makes it.
+pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Request>, String> {
+    if c.id.is_empty() {
+        return Err("container without an id".into());
+    }
+    if c.pod_sandbox_id != pod.id {
+        return Err(format!(
+            "container {} names pod sandbox {:?} but came with pod {:?}",
+            c.id, c.pod_sandbox_id, pod.id
+        ));
+    }
+    let linux = c.linux.as_ref();
+    let path = linux.map(|l| l.cgroups_path.as_str()).unwrap_or("");
+    if path.is_empty() {
+        return Err(format!(
+            "container {} ({}) has no cgroups path",
+            c.id, c.name
+        ));
+    }
+    let cgroup = cgroup_rel(path);
+    let CgroupKind::Container { pod_uid, qos, .. } = classify(&cgroup) else {
+        return Ok(None);
+    };
+    if !pod.uid.is_empty() && pod.uid != pod_uid {
+        return Err(format!(
+            "container {}: cgroup {cgroup} belongs to pod {pod_uid}, not to pod {}",
+            c.id, pod.uid
+        ));
+    }
+    let res = linux.and_then(|l| l.resources.as_ref());
+    if res.is_none() && qos != Qos::BestEffort {
+        return Err(format!(
+            "container {} ({}) of {qos:?} pod {pod_uid} came without linux resources",
+            c.id, c.name
+        ));
+    }
+    let cpu = res.and_then(|r| r.cpu.as_ref());
+    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
+    let period = cpu
+        .and_then(|c| c.period.as_ref())
+        .map_or(100_000, |p| p.value)
+        .max(1);
+    let limit_millis = if quota > 0 {
+        (quota as u64 * 1000).div_ceil(period)
+    } else {
+        0
+    };
+    let shares_millis = cpu
+        .and_then(|c| c.shares.as_ref())
+        .map_or(0, |s| millis_from_shares(s.value));
+    let mem_limit = res
+        .and_then(|r| r.memory.as_ref())
+        .and_then(|m| m.limit.as_ref())
+        .map_or(0, |l| l.value.max(0) as u64);
+    let mut hp2m = 0;
+    let mut hp1g = 0;
+    for h in res.map(|r| r.hugepage_limits.as_slice()).unwrap_or(&[]) {
+        match h.page_size.as_str() {
+            "2MB" => hp2m += h.limit,
+            "1GB" => hp1g += h.limit,
+            other => {
+                return Err(format!(
+                    "container {}: hugepage size {other:?} unknown (2MB and 1GB are)",
+                    c.id
+                ))
+            }
+        }
+    }
+    let container = match qos {
+        Qos::Guaranteed => {
+            if limit_millis == 0 || mem_limit == 0 {
+                return Err(format!(
+                    "container {} ({}) of Guaranteed pod {pod_uid} has no CPU quota or memory limit",
+                    c.id, c.name
+                ));
+            }
+            Container {
+                name: c.name.clone(),
+                cpu_request_millis: limit_millis,
+                cpu_limit_millis: limit_millis,
+                memory_bytes: mem_limit,
+                memory_limit_bytes: mem_limit,
+                hugepages_2mi_bytes: hp2m,
+                hugepages_1gi_bytes: hp1g,
+                ..Default::default()
+            }
+        }
+        Qos::Burstable => Container {
+            name: c.name.clone(),
+            cpu_request_millis: shares_millis.max(1),
+            cpu_limit_millis: limit_millis.max(shares_millis.max(1)),
+            ..Default::default()
+        },
+        Qos::BestEffort => Container {
+            name: c.name.clone(),
+            ..Default::default()
+        },
+    };
+    let short: String = c.id.chars().take(12).collect();
+    let key = format!("{pod_uid}/{short}");
+    Ok(Some(Request {
+        key: key.clone(),
+        cgroup,
+        qos,
+        pod: Pod {
+            uid: key,
+            containers: vec![container],
+        },
+    }))
+}
+
+/// A container the plugin placed (or adopted).
+#[derive(Clone, Debug)]
+struct Tracked {
+    key: String,
+    name: String,
+    cgroup: String,
+    pod_id: String,
+    exclusive: bool,
+    /// The cpuset last given to the runtime.
+    cpus: CpuSet,
+}
+
+/// The plugin's policy over the daemon's state.
+pub struct Policy {
+    d: Daemon,
+    /// Pod sandboxes by id.
+    pods: BTreeMap<String, api::PodSandbox>,
+    /// Placed containers by id.
+    containers: BTreeMap<String, Tracked>,
+    /// Updates to send unsolicited (after a RemoveContainer grew the shared pool).
+    pending: Vec<api::ContainerUpdate>,
+}
+
+fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
+    api::LinuxResources {
+        cpu: Some(api::LinuxCpu {
+            cpus: cpus.map(|c| c.to_string()).unwrap_or_default(),
+            mems: mems.map(|m| m.to_string()).unwrap_or_default(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn update(id: &str, cpus: &CpuSet) -> api::ContainerUpdate {
+    api::ContainerUpdate {
+        container_id: id.to_string(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(cpu_resources(Some(cpus), None)),
+        }),
+        ignore_failure: true,
+    }
+}
+
+impl Policy {
+    pub fn new(d: Daemon) -> Policy {
+        Policy {
+            d,
+            pods: BTreeMap::new(),
+            containers: BTreeMap::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Updates for every placed shared container whose cpuset no longer matches its share
+    /// of the pool (exclusive CPUs handed out or given back).
+    fn shared_updates(&mut self, except: &str) -> Vec<api::ContainerUpdate> {
+        let s = self.d.lock();
+        let mut out = Vec::new();
+        for (id, t) in self.containers.iter_mut() {
+            if t.exclusive || id == except {
+                continue;
+            }
+            let Some(now) = s.state.allocator.current_cpus(&t.key, &t.name) else {
+                continue;
+            };
+            if now != t.cpus && !now.is_empty() {
+                tracing::info!(container = %id, cgroup = %t.cgroup, cpus = %now, "shared container's cpuset updated through the runtime");
+                t.cpus = now.clone();
+                out.push(update(id, &now));
+            }
+        }
+        if s.cfg.daemon.dry_run {
+            out.clear();
+        }
+        out
+    }
+
+    /// Releases a placed container; `true` when it held an allocation.
+    fn release(&mut self, id: &str) -> bool {
+        let Some(t) = self.containers.remove(id) else {
+            return false;
+        };
+        {
+            let mut s = self.d.lock();
+            s.state.bindings.remove(&t.cgroup);
+            s.state.allocator.release(&t.key);
+        }
+        tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
+        self.checkpoint();
+        true
+    }
+
+    fn checkpoint(&self) {
+        if let Err(e) = self.d.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after an NRI event failed");
+        }
+    }
+
+    /// Admits one request under the state lock: its (cpus, mems, exclusive) or the refusal.
+    fn admit(&mut self, r: &Request, id: &str, pod_id: &str) -> Result<(CpuSet, CpuSet), String> {
+        let mut guard = self.d.lock();
+        let s = &mut *guard;
+        let placed = s.state.allocator.admit(&s.topo, &s.cfg.placement, &r.pod);
+        match placed {
+            Ok(p) => {
+                let p = &p[0];
+                s.state.bindings.insert(
+                    r.cgroup.clone(),
+                    Binding {
+                        pod_uid: r.key.clone(),
+                        container: p.container.clone(),
+                    },
+                );
+                self.containers.insert(
+                    id.to_string(),
+                    Tracked {
+                        key: r.key.clone(),
+                        name: p.container.clone(),
+                        cgroup: r.cgroup.clone(),
+                        pod_id: pod_id.to_string(),
+                        exclusive: p.exclusive,
+                        cpus: p.cpus.clone(),
+                    },
+                );
+                Ok((p.cpus.clone(), p.mems.clone()))
+            }
+            Err(rej) => {
+                self.d
+                    .metrics
+                    .admission_rejections
+                    .get_or_create(&ReasonLabel {
+                        reason: rej.reason.to_string(),
+                    })
+                    .inc();
+                Err(format!(
+                    "rebalancer refused container {} of pod {}: {}: {}",
+                    r.pod.containers[0].name,
+                    r.key.split('/').next().unwrap_or_default(),
+                    rej.reason,
+                    rej.details
+                ))
+            }
+        }
+    }
+
+    fn count(&self, result: &str) {
+        self.d
+            .metrics
+            .admission_requests
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+}
+
+impl Handler for Policy {
+    fn configure(&mut self, req: api::ConfigureRequest) -> Result<api::ConfigureResponse, String> {
+        tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, "NRI plugin configured by the runtime");
+        Ok(api::ConfigureResponse {
+            events: event_mask(EVENTS),
+        })
+    }
+
+    fn synchronize(
+        &mut self,
+        req: api::SynchronizeRequest,
+    ) -> Result<api::SynchronizeResponse, String> {
+        self.pods = req.pods.iter().map(|p| (p.id.clone(), p.clone())).collect();
+        self.containers.clear();
+        let mut updates = Vec::new();
+        let mut live_cgroups = Vec::new();
+        for c in &req.containers {
+            let running = matches!(
+                api::ContainerState::try_from(c.state),
+                Ok(api::ContainerState::ContainerCreated | api::ContainerState::ContainerRunning)
+            );
+            let Some(pod) = self.pods.get(&c.pod_sandbox_id).cloned() else {
+                tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
+                continue;
+            };
+            let r = match request(&pod, c) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(container = %c.id, error = %e, "synchronize: container not adopted");
+                    continue;
+                }
+            };
+            if !running {
+                continue;
+            }
+            live_cgroups.push(r.cgroup.clone());
+            let bound = {
+                let s = self.d.lock();
+                s.state.bindings.get(&r.cgroup).and_then(|b| {
+                    let p = s.state.allocator.pods.get(&b.pod_uid)?;
+                    let a = p
+                        .containers
+                        .iter()
+                        .find(|a| a.placement.container == b.container)?;
+                    Some((b.clone(), a.placement.exclusive))
+                })
+            };
+            if let Some((b, exclusive)) = bound {
+                self.containers.insert(
+                    c.id.clone(),
+                    Tracked {
+                        key: b.pod_uid,
+                        name: b.container,
+                        cgroup: r.cgroup.clone(),
+                        pod_id: pod.id.clone(),
+                        exclusive,
+                        // Unknown after a restart: the shared ones get their cpuset again below.
+                        cpus: CpuSet::new(),
+                    },
+                );
+                continue;
+            }
+            match self.admit(&r, &c.id, &pod.id) {
+                Ok((cpus, mems)) => {
+                    tracing::info!(container = %c.id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
+                    if !self.d.lock().cfg.daemon.dry_run {
+                        let mut u = update(&c.id, &cpus);
+                        if let Some(res) = u.linux.as_mut().and_then(|l| l.resources.as_mut()) {
+                            *res = cpu_resources(Some(&cpus), Some(&mems));
+                        }
+                        updates.push(u);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(container = %c.id, error = %e, "running container not adopted; left as it runs")
+                }
+            }
+        }
+        // Bindings of Kubernetes containers the runtime no longer runs: released.
+        let gone: Vec<(String, String)> = {
+            let s = self.d.lock();
+            s.state
+                .bindings
+                .iter()
+                .filter(|(cg, b)| b.pod_uid.contains('/') && !live_cgroups.contains(cg))
+                .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
+                .collect()
+        };
+        if !gone.is_empty() {
+            let mut s = self.d.lock();
+            for (cg, key) in &gone {
+                s.state.bindings.remove(cg);
+                s.state.allocator.release(key);
+                tracing::info!(cgroup = %cg, "synchronize: container gone while disconnected; released");
+            }
+        }
+        // Adopted exclusive CPUs, or drift while disconnected: bring shared ones in line.
+        let ids: Vec<String> = updates.iter().map(|u| u.container_id.clone()).collect();
+        for u in self.shared_updates("") {
+            if !ids.contains(&u.container_id) {
+                updates.push(u);
+            }
+        }
+        self.checkpoint();
+        tracing::info!(
+            pods = req.pods.len(),
+            containers = req.containers.len(),
+            placed = self.containers.len(),
+            released = gone.len(),
+            "synchronized with the runtime"
+        );
+        Ok(api::SynchronizeResponse { update: updates })
+    }
+
+    fn create_container(
+        &mut self,
+        req: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, String> {
+        let t0 = Instant::now();
+        let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
+            self.count("invalid");
+            return Err("rebalancer: CreateContainer without its pod or container".into());
+        };
+        if !self.pods.contains_key(&pod.id) {
+            self.count("invalid");
+            return Err(format!(
+                "rebalancer: container {} ({}) of pod sandbox {} that the runtime never announced",
+                c.id, c.name, pod.id
+            ));
+        }
+        let r = match request(pod, c) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(Default::default()),
+            Err(e) => {
+                self.count("invalid");
+                return Err(format!("rebalancer: {e}"));
+            }
+        };
+        if self.containers.contains_key(&c.id) {
+            self.count("invalid");
+            return Err(format!("rebalancer: container {} created twice", c.id));
+        }
+        let (cpus, mems) = match self.admit(&r, &c.id, &pod.id) {
+            Ok(x) => x,
+            Err(e) => {
+                self.count("rejected");
+                tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused");
+                return Err(e);
+            }
+        };
+        let exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
+        let updates = if exclusive {
+            self.shared_updates(&c.id)
+        } else {
+            Vec::new()
+        };
+        self.checkpoint();
+        self.count("admitted");
+        let micros = t0.elapsed().as_micros();
+        self.d
+            .metrics
+            .admission_duration
+            .observe(micros as f64 / 1e6);
+        tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, exclusive, micros, "container admitted at creation (NRI)");
+        if self.d.lock().cfg.daemon.dry_run {
+            return Ok(Default::default());
+        }
+        Ok(api::CreateContainerResponse {
+            adjust: Some(api::ContainerAdjustment {
+                linux: Some(api::LinuxContainerAdjustment {
+                    resources: Some(cpu_resources(Some(&cpus), Some(&mems))),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            update: updates,
+            evict: vec![],
+        })
+    }
+
+    fn stop_container(
+        &mut self,
+        req: api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse, String> {
+        let Some(c) = req.container.as_ref() else {
+            return Err("rebalancer: StopContainer without its container".into());
+        };
+        let was_exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
+        let update = if self.release(&c.id) && was_exclusive {
+            self.shared_updates("")
+        } else {
+            Vec::new()
+        };
+        Ok(api::StopContainerResponse { update })
+    }
+
+    fn state_change(&mut self, ev: api::StateChangeEvent) -> Result<(), String> {
+        let event = api::Event::try_from(ev.event)
+            .map_err(|_| format!("rebalancer: unknown NRI event {}", ev.event))?;
+        match event {
+            api::Event::RunPodSandbox => {
+                let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
+                self.pods.insert(pod.id.clone(), pod);
+            }
+            api::Event::RemoveContainer => {
+                let c = ev
+                    .container
+                    .ok_or("rebalancer: RemoveContainer without its container")?;
+                let was_exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
+                if self.release(&c.id) && was_exclusive {
+                    let u = self.shared_updates("");
+                    self.pending.extend(u);
+                }
+            }
+            api::Event::RemovePodSandbox => {
+                let pod = ev
+                    .pod
+                    .ok_or("rebalancer: RemovePodSandbox without its pod")?;
+                self.pods.remove(&pod.id);
+                let ids: Vec<String> = self
+                    .containers
+                    .iter()
+                    .filter(|(_, t)| t.pod_id == pod.id)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let mut any_exclusive = false;
+                for id in ids {
+                    any_exclusive |= self.containers.get(&id).is_some_and(|t| t.exclusive);
+                    self.release(&id);
+                }
+                if any_exclusive {
+                    let u = self.shared_updates("");
+                    self.pending.extend(u);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+        std::mem::take(&mut self.pending)
+    }
+
+    fn connection(&mut self, up: bool) {
+        self.d.metrics.nri_connected.set(i64::from(up));
+        self.d.lock().nri_connected = up;
+        if up {
+            tracing::info!("NRI plugin registered with the runtime");
+        } else {
+            tracing::warn!("NRI connection lost");
+        }
+    }
+}
+
+/// The admission mode in force: `auto` resolved by whether the NRI socket exists.
+pub fn resolve_mode(cfg: &crate::config::KubernetesConfig) -> crate::config::AdmissionMode {
+    use crate::config::AdmissionMode as M;
+    match cfg.admission {
+        M::Auto if crate::nri::session::socket_exists(&cfg.nri_socket) => M::Nri,
+        M::Auto => M::Watcher,
+        m => m,
+    }
+}
+
+/// Starts the plugin thread: connects to the runtime and reconnects for as long as the daemon
+/// runs.
+pub fn spawn(
+    d: Daemon,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let k = d.lock().cfg.kubernetes.clone();
+    let opts = crate::nri::session::Options {
+        socket: k.nri_socket,
+        name: "rebalancer".into(),
+        index: k.nri_plugin_index,
+    };
+    std::thread::Builder::new()
+        .name("nri".into())
+        .spawn(move || {
+            let mut p = Policy::new(d);
+            crate::nri::session::run(&opts, &mut p, &stop);
+        })
+}
