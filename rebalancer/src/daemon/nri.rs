@@ -643,3 +643,270 @@ pub fn spawn(
             crate::nri::session::run(&opts, &mut p, &stop);
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nri::envelope;
+    use crate::nri::session::{
+        dispatch, CODE_INVALID_ARGUMENT, CODE_UNIMPLEMENTED, PLUGIN_SERVICE,
+    };
+    use crate::{config::Config, daemon::Shared, serve::Metrics, topology::TopologyBuilder};
+    use prost::Message as _;
+
+    const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
+
+    /// A daemon on 2 nodes x 2 CPUs with its state in `dir`.
+    fn policy(dir: &std::path::Path) -> Policy {
+        let topo = TopologyBuilder {
+            cores_per_node: 2,
+            threads_per_core: 1,
+            ..Default::default()
+        }
+        .build();
+        let mut cfg = Config::default();
+        cfg.daemon.state_dir = dir.join("state");
+        let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
+        Policy::new(d)
+    }
+
+    fn pod(id: &str, qos: &str) -> api::PodSandbox {
+        api::PodSandbox {
+            id: id.into(),
+            name: format!("pod-{id}"),
+            uid: UID.into(),
+            linux: Some(api::LinuxPodSandbox {
+                cgroup_parent: format!("/kubepods/{qos}pod{UID}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(id: &str, pod: &api::PodSandbox, quota: i64, shares: u64, mem: i64) -> api::Container {
+        let parent = &pod.linux.as_ref().unwrap().cgroup_parent;
+        let opt_i = |v: i64| (v != 0).then_some(api::OptionalInt64 { value: v });
+        api::Container {
+            id: id.repeat(64 / id.len()),
+            pod_sandbox_id: pod.id.clone(),
+            name: format!("c{id}"),
+            linux: Some(api::LinuxContainer {
+                cgroups_path: format!("{parent}/{}", id.repeat(64 / id.len())),
+                resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        shares: Some(api::OptionalUInt64 { value: shares }),
+                        quota: opt_i(quota),
+                        period: Some(api::OptionalUInt64 { value: 100_000 }),
+                        ..Default::default()
+                    }),
+                    memory: Some(api::LinuxMemory {
+                        limit: opt_i(mem),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn run_pod(p: &mut Policy, pod: &api::PodSandbox) {
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RunPodSandbox as i32,
+            pod: Some(pod.clone()),
+            container: None,
+        })
+        .unwrap();
+    }
+
+    fn create(
+        p: &mut Policy,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+    ) -> Result<api::CreateContainerResponse, String> {
+        p.create_container(api::CreateContainerRequest {
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+        })
+    }
+
+    fn adjusted_cpus(r: &api::CreateContainerResponse) -> CpuSet {
+        let cpu = r.adjust.as_ref().unwrap().linux.as_ref().unwrap();
+        let cpu = cpu.resources.as_ref().unwrap().cpu.as_ref().unwrap();
+        CpuSet::parse(&cpu.cpus).unwrap()
+    }
+
+    #[test]
+    fn guaranteed_gets_exclusive_cpus_and_the_shared_container_an_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let bp = pod("b", "burstable/");
+        let gp = pod("g", "");
+        run_pod(&mut p, &bp);
+        run_pod(&mut p, &gp);
+        let b = ctr("b", &bp, 0, 512, 0);
+        let rb = create(&mut p, &bp, &b).unwrap();
+        // numa-aware shared pools: one node's CPUs.
+        assert_eq!(adjusted_cpus(&rb).len(), 2);
+        // 3 exclusive CPUs cannot avoid the burstable container's node.
+        let g = ctr("a", &gp, 300_000, 3072, 1 << 30);
+        let rg = create(&mut p, &gp, &g).unwrap();
+        let gc = adjusted_cpus(&rg);
+        assert_eq!(gc.len(), 3);
+        assert_eq!(rg.update.len(), 1, "{:?}", rg.update);
+        assert_eq!(rg.update[0].container_id, b.id);
+        let upd = rg.update[0]
+            .linux
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap();
+        let bc = CpuSet::parse(&upd.cpu.as_ref().unwrap().cpus).unwrap();
+        assert!(bc.is_disjoint(&gc) && !bc.is_empty(), "{bc} vs {gc}");
+        // Stop releases and gives the CPUs back to the shared container.
+        let stop = p
+            .stop_container(api::StopContainerRequest {
+                pod: Some(gp.clone()),
+                container: Some(g.clone()),
+            })
+            .unwrap();
+        assert_eq!(stop.update.len(), 1);
+        assert!(p.d.lock().state.allocator.exclusive_cpus().is_empty());
+    }
+
+    #[test]
+    fn bad_input_gets_a_clear_error_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let before = p.d.lock().state.clone();
+        // A container of a pod the runtime never announced.
+        let other = pod("x", "");
+        let e = create(&mut p, &other, &ctr("a", &other, 100_000, 1024, 1 << 20)).unwrap_err();
+        assert!(e.contains("never announced"), "{e}");
+        // Missing resources on a Guaranteed container.
+        let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        c.linux.as_mut().unwrap().resources = None;
+        let e = create(&mut p, &gp, &c).unwrap_err();
+        assert!(e.contains("without linux resources"), "{e}");
+        // No memory limit: not a Guaranteed container.
+        let e = create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 0)).unwrap_err();
+        assert!(e.contains("no CPU quota or memory limit"), "{e}");
+        // Pod / container mismatch.
+        let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        c.pod_sandbox_id = "elsewhere".into();
+        let e = create(&mut p, &gp, &c).unwrap_err();
+        assert!(e.contains("names pod sandbox"), "{e}");
+        // No pod at all.
+        let e = p
+            .create_container(api::CreateContainerRequest {
+                pod: None,
+                container: Some(c),
+            })
+            .unwrap_err();
+        assert!(e.contains("without its pod"), "{e}");
+        // An unknown event.
+        let e = p
+            .state_change(api::StateChangeEvent {
+                event: 99,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.contains("unknown NRI event 99"), "{e}");
+        // Too big: refused with the reason.
+        let e = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20)).unwrap_err();
+        assert!(e.contains("InsufficientCPU"), "{e}");
+        assert_eq!(p.d.lock().state, before, "nothing changed");
+
+        // Through the wire: garbage payloads and unknown methods are refused by status code.
+        let req = |method: &str, payload: Vec<u8>| envelope::Request {
+            service: PLUGIN_SERVICE.into(),
+            method: method.into(),
+            payload,
+            ..Default::default()
+        };
+        let st = dispatch(&mut p, &req("CreateContainer", vec![0xff, 0xff, 0xff])).unwrap_err();
+        assert_eq!(st.code, CODE_INVALID_ARGUMENT);
+        assert!(
+            st.message.contains("malformed CreateContainerRequest"),
+            "{}",
+            st.message
+        );
+        let st = dispatch(&mut p, &req("Frobnicate", vec![])).unwrap_err();
+        assert_eq!(st.code, CODE_UNIMPLEMENTED);
+        let mut other_service = req("Configure", vec![]);
+        other_service.service = "x.Y".into();
+        assert_eq!(
+            dispatch(&mut p, &other_service).unwrap_err().code,
+            CODE_UNIMPLEMENTED
+        );
+        assert_eq!(p.d.lock().state, before, "nothing changed");
+
+        // Unknown fields (a newer NRI) are skipped, as protobuf intends: the request works.
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let mut bytes = api::CreateContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(g),
+        }
+        .encode_to_vec();
+        bytes.extend([0xf8, 0x07, 0x01]); // field 127, varint 1
+        let ok = dispatch(&mut p, &req("CreateContainer", bytes)).unwrap();
+        let r = api::CreateContainerResponse::decode(ok.as_slice()).unwrap();
+        assert_eq!(adjusted_cpus(&r).len(), 1);
+    }
+
+    #[test]
+    fn synchronize_adopts_once_and_releases_what_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let g2 = ctr("c", &gp, 100_000, 1024, 1 << 20);
+        create(&mut p, &gp, &g).unwrap();
+        create(&mut p, &gp, &g2).unwrap();
+        let excl = p.d.lock().state.allocator.exclusive_cpus();
+        // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
+        let mut p = Policy::new(p.d.clone());
+        let mut running = g.clone();
+        running.state = api::ContainerState::ContainerRunning as i32;
+        let mut g3 = ctr("d", &gp, 100_000, 1024, 1 << 20);
+        g3.state = api::ContainerState::ContainerRunning as i32;
+        let r = p
+            .synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![running, g3.clone()],
+            })
+            .unwrap();
+        let s = p.d.lock();
+        assert_eq!(
+            s.state.allocator.pods.len(),
+            2,
+            "g kept once, g2 released, g3 adopted"
+        );
+        assert_eq!(s.state.bindings.len(), 2);
+        assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+        assert!(s.state.allocator.exclusive_cpus().intersection(&excl).len() >= 1);
+        assert_eq!(r.update.len(), 1, "only the adopted container is updated");
+        assert_eq!(r.update[0].container_id, g3.id);
+    }
+
+    #[test]
+    fn systemd_cgroups_paths_expand_as_systemd_lays_them_out() {
+        assert_eq!(
+            cgroup_rel("kubepods-burstable-pod1234.slice:cri-containerd:abc"),
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-abc.scope"
+        );
+        assert_eq!(cgroup_rel("/kubepods/pod1/abc"), "kubepods/pod1/abc");
+        assert_eq!(
+            event_mask(&[api::Event::RunPodSandbox, api::Event::CreateContainer]),
+            0b1001
+        );
+        assert_eq!(millis_from_shares(1024), 1000);
+        assert_eq!(millis_from_shares(102), 100);
+        assert_eq!(millis_from_shares(2), 0);
+    }
+}

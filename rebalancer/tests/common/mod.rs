@@ -198,6 +198,11 @@ pub struct Daemon {
 impl Daemon {
     /// Writes a config (`extra` is appended TOML: whole sections) and starts the daemon.
     pub fn start(server_extra: &str, extra: &str) -> Daemon {
+        Daemon::start_with("", server_extra, extra)
+    }
+
+    /// [`Daemon::start`] with `daemon_extra` keys in the `[daemon]` section too.
+    pub fn start_with(daemon_extra: &str, server_extra: &str, extra: &str) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("rb-root")
             .tempdir_in("/tmp")
@@ -213,7 +218,7 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[daemon]\nstate_dir = \"{}\"\n[server]\nsocket = \"{}\"\nmetrics_listen = \"127.0.0.1:{port}\"\n{server_extra}\n{extra}",
+                "[daemon]\nstate_dir = \"{}\"\n{daemon_extra}\n[server]\nsocket = \"{}\"\nmetrics_listen = \"127.0.0.1:{port}\"\n{server_extra}\n{extra}",
                 state_dir.display(),
                 socket.display()
             ),
