@@ -455,7 +455,7 @@ fn containers_are_placed_at_creation_through_nri() {
         connected(&d)
     });
     assert_eq!(d.status()["admission"]["mode"], "nri");
-    assert_eq!(d.metric("nri_connected"), Some(1.0));
+    assert_eq!(d.metric("rebalancer_nri_connected"), Some(1.0));
     let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
 
     // Burstable first: it gets the whole shared pool, from its first instruction.
@@ -531,7 +531,7 @@ fn containers_are_placed_at_creation_through_nri() {
     wait_for("the plugin to notice", Duration::from_secs(10), || {
         !connected(&d)
     });
-    assert_eq!(d.metric("nri_connected"), Some(0.0));
+    assert_eq!(d.metric("rebalancer_nri_connected"), Some(0.0));
     ctd.spawn();
     wait_for("the plugin to reconnect", Duration::from_secs(20), || {
         connected(&d)
@@ -552,7 +552,7 @@ fn containers_are_placed_at_creation_through_nri() {
     wait_for("the release", Duration::from_secs(5), || {
         decision(&d, &g.id).is_none()
     });
-    assert_eq!(d.status()["exclusive_cpus"], serde_json::json!(""));
+    assert_eq!(d.status()["exclusive_cpus"], serde_json::json!([]));
     wait_for(
         "the burstable cpuset to grow back",
         Duration::from_secs(5),
