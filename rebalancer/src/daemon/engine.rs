@@ -29,7 +29,7 @@ use crate::{
     topology::{sysfs, Topology},
 };
 
-use super::Daemon;
+use super::{admission::Admission, Daemon};
 
 /// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
 pub trait CpuTimeSource: Send {
@@ -376,7 +376,8 @@ impl Engine {
     /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
     /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
     /// again next round).
-    pub fn refresh_topology(&mut self, d: &Daemon) -> bool {
+    pub fn refresh_topology(&mut self, adm: &Admission) -> bool {
+        let d = &adm.daemon;
         let root = d.lock().cfg.daemon.sysfs_root.clone();
         let now = topology_fingerprint(&root);
         let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
@@ -393,25 +394,28 @@ impl Engine {
                 return false;
             }
         };
-        let mut s = d.lock();
-        let online = topo.online_cpus();
-        tracing::warn!(
-            nodes_before = s.topo.nodes.len(),
-            nodes = topo.nodes.len(),
-            cpus_before = %s.topo.online_cpus(),
-            cpus = %online,
-            "CPUs or NUMA nodes went online/offline; topology rebuilt"
-        );
-        s.topo = topo;
-        super::watcher::replace_offline(&mut s, &self.cgroups);
+        {
+            let mut s = d.lock();
+            let online = topo.online_cpus();
+            tracing::warn!(
+                nodes_before = s.topo.nodes.len(),
+                nodes = topo.nodes.len(),
+                cpus_before = %s.topo.online_cpus(),
+                cpus = %online,
+                "CPUs or NUMA nodes went online/offline; topology rebuilt"
+            );
+            s.topo = topo;
+        }
+        adm.replace_offline();
         true
     }
 
     /// Runs one round. Returns the number of moves applied.
-    pub fn round(&mut self, d: &Daemon) -> usize {
+    pub fn round(&mut self, adm: &Admission) -> usize {
+        let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
-        self.refresh_topology(d);
+        self.refresh_topology(adm);
         let (cfg, topo) = {
             let s = d.lock();
             (s.cfg.clone(), s.topo.clone())
@@ -479,11 +483,13 @@ impl Engine {
         self.prev = cumulative;
 
         let now_ms = self.started.elapsed().as_millis() as u64;
-        let plan = {
+        // The planner runs on a copy of the controller's state, outside the lock.
+        let ctl = {
             let mut s = d.lock();
             s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
-            controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
+            s.state.controller.clone()
         };
+        let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
 
         let applied = {
             let mut w = RealWriter(&self.cgroups);

@@ -325,8 +325,14 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
-    assert!(!engine.refresh_topology(&d), "first look only records");
-    assert!(!engine.refresh_topology(&d), "nothing changed");
+    let adm = super::admission::Admission::new(
+        d.clone(),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+            Mounts::default(),
+        ))),
+    );
+    assert!(!engine.refresh_topology(&adm), "first look only records");
+    assert!(!engine.refresh_topology(&adm), "nothing changed");
 
     let cfg = d.lock().cfg.controller.clone();
     let (gone, gone_cpus) = (
@@ -348,7 +354,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
 
     let (id, cpus) = take_last_node_offline(root.path(), &before);
     assert_eq!((id, &cpus), (gone, &gone_cpus));
-    assert!(engine.refresh_topology(&d), "the change is noticed");
+    assert!(engine.refresh_topology(&adm), "the change is noticed");
     let after = d.lock().topo.clone();
     assert_eq!(after.nodes.len(), before.nodes.len() - 1);
     assert!(after.node(gone).is_none());
@@ -370,7 +376,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         assert!(m.to_cpus.is_subset(&after.online_cpus()));
     }
     // And the rebuilt topology is what every later round uses: a second check is quiet.
-    assert!(!engine.refresh_topology(&d));
+    assert!(!engine.refresh_topology(&adm));
     let mut f = FakeCgroups::v2();
     f.insert("pod/c", &after.nodes[0].cpus.to_string(), "0");
     let all_mems: CpuSet = after.nodes.iter().map(|n| n.id).collect();

@@ -15,11 +15,14 @@ use std::{
     },
 };
 
+pub mod admission;
+pub mod api;
 pub mod apply;
 pub mod engine;
 pub mod nri;
 pub mod run;
 pub mod watcher;
+pub mod writer;
 
 #[cfg(test)]
 mod fault_tests;
@@ -107,15 +110,6 @@ impl Shared {
     pub fn state_dir(&self) -> PathBuf {
         self.cfg.daemon.state_dir.clone()
     }
-
-    /// Writes the checkpoint now, under the state lock (the admission API acknowledges only
-    /// what is on disk). The watcher and the control loop use [`Daemon::checkpoint`] instead.
-    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        let gen = self.ckpt.next_generation();
-        let dir = &self.cfg.daemon.state_dir;
-        self.ckpt
-            .write(dir, gen, &checkpoint::encode(dir, &self.state)?)
-    }
 }
 
 /// Serialises checkpoint writes and keeps an older state from overwriting a newer one: each
@@ -149,6 +143,7 @@ impl CheckpointWriter {
 #[derive(Clone)]
 pub struct Daemon {
     inner: Arc<Mutex<Shared>>,
+    order: Arc<Mutex<()>>,
     pub metrics: Metrics,
 }
 
@@ -156,8 +151,17 @@ impl Daemon {
     pub fn new(shared: Shared, metrics: Metrics) -> Daemon {
         Daemon {
             inner: Arc::new(Mutex::new(shared)),
+            order: Default::default(),
             metrics,
         }
+    }
+
+    /// The allocator's change lock: held by every change of the allocator (admission, release,
+    /// hotplug replacement, a move's update of the books) for its whole call, I/O included, and
+    /// always taken before [`Daemon::lock`]. It orders those changes and their cgroup writes;
+    /// it never blocks a reader of the state.
+    pub fn order(&self) -> MutexGuard<'_, ()> {
+        self.order.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Writes the checkpoint: encoded under the state lock, written (fsync, rename) outside it,

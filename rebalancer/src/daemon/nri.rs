@@ -1,7 +1,8 @@
 //! The NRI plugin's policy: admission inside the container lifecycle. The transport
 //! (`crate::nri::session`) calls this [`Policy`] for every pod and container event it
-//! subscribed to; nothing here touches a socket, and nothing here writes cgroupfs — the
-//! runtime applies every cpuset (NRI mode is "never behind the runtime's back").
+//! subscribed to; it admits through the one admission service (`daemon::admission`) with an
+//! [`NriWriter`], so nothing here touches a socket and nothing writes cgroupfs — the runtime
+//! applies every cpuset (never behind the runtime's back).
 //!
 //! - CreateContainer: the container's request ([`request`], the one mapping from NRI to a
 //!   placement request) is admitted by the allocator; the answer is a ContainerAdjustment of
@@ -19,15 +20,18 @@
 //! (as the watcher keys its admissions), bound to its cgroup path.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::cgroup::kube::{classify, CgroupKind, Qos};
+use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
-use crate::daemon::{Binding, Daemon};
+use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability};
+use crate::daemon::writer::{CpusetChange, CpusetWriter, WriteError};
+use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod};
-use crate::serve::metrics::{ReasonLabel, ResultLabel};
 
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,17 +209,75 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
 #[derive(Clone, Debug)]
 struct Tracked {
     key: String,
-    name: String,
     cgroup: String,
     pod_id: String,
-    exclusive: bool,
-    /// The cpuset last given to the runtime.
-    cpus: CpuSet,
 }
 
-/// The plugin's policy over the daemon's state.
+/// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
+/// runtime (the new container's as its CreateContainer adjustment, others' as container
+/// updates) instead of being written to cgroupfs. What each container was last given is
+/// remembered; before that (after a restart) its live cgroup is read.
+pub struct NriWriter {
+    changes: Mutex<Vec<CpusetChange>>,
+    given: Mutex<BTreeMap<String, CpuSet>>,
+    cgroups: Option<Cgroups>,
+}
+
+impl NriWriter {
+    pub fn new(cgroups: Option<Cgroups>) -> NriWriter {
+        NriWriter {
+            changes: Mutex::new(Vec::new()),
+            given: Mutex::new(BTreeMap::new()),
+            cgroups,
+        }
+    }
+
+    fn take(&self) -> Vec<CpusetChange> {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn forget(&self, cgroup: &str) {
+        self.given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(cgroup);
+    }
+}
+
+impl CpusetWriter for NriWriter {
+    fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
+        self.given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(change.cgroup.clone(), change.cpus.clone());
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(change.clone());
+        Ok(())
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        if let Some(c) = self
+            .given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cgroup)
+        {
+            return Some(c.clone());
+        }
+        let cg = self.cgroups.as_ref()?;
+        match cg.cpus(cgroup) {
+            Ok(c) if !c.is_empty() => Some(c),
+            _ => cg.effective_cpus(cgroup).ok(),
+        }
+    }
+}
+
+/// The plugin's policy over the admission service.
 pub struct Policy {
-    d: Daemon,
+    admission: Admission,
+    writer: Arc<NriWriter>,
     /// Pod sandboxes by id.
     pods: BTreeMap<String, api::PodSandbox>,
     /// Placed containers by id.
@@ -235,126 +297,195 @@ fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxReso
     }
 }
 
-fn update(id: &str, cpus: &CpuSet) -> api::ContainerUpdate {
+fn update(id: &str, cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerUpdate {
     api::ContainerUpdate {
         container_id: id.to_string(),
         linux: Some(api::LinuxContainerUpdate {
-            resources: Some(cpu_resources(Some(cpus), None)),
+            resources: Some(cpu_resources(Some(cpus), mems)),
         }),
         ignore_failure: true,
     }
 }
 
 impl Policy {
-    pub fn new(d: Daemon) -> Policy {
+    /// A policy over `d`; `cgroups` (when given) answers what a container's cpuset is before
+    /// the plugin gave it one (after a restart).
+    pub fn new(d: Daemon, cgroups: Option<Cgroups>) -> Policy {
+        let writer = Arc::new(NriWriter::new(cgroups));
         Policy {
-            d,
+            admission: Admission::new(d, writer.clone()),
+            writer,
             pods: BTreeMap::new(),
             containers: BTreeMap::new(),
             pending: Vec::new(),
         }
     }
 
-    /// Updates for every placed shared container whose cpuset no longer matches its share
-    /// of the pool (exclusive CPUs handed out or given back).
-    fn shared_updates(&mut self, except: &str) -> Vec<api::ContainerUpdate> {
-        let s = self.d.lock();
+    fn d(&self) -> &Daemon {
+        &self.admission.daemon
+    }
+
+    fn id_of(&self, cgroup: &str) -> Option<&str> {
+        self.containers
+            .iter()
+            .find(|(_, t)| t.cgroup == cgroup)
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// The collected changes as runtime updates, except `own`'s (returned apart). A change
+    /// for a cgroup the plugin did not place (none in NRI mode) is written to cgroupfs, so
+    /// it is made exactly once.
+    fn drain(&self, own: Option<&str>) -> (Option<CpusetChange>, Vec<api::ContainerUpdate>) {
+        let mut mine = None;
         let mut out = Vec::new();
-        for (id, t) in self.containers.iter_mut() {
-            if t.exclusive || id == except {
-                continue;
-            }
-            let Some(now) = s.state.allocator.current_cpus(&t.key, &t.name) else {
-                continue;
-            };
-            if now != t.cpus && !now.is_empty() {
-                tracing::info!(container = %id, cgroup = %t.cgroup, cpus = %now, "shared container's cpuset updated through the runtime");
-                t.cpus = now.clone();
-                out.push(update(id, &now));
+        for c in self.writer.take() {
+            if Some(c.cgroup.as_str()) == own {
+                mine = Some(c);
+            } else if let Some(id) = self.id_of(&c.cgroup) {
+                tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
+                out.push(update(id, &c.cpus, c.mems.as_ref()));
+            } else if let Some(cg) = &self.writer.cgroups {
+                if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
+                    tracing::warn!(cgroup = %c.cgroup, error = %e, "cpuset change of a container unknown to the runtime failed");
+                }
             }
         }
-        if s.cfg.daemon.dry_run {
-            out.clear();
+        (mine, out)
+    }
+
+    /// Shared containers whose cpuset can grow back (exclusive CPUs were released): their
+    /// admission pool minus what is exclusive now, when it differs from what they were given.
+    fn regrow(&self) -> Vec<api::ContainerUpdate> {
+        let wanted: Vec<(String, String, CpuSet)> = {
+            let s = self.d().lock();
+            if s.cfg.daemon.dry_run {
+                return Vec::new();
+            }
+            self.containers
+                .iter()
+                .filter_map(|(id, t)| {
+                    let b = s.state.bindings.get(&t.cgroup)?;
+                    let pod = s.state.allocator.pods.get(&b.pod_uid)?;
+                    let c = pod
+                        .containers
+                        .iter()
+                        .find(|c| c.placement.container == b.container)?;
+                    if c.placement.exclusive {
+                        return None;
+                    }
+                    let now = s.state.allocator.current_cpus(&b.pod_uid, &b.container)?;
+                    Some((id.clone(), t.cgroup.clone(), now))
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (id, cg, now) in wanted {
+            if now.is_empty() || self.writer.cpus(&cg).as_ref() == Some(&now) {
+                continue;
+            }
+            let _ = self.writer.write(&CpusetChange {
+                cgroup: cg.clone(),
+                cpus: now.clone(),
+                mems: None,
+            });
+            tracing::info!(container = %id, cgroup = %cg, cpus = %now, "shared container given back released CPUs through the runtime");
+            out.push(update(&id, &now, None));
         }
+        self.writer.take();
         out
     }
 
     /// Releases a placed container; `true` when it held an allocation.
-    fn release(&mut self, id: &str) -> bool {
+    fn release(&mut self, id: &str, durability: Durability) -> bool {
         let Some(t) = self.containers.remove(id) else {
             return false;
         };
-        {
-            let mut s = self.d.lock();
-            s.state.bindings.remove(&t.cgroup);
-            s.state.allocator.release(&t.key);
-        }
-        tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
-        self.checkpoint();
-        true
-    }
-
-    fn checkpoint(&self) {
-        if let Err(e) = self.d.checkpoint() {
-            tracing::warn!(error = %e, "checkpoint after an NRI event failed");
+        self.writer.forget(&t.cgroup);
+        match self.admission.release(&t.key, durability) {
+            Ok(()) => {
+                tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "release failed");
+                false
+            }
         }
     }
 
-    /// Admits one request under the state lock: its (cpus, mems, exclusive) or the refusal.
-    fn admit(&mut self, r: &Request, id: &str, pod_id: &str) -> Result<(CpuSet, CpuSet), String> {
-        let mut guard = self.d.lock();
-        let s = &mut *guard;
-        let placed = s.state.allocator.admit(&s.topo, &s.cfg.placement, &r.pod);
-        match placed {
-            Ok(p) => {
-                let p = &p[0];
-                s.state.bindings.insert(
-                    r.cgroup.clone(),
-                    Binding {
-                        pod_uid: r.key.clone(),
-                        container: p.container.clone(),
-                    },
-                );
+    /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
+    fn free_by_node(&self) -> String {
+        let s = self.d().lock();
+        let pool = s
+            .state
+            .allocator
+            .shared_pool(&crate::placement::cpu::CpuView::new(&s.topo));
+        s.topo
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "node {}: {} of {} CPUs free",
+                    n.id,
+                    n.cpus.intersection(&pool).len(),
+                    n.cpus.len()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Admits one request (bound to its cgroup): (cpus, mems) and the other containers'
+    /// updates, or the refusal message.
+    fn admit(
+        &mut self,
+        r: &Request,
+        id: &str,
+        pod_id: &str,
+        durability: Durability,
+    ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
+        self.writer.take();
+        let res = self.admission.admit(AdmitRequest {
+            pod: &r.pod,
+            bind: Some(&r.cgroup),
+            durability,
+            since: Instant::now(),
+        });
+        match res {
+            Ok(a) => {
                 self.containers.insert(
                     id.to_string(),
                     Tracked {
                         key: r.key.clone(),
-                        name: p.container.clone(),
                         cgroup: r.cgroup.clone(),
                         pod_id: pod_id.to_string(),
-                        exclusive: p.exclusive,
-                        cpus: p.cpus.clone(),
                     },
                 );
-                Ok((p.cpus.clone(), p.mems.clone()))
+                let p = &a.placements[0];
+                let (_, updates) = self.drain(Some(&r.cgroup));
+                Ok((p.cpus.clone(), p.mems.clone(), updates))
             }
-            Err(rej) => {
-                self.d
-                    .metrics
-                    .admission_rejections
-                    .get_or_create(&ReasonLabel {
-                        reason: rej.reason.to_string(),
-                    })
-                    .inc();
-                Err(format!(
-                    "rebalancer refused container {} of pod {}: {}: {}",
-                    r.pod.containers[0].name,
-                    r.key.split('/').next().unwrap_or_default(),
-                    rej.reason,
-                    rej.details
-                ))
+            Err(e) => {
+                self.writer.take();
+                let c = &r.pod.containers[0];
+                let ask = format!(
+                    "asks {}m CPU, {} MiB memory",
+                    c.cpu_request(),
+                    c.memory_request() >> 20
+                );
+                Err(match e {
+                    AdmitError::Rejected { rejection, .. } => format!(
+                        "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",
+                        c.name,
+                        r.key.split('/').next().unwrap_or_default(),
+                        rejection.reason,
+                        rejection.details,
+                        self.free_by_node()
+                    ),
+                    other => format!("rebalancer: container {}: {other}", c.name),
+                })
             }
         }
-    }
-
-    fn count(&self, result: &str) {
-        self.d
-            .metrics
-            .admission_requests
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
     }
 }
 
@@ -373,7 +504,8 @@ impl Handler for Policy {
         self.pods = req.pods.iter().map(|p| (p.id.clone(), p.clone())).collect();
         self.containers.clear();
         let mut updates = Vec::new();
-        let mut live_cgroups = Vec::new();
+        let mut live = Vec::new();
+        let mut adopt = Vec::new();
         for c in &req.containers {
             let running = matches!(
                 api::ContainerState::try_from(c.state),
@@ -394,75 +526,60 @@ impl Handler for Policy {
             if !running {
                 continue;
             }
-            live_cgroups.push(r.cgroup.clone());
-            let bound = {
-                let s = self.d.lock();
-                s.state.bindings.get(&r.cgroup).and_then(|b| {
-                    let p = s.state.allocator.pods.get(&b.pod_uid)?;
-                    let a = p
-                        .containers
-                        .iter()
-                        .find(|a| a.placement.container == b.container)?;
-                    Some((b.clone(), a.placement.exclusive))
-                })
-            };
-            if let Some((b, exclusive)) = bound {
-                self.containers.insert(
-                    c.id.clone(),
-                    Tracked {
-                        key: b.pod_uid,
-                        name: b.container,
-                        cgroup: r.cgroup.clone(),
-                        pod_id: pod.id.clone(),
-                        exclusive,
-                        // Unknown after a restart: the shared ones get their cpuset again below.
-                        cpus: CpuSet::new(),
-                    },
-                );
-                continue;
-            }
-            match self.admit(&r, &c.id, &pod.id) {
-                Ok((cpus, mems)) => {
-                    tracing::info!(container = %c.id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
-                    if !self.d.lock().cfg.daemon.dry_run {
-                        let mut u = update(&c.id, &cpus);
-                        if let Some(res) = u.linux.as_mut().and_then(|l| l.resources.as_mut()) {
-                            *res = cpu_resources(Some(&cpus), Some(&mems));
-                        }
-                        updates.push(u);
-                    }
+            live.push(r.cgroup.clone());
+            let bound = self.d().lock().state.bindings.get(&r.cgroup).cloned();
+            match bound {
+                // Placed before the restart: kept as it is, once.
+                Some(b) => {
+                    self.containers.insert(
+                        c.id.clone(),
+                        Tracked {
+                            key: b.pod_uid,
+                            cgroup: r.cgroup.clone(),
+                            pod_id: pod.id.clone(),
+                        },
+                    );
                 }
-                Err(e) => {
-                    tracing::warn!(container = %c.id, error = %e, "running container not adopted; left as it runs")
-                }
+                None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
         // Bindings of Kubernetes containers the runtime no longer runs: released.
-        let gone: Vec<(String, String)> = {
-            let s = self.d.lock();
+        let gone: Vec<String> = {
+            let s = self.d().lock();
             s.state
                 .bindings
                 .iter()
-                .filter(|(cg, b)| b.pod_uid.contains('/') && !live_cgroups.contains(cg))
-                .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
+                .filter(|(cg, b)| b.pod_uid.contains('/') && !live.contains(cg))
+                .map(|(_, b)| b.pod_uid.clone())
                 .collect()
         };
+        for key in &gone {
+            if let Err(e) = self.admission.release(key, Durability::Deferred) {
+                tracing::warn!(%key, error = %e, "synchronize: release failed");
+            } else {
+                tracing::info!(%key, "synchronize: container gone while disconnected; released");
+            }
+        }
+        for (r, id, pod_id) in adopt {
+            match self.admit(&r, &id, &pod_id, Durability::Deferred) {
+                Ok((cpus, mems, others)) => {
+                    tracing::info!(container = %id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
+                    if !self.d().lock().cfg.daemon.dry_run {
+                        updates.push(update(&id, &cpus, Some(&mems)));
+                    }
+                    updates.extend(others);
+                }
+                Err(e) => {
+                    tracing::warn!(container = %id, error = %e, "running container not adopted; left as it runs")
+                }
+            }
+        }
         if !gone.is_empty() {
-            let mut s = self.d.lock();
-            for (cg, key) in &gone {
-                s.state.bindings.remove(cg);
-                s.state.allocator.release(key);
-                tracing::info!(cgroup = %cg, "synchronize: container gone while disconnected; released");
-            }
+            updates.extend(self.regrow());
         }
-        // Adopted exclusive CPUs, or drift while disconnected: bring shared ones in line.
-        let ids: Vec<String> = updates.iter().map(|u| u.container_id.clone()).collect();
-        for u in self.shared_updates("") {
-            if !ids.contains(&u.container_id) {
-                updates.push(u);
-            }
+        if let Err(e) = self.admission.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after synchronize failed");
         }
-        self.checkpoint();
         tracing::info!(
             pods = req.pods.len(),
             containers = req.containers.len(),
@@ -477,13 +594,12 @@ impl Handler for Policy {
         &mut self,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, String> {
-        let t0 = Instant::now();
         let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
-            self.count("invalid");
+            self.admission.record_invalid();
             return Err("rebalancer: CreateContainer without its pod or container".into());
         };
         if !self.pods.contains_key(&pod.id) {
-            self.count("invalid");
+            self.admission.record_invalid();
             return Err(format!(
                 "rebalancer: container {} ({}) of pod sandbox {} that the runtime never announced",
                 c.id, c.name, pod.id
@@ -493,37 +609,19 @@ impl Handler for Policy {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
-                self.count("invalid");
+                self.admission.record_invalid();
                 return Err(format!("rebalancer: {e}"));
             }
         };
         if self.containers.contains_key(&c.id) {
-            self.count("invalid");
+            self.admission.record_invalid();
             return Err(format!("rebalancer: container {} created twice", c.id));
         }
-        let (cpus, mems) = match self.admit(&r, &c.id, &pod.id) {
-            Ok(x) => x,
-            Err(e) => {
-                self.count("rejected");
-                tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused");
-                return Err(e);
-            }
-        };
-        let exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
-        let updates = if exclusive {
-            self.shared_updates(&c.id)
-        } else {
-            Vec::new()
-        };
-        self.checkpoint();
-        self.count("admitted");
-        let micros = t0.elapsed().as_micros();
-        self.d
-            .metrics
-            .admission_duration
-            .observe(micros as f64 / 1e6);
-        tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, exclusive, micros, "container admitted at creation (NRI)");
-        if self.d.lock().cfg.daemon.dry_run {
+        let (cpus, mems, updates) = self
+            .admit(&r, &c.id, &pod.id, Durability::Durable)
+            .inspect_err(|e| tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused"))?;
+        tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, "container admitted at creation (NRI)");
+        if self.d().lock().cfg.daemon.dry_run {
             return Ok(Default::default());
         }
         Ok(api::CreateContainerResponse {
@@ -546,9 +644,8 @@ impl Handler for Policy {
         let Some(c) = req.container.as_ref() else {
             return Err("rebalancer: StopContainer without its container".into());
         };
-        let was_exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
-        let update = if self.release(&c.id) && was_exclusive {
-            self.shared_updates("")
+        let update = if self.release(&c.id, Durability::Durable) {
+            self.regrow()
         } else {
             Vec::new()
         };
@@ -567,9 +664,8 @@ impl Handler for Policy {
                 let c = ev
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
-                let was_exclusive = self.containers.get(&c.id).is_some_and(|t| t.exclusive);
-                if self.release(&c.id) && was_exclusive {
-                    let u = self.shared_updates("");
+                if self.release(&c.id, Durability::Durable) {
+                    let u = self.regrow();
                     self.pending.extend(u);
                 }
             }
@@ -584,13 +680,12 @@ impl Handler for Policy {
                     .filter(|(_, t)| t.pod_id == pod.id)
                     .map(|(id, _)| id.clone())
                     .collect();
-                let mut any_exclusive = false;
+                let mut any = false;
                 for id in ids {
-                    any_exclusive |= self.containers.get(&id).is_some_and(|t| t.exclusive);
-                    self.release(&id);
+                    any |= self.release(&id, Durability::Durable);
                 }
-                if any_exclusive {
-                    let u = self.shared_updates("");
+                if any {
+                    let u = self.regrow();
                     self.pending.extend(u);
                 }
             }
@@ -604,8 +699,8 @@ impl Handler for Policy {
     }
 
     fn connection(&mut self, up: bool) {
-        self.d.metrics.nri_connected.set(i64::from(up));
-        self.d.lock().nri_connected = up;
+        self.d().metrics.nri_connected.set(i64::from(up));
+        self.d().lock().nri_connected = up;
         if up {
             tracing::info!("NRI plugin registered with the runtime");
         } else {
@@ -628,6 +723,7 @@ pub fn resolve_mode(cfg: &crate::config::KubernetesConfig) -> crate::config::Adm
 /// runs.
 pub fn spawn(
     d: Daemon,
+    cgroups: Cgroups,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let k = d.lock().cfg.kubernetes.clone();
@@ -639,7 +735,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nri".into())
         .spawn(move || {
-            let mut p = Policy::new(d);
+            let mut p = Policy::new(d, Some(cgroups));
             crate::nri::session::run(&opts, &mut p, &stop);
         })
 }
@@ -667,7 +763,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.daemon.state_dir = dir.join("state");
         let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
-        Policy::new(d)
+        Policy::new(d, None)
     }
 
     fn pod(id: &str, qos: &str) -> api::PodSandbox {
@@ -773,7 +869,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(stop.update.len(), 1);
-        assert!(p.d.lock().state.allocator.exclusive_cpus().is_empty());
+        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
     }
 
     #[test]
@@ -782,7 +878,7 @@ mod tests {
         let mut p = policy(dir.path());
         let gp = pod("g", "");
         run_pod(&mut p, &gp);
-        let before = p.d.lock().state.clone();
+        let before = p.d().lock().state.clone();
         // A container of a pod the runtime never announced.
         let other = pod("x", "");
         let e = create(&mut p, &other, &ctr("a", &other, 100_000, 1024, 1 << 20)).unwrap_err();
@@ -819,7 +915,7 @@ mod tests {
         // Too big: refused with the reason.
         let e = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20)).unwrap_err();
         assert!(e.contains("InsufficientCPU"), "{e}");
-        assert_eq!(p.d.lock().state, before, "nothing changed");
+        assert_eq!(p.d().lock().state, before, "nothing changed");
 
         // Through the wire: garbage payloads and unknown methods are refused by status code.
         let req = |method: &str, payload: Vec<u8>| envelope::Request {
@@ -843,7 +939,7 @@ mod tests {
             dispatch(&mut p, &other_service).unwrap_err().code,
             CODE_UNIMPLEMENTED
         );
-        assert_eq!(p.d.lock().state, before, "nothing changed");
+        assert_eq!(p.d().lock().state, before, "nothing changed");
 
         // Unknown fields (a newer NRI) are skipped, as protobuf intends: the request works.
         let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
@@ -868,9 +964,9 @@ mod tests {
         let g2 = ctr("c", &gp, 100_000, 1024, 1 << 20);
         create(&mut p, &gp, &g).unwrap();
         create(&mut p, &gp, &g2).unwrap();
-        let excl = p.d.lock().state.allocator.exclusive_cpus();
+        let excl = p.d().lock().state.allocator.exclusive_cpus();
         // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
-        let mut p = Policy::new(p.d.clone());
+        let mut p = Policy::new(p.d().clone(), None);
         let mut running = g.clone();
         running.state = api::ContainerState::ContainerRunning as i32;
         let mut g3 = ctr("d", &gp, 100_000, 1024, 1 << 20);
@@ -881,7 +977,7 @@ mod tests {
                 containers: vec![running, g3.clone()],
             })
             .unwrap();
-        let s = p.d.lock();
+        let s = p.d().lock();
         assert_eq!(
             s.state.allocator.pods.len(),
             2,

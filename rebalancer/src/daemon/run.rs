@@ -1,12 +1,20 @@
 //! The daemon's main task: discover the machine, restore the checkpoint, start the listeners,
-//! then one `tokio::select!` loop over the control tick, SIGHUP (config reload), SIGINT/SIGTERM.
-use std::{path::PathBuf, time::Duration};
+//! the watcher and the control-round thread, then one `tokio::select!` loop over SIGHUP (config
+//! reload), SIGINT/SIGTERM and the round limit. The runtime only listens: control rounds
+//! (which read /proc, write cgroupfs and wait for the kernel to migrate pages — seconds) run on
+//! their own thread ([`spawn_rounds`]), so the API, `/metrics` and `/healthz` answer while a
+//! round migrates.
+use std::{
+    path::PathBuf,
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{engine, Daemon, Persisted, Shared};
+use super::{admission::Admission, engine, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
     config::{AdmissionMode, Config},
@@ -45,6 +53,11 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
 }
 
 pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
+    // First, so a signal during start-up (restore, reconcile, eBPF load) is a clean stop, not
+    // the default action's kill.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let topo = sysfs::read(&cfg.daemon.sysfs_root)
         .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
     tracing::info!(
@@ -67,6 +80,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let persisted = restore(&cfg, &topo)?;
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
+    let admission = Admission::new(
+        daemon.clone(),
+        Arc::new(CgroupCpusetWriter(cgroups.clone())),
+    );
 
     let cancel = CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;
@@ -85,7 +102,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let listener = socket::bind(&cfg.server.socket, gid)?;
     let api_task = socket::spawn(
         listener,
-        serve::api::router(daemon.clone()),
+        super::api::router(admission.clone()),
         socket::Access { allowed_gid: gid },
         cfg.server.requests_per_second,
         cancel.clone(),
@@ -98,15 +115,15 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     match mode {
         AdmissionMode::Nri => {
             tracing::info!(socket = %cfg.kubernetes.nri_socket.display(), "admission: NRI plugin (placement at container creation)");
-            super::nri::spawn(daemon.clone(), nri_stop.clone())
+            super::nri::spawn(daemon.clone(), cgroups.clone(), nri_stop.clone())
                 .context("starting the NRI plugin thread")?;
         }
         AdmissionMode::Watcher | AdmissionMode::Auto => {
             tracing::info!(nri_socket = %cfg.kubernetes.nri_socket.display(), "admission: cgroup watcher (no NRI socket, or chosen)");
-            for o in super::watcher::reconcile(&daemon, &cgroups) {
+            for o in super::watcher::reconcile(&admission, &cgroups) {
                 tracing::info!(outcome = ?o, "reconciled at start");
             }
-            match super::watcher::spawn(daemon.clone(), cgroups.clone()) {
+            match super::watcher::spawn(admission.clone(), cgroups.clone()) {
                 Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
                 Err(e) => {
                     tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
@@ -120,34 +137,38 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         source = cpu_source.name(),
         "per-cgroup, per-node CPU time source"
     );
-    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rounds = 0u64;
+    let engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
+    let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                rounds += 1;
-                engine.round(&daemon);
-                if max_rounds != 0 && rounds >= max_rounds {
-                    tracing::info!(rounds, "round limit reached, stopping");
-                    break;
+            n = &mut limit_rx => {
+                match n {
+                    Ok(rounds) => tracing::info!(rounds, "round limit reached, stopping"),
+                    Err(_) => tracing::error!("the control-round thread stopped, stopping"),
                 }
+                break;
             }
-            _ = sighup.recv() => reload(&daemon, config_path.as_deref()),
+            _ = sighup.recv() => {
+                let d = daemon.clone();
+                let path = config_path.clone();
+                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
+                let _ = rounds_tx.send(RoundCmd::Reload);
+            }
             _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
             _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
         }
     }
+    // A round under way finishes first (no half-applied move).
+    let _ = rounds_tx.send(RoundCmd::Stop);
+    let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
     cancel.cancel();
     nri_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = metrics_task.await;
     let _ = api_task.await;
     let _ = std::fs::remove_file(&cfg.server.socket);
-    if let Err(e) = daemon.checkpoint() {
+    let d = daemon.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.checkpoint()).await {
         tracing::warn!(error = %e, "final checkpoint failed");
     }
     if let Some(old) = autonuma_restore {
@@ -155,6 +176,53 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// What the main task tells the control-round thread.
+#[derive(Debug)]
+enum RoundCmd {
+    /// The config was reloaded: the next round is due `period_ms` (the new one) after the
+    /// last round started.
+    Reload,
+    /// Finish the round under way, if any, and stop.
+    Stop,
+}
+
+/// Starts the control-round thread: a round at once, then one every `controller.period_ms`
+/// (read from the live config, so a reload applies), measured start to start; a round longer
+/// than the period is followed by the next at once. After `max_rounds` rounds (0: no limit)
+/// it reports on `limit` and stops.
+fn spawn_rounds(
+    mut engine: engine::Engine,
+    adm: Admission,
+    max_rounds: u64,
+    limit: tokio::sync::oneshot::Sender<u64>,
+) -> std::io::Result<(mpsc::Sender<RoundCmd>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel::<RoundCmd>();
+    let h = std::thread::Builder::new()
+        .name("control-rounds".into())
+        .spawn(move || {
+            let mut rounds = 0u64;
+            loop {
+                let started = Instant::now();
+                engine.round(&adm);
+                rounds += 1;
+                if max_rounds != 0 && rounds >= max_rounds {
+                    let _ = limit.send(rounds);
+                    return;
+                }
+                loop {
+                    let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+                    let wait = (started + period).saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(wait) {
+                        Ok(RoundCmd::Reload) => continue,
+                        Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    }
+                }
+            }
+        })?;
+    Ok((tx, h))
 }
 
 /// Starts the eBPF samplers (when enabled), records every source's status, and picks the
