@@ -991,6 +991,38 @@ mod tests {
     }
 
     #[test]
+    fn init_cpus_are_reused_by_app_containers_and_a_sidecar_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        // An init container runs to completion first; kubelet stops it before the app starts.
+        let init = ctr("1", &gp, 200_000, 2048, 1 << 20);
+        let init_cpus = adjusted_cpus(&create(&mut p, &gp, &init).unwrap());
+        p.stop_container(api::StopContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(init.clone()),
+        })
+        .unwrap();
+        // A sidecar (restartable init container) keeps running beside the app.
+        let sidecar = ctr("2", &gp, 100_000, 1024, 1 << 20);
+        let side_cpus = adjusted_cpus(&create(&mut p, &gp, &sidecar).unwrap());
+        assert!(side_cpus.is_subset(&init_cpus), "the sidecar reuses the init's CPUs");
+        let app = ctr("3", &gp, 200_000, 2048, 1 << 20);
+        let app_cpus = adjusted_cpus(&create(&mut p, &gp, &app).unwrap());
+        assert_eq!(app_cpus.len(), 2);
+        assert!(app_cpus.is_disjoint(&side_cpus), "never the running sidecar's CPUs");
+        assert_eq!(
+            app_cpus.union(&side_cpus).len(),
+            3,
+            "pod total = sidecar + app, as kubelet counts a restartable init container"
+        );
+        // Another pod can use what the finished init container had and the app did not take.
+        let s = p.d().lock();
+        assert_eq!(s.state.allocator.exclusive_cpus(), app_cpus.union(&side_cpus));
+    }
+
+    #[test]
     fn systemd_cgroups_paths_expand_as_systemd_lays_them_out() {
         assert_eq!(
             cgroup_rel("kubepods-burstable-pod1234.slice:cri-containerd:abc"),
