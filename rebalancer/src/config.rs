@@ -46,6 +46,42 @@ pub struct Config {
     pub placement: PlacementConfig,
     pub controller: ControllerConfig,
     pub server: ServerConfig,
+    pub kubernetes: KubernetesConfig,
+}
+
+/// Which door admits Kubernetes containers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdmissionMode {
+    /// NRI when its socket exists at start, else the cgroup watcher.
+    #[default]
+    Auto,
+    /// The NRI plugin: placement before the container's first instruction, real refusals.
+    Nri,
+    /// The inotify cgroup watcher (runtimes without NRI).
+    Watcher,
+    /// Neither (the admission API only).
+    Off,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    pub admission: AdmissionMode,
+    /// The runtime's NRI socket (containerd / CRI-O default).
+    pub nri_socket: PathBuf,
+    /// The plugin's NRI index: two digits, plugins are called in ascending order.
+    pub nri_plugin_index: String,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            admission: AdmissionMode::Auto,
+            nri_socket: "/var/run/nri/nri.sock".into(),
+            nri_plugin_index: "50".into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -367,6 +403,13 @@ impl Config {
             key,
             message,
         };
+        let idx = self.kubernetes.nri_plugin_index.as_bytes();
+        if idx.len() != 2 || !idx.iter().all(u8::is_ascii_digit) {
+            return Err(bad(
+                "kubernetes.nri_plugin_index",
+                "must be two digits, e.g. \"50\"".into(),
+            ));
+        }
         if let Err(e) = CpuSet::parse(&self.placement.reserved_cpus) {
             return Err(bad("placement.reserved_cpus", e.to_string()));
         }

@@ -12,6 +12,7 @@ pub mod cpuset;
 pub mod daemon;
 pub mod ebpf;
 pub mod health;
+pub mod nri;
 pub mod pages;
 pub mod placement;
 pub mod procfs;

@@ -9,6 +9,7 @@
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod containerd;
 mod fuzz;
 mod overhead;
 mod setup;
@@ -138,7 +139,10 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     }
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
-    sh(cargo().args(["test", "--", "--test-threads=1"]))?;
+    // The NRI root test must find the containerd that setup installed, not skip.
+    sh(cargo()
+        .args(["test", "--", "--test-threads=1"])
+        .env("REBALANCER_REQUIRE_CONTAINERD", "1"))?;
     if no_vm {
         eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
     } else {

@@ -91,5 +91,7 @@ pub fn all() -> Result<()> {
         "numactl",
         "prometheus",
     ])?;
+    // containerd + runc + a test image for the NRI tests, in the project's own folder.
+    crate::containerd::install()?;
     Ok(())
 }

@@ -141,6 +141,7 @@ pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
         },
         "decisions": s.decisions.values().collect::<Vec<_>>(),
         "dry_run": s.cfg.daemon.dry_run,
+        "admission": {"mode": s.admission, "nri_connected": s.nri_connected, "nri_socket": s.cfg.kubernetes.nri_socket},
     })
 }
 

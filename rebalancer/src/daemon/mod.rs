@@ -20,6 +20,7 @@ pub mod api;
 pub mod apply;
 pub mod engine;
 pub mod lock;
+pub mod nri;
 pub mod run;
 pub mod watcher;
 pub mod writer;
@@ -69,6 +70,10 @@ pub struct Shared {
     pub last_obs: Option<crate::controller::Observations>,
     /// Orders checkpoint writes (see [`CheckpointWriter`]).
     pub ckpt: Arc<CheckpointWriter>,
+    /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
+    pub admission: crate::config::AdmissionMode,
+    /// Whether the NRI plugin is registered with the runtime now.
+    pub nri_connected: bool,
 }
 
 impl Shared {
@@ -83,6 +88,8 @@ impl Shared {
             sources: Vec::new(),
             last_obs: None,
             ckpt: Default::default(),
+            admission: crate::config::AdmissionMode::Off,
+            nri_connected: false,
         }
     }
 

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::{admission::Admission, engine, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
-    config::Config,
+    config::{AdmissionMode, Config},
     controller::ControllerState,
     placement::admission::Allocator,
     serve::{self, socket},
@@ -137,14 +137,28 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
 
     // Only once nothing can fail at start any more: an early error must not leave it off.
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
-    for o in super::watcher::reconcile(&admission, &cgroups) {
-        tracing::info!(outcome = ?o, "reconciled at start");
-    }
-    match super::watcher::spawn(admission.clone(), cgroups.clone()) {
-        Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
-        Err(e) => {
-            tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
+    let mode = super::nri::resolve_mode(&cfg.kubernetes);
+    daemon.lock().admission = mode;
+    let nri_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    match mode {
+        AdmissionMode::Nri => {
+            tracing::info!(socket = %cfg.kubernetes.nri_socket.display(), "admission: NRI plugin (placement at container creation)");
+            super::nri::spawn(daemon.clone(), cgroups.clone(), nri_stop.clone())
+                .context("starting the NRI plugin thread")?;
         }
+        AdmissionMode::Watcher | AdmissionMode::Auto => {
+            tracing::info!(nri_socket = %cfg.kubernetes.nri_socket.display(), "admission: cgroup watcher (no NRI socket, or chosen)");
+            for o in super::watcher::reconcile(&admission, &cgroups) {
+                tracing::info!(outcome = ?o, "reconciled at start");
+            }
+            match super::watcher::spawn(admission.clone(), cgroups.clone()) {
+                Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
+                }
+            }
+        }
+        AdmissionMode::Off => tracing::info!("admission: off (admission API only)"),
     }
     let cpu_source = cpu_time_source(&daemon, &cgroups);
     tracing::info!(
@@ -194,6 +208,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     cancel.cancel();
     let _ = rounds_tx.send(RoundCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
+    nri_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // Each listener closes at once and drops what is left after its grace (see serve::conn).
     let drained = tokio::time::timeout(Duration::from_secs(3), async {
         let _ = metrics_task.await;

@@ -90,6 +90,8 @@ pub struct Metrics {
     pub http_connections: Family<ListenerLabel, Gauge>,
     pub http_connections_closed: Family<ListenerReasonLabel, Counter>,
     pub inotify_watch_failures: Family<ReasonLabel, Counter>,
+    /// 1 while the NRI plugin is registered with the runtime.
+    pub nri_connected: Gauge,
 }
 
 impl Metrics {
@@ -125,6 +127,7 @@ impl Metrics {
             http_connections: Family::default(),
             http_connections_closed: Family::default(),
             inotify_watch_failures: Family::default(),
+            nri_connected: Gauge::default(),
         };
         let component_up = Family::<ComponentLabel, Gauge>::default();
         r.register(
@@ -244,6 +247,11 @@ impl Metrics {
             "managed_cgroups",
             "Cgroups under management",
             m.managed_cgroups.clone(),
+        );
+        r.register(
+            "nri_connected",
+            "1 while the NRI plugin is registered with the container runtime, else 0",
+            m.nri_connected.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

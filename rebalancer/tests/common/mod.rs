@@ -209,11 +209,25 @@ pub struct Daemon {
 impl Daemon {
     /// Writes a config (`extra` is appended TOML: whole sections) and starts the daemon.
     pub fn start(server_extra: &str, extra: &str) -> Daemon {
-        Daemon::start_with(server_extra, extra, None)
+        Daemon::start_full("", server_extra, extra, None)
     }
 
     /// [`Daemon::start`] with `pre_exec` run in the child before exec.
     pub fn start_with(
+        server_extra: &str,
+        extra: &str,
+        pre_exec: Option<fn() -> std::io::Result<()>>,
+    ) -> Daemon {
+        Daemon::start_full("", server_extra, extra, pre_exec)
+    }
+
+    /// [`Daemon::start`] with `daemon_extra` keys in the `[daemon]` section too.
+    pub fn start_daemon_extra(daemon_extra: &str, server_extra: &str, extra: &str) -> Daemon {
+        Daemon::start_full(daemon_extra, server_extra, extra, None)
+    }
+
+    fn start_full(
+        daemon_extra: &str,
         server_extra: &str,
         extra: &str,
         pre_exec: Option<fn() -> std::io::Result<()>>,
@@ -233,7 +247,7 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[daemon]\nstate_dir = \"{}\"\n[server]\nsocket = \"{}\"\nmetrics_listen = \"127.0.0.1:{port}\"\n{server_extra}\n{extra}",
+                "[daemon]\nstate_dir = \"{}\"\n{daemon_extra}\n[server]\nsocket = \"{}\"\nmetrics_listen = \"127.0.0.1:{port}\"\n{server_extra}\n{extra}",
                 state_dir.display(),
                 socket.display()
             ),

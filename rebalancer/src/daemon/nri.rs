@@ -1,0 +1,1040 @@
+//! The NRI plugin's policy: admission inside the container lifecycle. The transport
+//! (`crate::nri::session`) calls this [`Policy`] for every pod and container event it
+//! subscribed to; it admits through the one admission service (`daemon::admission`) with an
+//! [`NriWriter`], so nothing here touches a socket and nothing writes cgroupfs — the runtime
+//! applies every cpuset (never behind the runtime's back).
+//!
+//! - CreateContainer: the container's request ([`request`], the one mapping from NRI to a
+//!   placement request) is admitted by the allocator; the answer is a ContainerAdjustment of
+//!   `linux.resources.cpu.cpus` / `mems`, so the placement holds from the first instruction.
+//!   When exclusive CPUs were handed out, the shared containers that still have them get a
+//!   ContainerUpdate in the same answer. A refusal fails CreateContainer with the reason.
+//! - StopContainer / RemoveContainer / RemovePodSandbox: release. An init container's CPUs are
+//!   free again once it stopped, so the app containers after it reuse them, as kubelet does;
+//!   a sidecar (restartable init container) keeps running and keeps its CPUs.
+//! - Synchronize (every connect): running containers already bound by the checkpoint keep
+//!   their allocation; unknown ones are admitted (adopted) and updated; bindings of containers
+//!   the runtime no longer has are released — no double allocation after a restart.
+//!
+//! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
+//! (as the watcher keys its admissions), bound to its cgroup path.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::cgroup::kube::{classify, CgroupKind, Qos};
+use crate::cgroup::Cgroups;
+use crate::cpuset::CpuSet;
+use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability};
+use crate::daemon::writer::{CpusetChange, CpusetWriter, WriteError};
+use crate::daemon::Daemon;
+use crate::nri::api;
+use crate::nri::session::Handler;
+use crate::placement::admission::{Container, Pod};
+
+/// One container's admission request, from the NRI pod and container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Allocator key: `<pod uid>/<container id, 12>`.
+    pub key: String,
+    /// Its cgroup, relative to the hierarchy root (as the watcher and controller name it).
+    pub cgroup: String,
+    pub qos: Qos,
+    pub pod: Pod,
+}
+
+/// Events the plugin subscribes to.
+pub const EVENTS: &[api::Event] = &[
+    api::Event::RunPodSandbox,
+    api::Event::RemovePodSandbox,
+    api::Event::CreateContainer,
+    api::Event::StopContainer,
+    api::Event::RemoveContainer,
+];
+
+/// NRI's event mask: bit `e - 1` per event.
+pub fn event_mask(events: &[api::Event]) -> i32 {
+    events.iter().fold(0, |m, e| m | 1 << (*e as i32 - 1))
+}
+
+/// The runtime's cgroups path as a path under the hierarchy root: cgroupfs form
+/// (`/kubepods/burstable/pod<uid>/<id>`) as it is; systemd form
+/// (`kubepods-burstable-pod<uid>.slice:cri-containerd:<id>`) expanded as systemd lays it out.
+pub fn cgroup_rel(cgroups_path: &str) -> String {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    if let [slice, prefix, name] = parts[..] {
+        let mut out = Vec::new();
+        let stem = slice.strip_suffix(".slice").unwrap_or(slice);
+        let mut acc = String::new();
+        for (i, piece) in stem.split('-').enumerate() {
+            if i > 0 {
+                acc.push('-');
+            }
+            acc.push_str(piece);
+            out.push(format!("{acc}.slice"));
+        }
+        out.push(if prefix.is_empty() {
+            format!("{name}.scope")
+        } else {
+            format!("{prefix}-{name}.scope")
+        });
+        return out.join("/");
+    }
+    cgroups_path.trim_matches('/').to_string()
+}
+
+/// kubelet's shares = millis * 1024 / 1000 (at least 2), inverted.
+fn millis_from_shares(shares: u64) -> u64 {
+    if shares <= 2 {
+        0
+    } else {
+        (shares * 1000).div_ceil(1024)
+    }
+}
+
+/// The whole mapping from an NRI pod and container to an admission request. `Ok(None)`: not a
+/// Kubernetes container (its cgroup is not under kubepods) — left as the runtime makes it.
+pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Request>, String> {
+    if c.id.is_empty() {
+        return Err("container without an id".into());
+    }
+    if c.pod_sandbox_id != pod.id {
+        return Err(format!(
+            "container {} names pod sandbox {:?} but came with pod {:?}",
+            c.id, c.pod_sandbox_id, pod.id
+        ));
+    }
+    let linux = c.linux.as_ref();
+    let path = linux.map(|l| l.cgroups_path.as_str()).unwrap_or("");
+    if path.is_empty() {
+        return Err(format!(
+            "container {} ({}) has no cgroups path",
+            c.id, c.name
+        ));
+    }
+    let cgroup = cgroup_rel(path);
+    let CgroupKind::Container { pod_uid, qos, .. } = classify(&cgroup) else {
+        return Ok(None);
+    };
+    if !pod.uid.is_empty() && pod.uid != pod_uid {
+        return Err(format!(
+            "container {}: cgroup {cgroup} belongs to pod {pod_uid}, not to pod {}",
+            c.id, pod.uid
+        ));
+    }
+    let res = linux.and_then(|l| l.resources.as_ref());
+    if res.is_none() && qos != Qos::BestEffort {
+        return Err(format!(
+            "container {} ({}) of {qos:?} pod {pod_uid} came without linux resources",
+            c.id, c.name
+        ));
+    }
+    let cpu = res.and_then(|r| r.cpu.as_ref());
+    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
+    let period = cpu
+        .and_then(|c| c.period.as_ref())
+        .map_or(100_000, |p| p.value)
+        .max(1);
+    let limit_millis = if quota > 0 {
+        (quota as u64 * 1000).div_ceil(period)
+    } else {
+        0
+    };
+    let shares_millis = cpu
+        .and_then(|c| c.shares.as_ref())
+        .map_or(0, |s| millis_from_shares(s.value));
+    let mem_limit = res
+        .and_then(|r| r.memory.as_ref())
+        .and_then(|m| m.limit.as_ref())
+        .map_or(0, |l| l.value.max(0) as u64);
+    let mut hp2m = 0;
+    let mut hp1g = 0;
+    for h in res.map(|r| r.hugepage_limits.as_slice()).unwrap_or(&[]) {
+        match h.page_size.as_str() {
+            "2MB" => hp2m += h.limit,
+            "1GB" => hp1g += h.limit,
+            other => {
+                return Err(format!(
+                    "container {}: hugepage size {other:?} unknown (2MB and 1GB are)",
+                    c.id
+                ))
+            }
+        }
+    }
+    let container = match qos {
+        Qos::Guaranteed => {
+            if limit_millis == 0 || mem_limit == 0 {
+                return Err(format!(
+                    "container {} ({}) of Guaranteed pod {pod_uid} has no CPU quota or memory limit",
+                    c.id, c.name
+                ));
+            }
+            Container {
+                name: c.name.clone(),
+                cpu_request_millis: limit_millis,
+                cpu_limit_millis: limit_millis,
+                memory_bytes: mem_limit,
+                memory_limit_bytes: mem_limit,
+                hugepages_2mi_bytes: hp2m,
+                hugepages_1gi_bytes: hp1g,
+                ..Default::default()
+            }
+        }
+        Qos::Burstable => Container {
+            name: c.name.clone(),
+            cpu_request_millis: shares_millis.max(1),
+            cpu_limit_millis: limit_millis.max(shares_millis.max(1)),
+            ..Default::default()
+        },
+        Qos::BestEffort => Container {
+            name: c.name.clone(),
+            ..Default::default()
+        },
+    };
+    let short: String = c.id.chars().take(12).collect();
+    let key = format!("{pod_uid}/{short}");
+    Ok(Some(Request {
+        key: key.clone(),
+        cgroup,
+        qos,
+        pod: Pod {
+            uid: key,
+            containers: vec![container],
+        },
+    }))
+}
+
+/// A container the plugin placed (or adopted).
+#[derive(Clone, Debug)]
+struct Tracked {
+    key: String,
+    cgroup: String,
+    pod_id: String,
+}
+
+/// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
+/// runtime (the new container's as its CreateContainer adjustment, others' as container
+/// updates) instead of being written to cgroupfs. What each container was last given is
+/// remembered; before that (after a restart) its live cgroup is read.
+pub struct NriWriter {
+    changes: Mutex<Vec<CpusetChange>>,
+    given: Mutex<BTreeMap<String, CpuSet>>,
+    cgroups: Option<Cgroups>,
+}
+
+impl NriWriter {
+    pub fn new(cgroups: Option<Cgroups>) -> NriWriter {
+        NriWriter {
+            changes: Mutex::new(Vec::new()),
+            given: Mutex::new(BTreeMap::new()),
+            cgroups,
+        }
+    }
+
+    fn take(&self) -> Vec<CpusetChange> {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn forget(&self, cgroup: &str) {
+        self.given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(cgroup);
+    }
+}
+
+impl CpusetWriter for NriWriter {
+    fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
+        self.given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(change.cgroup.clone(), change.cpus.clone());
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(change.clone());
+        Ok(())
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        if let Some(c) = self
+            .given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cgroup)
+        {
+            return Some(c.clone());
+        }
+        let cg = self.cgroups.as_ref()?;
+        match cg.cpus(cgroup) {
+            Ok(c) if !c.is_empty() => Some(c),
+            _ => cg.effective_cpus(cgroup).ok(),
+        }
+    }
+}
+
+/// The plugin's policy over the admission service.
+pub struct Policy {
+    admission: Admission,
+    writer: Arc<NriWriter>,
+    /// Pod sandboxes by id.
+    pods: BTreeMap<String, api::PodSandbox>,
+    /// Placed containers by id.
+    containers: BTreeMap<String, Tracked>,
+    /// Updates to send unsolicited (after a RemoveContainer grew the shared pool).
+    pending: Vec<api::ContainerUpdate>,
+}
+
+fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
+    api::LinuxResources {
+        cpu: Some(api::LinuxCpu {
+            cpus: cpus.map(|c| c.to_string()).unwrap_or_default(),
+            mems: mems.map(|m| m.to_string()).unwrap_or_default(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn update(id: &str, cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerUpdate {
+    api::ContainerUpdate {
+        container_id: id.to_string(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(cpu_resources(Some(cpus), mems)),
+        }),
+        ignore_failure: true,
+    }
+}
+
+impl Policy {
+    /// A policy over `d`; `cgroups` (when given) answers what a container's cpuset is before
+    /// the plugin gave it one (after a restart).
+    pub fn new(d: Daemon, cgroups: Option<Cgroups>) -> Policy {
+        let writer = Arc::new(NriWriter::new(cgroups));
+        Policy {
+            admission: Admission::new(d, writer.clone()),
+            writer,
+            pods: BTreeMap::new(),
+            containers: BTreeMap::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn d(&self) -> &Daemon {
+        &self.admission.daemon
+    }
+
+    fn id_of(&self, cgroup: &str) -> Option<&str> {
+        self.containers
+            .iter()
+            .find(|(_, t)| t.cgroup == cgroup)
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// The collected changes as runtime updates, except `own`'s (returned apart). A change
+    /// for a cgroup the plugin did not place (none in NRI mode) is written to cgroupfs, so
+    /// it is made exactly once.
+    fn drain(&self, own: Option<&str>) -> (Option<CpusetChange>, Vec<api::ContainerUpdate>) {
+        let mut mine = None;
+        let mut out = Vec::new();
+        for c in self.writer.take() {
+            if Some(c.cgroup.as_str()) == own {
+                mine = Some(c);
+            } else if let Some(id) = self.id_of(&c.cgroup) {
+                tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
+                out.push(update(id, &c.cpus, c.mems.as_ref()));
+            } else if let Some(cg) = &self.writer.cgroups {
+                if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
+                    tracing::warn!(cgroup = %c.cgroup, error = %e, "cpuset change of a container unknown to the runtime failed");
+                }
+            }
+        }
+        (mine, out)
+    }
+
+    /// Shared containers whose cpuset can grow back (exclusive CPUs were released): their
+    /// admission pool minus what is exclusive now, when it differs from what they were given.
+    fn regrow(&self) -> Vec<api::ContainerUpdate> {
+        let wanted: Vec<(String, String, CpuSet)> = {
+            let s = self.d().lock();
+            if s.cfg.daemon.dry_run {
+                return Vec::new();
+            }
+            self.containers
+                .iter()
+                .filter_map(|(id, t)| {
+                    let b = s.state.bindings.get(&t.cgroup)?;
+                    let pod = s.state.allocator.pods.get(&b.pod_uid)?;
+                    let c = pod
+                        .containers
+                        .iter()
+                        .find(|c| c.placement.container == b.container)?;
+                    if c.placement.exclusive {
+                        return None;
+                    }
+                    let now = s.state.allocator.current_cpus(&b.pod_uid, &b.container)?;
+                    Some((id.clone(), t.cgroup.clone(), now))
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (id, cg, now) in wanted {
+            if now.is_empty() || self.writer.cpus(&cg).as_ref() == Some(&now) {
+                continue;
+            }
+            let _ = self.writer.write(&CpusetChange {
+                cgroup: cg.clone(),
+                cpus: now.clone(),
+                mems: None,
+            });
+            tracing::info!(container = %id, cgroup = %cg, cpus = %now, "shared container given back released CPUs through the runtime");
+            out.push(update(&id, &now, None));
+        }
+        self.writer.take();
+        out
+    }
+
+    /// Releases a placed container; `true` when it held an allocation.
+    fn release(&mut self, id: &str, durability: Durability) -> bool {
+        let Some(t) = self.containers.remove(id) else {
+            return false;
+        };
+        self.writer.forget(&t.cgroup);
+        match self.admission.release(&t.key, durability) {
+            Ok(()) => {
+                tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "release failed");
+                false
+            }
+        }
+    }
+
+    /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
+    fn free_by_node(&self) -> String {
+        let s = self.d().lock();
+        let pool = s
+            .state
+            .allocator
+            .shared_pool(&crate::placement::cpu::CpuView::new(&s.topo));
+        s.topo
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "node {}: {} of {} CPUs free",
+                    n.id,
+                    n.cpus.intersection(&pool).len(),
+                    n.cpus.len()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Admits one request (bound to its cgroup): (cpus, mems) and the other containers'
+    /// updates, or the refusal message.
+    fn admit(
+        &mut self,
+        r: &Request,
+        id: &str,
+        pod_id: &str,
+        durability: Durability,
+    ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
+        self.writer.take();
+        let res = self.admission.admit(AdmitRequest {
+            pod: &r.pod,
+            bind: Some(&r.cgroup),
+            durability,
+            since: Instant::now(),
+        });
+        match res {
+            Ok(a) => {
+                self.containers.insert(
+                    id.to_string(),
+                    Tracked {
+                        key: r.key.clone(),
+                        cgroup: r.cgroup.clone(),
+                        pod_id: pod_id.to_string(),
+                    },
+                );
+                let p = &a.placements[0];
+                let (_, updates) = self.drain(Some(&r.cgroup));
+                Ok((p.cpus.clone(), p.mems.clone(), updates))
+            }
+            Err(e) => {
+                self.writer.take();
+                let c = &r.pod.containers[0];
+                let ask = format!(
+                    "asks {}m CPU, {} MiB memory",
+                    c.cpu_request(),
+                    c.memory_request() >> 20
+                );
+                Err(match e {
+                    AdmitError::Rejected { rejection, .. } => format!(
+                        "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",
+                        c.name,
+                        r.key.split('/').next().unwrap_or_default(),
+                        rejection.reason,
+                        rejection.details,
+                        self.free_by_node()
+                    ),
+                    other => format!("rebalancer: container {}: {other}", c.name),
+                })
+            }
+        }
+    }
+}
+
+impl Handler for Policy {
+    fn configure(&mut self, req: api::ConfigureRequest) -> Result<api::ConfigureResponse, String> {
+        tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, "NRI plugin configured by the runtime");
+        Ok(api::ConfigureResponse {
+            events: event_mask(EVENTS),
+        })
+    }
+
+    fn synchronize(
+        &mut self,
+        req: api::SynchronizeRequest,
+    ) -> Result<api::SynchronizeResponse, String> {
+        self.pods = req.pods.iter().map(|p| (p.id.clone(), p.clone())).collect();
+        self.containers.clear();
+        let mut updates = Vec::new();
+        let mut live = Vec::new();
+        let mut adopt = Vec::new();
+        for c in &req.containers {
+            let running = matches!(
+                api::ContainerState::try_from(c.state),
+                Ok(api::ContainerState::ContainerCreated | api::ContainerState::ContainerRunning)
+            );
+            let Some(pod) = self.pods.get(&c.pod_sandbox_id).cloned() else {
+                tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
+                continue;
+            };
+            let r = match request(&pod, c) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(container = %c.id, error = %e, "synchronize: container not adopted");
+                    continue;
+                }
+            };
+            if !running {
+                continue;
+            }
+            live.push(r.cgroup.clone());
+            let bound = self.d().lock().state.bindings.get(&r.cgroup).cloned();
+            match bound {
+                // Placed before the restart: kept as it is, once.
+                Some(b) => {
+                    self.containers.insert(
+                        c.id.clone(),
+                        Tracked {
+                            key: b.pod_uid,
+                            cgroup: r.cgroup.clone(),
+                            pod_id: pod.id.clone(),
+                        },
+                    );
+                }
+                None => adopt.push((r, c.id.clone(), pod.id.clone())),
+            }
+        }
+        // Bindings of Kubernetes containers the runtime no longer runs: released.
+        let gone: Vec<String> = {
+            let s = self.d().lock();
+            s.state
+                .bindings
+                .iter()
+                .filter(|(cg, b)| b.pod_uid.contains('/') && !live.contains(cg))
+                .map(|(_, b)| b.pod_uid.clone())
+                .collect()
+        };
+        for key in &gone {
+            if let Err(e) = self.admission.release(key, Durability::Deferred) {
+                tracing::warn!(%key, error = %e, "synchronize: release failed");
+            } else {
+                tracing::info!(%key, "synchronize: container gone while disconnected; released");
+            }
+        }
+        for (r, id, pod_id) in adopt {
+            match self.admit(&r, &id, &pod_id, Durability::Deferred) {
+                Ok((cpus, mems, others)) => {
+                    tracing::info!(container = %id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
+                    if !self.d().lock().cfg.daemon.dry_run {
+                        updates.push(update(&id, &cpus, Some(&mems)));
+                    }
+                    updates.extend(others);
+                }
+                Err(e) => {
+                    tracing::warn!(container = %id, error = %e, "running container not adopted; left as it runs")
+                }
+            }
+        }
+        if !gone.is_empty() {
+            updates.extend(self.regrow());
+        }
+        if let Err(e) = self.admission.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after synchronize failed");
+        }
+        tracing::info!(
+            pods = req.pods.len(),
+            containers = req.containers.len(),
+            placed = self.containers.len(),
+            released = gone.len(),
+            "synchronized with the runtime"
+        );
+        Ok(api::SynchronizeResponse { update: updates })
+    }
+
+    fn create_container(
+        &mut self,
+        req: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, String> {
+        let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
+            self.admission.record_invalid();
+            return Err("rebalancer: CreateContainer without its pod or container".into());
+        };
+        if !self.pods.contains_key(&pod.id) {
+            self.admission.record_invalid();
+            return Err(format!(
+                "rebalancer: container {} ({}) of pod sandbox {} that the runtime never announced",
+                c.id, c.name, pod.id
+            ));
+        }
+        let r = match request(pod, c) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(Default::default()),
+            Err(e) => {
+                self.admission.record_invalid();
+                return Err(format!("rebalancer: {e}"));
+            }
+        };
+        if self.containers.contains_key(&c.id) {
+            self.admission.record_invalid();
+            return Err(format!("rebalancer: container {} created twice", c.id));
+        }
+        let (cpus, mems, updates) = self
+            .admit(&r, &c.id, &pod.id, Durability::Durable)
+            .inspect_err(|e| tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused"))?;
+        tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, "container admitted at creation (NRI)");
+        if self.d().lock().cfg.daemon.dry_run {
+            return Ok(Default::default());
+        }
+        Ok(api::CreateContainerResponse {
+            adjust: Some(api::ContainerAdjustment {
+                linux: Some(api::LinuxContainerAdjustment {
+                    resources: Some(cpu_resources(Some(&cpus), Some(&mems))),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            update: updates,
+            evict: vec![],
+        })
+    }
+
+    fn stop_container(
+        &mut self,
+        req: api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse, String> {
+        let Some(c) = req.container.as_ref() else {
+            return Err("rebalancer: StopContainer without its container".into());
+        };
+        let update = if self.release(&c.id, Durability::Durable) {
+            self.regrow()
+        } else {
+            Vec::new()
+        };
+        Ok(api::StopContainerResponse { update })
+    }
+
+    fn state_change(&mut self, ev: api::StateChangeEvent) -> Result<(), String> {
+        let event = api::Event::try_from(ev.event)
+            .map_err(|_| format!("rebalancer: unknown NRI event {}", ev.event))?;
+        match event {
+            api::Event::RunPodSandbox => {
+                let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
+                self.pods.insert(pod.id.clone(), pod);
+            }
+            api::Event::RemoveContainer => {
+                let c = ev
+                    .container
+                    .ok_or("rebalancer: RemoveContainer without its container")?;
+                if self.release(&c.id, Durability::Durable) {
+                    let u = self.regrow();
+                    self.pending.extend(u);
+                }
+            }
+            api::Event::RemovePodSandbox => {
+                let pod = ev
+                    .pod
+                    .ok_or("rebalancer: RemovePodSandbox without its pod")?;
+                self.pods.remove(&pod.id);
+                let ids: Vec<String> = self
+                    .containers
+                    .iter()
+                    .filter(|(_, t)| t.pod_id == pod.id)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let mut any = false;
+                for id in ids {
+                    any |= self.release(&id, Durability::Durable);
+                }
+                if any {
+                    let u = self.regrow();
+                    self.pending.extend(u);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+        std::mem::take(&mut self.pending)
+    }
+
+    fn connection(&mut self, up: bool) {
+        self.d().metrics.nri_connected.set(i64::from(up));
+        self.d().lock().nri_connected = up;
+        if up {
+            tracing::info!("NRI plugin registered with the runtime");
+        } else {
+            tracing::warn!("NRI connection lost");
+        }
+    }
+}
+
+/// The admission mode in force: `auto` resolved by whether the NRI socket exists.
+pub fn resolve_mode(cfg: &crate::config::KubernetesConfig) -> crate::config::AdmissionMode {
+    use crate::config::AdmissionMode as M;
+    match cfg.admission {
+        M::Auto if crate::nri::session::socket_exists(&cfg.nri_socket) => M::Nri,
+        M::Auto => M::Watcher,
+        m => m,
+    }
+}
+
+/// Starts the plugin thread: connects to the runtime and reconnects for as long as the daemon
+/// runs.
+pub fn spawn(
+    d: Daemon,
+    cgroups: Cgroups,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let k = d.lock().cfg.kubernetes.clone();
+    let opts = crate::nri::session::Options {
+        socket: k.nri_socket,
+        name: "rebalancer".into(),
+        index: k.nri_plugin_index,
+    };
+    std::thread::Builder::new()
+        .name("nri".into())
+        .spawn(move || {
+            let mut p = Policy::new(d, Some(cgroups));
+            crate::nri::session::run(&opts, &mut p, &stop);
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nri::envelope;
+    use crate::nri::session::{
+        dispatch, CODE_INVALID_ARGUMENT, CODE_UNIMPLEMENTED, PLUGIN_SERVICE,
+    };
+    use crate::{config::Config, daemon::Shared, serve::Metrics, topology::TopologyBuilder};
+    use prost::Message as _;
+
+    const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
+
+    /// A daemon on 2 nodes x 2 CPUs with its state in `dir`.
+    fn policy(dir: &std::path::Path) -> Policy {
+        let topo = TopologyBuilder {
+            cores_per_node: 2,
+            threads_per_core: 1,
+            ..Default::default()
+        }
+        .build();
+        let mut cfg = Config::default();
+        cfg.daemon.state_dir = dir.join("state");
+        let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
+        Policy::new(d, None)
+    }
+
+    fn pod(id: &str, qos: &str) -> api::PodSandbox {
+        api::PodSandbox {
+            id: id.into(),
+            name: format!("pod-{id}"),
+            uid: UID.into(),
+            linux: Some(api::LinuxPodSandbox {
+                cgroup_parent: format!("/kubepods/{qos}pod{UID}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(id: &str, pod: &api::PodSandbox, quota: i64, shares: u64, mem: i64) -> api::Container {
+        let parent = &pod.linux.as_ref().unwrap().cgroup_parent;
+        let opt_i = |v: i64| (v != 0).then_some(api::OptionalInt64 { value: v });
+        api::Container {
+            id: id.repeat(64 / id.len()),
+            pod_sandbox_id: pod.id.clone(),
+            name: format!("c{id}"),
+            linux: Some(api::LinuxContainer {
+                cgroups_path: format!("{parent}/{}", id.repeat(64 / id.len())),
+                resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        shares: Some(api::OptionalUInt64 { value: shares }),
+                        quota: opt_i(quota),
+                        period: Some(api::OptionalUInt64 { value: 100_000 }),
+                        ..Default::default()
+                    }),
+                    memory: Some(api::LinuxMemory {
+                        limit: opt_i(mem),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn run_pod(p: &mut Policy, pod: &api::PodSandbox) {
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RunPodSandbox as i32,
+            pod: Some(pod.clone()),
+            container: None,
+        })
+        .unwrap();
+    }
+
+    fn create(
+        p: &mut Policy,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+    ) -> Result<api::CreateContainerResponse, String> {
+        p.create_container(api::CreateContainerRequest {
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+        })
+    }
+
+    fn adjusted_cpus(r: &api::CreateContainerResponse) -> CpuSet {
+        let cpu = r.adjust.as_ref().unwrap().linux.as_ref().unwrap();
+        let cpu = cpu.resources.as_ref().unwrap().cpu.as_ref().unwrap();
+        CpuSet::parse(&cpu.cpus).unwrap()
+    }
+
+    #[test]
+    fn guaranteed_gets_exclusive_cpus_and_the_shared_container_an_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let bp = pod("b", "burstable/");
+        let gp = pod("g", "");
+        run_pod(&mut p, &bp);
+        run_pod(&mut p, &gp);
+        let b = ctr("b", &bp, 0, 512, 0);
+        let rb = create(&mut p, &bp, &b).unwrap();
+        // numa-aware shared pools: one node's CPUs.
+        assert_eq!(adjusted_cpus(&rb).len(), 2);
+        // 3 exclusive CPUs cannot avoid the burstable container's node.
+        let g = ctr("a", &gp, 300_000, 3072, 1 << 30);
+        let rg = create(&mut p, &gp, &g).unwrap();
+        let gc = adjusted_cpus(&rg);
+        assert_eq!(gc.len(), 3);
+        assert_eq!(rg.update.len(), 1, "{:?}", rg.update);
+        assert_eq!(rg.update[0].container_id, b.id);
+        let upd = rg.update[0]
+            .linux
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap();
+        let bc = CpuSet::parse(&upd.cpu.as_ref().unwrap().cpus).unwrap();
+        assert!(bc.is_disjoint(&gc) && !bc.is_empty(), "{bc} vs {gc}");
+        // Stop releases and gives the CPUs back to the shared container.
+        let stop = p
+            .stop_container(api::StopContainerRequest {
+                pod: Some(gp.clone()),
+                container: Some(g.clone()),
+            })
+            .unwrap();
+        assert_eq!(stop.update.len(), 1);
+        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+    }
+
+    #[test]
+    fn bad_input_gets_a_clear_error_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let before = p.d().lock().state.clone();
+        // A container of a pod the runtime never announced.
+        let other = pod("x", "");
+        let e = create(&mut p, &other, &ctr("a", &other, 100_000, 1024, 1 << 20)).unwrap_err();
+        assert!(e.contains("never announced"), "{e}");
+        // Missing resources on a Guaranteed container.
+        let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        c.linux.as_mut().unwrap().resources = None;
+        let e = create(&mut p, &gp, &c).unwrap_err();
+        assert!(e.contains("without linux resources"), "{e}");
+        // No memory limit: not a Guaranteed container.
+        let e = create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 0)).unwrap_err();
+        assert!(e.contains("no CPU quota or memory limit"), "{e}");
+        // Pod / container mismatch.
+        let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        c.pod_sandbox_id = "elsewhere".into();
+        let e = create(&mut p, &gp, &c).unwrap_err();
+        assert!(e.contains("names pod sandbox"), "{e}");
+        // No pod at all.
+        let e = p
+            .create_container(api::CreateContainerRequest {
+                pod: None,
+                container: Some(c),
+            })
+            .unwrap_err();
+        assert!(e.contains("without its pod"), "{e}");
+        // An unknown event.
+        let e = p
+            .state_change(api::StateChangeEvent {
+                event: 99,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.contains("unknown NRI event 99"), "{e}");
+        // Too big: refused with the reason.
+        let e = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20)).unwrap_err();
+        assert!(e.contains("InsufficientCPU"), "{e}");
+        assert_eq!(p.d().lock().state, before, "nothing changed");
+
+        // Through the wire: garbage payloads and unknown methods are refused by status code.
+        let req = |method: &str, payload: Vec<u8>| envelope::Request {
+            service: PLUGIN_SERVICE.into(),
+            method: method.into(),
+            payload,
+            ..Default::default()
+        };
+        let st = dispatch(&mut p, &req("CreateContainer", vec![0xff, 0xff, 0xff])).unwrap_err();
+        assert_eq!(st.code, CODE_INVALID_ARGUMENT);
+        assert!(
+            st.message.contains("malformed CreateContainerRequest"),
+            "{}",
+            st.message
+        );
+        let st = dispatch(&mut p, &req("Frobnicate", vec![])).unwrap_err();
+        assert_eq!(st.code, CODE_UNIMPLEMENTED);
+        let mut other_service = req("Configure", vec![]);
+        other_service.service = "x.Y".into();
+        assert_eq!(
+            dispatch(&mut p, &other_service).unwrap_err().code,
+            CODE_UNIMPLEMENTED
+        );
+        assert_eq!(p.d().lock().state, before, "nothing changed");
+
+        // Unknown fields (a newer NRI) are skipped, as protobuf intends: the request works.
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let mut bytes = api::CreateContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(g),
+        }
+        .encode_to_vec();
+        bytes.extend([0xf8, 0x07, 0x01]); // field 127, varint 1
+        let ok = dispatch(&mut p, &req("CreateContainer", bytes)).unwrap();
+        let r = api::CreateContainerResponse::decode(ok.as_slice()).unwrap();
+        assert_eq!(adjusted_cpus(&r).len(), 1);
+    }
+
+    #[test]
+    fn synchronize_adopts_once_and_releases_what_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let g2 = ctr("c", &gp, 100_000, 1024, 1 << 20);
+        create(&mut p, &gp, &g).unwrap();
+        create(&mut p, &gp, &g2).unwrap();
+        let excl = p.d().lock().state.allocator.exclusive_cpus();
+        // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
+        let mut p = Policy::new(p.d().clone(), None);
+        let mut running = g.clone();
+        running.state = api::ContainerState::ContainerRunning as i32;
+        let mut g3 = ctr("d", &gp, 100_000, 1024, 1 << 20);
+        g3.state = api::ContainerState::ContainerRunning as i32;
+        let r = p
+            .synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![running, g3.clone()],
+            })
+            .unwrap();
+        let s = p.d().lock();
+        assert_eq!(
+            s.state.allocator.pods.len(),
+            2,
+            "g kept once, g2 released, g3 adopted"
+        );
+        assert_eq!(s.state.bindings.len(), 2);
+        assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+        assert!(s.state.allocator.exclusive_cpus().intersection(&excl).len() >= 1);
+        assert_eq!(r.update.len(), 1, "only the adopted container is updated");
+        assert_eq!(r.update[0].container_id, g3.id);
+    }
+
+    #[test]
+    fn init_cpus_are_reused_by_app_containers_and_a_sidecar_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        // An init container runs to completion first; kubelet stops it before the app starts.
+        let init = ctr("1", &gp, 200_000, 2048, 1 << 20);
+        let init_cpus = adjusted_cpus(&create(&mut p, &gp, &init).unwrap());
+        p.stop_container(api::StopContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(init.clone()),
+        })
+        .unwrap();
+        // A sidecar (restartable init container) keeps running beside the app.
+        let sidecar = ctr("2", &gp, 100_000, 1024, 1 << 20);
+        let side_cpus = adjusted_cpus(&create(&mut p, &gp, &sidecar).unwrap());
+        assert!(side_cpus.is_subset(&init_cpus), "the sidecar reuses the init's CPUs");
+        let app = ctr("3", &gp, 200_000, 2048, 1 << 20);
+        let app_cpus = adjusted_cpus(&create(&mut p, &gp, &app).unwrap());
+        assert_eq!(app_cpus.len(), 2);
+        assert!(app_cpus.is_disjoint(&side_cpus), "never the running sidecar's CPUs");
+        assert_eq!(
+            app_cpus.union(&side_cpus).len(),
+            3,
+            "pod total = sidecar + app, as kubelet counts a restartable init container"
+        );
+        // Another pod can use what the finished init container had and the app did not take.
+        let s = p.d().lock();
+        assert_eq!(s.state.allocator.exclusive_cpus(), app_cpus.union(&side_cpus));
+    }
+
+    #[test]
+    fn systemd_cgroups_paths_expand_as_systemd_lays_them_out() {
+        assert_eq!(
+            cgroup_rel("kubepods-burstable-pod1234.slice:cri-containerd:abc"),
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-abc.scope"
+        );
+        assert_eq!(cgroup_rel("/kubepods/pod1/abc"), "kubepods/pod1/abc");
+        assert_eq!(
+            event_mask(&[api::Event::RunPodSandbox, api::Event::CreateContainer]),
+            0b1001
+        );
+        assert_eq!(millis_from_shares(1024), 1000);
+        assert_eq!(millis_from_shares(102), 100);
+        assert_eq!(millis_from_shares(2), 0);
+    }
+}

@@ -1,0 +1,338 @@
+//! One plugin connection to the runtime's NRI socket, and the reconnect loop around it.
+//!
+//! The plugin dials the socket, registers on the Runtime service (mux conn 2), and then serves
+//! the Plugin service (mux conn 1): Configure, Synchronize, CreateContainer, … Each request is
+//! answered before the next is read; the [`Handler`] decides. Between messages (the socket is
+//! read with a short timeout) the handler may hand over unsolicited container updates, sent as
+//! `Runtime.UpdateContainers`. When the runtime goes away (restart, EOF) [`run`] reconnects
+//! with backoff.
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+
+use super::api;
+use super::envelope::{Request, Response, Status};
+use super::wire::{self, Demux, WireError};
+
+pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
+
+/// gRPC status codes used in answers.
+pub const CODE_UNKNOWN: i32 = 2;
+pub const CODE_INVALID_ARGUMENT: i32 = 3;
+pub const CODE_UNIMPLEMENTED: i32 = 12;
+
+/// What the plugin answers; an `Err` fails the runtime's request with that message (for
+/// CreateContainer: the container is not created).
+pub trait Handler {
+    fn configure(&mut self, req: api::ConfigureRequest) -> Result<api::ConfigureResponse, String>;
+    fn synchronize(
+        &mut self,
+        req: api::SynchronizeRequest,
+    ) -> Result<api::SynchronizeResponse, String>;
+    fn create_container(
+        &mut self,
+        req: api::CreateContainerRequest,
+    ) -> Result<api::CreateContainerResponse, String>;
+    fn update_container(
+        &mut self,
+        _req: api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        Ok(Default::default())
+    }
+    fn stop_container(
+        &mut self,
+        req: api::StopContainerRequest,
+    ) -> Result<api::StopContainerResponse, String>;
+    fn state_change(&mut self, ev: api::StateChangeEvent) -> Result<(), String>;
+    /// The runtime is shutting down.
+    fn shutdown(&mut self) {}
+    /// Unsolicited updates to send now; polled between messages.
+    fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+        Vec::new()
+    }
+    /// The connection came up (registered) or went down.
+    fn connection(&mut self, _up: bool) {}
+}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("connecting to the NRI socket {path}: {err}")]
+    Connect { path: PathBuf, err: std::io::Error },
+    #[error("NRI socket I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the runtime closed the NRI connection")]
+    Closed,
+    #[error("malformed bytes from the runtime: {0}")]
+    Wire(#[from] WireError),
+    #[error("the runtime refused the plugin's registration: {0}")]
+    Registration(String),
+    #[error("the runtime did not answer the registration within {0:?}")]
+    RegistrationTimeout(Duration),
+}
+
+/// How to reach the runtime and who the plugin is.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub socket: PathBuf,
+    pub name: String,
+    /// Two digits; plugins are called in ascending index order.
+    pub index: String,
+}
+
+/// Answers one request on the Plugin service: the response payload, or a status.
+pub fn dispatch(h: &mut dyn Handler, req: &Request) -> Result<Vec<u8>, Status> {
+    fn decode<M: prost::Message + Default>(what: &str, b: &[u8]) -> Result<M, Status> {
+        M::decode(b).map_err(|e| Status {
+            code: CODE_INVALID_ARGUMENT,
+            message: format!("rebalancer: malformed {what}: {e}"),
+        })
+    }
+    fn answer<M: prost::Message>(r: Result<M, String>) -> Result<Vec<u8>, Status> {
+        r.map(|m| m.encode_to_vec()).map_err(|message| Status {
+            code: CODE_UNKNOWN,
+            message,
+        })
+    }
+    if req.service != PLUGIN_SERVICE {
+        return Err(Status {
+            code: CODE_UNIMPLEMENTED,
+            message: format!("rebalancer: unknown service {:?}", req.service),
+        });
+    }
+    let p = &req.payload;
+    match req.method.as_str() {
+        "Configure" => answer(h.configure(decode("ConfigureRequest", p)?)),
+        "Synchronize" => answer(h.synchronize(decode("SynchronizeRequest", p)?)),
+        "CreateContainer" => answer(h.create_container(decode("CreateContainerRequest", p)?)),
+        "UpdateContainer" => answer(h.update_container(decode("UpdateContainerRequest", p)?)),
+        "StopContainer" => answer(h.stop_container(decode("StopContainerRequest", p)?)),
+        "StateChange" => answer(
+            h.state_change(decode("StateChangeEvent", p)?)
+                .map(|()| api::Empty {}),
+        ),
+        "Shutdown" => {
+            h.shutdown();
+            Ok(api::Empty {}.encode_to_vec())
+        }
+        m => Err(Status {
+            code: CODE_UNIMPLEMENTED,
+            message: format!("rebalancer: unknown method {m:?}"),
+        }),
+    }
+}
+
+/// One connection, from dialing to the runtime closing it (or `stop`).
+pub fn run_once(
+    opts: &Options,
+    h: &mut dyn Handler,
+    stop: &AtomicBool,
+) -> Result<(), SessionError> {
+    let mut sock = UnixStream::connect(&opts.socket).map_err(|err| SessionError::Connect {
+        path: opts.socket.clone(),
+        err,
+    })?;
+    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let register = api::RegisterPluginRequest {
+        plugin_name: opts.name.clone(),
+        plugin_idx: opts.index.clone(),
+    };
+    send_request(&mut sock, 1, "RegisterPlugin", &register.encode_to_vec())?;
+    let mut next_stream = 3u32;
+    let mut registered = false;
+    let started = Instant::now();
+    let mut demux = Demux::default();
+    let mut buf = vec![0u8; 64 << 10];
+    let result = loop {
+        if stop.load(Ordering::Relaxed) {
+            break Ok(());
+        }
+        match sock.read(&mut buf) {
+            Ok(0) => break Err(SessionError::Closed),
+            Ok(n) => {
+                if let Err(e) = demux.push(&buf[..n]) {
+                    break Err(e.into());
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if !registered && started.elapsed() > Duration::from_secs(10) {
+                    break Err(SessionError::RegistrationTimeout(started.elapsed()));
+                }
+                if registered {
+                    let updates = h.pending_updates();
+                    if !updates.is_empty() {
+                        let req = api::UpdateContainersRequest {
+                            update: updates,
+                            evict: vec![],
+                        };
+                        send_request(
+                            &mut sock,
+                            next_stream,
+                            "UpdateContainers",
+                            &req.encode_to_vec(),
+                        )?;
+                        next_stream += 2;
+                    }
+                }
+                continue;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => break Err(e.into()),
+        }
+        let mut failed = None;
+        loop {
+            let m = match demux.next() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(SessionError::from(e));
+                    break;
+                }
+            };
+            if let Err(e) = handle(&mut sock, h, &m, &mut registered) {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            break Err(e);
+        }
+    };
+    if registered {
+        h.connection(false);
+    }
+    result
+}
+
+fn handle(
+    sock: &mut UnixStream,
+    h: &mut dyn Handler,
+    m: &wire::Message,
+    registered: &mut bool,
+) -> Result<(), SessionError> {
+    match (m.conn, m.kind) {
+        (wire::PLUGIN_CONN, wire::TYPE_REQUEST) => {
+            let resp = match Request::decode(m.payload.as_slice()) {
+                Ok(req) => match dispatch(h, &req) {
+                    Ok(payload) => Response {
+                        status: Some(Status {
+                            code: 0,
+                            message: String::new(),
+                        }),
+                        payload,
+                    },
+                    Err(status) => {
+                        tracing::warn!(method = %req.method, error = %status.message, "NRI request answered with an error");
+                        Response {
+                            status: Some(status),
+                            payload: vec![],
+                        }
+                    }
+                },
+                Err(e) => Response {
+                    status: Some(Status {
+                        code: CODE_INVALID_ARGUMENT,
+                        message: format!("rebalancer: malformed ttrpc request: {e}"),
+                    }),
+                    payload: vec![],
+                },
+            };
+            sock.write_all(&wire::encode(
+                wire::PLUGIN_CONN,
+                m.stream,
+                wire::TYPE_RESPONSE,
+                &resp.encode_to_vec(),
+            ))?;
+        }
+        (wire::RUNTIME_CONN, wire::TYPE_RESPONSE) => {
+            let resp = Response::decode(m.payload.as_slice()).map_err(|e| {
+                SessionError::Registration(format!("malformed response from the runtime: {e}"))
+            })?;
+            let status = resp.status.unwrap_or_default();
+            if m.stream == 1 {
+                if status.code != 0 {
+                    return Err(SessionError::Registration(status.message));
+                }
+                *registered = true;
+                h.connection(true);
+            } else if status.code != 0 {
+                tracing::warn!(error = %status.message, "the runtime refused container updates");
+            } else if let Ok(r) = api::UpdateContainersResponse::decode(resp.payload.as_slice()) {
+                for f in r.failed {
+                    tracing::warn!(container = %f.container_id, "the runtime failed a container update");
+                }
+            }
+        }
+        (conn, kind) => {
+            tracing::debug!(conn, kind, "unexpected NRI message ignored");
+        }
+    }
+    Ok(())
+}
+
+fn send_request(
+    sock: &mut UnixStream,
+    stream: u32,
+    method: &str,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let req = Request {
+        service: RUNTIME_SERVICE.into(),
+        method: method.into(),
+        payload: payload.to_vec(),
+        timeout_nano: 0,
+        metadata: vec![],
+    };
+    sock.write_all(&wire::encode(
+        wire::RUNTIME_CONN,
+        stream,
+        wire::TYPE_REQUEST,
+        &req.encode_to_vec(),
+    ))
+}
+
+/// Connects, serves until the runtime goes away, and reconnects with backoff (0.2 s doubling
+/// to 5 s, reset after a session that registered), until `stop`.
+pub fn run(opts: &Options, h: &mut dyn Handler, stop: &AtomicBool) {
+    let mut backoff = Duration::from_millis(200);
+    let mut last_err = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        match run_once(opts, h, stop) {
+            Ok(()) => return,
+            Err(e) => {
+                let msg = e.to_string();
+                if msg != last_err {
+                    tracing::warn!(error = %msg, socket = %opts.socket.display(), "NRI connection down; reconnecting with backoff");
+                    last_err = msg;
+                }
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            backoff = Duration::from_millis(200);
+        }
+        sleep_unless(stop, backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether an NRI socket exists at `path` (for `admission = "auto"`).
+pub fn socket_exists(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}

@@ -1,0 +1,602 @@
+//! Root test of the NRI plugin against a real containerd (Debian trixie's 1.7.24, installed
+//! into `target/containerd` by `cargo xtask setup`), driven through its CRI as kubelet would
+//! (`tests/cri-tool`): cgroupfs driver, host network, a `cgroup_parent` per pod.
+//!
+//! What it proves: a Guaranteed 1-CPU, a Burstable and a BestEffort container each print, as
+//! their very first action, `Cpus_allowed_list` / `Mems_allowed_list`, and these equal the
+//! daemon's decision; the Guaranteed CPU leaves the Burstable container's cpuset (an NRI
+//! update, through the runtime); a container that does not fit fails CreateContainer with the
+//! reason; a daemon restart adopts the running containers with no double allocation; a
+//! containerd restart is survived (the plugin reconnects, and admits again); removal releases
+//! and the shared container gets the CPU back; under single-numa-node on a 4-node topology
+//! (a fixture as `daemon.sysfs_root`) a pod that cannot be aligned is refused with
+//! TopologyAffinityError.
+//!
+//! Skips (printing why) when not root, without 2 CPUs or cgroups, or when the kernel has no
+//! overlayfs. Missing containerd binaries skip too, unless `REBALANCER_REQUIRE_CONTAINERD=1`
+//! (`cargo xtask test` sets it), where they fail the test.
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use rebalancer::cpuset::CpuSet;
+
+const IMAGE_TAR: &str = "image/rb-busybox.oci.tar";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn install_dir() -> PathBuf {
+    std::env::var_os("REBALANCER_CONTAINERD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/containerd"))
+}
+
+/// Whether the test can run here; prints `SKIP: …` when not.
+fn preflight() -> Option<PathBuf> {
+    common::root_cgroups()?;
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fs.lines().any(|l| l.trim_end().ends_with("overlay")) {
+        println!("SKIP: the kernel has no overlayfs (containerd's snapshotter needs it)");
+        return None;
+    }
+    let dir = install_dir();
+    let need = [
+        "root/usr/bin/containerd",
+        "root/usr/bin/ctr",
+        "root/usr/sbin/runc",
+        IMAGE_TAR,
+    ];
+    if let Some(missing) = need.iter().find(|p| !dir.join(p).exists()) {
+        let msg = format!(
+            "{} missing: run `cargo xtask setup` (installs containerd, runc and the test image)",
+            dir.join(missing).display()
+        );
+        if std::env::var_os("REBALANCER_REQUIRE_CONTAINERD").is_some_and(|v| v == "1") {
+            panic!("{msg}");
+        }
+        println!("SKIP: {msg}");
+        return None;
+    }
+    Some(dir)
+}
+
+/// The CRI test client, built on demand.
+fn cri_tool() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("cri-tool");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "-p", "cri-tool"])
+            .current_dir(workspace())
+            .status()
+            .unwrap();
+        assert!(st.success(), "building cri-tool failed");
+    }
+    bin
+}
+
+/// A private containerd: own root, state, sockets, NRI on, restrict_oom_score_adj, cgroupfs.
+struct Containerd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    install: PathBuf,
+    pods: Vec<String>,
+}
+
+impl Containerd {
+    fn start(install: &Path) -> Containerd {
+        let dir = tempfile::Builder::new()
+            .prefix("rb-containerd")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let d = dir.path();
+        for sub in [
+            "root",
+            "state",
+            "cni",
+            "opt",
+            "nri/conf.d",
+            "nri/plugins",
+            "logs",
+        ] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let runc = install.join("root/usr/sbin/runc");
+        let cfg = format!(
+            r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/library/rb-busybox:test"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runc}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni"
+    conf_dir = "{d}/cni"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  disable_connections = false
+  plugin_config_path = "{d}/nri/conf.d"
+  plugin_path = "{d}/nri/plugins"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+  socket_path = "{d}/nri.sock"
+"#,
+            d = d.display(),
+            runc = runc.display()
+        );
+        std::fs::write(d.join("config.toml"), cfg).unwrap();
+        let mut c = Containerd {
+            child: None,
+            dir,
+            install: install.to_path_buf(),
+            pods: Vec::new(),
+        };
+        c.spawn();
+        let out = Command::new(install.join("root/usr/bin/ctr"))
+            .arg("-a")
+            .arg(c.sock())
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(install.join(IMAGE_TAR))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ctr images import: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c
+    }
+
+    fn path_env(&self) -> String {
+        format!(
+            "{}:{}:{}",
+            self.install.join("root/usr/bin").display(),
+            self.install.join("root/usr/sbin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("containerd.log"))
+            .unwrap();
+        let child = Command::new(self.install.join("root/usr/bin/containerd"))
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .env("PATH", self.path_env())
+            .current_dir(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self.sock().exists() && self.nri_sock().exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not start:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM and wait; the containers keep running in their shims.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = std::fs::remove_file(self.nri_sock());
+            let _ = std::fs::remove_file(self.sock());
+        }
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    fn nri_sock(&self) -> PathBuf {
+        self.dir.path().join("nri.sock")
+    }
+
+    fn log_dir(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// Runs cri-tool; Ok(stdout) or Err(stderr).
+    fn cri(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(cri_tool())
+            .arg("--socket")
+            .arg(self.sock())
+            .args(args)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn pod(&mut self, name: &str, qos: &str) -> Pod {
+        let uid = format!(
+            "{:08x}-0000-4000-8000-{:012x}",
+            std::process::id(),
+            rand_u64() & 0xffff_ffff_ffff
+        );
+        let log_dir = self.log_dir().join(name);
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let spec = serde_json::json!({"name": name, "uid": uid, "qos": qos, "log_dir": log_dir});
+        let id = self
+            .cri(&["pod", &spec.to_string()])
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
+        self.pods.push(id.clone());
+        Pod {
+            id,
+            spec,
+            log_dir,
+            uid,
+            qos: qos.into(),
+        }
+    }
+
+    /// CreateContainer + StartContainer; Err(CreateContainer's error).
+    fn container(&self, pod: &Pod, name: &str, res: serde_json::Value) -> Result<Ctr, String> {
+        let mut spec = serde_json::json!({
+            "pod_id": pod.id, "pod": pod.spec, "name": name,
+            "command": ["/bin/sh", "-c",
+                "grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; exec sleep 3600"],
+            "log_path": format!("{name}.log"),
+        });
+        for (k, v) in res.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let id = self.cri(&["container", &spec.to_string()])?;
+        self.cri(&["start", &id])
+            .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
+        let cgroup = format!(
+            "{}/pod{}/{id}",
+            match pod.qos.as_str() {
+                "guaranteed" => "kubepods".to_string(),
+                q => format!("kubepods/{q}"),
+            },
+            pod.uid
+        );
+        Ok(Ctr {
+            id,
+            log: pod.log_dir.join(format!("{name}.log")),
+            cgroup,
+        })
+    }
+
+    /// Stops and removes every pod (their containers with them).
+    fn remove_pods(&mut self) {
+        for p in std::mem::take(&mut self.pods) {
+            let _ = self.cri(&["stop-pod", &p]);
+            let _ = self.cri(&["rm-pod", &p]);
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.child.is_none() && !self.pods.is_empty() {
+            self.spawn();
+        }
+        self.remove_pods();
+        self.stop();
+        // Leftover mounts (a failed run) must go before the folder can.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let base = self.dir.path().to_string_lossy().into_owned();
+        let mut points: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&base))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in points {
+            let _ = Command::new("umount").arg("-l").arg(p).status();
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_le_bytes(b)
+}
+
+struct Pod {
+    id: String,
+    spec: serde_json::Value,
+    log_dir: PathBuf,
+    uid: String,
+    qos: String,
+}
+
+struct Ctr {
+    id: String,
+    log: PathBuf,
+    cgroup: String,
+}
+
+impl Ctr {
+    /// (Cpus_allowed_list, Mems_allowed_list) the container printed first.
+    fn first_print(&self) -> (CpuSet, CpuSet) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.split_once(&format!("{name}:")).map(|(_, v)| v.trim()))
+                    .map(|v| CpuSet::parse(v).unwrap())
+            };
+            if let (Some(c), Some(m)) = (field("Cpus_allowed_list"), field("Mems_allowed_list")) {
+                return (c, m);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "container {} printed nothing: {text:?}",
+                self.id
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The live cpuset.cpus of its cgroup.
+    fn live_cpus(&self) -> CpuSet {
+        let cg = common::root_cgroups().unwrap();
+        cg.cpus(&self.cgroup)
+            .unwrap_or_else(|e| panic!("cpuset of {}: {e}", self.cgroup))
+    }
+}
+
+/// The daemon's decision for a container: (cpus, mems, exclusive) from `status`.
+fn decision(d: &common::Daemon, id: &str) -> Option<(CpuSet, CpuSet, bool)> {
+    let st = d.status();
+    let key_end = format!("/{}", &id[..12]);
+    st["pods"].as_array()?.iter().find_map(|p| {
+        if !p["uid"].as_str()?.ends_with(&key_end) {
+            return None;
+        }
+        let c = &p["containers"][0];
+        let parse = |v: &serde_json::Value| {
+            serde_json::from_value::<CpuSet>(v.clone()).expect("cpuset in status")
+        };
+        Some((
+            parse(&c["cpus"]),
+            parse(&c["mems"]),
+            c["exclusive"].as_bool()?,
+        ))
+    })
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn nri_daemon(nri_sock: &Path, daemon_extra: &str, extra: &str) -> common::Daemon {
+    common::Daemon::start_daemon_extra(
+        daemon_extra,
+        "",
+        &format!(
+            "[ebpf]\nenabled = false\n[kubernetes]\nadmission = \"nri\"\nnri_socket = \"{}\"\n{extra}",
+            nri_sock.display()
+        ),
+    )
+}
+
+fn connected(d: &common::Daemon) -> bool {
+    d.status()["admission"]["nri_connected"].as_bool() == Some(true)
+}
+
+const GUARANTEED_1CPU: &str =
+    r#"{"cpu_quota":100000,"cpu_period":100000,"cpu_shares":1024,"memory_limit":67108864}"#;
+const BURSTABLE: &str = r#"{"cpu_shares":256}"#;
+const BESTEFFORT: &str = r#"{"cpu_shares":2}"#;
+
+fn res(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap()
+}
+
+#[test]
+fn containers_are_placed_at_creation_through_nri() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let t0 = Instant::now();
+    let mut ctd = Containerd::start(&install);
+    let mut d = nri_daemon(&ctd.nri_sock(), "", "");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    assert_eq!(d.status()["admission"]["mode"], "nri");
+    assert_eq!(d.metric("rebalancer_nri_connected"), Some(1.0));
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+
+    // Burstable first: it gets the whole shared pool, from its first instruction.
+    let bp = ctd.pod("burstable", "burstable");
+    let b = ctd.container(&bp, "b", res(BURSTABLE)).unwrap();
+    let (b_cpus, b_mems) = b.first_print();
+    let (dc, dm, excl) = decision(&d, &b.id).expect("burstable admitted");
+    assert_eq!((&b_cpus, &b_mems, excl), (&dc, &dm, false));
+    assert_eq!(
+        b_cpus, all,
+        "the burstable container starts on the whole shared pool"
+    );
+
+    // Guaranteed 1 CPU: exclusive from its first instruction; the burstable one loses it.
+    let gp = ctd.pod("guaranteed", "guaranteed");
+    let g = ctd.container(&gp, "g", res(GUARANTEED_1CPU)).unwrap();
+    let (g_cpus, g_mems) = g.first_print();
+    let (dc, dm, excl) = decision(&d, &g.id).expect("guaranteed admitted");
+    assert_eq!((&g_cpus, &g_mems, excl), (&dc, &dm, true));
+    assert_eq!(g_cpus.len(), 1);
+    wait_for(
+        "the burstable cpuset to shrink",
+        Duration::from_secs(5),
+        || b.live_cpus().is_disjoint(&g_cpus),
+    );
+    assert_eq!(b.live_cpus(), all.difference(&g_cpus));
+
+    // BestEffort after: never on the exclusive CPU.
+    let ep = ctd.pod("besteffort", "besteffort");
+    let e = ctd.container(&ep, "e", res(BESTEFFORT)).unwrap();
+    let (e_cpus, e_mems) = e.first_print();
+    let (dc, dm, _) = decision(&d, &e.id).expect("besteffort admitted");
+    assert_eq!((&e_cpus, &e_mems), (&dc, &dm));
+    assert!(e_cpus.is_disjoint(&g_cpus), "{e_cpus} overlaps {g_cpus}");
+    println!(
+        "guaranteed {g_cpus}/{g_mems}, burstable {b_cpus} -> {}, besteffort {e_cpus}",
+        b.live_cpus()
+    );
+
+    // Does not fit: CreateContainer fails with the reason; nothing changes.
+    let before = d.status()["pods"].clone();
+    let big = ctd.pod("too-big", "guaranteed");
+    let n = all.len() as i64 + 1;
+    let err = ctd
+        .container(
+            &big,
+            "big",
+            serde_json::json!({"cpu_quota": n * 100000, "cpu_period": 100000, "cpu_shares": n * 1024, "memory_limit": 67108864}),
+        )
+        .err()
+        .expect("a container larger than the machine is refused");
+    assert!(err.contains("InsufficientCPU"), "{err}");
+    assert!(err.contains("rebalancer refused container big"), "{err}");
+    assert_eq!(d.status()["pods"], before, "a refusal changes nothing");
+
+    // Daemon restart: Synchronize adopts from the checkpoint, no double allocation.
+    let excl_before = d.status()["exclusive_cpus"].clone();
+    d.signal_and_wait(libc::SIGTERM);
+    d.restart();
+    wait_for("the plugin to re-register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    assert!(d.log_text().contains("synchronized with the runtime"));
+    assert_eq!(
+        d.status()["pods"],
+        before,
+        "restart keeps every allocation once"
+    );
+    assert_eq!(d.status()["exclusive_cpus"], excl_before);
+
+    // containerd restart: the plugin reconnects and admits again.
+    ctd.stop();
+    wait_for("the plugin to notice", Duration::from_secs(10), || {
+        !connected(&d)
+    });
+    assert_eq!(d.metric("rebalancer_nri_connected"), Some(0.0));
+    ctd.spawn();
+    wait_for("the plugin to reconnect", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    assert_eq!(
+        d.status()["pods"],
+        before,
+        "reconnect keeps every allocation once"
+    );
+    let e2 = ctd.container(&ep, "e2", res(BESTEFFORT)).unwrap();
+    let (e2_cpus, _) = e2.first_print();
+    assert!(e2_cpus.is_disjoint(&g_cpus));
+    assert!(decision(&d, &e2.id).is_some());
+
+    // Removal releases; the shared containers get the CPU back.
+    ctd.cri(&["stop", &g.id]).unwrap();
+    ctd.cri(&["rm", &g.id]).unwrap();
+    wait_for("the release", Duration::from_secs(5), || {
+        decision(&d, &g.id).is_none()
+    });
+    assert_eq!(d.status()["exclusive_cpus"], serde_json::json!([]));
+    wait_for(
+        "the burstable cpuset to grow back",
+        Duration::from_secs(5),
+        || b.live_cpus() == all,
+    );
+    ctd.remove_pods();
+    wait_for(
+        "pod removal to release everything",
+        Duration::from_secs(5),
+        || d.status()["pods"].as_array().is_some_and(|p| p.is_empty()),
+    );
+    assert!(
+        d.status()["bindings"]
+            .as_object()
+            .is_some_and(|b| b.is_empty()),
+        "{}",
+        d.status()["bindings"]
+    );
+    d.signal_and_wait(libc::SIGTERM);
+
+    // single-numa-node on a 4-node machine (fixture): 21 CPUs fit no node of 20.
+    let fixture = workspace().join("tests/fixtures/sysfs/intel-snc");
+    let d2 = nri_daemon(
+        &ctd.nri_sock(),
+        &format!("sysfs_root = \"{}\"", fixture.display()),
+        "[placement]\npolicy = \"single-numa-node\"\n",
+    );
+    wait_for(
+        "the second plugin to register",
+        Duration::from_secs(20),
+        || connected(&d2),
+    );
+    let wide = ctd.pod("unaligned", "guaranteed");
+    let err = ctd
+        .container(
+            &wide,
+            "wide",
+            serde_json::json!({"cpu_quota": 2_100_000, "cpu_period": 100000, "cpu_shares": 21 * 1024, "memory_limit": 67108864}),
+        )
+        .err()
+        .expect("21 CPUs on nodes of 20 cannot be aligned under single-numa-node");
+    assert!(err.contains("TopologyAffinityError"), "{err}");
+    assert!(err.contains("SingleNumaNode"), "{err}");
+    assert!(d2.status()["pods"].as_array().is_some_and(|p| p.is_empty()));
+    println!("refusal as the runtime reports it: {}", err.trim());
+    println!("containerd tests took {:?}", t0.elapsed());
+}

@@ -1,0 +1,263 @@
+//! Test-only CRI client: creates pods and containers through containerd's CRI exactly as
+//! kubelet would with the cgroupfs driver (host network, a `cgroup_parent` per pod under
+//! `/kubepods/<qos>/pod<uid>`, container resources as kubelet computes them), and prints the
+//! ids. Specs are JSON on the command line so tests stay readable.
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde::Deserialize;
+
+#[allow(clippy::all)]
+pub mod cri {
+    tonic::include_proto!("runtime.v1");
+}
+use cri::runtime_service_client::RuntimeServiceClient;
+
+const IMAGE: &str = "docker.io/library/rb-busybox:test";
+
+#[derive(Parser)]
+#[command(
+    name = "cri-tool",
+    about = "Drive a CRI runtime as kubelet would (test tool)"
+)]
+struct Cli {
+    /// The runtime's CRI socket.
+    #[arg(long)]
+    socket: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// RunPodSandbox from a PodSpec JSON; prints the sandbox id.
+    Pod {
+        spec: String,
+    },
+    /// CreateContainer from a ContainerSpec JSON; prints the container id.
+    Container {
+        spec: String,
+    },
+    Start {
+        id: String,
+    },
+    Stop {
+        id: String,
+    },
+    Rm {
+        id: String,
+    },
+    StopPod {
+        id: String,
+    },
+    RmPod {
+        id: String,
+    },
+    /// Lists containers as JSON lines: id, pod id, name, state.
+    Ps,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodSpec {
+    name: String,
+    uid: String,
+    /// guaranteed | burstable | besteffort
+    qos: String,
+    log_dir: String,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContainerSpec {
+    pod_id: String,
+    pod: PodSpec,
+    name: String,
+    #[serde(default)]
+    cpu_quota: i64,
+    #[serde(default)]
+    cpu_period: i64,
+    #[serde(default)]
+    cpu_shares: i64,
+    #[serde(default)]
+    memory_limit: i64,
+    #[serde(default)]
+    hugepages_2m: u64,
+    command: Vec<String>,
+    /// Relative to the pod's log_dir.
+    log_path: String,
+}
+
+fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
+    let parent = match p.qos.as_str() {
+        "guaranteed" => format!("/kubepods/pod{}", p.uid),
+        "burstable" => format!("/kubepods/burstable/pod{}", p.uid),
+        "besteffort" => format!("/kubepods/besteffort/pod{}", p.uid),
+        q => bail!("qos {q:?}: guaranteed, burstable or besteffort"),
+    };
+    let ns = p.namespace.clone().unwrap_or_else(|| "default".into());
+    let labels = HashMap::from([
+        ("io.kubernetes.pod.name".to_string(), p.name.clone()),
+        ("io.kubernetes.pod.namespace".to_string(), ns.clone()),
+        ("io.kubernetes.pod.uid".to_string(), p.uid.clone()),
+    ]);
+    Ok(cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+            namespace: ns,
+            attempt: 0,
+        }),
+        // Host network: no hostname (runc refuses one without a UTS namespace).
+        hostname: String::new(),
+        log_directory: p.log_dir.clone(),
+        labels,
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: parent,
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(host_network()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn host_network() -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
+async fn client(socket: &str) -> Result<RuntimeServiceClient<tonic::transport::Channel>> {
+    let path = socket.to_string();
+    let ch = tonic::transport::Endpoint::try_from("http://[::1]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let p = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(p).await?,
+                ))
+            }
+        }))
+        .await
+        .with_context(|| format!("connecting to {socket}"))?;
+    Ok(RuntimeServiceClient::new(ch))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut c = client(&cli.socket).await?;
+    match cli.cmd {
+        Cmd::Pod { spec } => {
+            let p: PodSpec = serde_json::from_str(&spec).context("pod spec")?;
+            let r = c
+                .run_pod_sandbox(cri::RunPodSandboxRequest {
+                    config: Some(sandbox_config(&p)?),
+                    runtime_handler: String::new(),
+                })
+                .await?;
+            println!("{}", r.into_inner().pod_sandbox_id);
+        }
+        Cmd::Container { spec } => {
+            let s: ContainerSpec = serde_json::from_str(&spec).context("container spec")?;
+            let resources = cri::LinuxContainerResources {
+                cpu_period: s.cpu_period,
+                cpu_quota: s.cpu_quota,
+                cpu_shares: s.cpu_shares,
+                memory_limit_in_bytes: s.memory_limit,
+                hugepage_limits: if s.hugepages_2m > 0 {
+                    vec![cri::HugepageLimit {
+                        page_size: "2MB".into(),
+                        limit: s.hugepages_2m,
+                    }]
+                } else {
+                    vec![]
+                },
+                ..Default::default()
+            };
+            let labels = HashMap::from([
+                ("io.kubernetes.pod.name".to_string(), s.pod.name.clone()),
+                ("io.kubernetes.pod.uid".to_string(), s.pod.uid.clone()),
+                ("io.kubernetes.container.name".to_string(), s.name.clone()),
+            ]);
+            let config = cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: s.name.clone(),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: IMAGE.into(),
+                    ..Default::default()
+                }),
+                command: s.command.clone(),
+                log_path: s.log_path.clone(),
+                labels,
+                linux: Some(cri::LinuxContainerConfig {
+                    resources: Some(resources),
+                    security_context: Some(cri::LinuxContainerSecurityContext {
+                        namespace_options: Some(host_network()),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            };
+            let r = c
+                .create_container(cri::CreateContainerRequest {
+                    pod_sandbox_id: s.pod_id.clone(),
+                    config: Some(config),
+                    sandbox_config: Some(sandbox_config(&s.pod)?),
+                })
+                .await?;
+            println!("{}", r.into_inner().container_id);
+        }
+        Cmd::Start { id } => {
+            c.start_container(cri::StartContainerRequest { container_id: id })
+                .await?;
+        }
+        Cmd::Stop { id } => {
+            c.stop_container(cri::StopContainerRequest {
+                container_id: id,
+                timeout: 2,
+            })
+            .await?;
+        }
+        Cmd::Rm { id } => {
+            c.remove_container(cri::RemoveContainerRequest { container_id: id })
+                .await?;
+        }
+        Cmd::StopPod { id } => {
+            c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: id })
+                .await?;
+        }
+        Cmd::RmPod { id } => {
+            c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await?;
+        }
+        Cmd::Ps => {
+            let r = c
+                .list_containers(cri::ListContainersRequest { filter: None })
+                .await?;
+            for k in r.into_inner().containers {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "id": k.id,
+                        "pod_id": k.pod_sandbox_id,
+                        "name": k.metadata.map(|m| m.name).unwrap_or_default(),
+                        "state": k.state,
+                    })
+                );
+            }
+        }
+    }
+    Ok(())
+}
