@@ -27,6 +27,11 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
         })
     };
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
+        // kubelet's Memory Manager Start: the stored memory state must match this machine
+        Ok(Some(p)) if let Err(e) = p.allocator.check_restored(topo, &cfg.placement) => {
+            tracing::warn!(error = %e, "checkpoint does not match this machine; rebuilding from the live cgroups");
+            fresh()
+        }
         Ok(Some(p)) => {
             tracing::info!(
                 pods = p.allocator.pods.len(),

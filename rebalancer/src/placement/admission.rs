@@ -251,6 +251,44 @@ impl Allocator {
         out
     }
 
+    /// kubelet's Memory Manager `Start` check of a restored state against the machine found:
+    /// the memory blocks of every admitted container, rebuilt on this machine's empty state
+    /// (topology and `reserved_memory` now), must give the stored memory state
+    /// ([`crate::placement::memory_case::check_restored`]). A machine whose memory or
+    /// reservation changed, or a state that does not add up, fails with the first difference.
+    pub fn check_restored(
+        &self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+    ) -> Result<(), MemoryError> {
+        let fresh = MemoryState::new(topo, &cfg.reserved_memory)?;
+        let mut assignments = crate::placement::memory_case::Assignments::new();
+        for (uid, p) in &self.pods {
+            for c in &p.containers {
+                let Some(a) = &c.memory else { continue };
+                let blocks = if a.requested.is_empty() {
+                    // written before allocations kept their request: what was taken
+                    let mut sums = MemoryRequest::new();
+                    for &(_, r, t) in &a.taken {
+                        *sums.entry(r).or_default() += t;
+                    }
+                    MemoryAllocation {
+                        requested: sums,
+                        ..a.clone()
+                    }
+                    .kubelet_blocks()
+                } else {
+                    a.kubelet_blocks()
+                };
+                assignments
+                    .entry(uid.clone())
+                    .or_default()
+                    .insert(c.placement.container.clone(), blocks);
+            }
+        }
+        crate::placement::memory_case::check_restored(&self.memory, &fresh, &assignments)
+    }
+
     /// Admits `pod` or refuses it; on refusal the state is unchanged.
     pub fn admit(
         &mut self,
@@ -574,14 +612,12 @@ impl Allocator {
             let req = memory_request(c);
             let mask = {
                 let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
-                self.memory
-                    .choose(&req, affinity, &*tie)
-                    .map_err(|e| match e {
-                        MemoryError::Insufficient { .. } => {
-                            Rejection::new(R::InsufficientMemory, e.to_string())
-                        }
-                        _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
-                    })?
+                self.memory.choose(&req, hint, &*tie).map_err(|e| match e {
+                    MemoryError::Insufficient { .. } => {
+                        Rejection::new(R::InsufficientMemory, e.to_string())
+                    }
+                    _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
+                })?
             };
             Some(self.memory.allocate(&req, mask))
         } else {
@@ -771,3 +807,7 @@ fn tie_fn<'a>(
 #[cfg(test)]
 #[path = "admission_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "seed003_tests.rs"]
+mod seed003_tests;

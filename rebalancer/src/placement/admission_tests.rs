@@ -397,3 +397,38 @@ fn a_replacement_short_of_cpus_keeps_what_is_online() {
     assert_eq!(r[0].cpus, g.cpus.difference(&lost));
     assert_eq!(a.current_cpus("g", "c").unwrap(), r[0].cpus);
 }
+
+#[test]
+fn a_restored_state_is_checked_against_the_machine_like_kubelet_start() {
+    let t = epyc();
+    let mut c = cfg(TopologyPolicy::BestEffort);
+    c.reserved_memory = vec![crate::config::ReservedMemory {
+        node: 0,
+        memory_bytes: G,
+        hugepages_2mi_bytes: 0,
+        hugepages_1gi_bytes: 0,
+    }];
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let mut big = guaranteed("c", 1500, 20 * G);
+    big.hugepages_1gi_bytes = G;
+    a.admit(&t, &c, &pod("a", vec![big])).unwrap();
+    a.admit(&t, &c, &pod("b", vec![guaranteed("c", 2000, G)]))
+        .unwrap();
+    assert_eq!(a.check_restored(&t, &c), Ok(()));
+    // the reservation changed since
+    let mut other = c.clone();
+    other.reserved_memory[0].memory_bytes = 2 * G;
+    let e = a.check_restored(&t, &other).unwrap_err().to_string();
+    assert!(e.contains("different from the real one"), "{e}");
+    // a node lost memory
+    let mut small = t.clone();
+    small.nodes[3].memory_total_bytes -= G;
+    assert!(a.check_restored(&small, &c).is_err());
+    // the stored counters do not add up
+    let mut bad = a.clone();
+    bad.memory.nodes[1].assignments += 1;
+    assert!(bad.check_restored(&t, &c).is_err());
+    // released pods leave a state that still matches
+    a.release("a");
+    assert_eq!(a.check_restored(&t, &c), Ok(()));
+}
