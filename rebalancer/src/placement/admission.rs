@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{
-    AllocationStrategy, PlacementConfig, SharedCpuPolicy, TopologyPolicy, TopologyScope,
+    AllocationStrategy, CpuManagerPolicy, MemoryManagerPolicy, PlacementConfig, SharedCpuPolicy,
+    TopologyPolicy, TopologyScope,
 };
 use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
@@ -39,6 +40,12 @@ pub enum PlacementError {
     ReservedMemory(#[from] MemoryError),
     #[error("placement.reserved_cpus {reserved} leaves no CPU for workloads")]
     NoCpuLeft { reserved: CpuSet },
+    #[error("the machine has {nodes} NUMA nodes, more than placement.max_allowable_numa_nodes = {max} allows under topology policy {policy:?} (kubelet refuses to start too)")]
+    TooManyNodes {
+        nodes: usize,
+        max: u32,
+        policy: TopologyPolicy,
+    },
 }
 
 /// One admitted container: its placement and what it holds.
@@ -77,6 +84,9 @@ pub struct AdmittedPod {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocator {
     pub reserved_cpus: CpuSet,
+    /// strict-cpu-reservation: the reserved CPUs are off the shared pool too.
+    #[serde(default)]
+    pub strict_reservation: bool,
     pub shared_load: Charges,
     pub memory: MemoryState,
     pub devices: DeviceState,
@@ -92,8 +102,18 @@ impl Allocator {
                 reserved: reserved_cpus,
             });
         }
+        if cfg.policy != TopologyPolicy::None
+            && topo.nodes.len() > cfg.max_allowable_numa_nodes as usize
+        {
+            return Err(PlacementError::TooManyNodes {
+                nodes: topo.nodes.len(),
+                max: cfg.max_allowable_numa_nodes,
+                policy: cfg.policy,
+            });
+        }
         Ok(Allocator {
             reserved_cpus,
+            strict_reservation: cfg.strict_cpu_reservation,
             shared_load: Charges::new(),
             memory: MemoryState::new(topo, &cfg.reserved_memory)?,
             devices: DeviceState::default(),
@@ -115,11 +135,15 @@ impl Allocator {
             .flat_map(|p| p.containers.iter().map(|c| &c.placement))
     }
 
-    /// The shared pool now: online CPUs minus reserved and exclusive ones.
+    /// The shared pool now: online CPUs minus exclusive ones, and minus the reserved ones
+    /// under strict-cpu-reservation (kubelet keeps reserved CPUs in the shared pool otherwise).
     pub fn shared_pool(&self, view: &CpuView) -> CpuSet {
-        view.online
-            .difference(&self.reserved_cpus)
-            .difference(&self.exclusive_cpus())
+        let pool = view.online.difference(&self.exclusive_cpus());
+        if self.strict_reservation {
+            pool.difference(&self.reserved_cpus)
+        } else {
+            pool
+        }
     }
 
     /// The CPUs an exclusive allocation may take: the shared pool minus what the shared
@@ -151,7 +175,7 @@ impl Allocator {
                 keep.insert(cpu);
             }
         }
-        shared.difference(&keep)
+        shared.difference(&keep).difference(&self.reserved_cpus)
     }
 
     /// A shared container's cpuset now (its admission pool minus CPUs since made exclusive).
@@ -202,6 +226,7 @@ impl Allocator {
             let strict = StaticOptions {
                 full_pcpus_only: cfg.full_pcpus_only,
                 distribute_across_numa: false,
+                distribute_across_cores: cfg.distribute_cpus_across_cores,
                 align_by_socket: cfg.align_by_socket,
                 prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
             };
@@ -436,7 +461,7 @@ impl Allocator {
         }
         let exclusive: u64 = containers
             .iter()
-            .filter(|c| exclusive_cpus(qos, c).is_some())
+            .filter(|c| exclusive_cpus(cfg, qos, c).is_some())
             .map(|c| c.cpu_request() / 1000)
             .sum();
         let cpu_hints: ProviderHints = (exclusive > 0).then(|| {
@@ -449,7 +474,7 @@ impl Allocator {
             [("cpu".to_string(), Some(h))].into_iter().collect()
         });
         let mut mem = MemoryRequest::new();
-        if qos == Qos::Guaranteed {
+        if memory_managed(cfg, qos) {
             for c in containers {
                 for (r, b) in memory_request(c) {
                     *mem.entry(r).or_default() += b;
@@ -584,11 +609,12 @@ impl Allocator {
         let affinity = hint.affinity;
         let shared = self.shared_pool(view);
         // exclusive CPUs first (kubelet's CPU manager allocates before the memory manager)
-        let exclusive = match exclusive_cpus(qos, c) {
+        let exclusive = match exclusive_cpus(cfg, qos, c) {
             Some(n) => {
                 let opts = StaticOptions {
                     full_pcpus_only: cfg.full_pcpus_only,
                     distribute_across_numa: cfg.distribute_cpus_across_numa,
+                    distribute_across_cores: cfg.distribute_cpus_across_cores,
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
                 };
@@ -608,7 +634,7 @@ impl Allocator {
             }
             None => None,
         };
-        let memory = if qos == Qos::Guaranteed {
+        let memory = if memory_managed(cfg, qos) {
             let req = memory_request(c);
             let mask = {
                 let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
@@ -676,14 +702,22 @@ impl Allocator {
                 (cpus, charges)
             }
         };
+        let exclusive_container = exclusive_cpus(cfg, qos, c).is_some();
         let mems = match &memory {
             Some(m) => m.nodes.to_cpuset(),
+            // TAP leaves a shared container's mems alone unless its memory topology is on
+            None if cfg.shared_cpu_policy == SharedCpuPolicy::TopologyAware
+                && !cfg.tap_memory_topology
+                && !exclusive_container =>
+            {
+                topo.node_ids().collect()
+            }
             None => view.nodes_of(&cpus).to_cpuset(),
         };
         Ok(AdmittedContainer {
             placement: ContainerPlacement {
                 container: c.name.clone(),
-                exclusive: exclusive_cpus(qos, c).is_some(),
+                exclusive: exclusive_cpus(cfg, qos, c).is_some(),
                 cpus,
                 mems,
                 affinity,
@@ -734,10 +768,20 @@ impl Allocator {
     }
 }
 
-/// Exclusive CPU count of a container: Guaranteed with an integer CPU request.
-fn exclusive_cpus(qos: Qos, c: &Container) -> Option<usize> {
+/// Exclusive CPU count of a container: Guaranteed with an integer CPU request, under the CPU
+/// Manager's static policy.
+fn exclusive_cpus(cfg: &PlacementConfig, qos: Qos, c: &Container) -> Option<usize> {
     let r = c.cpu_request();
-    (qos == Qos::Guaranteed && r > 0 && r.is_multiple_of(1000)).then_some((r / 1000) as usize)
+    (cfg.cpu_manager_policy == CpuManagerPolicy::Static
+        && qos == Qos::Guaranteed
+        && r > 0
+        && r.is_multiple_of(1000))
+    .then_some((r / 1000) as usize)
+}
+
+/// Whether the Memory Manager reserves memory for the pod (static policy, Guaranteed).
+fn memory_managed(cfg: &PlacementConfig, qos: Qos) -> bool {
+    cfg.memory_manager_policy == MemoryManagerPolicy::Static && qos == Qos::Guaranteed
 }
 
 fn memory_request(c: &Container) -> MemoryRequest {

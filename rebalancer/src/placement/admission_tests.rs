@@ -137,6 +137,7 @@ fn strategies_balance_or_pack() {
 fn shared_pools_devices_and_reserved_cpus() {
     let mut c = cfg(TopologyPolicy::Restricted);
     c.reserved_cpus = "0,64".into();
+    c.strict_cpu_reservation = true;
     let burst = |name: &str, millis| Container {
         name: name.into(),
         cpu_request_millis: millis,
@@ -170,8 +171,8 @@ fn shared_pools_devices_and_reserved_cpus() {
         ],
     );
     c.shared_cpu_policy = SharedCpuPolicy::TopologyAware;
-    // the L3 group that lost the reserved CPUs is the tightest pool
-    check(&c, &[(pod("b", vec![burst("c", 2500)]), "1-3,65-67|0|s")]);
+    // the L3 group that lost the reserved CPUs is the tightest pool; TAP leaves mems alone
+    check(&c, &[(pod("b", vec![burst("c", 2500)]), "1-3,65-67|0-7|s")]);
 }
 
 #[test]
@@ -431,4 +432,144 @@ fn a_restored_state_is_checked_against_the_machine_like_kubelet_start() {
     // released pods leave a state that still matches
     a.release("a");
     assert_eq!(a.check_restored(&t, &c), Ok(()));
+}
+
+/// One row per kubelet / TAP option: the option's setting, a pod, the answer for its first
+/// container ("cpus|mems|x or s", or the rejection reason), on a fresh EPYC allocator.
+#[test]
+fn kubelet_and_tap_options_table() {
+    use crate::config::{CpuManagerPolicy, MemoryManagerPolicy};
+    let burst = |millis| Container {
+        name: "c".into(),
+        cpu_request_millis: millis,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    let best_effort = Container {
+        name: "c".into(),
+        ..Default::default()
+    };
+    type Set = fn(&mut PlacementConfig);
+    let rows: &[(&str, Set, Container, &str)] = &[
+        // reserved CPUs: off exclusive allocations always, off the shared pool only when strict
+        (
+            "reserved, non-strict (kubelet default)",
+            |c| c.reserved_cpus = "0-7,64-71".into(),
+            best_effort.clone(),
+            "0-127|0-7|s",
+        ),
+        (
+            "strict-cpu-reservation",
+            |c| {
+                c.reserved_cpus = "0-7,64-71".into();
+                c.strict_cpu_reservation = true;
+            },
+            best_effort.clone(),
+            "8-63,72-127|1-7|s",
+        ),
+        (
+            "reserved, non-strict: exclusive CPUs still avoid them",
+            |c| c.reserved_cpus = "0-7,64-71".into(),
+            guaranteed("c", 2000, G),
+            "8,72|1|x",
+        ),
+        // CPU Manager policy none: a Guaranteed integer-CPU container shares
+        (
+            "cpu-manager-policy static",
+            |_| {},
+            guaranteed("c", 2000, G),
+            "0,64|0|x",
+        ),
+        (
+            "cpu-manager-policy none",
+            |c| c.cpu_manager_policy = CpuManagerPolicy::None,
+            guaranteed("c", 2000, G),
+            "0-7,64-71|0|s",
+        ),
+        // Memory Manager policy None: no memory group, mems follow the CPUs
+        (
+            "memory-manager-policy static: 20 GiB spans two nodes",
+            |c| c.policy = TopologyPolicy::BestEffort,
+            guaranteed("c", 2000, 20 * G),
+            "0,64|0-1|x",
+        ),
+        (
+            "memory-manager-policy None",
+            |c| {
+                c.policy = TopologyPolicy::BestEffort;
+                c.memory_manager_policy = MemoryManagerPolicy::None;
+            },
+            guaranteed("c", 2000, 20 * G),
+            "0,64|0|x",
+        ),
+        // distribute-cpus-across-cores: one thread per core
+        (
+            "packed (default): whole cores",
+            |_| {},
+            guaranteed("c", 4000, G),
+            "0-1,64-65|0|x",
+        ),
+        (
+            "distribute-cpus-across-cores",
+            |c| c.distribute_cpus_across_cores = true,
+            guaranteed("c", 4000, G),
+            "0-3|0|x",
+        ),
+        // TAP memory topology: mems left alone unless enabled
+        (
+            "TAP, memory topology off (default)",
+            |c| c.shared_cpu_policy = SharedCpuPolicy::TopologyAware,
+            burst(2500),
+            "0-3,64-67|0-7|s",
+        ),
+        (
+            "TAP, memory topology on",
+            |c| {
+                c.shared_cpu_policy = SharedCpuPolicy::TopologyAware;
+                c.tap_memory_topology = true;
+            },
+            burst(2500),
+            "0-3,64-67|0|s",
+        ),
+    ];
+    for (name, set, container, want) in rows {
+        let mut c = cfg(TopologyPolicy::Restricted);
+        set(&mut c);
+        let t = epyc();
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let got = show(&a.admit(&t, &c, &pod("p", vec![container.clone()])));
+        assert_eq!(&got, want, "{name}");
+    }
+}
+
+#[test]
+fn max_allowable_numa_nodes_is_enforced_like_kubelet() {
+    let t = epyc(); // 8 nodes
+    let mut c = cfg(TopologyPolicy::Restricted);
+    assert!(Allocator::new(&t, &c).is_ok(), "8 nodes, default limit 8");
+    let big = TopologyBuilder {
+        sockets: 2,
+        nodes_per_socket: 8,
+        cores_per_node: 2,
+        threads_per_core: 1,
+        ..Default::default()
+    }
+    .build();
+    let e = Allocator::new(&big, &c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PlacementError::TooManyNodes {
+                nodes: 16,
+                max: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.max_allowable_numa_nodes = 16;
+    assert!(Allocator::new(&big, &c).is_ok());
+    c.max_allowable_numa_nodes = 8;
+    c.policy = TopologyPolicy::None;
+    assert!(Allocator::new(&big, &c).is_ok(), "policy none has no limit");
 }
