@@ -15,7 +15,8 @@ use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
 use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceState};
 use crate::placement::memory::{
-    MemoryAllocation, MemoryError, MemoryRequest, MemoryResource, MemoryState,
+    reusable_on, update_reusable, ContainerKind, MemoryAllocation, MemoryError, MemoryRequest,
+    MemoryResource, MemoryState, ReusableMemory,
 };
 use crate::placement::merge::{self, MergeOptions};
 use crate::placement::numa_info::NumaInfo;
@@ -52,6 +53,9 @@ pub enum PlacementError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmittedContainer {
     pub placement: ContainerPlacement,
+    /// App, init or sidecar container.
+    #[serde(default)]
+    pub kind: ContainerKind,
     /// Millicores charged on shared CPUs (empty for exclusive containers).
     pub charges: Charges,
     pub memory: Option<MemoryAllocation>,
@@ -379,18 +383,24 @@ impl Allocator {
         let pod_hint = match cfg.scope {
             TopologyScope::Pod => {
                 let reqs: Vec<&Container> = pod.containers.iter().collect();
-                Some(self.hint_for(topo, cfg, &view, qos, &reqs)?)
+                let effective = Demand::of_pod(cfg, qos, pod);
+                Some(self.hint_for(topo, cfg, &view, qos, &reqs, Some(&effective))?)
             }
             TopologyScope::Container => None,
         };
+        // what the pod's regular init containers held and later containers may take again
+        // (kubelet's cpusToReuse and initContainersReusableMemory)
+        let mut reuse = Reuse::default();
         let mut out = Vec::new();
-        for c in &pod.containers {
+        for (c, kind) in pod.in_order() {
             let hint = match pod_hint {
                 Some(h) => h,
-                None => self.hint_for(topo, cfg, &view, qos, &[c])?,
+                None => self.hint_for(topo, cfg, &view, qos, &[c], None)?,
             };
-            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, hint)?;
-            out.push(a.placement.clone());
+            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse)?;
+            if kind == ContainerKind::App {
+                out.push(a.placement.clone());
+            }
             if let Some(p) = self.pods.get_mut(&pod.uid) {
                 p.containers.push(a);
             }
@@ -401,7 +411,7 @@ impl Allocator {
     /// Node-level capacity (kubelet's resource-fit admission): the pod's requests plus those
     /// admitted must fit the allocatable CPUs and memory of the machine.
     fn check_capacity(&self, view: &CpuView, pod: &Pod) -> Result<(u64, MemoryRequest), Rejection> {
-        let cpu: u64 = pod.containers.iter().map(Container::cpu_request).sum();
+        let cpu = pod.effective(Container::cpu_request);
         let allocatable = view.online.difference(&self.reserved_cpus).len() as u64 * 1000;
         let used: u64 = self.pods.values().map(|p| p.cpu_request_millis).sum();
         if used + cpu > allocatable {
@@ -413,12 +423,7 @@ impl Allocator {
                 ),
             ));
         }
-        let mut mem = MemoryRequest::new();
-        for c in &pod.containers {
-            for (r, b) in memory_request(c) {
-                *mem.entry(r).or_default() += b;
-            }
-        }
+        let mem = pod_memory_request(pod);
         for (r, &b) in &mem {
             let alloc: u64 = self
                 .memory
@@ -455,15 +460,14 @@ impl Allocator {
         view: &CpuView,
         qos: Qos,
         containers: &[&Container],
+        effective: Option<&Demand>,
     ) -> Result<TopologyHint, Rejection> {
         if cfg.policy == TopologyPolicy::None {
             return Ok(TopologyHint::new(None, false));
         }
-        let exclusive: u64 = containers
-            .iter()
-            .filter(|c| exclusive_cpus(cfg, qos, c).is_some())
-            .map(|c| c.cpu_request() / 1000)
-            .sum();
+        let summed = Demand::of(cfg, qos, containers);
+        let demand = effective.unwrap_or(&summed);
+        let exclusive = demand.exclusive;
         let cpu_hints: ProviderHints = (exclusive > 0).then(|| {
             let h = cpu::exclusive_hints(
                 view,
@@ -473,14 +477,7 @@ impl Allocator {
             );
             [("cpu".to_string(), Some(h))].into_iter().collect()
         });
-        let mut mem = MemoryRequest::new();
-        if memory_managed(cfg, qos) {
-            for c in containers {
-                for (r, b) in memory_request(c) {
-                    *mem.entry(r).or_default() += b;
-                }
-            }
-        }
+        let mem = demand.memory.clone();
         let mem_hints: ProviderHints = self
             .memory
             .hints(&mem)
@@ -604,7 +601,9 @@ impl Allocator {
         qos: Qos,
         uid: &str,
         c: &Container,
+        kind: ContainerKind,
         hint: TopologyHint,
+        reuse: &mut Reuse,
     ) -> Result<AdmittedContainer, Rejection> {
         let affinity = hint.affinity;
         let shared = self.shared_pool(view);
@@ -618,7 +617,10 @@ impl Allocator {
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
                 };
-                let pool = self.exclusive_pool(view, cfg.overcommit_ratio);
+                // kubelet: the assignable CPUs plus those the pod's init containers may hand on
+                let pool = self
+                    .exclusive_pool(view, cfg.overcommit_ratio)
+                    .union(&reuse.cpus.intersection(&view.online));
                 let got = cpu::allocate_exclusive(view, &pool, n, affinity, &opts).map_err(
                     |e| match e {
                         CpuError::SmtAlignment { .. } => {
@@ -630,6 +632,13 @@ impl Allocator {
                     },
                 )?;
                 self.check_no_starvation(view, &shared.difference(&got), cfg.overcommit_ratio)?;
+                // kubelet's updateCPUsToReuse: a regular init container's CPUs become
+                // reusable; any other container's CPUs are no longer
+                reuse.cpus = if kind == ContainerKind::Init {
+                    reuse.cpus.union(&got)
+                } else {
+                    reuse.cpus.difference(&got)
+                };
                 Some(got)
             }
             None => None,
@@ -638,14 +647,22 @@ impl Allocator {
             let req = memory_request(c);
             let mask = {
                 let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
-                self.memory.choose(&req, hint, &*tie).map_err(|e| match e {
-                    MemoryError::Insufficient { .. } => {
-                        Rejection::new(R::InsufficientMemory, e.to_string())
-                    }
-                    _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
-                })?
+                let reusable =
+                    |m: NodeMask, r: MemoryResource| reusable_on(&reuse.memory, uid, m, r);
+                self.memory
+                    .choose_kubelet(&req, hint, &reusable, &*tie, false)
+                    .map_err(|e| match e {
+                        MemoryError::Insufficient { .. } => {
+                            Rejection::new(R::InsufficientMemory, e.to_string())
+                        }
+                        _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
+                    })?
             };
-            Some(self.memory.allocate(&req, mask))
+            let a = self
+                .memory
+                .allocate_reusing(&req, mask, &|r| reusable_on(&reuse.memory, uid, mask, r));
+            update_reusable(&mut reuse.memory, uid, kind, &a.kubelet_blocks_requested());
+            Some(a)
         } else {
             None
         };
@@ -695,7 +712,13 @@ impl Allocator {
                         ),
                     )
                 })?;
-                let charges = spread(&cpus, millis);
+                // a regular init container has exited before the app containers start: the
+                // pod's effective request (check_capacity) covers it, its charge would count twice
+                let charges = if kind == ContainerKind::Init {
+                    Charges::new()
+                } else {
+                    spread(&cpus, millis)
+                };
                 for (cpu, m) in &charges {
                     *self.shared_load.entry(*cpu).or_default() += m;
                 }
@@ -715,6 +738,7 @@ impl Allocator {
             None => view.nodes_of(&cpus).to_cpuset(),
         };
         Ok(AdmittedContainer {
+            kind,
             placement: ContainerPlacement {
                 container: c.name.clone(),
                 exclusive: exclusive_cpus(cfg, qos, c).is_some(),
@@ -782,6 +806,62 @@ fn exclusive_cpus(cfg: &PlacementConfig, qos: Qos, c: &Container) -> Option<usiz
 /// Whether the Memory Manager reserves memory for the pod (static policy, Guaranteed).
 fn memory_managed(cfg: &PlacementConfig, qos: Qos) -> bool {
     cfg.memory_manager_policy == MemoryManagerPolicy::Static && qos == Qos::Guaranteed
+}
+
+/// What the pod's regular init containers held that later containers of the pod may take.
+#[derive(Default)]
+struct Reuse {
+    cpus: CpuSet,
+    memory: ReusableMemory,
+}
+
+/// What a set of containers asks of the hint providers: exclusive CPUs and managed memory.
+struct Demand {
+    exclusive: u64,
+    memory: MemoryRequest,
+}
+
+impl Demand {
+    /// Summed over `containers` (container scope: one container).
+    fn of(cfg: &PlacementConfig, qos: Qos, containers: &[&Container]) -> Demand {
+        let exclusive = containers
+            .iter()
+            .filter_map(|c| exclusive_cpus(cfg, qos, c))
+            .sum::<usize>() as u64;
+        let mut memory = MemoryRequest::new();
+        if memory_managed(cfg, qos) {
+            for c in containers {
+                for (r, b) in memory_request(c) {
+                    *memory.entry(r).or_default() += b;
+                }
+            }
+        }
+        Demand { exclusive, memory }
+    }
+
+    /// The pod's effective demand (pod scope): kubelet's max of the init-container peak and
+    /// the long-running total, per quantity.
+    fn of_pod(cfg: &PlacementConfig, qos: Qos, pod: &Pod) -> Demand {
+        let exclusive = pod.effective(|c| exclusive_cpus(cfg, qos, c).unwrap_or(0) as u64);
+        let memory = if memory_managed(cfg, qos) {
+            pod_memory_request(pod)
+        } else {
+            MemoryRequest::new()
+        };
+        Demand { exclusive, memory }
+    }
+}
+
+/// The pod's effective memory request per resource.
+fn pod_memory_request(pod: &Pod) -> MemoryRequest {
+    MemoryResource::ALL
+        .into_iter()
+        .map(|r| {
+            let b = pod.effective(|c| memory_request(c).get(&r).copied().unwrap_or(0));
+            (r, b)
+        })
+        .filter(|(_, b)| *b > 0)
+        .collect()
 }
 
 fn memory_request(c: &Container) -> MemoryRequest {

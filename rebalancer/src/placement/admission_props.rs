@@ -143,6 +143,7 @@ fn make_pod(uid: &str, s: &Spec) -> Pod {
     Pod {
         uid: uid.into(),
         containers,
+        init_containers: Vec::new(),
     }
 }
 

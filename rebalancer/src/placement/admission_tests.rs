@@ -46,6 +46,7 @@ fn pod(uid: &str, containers: Vec<Container>) -> Pod {
     Pod {
         uid: uid.into(),
         containers,
+        init_containers: Vec::new(),
     }
 }
 
@@ -572,4 +573,127 @@ fn max_allowable_numa_nodes_is_enforced_like_kubelet() {
     c.max_allowable_numa_nodes = 8;
     c.policy = TopologyPolicy::None;
     assert!(Allocator::new(&big, &c).is_ok(), "policy none has no limit");
+}
+
+/// Init and sidecar containers (kubelet's cpusToReuse / initContainersReusableMemory and the
+/// KEP 753 effective requests): one row per pod shape, the containers' CPUs in allocation order,
+/// the regular memory reserved on node 0, and the pod's effective CPU and memory requests.
+#[test]
+fn init_containers_hand_on_and_sidecars_keep_their_cpus_and_memory() {
+    let init = |name: &str, cpu, mem| guaranteed(name, cpu, mem);
+    let sidecar = |name: &str, cpu, mem| Container {
+        restart_policy: Some("Always".into()),
+        ..guaranteed(name, cpu, mem)
+    };
+    // (what, init containers, app containers, CPUs in allocation order, memory reserved on
+    // node 0, effective CPU millis, effective memory)
+    type Row<'a> = (
+        &'a str,
+        Vec<Container>,
+        Vec<Container>,
+        &'a str,
+        u64,
+        u64,
+        u64,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "init's CPUs reused by the app container",
+            vec![init("i", 4000, G)],
+            vec![guaranteed("a", 2000, G)],
+            "i:0-1,64-65 a:0,64",
+            G,
+            4000,
+            G,
+        ),
+        (
+            "a sidecar reuses the init's CPUs and keeps them: the app gets others",
+            vec![init("i", 2000, G), sidecar("s", 2000, G)],
+            vec![guaranteed("a", 2000, G)],
+            "i:0,64 s:0,64 a:1,65",
+            2 * G,
+            4000,
+            2 * G,
+        ),
+        (
+            "init memory larger than the app's: the app reserves nothing new",
+            vec![init("i", 1000, 8 * G)],
+            vec![guaranteed("a", 1000, 4 * G)],
+            "i:0 a:0",
+            8 * G,
+            1000,
+            8 * G,
+        ),
+        (
+            "sidecar memory held: init 4, sidecar 2, app 3 GiB reserve 5 GiB",
+            vec![init("i", 1000, 4 * G), sidecar("s", 1000, 2 * G)],
+            vec![guaranteed("a", 1000, 3 * G)],
+            "i:0 s:0 a:64",
+            5 * G,
+            2000,
+            5 * G,
+        ),
+    ];
+    let c = cfg(TopologyPolicy::Restricted);
+    let t = epyc();
+    for (name, inits, apps, cpus, reserved, eff_cpu, eff_mem) in rows {
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let p = Pod {
+            uid: "p".into(),
+            containers: apps,
+            init_containers: inits,
+        };
+        let placed = a
+            .admit(&t, &c, &p)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            placed.len(),
+            p.containers.len(),
+            "{name}: app placements answered"
+        );
+        let got: Vec<String> = a.pods["p"]
+            .containers
+            .iter()
+            .map(|x| format!("{}:{}", x.placement.container, x.placement.cpus))
+            .collect();
+        assert_eq!(got.join(" "), cpus, "{name}");
+        let node0 = a.memory.nodes[0].blocks[&MemoryResource::Memory];
+        assert_eq!(node0.reserved, reserved, "{name}: reserved on node 0");
+        assert_eq!(
+            a.pods["p"].cpu_request_millis, eff_cpu,
+            "{name}: effective CPU"
+        );
+        assert_eq!(
+            a.pods["p"].memory_request[&MemoryResource::Memory],
+            eff_mem,
+            "{name}: effective memory"
+        );
+        assert_eq!(a.check_restored(&t, &c), Ok(()), "{name}: state adds up");
+        let empty = Allocator::new(&t, &c).unwrap();
+        a.release("p");
+        assert_eq!(a, empty, "{name}: release undoes everything");
+    }
+    // an init container's peak counts for capacity: 120 CPUs while it runs
+    let mut be = cfg(TopologyPolicy::BestEffort);
+    be.policy = TopologyPolicy::BestEffort;
+    let mut a = Allocator::new(&t, &be).unwrap();
+    let big = Pod {
+        uid: "big".into(),
+        containers: vec![guaranteed("a", 2000, G)],
+        init_containers: vec![init("i", 120_000, G)],
+    };
+    a.admit(&t, &be, &big).unwrap();
+    let e = a
+        .admit(&t, &be, &pod("next", vec![guaranteed("c", 10_000, G)]))
+        .unwrap_err();
+    assert_eq!(e.reason, RejectionReason::InsufficientCpu, "{e}");
+    // sidecars only as init containers; restart_policy only "Always"
+    let mut bad = pod("x", vec![sidecar("a", 1000, G)]);
+    assert!(bad.validate().unwrap_err().contains("only allowed on init"));
+    bad.init_containers = vec![Container {
+        restart_policy: Some("OnFailure".into()),
+        ..init("i", 1000, G)
+    }];
+    bad.containers = vec![guaranteed("a", 1000, G)];
+    assert!(bad.validate().unwrap_err().contains("must be"));
 }

@@ -133,14 +133,33 @@ fn one() -> u32 {
 }
 
 impl MemoryAllocation {
-    /// The allocation as kubelet's blocks (one per requested resource).
-    pub fn kubelet_blocks(&self) -> Vec<Block> {
+    /// The blocks as requested (before reuse), for kubelet's reuse bookkeeping.
+    pub fn kubelet_blocks_requested(&self) -> Vec<Block> {
         self.requested
             .iter()
             .map(|(&resource, &size)| Block {
                 numa_affinity: self.nodes,
                 resource,
                 size,
+            })
+            .collect()
+    }
+
+    /// The allocation as kubelet's blocks: one per requested resource, sized by what was
+    /// reserved (a container that reused init-container memory holds the rest, as kubelet's
+    /// shrunk init blocks make the pod's blocks sum to what it holds).
+    pub fn kubelet_blocks(&self) -> Vec<Block> {
+        self.requested
+            .keys()
+            .map(|&resource| Block {
+                numa_affinity: self.nodes,
+                resource,
+                size: self
+                    .taken
+                    .iter()
+                    .filter(|t| t.1 == resource)
+                    .map(|t| t.2)
+                    .sum(),
             })
             .collect()
     }
@@ -190,10 +209,11 @@ pub enum MemoryError {
 pub type ReusableMemory = BTreeMap<String, BTreeMap<NodeMask, BTreeMap<MemoryResource, u64>>>;
 
 /// The kind of a pod's container, for reuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ContainerKind {
     /// An app container.
+    #[default]
     App,
     /// A regular init container: runs to completion before the next one starts.
     Init,

@@ -44,6 +44,7 @@ fn guaranteed(uid: &str, mem: u64) -> Pod {
             memory_limit_bytes: mem,
             ..Default::default()
         }],
+        init_containers: Vec::new(),
     }
 }
 
