@@ -71,6 +71,7 @@ fn resident() -> Pod {
             memory_limit_bytes: G,
             ..Default::default()
         }],
+        init_containers: Vec::new(),
     }
 }
 

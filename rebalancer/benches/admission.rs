@@ -49,6 +49,7 @@ fn pod(uid: &str, containers: Vec<Container>) -> Pod {
     Pod {
         uid: uid.into(),
         containers,
+        init_containers: Vec::new(),
     }
 }
 

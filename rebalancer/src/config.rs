@@ -196,6 +196,26 @@ pub enum AllocationStrategy {
     MostAllocated,
 }
 
+/// CPU Manager policy (kubelet `--cpu-manager-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuManagerPolicy {
+    /// No exclusive CPUs: every container runs on the shared pool, no CPU hints.
+    None,
+    /// Exclusive CPUs for Guaranteed containers with integer CPU requests.
+    Static,
+}
+
+/// Memory Manager policy (kubelet `--memory-manager-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryManagerPolicy {
+    /// No memory hints or reservations; cpuset.mems follows the CPUs.
+    None,
+    /// Guaranteed pods' memory and hugepages reserved on a NUMA group.
+    Static,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SharedCpuPolicy {
@@ -226,6 +246,16 @@ pub struct PlacementConfig {
     pub numa_allocation_strategy: AllocationStrategy,
     /// CPUs never handed to workloads (cpulist).
     pub reserved_cpus: String,
+    /// kubelet CPU Manager option strict-cpu-reservation: reserved CPUs are kept off the
+    /// shared pool too (default: only off exclusive allocations).
+    pub strict_cpu_reservation: bool,
+    pub cpu_manager_policy: CpuManagerPolicy,
+    pub memory_manager_policy: MemoryManagerPolicy,
+    /// kubelet CPU Manager option distribute-cpus-across-cores.
+    pub distribute_cpus_across_cores: bool,
+    /// TAP memory topology: also bind Burstable containers' cpuset.mems to their pool's nodes
+    /// under shared_cpu_policy "topology-aware" (off: mems left alone).
+    pub tap_memory_topology: bool,
     pub full_pcpus_only: bool,
     pub distribute_cpus_across_numa: bool,
     pub align_by_socket: bool,
@@ -254,6 +284,11 @@ impl Default for PlacementConfig {
             max_allowable_numa_nodes: 8,
             numa_allocation_strategy: AllocationStrategy::Kubelet,
             reserved_cpus: String::new(),
+            strict_cpu_reservation: false,
+            cpu_manager_policy: CpuManagerPolicy::Static,
+            memory_manager_policy: MemoryManagerPolicy::Static,
+            distribute_cpus_across_cores: false,
+            tap_memory_topology: false,
             full_pcpus_only: false,
             distribute_cpus_across_numa: false,
             align_by_socket: false,
@@ -473,6 +508,13 @@ impl Config {
                 format!("{:?} is not an address:port", self.server.metrics_listen),
             ));
         }
+        if self.placement.distribute_cpus_across_cores && self.placement.full_pcpus_only {
+            // kubelet refuses the two static policy options together
+            return Err(bad(
+                "placement.distribute_cpus_across_cores",
+                "cannot be used with full_pcpus_only (kubelet refuses the pair)".into(),
+            ));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for r in &self.placement.reserved_memory {
             if !seen.insert(r.node) {
@@ -572,6 +614,14 @@ mod tests {
             ),
             ("[cgroups]\nroots = [\"a/../../etc\"]", "cgroups.roots"),
             ("[ebpf]\npmu_raw_event = \"zz\"", "ebpf.pmu_raw_event"),
+            (
+                "[placement]\nfull_pcpus_only = true\ndistribute_cpus_across_cores = true",
+                "placement.distribute_cpus_across_cores",
+            ),
+            (
+                "[placement]\ncpu_manager_policy = \"dynamic\"",
+                "unknown variant `dynamic`",
+            ),
         ] {
             let err = Config::parse(text, "t.toml").unwrap_err().to_string();
             assert!(err.contains(key), "{text:?} gave {err}");

@@ -1,6 +1,8 @@
 //! `rebalancer hints merge`: the Topology Manager merge as a command (conformance contract,
-//! ../shared/conformance/README.md). One case object on stdin, or `--file` with an array of
-//! cases; one JSON result line per case on stdout, in order. A malformed case gets an
+//! ../shared/conformance/README.md), and `rebalancer hints memory`: one Memory Manager
+//! operation per case (../shared/conformance/memory-manager.md). One case object on stdin, or
+//! `--file` with an array of cases (for `memory` also `{"cases": [...]}`); one JSON result line
+//! per case on stdout, in order. A malformed case gets an
 //! `{"error": …}` line and a message on stderr naming its index and field; the exit status is
 //! then 2 (the other cases still print their result). Input that is not JSON at all, or a file
 //! that cannot be read, is reported on stderr with exit status 2 and no lines.
@@ -12,7 +14,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::placement::merge_case::{decision_json, error_json, parse_case};
+use crate::placement::memory_case;
+use crate::placement::merge_case::{decision_json, error_json, parse_case, CaseError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum HintsCommand {
@@ -25,42 +28,70 @@ pub enum HintsCommand {
         #[arg(long)]
         file: Option<std::path::PathBuf>,
     },
+    /// Run one Memory Manager (static policy) operation per case: new, start, allocate,
+    /// remove_container, get_topology_hints or get_pod_requested_resources.
+    ///
+    /// Prints one line per case: {"error":…,"assignments":…,"machine_state":…,
+    /// "topology_hints":…,"requested":…}. Exit status 2 when a case is malformed.
+    Memory {
+        /// A JSON file holding an array of cases, or {"cases": [...]}.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+    },
 }
 
 pub fn run(c: HintsCommand) -> anyhow::Result<ExitCode> {
     match c {
-        HintsCommand::Merge { file } => merge(file.as_deref()),
+        HintsCommand::Merge { file } => run_cases("merge", file.as_deref(), &|case, index| {
+            parse_case(case)
+                .map(|c| decision_json(&c.decide()))
+                .map_err(|e| (error_json(index, &e), e))
+        }),
+        HintsCommand::Memory { file } => run_cases("memory", file.as_deref(), &|case, index| {
+            memory_case::parse_case(case)
+                .map(|c| memory_case::outcome_json(&c.evaluate()))
+                .map_err(|e| (memory_case::error_line(index, &e), e))
+        }),
     }
 }
 
-fn merge(file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+/// One case to its output line, or to its error line and error.
+type Eval<'a> = dyn Fn(&Value, usize) -> Result<String, (String, CaseError)> + 'a;
+
+fn run_cases(name: &str, file: Option<&std::path::Path>, eval: &Eval) -> anyhow::Result<ExitCode> {
     let (text, source) = match read_input(file) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("rebalancer: hints merge: {e:#}");
+            eprintln!("rebalancer: hints {name}: {e:#}");
             return Ok(ExitCode::from(2));
         }
     };
     let input: Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("rebalancer: hints merge: {source} is not valid JSON: {e}");
+            eprintln!("rebalancer: hints {name}: {source} is not valid JSON: {e}");
             return Ok(ExitCode::from(2));
         }
     };
     let cases = match input {
         Value::Array(items) => items,
+        Value::Object(mut o) if name == "memory" && o.get("cases").is_some_and(Value::is_array) => {
+            match o.remove("cases") {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            }
+        }
         one => vec![one],
     };
     let mut out = std::io::stdout().lock();
     let mut failed = false;
     for (index, case) in cases.iter().enumerate() {
-        let line = match parse_case(case) {
-            Ok(c) => decision_json(&c.decide()),
-            Err(e) => {
+        let line = match eval(case, index) {
+            Ok(l) => l,
+            Err((line, e)) => {
                 failed = true;
-                eprintln!("rebalancer: hints merge: {source}: case {index}: {e}");
-                error_json(index, &e)
+                eprintln!("rebalancer: hints {name}: {source}: case {index}: {e}");
+                line
             }
         };
         writeln!(out, "{line}").context("writing stdout")?;

@@ -174,7 +174,8 @@ mod tests {
             [
                 "db:1-4,65-68|0",
                 "web:8-15,72-79|1",
-                "batch:5-63,69-127|0-7",
+                // the reserved CPUs 0 and 64 stay in the shared pool (no strict-cpu-reservation)
+                "batch:0,5-64,69-127|0-7",
                 "dpdk:8-9,72-73|1",
                 "big:TopologyAffinityError",
                 "huge:InsufficientMemory",

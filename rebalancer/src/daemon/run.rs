@@ -37,6 +37,11 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
         })
     };
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
+        // kubelet's Memory Manager Start: the stored memory state must match this machine
+        Ok(Some(p)) if let Err(e) = p.allocator.check_restored(topo, &cfg.placement) => {
+            tracing::warn!(error = %e, "checkpoint does not match this machine; rebuilding from the live cgroups");
+            fresh()
+        }
         Ok(Some(mut p)) => {
             let clamped = p.controller.clamp_times(super::boot_ms());
             if clamped > 0 {

@@ -8,13 +8,15 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{
-    AllocationStrategy, PlacementConfig, SharedCpuPolicy, TopologyPolicy, TopologyScope,
+    AllocationStrategy, CpuManagerPolicy, MemoryManagerPolicy, PlacementConfig, SharedCpuPolicy,
+    TopologyPolicy, TopologyScope,
 };
 use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
 use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceState};
 use crate::placement::memory::{
-    MemoryAllocation, MemoryError, MemoryRequest, MemoryResource, MemoryState,
+    reusable_on, update_reusable, ContainerKind, MemoryAllocation, MemoryError, MemoryRequest,
+    MemoryResource, MemoryState, ReusableMemory,
 };
 use crate::placement::merge::{self, MergeOptions};
 use crate::placement::numa_info::NumaInfo;
@@ -39,12 +41,21 @@ pub enum PlacementError {
     ReservedMemory(#[from] MemoryError),
     #[error("placement.reserved_cpus {reserved} leaves no CPU for workloads")]
     NoCpuLeft { reserved: CpuSet },
+    #[error("the machine has {nodes} NUMA nodes, more than placement.max_allowable_numa_nodes = {max} allows under topology policy {policy:?} (kubelet refuses to start too)")]
+    TooManyNodes {
+        nodes: usize,
+        max: u32,
+        policy: TopologyPolicy,
+    },
 }
 
 /// One admitted container: its placement and what it holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmittedContainer {
     pub placement: ContainerPlacement,
+    /// App, init or sidecar container.
+    #[serde(default)]
+    pub kind: ContainerKind,
     /// Millicores charged on shared CPUs (empty for exclusive containers).
     pub charges: Charges,
     pub memory: Option<MemoryAllocation>,
@@ -77,6 +88,9 @@ pub struct AdmittedPod {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocator {
     pub reserved_cpus: CpuSet,
+    /// strict-cpu-reservation: the reserved CPUs are off the shared pool too.
+    #[serde(default)]
+    pub strict_reservation: bool,
     pub shared_load: Charges,
     pub memory: MemoryState,
     pub devices: DeviceState,
@@ -92,8 +106,18 @@ impl Allocator {
                 reserved: reserved_cpus,
             });
         }
+        if cfg.policy != TopologyPolicy::None
+            && topo.nodes.len() > cfg.max_allowable_numa_nodes as usize
+        {
+            return Err(PlacementError::TooManyNodes {
+                nodes: topo.nodes.len(),
+                max: cfg.max_allowable_numa_nodes,
+                policy: cfg.policy,
+            });
+        }
         Ok(Allocator {
             reserved_cpus,
+            strict_reservation: cfg.strict_cpu_reservation,
             shared_load: Charges::new(),
             memory: MemoryState::new(topo, &cfg.reserved_memory)?,
             devices: DeviceState::default(),
@@ -115,11 +139,15 @@ impl Allocator {
             .flat_map(|p| p.containers.iter().map(|c| &c.placement))
     }
 
-    /// The shared pool now: online CPUs minus reserved and exclusive ones.
+    /// The shared pool now: online CPUs minus exclusive ones, and minus the reserved ones
+    /// under strict-cpu-reservation (kubelet keeps reserved CPUs in the shared pool otherwise).
     pub fn shared_pool(&self, view: &CpuView) -> CpuSet {
-        view.online
-            .difference(&self.reserved_cpus)
-            .difference(&self.exclusive_cpus())
+        let pool = view.online.difference(&self.exclusive_cpus());
+        if self.strict_reservation {
+            pool.difference(&self.reserved_cpus)
+        } else {
+            pool
+        }
     }
 
     /// The CPUs an exclusive allocation may take: the shared pool minus what the shared
@@ -151,7 +179,7 @@ impl Allocator {
                 keep.insert(cpu);
             }
         }
-        shared.difference(&keep)
+        shared.difference(&keep).difference(&self.reserved_cpus)
     }
 
     /// A shared container's cpuset now (its admission pool minus CPUs since made exclusive).
@@ -202,6 +230,7 @@ impl Allocator {
             let strict = StaticOptions {
                 full_pcpus_only: cfg.full_pcpus_only,
                 distribute_across_numa: false,
+                distribute_across_cores: cfg.distribute_cpus_across_cores,
                 align_by_socket: cfg.align_by_socket,
                 prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
             };
@@ -249,6 +278,44 @@ impl Allocator {
             });
         }
         out
+    }
+
+    /// kubelet's Memory Manager `Start` check of a restored state against the machine found:
+    /// the memory blocks of every admitted container, rebuilt on this machine's empty state
+    /// (topology and `reserved_memory` now), must give the stored memory state
+    /// ([`crate::placement::memory_case::check_restored`]). A machine whose memory or
+    /// reservation changed, or a state that does not add up, fails with the first difference.
+    pub fn check_restored(
+        &self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+    ) -> Result<(), MemoryError> {
+        let fresh = MemoryState::new(topo, &cfg.reserved_memory)?;
+        let mut assignments = crate::placement::memory_case::Assignments::new();
+        for (uid, p) in &self.pods {
+            for c in &p.containers {
+                let Some(a) = &c.memory else { continue };
+                let blocks = if a.requested.is_empty() {
+                    // written before allocations kept their request: what was taken
+                    let mut sums = MemoryRequest::new();
+                    for &(_, r, t) in &a.taken {
+                        *sums.entry(r).or_default() += t;
+                    }
+                    MemoryAllocation {
+                        requested: sums,
+                        ..a.clone()
+                    }
+                    .kubelet_blocks()
+                } else {
+                    a.kubelet_blocks()
+                };
+                assignments
+                    .entry(uid.clone())
+                    .or_default()
+                    .insert(c.placement.container.clone(), blocks);
+            }
+        }
+        crate::placement::memory_case::check_restored(&self.memory, &fresh, &assignments)
     }
 
     /// Admits `pod` or refuses it; on refusal the state is unchanged.
@@ -316,18 +383,24 @@ impl Allocator {
         let pod_hint = match cfg.scope {
             TopologyScope::Pod => {
                 let reqs: Vec<&Container> = pod.containers.iter().collect();
-                Some(self.hint_for(topo, cfg, &view, qos, &reqs)?)
+                let effective = Demand::of_pod(cfg, qos, pod);
+                Some(self.hint_for(topo, cfg, &view, qos, &reqs, Some(&effective))?)
             }
             TopologyScope::Container => None,
         };
+        // what the pod's regular init containers held and later containers may take again
+        // (kubelet's cpusToReuse and initContainersReusableMemory)
+        let mut reuse = Reuse::default();
         let mut out = Vec::new();
-        for c in &pod.containers {
+        for (c, kind) in pod.in_order() {
             let hint = match pod_hint {
                 Some(h) => h,
-                None => self.hint_for(topo, cfg, &view, qos, &[c])?,
+                None => self.hint_for(topo, cfg, &view, qos, &[c], None)?,
             };
-            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, hint)?;
-            out.push(a.placement.clone());
+            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse)?;
+            if kind == ContainerKind::App {
+                out.push(a.placement.clone());
+            }
             if let Some(p) = self.pods.get_mut(&pod.uid) {
                 p.containers.push(a);
             }
@@ -338,7 +411,7 @@ impl Allocator {
     /// Node-level capacity (kubelet's resource-fit admission): the pod's requests plus those
     /// admitted must fit the allocatable CPUs and memory of the machine.
     fn check_capacity(&self, view: &CpuView, pod: &Pod) -> Result<(u64, MemoryRequest), Rejection> {
-        let cpu: u64 = pod.containers.iter().map(Container::cpu_request).sum();
+        let cpu = pod.effective(Container::cpu_request);
         let allocatable = view.online.difference(&self.reserved_cpus).len() as u64 * 1000;
         let used: u64 = self.pods.values().map(|p| p.cpu_request_millis).sum();
         if used + cpu > allocatable {
@@ -350,12 +423,7 @@ impl Allocator {
                 ),
             ));
         }
-        let mut mem = MemoryRequest::new();
-        for c in &pod.containers {
-            for (r, b) in memory_request(c) {
-                *mem.entry(r).or_default() += b;
-            }
-        }
+        let mem = pod_memory_request(pod);
         for (r, &b) in &mem {
             let alloc: u64 = self
                 .memory
@@ -392,15 +460,14 @@ impl Allocator {
         view: &CpuView,
         qos: Qos,
         containers: &[&Container],
+        effective: Option<&Demand>,
     ) -> Result<TopologyHint, Rejection> {
         if cfg.policy == TopologyPolicy::None {
             return Ok(TopologyHint::new(None, false));
         }
-        let exclusive: u64 = containers
-            .iter()
-            .filter(|c| exclusive_cpus(qos, c).is_some())
-            .map(|c| c.cpu_request() / 1000)
-            .sum();
+        let summed = Demand::of(cfg, qos, containers);
+        let demand = effective.unwrap_or(&summed);
+        let exclusive = demand.exclusive;
         let cpu_hints: ProviderHints = (exclusive > 0).then(|| {
             let h = cpu::exclusive_hints(
                 view,
@@ -410,14 +477,7 @@ impl Allocator {
             );
             [("cpu".to_string(), Some(h))].into_iter().collect()
         });
-        let mut mem = MemoryRequest::new();
-        if qos == Qos::Guaranteed {
-            for c in containers {
-                for (r, b) in memory_request(c) {
-                    *mem.entry(r).or_default() += b;
-                }
-            }
-        }
+        let mem = demand.memory.clone();
         let mem_hints: ProviderHints = self
             .memory
             .hints(&mem)
@@ -541,20 +601,26 @@ impl Allocator {
         qos: Qos,
         uid: &str,
         c: &Container,
+        kind: ContainerKind,
         hint: TopologyHint,
+        reuse: &mut Reuse,
     ) -> Result<AdmittedContainer, Rejection> {
         let affinity = hint.affinity;
         let shared = self.shared_pool(view);
         // exclusive CPUs first (kubelet's CPU manager allocates before the memory manager)
-        let exclusive = match exclusive_cpus(qos, c) {
+        let exclusive = match exclusive_cpus(cfg, qos, c) {
             Some(n) => {
                 let opts = StaticOptions {
                     full_pcpus_only: cfg.full_pcpus_only,
                     distribute_across_numa: cfg.distribute_cpus_across_numa,
+                    distribute_across_cores: cfg.distribute_cpus_across_cores,
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
                 };
-                let pool = self.exclusive_pool(view, cfg.overcommit_ratio);
+                // kubelet: the assignable CPUs plus those the pod's init containers may hand on
+                let pool = self
+                    .exclusive_pool(view, cfg.overcommit_ratio)
+                    .union(&reuse.cpus.intersection(&view.online));
                 let got = cpu::allocate_exclusive(view, &pool, n, affinity, &opts).map_err(
                     |e| match e {
                         CpuError::SmtAlignment { .. } => {
@@ -566,16 +632,25 @@ impl Allocator {
                     },
                 )?;
                 self.check_no_starvation(view, &shared.difference(&got), cfg.overcommit_ratio)?;
+                // kubelet's updateCPUsToReuse: a regular init container's CPUs become
+                // reusable; any other container's CPUs are no longer
+                reuse.cpus = if kind == ContainerKind::Init {
+                    reuse.cpus.union(&got)
+                } else {
+                    reuse.cpus.difference(&got)
+                };
                 Some(got)
             }
             None => None,
         };
-        let memory = if qos == Qos::Guaranteed {
+        let memory = if memory_managed(cfg, qos) {
             let req = memory_request(c);
             let mask = {
                 let tie = tie_fn(self, view, cfg.numa_allocation_strategy);
+                let reusable =
+                    |m: NodeMask, r: MemoryResource| reusable_on(&reuse.memory, uid, m, r);
                 self.memory
-                    .choose(&req, affinity, &*tie)
+                    .choose_kubelet(&req, hint, &reusable, &*tie, false)
                     .map_err(|e| match e {
                         MemoryError::Insufficient { .. } => {
                             Rejection::new(R::InsufficientMemory, e.to_string())
@@ -583,7 +658,11 @@ impl Allocator {
                         _ => Rejection::new(R::MemoryNumaGroupError, e.to_string()),
                     })?
             };
-            Some(self.memory.allocate(&req, mask))
+            let a = self
+                .memory
+                .allocate_reusing(&req, mask, &|r| reusable_on(&reuse.memory, uid, mask, r));
+            update_reusable(&mut reuse.memory, uid, kind, &a.kubelet_blocks_requested());
+            Some(a)
         } else {
             None
         };
@@ -633,21 +712,36 @@ impl Allocator {
                         ),
                     )
                 })?;
-                let charges = spread(&cpus, millis);
+                // a regular init container has exited before the app containers start: the
+                // pod's effective request (check_capacity) covers it, its charge would count twice
+                let charges = if kind == ContainerKind::Init {
+                    Charges::new()
+                } else {
+                    spread(&cpus, millis)
+                };
                 for (cpu, m) in &charges {
                     *self.shared_load.entry(*cpu).or_default() += m;
                 }
                 (cpus, charges)
             }
         };
+        let exclusive_container = exclusive_cpus(cfg, qos, c).is_some();
         let mems = match &memory {
             Some(m) => m.nodes.to_cpuset(),
+            // TAP leaves a shared container's mems alone unless its memory topology is on
+            None if cfg.shared_cpu_policy == SharedCpuPolicy::TopologyAware
+                && !cfg.tap_memory_topology
+                && !exclusive_container =>
+            {
+                topo.node_ids().collect()
+            }
             None => view.nodes_of(&cpus).to_cpuset(),
         };
         Ok(AdmittedContainer {
+            kind,
             placement: ContainerPlacement {
                 container: c.name.clone(),
-                exclusive: exclusive_cpus(qos, c).is_some(),
+                exclusive: exclusive_cpus(cfg, qos, c).is_some(),
                 cpus,
                 mems,
                 affinity,
@@ -698,10 +792,76 @@ impl Allocator {
     }
 }
 
-/// Exclusive CPU count of a container: Guaranteed with an integer CPU request.
-fn exclusive_cpus(qos: Qos, c: &Container) -> Option<usize> {
+/// Exclusive CPU count of a container: Guaranteed with an integer CPU request, under the CPU
+/// Manager's static policy.
+fn exclusive_cpus(cfg: &PlacementConfig, qos: Qos, c: &Container) -> Option<usize> {
     let r = c.cpu_request();
-    (qos == Qos::Guaranteed && r > 0 && r.is_multiple_of(1000)).then_some((r / 1000) as usize)
+    (cfg.cpu_manager_policy == CpuManagerPolicy::Static
+        && qos == Qos::Guaranteed
+        && r > 0
+        && r.is_multiple_of(1000))
+    .then_some((r / 1000) as usize)
+}
+
+/// Whether the Memory Manager reserves memory for the pod (static policy, Guaranteed).
+fn memory_managed(cfg: &PlacementConfig, qos: Qos) -> bool {
+    cfg.memory_manager_policy == MemoryManagerPolicy::Static && qos == Qos::Guaranteed
+}
+
+/// What the pod's regular init containers held that later containers of the pod may take.
+#[derive(Default)]
+struct Reuse {
+    cpus: CpuSet,
+    memory: ReusableMemory,
+}
+
+/// What a set of containers asks of the hint providers: exclusive CPUs and managed memory.
+struct Demand {
+    exclusive: u64,
+    memory: MemoryRequest,
+}
+
+impl Demand {
+    /// Summed over `containers` (container scope: one container).
+    fn of(cfg: &PlacementConfig, qos: Qos, containers: &[&Container]) -> Demand {
+        let exclusive = containers
+            .iter()
+            .filter_map(|c| exclusive_cpus(cfg, qos, c))
+            .sum::<usize>() as u64;
+        let mut memory = MemoryRequest::new();
+        if memory_managed(cfg, qos) {
+            for c in containers {
+                for (r, b) in memory_request(c) {
+                    *memory.entry(r).or_default() += b;
+                }
+            }
+        }
+        Demand { exclusive, memory }
+    }
+
+    /// The pod's effective demand (pod scope): kubelet's max of the init-container peak and
+    /// the long-running total, per quantity.
+    fn of_pod(cfg: &PlacementConfig, qos: Qos, pod: &Pod) -> Demand {
+        let exclusive = pod.effective(|c| exclusive_cpus(cfg, qos, c).unwrap_or(0) as u64);
+        let memory = if memory_managed(cfg, qos) {
+            pod_memory_request(pod)
+        } else {
+            MemoryRequest::new()
+        };
+        Demand { exclusive, memory }
+    }
+}
+
+/// The pod's effective memory request per resource.
+fn pod_memory_request(pod: &Pod) -> MemoryRequest {
+    MemoryResource::ALL
+        .into_iter()
+        .map(|r| {
+            let b = pod.effective(|c| memory_request(c).get(&r).copied().unwrap_or(0));
+            (r, b)
+        })
+        .filter(|(_, b)| *b > 0)
+        .collect()
 }
 
 fn memory_request(c: &Container) -> MemoryRequest {
@@ -771,3 +931,7 @@ fn tie_fn<'a>(
 #[cfg(test)]
 #[path = "admission_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "seed003_tests.rs"]
+mod seed003_tests;

@@ -100,6 +100,7 @@ fn config() -> impl Strategy<Value = PlacementConfig> {
                 align_by_socket: sock,
                 prefer_align_cpus_by_uncorecache: l3,
                 reserved_cpus: "0,64".into(),
+                strict_cpu_reservation: sock,
                 reserved_memory: vec![crate::config::ReservedMemory {
                     node: 0,
                     memory_bytes: G,
@@ -142,6 +143,7 @@ fn make_pod(uid: &str, s: &Spec) -> Pod {
     Pod {
         uid: uid.into(),
         containers,
+        init_containers: Vec::new(),
     }
 }
 
@@ -157,7 +159,8 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
             if pl.cpus.is_empty() || pl.mems.is_empty() {
                 return Err(format!("{who}: empty cpuset {pl:?}"));
             }
-            if !pl.cpus.is_disjoint(&reserved) {
+            // reserved CPUs: never exclusive; shared only without strict-cpu-reservation
+            if (pl.exclusive || c.strict_cpu_reservation) && !pl.cpus.is_disjoint(&reserved) {
                 return Err(format!("{who}: reserved CPU handed out: {}", pl.cpus));
             }
             if !pl.cpus.is_subset(&view.online) {

@@ -46,6 +46,7 @@ fn pod(uid: &str, containers: Vec<Container>) -> Pod {
     Pod {
         uid: uid.into(),
         containers,
+        init_containers: Vec::new(),
     }
 }
 
@@ -137,6 +138,7 @@ fn strategies_balance_or_pack() {
 fn shared_pools_devices_and_reserved_cpus() {
     let mut c = cfg(TopologyPolicy::Restricted);
     c.reserved_cpus = "0,64".into();
+    c.strict_cpu_reservation = true;
     let burst = |name: &str, millis| Container {
         name: name.into(),
         cpu_request_millis: millis,
@@ -170,8 +172,8 @@ fn shared_pools_devices_and_reserved_cpus() {
         ],
     );
     c.shared_cpu_policy = SharedCpuPolicy::TopologyAware;
-    // the L3 group that lost the reserved CPUs is the tightest pool
-    check(&c, &[(pod("b", vec![burst("c", 2500)]), "1-3,65-67|0|s")]);
+    // the L3 group that lost the reserved CPUs is the tightest pool; TAP leaves mems alone
+    check(&c, &[(pod("b", vec![burst("c", 2500)]), "1-3,65-67|0-7|s")]);
 }
 
 #[test]
@@ -396,4 +398,302 @@ fn a_replacement_short_of_cpus_keeps_what_is_online() {
     );
     assert_eq!(r[0].cpus, g.cpus.difference(&lost));
     assert_eq!(a.current_cpus("g", "c").unwrap(), r[0].cpus);
+}
+
+#[test]
+fn a_restored_state_is_checked_against_the_machine_like_kubelet_start() {
+    let t = epyc();
+    let mut c = cfg(TopologyPolicy::BestEffort);
+    c.reserved_memory = vec![crate::config::ReservedMemory {
+        node: 0,
+        memory_bytes: G,
+        hugepages_2mi_bytes: 0,
+        hugepages_1gi_bytes: 0,
+    }];
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let mut big = guaranteed("c", 1500, 20 * G);
+    big.hugepages_1gi_bytes = G;
+    a.admit(&t, &c, &pod("a", vec![big])).unwrap();
+    a.admit(&t, &c, &pod("b", vec![guaranteed("c", 2000, G)]))
+        .unwrap();
+    assert_eq!(a.check_restored(&t, &c), Ok(()));
+    // the reservation changed since
+    let mut other = c.clone();
+    other.reserved_memory[0].memory_bytes = 2 * G;
+    let e = a.check_restored(&t, &other).unwrap_err().to_string();
+    assert!(e.contains("different from the real one"), "{e}");
+    // a node lost memory
+    let mut small = t.clone();
+    small.nodes[3].memory_total_bytes -= G;
+    assert!(a.check_restored(&small, &c).is_err());
+    // the stored counters do not add up
+    let mut bad = a.clone();
+    bad.memory.nodes[1].assignments += 1;
+    assert!(bad.check_restored(&t, &c).is_err());
+    // released pods leave a state that still matches
+    a.release("a");
+    assert_eq!(a.check_restored(&t, &c), Ok(()));
+}
+
+/// One row per kubelet / TAP option: the option's setting, a pod, the answer for its first
+/// container ("cpus|mems|x or s", or the rejection reason), on a fresh EPYC allocator.
+#[test]
+fn kubelet_and_tap_options_table() {
+    use crate::config::{CpuManagerPolicy, MemoryManagerPolicy};
+    let burst = |millis| Container {
+        name: "c".into(),
+        cpu_request_millis: millis,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    let best_effort = Container {
+        name: "c".into(),
+        ..Default::default()
+    };
+    type Set = fn(&mut PlacementConfig);
+    let rows: &[(&str, Set, Container, &str)] = &[
+        // reserved CPUs: off exclusive allocations always, off the shared pool only when strict
+        (
+            "reserved, non-strict (kubelet default)",
+            |c| c.reserved_cpus = "0-7,64-71".into(),
+            best_effort.clone(),
+            "0-127|0-7|s",
+        ),
+        (
+            "strict-cpu-reservation",
+            |c| {
+                c.reserved_cpus = "0-7,64-71".into();
+                c.strict_cpu_reservation = true;
+            },
+            best_effort.clone(),
+            "8-63,72-127|1-7|s",
+        ),
+        (
+            "reserved, non-strict: exclusive CPUs still avoid them",
+            |c| c.reserved_cpus = "0-7,64-71".into(),
+            guaranteed("c", 2000, G),
+            "8,72|1|x",
+        ),
+        // CPU Manager policy none: a Guaranteed integer-CPU container shares
+        (
+            "cpu-manager-policy static",
+            |_| {},
+            guaranteed("c", 2000, G),
+            "0,64|0|x",
+        ),
+        (
+            "cpu-manager-policy none",
+            |c| c.cpu_manager_policy = CpuManagerPolicy::None,
+            guaranteed("c", 2000, G),
+            "0-7,64-71|0|s",
+        ),
+        // Memory Manager policy None: no memory group, mems follow the CPUs
+        (
+            "memory-manager-policy static: 20 GiB spans two nodes",
+            |c| c.policy = TopologyPolicy::BestEffort,
+            guaranteed("c", 2000, 20 * G),
+            "0,64|0-1|x",
+        ),
+        (
+            "memory-manager-policy None",
+            |c| {
+                c.policy = TopologyPolicy::BestEffort;
+                c.memory_manager_policy = MemoryManagerPolicy::None;
+            },
+            guaranteed("c", 2000, 20 * G),
+            "0,64|0|x",
+        ),
+        // distribute-cpus-across-cores: one thread per core
+        (
+            "packed (default): whole cores",
+            |_| {},
+            guaranteed("c", 4000, G),
+            "0-1,64-65|0|x",
+        ),
+        (
+            "distribute-cpus-across-cores",
+            |c| c.distribute_cpus_across_cores = true,
+            guaranteed("c", 4000, G),
+            "0-3|0|x",
+        ),
+        // TAP memory topology: mems left alone unless enabled
+        (
+            "TAP, memory topology off (default)",
+            |c| c.shared_cpu_policy = SharedCpuPolicy::TopologyAware,
+            burst(2500),
+            "0-3,64-67|0-7|s",
+        ),
+        (
+            "TAP, memory topology on",
+            |c| {
+                c.shared_cpu_policy = SharedCpuPolicy::TopologyAware;
+                c.tap_memory_topology = true;
+            },
+            burst(2500),
+            "0-3,64-67|0|s",
+        ),
+    ];
+    for (name, set, container, want) in rows {
+        let mut c = cfg(TopologyPolicy::Restricted);
+        set(&mut c);
+        let t = epyc();
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let got = show(&a.admit(&t, &c, &pod("p", vec![container.clone()])));
+        assert_eq!(&got, want, "{name}");
+    }
+}
+
+#[test]
+fn max_allowable_numa_nodes_is_enforced_like_kubelet() {
+    let t = epyc(); // 8 nodes
+    let mut c = cfg(TopologyPolicy::Restricted);
+    assert!(Allocator::new(&t, &c).is_ok(), "8 nodes, default limit 8");
+    let big = TopologyBuilder {
+        sockets: 2,
+        nodes_per_socket: 8,
+        cores_per_node: 2,
+        threads_per_core: 1,
+        ..Default::default()
+    }
+    .build();
+    let e = Allocator::new(&big, &c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PlacementError::TooManyNodes {
+                nodes: 16,
+                max: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.max_allowable_numa_nodes = 16;
+    assert!(Allocator::new(&big, &c).is_ok());
+    c.max_allowable_numa_nodes = 8;
+    c.policy = TopologyPolicy::None;
+    assert!(Allocator::new(&big, &c).is_ok(), "policy none has no limit");
+}
+
+/// Init and sidecar containers (kubelet's cpusToReuse / initContainersReusableMemory and the
+/// KEP 753 effective requests): one row per pod shape, the containers' CPUs in allocation order,
+/// the regular memory reserved on node 0, and the pod's effective CPU and memory requests.
+#[test]
+fn init_containers_hand_on_and_sidecars_keep_their_cpus_and_memory() {
+    let init = |name: &str, cpu, mem| guaranteed(name, cpu, mem);
+    let sidecar = |name: &str, cpu, mem| Container {
+        restart_policy: Some("Always".into()),
+        ..guaranteed(name, cpu, mem)
+    };
+    // (what, init containers, app containers, CPUs in allocation order, memory reserved on
+    // node 0, effective CPU millis, effective memory)
+    type Row<'a> = (
+        &'a str,
+        Vec<Container>,
+        Vec<Container>,
+        &'a str,
+        u64,
+        u64,
+        u64,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "init's CPUs reused by the app container",
+            vec![init("i", 4000, G)],
+            vec![guaranteed("a", 2000, G)],
+            "i:0-1,64-65 a:0,64",
+            G,
+            4000,
+            G,
+        ),
+        (
+            "a sidecar reuses the init's CPUs and keeps them: the app gets others",
+            vec![init("i", 2000, G), sidecar("s", 2000, G)],
+            vec![guaranteed("a", 2000, G)],
+            "i:0,64 s:0,64 a:1,65",
+            2 * G,
+            4000,
+            2 * G,
+        ),
+        (
+            "init memory larger than the app's: the app reserves nothing new",
+            vec![init("i", 1000, 8 * G)],
+            vec![guaranteed("a", 1000, 4 * G)],
+            "i:0 a:0",
+            8 * G,
+            1000,
+            8 * G,
+        ),
+        (
+            "sidecar memory held: init 4, sidecar 2, app 3 GiB reserve 5 GiB",
+            vec![init("i", 1000, 4 * G), sidecar("s", 1000, 2 * G)],
+            vec![guaranteed("a", 1000, 3 * G)],
+            "i:0 s:0 a:64",
+            5 * G,
+            2000,
+            5 * G,
+        ),
+    ];
+    let c = cfg(TopologyPolicy::Restricted);
+    let t = epyc();
+    for (name, inits, apps, cpus, reserved, eff_cpu, eff_mem) in rows {
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let p = Pod {
+            uid: "p".into(),
+            containers: apps,
+            init_containers: inits,
+        };
+        let placed = a
+            .admit(&t, &c, &p)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            placed.len(),
+            p.containers.len(),
+            "{name}: app placements answered"
+        );
+        let got: Vec<String> = a.pods["p"]
+            .containers
+            .iter()
+            .map(|x| format!("{}:{}", x.placement.container, x.placement.cpus))
+            .collect();
+        assert_eq!(got.join(" "), cpus, "{name}");
+        let node0 = a.memory.nodes[0].blocks[&MemoryResource::Memory];
+        assert_eq!(node0.reserved, reserved, "{name}: reserved on node 0");
+        assert_eq!(
+            a.pods["p"].cpu_request_millis, eff_cpu,
+            "{name}: effective CPU"
+        );
+        assert_eq!(
+            a.pods["p"].memory_request[&MemoryResource::Memory],
+            eff_mem,
+            "{name}: effective memory"
+        );
+        assert_eq!(a.check_restored(&t, &c), Ok(()), "{name}: state adds up");
+        let empty = Allocator::new(&t, &c).unwrap();
+        a.release("p");
+        assert_eq!(a, empty, "{name}: release undoes everything");
+    }
+    // an init container's peak counts for capacity: 120 CPUs while it runs
+    let mut be = cfg(TopologyPolicy::BestEffort);
+    be.policy = TopologyPolicy::BestEffort;
+    let mut a = Allocator::new(&t, &be).unwrap();
+    let big = Pod {
+        uid: "big".into(),
+        containers: vec![guaranteed("a", 2000, G)],
+        init_containers: vec![init("i", 120_000, G)],
+    };
+    a.admit(&t, &be, &big).unwrap();
+    let e = a
+        .admit(&t, &be, &pod("next", vec![guaranteed("c", 10_000, G)]))
+        .unwrap_err();
+    assert_eq!(e.reason, RejectionReason::InsufficientCpu, "{e}");
+    // sidecars only as init containers; restart_policy only "Always"
+    let mut bad = pod("x", vec![sidecar("a", 1000, G)]);
+    assert!(bad.validate().unwrap_err().contains("only allowed on init"));
+    bad.init_containers = vec![Container {
+        restart_policy: Some("OnFailure".into()),
+        ..init("i", 1000, G)
+    }];
+    bad.containers = vec![guaranteed("a", 1000, G)];
+    assert!(bad.validate().unwrap_err().contains("must be"));
 }

@@ -31,6 +31,8 @@ pub enum CpuError {
 pub struct StaticOptions {
     pub full_pcpus_only: bool,
     pub distribute_across_numa: bool,
+    /// distribute-cpus-across-cores: one CPU per core before any core's second thread.
+    pub distribute_across_cores: bool,
     pub align_by_socket: bool,
     pub prefer_align_by_uncorecache: bool,
 }
@@ -282,6 +284,35 @@ impl<'a> Acc<'a> {
         }
     }
 
+    /// Single CPUs in spread order: per node (packed order), thread i of every core before
+    /// thread i + 1 of any.
+    fn take_remaining_spread(&mut self) {
+        let cores = self.sorted_cores();
+        let mut by_node: Vec<(u32, Vec<Vec<u32>>)> = Vec::new();
+        for c in cores {
+            let cpus: Vec<u32> = self.v.cores[&c].intersection(&self.avail).iter().collect();
+            let Some(&first) = cpus.first() else { continue };
+            let node = self.v.node_of.get(&first).copied().unwrap_or(0);
+            match by_node.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, l)) => l.push(cpus),
+                None => by_node.push((node, vec![cpus])),
+            }
+        }
+        for (_, cores) in by_node {
+            let depth = cores.iter().map(Vec::len).max().unwrap_or(0);
+            for i in 0..depth {
+                for core in &cores {
+                    if self.satisfied() {
+                        return;
+                    }
+                    if let Some(&cpu) = core.get(i) {
+                        self.take(&std::iter::once(cpu).collect());
+                    }
+                }
+            }
+        }
+    }
+
     fn take_remaining(&mut self) {
         for cpu in self.sorted_cpus() {
             if self.satisfied() {
@@ -375,6 +406,50 @@ pub fn take_packed(
     }
     if !acc.satisfied() {
         acc.take_remaining();
+    }
+    if !acc.satisfied() {
+        return Err(CpuError::Insufficient {
+            requested: n,
+            available: available.len(),
+        });
+    }
+    Ok(acc.result)
+}
+
+/// kubelet's packed take with the spread CPU sorting (distribute-cpus-across-cores): whole
+/// sockets and nodes as the packed take, then single CPUs one per core — the first free thread
+/// of every core of a node before any second thread — instead of whole cores.
+pub fn take_spread(
+    v: &CpuView,
+    available: &CpuSet,
+    n: usize,
+    prefer_uncore: bool,
+) -> Result<CpuSet, CpuError> {
+    let mut acc = Acc::new(v, available, n);
+    if acc.need > acc.avail.len() {
+        return Err(CpuError::Insufficient {
+            requested: n,
+            available: acc.avail.len(),
+        });
+    }
+    if !acc.satisfied() {
+        if v.sockets_first() {
+            acc.take_full_sockets();
+            if !acc.satisfied() {
+                acc.take_full_nodes();
+            }
+        } else {
+            acc.take_full_nodes();
+            if !acc.satisfied() {
+                acc.take_full_sockets();
+            }
+        }
+    }
+    if !acc.satisfied() && prefer_uncore {
+        acc.take_uncore();
+    }
+    if !acc.satisfied() {
+        acc.take_remaining_spread();
     }
     if !acc.satisfied() {
         return Err(CpuError::Insufficient {
@@ -562,6 +637,9 @@ pub fn take_by_topology(
             1
         };
         return take_distributed(v, available, n, group);
+    }
+    if opts.distribute_across_cores {
+        return take_spread(v, available, n, opts.prefer_align_by_uncorecache);
     }
     take_packed(v, available, n, opts.prefer_align_by_uncorecache)
 }

@@ -23,6 +23,7 @@ fn opts(full: bool, distribute: bool, uncore: bool) -> StaticOptions {
     StaticOptions {
         full_pcpus_only: full,
         distribute_across_numa: distribute,
+        distribute_across_cores: false,
         align_by_socket: false,
         prefer_align_by_uncorecache: uncore,
     }

@@ -4,10 +4,11 @@ use crate::topology::TopologyBuilder;
 
 const G: u64 = 1 << 30;
 
-/// Two nodes of 4 GiB, 512 × 2 MiB and 2 × 1 GiB hugepages each; 1 GiB reserved on node 0.
+/// Two nodes of 7 GiB, 512 × 2 MiB and 2 × 1 GiB hugepages each (so 4 GiB of regular memory);
+/// 1 GiB reserved on node 0.
 fn state() -> MemoryState {
     let t = TopologyBuilder {
-        memory_per_node_bytes: 4 * G,
+        memory_per_node_bytes: 7 * G,
         hugepages_2m_per_node: 512,
         hugepages_1g_per_node: 2,
         ..Default::default()
@@ -66,7 +67,7 @@ fn lowest(a: NodeMask, b: NodeMask) -> bool {
 
 fn check(s: &MemoryState, r: MemoryRequest, hints: &str, hint: Option<&[u32]>, choose: &str) {
     assert_eq!(show_hints(s, &r), hints, "hints for {r:?}");
-    let got = match s.choose(&r, hint.map(mask), &lowest) {
+    let got = match s.choose(&r, TopologyHint::new(hint.map(mask), false), &lowest) {
         Ok(m) => m.ids().map(|i| i.to_string()).collect::<String>(),
         Err(MemoryError::Insufficient { .. }) => "insufficient".into(),
         Err(MemoryError::CannotExtend(_)) => "cannot-extend".into(),
@@ -82,7 +83,7 @@ fn blocks_follow_topology_and_reservation() {
     let b = s.nodes[0].blocks[&MemoryResource::Memory];
     assert_eq!(
         (b.total, b.system_reserved, b.allocatable, b.free),
-        (4 * G, G, 3 * G, 3 * G)
+        (7 * G, G, 3 * G, 3 * G)
     );
     assert_eq!(s.nodes[1].blocks[&MemoryResource::Hugepages2Mi].free, G);
     assert_eq!(s.nodes[1].blocks[&MemoryResource::Hugepages1Gi].free, 2 * G);
@@ -125,7 +126,27 @@ fn single_and_cross_node_groups_never_mix() {
     );
     check(&s, req(G, 0, 0), "01", None, "01");
     check(&s, req(G, 0, 0), "01", Some(&[0]), "01");
-    check(&s, req(G, 0, 0), "01", Some(&[1]), "violation");
+    // kubelet's isAffinityViolatingNUMAAllocations never refuses a single-node mask: a
+    // Topology Manager hint of node 1 that node 1's free memory covers is taken as it is
+    check(&s, req(G, 0, 0), "01", Some(&[1]), "1");
+    // a wider group over the used group is refused
+    let t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 3,
+        memory_per_node_bytes: 4 * G,
+        ..Default::default()
+    }
+    .build();
+    let mut three = MemoryState::new(&t, &[]).unwrap();
+    three.allocate(&req(5 * G, 0, 0), mask(&[0, 1]));
+    assert_eq!(
+        three.choose(
+            &req(G, 0, 0),
+            TopologyHint::new(Some(mask(&[0, 1, 2])), false),
+            &lowest
+        ),
+        Err(MemoryError::Violation(mask(&[0, 1, 2])))
+    );
     s.release(&b);
     assert_eq!(s, before);
 }

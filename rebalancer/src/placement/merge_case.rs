@@ -31,7 +31,7 @@ pub struct CaseError {
     pub message: String,
 }
 
-fn err<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, CaseError> {
+pub(crate) fn err<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, CaseError> {
     Err(CaseError {
         field: field.into(),
         message: message.into(),
@@ -145,7 +145,7 @@ pub fn parse_case(v: &Value) -> Result<MergeCase, CaseError> {
 }
 
 /// A field that is present and not null.
-fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(crate) fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
@@ -303,7 +303,7 @@ fn parse_hint(v: &Value, field: &str) -> Result<TopologyHint, CaseError> {
     Ok(TopologyHint::new(affinity, preferred))
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

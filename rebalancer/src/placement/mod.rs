@@ -10,5 +10,7 @@ pub mod admission;
 pub mod cpu;
 pub mod device;
 pub mod memory;
+pub mod memory_case;
 pub mod pod;
+pub mod quantity;
 pub mod shared;

@@ -7,14 +7,19 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
+pub use crate::placement::memory::ContainerKind;
 use crate::placement::NodeMask;
 
 /// A pod to admit. Unknown fields are refused so typos fail loudly.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pod {
     pub uid: String,
     pub containers: Vec<Container>,
+    /// Init containers in their start order; one with `restart_policy: "Always"` is a sidecar
+    /// (restartable init container) that keeps running beside the app containers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<Container>,
 }
 
 /// One container. A zero request with a non-zero limit takes the limit as request (as
@@ -42,6 +47,9 @@ pub struct Container {
     /// Specific PCI devices by address, e.g. ["0000:41:00.0"].
     #[serde(default)]
     pub device_addresses: Vec<String>,
+    /// `"Always"` on an init container makes it a sidecar; nothing else is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
 }
 
 /// Kubernetes QoS class.
@@ -111,10 +119,12 @@ impl Container {
 impl Pod {
     /// kubelet's `GetPodQOS` over cpu and memory: BestEffort when nothing is requested or
     /// limited, Guaranteed when every container has cpu and memory limits equal to requests.
+    /// Init containers count as kubelet counts them.
     pub fn qos(&self) -> Qos {
-        if self.containers.iter().all(Container::best_effort) {
+        let all = || self.containers.iter().chain(&self.init_containers);
+        if all().all(Container::best_effort) {
             Qos::BestEffort
-        } else if !self.containers.is_empty() && self.containers.iter().all(Container::guaranteed) {
+        } else if !self.containers.is_empty() && all().all(Container::guaranteed) {
             Qos::Guaranteed
         } else {
             Qos::Burstable
@@ -129,13 +139,70 @@ impl Pod {
         if self.containers.is_empty() {
             return Err(format!("pod {} has no containers", self.uid));
         }
-        for (i, c) in self.containers.iter().enumerate() {
+        let all: Vec<&Container> = self
+            .init_containers
+            .iter()
+            .chain(&self.containers)
+            .collect();
+        for (i, c) in all.iter().enumerate() {
             c.validate()?;
-            if self.containers[..i].iter().any(|o| o.name == c.name) {
+            if all[..i].iter().any(|o| o.name == c.name) {
                 return Err(format!("container name {} used twice", c.name));
             }
         }
+        for c in &self.containers {
+            if c.restart_policy.is_some() {
+                return Err(format!(
+                    "container {}: restart_policy is only allowed on init containers",
+                    c.name
+                ));
+            }
+        }
+        for c in &self.init_containers {
+            if c.restart_policy.as_deref().is_some_and(|p| p != "Always") {
+                return Err(format!(
+                    "init container {}: restart_policy must be \"Always\" (a sidecar) or absent",
+                    c.name
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The containers in kubelet's allocation order (init containers, then app containers),
+    /// each with its kind.
+    pub fn in_order(&self) -> impl Iterator<Item = (&Container, ContainerKind)> {
+        self.init_containers
+            .iter()
+            .map(|c| (c, c.kind_as_init()))
+            .chain(self.containers.iter().map(|c| (c, ContainerKind::App)))
+    }
+
+    /// kubelet's effective pod request of one quantity (KEP 753): the larger of the
+    /// init-container peak (each regular init container plus the sidecars started before it)
+    /// and the long-running total (app containers plus sidecars).
+    pub fn effective(&self, f: impl Fn(&Container) -> u64) -> u64 {
+        let (mut peak, mut sidecars) = (0u64, 0u64);
+        for c in &self.init_containers {
+            if c.kind_as_init() == ContainerKind::Sidecar {
+                sidecars += f(c);
+            } else {
+                peak = peak.max(sidecars + f(c));
+            }
+        }
+        let long: u64 = self.containers.iter().map(&f).sum::<u64>() + sidecars;
+        long.max(peak)
+    }
+}
+
+impl Container {
+    /// The kind of this container when it is one of the pod's init containers.
+    pub fn kind_as_init(&self) -> ContainerKind {
+        if self.restart_policy.as_deref() == Some("Always") {
+            ContainerKind::Sidecar
+        } else {
+            ContainerKind::Init
+        }
     }
 }
 
@@ -232,6 +299,7 @@ mod tests {
             let p = Pod {
                 uid: "u".into(),
                 containers: vec![cont.clone()],
+                init_containers: Vec::new(),
             };
             assert_eq!(p.qos(), want, "{cont:?}");
         }
@@ -242,6 +310,7 @@ mod tests {
         let p = Pod {
             uid: "u".into(),
             containers: vec![c(2000, 1000, 0, 0)],
+            init_containers: Vec::new(),
         };
         assert!(p.validate().unwrap_err().contains("above limit"));
         let err = serde_json::from_str::<Pod>(r#"{"uid":"u","containers":[{"name":"a","cpu":1}]}"#)

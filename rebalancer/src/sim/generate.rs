@@ -87,6 +87,7 @@ fn pod(uid: String, c: Container) -> Pod {
             name: "main".into(),
             ..c
         }],
+        init_containers: Vec::new(),
     }
 }
 

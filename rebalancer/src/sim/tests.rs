@@ -64,6 +64,7 @@ fn task(uid: &str, arrive_s: u64, phases: Vec<Phase>, mem: u64) -> Task {
                 memory_bytes: GIB,
                 ..Default::default()
             }],
+            init_containers: Vec::new(),
         },
         arrive_s,
         leave_s: None,

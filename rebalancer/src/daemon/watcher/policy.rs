@@ -142,6 +142,7 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
             memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
             ..Default::default()
         }],
+        init_containers: Vec::new(),
     }
 }
 
