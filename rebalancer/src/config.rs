@@ -268,6 +268,11 @@ pub struct ControllerConfig {
     /// second) is a candidate to consolidate its CPUs even when its locality looks fine
     /// (0 = never on migrations alone).
     pub migration_trigger_per_s: f64,
+    /// Sample which pages each managed workload writes (soft-dirty bits: /proc/PID/clear_refs
+    /// and pagemap) and weight its locality by them instead of by resident memory. Costs one
+    /// minor fault per written page per period; needs CONFIG_MEM_SOFT_DIRTY (checked at start,
+    /// skipped with the reason in `status` where absent).
+    pub written_pages: bool,
 }
 
 /// Coexistence with the kernel's own NUMA balancing.
@@ -300,6 +305,7 @@ impl Default for ControllerConfig {
             autonuma: AutoNuma::Warn,
             cross_node_migration_cost_us: 50.0,
             migration_trigger_per_s: 100.0,
+            written_pages: false,
         }
     }
 }

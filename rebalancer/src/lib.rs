@@ -17,3 +17,4 @@ pub mod procfs;
 pub mod serve;
 pub mod sim;
 pub mod topology;
+pub mod written;

@@ -3,7 +3,8 @@
 //! The instant score of a period is the remote ratio measured by hinting faults or PMU events
 //! when present (`1 − remote / (local + remote)`; only when *both* sides were counted — a
 //! remote count without a local one is no ratio, never "0% local"), and otherwise the share
-//! model `Σ_node cpu_share × mem_share`. Scores are smoothed with an EWMA so one noisy period does not
+//! model `Σ_node cpu_share × mem_share` — weighted by the bytes written per node when
+//! soft-dirty sampling measured them (`crate::written`), by resident bytes otherwise. Scores are smoothed with an EWMA so one noisy period does not
 //! trigger a move. [`expected_after`] estimates the share-model score after a move to a node set.
 
 use std::collections::BTreeMap;
@@ -21,6 +22,9 @@ pub enum Evidence {
     HintingFaults,
     /// Local and remote DRAM PMU events (both sides counted).
     Pmu,
+    /// CPU share × share of the period's written bytes per node (soft-dirty sampling: the
+    /// pages it really writes, not all it holds).
+    WrittenPages,
     /// CPU share × memory share per node (assumes every page is touched alike).
     ShareModel,
 }
@@ -30,6 +34,7 @@ impl Evidence {
         match self {
             Evidence::HintingFaults => "hinting-faults",
             Evidence::Pmu => "pmu",
+            Evidence::WrittenPages => "written-pages",
             Evidence::ShareModel => "share-model",
         }
     }
@@ -43,6 +48,16 @@ pub fn instant(cg: &CgroupObs) -> Option<(f64, Evidence)> {
     }
     if let Some(r) = ratio(cg.local_events, cg.remote_events) {
         return Some((r, Evidence::Pmu));
+    }
+    let written: u64 = cg
+        .written_bytes_per_node
+        .values()
+        .fold(0u64, |a, &b| a.saturating_add(b));
+    if written >= crate::written::MIN_WRITTEN_BYTES {
+        let on = |n: u32| cg.written_bytes_per_node.get(&n).copied().unwrap_or(0);
+        if let Some(s) = share_model(&cg.cpu_ns_per_node, on, written) {
+            return Some((s, Evidence::WrittenPages));
+        }
     }
     share_model(&cg.cpu_ns_per_node, |n| cg.mem_on(n), cg.total_mem())
         .map(|s| (s, Evidence::ShareModel))
@@ -211,6 +226,24 @@ mod tests {
         let mut idle = cg(&[(0, 100)], &[(0, 10)]);
         (idle.local_events, idle.remote_events) = (Some(0), Some(0));
         check(&idle, Some((1.0, Evidence::ShareModel)));
+    }
+
+    /// A hot set that is a minority of the memory: 32 MiB written on node 1, 224 MiB idle on
+    /// node 0, threads on node 0. Resident memory says 0.875 local; the written pages say 0.
+    #[test]
+    fn written_pages_weight_the_share_model() {
+        const MIB: u64 = 1 << 20;
+        let mut c = cg(&[(0, 100)], &[(0, 224 * MIB), (1, 32 * MIB)]);
+        check(&c, Some((0.875, Evidence::ShareModel)));
+        c.written_bytes_per_node = [(1, 32 * MIB)].into_iter().collect();
+        check(&c, Some((0.0, Evidence::WrittenPages)));
+        c.written_bytes_per_node = [(0, 8 * MIB), (1, 24 * MIB)].into_iter().collect();
+        check(&c, Some((0.25, Evidence::WrittenPages)));
+        // Too little written to say anything: the share model again.
+        c.written_bytes_per_node = [(1, crate::written::MIN_WRITTEN_BYTES - 1)]
+            .into_iter()
+            .collect();
+        check(&c, Some((0.875, Evidence::ShareModel)));
     }
 
     #[test]

@@ -258,6 +258,9 @@ pub struct Engine {
     started: Instant,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
+    /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
+    /// the tracker, or the reason this kernel cannot do it.
+    written: Option<Result<crate::written::Tracker, String>>,
 }
 
 impl Engine {
@@ -271,7 +274,45 @@ impl Engine {
             last_round: None,
             started: Instant::now(),
             topo_fingerprint: None,
+            written: None,
         }
+    }
+
+    /// The written-pages tracker when `controller.written_pages` is on and this kernel tracks
+    /// soft-dirty bits; the first call probes and reports the source in `status` (loudly, with
+    /// the reason, when it is absent).
+    fn written_tracker(&mut self, d: &Daemon, on: bool) -> Option<&mut crate::written::Tracker> {
+        if !on {
+            return None;
+        }
+        if self.written.is_none() {
+            const NAME: &str = "written_pages:soft_dirty";
+            let probed = crate::written::probe(&self.proc_root);
+            let st = match &probed {
+                Ok(()) => {
+                    tracing::info!("written-pages sampling on: locality weighted by the pages each workload writes (soft-dirty bits)");
+                    crate::ebpf::SourceStatus::ok(
+                        NAME,
+                        "soft-dirty bits via clear_refs + pagemap, nodes via move_pages",
+                    )
+                }
+                Err(why) => {
+                    tracing::warn!(reason = %why, "controller.written_pages is on but this kernel cannot track written pages; locality falls back to the other evidence");
+                    crate::ebpf::SourceStatus::skipped(NAME, why.clone())
+                }
+            };
+            d.metrics
+                .ebpf_source_available
+                .get_or_create(&crate::serve::metrics::SourceLabel {
+                    source: NAME.into(),
+                })
+                .set(probed.is_ok() as i64);
+            if let Ok(v) = serde_json::to_value(st) {
+                d.lock().sources.push(v);
+            }
+            self.written = Some(probed.map(|()| crate::written::Tracker::default()));
+        }
+        self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
@@ -482,10 +523,23 @@ impl Engine {
                     ..Default::default()
                 };
                 delta.access().fill(&mut o);
+                if cfg.controller.written_pages {
+                    let proc_root = self.proc_root.clone();
+                    let pids = self
+                        .cgroups
+                        .procs(Controller::Cpuset, cg)
+                        .unwrap_or_default();
+                    if let Some(t) = self.written_tracker(d, true) {
+                        o.written_bytes_per_node = t.sample(&proc_root, &pids).unwrap_or_default();
+                    }
+                }
                 obs.cgroups.push(o);
             }
         }
         self.prev = cumulative;
+        if let Some(Ok(t)) = &mut self.written {
+            t.end_round();
+        }
 
         let now_ms = self.started.elapsed().as_millis() as u64;
         let plan = {
