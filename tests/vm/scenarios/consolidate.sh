@@ -1,5 +1,6 @@
 # Scenario consolidate: a BestEffort container (the watcher gives it the whole shared pool) runs
-# threads that sleep and wake on every node while its memory sits on one: the daemon (eBPF on)
+# threads that sleep and wake and move themselves round every node (as a work-stealing runtime
+# might: a node its cpuset no longer allows is skipped) while its memory sits on one: the daemon (eBPF on)
 # counts its cross-node migrations, consolidates its CPUs onto the memory's node, and the sampled
 # cross-node migrations fall. Before: 3 periods in dry run; after: 3 periods once it acted.
 . /vm/lib.sh
@@ -12,9 +13,8 @@ mem=$(first_cpu_node)
 fail() { kill -9 $WORK 2>/dev/null; daemon_fail $S $LOG "$*"; }
 # conf DRY_RUN: the Kubernetes-layout config, eBPF on.
 conf() {
-    kube_conf /tmp/con.toml /tmp/con-state $PERIOD_MS
-    sed -i 's/^enabled = false/enabled = true/' /tmp/con.toml
-    sed -i "s/^\[daemon\]/[daemon]\ndry_run = $1/" /tmp/con.toml
+    kube_conf /tmp/con.base /tmp/con-state $PERIOD_MS
+    awk -v d="$1" '/^enabled = false/ {print "enabled = true"; next} {print} /^\[daemon\]/ {print "dry_run = " d}' /tmp/con.base > /tmp/con.toml
 }
 echo 0 > /proc/sys/kernel/numa_balancing
 kdir kubepods/besteffort || { verdict $S FAIL "cannot make the kubepods QoS cgroups"; exit 0; }
@@ -28,13 +28,15 @@ echo "# container: $out"
 spread=$(cat "$D"/cpuset.cpus.effective)
 [ -n "$(common "$spread" "$(cpus_of "$(last_cpu_node)")")" ] || fail "BestEffort container not spread: cpus=$spread"
 # Threads that sleep and wake (placed anew at each wakeup), 64 MiB on node $mem.
-sh -c "echo \$\$ > $D/cgroup.procs && exec guest-tool spin --threads $((NCPUS * 2)) --seconds 900 --sleep-us 500 --mib 64 --mem-node $mem" > /tmp/con-spin.out 2>&1 &
+sh -c "echo \$\$ > $D/cgroup.procs && exec guest-tool spin --threads $NCPUS --seconds 900 --sleep-us 2000 --flip-nodes $(echo $CPU_NODES | tr ' ' ',') --flip-ms 100 --mib 64 --mem-node $mem" > /tmp/con-spin.out 2>&1 &
 WORK=$!
 _i=0
 until grep -q SPIN-ALLOCATED /tmp/con-spin.out; do
     sleep 0.5; _i=$((_i + 1)); [ $_i -lt 120 ] || fail "the workload never allocated"
 done
 crossings() { wget -qO- http://127.0.0.1:9717/metrics | awk '/^rebalancer_cross_node_migrations_total /{print $2}'; }
+[ -n "$(crossings)" ] || fail "no rebalancer_cross_node_migrations_total in /metrics"
+rebalancer status --json | tr '{' '\n' | grep -E 'sched_migrate_task' | cut -c1-200
 # rate SECONDS: cross-node migrations per second the daemon sampled over that long.
 rate() {
     _a=$(crossings); _t=$(uptime_s); sleep "$1"

@@ -68,8 +68,10 @@ conf true false
 start_daemon /tmp/hs.toml $log || { tail -20 $log; verdict $S FAIL "daemon did not start"; exit 0; }
 echo "# daemon up after ${DAEMON_UP} s; sources:"
 rebalancer status --json | tr '{' '\n' | grep -E 'dram_access|numa_faults|written_pages' | cut -c1-300
+_i=0
 until rebalancer explain vmtest-hot 2>/dev/null | grep -q '"evidence": "'; do
     sleep 1; kill -0 $DAEMON 2>/dev/null || fail "the daemon exited"
+    _i=$((_i + 1)); [ $_i -lt 90 ] || fail "no decision with evidence for vmtest-hot after 90 s"
 done
 
 # 1. The share model (dry run): resident memory is 87.5% local.
