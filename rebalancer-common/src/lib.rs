@@ -60,8 +60,10 @@ pub struct CgEvents {
     pub pages_migrated: u64,
     pub local_faults: u64,
     pub remote_faults: u64,
-    /// Remote-memory PMU samples (userspace multiplies by the period).
+    /// Remote-DRAM PMU samples (userspace multiplies by the remote event's period).
     pub remote_events: u64,
+    /// Local-DRAM PMU samples (userspace multiplies by the local event's period).
+    pub local_events: u64,
 }
 
 /// Per-CPU state of the exact (sched_switch) on-CPU accounting.
@@ -130,11 +132,12 @@ pub enum Stat {
     BadConfig,
     /// A bpf_probe_read_kernel of the task's cgroup chain failed.
     TaskReadFailed,
+    LocalSamples,
 }
 
 impl Stat {
     /// Number of slots of the `STATS` array.
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 12;
     /// Every stat, in index order.
     pub const ALL: [Stat; Stat::COUNT as usize] = [
         Stat::SwitchEvents,
@@ -148,6 +151,7 @@ impl Stat {
         Stat::MapUpdateFailed,
         Stat::BadConfig,
         Stat::TaskReadFailed,
+        Stat::LocalSamples,
     ];
 
     /// snake_case name for logs and JSON.
@@ -164,16 +168,17 @@ impl Stat {
             Stat::MapUpdateFailed => "map_update_failed",
             Stat::BadConfig => "bad_config",
             Stat::TaskReadFailed => "task_read_failed",
+            Stat::LocalSamples => "local_samples",
         }
     }
 }
 
 const _: () = assert!(core::mem::size_of::<CgNodeKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgReasonKey>() == 16);
-const _: () = assert!(core::mem::size_of::<CgEvents>() == 64);
+const _: () = assert!(core::mem::size_of::<CgEvents>() == 72);
 const _: () = assert!(core::mem::size_of::<SwitchState>() == 24);
 const _: () = assert!(core::mem::size_of::<ProgConfig>() == 80);
-const _: () = assert!(Stat::TaskReadFailed as u32 + 1 == Stat::COUNT);
+const _: () = assert!(Stat::LocalSamples as u32 + 1 == Stat::COUNT);
 
 #[cfg(feature = "user")]
 mod pod {

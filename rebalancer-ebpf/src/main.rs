@@ -10,7 +10,8 @@
 //! - `sched_move_numa` / `sched_swap_numa` / `sched_stick_numa` / `mm_migrate_pages`
 //!   (tracepoints): NUMA-balancing moves and pages migrated (per reason).
 //! - `task_numa_fault` (kprobe): NUMA hinting faults, local vs remote.
-//! - `remote_mem_sample` (perf_event on a remote-memory PMU event): remote accesses.
+//! - `local_mem_sample` / `remote_mem_sample` (perf_event on the local- and remote-DRAM PMU
+//!   events): sampled local and remote memory accesses.
 #![no_std]
 #![no_main]
 
@@ -81,7 +82,12 @@ pub fn task_numa_fault(ctx: ProbeContext) -> u32 {
 
 #[perf_event]
 pub fn remote_mem_sample(ctx: PerfEventContext) -> u32 {
-    done(memory::try_remote_mem_sample(&ctx))
+    done(memory::try_mem_sample(&ctx, true))
+}
+
+#[perf_event]
+pub fn local_mem_sample(ctx: PerfEventContext) -> u32 {
+    done(memory::try_mem_sample(&ctx, false))
 }
 
 #[cfg(not(test))]

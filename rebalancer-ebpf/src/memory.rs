@@ -1,5 +1,6 @@
 //! Memory-side signals: pages migrated (mm_migrate_pages), NUMA hinting faults
-//! (task_numa_fault kprobe) and remote-memory PMU samples.
+//! (task_numa_fault kprobe) and local / remote DRAM PMU samples (two perf events, one program
+//! each, so a sample knows which side it counts).
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid},
     programs::{PerfEventContext, ProbeContext, TracePointContext},
@@ -60,15 +61,24 @@ pub fn try_task_numa_fault(ctx: &ProbeContext) -> Result<(), i64> {
     Ok(())
 }
 
-/// One overflow of the remote-memory PMU counter: one sample (userspace scales by the period)
-/// for the interrupted task's cgroup on this node.
-pub fn try_remote_mem_sample(_ctx: &PerfEventContext) -> Result<(), i64> {
-    bump(Stat::RemoteSamples);
+/// One overflow of a DRAM-access PMU counter (`remote`: the remote-DRAM event, else the
+/// local one): one sample (userspace scales by that event's period) for the interrupted task's
+/// cgroup on this node.
+pub fn try_mem_sample(_ctx: &PerfEventContext, remote: bool) -> Result<(), i64> {
+    bump(if remote {
+        Stat::RemoteSamples
+    } else {
+        Stat::LocalSamples
+    });
     if bpf_get_current_pid_tgid() as u32 == 0 {
         return Ok(());
     }
     let cg = unsafe { bpf_get_current_cgroup_id() };
     let node = current_node();
-    update_events(cg, node, |e| e.remote_events += 1);
+    if remote {
+        update_events(cg, node, |e| e.remote_events += 1);
+    } else {
+        update_events(cg, node, |e| e.local_events += 1);
+    }
     Ok(())
 }

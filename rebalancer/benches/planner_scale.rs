@@ -168,7 +168,7 @@ fn observe_build(c: &mut Criterion) {
             let template = observations(&topo, n);
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
-                    let samples = fold(black_box(&raw), |c| topo.node_of_cpu(c), &names, 1);
+                    let samples = fold(black_box(&raw), |c| topo.node_of_cpu(c), &names, false);
                     let cgroups: Vec<CgroupObs> = template
                         .cgroups
                         .iter()

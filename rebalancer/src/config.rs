@@ -142,9 +142,13 @@ pub struct EbpfConfig {
     /// Load the eBPF programs; when false (or when the kernel refuses), the daemon runs on
     /// memory.numa_stat and /proc alone.
     pub enabled: bool,
-    /// Raw PMU event (perf `config` value, hex or decimal string) counting remote-DRAM accesses,
-    /// used instead of the generic node-load-misses event when set.
+    /// Raw PMU event (perf `config` value, hex or decimal string) counting remote-DRAM accesses;
+    /// set together with `pmu_local_raw_event` (a ratio needs both sides), they replace the
+    /// pair chosen for the CPU family (see `ebpf::pmu`).
     pub pmu_raw_event: Option<String>,
+    /// Raw PMU event counting local-DRAM accesses (e.g. Intel MEM_LOAD_L3_MISS_RETIRED.LOCAL_DRAM
+    /// `0x01d3` with REMOTE_DRAM `0x02d3` as `pmu_raw_event`).
+    pub pmu_local_raw_event: Option<String>,
     /// Sampling frequency (Hz per CPU) of the timer-driven on-CPU sampler.
     pub sample_hz: u32,
     /// On-CPU time source: the cpu-clock sampler (cheap) or exact sched_switch accounting.
@@ -166,6 +170,7 @@ impl Default for EbpfConfig {
         Self {
             enabled: true,
             pmu_raw_event: None,
+            pmu_local_raw_event: None,
             sample_hz: 99,
             on_cpu_source: OnCpuSource::Sampled,
         }
@@ -333,6 +338,18 @@ pub struct ControllerConfig {
     pub overload_busy: f64,
     /// What to do about kernel AutoNUMA (kernel.numa_balancing) when it is on.
     pub autonuma: AutoNuma,
+    /// CPU time one cross-node scheduler migration of a thread costs (its caches refilled
+    /// across the interconnect), µs: the saving of a move counts the migrations it avoids.
+    pub cross_node_migration_cost_us: f64,
+    /// A cgroup whose CPUs span several nodes and whose threads cross nodes this often (per
+    /// second) is a candidate to consolidate its CPUs even when its locality looks fine
+    /// (0 = never on migrations alone).
+    pub migration_trigger_per_s: f64,
+    /// Sample which pages each managed workload writes (soft-dirty bits: /proc/PID/clear_refs
+    /// and pagemap) and weight its locality by them instead of by resident memory. Costs one
+    /// minor fault per written page per period; needs CONFIG_MEM_SOFT_DIRTY (checked at start,
+    /// skipped with the reason in `status` where absent).
+    pub written_pages: bool,
 }
 
 /// Coexistence with the kernel's own NUMA balancing.
@@ -363,6 +380,9 @@ impl Default for ControllerConfig {
             move_exclusive: false,
             overload_busy: 0.9,
             autonuma: AutoNuma::Warn,
+            cross_node_migration_cost_us: 50.0,
+            migration_trigger_per_s: 100.0,
+            written_pages: false,
         }
     }
 }
@@ -483,19 +503,46 @@ impl Config {
                 "must be a finite number >= 0".into(),
             ));
         }
+        for (key, v) in [
+            (
+                "controller.cross_node_migration_cost_us",
+                self.controller.cross_node_migration_cost_us,
+            ),
+            (
+                "controller.migration_trigger_per_s",
+                self.controller.migration_trigger_per_s,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(key, "must be a finite number >= 0".into()));
+            }
+        }
         if !(self.controller.overload_busy > 0.0 && self.controller.overload_busy <= 1.0) {
             return Err(bad("controller.overload_busy", "must be in (0, 1]".into()));
         }
         if self.ebpf.sample_hz == 0 || self.ebpf.sample_hz > 10_000 {
             return Err(bad("ebpf.sample_hz", "must be between 1 and 10000".into()));
         }
-        if let Some(ev) = &self.ebpf.pmu_raw_event {
-            if parse_u64(ev).is_none() {
-                return Err(bad(
-                    "ebpf.pmu_raw_event",
-                    format!("{ev:?} is not a decimal or 0x-hex number"),
-                ));
+        for (key, ev) in [
+            ("ebpf.pmu_raw_event", &self.ebpf.pmu_raw_event),
+            ("ebpf.pmu_local_raw_event", &self.ebpf.pmu_local_raw_event),
+        ] {
+            if let Some(ev) = ev {
+                if parse_u64(ev).is_none() {
+                    return Err(bad(
+                        key,
+                        format!("{ev:?} is not a decimal or 0x-hex number"),
+                    ));
+                }
             }
+        }
+        if self.ebpf.pmu_raw_event.is_some() != self.ebpf.pmu_local_raw_event.is_some() {
+            return Err(bad(
+                "ebpf.pmu_raw_event",
+                "set pmu_raw_event (remote DRAM) and pmu_local_raw_event (local DRAM) together: \
+                 one side alone gives no local/remote ratio"
+                    .into(),
+            ));
         }
         if self
             .server
@@ -622,6 +669,11 @@ mod tests {
                 "[placement]\ncpu_manager_policy = \"dynamic\"",
                 "unknown variant `dynamic`",
             ),
+            (
+                "[ebpf]\npmu_raw_event = \"0x2d3\"\npmu_local_raw_event = \"x\"",
+                "ebpf.pmu_local_raw_event",
+            ),
+            ("[ebpf]\npmu_raw_event = \"0x2d3\"", "pmu_local_raw_event"),
         ] {
             let err = Config::parse(text, "t.toml").unwrap_err().to_string();
             assert!(err.contains(key), "{text:?} gave {err}");

@@ -19,3 +19,4 @@ pub mod procfs;
 pub mod serve;
 pub mod sim;
 pub mod topology;
+pub mod written;

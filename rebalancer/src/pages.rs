@@ -105,6 +105,16 @@ fn move_pages(
     Ok(())
 }
 
+/// The node of each of `pid`'s pages at `addrs` (move_pages(2) in query mode): a node id, or
+/// a negative errno for a page that is not there.
+pub fn query_nodes(pid: u32, addrs: &[u64]) -> std::io::Result<Vec<libc::c_int>> {
+    let mut status = vec![0; addrs.len()];
+    if !addrs.is_empty() {
+        move_pages(pid, addrs, None, &mut status)?;
+    }
+    Ok(status)
+}
+
 /// Moves at most `max_pages` of `pid`'s pages that are on nodes outside `toward` to `toward`;
 /// returns the pages moved. A process that exited meanwhile has moved 0.
 pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {

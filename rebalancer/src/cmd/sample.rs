@@ -163,8 +163,8 @@ fn print_table(r: &Report, topo: &Topology) {
         print!(" {:>10}", format!("cpu_ms@n{n}"));
     }
     println!(
-        " {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}  path",
-        "migr", "x-node", "numa", "pages", "flt_loc", "flt_rem"
+        " {:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10}  path",
+        "migr", "x-node", "numa", "pages", "flt_loc", "flt_rem", "dram_loc", "dram_rem"
     );
     for row in &r.cgroups {
         let s = row.sample;
@@ -174,13 +174,15 @@ fn print_table(r: &Report, topo: &Topology) {
             print!(" {ms:>10.1}");
         }
         println!(
-            " {:>7} {:>7} {:>6} {:>8} {:>8} {:>8}  {}",
+            " {:>7} {:>7} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10}  {}",
             s.migrations,
             s.cross_node_migrations,
             s.numa_moves,
             s.pages_migrated,
             s.local_faults,
             s.remote_faults,
+            s.local_events,
+            s.remote_events,
             row.path.unwrap_or("?")
         );
     }

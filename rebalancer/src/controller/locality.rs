@@ -1,8 +1,10 @@
 //! Locality scores: how much of a cgroup's CPU time runs next to its memory.
 //!
 //! The instant score of a period is the remote ratio measured by hinting faults or PMU events
-//! when present (`1 − remote / (local + remote)`), and otherwise the share model
-//! `Σ_node cpu_share × mem_share`. Scores are smoothed with an EWMA so one noisy period does not
+//! when present (`1 − remote / (local + remote)`; only when *both* sides were counted — a
+//! remote count without a local one is no ratio, never "0% local"), and otherwise the share
+//! model `Σ_node cpu_share × mem_share` — weighted by the bytes written per node when
+//! soft-dirty sampling measured them (`crate::written`), by resident bytes otherwise. Scores are smoothed with an EWMA so one noisy period does not
 //! trigger a move. [`expected_after`] estimates the share-model score after a move to a node set.
 
 use std::collections::BTreeMap;
@@ -13,12 +15,29 @@ use super::observe::CgroupObs;
 use crate::cpuset::CpuSet;
 
 /// Where an instant score came from (shown by `explain`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Evidence {
+    /// NUMA hinting faults (task_numa_fault kprobe; only while AutoNUMA runs).
     HintingFaults,
+    /// Local and remote DRAM PMU events (both sides counted).
     Pmu,
+    /// CPU share × share of the period's written bytes per node (soft-dirty sampling: the
+    /// pages it really writes, not all it holds).
+    WrittenPages,
+    /// CPU share × memory share per node (assumes every page is touched alike).
     ShareModel,
+}
+
+impl Evidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::HintingFaults => "hinting-faults",
+            Evidence::Pmu => "pmu",
+            Evidence::WrittenPages => "written-pages",
+            Evidence::ShareModel => "share-model",
+        }
+    }
 }
 
 /// The instant locality of a cgroup in 0..=1, or `None` when the period holds no evidence
@@ -30,13 +49,23 @@ pub fn instant(cg: &CgroupObs) -> Option<(f64, Evidence)> {
     if let Some(r) = ratio(cg.local_events, cg.remote_events) {
         return Some((r, Evidence::Pmu));
     }
+    let written: u64 = cg
+        .written_bytes_per_node
+        .values()
+        .fold(0u64, |a, &b| a.saturating_add(b));
+    if written >= crate::written::MIN_WRITTEN_BYTES {
+        let on = |n: u32| cg.written_bytes_per_node.get(&n).copied().unwrap_or(0);
+        if let Some(s) = share_model(&cg.cpu_ns_per_node, on, written) {
+            return Some((s, Evidence::WrittenPages));
+        }
+    }
     share_model(&cg.cpu_ns_per_node, |n| cg.mem_on(n), cg.total_mem())
         .map(|s| (s, Evidence::ShareModel))
 }
 
+/// `1 − remote / (local + remote)`; `None` unless both sides were counted and some access was.
 fn ratio(local: Option<u64>, remote: Option<u64>) -> Option<f64> {
-    let remote = remote?;
-    let local = local.unwrap_or(0);
+    let (local, remote) = (local?, remote?);
     let total = local.saturating_add(remote);
     if total == 0 {
         return None;
@@ -161,9 +190,60 @@ mod tests {
         f.local_events = Some(9);
         f.remote_events = Some(1);
         check(&f, Some((0.9, Pmu)));
+        f.local_events = None;
+        check(&f, Some((0.0, ShareModel))); // a remote count alone is no PMU ratio
         let mut h = cg(&[(0, 100)], &[(0, 10)]);
         h.hugepage_bytes_per_node.insert(1, 30);
         check(&h, Some((0.25, ShareModel)));
+    }
+
+    /// The PMU ratio from sampled DRAM events, each side scaled by its own period.
+    #[test]
+    fn pmu_scores_local_remote_and_never_zero_from_one_side() {
+        use crate::ebpf::pmu::{scale, LOCAL_PERIOD, REMOTE_PERIOD};
+        // Memory all on node 1, CPU on node 0: the share model says 0.
+        let mut c = cg(&[(0, 100)], &[(1, 10)]);
+        // A local workload: 990 local samples, 10 remote.
+        let (l, r) = scale(false, 990, 10);
+        (c.local_events, c.remote_events) = (Some(l), Some(r));
+        let want =
+            1.0 - (10 * REMOTE_PERIOD) as f64 / (990 * LOCAL_PERIOD + 10 * REMOTE_PERIOD) as f64;
+        check(&c, Some((want, Evidence::Pmu)));
+        assert!(want > 0.99);
+        // A remote one: 10 local, 990 remote.
+        let (l, r) = scale(false, 10, 990);
+        (c.local_events, c.remote_events) = (Some(l), Some(r));
+        let (got, _) = instant(&c).unwrap();
+        assert!(got < 0.02, "{got}");
+        // Only remote samples, no local counter: never 0 from the PMU. Where memory and CPU
+        // are together the share model scores it local; without memory there is no score.
+        let mut only = cg(&[(0, 100)], &[(0, 10)]);
+        only.remote_events = Some(990 * REMOTE_PERIOD);
+        check(&only, Some((1.0, Evidence::ShareModel)));
+        only.mem_bytes_per_node.clear();
+        check(&only, None);
+        // Both counted but nothing happened this period: no PMU score either.
+        let mut idle = cg(&[(0, 100)], &[(0, 10)]);
+        (idle.local_events, idle.remote_events) = (Some(0), Some(0));
+        check(&idle, Some((1.0, Evidence::ShareModel)));
+    }
+
+    /// A hot set that is a minority of the memory: 32 MiB written on node 1, 224 MiB idle on
+    /// node 0, threads on node 0. Resident memory says 0.875 local; the written pages say 0.
+    #[test]
+    fn written_pages_weight_the_share_model() {
+        const MIB: u64 = 1 << 20;
+        let mut c = cg(&[(0, 100)], &[(0, 224 * MIB), (1, 32 * MIB)]);
+        check(&c, Some((0.875, Evidence::ShareModel)));
+        c.written_bytes_per_node = [(1, 32 * MIB)].into_iter().collect();
+        check(&c, Some((0.0, Evidence::WrittenPages)));
+        c.written_bytes_per_node = [(0, 8 * MIB), (1, 24 * MIB)].into_iter().collect();
+        check(&c, Some((0.25, Evidence::WrittenPages)));
+        // Too little written to say anything: the share model again.
+        c.written_bytes_per_node = [(1, crate::written::MIN_WRITTEN_BYTES - 1)]
+            .into_iter()
+            .collect();
+        check(&c, Some((0.875, Evidence::ShareModel)));
     }
 
     #[test]

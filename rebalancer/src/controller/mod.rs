@@ -24,6 +24,8 @@ mod target;
 #[cfg(test)]
 mod actuator_tests;
 #[cfg(test)]
+mod migration_tests;
+#[cfg(test)]
 mod planner_tests;
 
 pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, CgroupWriter, Step};
@@ -49,6 +51,10 @@ pub struct CgroupState {
     /// A staged move under way (see [`plan_types::Stage`]): later rounds continue it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging: Option<Staging>,
+    /// Periods of each kind of evidence folded into `smoothed` since it (re)started: what the
+    /// smoothed score rests on (shown by `explain`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub smoothed_from: BTreeMap<Evidence, u32>,
 }
 
 /// Where a staged move is going, and how much was left to move when its last stage ran.
@@ -81,8 +87,12 @@ impl ControllerState {
         for cg in &obs.cgroups {
             seen.insert(cg.id.as_str());
             let st = self.cgroups.entry(cg.id.clone()).or_default();
-            if let Some((s, _)) = locality::instant(cg) {
+            if let Some((s, ev)) = locality::instant(cg) {
+                if st.smoothed.is_none() {
+                    st.smoothed_from.clear();
+                }
                 st.smoothed = Some(locality::ewma(st.smoothed, s, alpha));
+                *st.smoothed_from.entry(ev).or_default() += 1;
             }
         }
         self.cgroups.retain(|id, _| seen.contains(id.as_str()));
@@ -96,6 +106,7 @@ impl ControllerState {
         st.last_move_ms = Some(now_ms);
         st.last_cpus = Some(mv.to_cpus.clone());
         st.smoothed = None;
+        st.smoothed_from.clear();
         st.moves += 1;
         st.staging = mv.stage.as_ref().map(|s| Staging {
             to_cpus: mv.to_cpus.clone(),

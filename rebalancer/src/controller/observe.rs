@@ -56,6 +56,10 @@ pub struct CgroupObs {
     /// PMU remote / local DRAM access samples, where the hardware has such events.
     pub remote_events: Option<u64>,
     pub local_events: Option<u64>,
+    /// Bytes written during the period per node of the page (soft-dirty sampling, see
+    /// `crate::written`); empty when not measured.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub written_bytes_per_node: BTreeMap<u32, u64>,
     /// Current cpuset.cpus / cpuset.mems.
     pub cpus: CpuSet,
     pub mems: CpuSet,

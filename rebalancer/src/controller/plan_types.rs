@@ -38,6 +38,9 @@ pub enum Trigger {
     PoorLocality,
     /// Most of its CPU time is on overloaded nodes while another node has room.
     Overloaded { nodes: CpuSet },
+    /// Its CPUs span several nodes and its threads cross nodes at least
+    /// `migration_trigger_per_s` times a second: consolidating its CPUs avoids them.
+    Migrating { per_s: f64 },
 }
 
 /// A change of one cgroup's cpuset. Both target sets are non-empty (the planner guarantees
@@ -120,6 +123,10 @@ pub struct Considered {
     pub gain: f64,
     /// Load relief part of `gain` (source busy − target busy after), 0 unless overloaded.
     pub relief: f64,
+    /// Cross-node scheduler migrations per second this target avoids (its CPUs on fewer
+    /// nodes); their CPU time (`cross_node_migration_cost_us`) is part of `gain` and `saving`.
+    #[serde(default)]
+    pub migrations_avoided_per_s: f64,
     /// Expected saving over the horizon: gain × CPU demand × horizon (CPU-seconds).
     pub saving: f64,
     /// Migration cost: GiB to migrate × `migration_cost_per_gib`.
@@ -182,6 +189,10 @@ pub struct Decision {
     pub evidence: Option<Evidence>,
     /// The smoothed score the decision used.
     pub smoothed: Option<f64>,
+    /// Periods of each evidence the smoothed score was built from (empty when it is this
+    /// period's score alone, before the controller state has any).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub smoothed_from: std::collections::BTreeMap<Evidence, u32>,
     /// CPUs' worth of demand this period.
     pub cpu_demand: f64,
     pub memory_bytes: u64,

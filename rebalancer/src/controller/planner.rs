@@ -167,6 +167,12 @@ fn evaluate(
         locality: inst.map(|(s, _)| s),
         evidence: inst.map(|(_, e)| e),
         smoothed,
+        smoothed_from: state
+            .cgroups
+            .get(&cg.id)
+            .filter(|s| s.smoothed.is_some())
+            .map(|s| s.smoothed_from.clone())
+            .unwrap_or_default(),
         cpu_demand: obs.cpu_demand(cg),
         memory_bytes: cg.total_mem(),
         trigger: trigger.clone(),

@@ -4,7 +4,8 @@
 //! nodes (SLIT distance, then id) until it has the CPUs the workload needs; each distinct set is
 //! then checked against the constraints and the projected free CPUs, memory, hugepages and load,
 //! and priced (locality after, bytes to migrate, gain, saving — locality points weighted by how
-//! far its remote memory is —, cost). The [`Projection`] is
+//! far its remote memory is, plus the CPU time of the cross-node scheduler migrations that
+//! consolidating its CPUs avoids —, cost). The [`Projection`] is
 //! updated after every accepted move so two moves of one round never count the same room twice.
 
 use std::collections::BTreeMap;
@@ -32,6 +33,8 @@ pub(super) struct Projection<'t> {
     pool: BTreeMap<u32, CpuSet>,
     /// Per node with CPUs: the other nodes with CPUs, nearest first (distance, id).
     nearest: BTreeMap<u32, Vec<u32>>,
+    /// Length of the observed period, ns (rates per second).
+    period_ns: u64,
     pub budget_left: u64,
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
@@ -99,6 +102,7 @@ impl<'t> Projection<'t> {
             excl_held,
             pool: BTreeMap::new(),
             nearest,
+            period_ns: obs.period_ns,
             budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
             moves_left: cfg.max_moves_per_round,
             dirty: false,
@@ -161,9 +165,49 @@ impl<'t> Projection<'t> {
             }
         }
         match smoothed {
-            Some(s) if s < cfg.locality_threshold => Some(Trigger::PoorLocality),
-            _ => None,
+            Some(s) if s < cfg.locality_threshold => return Some(Trigger::PoorLocality),
+            None => return None,
+            _ => {}
         }
+        // Threads crossing nodes: only where the planner may narrow the CPUs.
+        let per_s = self.cross_node_rate(cg);
+        let movable = !cg.constraints.keep_cpus && !cg.constraints.exclusive;
+        (movable
+            && cfg.migration_trigger_per_s > 0.0
+            && per_s >= cfg.migration_trigger_per_s
+            && self.cpu_nodes(cg) >= 2)
+            .then_some(Trigger::Migrating { per_s })
+    }
+
+    /// Cross-node migrations per second of `cg` over the last period.
+    fn cross_node_rate(&self, cg: &CgroupObs) -> f64 {
+        if self.period_ns == 0 {
+            return 0.0;
+        }
+        cg.cross_node_migrations as f64 / (self.period_ns as f64 / 1e9)
+    }
+
+    /// Nodes the cgroup's CPUs span.
+    fn cpu_nodes(&self, cg: &CgroupObs) -> usize {
+        cg.cpus
+            .iter()
+            .filter_map(|c| self.topo.node_of_cpu(c))
+            .collect::<std::collections::BTreeSet<u32>>()
+            .len()
+    }
+
+    /// Cross-node migrations per second a move to `nodes` avoids: all of them when its CPUs
+    /// end on one node, none when they keep spanning as many nodes (`keep_cpus`: the CPUs stay),
+    /// in proportion in between (the migrations are taken to spread evenly over node pairs
+    /// crossed).
+    fn migrations_avoided(&self, cg: &CgroupObs, nodes: usize, keep_cpus: bool) -> f64 {
+        let now = self.cpu_nodes(cg);
+        if now < 2 || keep_cpus || nodes >= now {
+            return 0.0;
+        }
+        let rate = self.cross_node_rate(cg);
+        let left = (nodes.max(1) - 1) as f64 / (now - 1) as f64;
+        rate * (1.0 - left)
     }
 
     /// Every distinct target option for `cg`, priced and checked.
@@ -292,13 +336,8 @@ impl<'t> Projection<'t> {
                     .sum();
                 src - dst_busy
             }
-            Trigger::PoorLocality => 0.0,
+            Trigger::PoorLocality | Trigger::Migrating { .. } => 0.0,
         };
-        let gain = after - before.unwrap_or(after) + relief;
-        // Locality points are worth what a remote access costs here (relief is not).
-        let priced = (gain - relief) * self.remote_weight(cg) + relief;
-        let saving = priced * demand * (cfg.horizon_ms as f64 / 1000.0);
-        let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
 
         // Exclusive CPUs: whole free cores; shared: the pool of the target nodes.
         let picked = cg
@@ -315,6 +354,20 @@ impl<'t> Projection<'t> {
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
             && (cg.constraints.keep_cpus || (t == cg.mems && cg.cpus.is_subset(&self.pool_of(&t))));
+        let locality_gain = after - before.unwrap_or(after);
+        // Scheduler migrations the move avoids, as CPU share of the workload they cost.
+        let avoided = self.migrations_avoided(cg, t.len(), keep_cpus);
+        let migration_points = if demand > 0.0 {
+            avoided * cfg.cross_node_migration_cost_us * 1e-6 / demand
+        } else {
+            0.0
+        };
+        let gain = locality_gain + relief + migration_points;
+        // Locality points are worth what a remote access costs here (relief and migrations
+        // avoided are CPU time already).
+        let priced = locality_gain * self.remote_weight(cg) + relief + migration_points;
+        let saving = priced * demand * (cfg.horizon_ms as f64 / 1000.0);
+        let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
         let n_cpus = match &picked {
             Some(p) => p.len(),
             None if keep_cpus => cg.cpus.len(),
@@ -359,6 +412,7 @@ impl<'t> Projection<'t> {
                 bytes_to_migrate: bytes,
                 gain,
                 relief,
+                migrations_avoided_per_s: avoided,
                 saving,
                 cost,
                 net: saving - cost,

@@ -140,5 +140,6 @@ fn trigger_name(t: &controller::Trigger) -> String {
     match t {
         controller::Trigger::PoorLocality => "poor-locality".into(),
         controller::Trigger::Overloaded { .. } => "overloaded".into(),
+        controller::Trigger::Migrating { .. } => "migrating".into(),
     }
 }

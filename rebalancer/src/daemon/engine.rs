@@ -25,7 +25,7 @@ use crate::{
     cpuset::CpuSet,
     ebpf::Sample,
     procfs,
-    serve::metrics::{NodeLabel, ReasonLabel},
+    serve::metrics::{EvidenceLabel, NodeLabel, ReasonLabel},
     topology::{sysfs, Topology},
 };
 
@@ -44,6 +44,10 @@ pub trait CpuTimeSource: Send {
     /// Entries in the eBPF per-cgroup maps after the last read, and how many of them belong
     /// to cgroups already gone (None without eBPF).
     fn map_entries(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Once, the reason the PMU DRAM counters were dropped at the last read.
+    fn take_pmu_drop(&mut self) -> Option<String> {
         None
     }
 }
@@ -98,6 +102,10 @@ impl CpuTimeSource for EbpfCpuTime {
 
     fn map_entries(&self) -> Option<(usize, usize)> {
         Some((self.sampler.map_entries(), self.sampler.stale_entries()))
+    }
+
+    fn take_pmu_drop(&mut self) -> Option<String> {
+        self.sampler.take_pmu_drop()
     }
 }
 
@@ -254,6 +262,9 @@ pub struct Engine {
     last_round: Option<Instant>,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
+    /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
+    /// the tracker, or the reason this kernel cannot do it.
+    written: Option<Result<crate::written::Tracker, String>>,
 }
 
 impl Engine {
@@ -266,6 +277,7 @@ impl Engine {
             prev: BTreeMap::new(),
             last_round: None,
             topo_fingerprint: None,
+            written: None,
         }
     }
 
@@ -274,6 +286,43 @@ impl Engine {
     /// restored from the checkpoint mean what they meant (see [`super::boot_ms`]).
     pub fn now_ms(&self) -> u64 {
         super::boot_ms()
+    }
+
+    /// The written-pages tracker when `controller.written_pages` is on and this kernel tracks
+    /// soft-dirty bits; the first call probes and reports the source in `status` (loudly, with
+    /// the reason, when it is absent).
+    fn written_tracker(&mut self, d: &Daemon, on: bool) -> Option<&mut crate::written::Tracker> {
+        if !on {
+            return None;
+        }
+        if self.written.is_none() {
+            const NAME: &str = "written_pages:soft_dirty";
+            let probed = crate::written::probe(&self.proc_root);
+            let st = match &probed {
+                Ok(()) => {
+                    tracing::info!("written-pages sampling on: locality weighted by the pages each workload writes (soft-dirty bits)");
+                    crate::ebpf::SourceStatus::ok(
+                        NAME,
+                        "soft-dirty bits via clear_refs + pagemap, nodes via move_pages",
+                    )
+                }
+                Err(why) => {
+                    tracing::warn!(reason = %why, "controller.written_pages is on but this kernel cannot track written pages; locality falls back to the other evidence");
+                    crate::ebpf::SourceStatus::skipped(NAME, why.clone())
+                }
+            };
+            d.metrics
+                .ebpf_source_available
+                .get_or_create(&crate::serve::metrics::SourceLabel {
+                    source: NAME.into(),
+                })
+                .set(probed.is_ok() as i64);
+            if let Ok(v) = serde_json::to_value(st) {
+                d.lock().sources.push(v);
+            }
+            self.written = Some(probed.map(|()| crate::written::Tracker::default()));
+        }
+        self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
@@ -442,6 +491,9 @@ impl Engine {
         };
         let managed = self.managed(&cfg);
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
+        if let Some(why) = self.cpu_source.take_pmu_drop() {
+            pmu_dropped(d, &why);
+        }
         let period_ns = self
             .last_round
             .map_or(cfg.controller.period_ms * 1_000_000, |t| {
@@ -478,30 +530,41 @@ impl Engine {
                     .cross_node_migrations
                     .inc_by(delta.cross_node_migrations);
                 d.metrics.numa_balancing_moves.inc_by(delta.numa_moves);
-                let faults = delta.local_faults + delta.remote_faults > 0;
                 let mut mem = numa.anon.clone();
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
                 let constraints = self.constraints(d, &topo, cg, &cpus);
-                obs.cgroups.push(CgroupObs {
+                let mut o = CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
                     mem_bytes_per_node: mem,
                     hugepage_bytes_per_node: numa.hugetlb.clone(),
                     cross_node_migrations: delta.cross_node_migrations,
                     numa_moves: delta.numa_moves,
-                    remote_faults: faults.then_some(delta.remote_faults),
-                    local_faults: faults.then_some(delta.local_faults),
-                    remote_events: (delta.remote_events > 0).then_some(delta.remote_events),
                     cpus,
                     mems,
                     constraints,
                     ..Default::default()
-                });
+                };
+                delta.access().fill(&mut o);
+                if cfg.controller.written_pages {
+                    let proc_root = self.proc_root.clone();
+                    let pids = self
+                        .cgroups
+                        .procs(Controller::Cpuset, cg)
+                        .unwrap_or_default();
+                    if let Some(t) = self.written_tracker(d, true) {
+                        o.written_bytes_per_node = t.sample(&proc_root, &pids).unwrap_or_default();
+                    }
+                }
+                obs.cgroups.push(o);
             }
         }
         self.prev = cumulative;
+        if let Some(Ok(t)) = &mut self.written {
+            t.end_round();
+        }
         // Memory the Memory Manager promised Guaranteed containers and they have not touched
         // yet is free to the kernel but not to moves: the planner sees it as taken.
         {
@@ -536,7 +599,22 @@ impl Engine {
                 .iter()
                 .map(|dc| (dc.cgroup.clone(), dc.clone()))
                 .collect();
+            let mut by_evidence: BTreeMap<&str, i64> =
+                ["hinting-faults", "pmu", "share-model", "none"]
+                    .into_iter()
+                    .map(|e| (e, 0))
+                    .collect();
             for dc in &plan.decisions {
+                let ev = dc.evidence.map_or("none", |e| e.as_str());
+                *by_evidence.entry(ev).or_default() += 1;
+                if matches!(dc.outcome, Outcome::Moved { .. }) {
+                    d.metrics
+                        .moves_by_evidence
+                        .get_or_create(&EvidenceLabel {
+                            evidence: ev.into(),
+                        })
+                        .inc();
+                }
                 if let Outcome::Skipped(skip) = &dc.outcome {
                     let reason = serde_json::to_value(skip)
                         .ok()
@@ -552,6 +630,14 @@ impl Engine {
                 }
             }
             s.last_obs = Some(obs.clone());
+            for (ev, n) in by_evidence {
+                d.metrics
+                    .cgroups_by_evidence
+                    .get_or_create(&EvidenceLabel {
+                        evidence: ev.into(),
+                    })
+                    .set(n);
+            }
         }
         if let Err(e) = d.checkpoint() {
             tracing::warn!(error = %e, "checkpoint failed");
@@ -589,6 +675,26 @@ impl Engine {
             "round done"
         );
         applied
+    }
+}
+
+/// The PMU DRAM counters were dropped (stuck or implausible, see `ebpf::pmu::Health`): the
+/// source shows as unavailable with the reason in `status` and in the metrics.
+fn pmu_dropped(d: &Daemon, why: &str) {
+    const NAME: &str = "dram_access:pmu";
+    d.metrics.pmu_dropped.inc();
+    d.metrics
+        .ebpf_source_available
+        .get_or_create(&crate::serve::metrics::SourceLabel {
+            source: NAME.into(),
+        })
+        .set(0);
+    let st = crate::ebpf::SourceStatus::skipped(NAME, format!("dropped while running: {why}"));
+    let mut s = d.lock();
+    s.sources
+        .retain(|v| v.get("name").and_then(|n| n.as_str()) != Some(NAME));
+    if let Ok(v) = serde_json::to_value(st) {
+        s.sources.push(v);
     }
 }
 

@@ -19,7 +19,7 @@ use rebalancer_common::{ProgConfig, CFG_TASK_OFFSETS, MAX_CPUS};
 
 use super::{
     btf,
-    probe::{RemoteEvent, REMOTE_PERIOD},
+    pmu::{self, Event, EventPair, REMOTE_PERIOD},
     tracefs::{self, Tracefs},
     SourceStatus,
 };
@@ -41,7 +41,7 @@ pub const SOURCES: [&str; 9] = [
     "sched_stick_numa",
     "mm_migrate_pages",
     "numa_faults:kprobe",
-    "remote_memory:pmu",
+    "dram_access:pmu",
 ];
 
 /// What loading produced: the object (None when nothing could be loaded), one status per
@@ -50,7 +50,8 @@ pub struct Loaded {
     pub ebpf: Option<Ebpf>,
     pub statuses: Vec<SourceStatus>,
     pub reason_names: BTreeMap<u32, String>,
-    pub remote_period: u64,
+    /// The local / remote DRAM events, when both attached (the PMU is a source only then).
+    pub pmu: Option<EventPair>,
     /// Period of the cpu-clock sampler (what one on-CPU sample credits).
     pub sample_period_ns: u64,
 }
@@ -63,7 +64,7 @@ fn all_skipped(reason: &str) -> Loaded {
             .map(|s| SourceStatus::skipped(s, reason))
             .collect(),
         reason_names: BTreeMap::new(),
-        remote_period: REMOTE_PERIOD,
+        pmu: None,
         sample_period_ns: 0,
     }
 }
@@ -172,27 +173,25 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
 
     res.insert("numa_faults:kprobe", attach_kprobe(&mut ebpf));
 
-    let ev = RemoteEvent::choose(cfg.pmu_raw_event.as_deref());
-    let pconf = match ev {
-        RemoteEvent::NodeLoadMisses => PerfEventConfig::HwCache {
-            event: HwCacheEvent::Node,
-            operation: HwCacheOp::Read,
-            result: HwCacheResult::Miss,
-        },
-        RemoteEvent::Raw(v) => PerfEventConfig::Raw { event_id: v },
-    };
-    let r = attach_perf(
-        &mut ebpf,
-        "remote_mem_sample",
-        pconf,
-        REMOTE_PERIOD,
-        &online,
+    let cpu = pmu::CpuId::parse(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    let pair = pmu::choose(
+        cfg.pmu_local_raw_event
+            .as_deref()
+            .and_then(crate::config::parse_u64),
+        cfg.pmu_raw_event
+            .as_deref()
+            .and_then(crate::config::parse_u64),
+        &cpu,
     );
+    let attached = attach_pmu_pair(&mut ebpf, &pair, &online);
     res.insert(
-        "remote_memory:pmu",
-        r.map(|()| format!("{} sampled every {REMOTE_PERIOD} events", ev.describe()))
-            .map_err(|e| format!("no PMU event {}: {e}", ev.describe())),
+        "dram_access:pmu",
+        attached
+            .as_ref()
+            .map(|()| pair.describe())
+            .map_err(|e| e.clone()),
     );
+    let pmu_pair = attached.ok().map(|()| pair);
 
     let statuses = SOURCES
         .iter()
@@ -207,7 +206,7 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
         ebpf: Some(ebpf),
         statuses,
         reason_names,
-        remote_period: REMOTE_PERIOD,
+        pmu: pmu_pair,
         sample_period_ns: period_ns,
     }
 }
@@ -407,6 +406,70 @@ fn attach_kprobe(ebpf: &mut Ebpf) -> Result<String, String> {
     p.attach("task_numa_fault", 0)
         .map(|_| "kprobe on task_numa_fault".into())
         .map_err(|e| format!("attach kprobe task_numa_fault: {}", error_chain(&e)))
+}
+
+fn perf_config(e: Event) -> PerfEventConfig {
+    match e {
+        Event::NodeLoads => PerfEventConfig::HwCache {
+            event: HwCacheEvent::Node,
+            operation: HwCacheOp::Read,
+            result: HwCacheResult::Access,
+        },
+        Event::NodeLoadMisses => PerfEventConfig::HwCache {
+            event: HwCacheEvent::Node,
+            operation: HwCacheOp::Read,
+            result: HwCacheResult::Miss,
+        },
+        Event::Raw(v) => PerfEventConfig::Raw { event_id: v },
+    }
+}
+
+/// Both DRAM events, or neither: a remote counter without the local one cannot give a ratio,
+/// so when the local side fails the remote program is not attached either (its links are
+/// dropped with the program when the remote side fails after the local one attached).
+fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<(), String> {
+    if let Err(e) = attach_perf(
+        ebpf,
+        "local_mem_sample",
+        perf_config(pair.local),
+        pmu::LOCAL_PERIOD,
+        cpus,
+    ) {
+        detach_all(ebpf, "local_mem_sample"); // CPUs attached before the one that failed
+        return Err(format!(
+            "local-DRAM event {} ({}): {e}",
+            pair.local.describe(),
+            pair.why
+        ));
+    }
+    let remote = attach_perf(
+        ebpf,
+        "remote_mem_sample",
+        perf_config(pair.remote),
+        REMOTE_PERIOD,
+        cpus,
+    );
+    if let Err(e) = remote {
+        detach_all(ebpf, "local_mem_sample");
+        detach_all(ebpf, "remote_mem_sample");
+        return Err(format!(
+            "remote-DRAM event {} ({}): {e}; the local one is detached again (no ratio from one side)",
+            pair.remote.describe(),
+            pair.why
+        ));
+    }
+    Ok(())
+}
+
+/// Unloads a perf_event program (its perf links go with it).
+fn detach_all(ebpf: &mut Ebpf, prog: &str) {
+    if let Some(p) = ebpf.program_mut(prog) {
+        if let Ok(p) = <&mut PerfEvent>::try_from(p) {
+            if let Err(e) = p.unload() {
+                tracing::warn!(program = prog, error = %e, "unloading failed");
+            }
+        }
+    }
 }
 
 fn attach_perf(

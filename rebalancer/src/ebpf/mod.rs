@@ -1,7 +1,9 @@
 //! eBPF sampling: the only module that imports aya. Probes sources, loads and attaches the
 //! embedded programs, and reads their per-CPU maps into per-cgroup samples.
 //!
-//! - `probe`: kernel release, cgroup mode and v2 mount (from /proc/self/mountinfo), PMU choice.
+//! - `probe`: kernel release, cgroup mode and v2 mount (from /proc/self/mountinfo).
+//! - `pmu`: the local / remote DRAM event pair per CPU family, and whether its counts are
+//!   believable (a ratio needs both sides).
 //! - `tracefs`: format-file parsing (tracepoint field offsets differ between kernels).
 //! - `btf`: task_struct member offsets from kernel BTF for the raw migration tracepoint.
 //! - `loader`: loads the object, fills the config maps, attaches each source and reports it.
@@ -18,12 +20,16 @@ use serde::Serialize;
 
 pub mod btf;
 pub mod loader;
+pub mod pmu;
 pub mod probe;
 pub mod sample;
 pub mod steal;
 pub mod tracefs;
 
 pub use sample::Sampler;
+
+#[cfg(test)]
+mod evidence_tests;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
@@ -91,13 +97,55 @@ pub struct Sample {
     /// NUMA hinting faults on pages local / remote to the faulting CPU.
     pub local_faults: u64,
     pub remote_faults: u64,
-    /// Remote-memory PMU events.
+    /// PMU samples of the local / remote DRAM events (unscaled).
+    pub local_samples: u64,
+    pub remote_samples: u64,
+    /// Local / remote DRAM accesses: each side's samples × its own period (see `pmu::scale`).
+    pub local_events: u64,
     pub remote_events: u64,
+    /// Both DRAM events were attached and trusted (`pmu::Health`) at this read: only then are
+    /// the events evidence.
+    pub pmu: bool,
+}
+
+/// The remote-access evidence of one period, as the controller takes it: a pair is `Some`
+/// only when both of its sides were counted (a remote count alone is no ratio).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub local_faults: Option<u64>,
+    pub remote_faults: Option<u64>,
+    pub local_events: Option<u64>,
+    pub remote_events: Option<u64>,
+}
+
+impl Access {
+    /// Writes the evidence into a cgroup's observation.
+    pub fn fill(&self, obs: &mut crate::controller::CgroupObs) {
+        obs.local_faults = self.local_faults;
+        obs.remote_faults = self.remote_faults;
+        obs.local_events = self.local_events;
+        obs.remote_events = self.remote_events;
+    }
 }
 
 impl Sample {
     pub fn total_cpu_ns(&self) -> u64 {
         self.cpu_ns.values().fold(0, |a, &b| a.saturating_add(b))
+    }
+
+    /// This (delta) sample's remote-access evidence. Hinting faults (one kprobe counts both
+    /// sides) when any were taken; PMU events when the pair is trusted and the cgroup has at
+    /// least [`pmu::MIN_CGROUP_SAMPLES`] samples.
+    pub fn access(&self) -> Access {
+        let faults = self.local_faults.saturating_add(self.remote_faults) > 0;
+        let pmu = self.pmu
+            && self.local_samples.saturating_add(self.remote_samples) >= pmu::MIN_CGROUP_SAMPLES;
+        Access {
+            local_faults: faults.then_some(self.local_faults),
+            remote_faults: faults.then_some(self.remote_faults),
+            local_events: pmu.then_some(self.local_events),
+            remote_events: pmu.then_some(self.remote_events),
+        }
     }
 
     /// `self - earlier`, field by field, saturating at 0 (an LRU eviction or a deleted entry
@@ -127,7 +175,11 @@ impl Sample {
                 .collect(),
             local_faults: self.local_faults.saturating_sub(earlier.local_faults),
             remote_faults: self.remote_faults.saturating_sub(earlier.remote_faults),
+            local_samples: self.local_samples.saturating_sub(earlier.local_samples),
+            remote_samples: self.remote_samples.saturating_sub(earlier.remote_samples),
+            local_events: self.local_events.saturating_sub(earlier.local_events),
             remote_events: self.remote_events.saturating_sub(earlier.remote_events),
+            pmu: self.pmu,
         }
     }
 }

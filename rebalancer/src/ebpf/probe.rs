@@ -1,5 +1,5 @@
 //! What this machine offers the samplers: kernel release, cgroup mode and the cgroup v2 mount
-//! (parsed from /proc/self/mountinfo text, pure), and which remote-memory PMU event to use.
+//! (parsed from /proc/self/mountinfo text, pure). The PMU events are chosen in `pmu`.
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -97,57 +97,6 @@ pub fn kernel_release() -> String {
         .into_owned()
 }
 
-/// The remote-memory PMU event to count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RemoteEvent {
-    /// PERF_TYPE_HW_CACHE node-load-misses (LL node, read, miss): perf's generic name for
-    /// loads served by a remote node.
-    NodeLoadMisses,
-    /// A raw, model-specific event config (`ebpf.pmu_raw_event`).
-    Raw(u64),
-}
-
-impl RemoteEvent {
-    /// The raw event when configured, otherwise the generic one.
-    pub fn choose(raw: Option<&str>) -> RemoteEvent {
-        match raw.and_then(crate::config::parse_u64) {
-            Some(v) => RemoteEvent::Raw(v),
-            None => RemoteEvent::NodeLoadMisses,
-        }
-    }
-
-    pub fn describe(self) -> String {
-        match self {
-            RemoteEvent::NodeLoadMisses => "node-load-misses".into(),
-            RemoteEvent::Raw(v) => format!("raw event {v:#x}"),
-        }
-    }
-
-    /// `perf_event_attr.config` for PERF_TYPE_HW_CACHE / PERF_TYPE_RAW:
-    /// cache id | (op << 8) | (result << 16) for the generic event.
-    pub fn perf_config(self) -> u64 {
-        const PERF_COUNT_HW_CACHE_NODE: u64 = 6;
-        const OP_READ: u64 = 0;
-        const RESULT_MISS: u64 = 1;
-        match self {
-            RemoteEvent::NodeLoadMisses => {
-                PERF_COUNT_HW_CACHE_NODE | (OP_READ << 8) | (RESULT_MISS << 16)
-            }
-            RemoteEvent::Raw(v) => v,
-        }
-    }
-}
-
-/// Sampling period of the remote-memory event: one sample per this many events. Large enough
-/// that even a remote-heavy workload (10^8 events/s per CPU) costs few thousand samples/s.
-pub const REMOTE_PERIOD: u64 = 10_007;
-
-/// Remote events one cgroup caused on each node, from the number of PMU samples that
-/// attributed to it there: samples × period (an unbiased estimate of the event count).
-pub fn remote_events_from_samples(samples: u64, period: u64) -> u64 {
-    samples.saturating_mul(period)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,17 +132,5 @@ mod tests {
             check(text, mode, v2);
         }
         assert!(mounts(V1).any(|(mp, _)| mp == "/sys/fs/cgroup/my mem"));
-    }
-
-    #[test]
-    fn remote_event_choice_and_counting() {
-        assert_eq!(RemoteEvent::choose(None), RemoteEvent::NodeLoadMisses);
-        assert_eq!(RemoteEvent::choose(Some("0x1d3")), RemoteEvent::Raw(0x1d3));
-        assert_eq!(RemoteEvent::choose(Some("467")), RemoteEvent::Raw(467));
-        // perf's node-load-misses: PERF_COUNT_HW_CACHE_NODE, READ, MISS
-        assert_eq!(RemoteEvent::NodeLoadMisses.perf_config(), 0x10006);
-        assert_eq!(RemoteEvent::Raw(0x1d3).perf_config(), 0x1d3);
-        assert_eq!(remote_events_from_samples(3, REMOTE_PERIOD), 30_021);
-        assert_eq!(remote_events_from_samples(u64::MAX, 2), u64::MAX);
     }
 }

@@ -15,7 +15,9 @@ use aya::{
 use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
 use super::{
-    loader, probe,
+    loader,
+    pmu::{self, EventPair},
+    probe,
     steal::{CpuReading, OnCpuClock, StealCorrection},
     EbpfError, Sample, SourceStatus,
 };
@@ -61,17 +63,20 @@ pub fn sum_events<'a>(values: impl IntoIterator<Item = &'a CgEvents>) -> CgEvent
             local_faults: a.local_faults.saturating_add(b.local_faults),
             remote_faults: a.remote_faults.saturating_add(b.remote_faults),
             remote_events: a.remote_events.saturating_add(b.remote_events),
+            local_events: a.local_events.saturating_add(b.local_events),
         })
 }
 
 /// Folds map contents into one cumulative sample per cgroup id. `cpu_node` maps a CPU to its
-/// node (for pending exact-mode time); `remote_events` in the maps count PMU samples and are
-/// scaled by `remote_period`; reasons without a name are called `reason<N>`.
+/// node (for pending exact-mode time); the DRAM events in the maps count PMU samples, scaled
+/// per cgroup by each side's period (`pmu::scale`; `local_includes_remote` for an event pair
+/// whose local event counts every DRAM read); `Sample::pmu` is left false (the sampler sets
+/// it); reasons without a name are called `reason<N>`.
 pub fn fold(
     raw: &RawMaps,
     cpu_node: impl Fn(u32) -> Option<u32>,
     reason_names: &BTreeMap<u32, String>,
-    remote_period: u64,
+    local_includes_remote: bool,
 ) -> BTreeMap<u64, Sample> {
     let mut out: BTreeMap<u64, Sample> = BTreeMap::new();
     let mut add_ns = |cg: u64, node: u32, ns: u64| {
@@ -96,10 +101,12 @@ pub fn fold(
         add(&mut s.pages_migrated, e.pages_migrated);
         add(&mut s.local_faults, e.local_faults);
         add(&mut s.remote_faults, e.remote_faults);
-        add(
-            &mut s.remote_events,
-            probe::remote_events_from_samples(e.remote_events, remote_period),
-        );
+        add(&mut s.local_samples, e.local_events);
+        add(&mut s.remote_samples, e.remote_events);
+    }
+    for s in out.values_mut() {
+        (s.local_events, s.remote_events) =
+            pmu::scale(local_includes_remote, s.local_samples, s.remote_samples);
     }
     for (k, pages) in &raw.reasons {
         let name = reason_names
@@ -115,6 +122,47 @@ pub fn fold(
         *v = v.saturating_add(*pages);
     }
     out
+}
+
+/// What [`Sampler::read`] makes of map contents: [`fold`], then the PMU pair's health checked
+/// on the machine-wide totals, then every sample's DRAM events marked as evidence or not
+/// (`pmu`: the attached pair, None when it did not attach). Returns the reason when this read
+/// dropped the pair.
+pub fn fold_read(
+    raw: &RawMaps,
+    cpu_node: impl Fn(u32) -> Option<u32>,
+    reason_names: &BTreeMap<u32, String>,
+    pmu: Option<&EventPair>,
+    health: &mut pmu::Health,
+    cpu_nodes: usize,
+) -> (BTreeMap<u64, Sample>, Option<String>) {
+    let mut out = fold(
+        raw,
+        cpu_node,
+        reason_names,
+        pmu.is_some_and(|p| p.local_includes_remote),
+    );
+    let dropped = pmu.and_then(|_| health.check(pmu_totals(&out), cpu_nodes));
+    mark_pmu(&mut out, pmu.is_some() && health.trusted());
+    (out, dropped)
+}
+
+/// Machine-wide PMU sample counts and on-CPU time of folded samples (every cgroup).
+pub fn pmu_totals(samples: &BTreeMap<u64, Sample>) -> pmu::Totals {
+    samples
+        .values()
+        .fold(pmu::Totals::default(), |t, s| pmu::Totals {
+            local_samples: t.local_samples.saturating_add(s.local_samples),
+            remote_samples: t.remote_samples.saturating_add(s.remote_samples),
+            cpu_ns: t.cpu_ns.saturating_add(s.total_cpu_ns()),
+        })
+}
+
+/// Marks every sample's PMU events as evidence (`trusted`) or not.
+pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
+    for s in samples.values_mut() {
+        s.pmu = trusted;
+    }
 }
 
 /// Entries of the per-cgroup maps in `raw` (the per-CPU `pending` array is not per cgroup).
@@ -151,7 +199,13 @@ pub struct Sampler {
     cpu_node: BTreeMap<u32, u32>,
     v2_root: Option<PathBuf>,
     reason_names: BTreeMap<u32, String>,
-    remote_period: u64,
+    /// The DRAM event pair, when both sides attached.
+    pmu: Option<EventPair>,
+    pmu_health: pmu::Health,
+    /// A drop of the pair not yet taken by [`Sampler::take_pmu_drop`].
+    pmu_drop: Option<String>,
+    /// Nodes with CPUs (one node has no remote DRAM).
+    cpu_nodes: usize,
     paths: BTreeMap<u64, String>,
     /// Ids in the maps but not in the hierarchy at the previous read.
     missing_before: BTreeSet<u64>,
@@ -173,12 +227,29 @@ impl Sampler {
 
     /// Folds raw map contents the way [`Sampler::read`] does (without pruning).
     pub fn fold_raw(&self, raw: &RawMaps) -> BTreeMap<u64, Sample> {
-        fold(
+        let mut out = fold(
             raw,
             |c| self.cpu_node.get(&c).copied(),
             &self.reason_names,
-            self.remote_period,
-        )
+            self.pmu.as_ref().is_some_and(|p| p.local_includes_remote),
+        );
+        mark_pmu(&mut out, self.pmu_trusted());
+        out
+    }
+
+    /// Both DRAM events attached and still trusted.
+    pub fn pmu_trusted(&self) -> bool {
+        self.pmu.is_some() && self.pmu_health.trusted()
+    }
+
+    /// The DRAM event pair in use (None when it did not attach).
+    pub fn pmu_events(&self) -> Option<&EventPair> {
+        self.pmu.as_ref()
+    }
+
+    /// The reason, once, when the last read dropped the DRAM event pair.
+    pub fn take_pmu_drop(&mut self) -> Option<String> {
+        self.pmu_drop.take()
     }
 
     /// Like [`Sampler::start`]; `both_on_cpu` attaches both on-CPU sources (for probing only:
@@ -221,13 +292,17 @@ impl Sampler {
             .iter()
             .filter_map(|c| Some((c.id, c.node?)))
             .collect();
+        let cpu_nodes = topo.nodes.iter().filter(|n| !n.cpus.is_empty()).count();
         let mut s = Sampler {
             ebpf,
             logger,
             cpu_node,
             v2_root,
             reason_names: loaded.reason_names,
-            remote_period: loaded.remote_period,
+            pmu: loaded.pmu,
+            pmu_health: pmu::Health::default(),
+            pmu_drop: None,
+            cpu_nodes,
             paths: BTreeMap::new(),
             missing_before: BTreeSet::new(),
             entries: 0,
@@ -275,12 +350,18 @@ impl Sampler {
         };
         self.entries = raw_entries(&raw).saturating_sub(deleted);
         self.stale = stale;
-        let mut out = fold(
+        let (mut out, dropped) = fold_read(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
             &self.reason_names,
-            self.remote_period,
+            self.pmu.as_ref(),
+            &mut self.pmu_health,
+            self.cpu_nodes,
         );
+        if let Some(why) = dropped {
+            tracing::warn!(reason = %why, "PMU DRAM counters dropped: locality falls back to hinting faults or the share model");
+            self.pmu_drop = Some(why);
+        }
         if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
@@ -600,12 +681,20 @@ mod tests {
         };
         let names = BTreeMap::from([(5, "numa_misplaced".to_string())]);
         let node_of = |cpu: u32| (cpu == 3).then_some(1);
-        let out = fold(&raw, node_of, &names, 1000);
+        let out = fold(&raw, node_of, &names, false);
         let a = &out[&10];
         assert_eq!(a.cpu_ns, BTreeMap::from([(0, 100), (1, 55)]));
         assert_eq!(a.migrations, 5);
         assert_eq!(a.cross_node_migrations, 1);
-        assert_eq!(a.remote_events, 2000, "samples × period");
+        assert_eq!(a.remote_events, 2 * pmu::REMOTE_PERIOD, "samples × period");
+        assert_eq!(
+            (a.remote_samples, a.local_samples, a.local_events),
+            (2, 0, 0)
+        );
+        assert!(
+            !a.pmu,
+            "the sampler, not fold, says whether the pair is trusted"
+        );
         assert_eq!((a.local_faults, a.remote_faults), (3, 9));
         let b = &out[&20];
         assert_eq!(b.total_cpu_ns(), 7);

@@ -59,6 +59,11 @@ pub struct ListenerReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvidenceLabel {
+    pub evidence: String,
+}
+
 type FGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric the daemon exports. Cheap to clone (handles share their values).
@@ -83,6 +88,9 @@ pub struct Metrics {
     pub ebpf_source_available: Family<SourceLabel, Gauge>,
     pub ebpf_map_entries: Gauge,
     pub ebpf_map_stale_entries: Gauge,
+    pub pmu_dropped: Counter,
+    pub cgroups_by_evidence: Family<EvidenceLabel, Gauge>,
+    pub moves_by_evidence: Family<EvidenceLabel, Counter>,
     pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
     /// Liveness of the daemon's components (its `rebalancer_component_up` family).
@@ -121,6 +129,9 @@ impl Metrics {
             ebpf_source_available: Family::default(),
             ebpf_map_entries: Gauge::default(),
             ebpf_map_stale_entries: Gauge::default(),
+            pmu_dropped: Counter::default(),
+            cgroups_by_evidence: Family::default(),
+            moves_by_evidence: Family::default(),
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
             health: Default::default(),
@@ -227,6 +238,21 @@ impl Metrics {
             "ebpf_source_available",
             "1 when the eBPF/PMU source is loaded and attached",
             m.ebpf_source_available.clone(),
+        );
+        r.register(
+            "pmu_dropped",
+            "PMU DRAM counter pairs dropped as stuck at zero or implausible (locality then comes from other evidence)",
+            m.pmu_dropped.clone(),
+        );
+        r.register(
+            "cgroups_by_evidence",
+            "Managed cgroups whose last round's locality score came from this evidence (hinting-faults, pmu, share-model, none)",
+            m.cgroups_by_evidence.clone(),
+        );
+        r.register(
+            "moves_by_evidence",
+            "Moves planned, by the evidence the cgroup's locality score came from in that round",
+            m.moves_by_evidence.clone(),
         );
         r.register(
             "ebpf_map_entries",

@@ -96,9 +96,9 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| policy | locality | remote % over time | slowdown | moves (reversals) | migrated GiB | pages migrated | admitted / rejected |"
+        "| policy | locality | remote % over time | slowdown | moves (reversals) | migrated GiB | pages migrated | cross-node sched migrations | admitted / rejected |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for p in &r.policies {
         let tl: Vec<String> = p
             .remote_timeline
@@ -107,7 +107,7 @@ pub fn table(r: &Report) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "| {:?} | {:.3} | {} | {:.3} | {} ({}) | {:.2} | {} | {} / {} |",
+            "| {:?} | {:.3} | {} | {:.3} | {} ({}) | {:.2} | {} | {} | {} / {} |",
             p.policy,
             p.mean_locality,
             tl.join(" "),
@@ -116,6 +116,7 @@ pub fn table(r: &Report) -> String {
             p.move_reversals,
             p.bytes_migrated as f64 / (1u64 << 30) as f64,
             p.pages_migrated,
+            p.cross_node_migrations,
             p.admitted,
             p.rejections
         );

@@ -5,7 +5,8 @@
 //! costs `local_ns × distance(n, m) / 10` (SLIT), stretched by the bandwidth saturation of node
 //! `m` (demanded bytes/s over the node's bandwidth, never below 1). CPU contention stretches
 //! everything by `max(1, demand / CPUs)` of the node the thread runs on. The all-local,
-//! uncontended ideal has slowdown 1.0. Migrating memory costs `migrate_s_per_gib` CPU-seconds.
+//! uncontended ideal has slowdown 1.0. Migrating memory costs `migrate_s_per_gib` CPU-seconds;
+//! a cross-node scheduler migration of a thread `cross_node_migration_us` of CPU time.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,8 @@ pub struct CostModel {
     pub migrate_s_per_gib: f64,
     /// AutoNUMA-like baseline: bytes per second per workload moved toward its threads.
     pub autonuma_bytes_per_s: u64,
+    /// CPU time one cross-node scheduler migration costs (caches refilled remotely), µs.
+    pub cross_node_migration_us: f64,
 }
 
 impl Default for CostModel {
@@ -33,6 +36,7 @@ impl Default for CostModel {
             cpu_peak_traffic: 4e9,
             migrate_s_per_gib: 0.3,
             autonuma_bytes_per_s: 64 << 20,
+            cross_node_migration_us: 50.0,
         }
     }
 }

@@ -77,6 +77,9 @@ pub struct PolicyReport {
     pub pages_migrated: u64,
     pub migration_cpu_s: f64,
     pub moves: u64,
+    /// Cross-node scheduler migrations of all workloads (their CPU time is in `slowdown`).
+    #[serde(default)]
+    pub cross_node_migrations: u64,
     /// Of `moves`, the page-moving rounds of staged moves (see `controller::Stage`).
     #[serde(default)]
     pub staged_rounds: u64,
@@ -107,6 +110,8 @@ pub(super) struct Live {
     pub phase: usize,
     /// CPU ns per node since the last planner round.
     pub cpu_ns_acc: BTreeMap<u32, u64>,
+    /// Cross-node scheduler migrations since the last planner round.
+    pub migrations_acc: f64,
     /// mems before the last move (to count reversals).
     pub prev_mems: Option<CpuSet>,
 }
@@ -147,6 +152,7 @@ pub(super) struct Stats {
     pub local: f64,
     pub slices: Vec<(f64, f64)>,
     pub bytes_migrated: u64,
+    pub cross_node_migrations: f64,
     pub moves: u64,
     pub staged: u64,
     pub reversals: u64,
@@ -452,6 +458,7 @@ impl<'a> World<'a> {
                         device_node,
                         phase: 0,
                         cpu_ns_acc: BTreeMap::new(),
+                        migrations_acc: 0.0,
                         prev_mems: None,
                     };
                     self.live.insert(task.uid().to_string(), live);
@@ -564,8 +571,17 @@ impl<'a> World<'a> {
                 }
             }
             let sd = m.slowdown(ph.mem_intensity, ph.io_intensity, &pairs, dev, contention);
+            // Threads on several nodes cross between them; each crossing costs CPU time.
+            let spread = l.threads.values().filter(|&&s| s > 1e-9).count() > 1;
+            let migrations = if spread {
+                ph.cross_node_migrations_per_s.max(0.0) * step_s
+            } else {
+                0.0
+            };
+            self.stats.cross_node_migrations += migrations;
             self.stats.work += d * step_s;
-            self.stats.weighted_slowdown += d * step_s * sd;
+            self.stats.weighted_slowdown +=
+                d * step_s * sd + migrations * m.cross_node_migration_us * 1e-6;
             if let Some(loc) = model::locality(&pairs) {
                 let a = d * ph.mem_intensity * step_s;
                 self.stats.access += a;
@@ -579,7 +595,13 @@ impl<'a> World<'a> {
         let uids: Vec<String> = self.live.keys().cloned().collect();
         for u in uids {
             let d = self.demand_of(&self.live[&u]);
+            let rate = self.task(&self.live[&u]).phases[self.live[&u].phase]
+                .cross_node_migrations_per_s
+                .max(0.0);
             let l = self.live.get_mut(&u).expect("listed");
+            if d > 0.0 && l.threads.values().filter(|&&s| s > 1e-9).count() > 1 {
+                l.migrations_acc += rate * step_s;
+            }
             for (&n, &s) in &l.threads {
                 *l.cpu_ns_acc.entry(n).or_default() += (d * s * step_ns as f64) as u64;
             }
@@ -609,6 +631,7 @@ impl<'a> World<'a> {
             pages_migrated: s.bytes_migrated / 4096,
             migration_cpu_s: round(migration_cpu_s),
             moves: s.moves,
+            cross_node_migrations: s.cross_node_migrations.round() as u64,
             staged_rounds: s.staged,
             move_reversals: s.reversals,
             admitted: s.admitted,

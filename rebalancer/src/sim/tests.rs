@@ -79,6 +79,7 @@ fn phase(at_s: u64, cpus: f64, mem: f64) -> Phase {
         at_s,
         cpus,
         mem_intensity: mem,
+        cross_node_migrations_per_s: 0.0,
         io_intensity: 0.0,
         grow_bytes_per_s: 0,
     }
@@ -196,4 +197,56 @@ fn rejections_come_from_the_real_allocator() {
         // 32 CPUs allocatable, 8 CPUs each: 4 fit
         assert_eq!((p.admitted, p.rejections), (4, 2), "{p:?}");
     }
+}
+
+/// A thread-spreading workload (BestEffort: the whole machine; 4000 cross-node migrations/s
+/// while its threads span nodes). Static leaves it spread and pays for every crossing; the
+/// planner consolidates it onto one node, after which its threads cross no node.
+#[test]
+fn thread_spreading_workload_is_consolidated_and_stops_crossing_nodes() {
+    let spread = |rate: f64| {
+        let mut p = phase(0, 2.0, 0.3);
+        p.cross_node_migrations_per_s = rate;
+        let mut be = task("spreader", 0, vec![p], GIB / 4);
+        be.pod.containers[0] = Container {
+            name: "main".into(),
+            ..Default::default()
+        };
+        Workload {
+            name: "thread-spread".into(),
+            seed: 0,
+            duration_s: 120,
+            machine: Default::default(),
+            tasks: vec![be],
+        }
+    };
+    let run = |rate: f64| {
+        simulate(
+            &machine(),
+            "synthetic",
+            &spread(rate),
+            &SimConfig::default(),
+            &[Policy::Static, Policy::Rebalancer],
+        )
+        .unwrap()
+        .policies
+    };
+    let busy = run(4000.0);
+    let quiet = run(0.0);
+    let (st, reb) = (&busy[0], &busy[1]);
+    assert_eq!(st.cross_node_migrations, 4000 * 120, "{st:?}");
+    assert!(reb.moves >= 1, "{reb:?}");
+    assert!(
+        reb.cross_node_migrations * 5 < st.cross_node_migrations,
+        "consolidated: {reb:?} vs {st:?}"
+    );
+    // Each crossing costs 50 µs of CPU: 4000/s on 2 CPUs of work is +0.1 slowdown.
+    assert!(
+        (st.slowdown - quiet[0].slowdown - 0.1).abs() < 0.005,
+        "{} vs {}",
+        st.slowdown,
+        quiet[0].slowdown
+    );
+    assert!(reb.slowdown < st.slowdown, "{reb:?} vs {st:?}");
+    assert_eq!(quiet[0].cross_node_migrations, 0);
 }

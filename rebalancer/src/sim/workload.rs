@@ -78,6 +78,10 @@ pub struct Phase {
     /// Memory growth, bytes per second.
     #[serde(default)]
     pub grow_bytes_per_s: u64,
+    /// Cross-node scheduler migrations per second of its threads while its threads run on
+    /// more than one node (a thread-spreading workload: many threads that sleep and wake).
+    #[serde(default)]
+    pub cross_node_migrations_per_s: f64,
 }
 
 impl Task {
@@ -233,6 +237,7 @@ mod tests {
             at_s,
             cpus: at_s as f64,
             mem_intensity: 0.0,
+            cross_node_migrations_per_s: 0.0,
             io_intensity: 0.0,
             grow_bytes_per_s: 0,
         };

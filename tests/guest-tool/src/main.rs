@@ -7,6 +7,9 @@
 //! - `locality`: the same measure for other processes, from /proc/PID/numa_maps (one line per
 //!   pid, and for several pids a `LOCALITY-TOTAL` line summing them: the benchmark's aggregate).
 //! - `spin`: burn CPU on N threads for S seconds (load for the sampling scenarios).
+//! - `hotset`: a hot set written on one node beside a larger cold set on another, run from a
+//!   third (or either); reports the truth it knows — the share of the pages it writes that are
+//!   local — next to the share of all its pages that are.
 //! - `mkcg`: make a cgroup as a container runtime does and time the daemon's cpuset write.
 //! - `latency`: admission and `/healthz` latency of a running daemon, request by request.
 mod latency;
@@ -51,13 +54,25 @@ enum Cmd {
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
         /// Each thread moves its own affinity round these nodes (comma list), forcing
-        /// cross-node migrations.
+        /// cross-node migrations (a node its cpuset no longer allows is skipped).
         #[arg(long, value_delimiter = ',')]
         flip_nodes: Vec<u32>,
         /// Time on each node when flipping (ms).
         #[arg(long, default_value_t = 200)]
         flip_ms: u64,
+        /// Sleep this long (µs) after every burst of work (threads that sleep and wake are
+        /// placed anew by the scheduler at each wakeup).
+        #[arg(long, default_value_t = 0)]
+        sleep_us: u64,
+        /// First touch this much memory (MiB) on `mem_node`, then run on every allowed CPU.
+        #[arg(long, default_value_t = 0)]
+        mib: usize,
+        #[arg(long, default_value_t = 0)]
+        mem_node: u32,
     },
+    /// Write a hot set while a cold set sits idle; report which share of the written pages
+    /// (the truth) and of all pages (what resident memory says) is local.
+    Hotset(HotsetArgs),
     /// Make a cgroup as a runtime does (mkdir, then its limits), and wait for its cpuset.
     Mkcg {
         #[arg(long)]
@@ -82,6 +97,27 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         interval_ms: u64,
     },
+}
+
+#[derive(clap::Args)]
+struct HotsetArgs {
+    /// Hot (written) memory, MiB, first-touched on `hot_node`.
+    #[arg(long, default_value_t = 32)]
+    hot_mib: usize,
+    #[arg(long)]
+    hot_node: u32,
+    /// Cold (never touched again) memory, MiB, first-touched on `cold_node`.
+    #[arg(long, default_value_t = 224)]
+    cold_mib: usize,
+    #[arg(long)]
+    cold_node: u32,
+    /// Node whose CPUs it then runs on, writing the hot set.
+    #[arg(long)]
+    run_node: u32,
+    #[arg(long, default_value_t = 300.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -129,7 +165,18 @@ fn run(cmd: Cmd) -> Result<()> {
             seconds,
             flip_nodes,
             flip_ms,
-        } => spin(threads, seconds, &flip_nodes, flip_ms),
+            sleep_us,
+            mib,
+            mem_node,
+        } => {
+            let _mem = if mib > 0 {
+                Some(first_touch(mib, mem_node)?)
+            } else {
+                None
+            };
+            spin(threads, seconds, &flip_nodes, flip_ms, sleep_us)
+        }
+        Cmd::Hotset(a) => hotset(a),
         Cmd::Mkcg { dir, set, wait_ms } => mkcg::mkcg(&dir, &set, wait_ms),
         Cmd::Latency {
             socket,
@@ -140,7 +187,75 @@ fn run(cmd: Cmd) -> Result<()> {
     }
 }
 
-fn spin(threads: u32, seconds: f64, flip_nodes: &[u32], flip_ms: u64) -> Result<()> {
+fn hotset(a: HotsetArgs) -> Result<()> {
+    let map = node_cpus()?;
+    let cpus = |n: u32| map.get(&n).with_context(|| format!("no node {n}"));
+    set_affinity(0, cpus(a.hot_node)?)?;
+    std::thread::sleep(Duration::from_millis(20));
+    let hot = Buffer::new(a.hot_mib << 20, false)?;
+    hot.touch(1);
+    set_affinity(0, cpus(a.cold_node)?)?;
+    std::thread::sleep(Duration::from_millis(20));
+    let cold = Buffer::new(a.cold_mib << 20, false)?;
+    cold.touch(1);
+    let (h, c) = (hot.placement()?, cold.placement()?);
+    println!(
+        "{}",
+        json!({"event": "allocated", "hot": per_node_json(&h), "cold": per_node_json(&c)})
+    );
+    set_affinity(0, cpus(a.run_node)?)?;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(a.seconds);
+    let (mut cursor, mut round) = (0, 2u8);
+    while Instant::now() < end {
+        let next = (Instant::now() + Duration::from_millis(a.interval_ms)).min(end);
+        while Instant::now() < next {
+            hot.touch_until(&mut cursor, round, Some(next));
+            if cursor == 0 {
+                round = round.wrapping_add(1);
+            }
+        }
+        let (h, c) = (hot.placement()?, cold.placement()?);
+        let local_nodes = nodes_of(&affinity(0)?, &map);
+        let mut all = h.clone();
+        for (n, p) in &c {
+            *all.entry(*n).or_default() += p;
+        }
+        // Every write goes to the hot set: its local share is the locality of the accesses.
+        let truth = numa::locality(&h, &local_nodes);
+        let resident = numa::locality(&all, &local_nodes);
+        println!(
+            "{}",
+            json!({"event": "sample", "t": t0.elapsed().as_secs_f64(), "hot": per_node_json(&h),
+                   "cold": per_node_json(&c), "local_nodes": local_nodes})
+        );
+        println!(
+            "HOTSET t={:.1} truth={truth:.4} resident={resident:.4} pgmigrate={}",
+            t0.elapsed().as_secs_f64(),
+            pgmigrate()
+        );
+    }
+    Ok(())
+}
+
+/// `mib` MiB first-touched on `node`'s CPUs; the affinity is then widened back to every CPU
+/// the cgroup allows.
+fn first_touch(mib: usize, node: u32) -> Result<Buffer> {
+    let map = node_cpus()?;
+    let before = affinity(0)?;
+    set_affinity(
+        0,
+        map.get(&node).with_context(|| format!("no node {node}"))?,
+    )?;
+    std::thread::sleep(Duration::from_millis(20));
+    let buf = Buffer::new(mib << 20, false)?;
+    buf.touch(1);
+    set_affinity(0, &before)?;
+    println!("SPIN-ALLOCATED mib={mib} node={node}");
+    Ok(buf)
+}
+
+fn spin(threads: u32, seconds: f64, flip_nodes: &[u32], flip_ms: u64, sleep_us: u64) -> Result<()> {
     let map = node_cpus()?;
     let flips: Vec<Vec<u32>> = flip_nodes
         .iter()
@@ -156,12 +271,17 @@ fn spin(threads: u32, seconds: f64, flip_nodes: &[u32], flip_ms: u64) -> Result<
                 let mut k = 0;
                 while Instant::now() < end {
                     if !flips.is_empty() && Instant::now() >= next_flip {
-                        set_affinity(0, &flips[k % flips.len()])?;
+                        // Refused (EINVAL) once a cpuset leaves none of that node's CPUs:
+                        // the thread then stays where the cpuset lets it run.
+                        let _ = set_affinity(0, &flips[k % flips.len()]);
                         k += 1;
                         next_flip += Duration::from_millis(flip_ms);
                     }
                     for i in 0..10_000u64 {
                         x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                    }
+                    if sleep_us > 0 {
+                        std::thread::sleep(Duration::from_micros(sleep_us));
                     }
                 }
                 Ok(())

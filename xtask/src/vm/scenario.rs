@@ -77,6 +77,22 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "hotset",
+        about: "hot 32 MiB remote, 224 MiB cold local: reported locality per source vs the truth; acts on the hot set",
+        timeout_s: 420,
+        default: false,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
+        name: "consolidate",
+        about: "a spread, migration-heavy BestEffort container is consolidated; sampled cross-node migrations fall",
+        timeout_s: 240,
+        default: false,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "restart",
         about: "kill -9 mid-round and restart: no double allocation, no empty cpuset",
         timeout_s: 90,
