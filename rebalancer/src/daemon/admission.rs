@@ -876,6 +876,7 @@ pub(crate) mod tests {
                 memory_limit_bytes: if guaranteed { mem } else { 0 },
                 ..Default::default()
             }],
+            init_containers: Vec::new(),
         }
     }
 

@@ -201,6 +201,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
         pod: Pod {
             uid: key,
             containers: vec![container],
+            init_containers: Vec::new(),
         },
     }))
 }
