@@ -880,11 +880,13 @@ pub(crate) mod tests {
         }
     }
 
+    /// Strict reservation (kubelet's `strict-cpu-reservation`): reserved CPUs are in no
+    /// placement, not even the shared pool (non-strict keeps them in the shared pool).
     fn config_file(path: &Path, state: &Path, reserved: &CpuSet) {
         std::fs::write(
             path,
             format!(
-                "[daemon]\nstate_dir = \"{}\"\n[placement]\nreserved_cpus = \"{reserved}\"\n",
+                "[daemon]\nstate_dir = \"{}\"\n[placement]\nreserved_cpus = \"{reserved}\"\nstrict_cpu_reservation = true\n",
                 state.display()
             ),
         )
