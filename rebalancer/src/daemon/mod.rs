@@ -20,6 +20,7 @@ pub mod api;
 pub mod apply;
 pub mod engine;
 pub mod run;
+pub mod status;
 pub mod watcher;
 pub mod writer;
 
