@@ -139,7 +139,16 @@ async fn top(State(adm): State<Admission>, q: Result<Query<TopQuery>, QueryRejec
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
     };
     let s = adm.daemon.lock();
-    let view = crate::serve::top::build(&s, s.last_obs.as_ref(), limit);
+    let view = crate::serve::top::build(
+        crate::serve::top::TopInput {
+            topo: &s.topo,
+            obs: s.last_obs.as_ref(),
+            decisions: &s.decisions,
+            rounds: s.state.controller.rounds,
+            dry_run: s.cfg.daemon.dry_run,
+        },
+        limit,
+    );
     (StatusCode::OK, Json(view)).into_response()
 }
 
