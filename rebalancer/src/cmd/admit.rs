@@ -96,83 +96,10 @@ pub fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
     if code != 200 || a.json {
         return Ok(finish(code, &body));
     }
-    let v: serde_json::Value = serde_json::from_str(&body).context("status is not JSON")?;
-    print!("{}", status_table(&v));
+    let doc: crate::daemon::status::StatusDoc =
+        serde_json::from_str(&body).context("the daemon's status document")?;
+    print!("{}", doc.table());
     Ok(ExitCode::SUCCESS)
-}
-
-/// The readable form of the status document.
-pub fn status_table(v: &serde_json::Value) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let arr = |k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_array())
-            .cloned()
-            .unwrap_or_default()
-    };
-    let ctl = &v["controller"];
-    let _ = writeln!(
-        s,
-        "rounds {}  moves {}  migrated {} MiB  failed {}  dry-run {}",
-        ctl["rounds"],
-        ctl["moves_total"],
-        ctl["bytes_migrated_total"].as_u64().unwrap_or(0) >> 20,
-        ctl["failed_moves_total"],
-        v["dry_run"]
-    );
-    let _ = writeln!(
-        s,
-        "exclusive cpus: {}  reserved: {}",
-        v["exclusive_cpus"], v["reserved_cpus"]
-    );
-    let _ = writeln!(
-        s,
-        "{:<38} {:<12} {:<16} {:<10} {:<9}",
-        "pod/container", "qos", "cpus", "mems", "exclusive"
-    );
-    for p in arr("pods") {
-        for c in p["containers"].as_array().cloned().unwrap_or_default() {
-            let cpus: crate::cpuset::CpuSet =
-                serde_json::from_value(c["cpus"].clone()).unwrap_or_default();
-            let mems: crate::cpuset::CpuSet =
-                serde_json::from_value(c["mems"].clone()).unwrap_or_default();
-            let name = format!(
-                "{}/{}",
-                p["uid"].as_str().unwrap_or("?"),
-                c["container"].as_str().unwrap_or("?")
-            );
-            let _ = writeln!(
-                s,
-                "{:<38} {:<12} {:<16} {:<10} {:<9}",
-                name,
-                p["qos"].as_str().unwrap_or("?"),
-                cpus,
-                mems,
-                c["exclusive"]
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "{:<60} {:>9} {:>9}  outcome",
-        "cgroup", "locality", "smoothed"
-    );
-    for d in arr("decisions") {
-        let f = |k: &str| d[k].as_f64().map_or("-".to_string(), |x| format!("{x:.3}"));
-        let _ = writeln!(
-            s,
-            "{:<60} {:>9} {:>9}  {}",
-            d["cgroup"].as_str().unwrap_or("?"),
-            f("locality"),
-            f("smoothed"),
-            d["outcome"]
-        );
-    }
-    for src in arr("sources") {
-        let _ = writeln!(s, "source {}", src);
-    }
-    s
 }
 
 pub fn explain(a: ExplainArgs) -> anyhow::Result<ExitCode> {

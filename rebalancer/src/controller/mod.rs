@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::cpuset::CpuSet;
 
 pub mod actuator;
+/// In-memory cgroup writer with failure injection: tests only.
+#[cfg(test)]
 pub mod fake;
 pub mod locality;
 pub mod observe;
@@ -29,6 +31,7 @@ mod migration_tests;
 mod planner_tests;
 
 pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, CgroupWriter, Step};
+#[cfg(test)]
 pub use fake::{FakeCgroups, FakeFailure};
 pub use locality::Evidence;
 pub use observe::{CgroupObs, Constraints, NodeObs, Observations};

@@ -786,7 +786,8 @@ pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
     exclusive_moved
 }
 
-fn bound_container<'a>(
+/// The admitted container `cg` is bound to.
+pub(crate) fn bound_container<'a>(
     s: &'a Shared,
     cg: &str,
 ) -> Option<&'a crate::placement::admission::AdmittedContainer> {

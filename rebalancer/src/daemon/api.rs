@@ -117,37 +117,14 @@ async fn release(State(adm): State<Admission>, Path(uid): Path<String>) -> Respo
     .await
 }
 
-/// The status document (also used by `rebalancer status --offline`).
+/// The status document as JSON (`StatusDoc`).
 pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
-    let pods: Vec<_> = s
-        .state
-        .allocator
-        .pods
-        .iter()
-        .map(|(uid, p)| json!({"uid": uid, "qos": p.qos, "containers": p.containers.iter().map(|c| &c.placement).collect::<Vec<_>>()}))
-        .collect();
-    json!({
-        "nodes": s.topo.nodes.iter().map(|n| json!({"id": n.id, "cpus": n.cpus, "memory_free_bytes": n.memory_free_bytes})).collect::<Vec<_>>(),
-        "pods": pods,
-        "exclusive_cpus": s.state.allocator.exclusive_cpus(),
-        "reserved_cpus": s.state.allocator.reserved_cpus,
-        "bindings": s.state.bindings,
-        "sources": s.sources,
-        "controller": {
-            "rounds": s.state.controller.rounds,
-            "moves_total": s.state.controller.moves_total,
-            "bytes_migrated_total": s.state.controller.bytes_migrated_total,
-            "failed_moves_total": s.state.controller.failed_moves_total,
-        },
-        "decisions": s.decisions.values().collect::<Vec<_>>(),
-        "dry_run": s.cfg.daemon.dry_run,
-        "admission": {"mode": s.admission, "nri_connected": s.nri_connected, "nri_socket": s.cfg.kubernetes.nri_socket},
-    })
+    serde_json::to_value(super::status::StatusDoc::of(s)).unwrap_or_default()
 }
 
 async fn status(State(adm): State<Admission>) -> Response {
-    let s = adm.daemon.lock();
-    (StatusCode::OK, Json(status_json(&s))).into_response()
+    let doc = super::status::StatusDoc::of(&adm.daemon.lock());
+    (StatusCode::OK, Json(doc)).into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -162,7 +139,16 @@ async fn top(State(adm): State<Admission>, q: Result<Query<TopQuery>, QueryRejec
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
     };
     let s = adm.daemon.lock();
-    let view = crate::serve::top::build(&s, s.last_obs.as_ref(), limit);
+    let view = crate::serve::top::build(
+        crate::serve::top::TopInput {
+            topo: &s.topo,
+            obs: s.last_obs.as_ref(),
+            decisions: &s.decisions,
+            rounds: s.state.controller.rounds,
+            dry_run: s.cfg.daemon.dry_run,
+        },
+        limit,
+    );
     (StatusCode::OK, Json(view)).into_response()
 }
 

@@ -139,14 +139,7 @@ fn books_agree(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
     let a = &s.state.allocator;
     let mut excl = CpuSet::new();
     for (cg, b) in &s.state.bindings {
-        let c = a
-            .pods
-            .get(&b.pod_uid)
-            .and_then(|p| {
-                p.containers
-                    .iter()
-                    .find(|c| c.placement.container == b.container)
-            })
+        let c = super::admission::bound_container(&s, cg)
             .ok_or(format!("{cg} bound to an unknown container"))?;
         let want = a.current_cpus(&b.pod_uid, &b.container).unwrap();
         let cpus = fake.cpus(cg).ok_or(format!("{cg} not in the fake"))?;

@@ -718,18 +718,8 @@ pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap
         .map(|c| (c.id.as_str(), &c.mem_bytes_per_node))
         .collect();
     let mut out = BTreeMap::new();
-    for (cg, b) in &s.state.bindings {
-        let Some(mem) = s
-            .state
-            .allocator
-            .pods
-            .get(&b.pod_uid)
-            .and_then(|p| {
-                p.containers
-                    .iter()
-                    .find(|c| c.placement.container == b.container)
-            })
-            .and_then(|c| c.memory.as_ref())
+    for cg in s.state.bindings.keys() {
+        let Some(mem) = super::admission::bound_container(s, cg).and_then(|c| c.memory.as_ref())
         else {
             continue;
         };

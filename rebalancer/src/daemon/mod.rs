@@ -22,6 +22,7 @@ pub mod engine;
 pub mod lock;
 pub mod nri;
 pub mod run;
+pub mod status;
 pub mod watcher;
 pub mod writer;
 

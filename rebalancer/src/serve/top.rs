@@ -7,7 +7,11 @@ use std::{collections::BTreeMap, fmt::Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{controller::Observations, cpuset::CpuSet, daemon::Shared};
+use crate::{
+    controller::{Decision, Observations},
+    cpuset::CpuSet,
+    topology::Topology,
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TopView {
@@ -58,11 +62,23 @@ fn shares(per_node: &BTreeMap<u32, u64>) -> BTreeMap<u32, f64> {
         .collect()
 }
 
-/// The view of `obs` (the last round's observations) on `s`'s machine.
-pub fn build(s: &Shared, obs: Option<&Observations>, limit: usize) -> TopView {
+/// What the view is built from: plain data, no daemon state.
+#[derive(Clone, Copy, Debug)]
+pub struct TopInput<'a> {
+    pub topo: &'a Topology,
+    /// The last round's observations (None before the first round).
+    pub obs: Option<&'a Observations>,
+    /// The last round's decision per cgroup.
+    pub decisions: &'a BTreeMap<String, Decision>,
+    pub rounds: u64,
+    pub dry_run: bool,
+}
+
+/// The view of the last round's observations on the machine, the `limit` busiest workloads.
+pub fn build(input: TopInput<'_>, limit: usize) -> TopView {
     let empty = Observations::default();
-    let obs = obs.unwrap_or(&empty);
-    let nodes = s
+    let obs = input.obs.unwrap_or(&empty);
+    let nodes = input
         .topo
         .nodes
         .iter()
@@ -86,7 +102,7 @@ pub fn build(s: &Shared, obs: Option<&Observations>, limit: usize) -> TopView {
         .cgroups
         .iter()
         .map(|c| {
-            let decision = s.decisions.get(&c.id);
+            let decision = input.decisions.get(&c.id);
             TopWorkload {
                 cgroup: c.id.clone(),
                 cpus: c.cpus.clone(),
@@ -108,9 +124,9 @@ pub fn build(s: &Shared, obs: Option<&Observations>, limit: usize) -> TopView {
     let hidden = workloads.len().saturating_sub(limit);
     workloads.truncate(limit);
     TopView {
-        rounds: s.state.controller.rounds,
+        rounds: input.rounds,
         period_s: obs.period_ns as f64 / 1e9,
-        dry_run: s.cfg.daemon.dry_run,
+        dry_run: input.dry_run,
         nodes,
         workloads,
         hidden,
