@@ -13,7 +13,6 @@ use std::{
 };
 
 use rebalancer::{
-    cmd::sample::machine_topology,
     config::{EbpfConfig, OnCpuSource},
     ebpf::{probe, Sampler},
 };
@@ -107,7 +106,7 @@ fn check_mode(mode: OnCpuSource) {
     std::fs::create_dir(&cg.0).expect("create cgroup");
     let id = std::fs::metadata(&cg.0).unwrap().ino();
 
-    let topo = machine_topology(Path::new("/sys"));
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
     let cfg = EbpfConfig {
         on_cpu_source: mode,
         sample_hz: 997,
@@ -201,7 +200,7 @@ fn read_10k_cgroups_timing() {
         eprintln!("SKIP: {why}");
         return;
     }
-    let topo = machine_topology(Path::new("/sys"));
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
     let nodes: Vec<u32> = topo.node_ids().collect();
     let cfg = EbpfConfig::default();
     let (sampler, statuses) = Sampler::start(&topo, &cfg);
@@ -252,7 +251,8 @@ fn cross_node_migrations_with_a_two_node_cpu_map() {
     let cg = CgroupDir(root.join(format!("rebalancer-test-{}-xnode", std::process::id())));
     std::fs::create_dir(&cg.0).expect("create cgroup");
     let id = std::fs::metadata(&cg.0).unwrap().ino();
-    let mut topo = machine_topology(Path::new("/sys"));
+    let mut topo =
+        rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
     for c in &mut topo.cpus {
         c.node = Some(c.id % 2);
     }

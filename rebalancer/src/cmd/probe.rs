@@ -30,7 +30,12 @@ struct Report {
 pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     crate::cli::init_tracing("warn");
     let cfg = Config::load(a.config.as_deref())?;
-    let topo = super::sample::machine_topology(&cfg.daemon.sysfs_root);
+    let topo = crate::topology::sysfs::read(&cfg.daemon.sysfs_root).map_err(|e| {
+        anyhow::anyhow!(
+            "reading topology under {}: {e}",
+            cfg.daemon.sysfs_root.display()
+        )
+    })?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let (sampler, sources) = Sampler::start_with(&topo, &cfg.ebpf, true);
     drop(sampler);

@@ -29,7 +29,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.daemon.sysfs_root = root;
     }
     init_tracing(&cfg.daemon.log_level);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // Two workers: the listeners (API, /metrics, /healthz) never queue behind each other; the
+    // control rounds, the watcher and fsyncs run on their own threads, never on these.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rebalancer-rt")
         .enable_all()
         .build()?;
     rt.block_on(crate::daemon::run::run(cfg, a.config, a.rounds))?;

@@ -7,9 +7,8 @@ use serde::Serialize;
 
 use crate::{
     config::{Config, OnCpuSource},
-    cpuset::CpuSet,
     ebpf::{sample::ProgStat, Sample, Sampler, SourceStatus},
-    topology::{sysfs, Cpu, Node, Topology},
+    topology::{sysfs, Topology},
 };
 
 #[derive(Debug, clap::Args)]
@@ -52,70 +51,6 @@ struct Report<'a> {
     programs: Vec<ProgStat>,
 }
 
-/// The machine's topology; until the sysfs reader lands, CPUs of
-/// /sys/devices/system/node/node*/cpulist (or every online CPU on node 0).
-pub fn machine_topology(sysfs_root: &Path) -> Topology {
-    if let Ok(t) = sysfs::read(sysfs_root) {
-        return t;
-    }
-    let mut nodes = Vec::new();
-    let node_dir = sysfs_root.join("devices/system/node");
-    if let Ok(rd) = std::fs::read_dir(&node_dir) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_prefix("node").and_then(|n| n.parse().ok()) else {
-                continue;
-            };
-            let cpus = std::fs::read_to_string(e.path().join("cpulist"))
-                .ok()
-                .and_then(|s| CpuSet::parse(s.trim()).ok())
-                .unwrap_or_default();
-            nodes.push((id, cpus));
-        }
-    }
-    if nodes.is_empty() {
-        let online = std::fs::read_to_string(sysfs_root.join("devices/system/cpu/online"))
-            .ok()
-            .and_then(|s| CpuSet::parse(s.trim()).ok())
-            .unwrap_or_default();
-        nodes.push((0, online));
-    }
-    nodes.sort_by_key(|n| n.0);
-    let mut cpus: Vec<Cpu> = nodes
-        .iter()
-        .flat_map(|(n, set)| {
-            set.iter().map(move |id| Cpu {
-                id,
-                node: Some(*n),
-                socket: 0,
-                die: 0,
-                core: id,
-                l3: None,
-                online: true,
-                siblings: std::iter::once(id).collect(),
-            })
-        })
-        .collect();
-    cpus.sort_by_key(|c| c.id);
-    let n = nodes.len();
-    Topology {
-        nodes: nodes
-            .into_iter()
-            .enumerate()
-            .map(|(i, (id, cpus))| Node {
-                id,
-                cpus,
-                memory_total_bytes: 0,
-                memory_free_bytes: 0,
-                hugepages: BTreeMap::new(),
-                distances: (0..n).map(|j| if i == j { 10 } else { 20 }).collect(),
-            })
-            .collect(),
-        cpus,
-        devices: Vec::new(),
-    }
-}
-
 /// Waits `secs` seconds (0 = forever) or until SIGINT/SIGTERM, whichever comes first.
 fn wait(secs: u64) {
     // SAFETY: plain sigset manipulation and sigtimedwait on this thread's blocked signals.
@@ -143,7 +78,8 @@ pub fn run(a: SampleArgs) -> anyhow::Result<ExitCode> {
     if a.exact {
         cfg.ebpf.on_cpu_source = OnCpuSource::Exact;
     }
-    let topo = machine_topology(&cfg.daemon.sysfs_root);
+    let topo = sysfs::read(&cfg.daemon.sysfs_root)
+        .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
     let (sampler, sources) = Sampler::start(&topo, &cfg.ebpf);
     let Some(mut sampler) = sampler else {
         for s in &sources {

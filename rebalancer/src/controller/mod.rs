@@ -114,6 +114,20 @@ impl ControllerState {
         self.failed_moves_total += 1;
     }
 
+    /// Times restored from a checkpoint of an earlier boot (a state dir on disk) can lie in the
+    /// future of `now_ms`: they are brought back to `now_ms`, so such a cooldown lasts at most
+    /// its length. Returns how many were.
+    pub fn clamp_times(&mut self, now_ms: u64) -> usize {
+        let mut n = 0;
+        for st in self.cgroups.values_mut() {
+            if let Some(t) = st.last_move_ms.as_mut().filter(|t| **t > now_ms) {
+                *t = now_ms;
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Milliseconds of cooldown left for `cgroup` (whose cpuset.cpus is now `cpus`) at
     /// `now_ms`, or `None` when it may move — also when its CPUs were changed by someone else
     /// since our last move (the situation the cooldown protected is gone).

@@ -4,6 +4,11 @@
 //! once more on what is actually applied (the planner already keeps to it; this is the
 //! actuator-side guard of the invariant).
 //!
+//! Each move is checked against the allocator's books just before it is written
+//! (`admission::move_allowed`: no reserved or other container's exclusive CPU, Memory Manager
+//! memory only where it fits) and, once written, recorded in them (`admission::record_move`),
+//! so the allocator and cgroupfs agree after every move.
+//!
 //! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
 //! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
 //! A cgroup that vanished before or during its move is a normal race (its container exited)
@@ -56,6 +61,16 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
+        if let Err(reason) = super::admission::move_allowed(d, mv) {
+            tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
+            d.metrics
+                .moves_skipped
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc();
+            continue;
+        }
         match controller::apply(mv, w, dry_run) {
             Ok(done) => {
                 out.applied += 1;
@@ -67,9 +82,19 @@ pub fn apply_moves(
                 if let Some(e) = &done.pages_error {
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
                 }
-                let mut s = d.lock();
                 if !dry_run {
-                    s.state.controller.record_move(mv, done.moved_bytes, now_ms);
+                    if super::admission::record_move(d, mv) {
+                        // An exclusive container moved: the shared pool follows it.
+                        for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+                            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+                            }
+                        }
+                    }
+                    d.lock()
+                        .state
+                        .controller
+                        .record_move(mv, done.moved_bytes, now_ms);
                     d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
                 }
                 d.metrics

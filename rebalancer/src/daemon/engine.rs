@@ -29,7 +29,7 @@ use crate::{
     topology::{sysfs, Topology},
 };
 
-use super::Daemon;
+use super::{admission::Admission, Daemon};
 
 /// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
 pub trait CpuTimeSource: Send {
@@ -247,7 +247,6 @@ pub struct Engine {
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
-    started: Instant,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
 }
@@ -261,9 +260,15 @@ impl Engine {
             prev_stat: None,
             prev: BTreeMap::new(),
             last_round: None,
-            started: Instant::now(),
             topo_fingerprint: None,
         }
+    }
+
+    /// The clock of the controller's times (last move, cooldown): milliseconds of
+    /// CLOCK_BOOTTIME, which keeps counting across daemon restarts (and suspend), so times
+    /// restored from the checkpoint mean what they meant (see [`super::boot_ms`]).
+    pub fn now_ms(&self) -> u64 {
+        super::boot_ms()
     }
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
@@ -376,7 +381,8 @@ impl Engine {
     /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
     /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
     /// again next round).
-    pub fn refresh_topology(&mut self, d: &Daemon) -> bool {
+    pub fn refresh_topology(&mut self, adm: &Admission) -> bool {
+        let d = &adm.daemon;
         let root = d.lock().cfg.daemon.sysfs_root.clone();
         let now = topology_fingerprint(&root);
         let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
@@ -393,28 +399,35 @@ impl Engine {
                 return false;
             }
         };
-        let mut s = d.lock();
-        let online = topo.online_cpus();
-        tracing::warn!(
-            nodes_before = s.topo.nodes.len(),
-            nodes = topo.nodes.len(),
-            cpus_before = %s.topo.online_cpus(),
-            cpus = %online,
-            "CPUs or NUMA nodes went online/offline; topology rebuilt"
-        );
-        s.topo = topo;
-        super::watcher::replace_offline(&mut s, &self.cgroups);
+        {
+            let mut s = d.lock();
+            let online = topo.online_cpus();
+            tracing::warn!(
+                nodes_before = s.topo.nodes.len(),
+                nodes = topo.nodes.len(),
+                cpus_before = %s.topo.online_cpus(),
+                cpus = %online,
+                "CPUs or NUMA nodes went online/offline; topology rebuilt"
+            );
+            s.topo = topo;
+        }
+        adm.replace_offline();
         true
     }
 
     /// Runs one round. Returns the number of moves applied.
-    pub fn round(&mut self, d: &Daemon) -> usize {
+    pub fn round(&mut self, adm: &Admission) -> usize {
+        let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
-        self.refresh_topology(d);
-        let (cfg, topo) = {
+        self.refresh_topology(adm);
+        let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
-            (s.cfg.clone(), s.topo.clone())
+            (
+                s.cfg.clone(),
+                s.topo.clone(),
+                s.state.allocator.reserved_cpus.clone(),
+            )
         };
         let managed = self.managed(&cfg);
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
@@ -430,7 +443,8 @@ impl Engine {
             period_ns,
             cgroups: Vec::new(),
             nodes,
-            reserved_cpus: cfg.reserved_cpus(),
+            // The allocator's: the reservations in force (see `admission::reconfigure`).
+            reserved_cpus,
         };
         {
             for cg in &managed {
@@ -477,13 +491,25 @@ impl Engine {
             }
         }
         self.prev = cumulative;
+        // Memory the Memory Manager promised Guaranteed containers and they have not touched
+        // yet is free to the kernel but not to moves: the planner sees it as taken.
+        {
+            let s = d.lock();
+            for (node, bytes) in promised_unused(&s, &obs) {
+                if let Some(n) = obs.nodes.get_mut(&node) {
+                    n.free_bytes = n.free_bytes.saturating_sub(bytes);
+                }
+            }
+        }
 
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        let plan = {
+        let now_ms = self.now_ms();
+        // The planner runs on a copy of the controller's state, outside the lock.
+        let ctl = {
             let mut s = d.lock();
             s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
-            controller::plan(&topo, &obs, &s.state.controller, &cfg.controller, now_ms)
+            s.state.controller.clone()
         };
+        let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
 
         let applied = {
             let mut w = RealWriter(&self.cgroups);
@@ -565,8 +591,51 @@ fn topology_fingerprint(root: &Path) -> String {
         .join("|")
 }
 
+/// Per node, the Memory Manager memory admitted Guaranteed containers were promised there and
+/// do not use (yet): their blocks' `taken` bytes minus what the round observed in their cgroups
+/// on that node (a container not observed counts as using none).
+pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap<u32, u64> {
+    let used: BTreeMap<&str, &BTreeMap<u32, u64>> = obs
+        .cgroups
+        .iter()
+        .map(|c| (c.id.as_str(), &c.mem_bytes_per_node))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (cg, b) in &s.state.bindings {
+        let Some(mem) = s
+            .state
+            .allocator
+            .pods
+            .get(&b.pod_uid)
+            .and_then(|p| {
+                p.containers
+                    .iter()
+                    .find(|c| c.placement.container == b.container)
+            })
+            .and_then(|c| c.memory.as_ref())
+        else {
+            continue;
+        };
+        let mut promised: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(node, r, t) in &mem.taken {
+            if r == crate::placement::memory::MemoryResource::Memory {
+                *promised.entry(node).or_default() += t;
+            }
+        }
+        for (node, p) in promised {
+            let u = used
+                .get(cg.as_str())
+                .and_then(|m| m.get(&node))
+                .copied()
+                .unwrap_or(0);
+            *out.entry(node).or_default() += p.saturating_sub(u);
+        }
+    }
+    out
+}
+
 /// Constraints of a cgroup bound to an admitted container (None when not bound).
-fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
+pub(crate) fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
     let b = s.state.bindings.get(cg)?;
     let mut c = Constraints::default();
     if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {
@@ -590,6 +659,14 @@ fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
             }
             if !ac.placement.devices.is_empty() {
                 c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
+            }
+            // Memory Manager memory stays in its group (the nodes it was booked on).
+            if let Some(mem) = &ac.memory {
+                let group = mem.nodes.to_cpuset();
+                c.allowed_nodes = Some(match c.allowed_nodes.take() {
+                    Some(a) => a.intersection(&group),
+                    Option::None => group,
+                });
             }
         }
     }

@@ -325,8 +325,14 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
-    assert!(!engine.refresh_topology(&d), "first look only records");
-    assert!(!engine.refresh_topology(&d), "nothing changed");
+    let adm = super::admission::Admission::new(
+        d.clone(),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+            Mounts::default(),
+        ))),
+    );
+    assert!(!engine.refresh_topology(&adm), "first look only records");
+    assert!(!engine.refresh_topology(&adm), "nothing changed");
 
     let cfg = d.lock().cfg.controller.clone();
     let (gone, gone_cpus) = (
@@ -348,7 +354,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
 
     let (id, cpus) = take_last_node_offline(root.path(), &before);
     assert_eq!((id, &cpus), (gone, &gone_cpus));
-    assert!(engine.refresh_topology(&d), "the change is noticed");
+    assert!(engine.refresh_topology(&adm), "the change is noticed");
     let after = d.lock().topo.clone();
     assert_eq!(after.nodes.len(), before.nodes.len() - 1);
     assert!(after.node(gone).is_none());
@@ -370,7 +376,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         assert!(m.to_cpus.is_subset(&after.online_cpus()));
     }
     // And the rebuilt topology is what every later round uses: a second check is quiet.
-    assert!(!engine.refresh_topology(&d));
+    assert!(!engine.refresh_topology(&adm));
     let mut f = FakeCgroups::v2();
     f.insert("pod/c", &after.nodes[0].cpus.to_string(), "0");
     let all_mems: CpuSet = after.nodes.iter().map(|n| n.id).collect();
@@ -386,4 +392,59 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         (&after.online_cpus(), &all_mems),
         done.bytes,
     );
+}
+
+/// Issue 13: the controller's times are on a clock that survives a restart. A move's cooldown
+/// started before the restart has, after it, what was left minus the time the restart took —
+/// not its whole length again (the old process-uptime clock restarted at 0, so every restored
+/// cooldown began anew, and a restart after a long uptime made it last for the old uptime).
+#[test]
+fn cooldowns_after_a_restart_are_what_they_were_before_it() {
+    let state = tempfile::tempdir().unwrap();
+    let topo = two_nodes();
+    let d = daemon(topo.clone(), state.path(), None);
+    let engine = || {
+        Engine::new(
+            Cgroups::new(Mounts::default()),
+            Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+            Path::new("/proc"),
+        )
+    };
+    let first = engine();
+    let cooldown = d.lock().cfg.controller.cooldown_ms;
+    assert!(
+        cooldown >= 10_000,
+        "the default cooldown is long enough to measure"
+    );
+    let m = mv("pod/c", "0-3", "4-7", "0", "1", 10);
+    d.lock()
+        .state
+        .controller
+        .record_move(&m, 10 * MIB, first.now_ms());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left = |st: &ControllerState, now: u64| {
+        st.cooldown_remaining("pod/c", &set("4-7"), now, cooldown)
+            .expect("still cooling down")
+    };
+    let before = left(&d.lock().state.controller, first.now_ms());
+    d.checkpoint().unwrap();
+    let cfg = d.lock().cfg.clone();
+    drop((d, first));
+
+    // The restart: a new engine (a new process's clock) and the state restored as `run` does.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let second = engine();
+    let restored = super::run::restore(&cfg, &topo).unwrap();
+    let after = left(&restored.controller, second.now_ms());
+    assert!(
+        after <= before.saturating_sub(200) && before - after < 200 + 1_000,
+        "cooldown left {before} ms before the restart, {after} ms after it (cooldown {cooldown} ms)"
+    );
+    assert!(after <= cooldown - 500, "{after} of {cooldown}");
+
+    // A checkpoint from an earlier boot (times in the future) lasts at most one cooldown.
+    let mut future = restored.controller.clone();
+    future.cgroups.get_mut("pod/c").unwrap().last_move_ms = Some(second.now_ms() + 3_600_000);
+    assert_eq!(future.clamp_times(second.now_ms()), 1);
+    assert!(left(&future, second.now_ms()) <= cooldown);
 }

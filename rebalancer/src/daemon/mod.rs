@@ -15,11 +15,16 @@ use std::{
     },
 };
 
+pub mod admission;
+pub mod api;
 pub mod apply;
 pub mod engine;
 pub mod run;
 pub mod watcher;
+pub mod writer;
 
+#[cfg(test)]
+mod books_tests;
 #[cfg(test)]
 mod fault_tests;
 
@@ -100,15 +105,23 @@ impl Shared {
     pub fn state_dir(&self) -> PathBuf {
         self.cfg.daemon.state_dir.clone()
     }
+}
 
-    /// Writes the checkpoint now, under the state lock (the admission API acknowledges only
-    /// what is on disk). The watcher and the control loop use [`Daemon::checkpoint`] instead.
-    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        let gen = self.ckpt.next_generation();
-        let dir = &self.cfg.daemon.state_dir;
-        self.ckpt
-            .write(dir, gen, &checkpoint::encode(dir, &self.state)?)
+/// Milliseconds since boot (CLOCK_BOOTTIME): the clock of every time the checkpoint holds.
+/// Unlike process uptime it survives a restart; unlike the wall clock it never jumps. The
+/// checkpoint lives on tmpfs and so never outlives a boot; a state dir on disk restored after
+/// a reboot has times in the future, which [`ControllerState::clamp_times`] brings back to now.
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return 0;
     }
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 /// Serialises checkpoint writes and keeps an older state from overwriting a newer one: each
@@ -142,6 +155,7 @@ impl CheckpointWriter {
 #[derive(Clone)]
 pub struct Daemon {
     inner: Arc<Mutex<Shared>>,
+    order: Arc<Mutex<()>>,
     pub metrics: Metrics,
 }
 
@@ -149,8 +163,17 @@ impl Daemon {
     pub fn new(shared: Shared, metrics: Metrics) -> Daemon {
         Daemon {
             inner: Arc::new(Mutex::new(shared)),
+            order: Default::default(),
             metrics,
         }
+    }
+
+    /// The allocator's change lock: held by every change of the allocator (admission, release,
+    /// hotplug replacement, a move's update of the books) for its whole call, I/O included, and
+    /// always taken before [`Daemon::lock`]. It orders those changes and their cgroup writes;
+    /// it never blocks a reader of the state.
+    pub fn order(&self) -> MutexGuard<'_, ()> {
+        self.order.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Writes the checkpoint: encoded under the state lock, written (fsync, rename) outside it,

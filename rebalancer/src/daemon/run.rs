@@ -1,12 +1,20 @@
 //! The daemon's main task: discover the machine, restore the checkpoint, start the listeners,
-//! then one `tokio::select!` loop over the control tick, SIGHUP (config reload), SIGINT/SIGTERM.
-use std::{path::PathBuf, time::Duration};
+//! the watcher and the control-round thread, then one `tokio::select!` loop over SIGHUP (config
+//! reload), SIGINT/SIGTERM and the round limit. The runtime only listens: control rounds
+//! (which read /proc, write cgroupfs and wait for the kernel to migrate pages — seconds) run on
+//! their own thread ([`spawn_rounds`]), so the API, `/metrics` and `/healthz` answer while a
+//! round migrates.
+use std::{
+    path::PathBuf,
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{engine, Daemon, Persisted, Shared};
+use super::{admission::Admission, engine, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
     config::Config,
@@ -17,7 +25,9 @@ use crate::{
 };
 
 /// Loads the checkpoint, or starts empty (with a warning when one existed but was unusable).
-fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
+/// Its times are CLOCK_BOOTTIME milliseconds (see `daemon::boot_ms`): they keep their meaning
+/// across the restart; any from the future (an earlier boot) are clamped to now.
+pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
     let fresh = || -> anyhow::Result<Persisted> {
         Ok(Persisted {
             allocator: Allocator::new(topo, &cfg.placement)
@@ -32,7 +42,14 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
             tracing::warn!(error = %e, "checkpoint does not match this machine; rebuilding from the live cgroups");
             fresh()
         }
-        Ok(Some(p)) => {
+        Ok(Some(mut p)) => {
+            let clamped = p.controller.clamp_times(super::boot_ms());
+            if clamped > 0 {
+                tracing::warn!(
+                    clamped,
+                    "checkpoint times from the future (an earlier boot?) set to now"
+                );
+            }
             tracing::info!(
                 pods = p.allocator.pods.len(),
                 bindings = p.bindings.len(),
@@ -50,6 +67,11 @@ fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Per
 }
 
 pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
+    // First, so a signal during start-up (restore, reconcile, eBPF load) is a clean stop, not
+    // the default action's kill.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let topo = sysfs::read(&cfg.daemon.sysfs_root)
         .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
     tracing::info!(
@@ -69,9 +91,25 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .unwrap_or_else(|e| e.to_string());
     tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
-    let persisted = restore(&cfg, &topo)?;
+    let mut cfg = cfg;
+    let mut persisted = restore(&cfg, &topo)?;
+    match super::admission::reconfigure(&mut persisted.allocator, &topo, &cfg.placement) {
+        Ok(true) => {
+            tracing::info!(reserved_cpus = %persisted.allocator.reserved_cpus, "changed reservations applied to the restored allocator")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, reserved_cpus = %persisted.allocator.reserved_cpus,
+                "the configured reservations are not in force; the checkpoint's stay until the pods holding them are released and the daemon restarted or reloaded");
+            cfg.placement.reserved_cpus = persisted.allocator.reserved_cpus.to_string();
+        }
+    }
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
+    let admission = Admission::new(
+        daemon.clone(),
+        Arc::new(CgroupCpusetWriter(cgroups.clone())),
+    );
 
     let cancel = CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;
@@ -90,17 +128,17 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let listener = socket::bind(&cfg.server.socket, gid)?;
     let api_task = socket::spawn(
         listener,
-        serve::api::router(daemon.clone()),
+        super::api::router(admission.clone()),
         socket::Access { allowed_gid: gid },
         cfg.server.requests_per_second,
         cancel.clone(),
     );
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
-    for o in super::watcher::reconcile(&daemon, &cgroups) {
+    for o in super::watcher::reconcile(&admission, &cgroups) {
         tracing::info!(outcome = ?o, "reconciled at start");
     }
-    match super::watcher::spawn(daemon.clone(), cgroups.clone()) {
+    match super::watcher::spawn(admission.clone(), cgroups.clone()) {
         Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
         Err(e) => {
             tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
@@ -111,33 +149,37 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         source = cpu_source.name(),
         "per-cgroup, per-node CPU time source"
     );
-    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rounds = 0u64;
+    let engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
+    let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                rounds += 1;
-                engine.round(&daemon);
-                if max_rounds != 0 && rounds >= max_rounds {
-                    tracing::info!(rounds, "round limit reached, stopping");
-                    break;
+            n = &mut limit_rx => {
+                match n {
+                    Ok(rounds) => tracing::info!(rounds, "round limit reached, stopping"),
+                    Err(_) => tracing::error!("the control-round thread stopped, stopping"),
                 }
+                break;
             }
-            _ = sighup.recv() => reload(&daemon, config_path.as_deref()),
+            _ = sighup.recv() => {
+                let d = daemon.clone();
+                let path = config_path.clone();
+                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
+                let _ = rounds_tx.send(RoundCmd::Reload);
+            }
             _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
             _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
         }
     }
+    // A round under way finishes first (no half-applied move).
+    let _ = rounds_tx.send(RoundCmd::Stop);
+    let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
     cancel.cancel();
     let _ = metrics_task.await;
     let _ = api_task.await;
     let _ = std::fs::remove_file(&cfg.server.socket);
-    if let Err(e) = daemon.checkpoint() {
+    let d = daemon.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.checkpoint()).await {
         tracing::warn!(error = %e, "final checkpoint failed");
     }
     if let Some(old) = autonuma_restore {
@@ -145,6 +187,53 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// What the main task tells the control-round thread.
+#[derive(Debug)]
+enum RoundCmd {
+    /// The config was reloaded: the next round is due `period_ms` (the new one) after the
+    /// last round started.
+    Reload,
+    /// Finish the round under way, if any, and stop.
+    Stop,
+}
+
+/// Starts the control-round thread: a round at once, then one every `controller.period_ms`
+/// (read from the live config, so a reload applies), measured start to start; a round longer
+/// than the period is followed by the next at once. After `max_rounds` rounds (0: no limit)
+/// it reports on `limit` and stops.
+fn spawn_rounds(
+    mut engine: engine::Engine,
+    adm: Admission,
+    max_rounds: u64,
+    limit: tokio::sync::oneshot::Sender<u64>,
+) -> std::io::Result<(mpsc::Sender<RoundCmd>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel::<RoundCmd>();
+    let h = std::thread::Builder::new()
+        .name("control-rounds".into())
+        .spawn(move || {
+            let mut rounds = 0u64;
+            loop {
+                let started = Instant::now();
+                engine.round(&adm);
+                rounds += 1;
+                if max_rounds != 0 && rounds >= max_rounds {
+                    let _ = limit.send(rounds);
+                    return;
+                }
+                loop {
+                    let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+                    let wait = (started + period).saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(wait) {
+                        Ok(RoundCmd::Reload) => continue,
+                        Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    }
+                }
+            }
+        })?;
+    Ok((tx, h))
 }
 
 /// Starts the eBPF samplers (when enabled), records every source's status, and picks the
@@ -245,9 +334,12 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
     }
 }
 
-/// SIGHUP: re-read the config; a bad file is reported and the running config kept. Settings
+/// SIGHUP: re-read the config; a bad file is reported and the running config kept. The
+/// controller section (period included: the round thread reads it before each wait) and
+/// dry-run apply at once; the placement section applies when its reservations can be applied
+/// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root) are reported as such.
-fn reload(d: &Daemon, path: Option<&std::path::Path>) {
+pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -255,6 +347,7 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
             return;
         }
     };
+    let _order = d.order();
     let mut s = d.lock();
     if new.server != s.cfg.server
         || new.daemon.state_dir != s.cfg.daemon.state_dir
@@ -263,8 +356,31 @@ fn reload(d: &Daemon, path: Option<&std::path::Path>) {
         tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
     }
     s.cfg.controller = new.controller;
-    s.cfg.placement = new.placement;
     s.cfg.daemon.dry_run = new.daemon.dry_run;
+    let sh = &mut *s;
+    let placed = match super::admission::reconfigure(
+        &mut sh.state.allocator,
+        &sh.topo,
+        &new.placement,
+    ) {
+        Ok(changed) => {
+            sh.cfg.placement = new.placement;
+            if changed {
+                tracing::info!(reserved_cpus = %sh.state.allocator.reserved_cpus, "reservations changed");
+            }
+            changed
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "config reload: the [placement] section is not applied; the running one stays");
+            false
+        }
+    };
+    drop(s);
+    if placed {
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after the reload failed");
+        }
+    }
     tracing::info!("config reloaded");
 }
 

@@ -1,7 +1,6 @@
 //! Serving: Prometheus `/metrics` and `/healthz` on a TCP listener (loopback by default),
 //! and the admission API on a unix socket (root only).
 
-pub mod api;
 pub mod client;
 pub mod metrics;
 pub mod ratelimit;

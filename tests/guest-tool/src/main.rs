@@ -8,6 +8,8 @@
 //!   pid, and for several pids a `LOCALITY-TOTAL` line summing them: the benchmark's aggregate).
 //! - `spin`: burn CPU on N threads for S seconds (load for the sampling scenarios).
 //! - `mkcg`: make a cgroup as a container runtime does and time the daemon's cpuset write.
+//! - `latency`: admission and `/healthz` latency of a running daemon, request by request.
+mod latency;
 mod mkcg;
 mod numa;
 
@@ -67,6 +69,19 @@ enum Cmd {
         #[arg(long, default_value_t = 5000)]
         wait_ms: u64,
     },
+    /// Time admissions over the socket and /healthz over TCP, request by request.
+    Latency {
+        #[arg(long, default_value = "/run/rebalancer/rebalancer.sock")]
+        socket: std::path::PathBuf,
+        /// host:port of the daemon's metrics listener.
+        #[arg(long, default_value = "127.0.0.1:9717")]
+        healthz: String,
+        #[arg(long, default_value_t = 30.0)]
+        seconds: f64,
+        /// Pause between two requests of one client (ms).
+        #[arg(long, default_value_t = 20)]
+        interval_ms: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -116,6 +131,12 @@ fn run(cmd: Cmd) -> Result<()> {
             flip_ms,
         } => spin(threads, seconds, &flip_nodes, flip_ms),
         Cmd::Mkcg { dir, set, wait_ms } => mkcg::mkcg(&dir, &set, wait_ms),
+        Cmd::Latency {
+            socket,
+            healthz,
+            seconds,
+            interval_ms,
+        } => latency::run(&socket, &healthz, seconds, interval_ms),
     }
 }
 

@@ -44,6 +44,10 @@ pub struct VmTestArgs {
     /// dynamically linked one gets its shared libraries copied into the guest).
     #[arg(long, value_name = "PATH")]
     pub rebalancer_bin: Option<std::path::PathBuf>,
+    /// Give every node of the selected topologies at least this much memory (MiB), e.g. 1536
+    /// for scenario round-latency's 1 GiB workload.
+    #[arg(long, value_name = "MIB")]
+    pub node_mem_mib: Option<u64>,
     /// List the topologies and scenarios, then exit.
     #[arg(long)]
     pub list: bool,
@@ -99,6 +103,12 @@ fn select(a: &VmTestArgs) -> Result<(Vec<VmTopology>, Vec<&'static Scenario>)> {
                     topology::NAMES.join(", ")
                 )
             })?;
+            let mut t = t;
+            if let Some(mib) = a.node_mem_mib {
+                for n in &mut t.nodes {
+                    n.mem_mib = n.mem_mib.max(mib);
+                }
+            }
             t.validate().map_err(anyhow::Error::msg)?;
             Ok(t)
         })

@@ -93,6 +93,14 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "round-latency",
+        about: "admission and /healthz latency while a round migrates 1 GiB (--node-mem-mib 1536)",
+        timeout_s: 240,
+        default: false,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "selftest-fail",
         about: "harness self-test: always FAILs, so `vm-test --scenario selftest-fail` must fail",
         timeout_s: 10,

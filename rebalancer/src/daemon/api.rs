@@ -8,8 +8,11 @@
 //! - `GET /v1/top?limit=N` → nodes × the N busiest workloads of the last round (`serve::top`).
 //!
 //! Bodies are limited to [`MAX_BODY`] bytes and parsed strictly (unknown fields refused); a bad
-//! request gets a 4xx with a message and changes nothing. Every accepted change is checkpointed
-//! before it is acknowledged; if that fails it is undone and the client gets a 500.
+//! request gets a 4xx with a message and changes nothing. Admission and release go through the
+//! admission service (`daemon::admission`, `Durability::Durable`: checkpointed before they are
+//! acknowledged, undone with a 500 if that fails), on a blocking thread so the fsync never
+//! holds up the runtime. The read-only handlers take the state lock briefly (never held
+//! across I/O anywhere). The transport (socket, peer check, rate limit) is `serve::socket`.
 
 use std::time::Instant;
 
@@ -23,16 +26,13 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::{
-    daemon::Daemon,
-    placement::pod::Pod,
-    serve::metrics::{ReasonLabel, ResultLabel},
-};
+use super::admission::{Admission, AdmitError, AdmitRequest, Durability, ReleaseError};
+use crate::placement::pod::Pod;
 
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
 
-pub fn router(d: Daemon) -> Router {
+pub fn router(adm: Admission) -> Router {
     Router::new()
         .route("/v1/admit", post(admit))
         .route("/v1/pods/{uid}", delete(release))
@@ -46,79 +46,55 @@ pub fn router(d: Daemon) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(d)
+        .with_state(adm)
 }
 
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(json!({"error": msg.into()}))).into_response()
 }
 
-fn count(d: &Daemon, result: &str) {
-    d.metrics
-        .admission_requests
-        .get_or_create(&ResultLabel {
-            result: result.into(),
-        })
-        .inc();
+/// Runs `f` on the blocking pool (it locks and may fsync).
+async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        err(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("handler failed: {e}"),
+        )
+    })
 }
 
-async fn admit(State(d): State<Daemon>, body: Bytes) -> Response {
-    let t0 = Instant::now();
-    let resp = admit_inner(&d, &body);
-    d.metrics
-        .admission_duration
-        .observe(t0.elapsed().as_secs_f64());
-    resp
+async fn admit(State(adm): State<Admission>, body: Bytes) -> Response {
+    let since = Instant::now();
+    blocking(move || admit_blocking(&adm, &body, since)).await
 }
 
-fn admit_inner(d: &Daemon, body: &[u8]) -> Response {
+fn admit_blocking(adm: &Admission, body: &[u8], since: Instant) -> Response {
     let pod: Pod = match serde_json::from_slice(body) {
         Ok(p) => p,
         Err(e) => {
-            count(d, "invalid");
+            adm.record_invalid();
             return err(StatusCode::BAD_REQUEST, format!("invalid pod JSON: {e}"));
         }
     };
-    if let Err(e) = pod.validate() {
-        count(d, "invalid");
-        return err(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("invalid pod: {e}"),
-        );
-    }
-    let mut s = d.lock();
-    let shared = &mut *s;
-    match shared
-        .state
-        .allocator
-        .admit(&shared.topo, &shared.cfg.placement, &pod)
-    {
-        Ok(placements) => {
-            if let Err(e) = shared.checkpoint() {
-                shared.state.allocator.release(&pod.uid);
-                count(d, "error");
-                tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
-                return err(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("admission undone: {e}"),
-                );
-            }
-            count(d, "admitted");
-            tracing::info!(uid = %pod.uid, containers = placements.len(), "pod admitted");
+    match adm.admit(AdmitRequest {
+        pod: &pod,
+        bind: None,
+        durability: Durability::Durable,
+        since,
+    }) {
+        Ok(a) => {
+            tracing::info!(uid = %a.uid, containers = a.placements.len(), "pod admitted");
             (
                 StatusCode::OK,
-                Json(json!({"uid": pod.uid, "containers": placements})),
+                Json(json!({"uid": a.uid, "containers": a.placements})),
             )
                 .into_response()
         }
-        Err(rej) => {
-            count(d, "rejected");
-            d.metrics
-                .admission_rejections
-                .get_or_create(&ReasonLabel {
-                    reason: rej.reason.to_string(),
-                })
-                .inc();
+        Err(AdmitError::Invalid(e)) => err(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid pod: {e}"),
+        ),
+        Err(AdmitError::Rejected { rejection: rej, .. }) => {
             tracing::info!(uid = %pod.uid, reason = %rej.reason, details = %rej.details, "pod rejected");
             (
                 StatusCode::CONFLICT,
@@ -128,28 +104,17 @@ fn admit_inner(d: &Daemon, body: &[u8]) -> Response {
             )
                 .into_response()
         }
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
-async fn release(State(d): State<Daemon>, Path(uid): Path<String>) -> Response {
-    let mut s = d.lock();
-    let before = s.state.clone();
-    if !s.state.allocator.release(&uid) {
-        return err(
-            StatusCode::NOT_FOUND,
-            format!("pod {uid:?} is not admitted"),
-        );
-    }
-    s.state.bindings.retain(|_, b| b.pod_uid != uid);
-    if let Err(e) = s.checkpoint() {
-        s.state = before;
-        return err(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("release undone: {e}"),
-        );
-    }
-    tracing::info!(%uid, "pod released");
-    (StatusCode::OK, Json(json!({"uid": uid, "released": true}))).into_response()
+async fn release(State(adm): State<Admission>, Path(uid): Path<String>) -> Response {
+    blocking(move || match adm.release(&uid, Durability::Durable) {
+        Ok(()) => (StatusCode::OK, Json(json!({"uid": uid, "released": true}))).into_response(),
+        Err(e @ ReleaseError::NotAdmitted(_)) => err(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    })
+    .await
 }
 
 /// The status document (also used by `rebalancer status --offline`).
@@ -179,8 +144,8 @@ pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
     })
 }
 
-async fn status(State(d): State<Daemon>) -> Response {
-    let s = d.lock();
+async fn status(State(adm): State<Admission>) -> Response {
+    let s = adm.daemon.lock();
     (StatusCode::OK, Json(status_json(&s))).into_response()
 }
 
@@ -190,17 +155,17 @@ struct TopQuery {
     limit: Option<usize>,
 }
 
-async fn top(State(d): State<Daemon>, q: Result<Query<TopQuery>, QueryRejection>) -> Response {
+async fn top(State(adm): State<Admission>, q: Result<Query<TopQuery>, QueryRejection>) -> Response {
     let limit = match q {
         Ok(Query(q)) => q.limit.unwrap_or(20).min(10_000),
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
     };
-    let s = d.lock();
+    let s = adm.daemon.lock();
     let view = crate::serve::top::build(&s, s.last_obs.as_ref(), limit);
     (StatusCode::OK, Json(view)).into_response()
 }
 
-async fn explain(State(d): State<Daemon>, Path(cgroup): Path<String>) -> Response {
+async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Response {
     let cgroup = cgroup.trim_matches('/').to_string();
     if cgroup.split('/').any(|c| c == ".." || c == ".") {
         return err(
@@ -208,7 +173,7 @@ async fn explain(State(d): State<Daemon>, Path(cgroup): Path<String>) -> Respons
             "cgroup path may not contain `.` or `..` components",
         );
     }
-    let s = d.lock();
+    let s = adm.daemon.lock();
     let decision = s.decisions.get(&cgroup);
     let binding = s.state.bindings.get(&cgroup);
     let ctl = s.state.controller.cgroups.get(&cgroup);

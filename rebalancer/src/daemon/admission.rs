@@ -1,0 +1,955 @@
+//! The one admission service. Every door that admits a container — the API (`POST /v1/admit`),
+//! the cgroup watcher (a new container cgroup), an NRI plugin (CreateContainer) — calls
+//! [`Admission`], so the rules (validation, allocation, binding, rollback, checkpoint, metrics,
+//! the shared pool's shrink) exist once.
+//!
+//! ```text
+//! Admission::admit(AdmitRequest { pod, bind, durability, since }) -> Result<Admitted, AdmitError>
+//! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
+//! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
+//! Admission::unbind(cgroup, durability)                -> Option<Binding>
+//! Admission::replace_offline()                         -> usize
+//! Admission::checkpoint() / request_checkpoint() / record_invalid()
+//! ```
+//!
+//! - `admit` allocates `pod` (all-or-nothing, `Allocator::admit`). With `bind = Some(cgroup)`
+//!   the container cgroup is bound to the pod's first container and its cpuset is written
+//!   through the [`CpusetWriter`] (for NRI: the CreateContainer adjustment); a container that
+//!   vanished meanwhile undoes the admission. When the admission made CPUs exclusive, every
+//!   bound shared container still on them is moved off (kubelet's shared-pool shrink) through
+//!   the same writer; [`Admitted::shrunk`] lists those changes. A rejected container that has a
+//!   cgroup is fenced off other containers' exclusive CPUs ([`AdmitError::Rejected::fenced`]).
+//! - `bind` binds a container cgroup to the next unbound container of a pod admitted earlier
+//!   (through the API) and writes its cpuset; `Ok(None)` when the pod is unknown or has none.
+//! - [`Durability::Durable`]: the change is checkpointed before `admit`/`release` return, and
+//!   undone when that fails (the API acknowledges only what is on disk). [`Durability::Deferred`]:
+//!   the caller checkpoints later (the watcher: once per batch of events, coalesced — what it
+//!   admitted is rebuilt from the live cgroups by `reconcile` anyway).
+//! - Dry-run: decisions and books as usual, no cpuset written.
+//!
+//! Locking: the state lock is held only to decide and to update the books, never across a
+//! write, a read of cgroupfs or an fsync. Every change of the allocator holds a second lock,
+//! [`Daemon::order`] (always taken before the state lock), for its whole call — writes and checkpoint
+//! included — so admissions' writes happen in the order of their decisions (the shared pool a
+//! later admission writes is computed after an earlier one's), and a failed checkpoint can be
+//! undone exactly. A slow write or fsync delays the next admission, never the API's reads, the
+//! control round or `/healthz`.
+
+use std::{
+    collections::BTreeMap,
+    sync::{mpsc, Arc, MutexGuard, OnceLock},
+    time::{Duration, Instant},
+};
+
+use super::{
+    writer::{CpusetChange, CpusetWriter, WriteError},
+    Binding, Daemon, Shared,
+};
+use crate::{
+    checkpoint::CheckpointError,
+    cpuset::CpuSet,
+    placement::{
+        cpu::CpuView,
+        pod::{ContainerPlacement, Pod, Rejection},
+    },
+    serve::metrics::{ReasonLabel, ResultLabel},
+};
+
+/// Shortest time between two deferred checkpoints ([`Admission::request_checkpoint`]). Under
+/// churn (hundreds of cgroups a second) one checkpoint covers many changes.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+/// When a change must be on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Checkpointed before the call returns; undone if that fails.
+    Durable,
+    /// The caller checkpoints later ([`Admission::request_checkpoint`] or
+    /// [`Admission::checkpoint`]).
+    Deferred,
+}
+
+/// One admission.
+#[derive(Clone, Copy, Debug)]
+pub struct AdmitRequest<'a> {
+    pub pod: &'a Pod,
+    /// The container cgroup to bind to the pod's first container and write, if there is one
+    /// yet (the watcher, NRI); None for the API, whose pods are bound when their cgroups appear.
+    pub bind: Option<&'a str>,
+    pub durability: Durability,
+    /// When the request arrived (for `rebalancer_admission_duration_seconds`).
+    pub since: Instant,
+}
+
+/// What an admission decided and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    pub uid: String,
+    pub placements: Vec<ContainerPlacement>,
+    /// The cgroup bound and the pod's container it stands for.
+    pub bound: Option<(String, String)>,
+    /// Other containers' cpuset changes made (or, dry-run, not made) so that no shared
+    /// container runs on CPUs this admission made exclusive.
+    pub shrunk: Vec<CpusetChange>,
+    pub micros: u128,
+}
+
+/// Why an admission did not happen. Nothing changed in the books.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error("invalid pod: {0}")]
+    Invalid(String),
+    /// The allocator refused (kubelet-like reason). `fenced`: the cpus the container's cgroup
+    /// was moved to because it overlapped other containers' exclusive CPUs.
+    #[error("{rejection}")]
+    Rejected {
+        rejection: Rejection,
+        fenced: Option<CpuSet>,
+    },
+    #[error("cgroup {0} is already bound")]
+    AlreadyBound(String),
+    #[error("container cgroup {0} vanished before its cpuset was written; admission undone")]
+    Vanished(String),
+    #[error("admission undone: {0}")]
+    Checkpoint(#[source] CheckpointError),
+}
+
+/// Why a release did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("pod {0:?} is not admitted")]
+    NotAdmitted(String),
+    #[error("release undone: {0}")]
+    Checkpoint(#[source] CheckpointError),
+}
+
+/// The admission service; cheap to clone (one per door).
+#[derive(Clone)]
+pub struct Admission {
+    pub daemon: Daemon,
+    writer: Arc<dyn CpusetWriter>,
+    checkpointer: Arc<OnceLock<mpsc::Sender<()>>>,
+}
+
+impl Admission {
+    pub fn new(daemon: Daemon, writer: Arc<dyn CpusetWriter>) -> Admission {
+        Admission {
+            daemon,
+            writer,
+            checkpointer: Default::default(),
+        }
+    }
+
+    fn order(&self) -> MutexGuard<'_, ()> {
+        self.daemon.order()
+    }
+
+    fn count(&self, result: &str) {
+        self.daemon
+            .metrics
+            .admission_requests
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a request refused before it reached the service (a body that is not a pod).
+    pub fn record_invalid(&self) {
+        self.count("invalid");
+    }
+
+    /// Admits `req.pod` (see the module doc).
+    pub fn admit(&self, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
+        let r = self.admit_inner(req);
+        let m = &self.daemon.metrics;
+        match &r {
+            Ok(a) => {
+                self.count("admitted");
+                m.admission_duration.observe(a.micros as f64 / 1e6);
+            }
+            Err(AdmitError::Invalid(_)) => self.count("invalid"),
+            Err(AdmitError::Rejected { rejection, .. }) => {
+                self.count("rejected");
+                m.admission_rejections
+                    .get_or_create(&ReasonLabel {
+                        reason: rejection.reason.to_string(),
+                    })
+                    .inc();
+            }
+            Err(AdmitError::Checkpoint(_)) => self.count("error"),
+            Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
+        }
+        r
+    }
+
+    fn admit_inner(&self, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
+        let pod = req.pod;
+        pod.validate().map_err(AdmitError::Invalid)?;
+        let _order = self.order();
+        let (placements, dry_run) = {
+            let mut s = self.daemon.lock();
+            if let Some(cg) = req.bind {
+                if s.state.bindings.contains_key(cg) {
+                    return Err(AdmitError::AlreadyBound(cg.into()));
+                }
+            }
+            let sh = &mut *s;
+            let dry_run = sh.cfg.daemon.dry_run;
+            match sh.state.allocator.admit(&sh.topo, &sh.cfg.placement, pod) {
+                Ok(p) => {
+                    if let (Some(cg), Some(first)) = (req.bind, p.first()) {
+                        sh.state.bindings.insert(
+                            cg.into(),
+                            Binding {
+                                pod_uid: pod.uid.clone(),
+                                container: first.container.clone(),
+                            },
+                        );
+                    }
+                    (p, dry_run)
+                }
+                Err(rejection) => {
+                    let fence = match req.bind {
+                        Some(cg) if !dry_run => Some((cg, exclusive_and_pool(sh))),
+                        _ => None,
+                    };
+                    drop(s);
+                    let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
+                    return Err(AdmitError::Rejected { rejection, fenced });
+                }
+            }
+        };
+        let bound = req
+            .bind
+            .zip(placements.first())
+            .map(|(cg, p)| (cg.to_string(), p.container.clone()));
+        if let (Some((cg, _)), Some(p), false) = (&bound, placements.first(), dry_run) {
+            if let Err(WriteError::Vanished { .. }) = self.write_own(cg, p) {
+                let mut s = self.daemon.lock();
+                s.state.allocator.release(&pod.uid);
+                s.state.bindings.remove(cg);
+                return Err(AdmitError::Vanished(cg.clone()));
+            }
+        }
+        let shrunk = if placements.iter().any(|p| p.exclusive) && bound.is_some() {
+            self.shrink_locked_order(dry_run)
+        } else {
+            Vec::new()
+        };
+        if req.durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                let mut s = self.daemon.lock();
+                s.state.allocator.release(&pod.uid);
+                if let Some((cg, _)) = &bound {
+                    s.state.bindings.remove(cg);
+                }
+                tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
+                return Err(AdmitError::Checkpoint(e));
+            }
+        }
+        Ok(Admitted {
+            uid: pod.uid.clone(),
+            placements,
+            bound,
+            shrunk,
+            micros: req.since.elapsed().as_micros(),
+        })
+    }
+
+    /// Binds `cgroup` to the next unbound container of pod `pod_uid` (admitted earlier, through
+    /// the API) and writes its cpuset. `Ok(None)`: the pod is not admitted, or every container
+    /// of it is bound already.
+    pub fn bind(
+        &self,
+        cgroup: &str,
+        pod_uid: &str,
+        durability: Durability,
+        since: Instant,
+    ) -> Result<Option<Admitted>, AdmitError> {
+        let _order = self.order();
+        let (placement, dry_run) = {
+            let mut s = self.daemon.lock();
+            if s.state.bindings.contains_key(cgroup) {
+                return Err(AdmitError::AlreadyBound(cgroup.into()));
+            }
+            let Some(pod) = s.state.allocator.pods.get(pod_uid) else {
+                return Ok(None);
+            };
+            let bound: Vec<&str> = s
+                .state
+                .bindings
+                .values()
+                .filter(|b| b.pod_uid == pod_uid)
+                .map(|b| b.container.as_str())
+                .collect();
+            let Some(c) = pod
+                .containers
+                .iter()
+                .find(|c| !bound.contains(&c.placement.container.as_str()))
+            else {
+                return Ok(None);
+            };
+            let p = c.placement.clone();
+            s.state.bindings.insert(
+                cgroup.into(),
+                Binding {
+                    pod_uid: pod_uid.into(),
+                    container: p.container.clone(),
+                },
+            );
+            (p, s.cfg.daemon.dry_run)
+        };
+        if !dry_run {
+            if let Err(WriteError::Vanished { .. }) = self.write_own(cgroup, &placement) {
+                self.daemon.lock().state.bindings.remove(cgroup);
+                return Err(AdmitError::Vanished(cgroup.into()));
+            }
+        }
+        let shrunk = if placement.exclusive {
+            self.shrink_locked_order(dry_run)
+        } else {
+            Vec::new()
+        };
+        if durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                self.daemon.lock().state.bindings.remove(cgroup);
+                return Err(AdmitError::Checkpoint(e));
+            }
+        }
+        Ok(Some(Admitted {
+            uid: pod_uid.into(),
+            bound: Some((cgroup.into(), placement.container.clone())),
+            placements: vec![placement],
+            shrunk,
+            micros: since.elapsed().as_micros(),
+        }))
+    }
+
+    /// Releases pod `uid` and every binding to it.
+    pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
+        let _order = self.order();
+        let before = {
+            let mut s = self.daemon.lock();
+            let before = s.state.clone();
+            if !s.state.allocator.release(uid) {
+                return Err(ReleaseError::NotAdmitted(uid.into()));
+            }
+            s.state.bindings.retain(|_, b| b.pod_uid != uid);
+            (before, s.cfg.daemon.dry_run)
+        };
+        let (before, dry_run) = before;
+        let freed = before.allocator.exclusive_cpus()
+            != self.daemon.lock().state.allocator.exclusive_cpus();
+        if freed {
+            self.shrink_locked_order(dry_run);
+        }
+        if durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                let mut s = self.daemon.lock();
+                // Undo only this release: no other allocator change happened meanwhile (they
+                // all hold `order`); bindings made meanwhile stay.
+                s.state.allocator = before.allocator;
+                for (cg, b) in before.bindings.iter().filter(|(_, b)| b.pod_uid == uid) {
+                    s.state.bindings.insert(cg.clone(), b.clone());
+                }
+                return Err(ReleaseError::Checkpoint(e));
+            }
+        }
+        tracing::info!(%uid, "pod released");
+        Ok(())
+    }
+
+    /// A container cgroup went away: its binding is dropped, and a pod the watcher admitted for
+    /// it (uid `"<pod uid>/<container>"`) released; API pods are released by their DELETE.
+    pub fn unbind(&self, cgroup: &str, durability: Durability) -> Option<Binding> {
+        let _order = self.order();
+        let b = {
+            let mut s = self.daemon.lock();
+            let b = s.state.bindings.remove(cgroup)?;
+            let excl = s.state.allocator.exclusive_cpus();
+            if b.pod_uid.contains('/') {
+                s.state.allocator.release(&b.pod_uid);
+            }
+            (
+                b,
+                excl != s.state.allocator.exclusive_cpus(),
+                s.cfg.daemon.dry_run,
+            )
+        };
+        let (b, freed, dry_run) = b;
+        if freed {
+            self.shrink_locked_order(dry_run);
+        }
+        if durability == Durability::Durable {
+            self.checkpoint_logged();
+        }
+        Some(b)
+    }
+
+    /// Exclusive CPUs that went offline are replaced (`Allocator::replace_offline`): each
+    /// container's cgroup gets its new cpuset, and shared containers move off CPUs that just
+    /// became exclusive. Returns how many placements were replaced. Checkpointed by the caller.
+    pub fn replace_offline(&self) -> usize {
+        let _order = self.order();
+        let (writes, dry_run) = {
+            let mut s = self.daemon.lock();
+            let sh = &mut *s;
+            let replaced = sh
+                .state
+                .allocator
+                .replace_offline(&sh.topo, &sh.cfg.placement);
+            let mut writes = Vec::new();
+            for r in &replaced {
+                if r.added.len() < r.lost.len() {
+                    tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
+                        "exclusive CPUs went offline and not all could be replaced");
+                } else {
+                    tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
+                        "exclusive CPUs went offline; replaced");
+                }
+                if let Some((cg, _)) = sh
+                    .state
+                    .bindings
+                    .iter()
+                    .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container)
+                {
+                    writes.push(CpusetChange {
+                        cgroup: cg.clone(),
+                        cpus: r.cpus.clone(),
+                        mems: None,
+                    });
+                }
+            }
+            if replaced.is_empty() {
+                return 0;
+            }
+            (writes, sh.cfg.daemon.dry_run)
+        };
+        if !dry_run {
+            for w in &writes {
+                if let Err(e) = self.writer.write(w) {
+                    tracing::warn!(cgroup = %w.cgroup, error = %e, "writing the replacement exclusive CPUs failed");
+                }
+            }
+        }
+        self.shrink_locked_order(dry_run);
+        writes.len()
+    }
+
+    /// Writes the checkpoint now (encoded under the state lock, written outside it).
+    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
+        self.daemon.checkpoint()
+    }
+
+    fn checkpoint_logged(&self) {
+        if let Err(e) = self.daemon.checkpoint() {
+            tracing::warn!(error = %e, "checkpoint after admission changes failed");
+        }
+    }
+
+    /// Asks the checkpointer thread for a checkpoint soon: requests made while it writes are
+    /// coalesced into its next write, at most one per [`CHECKPOINT_EVERY`]. Falls back to a
+    /// checkpoint now when the thread cannot be started.
+    pub fn request_checkpoint(&self) {
+        let tx = self.checkpointer.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<()>();
+            let me = self.clone_without_checkpointer();
+            let spawned = std::thread::Builder::new()
+                .name("checkpointer".into())
+                .spawn(move || {
+                    while rx.recv().is_ok() {
+                        while rx.try_recv().is_ok() {}
+                        me.checkpoint_logged();
+                        std::thread::sleep(CHECKPOINT_EVERY);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "checkpointer thread not started; checkpointing inline");
+            }
+            tx
+        });
+        if tx.send(()).is_err() {
+            self.checkpoint_logged();
+        }
+    }
+
+    /// A handle for the checkpointer thread itself (holding the sender would keep it alive).
+    fn clone_without_checkpointer(&self) -> Admission {
+        Admission {
+            daemon: self.daemon.clone(),
+            writer: self.writer.clone(),
+            checkpointer: Default::default(),
+        }
+    }
+
+    fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
+        let r = self.writer.write(&CpusetChange {
+            cgroup: cg.into(),
+            cpus: p.cpus.clone(),
+            mems: Some(p.mems.clone()),
+        });
+        match &r {
+            Err(WriteError::Vanished { .. }) => {
+                tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written")
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %cg, error = %e, "writing the admitted cpuset failed")
+            }
+            Ok(()) => {}
+        }
+        r
+    }
+
+    /// The shared pool follows the books (see [`shared_changes`]), through the writer. Call
+    /// with `order` held.
+    fn shrink_locked_order(&self, dry_run: bool) -> Vec<CpusetChange> {
+        let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
+        let mut out = Vec::new();
+        for change in changes {
+            if !dry_run {
+                if let Err(e) = self.writer.write(&change) {
+                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed");
+                    continue;
+                }
+                tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
+            }
+            out.push(change);
+        }
+        out
+    }
+
+    /// A container we could not admit still never runs on another container's exclusive CPUs:
+    /// when its cpuset overlaps them it gets the shared pool instead (unaccounted, as kubelet's
+    /// shared pool would run it). Call with `order` held.
+    fn fence(&self, cg: &str, excl: &CpuSet, pool: &CpuSet) -> Option<CpuSet> {
+        let current = self.writer.cpus(cg)?;
+        if current.is_disjoint(excl) || pool.is_empty() {
+            return None;
+        }
+        match self.writer.write(&CpusetChange {
+            cgroup: cg.into(),
+            cpus: pool.clone(),
+            mems: None,
+        }) {
+            Ok(()) => Some(pool.clone()),
+            Err(e) => {
+                tracing::warn!(cgroup = %cg, error = %e, "moving a rejected container off exclusive CPUs failed");
+                None
+            }
+        }
+    }
+}
+
+/// The exclusive CPUs and the shared pool now.
+fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
+    (
+        s.state.allocator.exclusive_cpus(),
+        s.state.allocator.shared_pool(&CpuView::new(&s.topo)),
+    )
+}
+
+/// The shared pool as the books have it: every bound shared container's cpuset should be its
+/// pool minus the exclusive CPUs (`Allocator::current_cpus`) — smaller when exclusive CPUs were
+/// taken (kubelet's shrink), larger again when they were freed. The changes for the bound shared
+/// containers whose live cpus (`live`, read without the state lock) differ from that; one whose
+/// pool is all exclusive keeps what it has (never an empty cpuset).
+pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
+    let want = shared_bound(&d.lock());
+    let mut out = Vec::new();
+    for (cg, cpus) in want {
+        if cpus.is_empty() {
+            tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
+            continue;
+        }
+        if live(&cg).is_some_and(|l| l != cpus) {
+            out.push(CpusetChange {
+                cgroup: cg,
+                cpus,
+                mems: None,
+            });
+        }
+    }
+    out
+}
+
+/// Bound shared containers and their pools minus the exclusive CPUs.
+fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
+    s.state
+        .bindings
+        .iter()
+        .filter_map(|(cg, b)| {
+            let exclusive = s.state.allocator.pods.get(&b.pod_uid).is_some_and(|p| {
+                p.containers
+                    .iter()
+                    .any(|c| c.placement.container == b.container && c.placement.exclusive)
+            });
+            if exclusive {
+                return None;
+            }
+            let pool = s.state.allocator.current_cpus(&b.pod_uid, &b.container)?;
+            Some((cg.clone(), pool))
+        })
+        .collect()
+}
+
+/// Why new reservations were not applied to the allocator.
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationError {
+    #[error("{0}")]
+    Invalid(#[from] crate::placement::admission::PlacementError),
+    #[error("placement.reserved_cpus {reserved} would take CPUs {taken} that admitted containers hold: {holders}; release them first")]
+    CpusHeld {
+        reserved: CpuSet,
+        taken: CpuSet,
+        holders: String,
+    },
+    #[error("placement.reserved_memory changed while {0} admitted container(s) hold Memory Manager memory; release them first")]
+    MemoryHeld(usize),
+}
+
+/// Applies `cfg`'s `reserved_cpus` and `reserved_memory` to `alloc` (a restart with a changed
+/// config, or SIGHUP), or refuses with the reason and leaves `alloc` unchanged. Newly reserved
+/// CPUs may not be in any admitted placement — exclusive, or a shared container's pool — so no
+/// reserved CPU is ever in a placement; CPUs no longer reserved simply become free. Memory
+/// reservations may change only while no admitted container holds Memory Manager memory (the
+/// blocks' reserved figures would otherwise be rebuilt under live allocations).
+pub fn reconfigure(
+    alloc: &mut crate::placement::admission::Allocator,
+    topo: &crate::topology::Topology,
+    cfg: &crate::config::PlacementConfig,
+) -> Result<bool, ReservationError> {
+    use crate::placement::admission::Allocator;
+    let fresh = Allocator::new(topo, cfg)?;
+    let cpus_changed = fresh.reserved_cpus != alloc.reserved_cpus;
+    // What each block was built with (its live `reserved` / `free` move with allocations).
+    let built = |m: &crate::placement::memory::MemoryState| -> Vec<(u32, &'static str, u64)> {
+        m.nodes
+            .iter()
+            .flat_map(|n| {
+                n.blocks
+                    .iter()
+                    .map(move |(r, b)| (n.id, r.name(), b.system_reserved))
+            })
+            .collect()
+    };
+    let memory_changed = built(&alloc.memory) != built(&fresh.memory);
+    let strict_changed = fresh.strict_reservation != alloc.strict_reservation;
+    if !cpus_changed && !memory_changed && !strict_changed {
+        return Ok(false);
+    }
+    let added = fresh.reserved_cpus.difference(&alloc.reserved_cpus);
+    // without strict-cpu-reservation shared containers may keep running on reserved CPUs;
+    // turning it on reserves every reserved CPU from them too
+    let off_shared = match (fresh.strict_reservation, alloc.strict_reservation) {
+        (true, false) => fresh.reserved_cpus.clone(),
+        (true, true) => added.clone(),
+        (false, _) => CpuSet::new(),
+    };
+    let mut taken = CpuSet::new();
+    let mut holders = Vec::new();
+    for (uid, p) in &alloc.pods {
+        for c in &p.containers {
+            let off = if c.placement.exclusive {
+                &added
+            } else {
+                &off_shared
+            };
+            let hit = c.placement.cpus.intersection(off);
+            if !hit.is_empty() {
+                taken = taken.union(&hit);
+                holders.push(format!("{uid}/{} on {hit}", c.placement.container));
+            }
+        }
+    }
+    if !taken.is_empty() {
+        return Err(ReservationError::CpusHeld {
+            reserved: fresh.reserved_cpus,
+            taken,
+            holders: holders.join(", "),
+        });
+    }
+    if memory_changed {
+        let held = alloc
+            .pods
+            .values()
+            .flat_map(|p| &p.containers)
+            .filter(|c| c.memory.is_some())
+            .count();
+        if held > 0 {
+            return Err(ReservationError::MemoryHeld(held));
+        }
+        alloc.memory = fresh.memory;
+    }
+    alloc.reserved_cpus = fresh.reserved_cpus;
+    alloc.strict_reservation = fresh.strict_reservation;
+    Ok(true)
+}
+
+/// Why the books refuse a control-round move (a reason label for `moves_skipped`).
+pub type BooksRefusal = &'static str;
+
+/// The books' side of a control-round move, checked just before it is written (`apply`): its
+/// CPUs may not be reserved, nor another container's exclusive ones — an admission may have
+/// taken them since the round planned — and a bound container holding Memory Manager memory
+/// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
+/// pin) is checked for memory only.
+pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
+    let s = d.lock();
+    let a = &s.state.allocator;
+    let own = bound_container(&s, &mv.cgroup);
+    if mv.to_cpus != mv.from_cpus {
+        if !mv.to_cpus.is_disjoint(&a.reserved_cpus) {
+            return Err("books-reserved");
+        }
+        let mut excl = a.exclusive_cpus();
+        if let Some(c) = own.filter(|c| c.placement.exclusive) {
+            excl = excl.difference(&c.placement.cpus);
+        }
+        if !mv.to_cpus.is_disjoint(&excl) {
+            return Err("books-exclusive");
+        }
+        // An exclusive container's new CPUs leave every shared container at least one.
+        if own.is_some_and(|c| c.placement.exclusive) {
+            let after = excl.union(&mv.to_cpus);
+            let starved = a
+                .pods
+                .values()
+                .flat_map(|p| &p.containers)
+                .filter(|c| !c.placement.exclusive)
+                .any(|c| !c.placement.cpus.is_empty() && c.placement.cpus.is_subset(&after));
+            if starved {
+                return Err("books-shared-starved");
+            }
+        }
+    }
+    if let (Some(c), None) = (own, &mv.stage) {
+        if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
+            if mask != mem.nodes && rebook_memory(a.memory.clone(), mem, mask).is_none() {
+                return Err("books-memory");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A move was written: the bound container's placement follows it — its CPUs (for a shared
+/// container, its pool and the CPU charges spread over it), its mems, and Memory Manager
+/// memory re-booked on the new nodes — so later admissions decide on what cgroupfs holds.
+/// Unbound cgroups have nothing in the books. Returns true when exclusive CPUs changed (the
+/// shared containers then follow: [`shared_changes`]).
+pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
+    let _order = d.order();
+    let mut s = d.lock();
+    let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
+        return false;
+    };
+    let a = &mut s.state.allocator;
+    let Some(c) = a.pods.get_mut(&b.pod_uid).and_then(|p| {
+        p.containers
+            .iter_mut()
+            .find(|c| c.placement.container == b.container)
+    }) else {
+        return false;
+    };
+    let exclusive_moved = c.placement.exclusive && c.placement.cpus != mv.to_cpus;
+    if c.placement.cpus != mv.to_cpus {
+        c.placement.cpus = mv.to_cpus.clone();
+        if !c.placement.exclusive {
+            let millis: u64 = c.charges.values().sum();
+            for (cpu, m) in &c.charges {
+                if let Some(l) = a.shared_load.get_mut(cpu) {
+                    *l -= (*m).min(*l);
+                    if *l == 0 {
+                        a.shared_load.remove(cpu);
+                    }
+                }
+            }
+            c.charges = crate::placement::shared::spread(&mv.to_cpus, millis);
+            for (cpu, m) in &c.charges {
+                *a.shared_load.entry(*cpu).or_default() += m;
+            }
+        }
+    }
+    if mv.stage.is_none() && c.placement.mems != mv.to_mems {
+        c.placement.mems = mv.to_mems.clone();
+        if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
+            if mask != mem.nodes {
+                if let Some((state, new)) = rebook_memory(a.memory.clone(), mem, mask) {
+                    a.memory = state;
+                    c.memory = Some(new);
+                }
+            }
+        }
+    }
+    exclusive_moved
+}
+
+fn bound_container<'a>(
+    s: &'a Shared,
+    cg: &str,
+) -> Option<&'a crate::placement::admission::AdmittedContainer> {
+    let b = s.state.bindings.get(cg)?;
+    s.state
+        .allocator
+        .pods
+        .get(&b.pod_uid)?
+        .containers
+        .iter()
+        .find(|c| c.placement.container == b.container)
+}
+
+fn node_mask(mems: &CpuSet) -> Option<crate::placement::mask::NodeMask> {
+    crate::placement::mask::NodeMask::from_ids(mems.iter())
+}
+
+/// `mem` moved to the nodes of `mask` on `state`: the new state and allocation, or None when
+/// those nodes' blocks cannot take all of it (a Guaranteed block would be short).
+fn rebook_memory(
+    mut state: crate::placement::memory::MemoryState,
+    mem: &crate::placement::memory::MemoryAllocation,
+    mask: crate::placement::mask::NodeMask,
+) -> Option<(
+    crate::placement::memory::MemoryState,
+    crate::placement::memory::MemoryAllocation,
+)> {
+    let mut req = crate::placement::memory::MemoryRequest::new();
+    for &(_, r, t) in &mem.taken {
+        *req.entry(r).or_default() += t;
+    }
+    state.release(mem);
+    let new = state.allocate(&req, mask);
+    let mut got = crate::placement::memory::MemoryRequest::new();
+    for &(_, r, t) in &new.taken {
+        *got.entry(r).or_default() += t;
+    }
+    (got == req).then_some((state, new))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::{path::Path, sync::Arc, time::Instant};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{
+        cgroup::{Cgroups, Mounts},
+        config::Config,
+        daemon::{run::reload, writer::CgroupCpusetWriter},
+        placement::pod::Container,
+        serve::Metrics,
+        topology::TopologyBuilder,
+    };
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A Guaranteed pod of n CPUs (exclusive).
+        Guaranteed(u64),
+        /// A Burstable pod requesting millis (shared pool).
+        Burstable(u64),
+        /// Release the i-th admitted pod (modulo the number).
+        Release(usize),
+        /// SIGHUP with these CPUs (bit i = CPU i) as placement.reserved_cpus.
+        Reserve(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u64..=3).prop_map(Op::Guaranteed),
+            (100u64..=2500).prop_map(Op::Burstable),
+            any::<usize>().prop_map(Op::Release),
+            any::<u8>().prop_map(Op::Reserve),
+        ]
+    }
+
+    /// A one-container pod: Guaranteed (`millis` limit = request, `mem` bytes) or Burstable.
+    pub(crate) fn pod(uid: &str, millis: u64, mem: u64, guaranteed: bool) -> Pod {
+        Pod {
+            uid: uid.into(),
+            containers: vec![Container {
+                name: "c".into(),
+                cpu_request_millis: millis,
+                cpu_limit_millis: if guaranteed { millis } else { 0 },
+                memory_bytes: if guaranteed { mem } else { 0 },
+                memory_limit_bytes: if guaranteed { mem } else { 0 },
+                ..Default::default()
+            }],
+            init_containers: Vec::new(),
+        }
+    }
+
+    fn config_file(path: &Path, state: &Path, reserved: &CpuSet) {
+        std::fs::write(
+            path,
+            format!(
+                "[daemon]\nstate_dir = \"{}\"\n[placement]\nreserved_cpus = \"{reserved}\"\nstrict_cpu_reservation = true\n",
+                state.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Issue 13: whatever the order of admissions, releases and SIGHUPs changing
+        /// `reserved_cpus`, no reserved CPU is ever in an exclusive or a shared placement; a
+        /// reload is applied exactly when no admitted container holds a newly reserved CPU, and
+        /// the reservations in force are the allocator's.
+        #[test]
+        fn a_reload_of_reserved_cpus_never_leaves_a_reserved_cpu_in_a_placement(ops in proptest::collection::vec(op(), 1..24)) {
+            let dir = tempfile::tempdir().unwrap();
+            let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
+            config_file(&file, &state, &CpuSet::new());
+            let cfg = Config::load(Some(&file)).unwrap();
+            let topo = TopologyBuilder { cores_per_node: 4, threads_per_core: 1, ..Default::default() }.build();
+            let d = Daemon::new(Shared::fresh(topo.clone(), cfg).unwrap(), Metrics::default());
+            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))));
+            let mut live: Vec<String> = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                match op {
+                    Op::Guaranteed(n) | Op::Burstable(n) => {
+                        let g = matches!(op, Op::Guaranteed(_));
+                        let uid = format!("p{i}");
+                        let p = pod(&uid, if g { n * 1000 } else { *n }, 64 << 20, g);
+                        if adm.admit(AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
+                            live.push(uid);
+                        }
+                    }
+                    Op::Release(k) if !live.is_empty() => {
+                        let uid = live.remove(k % live.len());
+                        adm.release(&uid, Durability::Durable).unwrap();
+                    }
+                    Op::Release(_) => {}
+                    Op::Reserve(bits) => {
+                        let want: CpuSet = (0..8).filter(|c| bits & (1 << c) != 0).collect();
+                        let before = d.lock().state.allocator.clone();
+                        let held: CpuSet = before
+                            .placements()
+                            .fold(CpuSet::new(), |a, p| a.union(&p.cpus))
+                            .intersection(&want.difference(&before.reserved_cpus));
+                        config_file(&file, &state, &want);
+                        reload(&d, Some(&file));
+                        let s = d.lock();
+                        let in_force = &s.state.allocator.reserved_cpus;
+                        let all_reserved = topo.online_cpus().is_subset(&want);
+                        if held.is_empty() && !all_reserved {
+                            prop_assert_eq!(in_force, &want, "refused without a holder");
+                        } else {
+                            prop_assert_eq!(in_force, &before.reserved_cpus, "applied though {} is held", held);
+                        }
+                        prop_assert_eq!(&s.cfg.reserved_cpus(), in_force, "config and allocator disagree");
+                    }
+                }
+                let s = d.lock();
+                let reserved = &s.state.allocator.reserved_cpus;
+                for p in s.state.allocator.placements() {
+                    prop_assert!(p.cpus.is_disjoint(reserved), "{} holds reserved CPUs {} after {:?}", p.container, reserved, op);
+                    prop_assert!(!p.cpus.is_empty());
+                }
+                let pool = s.state.allocator.shared_pool(&CpuView::new(&s.topo));
+                prop_assert!(pool.is_disjoint(reserved));
+            }
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! Issue 13, "moves go through the allocator": a property test over random admissions (through
+//! the admission service, bound to cgroups of a `FakeCgroups`), control rounds (the real
+//! planner on observations of those cgroups, the real `apply_moves` writing the fake) and
+//! releases. After every step the allocator and the fake agree — every bound container's
+//! cpuset is what the books say (`current_cpus`, its mems), exclusive CPUs are disjoint and
+//! never reserved, no cpuset is empty — and no Guaranteed container's Memory Manager block is
+//! short: its memory is booked in full, on nodes its cgroup may allocate from, and no block is
+//! booked past what it has.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use proptest::prelude::*;
+
+use super::{
+    admission::{tests::pod, Admission, AdmitRequest, Durability},
+    apply::apply_moves,
+    engine::{bound_constraints, promised_unused},
+    writer::{CpusetChange, CpusetWriter, WriteError},
+    Daemon, Shared,
+};
+use crate::{
+    config::Config,
+    controller::{
+        self, CgroupObs, CgroupWriteError, CgroupWriter, FakeCgroups, NodeObs, Observations,
+    },
+    cpuset::CpuSet,
+    placement::memory::MemoryResource,
+    serve::Metrics,
+    topology::TopologyBuilder,
+};
+
+const MIB: u64 = 1 << 20;
+const NODE_BYTES: u64 = 2 << 30;
+
+/// The admission service's writer over the shared fake.
+struct FakeCpuset(Arc<Mutex<FakeCgroups>>);
+
+impl CpusetWriter for FakeCpuset {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        let mut f = self.0.lock().unwrap();
+        let conv = |e: CgroupWriteError| match e {
+            CgroupWriteError::Vanished { cgroup } => WriteError::Vanished { cgroup },
+            e => WriteError::Failed {
+                cgroup: c.cgroup.clone(),
+                message: e.to_string(),
+            },
+        };
+        if let Some(m) = &c.mems {
+            f.write_mems(&c.cgroup, m).map_err(conv)?;
+        }
+        f.write_cpus(&c.cgroup, &c.cpus).map_err(conv)
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        self.0.lock().unwrap().read_cpus(cgroup).ok()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A Guaranteed pod: CPUs, MiB of memory, and the node its memory first lands on.
+    Guaranteed(u64, u64, u32),
+    /// A Burstable pod: millicores, MiB it uses, the node its memory is on.
+    Burstable(u64, u64, u32),
+    /// Release the i-th live pod (modulo).
+    Release(usize),
+    /// A control round in which every workload runs on this node.
+    Round(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u64..=2, 64u64..=768, 0u32..2).prop_map(|(c, m, n)| Op::Guaranteed(c, m, n)),
+        (100u64..=1500, 16u64..=512, 0u32..2).prop_map(|(c, m, n)| Op::Burstable(c, m, n)),
+        any::<usize>().prop_map(Op::Release),
+        (0u32..2).prop_map(Op::Round),
+        (0u32..2).prop_map(Op::Round),
+    ]
+}
+
+/// One round's observations of the bound cgroups, as the engine makes them: CPU time on
+/// `node`, memory where the fake has it, the books' constraints, nodes' free memory minus
+/// what the Memory Manager promised and is unused.
+fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
+    let s = d.lock();
+    let mut used: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut cgroups = Vec::new();
+    for cg in s.state.bindings.keys() {
+        let mem = fake.memory(cg).cloned().unwrap_or_default();
+        for (n, b) in &mem {
+            *used.entry(*n).or_default() += b;
+        }
+        cgroups.push(CgroupObs {
+            id: cg.clone(),
+            cpu_ns_per_node: [(node, 2_000_000_000)].into(),
+            mem_bytes_per_node: mem,
+            cpus: fake.cpus(cg).cloned().unwrap_or_default(),
+            mems: fake.mems(cg).cloned().unwrap_or_default(),
+            constraints: bound_constraints(&s, cg).unwrap_or_default(),
+            ..Default::default()
+        });
+    }
+    let mut obs = Observations {
+        period_ns: 2_000_000_000,
+        cgroups,
+        nodes: s
+            .topo
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.id,
+                    NodeObs {
+                        cpu_busy: 0.2,
+                        free_bytes: NODE_BYTES
+                            .saturating_sub(used.get(&n.id).copied().unwrap_or(0)),
+                        free_hugepage_bytes: 0,
+                    },
+                )
+            })
+            .collect(),
+        reserved_cpus: s.state.allocator.reserved_cpus.clone(),
+    };
+    for (n, b) in promised_unused(&s, &obs) {
+        if let Some(o) = obs.nodes.get_mut(&n) {
+            o.free_bytes = o.free_bytes.saturating_sub(b);
+        }
+    }
+    obs
+}
+
+/// The invariants of the module doc; `Err` names the first one broken.
+fn books_agree(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
+    let s = d.lock();
+    let a = &s.state.allocator;
+    let mut excl = CpuSet::new();
+    for (cg, b) in &s.state.bindings {
+        let c = a
+            .pods
+            .get(&b.pod_uid)
+            .and_then(|p| {
+                p.containers
+                    .iter()
+                    .find(|c| c.placement.container == b.container)
+            })
+            .ok_or(format!("{cg} bound to an unknown container"))?;
+        let want = a.current_cpus(&b.pod_uid, &b.container).unwrap();
+        let cpus = fake.cpus(cg).ok_or(format!("{cg} not in the fake"))?;
+        let mems = fake.mems(cg).unwrap();
+        if cpus.is_empty() || mems.is_empty() {
+            return Err(format!("{cg}: empty cpuset {cpus} / {mems}"));
+        }
+        if *cpus != want || *mems != c.placement.mems {
+            return Err(format!(
+                "{cg}: cgroupfs {cpus} / {mems}, books {want} / {}",
+                c.placement.mems
+            ));
+        }
+        if c.placement.exclusive {
+            if !excl.is_disjoint(&c.placement.cpus)
+                || !c.placement.cpus.is_disjoint(&a.reserved_cpus)
+            {
+                return Err(format!("{cg}: exclusive {} overlaps", c.placement.cpus));
+            }
+            excl = excl.union(&c.placement.cpus);
+        }
+        if let Some(m) = &c.memory {
+            let booked: u64 = m
+                .taken
+                .iter()
+                .filter(|t| t.1 == MemoryResource::Memory)
+                .map(|t| t.2)
+                .sum();
+            let pod = a.pods.get(&b.pod_uid).unwrap();
+            let want_mem = pod
+                .memory_request
+                .get(&MemoryResource::Memory)
+                .copied()
+                .unwrap_or(0);
+            if booked != want_mem {
+                return Err(format!("{cg}: {booked} bytes booked of {want_mem}"));
+            }
+            for &(n, _, _) in &m.taken {
+                if !c.placement.mems.contains(n) || !m.nodes.contains(n) {
+                    return Err(format!(
+                        "{cg}: memory booked on node {n}, mems {}",
+                        c.placement.mems
+                    ));
+                }
+            }
+        }
+    }
+    for n in &a.memory.nodes {
+        for (r, b) in &n.blocks {
+            if b.reserved > b.allocatable || b.reserved + b.free != b.allocatable {
+                return Err(format!("node {} {r:?}: block {b:?} short", n.id));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two nodes of 4 CPUs and 2 GiB, a daemon over them, its admission service writing a fake.
+struct World {
+    _dir: tempfile::TempDir,
+    topo: crate::topology::Topology,
+    ctl: crate::config::ControllerConfig,
+    d: Daemon,
+    fake: Arc<Mutex<FakeCgroups>>,
+    adm: Admission,
+}
+
+fn world(move_exclusive: bool) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = TopologyBuilder {
+        cores_per_node: 4,
+        threads_per_core: 1,
+        memory_per_node_bytes: NODE_BYTES,
+        ..Default::default()
+    }
+    .build();
+    let mut cfg = Config::default();
+    cfg.daemon.state_dir = dir.path().join("state");
+    cfg.controller.move_exclusive = move_exclusive;
+    cfg.controller.staged_migration = false;
+    cfg.controller.migration_budget_mib = 4096;
+    let ctl = cfg.controller.clone();
+    let d = Daemon::new(
+        Shared::fresh(topo.clone(), cfg).unwrap(),
+        Metrics::default(),
+    );
+    let fake = Arc::new(Mutex::new(FakeCgroups::v2()));
+    let adm = Admission::new(d.clone(), Arc::new(FakeCpuset(fake.clone())));
+    World {
+        _dir: dir,
+        topo,
+        ctl,
+        d,
+        fake,
+        adm,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn allocator_and_cgroupfs_never_disagree_and_no_guaranteed_block_is_short(
+        ops in proptest::collection::vec(op(), 1..30),
+        move_exclusive in any::<bool>(),
+    ) {
+        let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
+        let cooldown = ctl.cooldown_ms;
+        let mut live: Vec<(String, String)> = Vec::new();
+        let mut now = 1_000_000u64;
+        let mut moves = 0;
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Guaranteed(cpus, mib, node) | Op::Burstable(cpus, mib, node) => {
+                    let g = matches!(op, Op::Guaranteed(..));
+                    let (uid, cg) = (format!("p{i}"), format!("kubepods/p{i}/c"));
+                    {
+                        let mut f = fake.lock().unwrap();
+                        f.insert(&cg, "0-7", "0-1");
+                        f.set_memory(&cg, &[(node, mib * MIB)]);
+                    }
+                    let millis = if g { cpus * 1000 } else { cpus };
+                    let p = pod(&uid, millis, mib * MIB, g);
+                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                        Ok(_) => live.push((uid, cg)),
+                        Err(_) => fake.lock().unwrap().remove(&cg),
+                    }
+                }
+                Op::Release(k) if !live.is_empty() => {
+                    let (_, cg) = live.remove(k % live.len());
+                    prop_assert!(adm.unbind(&cg, Durability::Deferred).is_some());
+                    fake.lock().unwrap().remove(&cg);
+                }
+                Op::Release(_) => {}
+                Op::Round(node) => {
+                    let mut f = fake.lock().unwrap();
+                    let obs = observe(&d, &f, node);
+                    let state = {
+                        let mut s = d.lock();
+                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.clone()
+                    };
+                    let plan = controller::plan(&topo, &obs, &state, &ctl, now);
+                    moves += apply_moves(&d, &mut *f, &plan.moves, now, false).applied;
+                    now += cooldown + 1;
+                }
+            }
+            let f = fake.lock().unwrap();
+            if let Err(e) = books_agree(&d, &f) {
+                prop_assert!(false, "after step {i} {op:?} (ops {ops:?}): {e}");
+            }
+        }
+        let _ = moves;
+    }
+}
+
+/// The property above is not vacuous: a shared container's move is applied and followed by the
+/// books (its pool, charges and mems); a Guaranteed container's Memory Manager memory stays in
+/// its group even with `move_exclusive` and all its CPU time elsewhere (the group is a
+/// constraint); and memory promised to it but untouched is not free to a Burstable move.
+#[test]
+fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
+    let World {
+        _dir,
+        topo,
+        ctl,
+        d,
+        fake,
+        adm,
+    } = world(true);
+    let admit = |i: usize, g: bool, mem: u64| {
+        let cg = format!("kubepods/p{i}/c");
+        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+        let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, mem, g);
+        adm.admit(AdmitRequest {
+            pod: &p,
+            bind: Some(&cg),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        })
+        .unwrap()
+    };
+    // A Burstable container (shared pool, memory on node 0) and a Guaranteed one (1 CPU and
+    // 256 MiB of Memory Manager memory, on node 0).
+    admit(0, false, 0);
+    let g = admit(1, true, 256 * MIB);
+    assert_eq!(g.placements[0].mems, CpuSet::parse("0").unwrap());
+    let g_booked = d.lock().state.allocator.pods["p1"].containers[0]
+        .memory
+        .clone()
+        .unwrap();
+    for i in 0..2 {
+        fake.lock()
+            .unwrap()
+            .set_memory(&format!("kubepods/p{i}/c"), &[(0, 256 * MIB)]);
+    }
+    let round = |now: u64| {
+        let mut f = fake.lock().unwrap();
+        let obs = observe(&d, &f, 1);
+        let state = {
+            let mut s = d.lock();
+            s.state.controller.observe(&obs, ctl.ewma_alpha);
+            s.state.controller.clone()
+        };
+        let plan = controller::plan(&topo, &obs, &state, &ctl, now);
+        let n = apply_moves(&d, &mut *f, &plan.moves, now, false).applied;
+        books_agree(&d, &f).unwrap();
+        n
+    };
+    // Both run on node 1 now.
+    let applied: usize = (0..3)
+        .map(|r| round(1_000_000 + r * (ctl.cooldown_ms + 1)))
+        .sum();
+    assert_eq!(
+        applied, 1,
+        "the shared container moved, the Guaranteed one kept its group"
+    );
+    {
+        let s = d.lock();
+        let b = &s.state.allocator.pods["p0"].containers[0];
+        assert_eq!(b.placement.mems, CpuSet::parse("1").unwrap());
+        assert!(
+            b.placement.cpus.is_subset(&topo.nodes[1].cpus),
+            "{}",
+            b.placement.cpus
+        );
+        assert!(
+            b.charges.keys().all(|c| topo.nodes[1].cpus.contains(*c)),
+            "{:?}",
+            b.charges
+        );
+        let g = &s.state.allocator.pods["p1"].containers[0];
+        assert_eq!(g.placement.mems, CpuSet::parse("0").unwrap());
+        assert_eq!(g.memory.as_ref(), Some(&g_booked));
+    }
+
+    // A second Guaranteed container is promised 1.875 GiB on node 1 and touches none of it; a
+    // Burstable container running on node 1 with 1 GiB on node 0 must not move there (MemFree
+    // alone would say 2 GiB are free).
+    let big = admit(2, true, NODE_BYTES - 128 * MIB);
+    assert_eq!(big.placements[0].mems, CpuSet::parse("1").unwrap());
+    admit(3, false, 0);
+    fake.lock().unwrap().set_memory("kubepods/p2/c", &[]);
+    fake.lock()
+        .unwrap()
+        .set_memory("kubepods/p3/c", &[(0, 1 << 30)]);
+    let before = fake.lock().unwrap().mems("kubepods/p3/c").cloned();
+    for r in 0..3 {
+        round(100_000_000 + r * (ctl.cooldown_ms + 1));
+    }
+    assert_eq!(
+        fake.lock().unwrap().mems("kubepods/p3/c").cloned(),
+        before,
+        "a Burstable container's memory went into memory promised to a Guaranteed one"
+    );
+}

@@ -1,0 +1,247 @@
+//! The watcher's admission policy: what a container cgroup that appeared asks for, read from
+//! the cgroup itself — CPU limit from cpu.max (v1 cfs quota), CPU request from cpu.weight (v1
+//! shares, inverted from kubelet's shares formula), memory limit from memory.max; QoS from the
+//! path — and which call of the admission service it becomes: a container of a pod already
+//! admitted through the API is bound to that pod's next unbound container; any other one is
+//! admitted as a single-container pod. No inotify here (see `watcher`), and no allocation
+//! rules (see `daemon::admission`).
+
+use std::time::{Duration, Instant};
+
+use crate::{
+    cgroup::{classify, classify_with_roots, CgroupKind, Cgroups, Controller, Qos},
+    daemon::admission::{Admission, AdmitError, AdmitRequest, Durability},
+    placement::pod::{Container, Pod},
+};
+
+/// How long a container's limits may take to appear after its cgroup: a runtime makes the
+/// directory first and writes cpu.max / memory.max / cpu.weight just after (on v2 they live in
+/// the directory itself), so at the inotify event they usually still show the defaults.
+pub const LIMITS_GRACE: Duration = Duration::from_millis(250);
+
+/// The kernel's default cgroup v2 cpu.weight: what a new cgroup shows before its runtime
+/// writes the container's (kubelet's 2.6-CPU request maps to it too, and is rare).
+const DEFAULT_V2_WEIGHT: u64 = 100;
+
+/// Waits at most `grace` until a container cgroup shows what its QoS class implies it will get:
+/// a Guaranteed one a CPU quota and a memory limit (it always has both); a Burstable one on
+/// cgroup v2 a cpu.weight other than the kernel default (v1's default shares equal a 1-CPU
+/// request, so there is nothing to wait for). `false` when they never appeared.
+pub fn await_limits(cgroups: &Cgroups, rel: &str, qos: Qos, grace: Duration) -> bool {
+    let t0 = Instant::now();
+    let v2_cpu = cgroups
+        .hierarchy(Controller::Cpu)
+        .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
+    loop {
+        let ready = match qos {
+            Qos::Guaranteed => {
+                cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some())
+                    && cgroups.memory_max(rel).is_ok_and(|m| m.is_some())
+            }
+            Qos::Burstable => {
+                !v2_cpu
+                    || cgroups
+                        .cpu_weight(rel)
+                        .is_ok_and(|w| w != DEFAULT_V2_WEIGHT)
+            }
+            Qos::BestEffort => true,
+        };
+        if ready {
+            return true;
+        }
+        if t0.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// What happened to one cgroup, for logs and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WatchOutcome {
+    Admitted {
+        cgroup: String,
+        cpus: String,
+        mems: String,
+        micros: u128,
+    },
+    Bound {
+        cgroup: String,
+        pod: String,
+    },
+    Rejected {
+        cgroup: String,
+        reason: String,
+    },
+    Released {
+        cgroup: String,
+    },
+    /// The cgroup was removed before its cpuset could be written (its container exited at
+    /// once): the admission was undone. A normal race, logged at debug level.
+    Vanished {
+        cgroup: String,
+    },
+    Ignored,
+}
+
+impl WatchOutcome {
+    /// True when the daemon's state changed (and must be checkpointed).
+    pub fn changed(&self) -> bool {
+        !matches!(self, WatchOutcome::Ignored | WatchOutcome::Rejected { .. })
+    }
+}
+
+/// Approximate inverse (one weight step ≈ 2.5% at small requests) of kubelet's shares formula (shares = request_millis * 1024 / 1000) through the v2
+/// weight mapping the cgroup layer applies (weight = 1 + (shares - 2) * 9999 / 262142).
+pub fn request_millis_from_weight(weight: u64) -> u64 {
+    let shares = (weight.saturating_sub(1) * 262_142).div_ceil(9_999) + 2;
+    if shares <= 2 {
+        return 0;
+    }
+    (shares * 1000).div_ceil(1024)
+}
+
+/// The single-container pod the watcher admits for a container cgroup it does not know.
+pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) -> Pod {
+    let limit_millis = cgroups
+        .cpu_max(rel)
+        .ok()
+        .and_then(|m| m.quota_us.map(|q| q * 1000 / m.period_us.max(1)))
+        .unwrap_or(0);
+    let weight_req = cgroups
+        .cpu_weight(rel)
+        .map(request_millis_from_weight)
+        .unwrap_or(0);
+    let mem_limit = cgroups.memory_max(rel).ok().flatten().unwrap_or(0);
+    let (req, mem_req) = match qos {
+        Qos::Guaranteed => (limit_millis, mem_limit),
+        Qos::Burstable => (weight_req.max(1), 0),
+        Qos::BestEffort => (0, 0),
+    };
+    let name = id.chars().take(12).collect::<String>();
+    Pod {
+        uid: format!("{pod_uid}/{name}"),
+        containers: vec![Container {
+            name,
+            cpu_request_millis: if qos == Qos::BestEffort { 0 } else { req },
+            cpu_limit_millis: if qos == Qos::Guaranteed {
+                limit_millis
+            } else {
+                0
+            },
+            memory_bytes: mem_req,
+            memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
+            ..Default::default()
+        }],
+        init_containers: Vec::new(),
+    }
+}
+
+/// Handles a cgroup that appeared: admit (or bind) and write its cpuset (unless dry-run). The
+/// change is not checkpointed here (see `Durability::Deferred`).
+pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
+    let rel = rel.trim_matches('/').to_string();
+    let (kind, kubernetes, known) = {
+        let s = adm.daemon.lock();
+        let kind = classify_with_roots(&rel, &s.cfg.cgroups.roots);
+        let known = match &kind {
+            CgroupKind::Container { pod_uid, .. } => {
+                s.state.allocator.pods.contains_key(pod_uid) || s.state.bindings.contains_key(&rel)
+            }
+            _ => false,
+        };
+        (kind, s.cfg.cgroups.kubernetes, known)
+    };
+    let CgroupKind::Container {
+        pod_uid, qos, id, ..
+    } = kind
+    else {
+        return WatchOutcome::Ignored;
+    };
+    if !kubernetes {
+        return WatchOutcome::Ignored;
+    }
+    // Through the API (its requests are known) or already bound: nothing to wait for. Limits
+    // are only awaited for the Kubernetes layout (configured roots have no QoS-implied limits).
+    if let CgroupKind::Container {
+        qos: q @ (Qos::Guaranteed | Qos::Burstable),
+        ..
+    } = classify(&rel)
+    {
+        if !known && !await_limits(cgroups, &rel, q, LIMITS_GRACE) {
+            tracing::warn!(cgroup = %rel, qos = ?q, "container cgroup still without the limits of its QoS class (cpu.max / memory.max, or cpu.weight) after {LIMITS_GRACE:?}; admitting what it shows");
+        }
+    }
+    // A pod admitted through the API: bind to its next unbound container.
+    match adm.bind(&rel, &pod_uid, Durability::Deferred, t0) {
+        Ok(Some(_)) => {
+            return WatchOutcome::Bound {
+                cgroup: rel,
+                pod: pod_uid,
+            }
+        }
+        Ok(None) => {}
+        Err(AdmitError::AlreadyBound(_)) => return WatchOutcome::Ignored,
+        Err(AdmitError::Vanished(_)) => return WatchOutcome::Vanished { cgroup: rel },
+        Err(e) => {
+            tracing::warn!(cgroup = %rel, error = %e, "binding the container cgroup failed");
+            return WatchOutcome::Ignored;
+        }
+    }
+    let pod = pod_for(cgroups, &rel, &pod_uid, &id, qos);
+    match adm.admit(AdmitRequest {
+        pod: &pod,
+        bind: Some(&rel),
+        durability: Durability::Deferred,
+        since: t0,
+    }) {
+        Ok(a) => {
+            let p = &a.placements[0];
+            tracing::info!(cgroup = %rel, cpus = %p.cpus, mems = %p.mems, micros = a.micros, "container cgroup admitted");
+            WatchOutcome::Admitted {
+                cgroup: rel,
+                cpus: p.cpus.to_string(),
+                mems: p.mems.to_string(),
+                micros: a.micros,
+            }
+        }
+        Err(AdmitError::Rejected { rejection, fenced }) => {
+            match &fenced {
+                Some(pool) => {
+                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, cpus = %pool,
+                    "container cgroup not admitted; moved off exclusive CPUs to the shared pool, unaccounted")
+                }
+                None => {
+                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details,
+                    "container cgroup not admitted; left as the runtime made it")
+                }
+            }
+            WatchOutcome::Rejected {
+                cgroup: rel,
+                reason: rejection.reason.to_string(),
+            }
+        }
+        Err(AdmitError::Vanished(_)) => WatchOutcome::Vanished { cgroup: rel },
+        Err(AdmitError::AlreadyBound(_)) => WatchOutcome::Ignored,
+        Err(e) => {
+            tracing::warn!(cgroup = %rel, error = %e, "container cgroup not admitted");
+            WatchOutcome::Rejected {
+                cgroup: rel,
+                reason: e.to_string(),
+            }
+        }
+    }
+}
+
+/// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod. Not
+/// checkpointed here.
+pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
+    let rel = rel.trim_matches('/').to_string();
+    match adm.unbind(&rel, Durability::Deferred) {
+        Some(_) => {
+            tracing::info!(cgroup = %rel, "container cgroup removed; released");
+            WatchOutcome::Released { cgroup: rel }
+        }
+        None => WatchOutcome::Ignored,
+    }
+}

@@ -1,0 +1,282 @@
+use super::*;
+use crate::{cgroup::Mounts, config::Config, serve::Metrics, topology::TopologyBuilder};
+use crate::{
+    cgroup::Qos,
+    cpuset::CpuSet,
+    daemon::{writer::CgroupCpusetWriter, Daemon, Shared},
+};
+use std::{path::Path, sync::Arc, time::Duration};
+
+const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
+
+fn put(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+/// A fake v2 hierarchy (2 nodes x 2 CPUs) and a daemon over it.
+fn fake(root: &Path) -> (Admission, Cgroups) {
+    put(root, "cgroup.controllers", "cpuset cpu memory\n");
+    for dir in [
+        "",
+        "kubepods.slice",
+        "kubepods.slice/kubepods-besteffort.slice",
+    ] {
+        put(root, &format!("{dir}/cpuset.cpus.effective"), "0-3\n");
+        put(root, &format!("{dir}/cpuset.mems.effective"), "0-1\n");
+    }
+    let topo = TopologyBuilder {
+        cores_per_node: 2,
+        threads_per_core: 1,
+        ..Default::default()
+    }
+    .build();
+    let mut cfg = Config::default();
+    cfg.daemon.state_dir = root.join("state");
+    let shared = Shared::fresh(topo, cfg).unwrap();
+    let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
+    let d = Daemon::new(shared, Metrics::default());
+    let adm = Admission::new(d, Arc::new(CgroupCpusetWriter(cgroups.clone())));
+    (adm, cgroups)
+}
+
+/// A container cgroup as a runtime makes it: the directory, limits still unset.
+fn container(root: &Path, pod: &str, id: &str) -> String {
+    let rel = format!("{pod}/cri-containerd-{}.scope", id.repeat(64));
+    put(root, &format!("{pod}/cpuset.cpus.effective"), "0-3\n");
+    put(root, &format!("{pod}/cpuset.mems.effective"), "0-1\n");
+    for (f, v) in [
+        ("cpuset.cpus", ""),
+        ("cpuset.mems", ""),
+        ("cpu.max", "max 100000\n"),
+        ("cpu.weight", "100\n"),
+        ("memory.max", "max\n"),
+    ] {
+        put(root, &format!("{rel}/{f}"), v);
+    }
+    rel
+}
+
+/// A BestEffort container of pod UID.
+fn besteffort_container(root: &Path) -> String {
+    let us = UID.replace('-', "_");
+    container(
+        root,
+        &format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{us}.slice"),
+        "b",
+    )
+}
+
+/// What a runtime writes for a Guaranteed 1-CPU, 64 MiB container.
+fn guaranteed_limits(dir: &Path) {
+    std::fs::write(dir.join("memory.max"), "67108864\n").unwrap();
+    std::fs::write(dir.join("cpu.max"), "100000 100000\n").unwrap();
+}
+
+#[test]
+fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_ones_move_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    // A BestEffort container first: the whole shared pool.
+    let be = besteffort_container(root);
+    let o = on_created(&d, &cg, &be, Instant::now());
+    assert!(
+        matches!(&o, WatchOutcome::Admitted { cpus, .. } if cpus == "0-3"),
+        "{o:?}"
+    );
+    // A Guaranteed 1-CPU container whose runtime writes its limits 30 ms after mkdir.
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    let (gdir, t0) = (root.join(&g), Instant::now());
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        guaranteed_limits(&gdir);
+    });
+    let o = on_created(&d, &cg, &g, t0);
+    writer.join().unwrap();
+    let WatchOutcome::Admitted { cpus, mems, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let gcpus = CpuSet::parse(cpus).unwrap();
+    assert_eq!(
+        gcpus.len(),
+        1,
+        "one exclusive CPU, not the shared pool: {o:?}"
+    );
+    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), gcpus);
+    assert_eq!(
+        mems,
+        &d.daemon
+            .lock()
+            .topo
+            .node_of_cpu(gcpus.iter().next().unwrap())
+            .unwrap()
+            .to_string()
+    );
+    // The BestEffort container no longer runs on the exclusive CPU, and still has CPUs.
+    let be_now = cg.cpus(&be).unwrap();
+    assert_eq!(be_now, CpuSet::parse("0-3").unwrap().difference(&gcpus));
+    // Limits that never come: admitted as shown after the grace time, not blocked forever.
+    let never = container(
+        root,
+        &format!("kubepods.slice/kubepods-pod{}.slice", us.replace('8', "9")),
+        "c",
+    );
+    let t = Instant::now();
+    assert!(!await_limits(
+        &cg,
+        &never,
+        Qos::Guaranteed,
+        Duration::from_millis(20)
+    ));
+    assert!(t.elapsed() < Duration::from_secs(1));
+}
+
+/// CPU hotplug: a Guaranteed container's exclusive CPU goes offline; it gets another one
+/// written to its cgroup, the BestEffort container moves off that one, and nothing is
+/// empty.
+#[test]
+fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    let be = besteffort_container(root);
+    on_created(&d, &cg, &be, Instant::now());
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    guaranteed_limits(&root.join(&g));
+    let o = on_created(&d, &cg, &g, Instant::now());
+    assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
+    let old = cg.cpus(&g).unwrap();
+    assert_eq!(old.len(), 1);
+    let gone = old.first().unwrap();
+
+    for c in d.daemon.lock().topo.cpus.iter_mut() {
+        if c.id == gone {
+            c.online = false;
+        }
+    }
+    d.replace_offline();
+    let s = d.daemon.lock();
+    let new = cg.cpus(&g).unwrap();
+    assert_eq!(new.len(), 1, "CPU count kept: {new}");
+    assert!(!new.contains(gone));
+    assert_eq!(s.state.allocator.exclusive_cpus(), new);
+    let be_now = cg.cpus(&be).unwrap();
+    assert!(
+        !be_now.is_empty() && be_now.is_disjoint(&new),
+        "{be_now} vs {new}"
+    );
+    // Nothing more to do at the next check.
+    drop(s);
+    assert_eq!(d.replace_offline(), 0);
+    assert_eq!(cg.cpus(&g).unwrap(), new);
+}
+
+#[test]
+fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    spawn(d.clone(), cg.clone()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let pod = format!(
+        "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+        UID.replace('-', "_")
+    );
+    let be = {
+        // Hold the lock: the watcher takes the pod cgroup's event and then waits in
+        // on_created, before it can watch the pod cgroup; the container appears meanwhile.
+        let _held = d.daemon.lock();
+        std::fs::create_dir_all(root.join(&pod)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        container(root, &pod, "e")
+    };
+    let t0 = Instant::now();
+    while cg.cpus(&be).unwrap().is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the container made before its pod cgroup was watched never got a cpuset"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(cg.cpus(&be).unwrap(), CpuSet::parse("0-3").unwrap());
+}
+
+#[test]
+fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    let b = container(
+        root,
+        &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{us}.slice"),
+        "b",
+    );
+    // The runtime writes the 500m request's weight 30 ms after the directory appears; until
+    // then the kernel default (100, i.e. ~2.6 CPUs) shows.
+    let bdir = root.join(&b);
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        std::fs::write(bdir.join("cpu.weight"), "20\n").unwrap();
+    });
+    let o = on_created(&d, &cg, &b, Instant::now());
+    writer.join().unwrap();
+    assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
+    let s = d.daemon.lock();
+    let pod = s.state.allocator.pods.values().next().unwrap();
+    assert!(
+        (450..=550).contains(&pod.cpu_request_millis),
+        "admitted with {}m, not the 500m written after mkdir",
+        pod.cpu_request_millis
+    );
+}
+
+#[test]
+fn a_rejected_container_is_fenced_off_exclusive_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    // A Guaranteed container takes 3 of the 4 CPUs.
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    put(root, &format!("{g}/cpu.max"), "300000 100000\n");
+    put(root, &format!("{g}/memory.max"), "67108864\n");
+    let o = on_created(&d, &cg, &g, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let excl = CpuSet::parse(cpus).unwrap();
+    assert_eq!(excl.len(), 3);
+    // A Burstable container asking for 8 CPUs cannot be admitted; the runtime gave it the
+    // whole machine, exclusive CPUs included.
+    let other = UID.replace('8', "9").replace('-', "_");
+    let b = container(
+        root,
+        &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{other}.slice"),
+        "b",
+    );
+    put(root, &format!("{b}/cpu.weight"), "313\n");
+    put(root, &format!("{b}/cpuset.cpus.effective"), "0-3\n");
+    let o = on_created(&d, &cg, &b, Instant::now());
+    assert!(matches!(o, WatchOutcome::Rejected { .. }), "{o:?}");
+    let now = cg.cpus(&b).unwrap();
+    assert!(!now.is_empty() && now.is_disjoint(&excl), "{now} vs {excl}");
+    assert_eq!(now, CpuSet::parse("0-3").unwrap().difference(&excl));
+}
+
+#[test]
+fn weight_inverts_kubelet_shares() {
+    // kubelet: 500m → 512 shares → weight 1 + 510*9999/262142 = 20; the weight scale is
+    // coarser than millicores, so the inverse is exact to within one weight step (~2.5%).
+    let back = request_millis_from_weight(20);
+    assert!((485..=515).contains(&back), "{back}");
+    assert_eq!(request_millis_from_weight(1), 0);
+    // 2 CPUs → 2048 shares → weight 79
+    let w = 1 + (2048 - 2) * 9999 / 262_142;
+    let back = request_millis_from_weight(w);
+    assert!((1990..=2010).contains(&back), "{back}");
+}

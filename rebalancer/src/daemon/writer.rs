@@ -1,0 +1,74 @@
+//! The one way admission changes a container's cpuset: the [`CpusetWriter`] seam. Today its one
+//! implementation is [`CgroupCpusetWriter`] (cgroupfs, through the validated, read-back writes
+//! of [`Cgroups`]); an NRI plugin adds a writer that turns the same changes into the runtime's
+//! container adjustment / update when it is connected — never both, never neither.
+//!
+//! The control round's moves go through the actuator's `CgroupWriter` (`engine::RealWriter`),
+//! which also migrates memory; admission only ever sets cpus (and a new container's mems).
+
+use crate::{
+    cgroup::{Cgroups, Controller},
+    cpuset::CpuSet,
+};
+
+/// One container's cpuset change: `cpus`, and `mems` when they change too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpusetChange {
+    /// The container's cgroup (relative to the hierarchy root).
+    pub cgroup: String,
+    pub cpus: CpuSet,
+    pub mems: Option<CpuSet>,
+}
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The container is gone (its cgroup removed meanwhile): a normal race, not a failure.
+    #[error("container cgroup {cgroup} vanished")]
+    Vanished { cgroup: String },
+    #[error("writing the cpuset of {cgroup}: {message}")]
+    Failed { cgroup: String, message: String },
+}
+
+/// Where admission's cpuset changes go. Implementations do I/O; they are called with no lock
+/// of the daemon's state held.
+pub trait CpusetWriter: Send + Sync {
+    /// Applies `change`: mems first (a task never has CPUs without an allowed memory node), then
+    /// cpus.
+    fn write(&self, change: &CpusetChange) -> Result<(), WriteError>;
+    /// The container's cpus as set now (its own `cpuset.cpus`, or the effective set when that
+    /// is empty); None when unreadable.
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet>;
+}
+
+/// [`CpusetWriter`] over cgroupfs.
+#[derive(Clone)]
+pub struct CgroupCpusetWriter(pub Cgroups);
+
+impl CpusetWriter for CgroupCpusetWriter {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        let r = match &c.mems {
+            Some(m) => self.0.write_mems(&c.cgroup, m),
+            None => Ok(()),
+        }
+        .and_then(|_| self.0.write_cpus(&c.cgroup, &c.cpus));
+        match r {
+            Ok(()) => Ok(()),
+            // Removed meanwhile (ENOENT, or ENODEV from a dying cgroup).
+            Err(_) if !self.0.exists(Controller::Cpuset, &c.cgroup) => Err(WriteError::Vanished {
+                cgroup: c.cgroup.clone(),
+            }),
+            Err(e) => Err(WriteError::Failed {
+                cgroup: c.cgroup.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        match self.0.cpus(cgroup) {
+            Ok(c) if !c.is_empty() => Some(c),
+            _ => self.0.effective_cpus(cgroup).ok(),
+        }
+    }
+}
