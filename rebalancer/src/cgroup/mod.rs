@@ -84,6 +84,13 @@ pub enum Version {
     V2,
 }
 
+/// A cgroup's hugepage limits in bytes (`None`: no limit file or unlimited).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HugetlbLimits {
+    pub hugepages_2mi: Option<u64>,
+    pub hugepages_1gi: Option<u64>,
+}
+
 /// Controllers the layer reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Controller {
@@ -290,6 +297,30 @@ impl Cgroups {
             Version::V1 => "memory.limit_in_bytes",
         });
         files::parse_memory_max(&p, &self.read(&p)?)
+    }
+
+    /// Hugepage limits in bytes per size: v1 `hugetlb.<size>.limit_in_bytes`, v2
+    /// `hugetlb.<size>.max` (`<size>` as the kernel names it: `2MB`, `1GB`). A size whose file
+    /// is absent (no hugetlb controller there, a size the machine lacks) or that is unlimited is
+    /// `None`; a file that does not parse is an error naming it.
+    pub fn hugetlb_limits(&self, rel: &str) -> Result<HugetlbLimits, CgroupError> {
+        let Ok((dir, v)) = self.dir(Controller::Hugetlb, rel) else {
+            return Ok(HugetlbLimits::default());
+        };
+        let read = |size: &str| -> Result<Option<u64>, CgroupError> {
+            let p = dir.join(match v {
+                Version::V2 => format!("hugetlb.{size}.max"),
+                Version::V1 => format!("hugetlb.{size}.limit_in_bytes"),
+            });
+            match fs::read_to_string(&p) {
+                Ok(text) => files::parse_memory_max(&p, &text),
+                Err(_) => Ok(None),
+            }
+        };
+        Ok(HugetlbLimits {
+            hugepages_2mi: read("2MB")?,
+            hugepages_1gi: read("1GB")?,
+        })
     }
 
     /// Per-node memory in bytes: `memory.numa_stat` (v1 pages converted) plus hugetlb pages

@@ -303,3 +303,56 @@ fn cgroup_of_pid_picks_the_controllers_line() {
         .to_string();
     assert!(e.contains("proc/78/cgroup"), "{e}");
 }
+
+#[test]
+fn hugetlb_limits_read_v1_and_v2_names() {
+    let d = tempfile::tempdir().unwrap();
+    let v2 = fake_v2(d.path());
+    assert_eq!(
+        v2.hugetlb_limits("k.slice").unwrap(),
+        HugetlbLimits::default(),
+        "no limit files: no limits"
+    );
+    put(d.path(), "k.slice/hugetlb.2MB.max", "4194304\n");
+    put(d.path(), "k.slice/hugetlb.1GB.max", "max\n");
+    assert_eq!(
+        v2.hugetlb_limits("k.slice").unwrap(),
+        HugetlbLimits {
+            hugepages_2mi: Some(4 << 20),
+            hugepages_1gi: None
+        }
+    );
+    put(d.path(), "k.slice/hugetlb.1GB.max", "lots\n");
+    assert!(v2
+        .hugetlb_limits("k.slice")
+        .unwrap_err()
+        .to_string()
+        .contains("hugetlb.1GB.max"));
+
+    let d1 = tempfile::tempdir().unwrap();
+    put(d1.path(), "hugetlb/tasks", "");
+    put(
+        d1.path(),
+        "hugetlb/pod/hugetlb.1GB.limit_in_bytes",
+        "2147483648\n",
+    );
+    put(
+        d1.path(),
+        "hugetlb/pod/hugetlb.2MB.limit_in_bytes",
+        "9223372036854771712\n",
+    );
+    let v1 = fake_v1(d1.path());
+    assert_eq!(
+        v1.hugetlb_limits("pod").unwrap(),
+        HugetlbLimits {
+            hugepages_2mi: None,
+            hugepages_1gi: Some(2 << 30)
+        }
+    );
+    // no hugetlb controller at all
+    let d0 = tempfile::tempdir().unwrap();
+    assert_eq!(
+        fake_v1(d0.path()).hugetlb_limits("pod").unwrap(),
+        HugetlbLimits::default()
+    );
+}

@@ -649,15 +649,28 @@ pub fn reconfigure(
             .collect()
     };
     let memory_changed = built(&alloc.memory) != built(&fresh.memory);
-    if !cpus_changed && !memory_changed {
+    let strict_changed = fresh.strict_reservation != alloc.strict_reservation;
+    if !cpus_changed && !memory_changed && !strict_changed {
         return Ok(false);
     }
     let added = fresh.reserved_cpus.difference(&alloc.reserved_cpus);
+    // without strict-cpu-reservation shared containers may keep running on reserved CPUs;
+    // turning it on reserves every reserved CPU from them too
+    let off_shared = match (fresh.strict_reservation, alloc.strict_reservation) {
+        (true, false) => fresh.reserved_cpus.clone(),
+        (true, true) => added.clone(),
+        (false, _) => CpuSet::new(),
+    };
     let mut taken = CpuSet::new();
     let mut holders = Vec::new();
     for (uid, p) in &alloc.pods {
         for c in &p.containers {
-            let hit = c.placement.cpus.intersection(&added);
+            let off = if c.placement.exclusive {
+                &added
+            } else {
+                &off_shared
+            };
+            let hit = c.placement.cpus.intersection(off);
             if !hit.is_empty() {
                 taken = taken.union(&hit);
                 holders.push(format!("{uid}/{} on {hit}", c.placement.container));
@@ -684,6 +697,7 @@ pub fn reconfigure(
         alloc.memory = fresh.memory;
     }
     alloc.reserved_cpus = fresh.reserved_cpus;
+    alloc.strict_reservation = fresh.strict_reservation;
     Ok(true)
 }
 

@@ -366,7 +366,7 @@ impl MemoryState {
             .filter_map(|id| self.node(id))
             .filter_map(|n| n.blocks.get(&r))
             .map(f)
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     pub fn all_nodes(&self) -> NodeMask {
@@ -573,7 +573,7 @@ impl MemoryState {
         let mut taken = Vec::new();
         for id in mask.ids() {
             let Some(n) = self.node_mut(id) else { continue };
-            n.assignments += 1;
+            n.assignments = n.assignments.saturating_add(1);
             n.cells = mask;
             if left == 0 {
                 continue;
@@ -586,7 +586,7 @@ impl MemoryState {
                 continue;
             }
             b.free -= t;
-            b.reserved += t;
+            b.reserved = b.reserved.saturating_add(t);
             left -= t;
             taken.push((id, t));
         }
@@ -612,7 +612,7 @@ impl MemoryState {
             };
             let t = m.reserved.min(left);
             m.reserved -= t;
-            m.free += t;
+            m.free = m.free.saturating_add(t);
             left -= t;
         }
     }

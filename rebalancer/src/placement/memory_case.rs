@@ -95,13 +95,15 @@ fn guaranteed(pod: &CasePod) -> bool {
     for c in pod.containers.iter().chain(&pod.init_containers) {
         for (r, q) in &c.requests {
             if (r == "cpu" || r == "memory") && q.is_positive() {
-                *requests.entry(r.as_str()).or_default() += q.0;
+                let e = requests.entry(r.as_str()).or_default();
+                *e = e.saturating_add(q.0);
             }
         }
         let mut found = 0;
         for (r, q) in &c.limits {
             if (r == "cpu" || r == "memory") && q.is_positive() {
-                *limits.entry(r.as_str()).or_default() += q.0;
+                let e = limits.entry(r.as_str()).or_default();
+                *e = e.saturating_add(q.0);
                 found += 1;
             }
         }
@@ -151,22 +153,23 @@ pub fn pod_requested(pod: &CasePod) -> Result<BTreeMap<String, u64>, String> {
             let peak = init_peak.entry(r.clone()).or_default();
             let side = sidecars.entry(r).or_default();
             if c.restartable {
-                *side += q;
-            } else if *side + q > *peak {
-                *peak = *side + q;
+                *side = side.saturating_add(q);
+            } else if side.saturating_add(q) > *peak {
+                *peak = side.saturating_add(q);
             }
         }
     }
     let mut apps: BTreeMap<String, u64> = BTreeMap::new();
     for c in &pod.containers {
         for (r, q) in requested(c)? {
-            *apps.entry(r).or_default() += q;
+            let e = apps.entry(r).or_default();
+            *e = e.saturating_add(q);
         }
     }
     Ok(apps
         .into_iter()
         .map(|(r, total)| {
-            let long = total + sidecars.get(&r).copied().unwrap_or(0);
+            let long = total.saturating_add(sidecars.get(&r).copied().unwrap_or(0));
             let v = long.max(init_peak.get(&r).copied().unwrap_or(0));
             (r, v)
         })
@@ -672,8 +675,21 @@ fn parse_state(v: Option<&Value>) -> Result<MemoryState, CaseError> {
         }
     }
     nodes.sort_by_key(|n| n.id);
+    if nodes.len() > MAX_CASE_NODES {
+        return err(
+            "machine_state",
+            format!(
+                "{} NUMA nodes: the hints of every node mask are enumerated, up to {MAX_CASE_NODES} nodes",
+                nodes.len()
+            ),
+        );
+    }
     Ok(MemoryState { nodes })
 }
+
+/// Most NUMA nodes a case may have (every mask is enumerated, as kubelet does; kubelet's own
+/// limit is 8 unless max-allowable-numa-nodes raises it).
+pub const MAX_CASE_NODES: usize = 16;
 
 fn parse_assignments(v: Option<&Value>) -> Result<Assignments, CaseError> {
     let mut out = Assignments::new();

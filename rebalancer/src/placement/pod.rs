@@ -185,12 +185,17 @@ impl Pod {
         let (mut peak, mut sidecars) = (0u64, 0u64);
         for c in &self.init_containers {
             if c.kind_as_init() == ContainerKind::Sidecar {
-                sidecars += f(c);
+                sidecars = sidecars.saturating_add(f(c));
             } else {
-                peak = peak.max(sidecars + f(c));
+                peak = peak.max(sidecars.saturating_add(f(c)));
             }
         }
-        let long: u64 = self.containers.iter().map(&f).sum::<u64>() + sidecars;
+        let apps = self
+            .containers
+            .iter()
+            .map(&f)
+            .fold(0u64, u64::saturating_add);
+        let long = apps.saturating_add(sidecars);
         long.max(peak)
     }
 }

@@ -75,7 +75,7 @@ impl Quantity {
         };
         let n = mantissa.checked_mul(mul).ok_or_else(overflow)?;
         // round up to the nano unit, as resource.Quantity does
-        let v = (n + den - 1) / den;
+        let v = n.checked_add(den - 1).ok_or_else(overflow)? / den;
         Ok(Quantity(if neg { -v } else { v }))
     }
 

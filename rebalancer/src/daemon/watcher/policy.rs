@@ -122,6 +122,16 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
         .map(request_millis_from_weight)
         .unwrap_or(0);
     let mem_limit = cgroups.memory_max(rel).ok().flatten().unwrap_or(0);
+    // kubelet writes a Guaranteed container's hugepage requests as its hugetlb limits
+    let huge = cgroups.hugetlb_limits(rel).unwrap_or_default();
+    let (h2, h1) = if qos == Qos::Guaranteed {
+        (
+            huge.hugepages_2mi.unwrap_or(0),
+            huge.hugepages_1gi.unwrap_or(0),
+        )
+    } else {
+        (0, 0)
+    };
     let (req, mem_req) = match qos {
         Qos::Guaranteed => (limit_millis, mem_limit),
         Qos::Burstable => (weight_req.max(1), 0),
@@ -140,6 +150,8 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
             },
             memory_bytes: mem_req,
             memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
+            hugepages_2mi_bytes: h2,
+            hugepages_1gi_bytes: h1,
             ..Default::default()
         }],
         init_containers: Vec::new(),

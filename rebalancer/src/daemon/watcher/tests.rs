@@ -388,3 +388,25 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
         "{text}"
     );
 }
+
+#[test]
+fn pod_for_reads_a_guaranteed_containers_hugetlb_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    put(root, "cgroup.controllers", "cpuset cpu memory hugetlb\n");
+    let rel = container(root, "kubepods.slice/kubepods-pod1.slice", "g");
+    guaranteed_limits(&root.join(&rel));
+    put(root, &format!("{rel}/hugetlb.2MB.max"), "8388608\n");
+    put(root, &format!("{rel}/hugetlb.1GB.max"), "1073741824\n");
+    let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
+    let p = pod_for(&cgroups, &rel, "pod1", "g", Qos::Guaranteed);
+    let c = &p.containers[0];
+    assert_eq!(
+        (c.hugepages_2mi_bytes, c.hugepages_1gi_bytes),
+        (8 << 20, 1 << 30)
+    );
+    assert_eq!(c.memory_limit_bytes, 64 << 20);
+    // a Burstable container's hugetlb limits ask the Memory Manager for nothing
+    let b = pod_for(&cgroups, &rel, "pod1", "g", Qos::Burstable);
+    assert_eq!(b.containers[0].hugepages_1gi_bytes, 0);
+}
