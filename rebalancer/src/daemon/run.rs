@@ -154,6 +154,12 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
     let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
+    let reloads = {
+        let rounds_tx = rounds_tx.clone();
+        Reloader::spawn(daemon.clone(), config_path.clone(), move || {
+            let _ = rounds_tx.send(RoundCmd::Reload);
+        })
+    };
     let mut health_tick = tokio::time::interval(Duration::from_millis(500));
     let mut failure: Option<String> = None;
     loop {
@@ -168,12 +174,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
                 }
                 break;
             }
-            _ = sighup.recv() => {
-                let d = daemon.clone();
-                let path = config_path.clone();
-                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
-                let _ = rounds_tx.send(RoundCmd::Reload);
-            }
+            _ = sighup.recv() => reloads.request(),
             _ = health_tick.tick() => {
                 // A component dead for a while: exit non-zero so systemd / the DaemonSet
                 // restarts the daemon (a restart reconciles from the live cgroups).
@@ -218,6 +219,33 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// Runs SIGHUP reloads off the main loop, one at a time: a reload waits for the allocator's
+/// change lock (an admission's fsync, a hotplug replacement), and the loop must keep polling
+/// SIGTERM meanwhile. A SIGHUP while one is running queues one more (it re-reads the file, so
+/// any number of SIGHUPs in the meantime are one reload); `after` runs after each.
+struct Reloader {
+    tx: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Reloader {
+    fn spawn(d: Daemon, path: Option<PathBuf>, after: impl Fn() + Send + 'static) -> Reloader {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                let (d, path) = (d.clone(), path.clone());
+                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
+                after();
+            }
+        });
+        Reloader { tx }
+    }
+
+    /// Never waits: a full queue means a reload is already due.
+    fn request(&self) {
+        let _ = self.tx.try_send(());
+    }
 }
 
 /// From the stop signal to the process' end, at most.
@@ -470,5 +498,80 @@ fn log_topology(topo: &crate::topology::Topology) {
     let offline = topo.cpus.iter().filter(|c| !c.online).count();
     if offline > 0 {
         tracing::info!(offline, "offline CPUs");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon(state: &std::path::Path) -> Daemon {
+        let topo = crate::topology::TopologyBuilder::default().build();
+        let mut cfg = Config::load(None).unwrap();
+        cfg.daemon.state_dir = state.to_path_buf();
+        Daemon::new(Shared::fresh(topo, cfg).unwrap(), serve::Metrics::default())
+    }
+
+    /// Review item 14: a SIGHUP while the allocator's change lock is held (an admission's
+    /// fsync) must not stall the main loop, which would then not see SIGTERM. The request
+    /// returns at once; SIGHUPs meanwhile coalesce; the reload runs once the lock is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_waiting_for_the_change_lock_does_not_block_the_main_loop() {
+        let state = tempfile::tempdir().unwrap();
+        let file = state.path().join("rebalancer.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[daemon]\nstate_dir = \"{}\"\n[controller]\nperiod_ms = 7777\n",
+                state.path().display()
+            ),
+        )
+        .unwrap();
+        let d = daemon(state.path());
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reloads = {
+            let done = done.clone();
+            Reloader::spawn(d.clone(), Some(file), move || {
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        // An admission's fsync, standing: the change lock held on another thread until told.
+        let (release, released) = mpsc::channel::<()>();
+        let (taken, is_taken) = mpsc::channel::<()>();
+        let holder = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                let _held = d.order();
+                taken.send(()).unwrap();
+                let _ = released.recv();
+            })
+        };
+        is_taken.recv().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            reloads.request();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            done.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "still waiting for the lock"
+        );
+        assert_ne!(d.lock().cfg.controller.period_ms, 7777);
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // One running (waiting for the lock) and one queued: five SIGHUPs are two reloads.
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(d.lock().cfg.controller.period_ms, 7777);
     }
 }
