@@ -427,7 +427,7 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
 
 /// SIGHUP: re-read the config; a bad file is reported and the running config kept. The
 /// controller section (period included: the round thread reads it before each wait) and
-/// dry-run apply at once; the placement section applies when its reservations can be applied
+/// dry-run on apply at once (dry-run off only at a restart: `--dry-run` stays in force); the placement section applies when its reservations can be applied
 /// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root) are reported as such.
 pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
@@ -447,7 +447,14 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
         tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
     }
     s.cfg.controller = new.controller;
-    s.cfg.daemon.dry_run = new.daemon.dry_run;
+    // Dry-run off on a reload would start writing cgroupfs under an operator who asked for
+    // none (`--dry-run` on the command line, which the file does not show): only a restart
+    // turns it off. Turning it on applies at once.
+    if s.cfg.daemon.dry_run && !new.daemon.dry_run {
+        tracing::error!("config reload: daemon.dry_run stays on (set by --dry-run or the file at start); turning dry-run off needs a restart");
+    } else {
+        s.cfg.daemon.dry_run = new.daemon.dry_run;
+    }
     let sh = &mut *s;
     let placed = match super::admission::reconfigure(
         &mut sh.state.allocator,
@@ -510,6 +517,41 @@ mod tests {
         let mut cfg = Config::load(None).unwrap();
         cfg.daemon.state_dir = state.to_path_buf();
         Daemon::new(Shared::fresh(topo, cfg).unwrap(), serve::Metrics::default())
+    }
+
+    fn config(path: &std::path::Path, state: &std::path::Path, extra: &str) {
+        std::fs::write(
+            path,
+            format!("[daemon]\nstate_dir = \"{}\"\n{extra}", state.display()),
+        )
+        .unwrap();
+    }
+
+    /// Review item 8: a daemon started with `--dry-run` (the file says nothing of it) stays in
+    /// dry-run across a SIGHUP, as does one whose file said dry_run = true and now says false;
+    /// the rest of the reload applies. Dry-run on by a reload applies.
+    #[test]
+    fn a_reload_does_not_turn_dry_run_off() {
+        let state = tempfile::tempdir().unwrap();
+        let file = state.path().join("rebalancer.toml");
+        let d = daemon(state.path());
+        d.lock().cfg.daemon.dry_run = true; // --dry-run
+        config(&file, state.path(), "[controller]\nperiod_ms = 4321\n");
+        reload(&d, Some(&file));
+        assert!(d.lock().cfg.daemon.dry_run, "--dry-run kept");
+        assert_eq!(d.lock().cfg.controller.period_ms, 4321, "the rest applied");
+        config(&file, state.path(), "dry_run = false\n");
+        reload(&d, Some(&file));
+        assert!(
+            d.lock().cfg.daemon.dry_run,
+            "an explicit false is refused too"
+        );
+
+        let d = daemon(state.path());
+        assert!(!d.lock().cfg.daemon.dry_run);
+        config(&file, state.path(), "dry_run = true\n");
+        reload(&d, Some(&file));
+        assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
     }
 
     /// Review item 14: a SIGHUP while the allocator's change lock is held (an admission's
