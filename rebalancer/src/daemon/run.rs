@@ -288,14 +288,17 @@ fn spawn_rounds(
     limit: tokio::sync::oneshot::Sender<u64>,
 ) -> std::io::Result<(mpsc::Sender<RoundCmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<RoundCmd>();
-    // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min:
-    // a reload may lengthen the period).
-    let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+    // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min);
+    // the limit follows a reloaded period.
+    let max_silence = |adm: &Admission| {
+        let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+        Some((period * 10).max(Duration::from_secs(120)))
+    };
     let health = adm
         .daemon
         .metrics
         .health
-        .register("rounds", Some((period * 10).max(Duration::from_secs(120))));
+        .register("rounds", max_silence(&adm));
     let h = std::thread::Builder::new()
         .name("control-rounds".into())
         .spawn(move || {
@@ -314,7 +317,10 @@ fn spawn_rounds(
                     let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
                     let wait = (started + period).saturating_duration_since(Instant::now());
                     match rx.recv_timeout(wait) {
-                        Ok(RoundCmd::Reload) => continue,
+                        Ok(RoundCmd::Reload) => {
+                            health.set_max_silence(max_silence(&adm));
+                            continue;
+                        }
                         Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                             health.stopped();
                             return;
@@ -552,6 +558,38 @@ mod tests {
         config(&file, state.path(), "dry_run = true\n");
         reload(&d, Some(&file));
         assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
+    }
+
+    /// Review item 13: the round thread's liveness limit (10 periods, at least 2 min) follows
+    /// a reload that lengthens the period; with the limit of the start, a period of 1 min
+    /// would make the thread "dead" (503, exit) between two healthy rounds.
+    #[test]
+    fn a_reload_lengthening_the_period_moves_the_rounds_liveness_limit() {
+        let state = tempfile::tempdir().unwrap();
+        let d = daemon(state.path());
+        let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
+        let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(none.clone())));
+        let engine = engine::Engine::new(
+            none,
+            Box::new(engine::ProcCpuTime::new("/proc".as_ref())),
+            "/proc".as_ref(),
+        );
+        let (limit_tx, _limit_rx) = tokio::sync::oneshot::channel();
+        let (tx, thread) = spawn_rounds(engine, adm, 0, limit_tx).unwrap();
+        let health = &d.metrics.health;
+        assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(120)));
+        d.lock().cfg.controller.period_ms = 60_000;
+        tx.send(RoundCmd::Reload).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while health.max_silence("rounds") != Some(Duration::from_secs(600))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(600)));
+        tx.send(RoundCmd::Stop).unwrap();
+        thread.join().unwrap();
+        assert!(health.dead().is_empty(), "{:?}", health.dead());
     }
 
     /// Review item 14: a SIGHUP while the allocator's change lock is held (an admission's
