@@ -206,10 +206,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let _ = std::fs::remove_file(&cfg.server.socket);
     let d = daemon.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.checkpoint()).await {
-        tracing::warn!(error = %e, "final checkpoint failed");
-    } else {
-        tracing::info!("final checkpoint written");
+    match tokio::task::spawn_blocking(move || d.checkpoint()).await {
+        Ok(Ok(())) => tracing::info!("final checkpoint written"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "final checkpoint failed"),
+        Err(e) => tracing::warn!(error = %e, "final checkpoint not written: its task failed"),
     }
     if let Some(old) = autonuma_restore {
         let _ = std::fs::write(NUMA_BALANCING, old);
