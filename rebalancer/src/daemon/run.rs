@@ -193,6 +193,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     shutdown_watchdog(autonuma_restore.clone(), SHUTDOWN_BOUND);
     // The listeners close at once; a round under way finishes (no half-applied move).
     cancel.cancel();
+    daemon.request_stop();
     let _ = rounds_tx.send(RoundCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
     // Each listener closes at once and drops what is left after its grace (see serve::conn).
