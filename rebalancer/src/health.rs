@@ -137,6 +137,12 @@ impl Health {
         out
     }
 
+    /// The maximum silence `name` is registered with.
+    #[cfg(test)]
+    pub(crate) fn max_silence(&self, name: &str) -> Option<Duration> {
+        self.lock().get(name).and_then(|c| c.max_silence)
+    }
+
     /// The `/healthz` answer: `Ok("ok\n")`, or `Err(text naming each dead component)`.
     pub fn report(&self) -> Result<String, String> {
         let dead = self.dead();
@@ -164,6 +170,13 @@ impl Reporter {
     pub fn beat(&self) {
         if let Some(c) = self.health.lock().get_mut(&self.name) {
             c.last_beat = Instant::now();
+        }
+    }
+
+    /// A new maximum silence (the component's pace changed, e.g. a reloaded period).
+    pub fn set_max_silence(&self, max_silence: Option<Duration>) {
+        if let Some(c) = self.health.lock().get_mut(&self.name) {
+            c.max_silence = max_silence;
         }
     }
 

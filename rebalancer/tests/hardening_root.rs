@@ -167,6 +167,22 @@ impl Drop for UserCgroup {
     }
 }
 
+/// The final checkpoint is on disk: the log says so and the file was renamed into place after
+/// `since` (the stop signal), so the line cannot stand for a write that did not happen.
+fn final_checkpoint_written(d: &Daemon, since: std::time::SystemTime) {
+    let log = d.log_text();
+    assert!(log.contains("final checkpoint written"), "{log}");
+    let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
+    let mtime = std::fs::metadata(&file)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert!(
+        mtime >= since,
+        "{} last written {mtime:?}, before the stop at {since:?}",
+        file.display()
+    );
+}
+
 /// Item 1: decoys. A real container under the managed Kubernetes root is admitted (the control);
 /// kubepods-looking trees made by `nobody` in its own top-level cgroup are never admitted nor
 /// bound — neither by the watcher nor by the reconcile of a restart — and their cpusets stay
@@ -205,6 +221,18 @@ fn kubepods_decoys_in_a_user_owned_cgroup_are_never_admitted_or_bound() {
     for rel in &decoys {
         user.mkdir_as_user(rel);
     }
+    if !v1 {
+        // On v2 a decoy has a cpuset.cpus file only with the controller enabled down to it,
+        // as a user who delegates cpuset would: then a write by the daemon would show.
+        for rel in &decoys {
+            let _ = std::fs::write(tree.mount.join("cgroup.subtree_control"), "+cpuset");
+            let mut dir = user.root.clone();
+            for comp in Path::new(rel).components() {
+                let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+cpuset");
+                dir.push(comp);
+            }
+        }
+    }
     // The control: a real container under the managed root.
     let (_, real) =
         tree.pod_with_container("dec0y000-0000-4000-8000-0000000000aa", &"a".repeat(64));
@@ -225,9 +253,10 @@ fn kubepods_decoys_in_a_user_owned_cgroup_are_never_admitted_or_bound() {
             "a decoy was admitted: {p:?}"
         );
         for rel in &decoys {
-            // As mkdir left it: empty on v1; absent on v2 (no cpuset enabled by the user).
-            let cpus = std::fs::read_to_string(user.root.join(rel).join("cpuset.cpus"))
-                .unwrap_or_default();
+            // As mkdir left it: empty (v1: not set; v2: not restricted).
+            let file = user.root.join(rel).join("cpuset.cpus");
+            let cpus = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             assert_eq!(cpus.trim(), "", "{rel}: the daemon wrote its cpuset");
         }
     };
@@ -383,12 +412,12 @@ fn held_half_sent_requests_starve_nothing_and_sigterm_ends_within_5s() {
     assert!(evicted >= 800.0, "{evicted}");
 
     // SIGTERM with the connections still held.
+    let stop = std::time::SystemTime::now();
     let (st, took) = signal_within(&mut d, libc::SIGTERM, Duration::from_secs(5));
     println!("SIGTERM -> exit {st} in {:.1} ms", took.as_secs_f64() * 1e3);
     assert!(st.success(), "{st}\n{}", d.log_text());
     assert!(took < Duration::from_secs(5));
-    let log = d.log_text();
-    assert!(log.contains("final checkpoint written"), "{log}");
+    final_checkpoint_written(&d, stop);
     let cp = d.checkpoint().expect("a checkpoint");
     assert!(cp.allocator.pods.contains_key("pod-held"));
     drop(held);
@@ -448,6 +477,7 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
         "{m}"
     );
     // Signal 0 sends nothing: this only waits for the daemon's own exit.
+    let stop = std::time::SystemTime::now();
     let (st, took) = signal_within(&mut d, 0, Duration::from_secs(15));
     let _ = std::fs::remove_dir(&kill);
     println!(
@@ -458,7 +488,7 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
     let log = d.log_text();
     assert!(log.contains("component watcher dead"), "{log}");
     assert!(!log.contains("component checkpointer dead"), "{log}");
-    assert!(log.contains("final checkpoint written"), "{log}");
+    final_checkpoint_written(&d, stop);
 }
 
 /// Item 4: a second daemon on the same state directory refuses to start, naming the first's
@@ -614,10 +644,11 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
         !tree.cg.cpus(&c).unwrap().is_empty(),
         "its cpuset was written"
     );
+    let stop = std::time::SystemTime::now();
     assert!(
         d.signal_and_wait(libc::SIGTERM).success(),
         "{}",
         d.log_text()
     );
-    assert!(d.log_text().contains("final checkpoint written"));
+    final_checkpoint_written(&d, stop);
 }

@@ -9,6 +9,10 @@
 //! memory only where it fits) and, once written, recorded in them (`admission::record_move`),
 //! so the allocator and cgroupfs agree after every move.
 //!
+//! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move: the moves left
+//! wait for the next start, so a slow migration never outlasts the shutdown bound. Each applied
+//! move is checkpointed before the next one starts, so its cooldown survives the stop.
+//!
 //! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
 //! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
 //! A cgroup that vanished before or during its move is a normal race (its container exited)
@@ -49,7 +53,14 @@ pub fn apply_moves(
         .migration_budget_mib
         .saturating_mul(1 << 20);
     let mut out = Applied::default();
-    for mv in moves {
+    for (i, mv) in moves.iter().enumerate() {
+        if d.stopping() {
+            tracing::info!(
+                left = moves.len() - i,
+                "stopping: the round's remaining moves are not applied"
+            );
+            break;
+        }
         if out.bytes.saturating_add(mv.bytes_to_migrate) > budget {
             tracing::warn!(cgroup = %mv.cgroup, bytes = mv.bytes_to_migrate, budget, "move not applied: it would exceed the round's migration budget");
             d.metrics
@@ -96,6 +107,11 @@ pub fn apply_moves(
                         .controller
                         .record_move(mv, done.moved_bytes, now_ms);
                     d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
+                    // On disk before the next move: a stop (or a crash) while later moves
+                    // migrate keeps this one's cooldown and books.
+                    if let Err(e) = d.checkpoint() {
+                        tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move failed");
+                    }
                 }
                 d.metrics
                     .moves_applied

@@ -165,6 +165,7 @@ impl CheckpointWriter {
 pub struct Daemon {
     inner: Arc<Mutex<Shared>>,
     order: Arc<Mutex<()>>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
     pub metrics: Metrics,
 }
 
@@ -173,8 +174,19 @@ impl Daemon {
         Daemon {
             inner: Arc::new(Mutex::new(shared)),
             order: Default::default(),
+            stopping: Default::default(),
             metrics,
         }
+    }
+
+    /// The daemon is stopping: a round under way applies no further move (see `apply`).
+    pub fn request_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Daemon::request_stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     /// The allocator's change lock: held by every change of the allocator (admission, release,

@@ -173,6 +173,12 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
     let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
+    let reloads = {
+        let rounds_tx = rounds_tx.clone();
+        Reloader::spawn(daemon.clone(), config_path.clone(), move || {
+            let _ = rounds_tx.send(RoundCmd::Reload);
+        })
+    };
     let mut health_tick = tokio::time::interval(Duration::from_millis(500));
     let mut failure: Option<String> = None;
     loop {
@@ -187,12 +193,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
                 }
                 break;
             }
-            _ = sighup.recv() => {
-                let d = daemon.clone();
-                let path = config_path.clone();
-                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
-                let _ = rounds_tx.send(RoundCmd::Reload);
-            }
+            _ = sighup.recv() => reloads.request(),
             _ = health_tick.tick() => {
                 // A component dead for a while: exit non-zero so systemd / the DaemonSet
                 // restarts the daemon (a restart reconciles from the live cgroups).
@@ -211,6 +212,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     shutdown_watchdog(autonuma_restore.clone(), SHUTDOWN_BOUND);
     // The listeners close at once; a round under way finishes (no half-applied move).
     cancel.cancel();
+    daemon.request_stop();
     let _ = rounds_tx.send(RoundCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
     nri_stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -225,10 +227,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let _ = std::fs::remove_file(&cfg.server.socket);
     let d = daemon.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || d.checkpoint()).await {
-        tracing::warn!(error = %e, "final checkpoint failed");
-    } else {
-        tracing::info!("final checkpoint written");
+    match tokio::task::spawn_blocking(move || d.checkpoint()).await {
+        Ok(Ok(())) => tracing::info!("final checkpoint written"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "final checkpoint failed"),
+        Err(e) => tracing::warn!(error = %e, "final checkpoint not written: its task failed"),
     }
     if let Some(old) = autonuma_restore {
         let _ = std::fs::write(NUMA_BALANCING, old);
@@ -238,6 +240,33 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     tracing::info!("rebalancer stopped cleanly");
     Ok(())
+}
+
+/// Runs SIGHUP reloads off the main loop, one at a time: a reload waits for the allocator's
+/// change lock (an admission's fsync, a hotplug replacement), and the loop must keep polling
+/// SIGTERM meanwhile. A SIGHUP while one is running queues one more (it re-reads the file, so
+/// any number of SIGHUPs in the meantime are one reload); `after` runs after each.
+struct Reloader {
+    tx: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Reloader {
+    fn spawn(d: Daemon, path: Option<PathBuf>, after: impl Fn() + Send + 'static) -> Reloader {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                let (d, path) = (d.clone(), path.clone());
+                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
+                after();
+            }
+        });
+        Reloader { tx }
+    }
+
+    /// Never waits: a full queue means a reload is already due.
+    fn request(&self) {
+        let _ = self.tx.try_send(());
+    }
 }
 
 /// From the stop signal to the process' end, at most.
@@ -280,14 +309,17 @@ fn spawn_rounds(
     limit: tokio::sync::oneshot::Sender<u64>,
 ) -> std::io::Result<(mpsc::Sender<RoundCmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<RoundCmd>();
-    // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min:
-    // a reload may lengthen the period).
-    let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+    // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min);
+    // the limit follows a reloaded period.
+    let max_silence = |adm: &Admission| {
+        let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
+        Some((period * 10).max(Duration::from_secs(120)))
+    };
     let health = adm
         .daemon
         .metrics
         .health
-        .register("rounds", Some((period * 10).max(Duration::from_secs(120))));
+        .register("rounds", max_silence(&adm));
     let h = std::thread::Builder::new()
         .name("control-rounds".into())
         .spawn(move || {
@@ -306,7 +338,10 @@ fn spawn_rounds(
                     let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
                     let wait = (started + period).saturating_duration_since(Instant::now());
                     match rx.recv_timeout(wait) {
-                        Ok(RoundCmd::Reload) => continue,
+                        Ok(RoundCmd::Reload) => {
+                            health.set_max_silence(max_silence(&adm));
+                            continue;
+                        }
                         Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                             health.stopped();
                             return;
@@ -419,7 +454,7 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
 
 /// SIGHUP: re-read the config; a bad file is reported and the running config kept. The
 /// controller section (period included: the round thread reads it before each wait) and
-/// dry-run apply at once; the placement section applies when its reservations can be applied
+/// dry-run on apply at once (dry-run off only at a restart: `--dry-run` stays in force); the placement section applies when its reservations can be applied
 /// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root) are reported as such.
 pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
@@ -439,7 +474,14 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
         tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
     }
     s.cfg.controller = new.controller;
-    s.cfg.daemon.dry_run = new.daemon.dry_run;
+    // Dry-run off on a reload would start writing cgroupfs under an operator who asked for
+    // none (`--dry-run` on the command line, which the file does not show): only a restart
+    // turns it off. Turning it on applies at once.
+    if s.cfg.daemon.dry_run && !new.daemon.dry_run {
+        tracing::error!("config reload: daemon.dry_run stays on (set by --dry-run or the file at start); turning dry-run off needs a restart");
+    } else {
+        s.cfg.daemon.dry_run = new.daemon.dry_run;
+    }
     let sh = &mut *s;
     let placed = match super::admission::reconfigure(
         &mut sh.state.allocator,
@@ -490,5 +532,147 @@ fn log_topology(topo: &crate::topology::Topology) {
     let offline = topo.cpus.iter().filter(|c| !c.online).count();
     if offline > 0 {
         tracing::info!(offline, "offline CPUs");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon(state: &std::path::Path) -> Daemon {
+        let topo = crate::topology::TopologyBuilder::default().build();
+        let mut cfg = Config::load(None).unwrap();
+        cfg.daemon.state_dir = state.to_path_buf();
+        Daemon::new(Shared::fresh(topo, cfg).unwrap(), serve::Metrics::default())
+    }
+
+    fn config(path: &std::path::Path, state: &std::path::Path, extra: &str) {
+        std::fs::write(
+            path,
+            format!("[daemon]\nstate_dir = \"{}\"\n{extra}", state.display()),
+        )
+        .unwrap();
+    }
+
+    /// Review item 8: a daemon started with `--dry-run` (the file says nothing of it) stays in
+    /// dry-run across a SIGHUP, as does one whose file said dry_run = true and now says false;
+    /// the rest of the reload applies. Dry-run on by a reload applies.
+    #[test]
+    fn a_reload_does_not_turn_dry_run_off() {
+        let state = tempfile::tempdir().unwrap();
+        let file = state.path().join("rebalancer.toml");
+        let d = daemon(state.path());
+        d.lock().cfg.daemon.dry_run = true; // --dry-run
+        config(&file, state.path(), "[controller]\nperiod_ms = 4321\n");
+        reload(&d, Some(&file));
+        assert!(d.lock().cfg.daemon.dry_run, "--dry-run kept");
+        assert_eq!(d.lock().cfg.controller.period_ms, 4321, "the rest applied");
+        config(&file, state.path(), "dry_run = false\n");
+        reload(&d, Some(&file));
+        assert!(
+            d.lock().cfg.daemon.dry_run,
+            "an explicit false is refused too"
+        );
+
+        let d = daemon(state.path());
+        assert!(!d.lock().cfg.daemon.dry_run);
+        config(&file, state.path(), "dry_run = true\n");
+        reload(&d, Some(&file));
+        assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
+    }
+
+    /// Review item 13: the round thread's liveness limit (10 periods, at least 2 min) follows
+    /// a reload that lengthens the period; with the limit of the start, a period of 1 min
+    /// would make the thread "dead" (503, exit) between two healthy rounds.
+    #[test]
+    fn a_reload_lengthening_the_period_moves_the_rounds_liveness_limit() {
+        let state = tempfile::tempdir().unwrap();
+        let d = daemon(state.path());
+        let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
+        let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(none.clone())));
+        let engine = engine::Engine::new(
+            none,
+            Box::new(engine::ProcCpuTime::new("/proc".as_ref())),
+            "/proc".as_ref(),
+        );
+        let (limit_tx, _limit_rx) = tokio::sync::oneshot::channel();
+        let (tx, thread) = spawn_rounds(engine, adm, 0, limit_tx).unwrap();
+        let health = &d.metrics.health;
+        assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(120)));
+        d.lock().cfg.controller.period_ms = 60_000;
+        tx.send(RoundCmd::Reload).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while health.max_silence("rounds") != Some(Duration::from_secs(600))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(600)));
+        tx.send(RoundCmd::Stop).unwrap();
+        thread.join().unwrap();
+        assert!(health.dead().is_empty(), "{:?}", health.dead());
+    }
+
+    /// Review item 14: a SIGHUP while the allocator's change lock is held (an admission's
+    /// fsync) must not stall the main loop, which would then not see SIGTERM. The request
+    /// returns at once; SIGHUPs meanwhile coalesce; the reload runs once the lock is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_waiting_for_the_change_lock_does_not_block_the_main_loop() {
+        let state = tempfile::tempdir().unwrap();
+        let file = state.path().join("rebalancer.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[daemon]\nstate_dir = \"{}\"\n[controller]\nperiod_ms = 7777\n",
+                state.path().display()
+            ),
+        )
+        .unwrap();
+        let d = daemon(state.path());
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reloads = {
+            let done = done.clone();
+            Reloader::spawn(d.clone(), Some(file), move || {
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        // An admission's fsync, standing: the change lock held on another thread until told.
+        let (release, released) = mpsc::channel::<()>();
+        let (taken, is_taken) = mpsc::channel::<()>();
+        let holder = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                let _held = d.order();
+                taken.send(()).unwrap();
+                let _ = released.recv();
+            })
+        };
+        is_taken.recv().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            reloads.request();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            done.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "still waiting for the lock"
+        );
+        assert_ne!(d.lock().cfg.controller.period_ms, 7777);
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // One running (waiting for the lock) and one queued: five SIGHUPs are two reloads.
+        assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(d.lock().cfg.controller.period_ms, 7777);
     }
 }
