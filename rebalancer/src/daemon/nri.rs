@@ -354,46 +354,16 @@ impl Policy {
         (mine, out)
     }
 
-    /// Shared containers whose cpuset can grow back (exclusive CPUs were released): their
-    /// admission pool minus what is exclusive now, when it differs from what they were given.
+    /// The shared pool's growth after a release, as runtime updates: what the admission
+    /// service queued through the writer for the release, plus any shared container still off
+    /// its pool (one adopted after a restart) — one rule, `admission::shared_changes`.
     fn regrow(&self) -> Vec<api::ContainerUpdate> {
-        let wanted: Vec<(String, String, CpuSet)> = {
-            let s = self.d().lock();
-            if s.cfg.daemon.dry_run {
-                return Vec::new();
+        if !self.d().lock().cfg.daemon.dry_run {
+            for c in super::admission::shared_changes(self.d(), |cg| self.writer.cpus(cg)) {
+                let _ = self.writer.write(&c);
             }
-            self.containers
-                .iter()
-                .filter_map(|(id, t)| {
-                    let b = s.state.bindings.get(&t.cgroup)?;
-                    let pod = s.state.allocator.pods.get(&b.pod_uid)?;
-                    let c = pod
-                        .containers
-                        .iter()
-                        .find(|c| c.placement.container == b.container)?;
-                    if c.placement.exclusive {
-                        return None;
-                    }
-                    let now = s.state.allocator.current_cpus(&b.pod_uid, &b.container)?;
-                    Some((id.clone(), t.cgroup.clone(), now))
-                })
-                .collect()
-        };
-        let mut out = Vec::new();
-        for (id, cg, now) in wanted {
-            if now.is_empty() || self.writer.cpus(&cg).as_ref() == Some(&now) {
-                continue;
-            }
-            let _ = self.writer.write(&CpusetChange {
-                cgroup: cg.clone(),
-                cpus: now.clone(),
-                mems: None,
-            });
-            tracing::info!(container = %id, cgroup = %cg, cpus = %now, "shared container given back released CPUs through the runtime");
-            out.push(update(&id, &now, None));
         }
-        self.writer.take();
-        out
+        self.drain(None).1
     }
 
     /// Releases a placed container; `true` when it held an allocation.
@@ -401,13 +371,21 @@ impl Policy {
         let Some(t) = self.containers.remove(id) else {
             return false;
         };
-        self.writer.forget(&t.cgroup);
         match self.admission.release(&t.key, durability) {
             Ok(()) => {
+                self.writer.forget(&t.cgroup);
                 tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
                 true
             }
+            Err(e @ super::admission::ReleaseError::Checkpoint(_)) => {
+                // Undone by the admission service: the container still holds its CPUs, so
+                // it stays tracked and a later Stop/Remove (or Synchronize) releases it.
+                tracing::warn!(container = %id, error = %e, "release failed; still tracked");
+                self.containers.insert(id.to_string(), t);
+                false
+            }
             Err(e) => {
+                self.writer.forget(&t.cgroup);
                 tracing::warn!(container = %id, error = %e, "release failed");
                 false
             }
