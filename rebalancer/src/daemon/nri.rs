@@ -985,7 +985,12 @@ mod tests {
         );
         assert_eq!(s.state.bindings.len(), 2);
         assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
-        assert!(s.state.allocator.exclusive_cpus().intersection(&excl).len() >= 1);
+        assert!(!s
+            .state
+            .allocator
+            .exclusive_cpus()
+            .intersection(&excl)
+            .is_empty());
         assert_eq!(r.update.len(), 1, "only the adopted container is updated");
         assert_eq!(r.update[0].container_id, g3.id);
     }
@@ -1007,11 +1012,17 @@ mod tests {
         // A sidecar (restartable init container) keeps running beside the app.
         let sidecar = ctr("2", &gp, 100_000, 1024, 1 << 20);
         let side_cpus = adjusted_cpus(&create(&mut p, &gp, &sidecar).unwrap());
-        assert!(side_cpus.is_subset(&init_cpus), "the sidecar reuses the init's CPUs");
+        assert!(
+            side_cpus.is_subset(&init_cpus),
+            "the sidecar reuses the init's CPUs"
+        );
         let app = ctr("3", &gp, 200_000, 2048, 1 << 20);
         let app_cpus = adjusted_cpus(&create(&mut p, &gp, &app).unwrap());
         assert_eq!(app_cpus.len(), 2);
-        assert!(app_cpus.is_disjoint(&side_cpus), "never the running sidecar's CPUs");
+        assert!(
+            app_cpus.is_disjoint(&side_cpus),
+            "never the running sidecar's CPUs"
+        );
         assert_eq!(
             app_cpus.union(&side_cpus).len(),
             3,
@@ -1019,7 +1030,10 @@ mod tests {
         );
         // Another pod can use what the finished init container had and the app did not take.
         let s = p.d().lock();
-        assert_eq!(s.state.allocator.exclusive_cpus(), app_cpus.union(&side_cpus));
+        assert_eq!(
+            s.state.allocator.exclusive_cpus(),
+            app_cpus.union(&side_cpus)
+        );
     }
 
     #[test]
