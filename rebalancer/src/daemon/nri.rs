@@ -16,6 +16,9 @@
 //!   their allocation; unknown ones are admitted (adopted) and updated; bindings of containers
 //!   the runtime no longer has are released — no double allocation after a restart.
 //!
+//! Admissions and releases are checkpointed soon after (coalesced), not before the answer: the
+//! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
+//!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
 //! (as the watcher keys its admissions), bound to its cgroup path.
 
@@ -403,6 +406,9 @@ impl Policy {
         self.writer.forget(&t.cgroup);
         match self.admission.release(&t.key, durability) {
             Ok(()) => {
+                if durability == Durability::Deferred {
+                    self.admission.request_checkpoint();
+                }
                 tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
                 true
             }
@@ -618,8 +624,11 @@ impl Handler for Policy {
             return Err(format!("rebalancer: container {} created twice", c.id));
         }
         let (cpus, mems, updates) = self
-            .admit(&r, &c.id, &pod.id, Durability::Durable)
+            .admit(&r, &c.id, &pod.id, Durability::Deferred)
             .inspect_err(|e| tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused"))?;
+        // Checkpointed soon (coalesced), not before answering: if the daemon dies first, the
+        // runtime's Synchronize on reconnect lists the container and it is adopted again.
+        self.admission.request_checkpoint();
         tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, "container admitted at creation (NRI)");
         if self.d().lock().cfg.daemon.dry_run {
             return Ok(Default::default());
@@ -644,7 +653,7 @@ impl Handler for Policy {
         let Some(c) = req.container.as_ref() else {
             return Err("rebalancer: StopContainer without its container".into());
         };
-        let update = if self.release(&c.id, Durability::Durable) {
+        let update = if self.release(&c.id, Durability::Deferred) {
             self.regrow()
         } else {
             Vec::new()
@@ -664,7 +673,7 @@ impl Handler for Policy {
                 let c = ev
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
-                if self.release(&c.id, Durability::Durable) {
+                if self.release(&c.id, Durability::Deferred) {
                     let u = self.regrow();
                     self.pending.extend(u);
                 }
@@ -682,7 +691,7 @@ impl Handler for Policy {
                     .collect();
                 let mut any = false;
                 for id in ids {
-                    any |= self.release(&id, Durability::Durable);
+                    any |= self.release(&id, Durability::Deferred);
                 }
                 if any {
                     let u = self.regrow();
