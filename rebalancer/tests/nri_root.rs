@@ -91,6 +91,8 @@ struct Containerd {
     dir: tempfile::TempDir,
     install: PathBuf,
     pods: Vec<String>,
+    /// Pod cgroup parents made (kubelet would remove them; here the test does).
+    parents: Vec<String>,
 }
 
 impl Containerd {
@@ -156,6 +158,7 @@ state = "{d}/state"
             dir,
             install: install.to_path_buf(),
             pods: Vec::new(),
+            parents: Vec::new(),
         };
         c.spawn();
         let out = Command::new(install.join("root/usr/bin/ctr"))
@@ -269,6 +272,10 @@ state = "{d}/state"
             .cri(&["pod", &spec.to_string()])
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
         self.pods.push(id.clone());
+        self.parents.push(match qos {
+            "guaranteed" => format!("kubepods/pod{uid}"),
+            q => format!("kubepods/{q}/pod{uid}"),
+        });
         Pod {
             id,
             spec,
@@ -323,6 +330,19 @@ impl Drop for Containerd {
         }
         self.remove_pods();
         self.stop();
+        // The pod cgroups runc made (every v1 hierarchy, or the v2 one); then the QoS tiers
+        // and kubepods if nothing else is in them (rmdir refuses a non-empty cgroup).
+        let mut dirs: Vec<String> = self.parents.clone();
+        dirs.extend(["kubepods/burstable", "kubepods/besteffort", "kubepods"].map(String::from));
+        let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        for d in &dirs {
+            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(d));
+            for h in &hierarchies {
+                let _ = std::fs::remove_dir(h.join(d));
+            }
+        }
         // Leftover mounts (a failed run) must go before the folder can.
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let base = self.dir.path().to_string_lossy().into_owned();

@@ -16,6 +16,9 @@
 //!   their allocation; unknown ones are admitted (adopted) and updated; bindings of containers
 //!   the runtime no longer has are released — no double allocation after a restart.
 //!
+//! Admissions and releases are checkpointed soon after (coalesced), not before the answer: the
+//! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
+//!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
 //! (as the watcher keys its admissions), bound to its cgroup path.
 
@@ -374,6 +377,9 @@ impl Policy {
         match self.admission.release(&t.key, durability) {
             Ok(()) => {
                 self.writer.forget(&t.cgroup);
+                if durability == Durability::Deferred {
+                    self.admission.request_checkpoint();
+                }
                 tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
                 true
             }
@@ -597,8 +603,11 @@ impl Handler for Policy {
             return Err(format!("rebalancer: container {} created twice", c.id));
         }
         let (cpus, mems, updates) = self
-            .admit(&r, &c.id, &pod.id, Durability::Durable)
+            .admit(&r, &c.id, &pod.id, Durability::Deferred)
             .inspect_err(|e| tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused"))?;
+        // Checkpointed soon (coalesced), not before answering: if the daemon dies first, the
+        // runtime's Synchronize on reconnect lists the container and it is adopted again.
+        self.admission.request_checkpoint();
         tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, "container admitted at creation (NRI)");
         if self.d().lock().cfg.daemon.dry_run {
             return Ok(Default::default());
@@ -623,7 +632,7 @@ impl Handler for Policy {
         let Some(c) = req.container.as_ref() else {
             return Err("rebalancer: StopContainer without its container".into());
         };
-        let update = if self.release(&c.id, Durability::Durable) {
+        let update = if self.release(&c.id, Durability::Deferred) {
             self.regrow()
         } else {
             Vec::new()
@@ -643,7 +652,7 @@ impl Handler for Policy {
                 let c = ev
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
-                if self.release(&c.id, Durability::Durable) {
+                if self.release(&c.id, Durability::Deferred) {
                     let u = self.regrow();
                     self.pending.extend(u);
                 }
@@ -661,7 +670,7 @@ impl Handler for Policy {
                     .collect();
                 let mut any = false;
                 for id in ids {
-                    any |= self.release(&id, Durability::Durable);
+                    any |= self.release(&id, Durability::Deferred);
                 }
                 if any {
                     let u = self.regrow();
@@ -964,7 +973,12 @@ mod tests {
         );
         assert_eq!(s.state.bindings.len(), 2);
         assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
-        assert!(s.state.allocator.exclusive_cpus().intersection(&excl).len() >= 1);
+        assert!(!s
+            .state
+            .allocator
+            .exclusive_cpus()
+            .intersection(&excl)
+            .is_empty());
         assert_eq!(r.update.len(), 1, "only the adopted container is updated");
         assert_eq!(r.update[0].container_id, g3.id);
     }
@@ -986,11 +1000,17 @@ mod tests {
         // A sidecar (restartable init container) keeps running beside the app.
         let sidecar = ctr("2", &gp, 100_000, 1024, 1 << 20);
         let side_cpus = adjusted_cpus(&create(&mut p, &gp, &sidecar).unwrap());
-        assert!(side_cpus.is_subset(&init_cpus), "the sidecar reuses the init's CPUs");
+        assert!(
+            side_cpus.is_subset(&init_cpus),
+            "the sidecar reuses the init's CPUs"
+        );
         let app = ctr("3", &gp, 200_000, 2048, 1 << 20);
         let app_cpus = adjusted_cpus(&create(&mut p, &gp, &app).unwrap());
         assert_eq!(app_cpus.len(), 2);
-        assert!(app_cpus.is_disjoint(&side_cpus), "never the running sidecar's CPUs");
+        assert!(
+            app_cpus.is_disjoint(&side_cpus),
+            "never the running sidecar's CPUs"
+        );
         assert_eq!(
             app_cpus.union(&side_cpus).len(),
             3,
@@ -998,7 +1018,10 @@ mod tests {
         );
         // Another pod can use what the finished init container had and the app did not take.
         let s = p.d().lock();
-        assert_eq!(s.state.allocator.exclusive_cpus(), app_cpus.union(&side_cpus));
+        assert_eq!(
+            s.state.allocator.exclusive_cpus(),
+            app_cpus.union(&side_cpus)
+        );
     }
 
     #[test]

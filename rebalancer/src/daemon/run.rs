@@ -148,6 +148,9 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     match mode {
         AdmissionMode::Nri => {
             tracing::info!(socket = %cfg.kubernetes.nri_socket.display(), "admission: NRI plugin (placement at container creation)");
+            if cfg.placement.scope == crate::config::TopologyScope::Pod {
+                tracing::warn!("placement.scope = \"pod\": NRI shows one container at a time, so containers are aligned one by one (container scope); use the admission API for whole-pod alignment");
+            }
             super::nri::spawn(daemon.clone(), cgroups.clone(), nri_stop.clone())
                 .context("starting the NRI plugin thread")?;
         }

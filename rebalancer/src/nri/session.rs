@@ -189,7 +189,7 @@ pub fn run_once(
         }
         let mut failed = None;
         loop {
-            let m = match demux.next() {
+            let m = match demux.next_message() {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => {

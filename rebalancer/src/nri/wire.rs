@@ -94,7 +94,7 @@ impl Demux {
     }
 
     /// The next complete ttrpc message of any conn, if one is buffered.
-    pub fn next(&mut self) -> Result<Option<Message>, WireError> {
+    pub fn next_message(&mut self) -> Result<Option<Message>, WireError> {
         for (&conn, buf) in self.conns.iter_mut() {
             if buf.len() < TTRPC_HEADER {
                 continue;
@@ -135,7 +135,7 @@ mod tests {
             let mut got = Vec::new();
             for part in [&bytes[..cut], &bytes[cut..]] {
                 d.push(part).unwrap();
-                while let Some(m) = d.next().unwrap() {
+                while let Some(m) = d.next_message().unwrap() {
                     got.push(m);
                 }
             }
@@ -160,9 +160,9 @@ mod tests {
             f.extend(chunk);
             d.push(&f).unwrap();
         }
-        let m = d.next().unwrap().unwrap();
+        let m = d.next_message().unwrap().unwrap();
         assert_eq!((m.stream, m.payload.as_slice()), (5, &b"0123456789"[..]));
-        assert_eq!(d.next().unwrap(), None);
+        assert_eq!(d.next_message().unwrap(), None);
     }
 
     #[test]
@@ -181,6 +181,9 @@ mod tests {
         f.extend(((MAX_TTRPC + 1) as u32).to_be_bytes());
         f.extend([0u8; 6]);
         d.push(&f).unwrap();
-        assert!(matches!(d.next(), Err(WireError::TtrpcTooLarge { .. })));
+        assert!(matches!(
+            d.next_message(),
+            Err(WireError::TtrpcTooLarge { .. })
+        ));
     }
 }
