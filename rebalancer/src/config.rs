@@ -241,6 +241,8 @@ pub struct ControllerConfig {
     pub migration_budget_mib: u64,
     /// Most moves per round.
     pub max_moves_per_round: u32,
+    /// Writer threads that apply one round's moves at the same time (1 = one after the other).
+    pub apply_threads: u32,
     /// A workload with more memory to move than a round's budget allows is moved in stages:
     /// CPUs first, then its pages a budget at a time (move_pages(2)), mems narrowed once the
     /// rest fits. Off: such a move waits (for ever, if its memory never fits).
@@ -280,6 +282,7 @@ impl Default for ControllerConfig {
             cooldown_ms: 30_000,
             migration_budget_mib: 1024,
             max_moves_per_round: 4,
+            apply_threads: 4,
             staged_migration: true,
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
@@ -393,6 +396,12 @@ impl Config {
             return Err(bad(
                 "controller.migration_cost_per_gib",
                 "must be a finite number >= 0".into(),
+            ));
+        }
+        if !(1..=64).contains(&self.controller.apply_threads) {
+            return Err(bad(
+                "controller.apply_threads",
+                "must be between 1 and 64".into(),
             ));
         }
         if !(self.controller.overload_busy > 0.0 && self.controller.overload_busy <= 1.0) {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::cpuset::CpuSet;
 
 pub mod actuator;
+pub mod concurrent;
 pub mod fake;
 pub mod locality;
 pub mod observe;
@@ -23,6 +24,8 @@ mod target;
 
 #[cfg(test)]
 mod actuator_tests;
+#[cfg(test)]
+mod concurrent_tests;
 #[cfg(test)]
 mod planner_tests;
 

@@ -57,6 +57,7 @@ fn world(cgroups: Vec<CgroupObs>) -> Observations {
                         cpu_busy: 0.3,
                         free_bytes: 32 * GIB,
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })
@@ -649,6 +650,7 @@ fn arb_world() -> impl Strategy<Value = (Observations, ControllerState, Controll
                                     cpu_busy: b,
                                     free_bytes: f,
                                     free_hugepage_bytes: h,
+                                    runnable: None,
                                 },
                             )
                         })

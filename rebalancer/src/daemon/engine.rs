@@ -320,6 +320,7 @@ impl Engine {
                         cpu_busy,
                         free_bytes: free,
                         free_hugepage_bytes: free_hp,
+                        runnable: None,
                     },
                 )
             })
@@ -486,8 +487,16 @@ impl Engine {
         };
 
         let applied = {
-            let mut w = RealWriter(&self.cgroups);
-            super::apply::apply_moves(d, &mut w, &plan.moves, now_ms, cfg.daemon.dry_run).applied
+            let cgroups = &self.cgroups;
+            super::apply::apply_moves_concurrently(
+                d,
+                || RealWriter(cgroups),
+                cfg.controller.apply_threads as usize,
+                &plan.moves,
+                now_ms,
+                cfg.daemon.dry_run,
+            )
+            .applied
         };
 
         // Publish.

@@ -18,6 +18,7 @@ use std::{
 pub mod apply;
 pub mod engine;
 pub mod run;
+pub mod trigger;
 pub mod watcher;
 
 #[cfg(test)]
@@ -143,6 +144,9 @@ impl CheckpointWriter {
 pub struct Daemon {
     inner: Arc<Mutex<Shared>>,
     pub metrics: Metrics,
+    /// Wakes the control loop for a round now (an operator's cpuset change, a new cgroup's
+    /// first placement; see `trigger`).
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 impl Daemon {
@@ -150,6 +154,7 @@ impl Daemon {
         Daemon {
             inner: Arc::new(Mutex::new(shared)),
             metrics,
+            wake: Arc::new(tokio::sync::Notify::new()),
         }
     }
 

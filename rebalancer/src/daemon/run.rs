@@ -6,7 +6,7 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{engine, Daemon, Persisted, Shared};
+use super::{engine, trigger, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
     config::Config,
@@ -110,22 +110,62 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.controller.period_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Rounds: the first at once (it only takes the CPU-time baseline), the second soon after
+    // (the first with per-node CPU time), then every period — and at once, at most every
+    // MIN_GAP, when the trigger (an operator's cpuset.cpus write) or the watcher (a new
+    // cgroup placed) wakes the loop.
+    let trigger = match trigger::CpusetTrigger::spawn(daemon.wake.clone()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "cpuset trigger unavailable; rounds run on the period only");
+            None
+        }
+    };
+    const FIRST_GAP: Duration = Duration::from_millis(500);
+    const MIN_GAP: Duration = Duration::from_millis(200);
+    let period = |d: &Daemon| Duration::from_millis(d.lock().cfg.controller.period_ms.max(1));
+    let mut next = tokio::time::Instant::now();
+    let mut last = None::<tokio::time::Instant>;
     let mut rounds = 0u64;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                rounds += 1;
-                engine.round(&daemon);
-                if max_rounds != 0 && rounds >= max_rounds {
-                    tracing::info!(rounds, "round limit reached, stopping");
-                    break;
-                }
-            }
-            _ = sighup.recv() => reload(&daemon, config_path.as_deref()),
+        let woken = tokio::select! {
+            _ = tokio::time::sleep_until(next) => false,
+            _ = daemon.wake.notified() => true,
+            _ = sighup.recv() => { reload(&daemon, config_path.as_deref()); continue; }
             _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
             _ = sigterm.recv() => { tracing::info!("SIGTERM received, stopping"); break; }
+        };
+        if woken {
+            if let Some(l) = last.filter(|l| l.elapsed() < MIN_GAP) {
+                // Too soon after the last round: run when the gap is over (not later than planned).
+                next = next.min(l + MIN_GAP);
+                continue;
+            }
+            tracing::debug!("round triggered by an event");
+        }
+        rounds += 1;
+        engine.round(&daemon);
+        let now = tokio::time::Instant::now();
+        last = Some(now);
+        next = now
+            + if rounds == 1 {
+                FIRST_GAP.min(period(&daemon))
+            } else {
+                period(&daemon)
+            };
+        if let Some(t) = &trigger {
+            let ids: Vec<String> = daemon.lock().decisions.keys().cloned().collect();
+            t.watch(ids.iter().filter_map(|id| {
+                engine
+                    .cgroups
+                    .dir(crate::cgroup::Controller::Cpuset, id)
+                    .ok()
+                    .map(|(dir, _)| dir.join("cpuset.cpus"))
+            }));
+        }
+        if max_rounds != 0 && rounds >= max_rounds {
+            tracing::info!(rounds, "round limit reached, stopping");
+            break;
         }
     }
     cancel.cancel();

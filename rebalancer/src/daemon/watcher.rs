@@ -547,7 +547,11 @@ pub fn spawn(d: Daemon, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHa
                 let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
                 let rel = parent.join(name);
                 if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
-                    changed |= created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
+                    let placed = created(&d, &cgroups, &rel.to_string_lossy(), t0).changed();
+                    if placed {
+                        d.wake.notify_one(); // its first round now, not a period later
+                    }
+                    changed |= placed;
                     // Directories made below it before its watch existed are admitted too.
                     add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found);
                     for sub in found.drain(..) {
