@@ -410,22 +410,18 @@ impl<'t> Projection<'t> {
     /// workload's demand off its current nodes and puts it on `t` as `cpu_after` spreads it.
     fn contention_added(&self, obs: &Observations, cg: &CgroupObs, t: &CpuSet, demand: f64) -> f64 {
         let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
-        let after: BTreeMap<u32, f64> = cpu_after(obs, cg, t)
-            .map(|(n, share)| (n, demand * share))
-            .collect();
         let mut delta = 0.0;
-        let nodes: std::collections::BTreeSet<u32> = cg
-            .cpu_ns_per_node
-            .keys()
-            .chain(after.keys())
-            .copied()
-            .collect();
-        for n in nodes {
+        let mut node = |n: u32, own_after: f64| {
             let c = self.ncpus.get(&n).copied().unwrap_or(0) as f64;
             let d0 = self.demand.get(&n).copied().unwrap_or(0.0);
-            let d1 =
-                (d0 - Self::demand_on(obs, cg, n) + after.get(&n).copied().unwrap_or(0.0)).max(0.0);
+            let d1 = (d0 - Self::demand_on(obs, cg, n) + own_after).max(0.0);
             delta += stretched(d1, c) - stretched(d0, c);
+        };
+        for (n, share) in cpu_after(obs, cg, t) {
+            node(n, demand * share);
+        }
+        for &n in cg.cpu_ns_per_node.keys().filter(|&&n| !t.contains(n)) {
+            node(n, 0.0);
         }
         // Below a millionth of a CPU it is rounding, not contention.
         if delta > 1e-6 {

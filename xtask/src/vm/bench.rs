@@ -655,6 +655,11 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
         }
         fs::write(dir.join("results.md"), results)?;
         runs.push((topo.name.to_string(), per_cond));
+        // The ranking so far, in case a later topology does not finish.
+        fs::write(
+            assets::vm_dir().join("bench-ratios.md"),
+            ratio_table(&runs, a.boots),
+        )?;
     }
     let ranking = ratio_table(&runs, a.boots);
     let out = assets::vm_dir().join("bench-ratios.md");
