@@ -113,6 +113,7 @@ fn world(topo: &Topology, n: usize) -> Observations {
                         },
                         free_bytes: 32 << 30,
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })

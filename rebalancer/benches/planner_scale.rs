@@ -95,6 +95,7 @@ fn observations(topo: &Topology, n: usize) -> Observations {
                     cpu_busy: 0.5,
                     free_bytes: 256 * GIB,
                     free_hugepage_bytes: 0,
+                    runnable: None,
                 };
                 (nd.id, o)
             })

@@ -210,30 +210,70 @@ fn read_10k_cgroups_timing() {
     let t = Instant::now();
     sampler.bench_fill(first, n, &nodes).unwrap();
     let fill = t.elapsed();
-    let mut reads = Vec::new();
-    let mut folds = Vec::new();
-    let mut seen = 0;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let raw = sampler.read_raw().unwrap();
-        reads.push(t.elapsed());
-        let t = Instant::now();
-        let folded = sampler.fold_raw(&raw);
-        folds.push(t.elapsed());
-        seen = folded.keys().filter(|id| **id >= first).count();
-    }
-    reads.sort();
-    folds.sort();
-    assert_eq!(seen as u64, n, "every filled cgroup read back");
+    // Entry by entry (aya's iteration) and by batches (BPF_MAP_LOOKUP_BATCH): same contents.
+    let timed = |batched: bool| {
+        let mut reads = Vec::new();
+        let mut folds = Vec::new();
+        let mut seen = 0;
+        let mut last = None;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let raw = sampler.read_raw_with(batched).unwrap();
+            reads.push(t.elapsed());
+            let t = Instant::now();
+            let folded = sampler.fold_raw(&raw);
+            folds.push(t.elapsed());
+            seen = folded.keys().filter(|id| **id >= first).count();
+            last = Some(raw);
+        }
+        reads.sort();
+        folds.sort();
+        assert_eq!(
+            seen as u64, n,
+            "every filled cgroup read back (batched {batched})"
+        );
+        (reads, folds, last.unwrap())
+    };
+    let (it_reads, it_folds, it_raw) = timed(false);
+    let (b_reads, b_folds, b_raw) = timed(true);
+    let sorted = |raw: &rebalancer::ebpf::sample::RawMaps| {
+        let mut c: Vec<(u64, u32, u64)> = raw
+            .cpu_time
+            .iter()
+            .map(|(k, v)| (k.cgroup_id, k.node, *v))
+            .filter(|e| e.0 >= first)
+            .collect();
+        c.sort();
+        let mut e: Vec<(u64, u32, u64)> = raw
+            .events
+            .iter()
+            .map(|(k, v)| (k.cgroup_id, k.node, v.migrations))
+            .filter(|e| e.0 >= first)
+            .collect();
+        e.sort();
+        (c, e)
+    };
+    let (bc, be) = sorted(&b_raw);
+    assert_eq!(bc.len() as u64, n * nodes.len() as u64);
+    assert_eq!(be.len() as u64, n);
+    assert_eq!(
+        (bc, be),
+        sorted(&it_raw),
+        "batched read = entry-by-entry read"
+    );
     eprintln!(
-        "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}, \
-         read median {:?} (min {:?}), fold median {:?}",
+        "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}; \
+         entry by entry: read median {:?} (min {:?}), fold median {:?}; \
+         batched: read median {:?} (min {:?}), fold median {:?}",
         n,
         nodes.len(),
         topo.cpus.len(),
-        reads[2],
-        reads[0],
-        folds[2]
+        it_reads[2],
+        it_reads[0],
+        it_folds[2],
+        b_reads[2],
+        b_reads[0],
+        b_folds[2]
     );
 }
 

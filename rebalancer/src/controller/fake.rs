@@ -45,6 +45,9 @@ pub struct FakeCgroups {
     /// (file, n-th write of that file counted from 1, failure)
     failures: Vec<(CgroupFile, usize, FakeFailure)>,
     counts: BTreeMap<CgroupFile, usize>,
+    /// (cgroup, file, n-th write of that file to that cgroup counted from 1, failure)
+    cgroup_failures: Vec<(String, CgroupFile, usize, FakeFailure)>,
+    cgroup_counts: BTreeMap<(String, CgroupFile), usize>,
     /// Read-back of a file returns this instead of the truth (a kernel that clamps).
     misreport: BTreeMap<CgroupFile, CpuSet>,
     /// (cgroup, cpus, mems) after every successful write.
@@ -98,6 +101,21 @@ impl FakeCgroups {
     pub fn fail_write(&mut self, file: CgroupFile, nth: usize, failure: FakeFailure) {
         let base = self.counts.get(&file).copied().unwrap_or(0);
         self.failures.push((file, base + nth, failure));
+    }
+
+    /// The `nth` (1-based) write of `file` to `cgroup` from now on fails with `failure`
+    /// (whatever other cgroups are written meanwhile: for concurrent writers).
+    pub fn fail_cgroup_write(
+        &mut self,
+        cgroup: &str,
+        file: CgroupFile,
+        nth: usize,
+        failure: FakeFailure,
+    ) {
+        let key = (cgroup.to_string(), file);
+        let base = self.cgroup_counts.get(&key).copied().unwrap_or(0);
+        self.cgroup_failures
+            .push((cgroup.to_string(), file, base + nth, failure));
     }
 
     pub fn misreport(&mut self, file: CgroupFile, set: CpuSet) {
@@ -165,11 +183,21 @@ impl FakeCgroups {
         *n += 1;
         let n = *n;
         let cg = cgroup.to_string();
-        if let Some(&(_, _, f)) = self
+        let per = self.cgroup_counts.entry((cg.clone(), file)).or_default();
+        *per += 1;
+        let per = *per;
+        let injected = self
             .failures
             .iter()
             .find(|(ff, nn, _)| *ff == file && *nn == n)
-        {
+            .map(|&(_, _, f)| f)
+            .or_else(|| {
+                self.cgroup_failures
+                    .iter()
+                    .find(|(c, ff, nn, _)| *c == cg && *ff == file && *nn == per)
+                    .map(|&(_, _, _, f)| f)
+            });
+        if let Some(f) = injected {
             return Err(match f {
                 FakeFailure::Busy => CgroupWriteError::Busy { cgroup: cg, file },
                 FakeFailure::Invalid => CgroupWriteError::Invalid {

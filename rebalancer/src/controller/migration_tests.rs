@@ -47,6 +47,7 @@ fn plan_one(cg: CgroupObs, cfg: &ControllerConfig) -> Plan {
                         cpu_busy: 0.2,
                         free_bytes: 8 << 30,
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })

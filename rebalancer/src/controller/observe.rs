@@ -116,6 +116,11 @@ pub struct NodeObs {
     pub free_bytes: u64,
     /// Free hugepages of the node (all sizes), bytes.
     pub free_hugepage_bytes: u64,
+    /// CPUs' worth of runnable demand per CPU of the node (running + waiting on the run
+    /// queue), ≥ `cpu_busy`; above 1 the node's tasks wait for a CPU. `None`: not measured
+    /// (the planner then takes `cpu_busy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runnable: Option<f64>,
 }
 
 /// Everything observed in one period.

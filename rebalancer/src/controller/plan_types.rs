@@ -131,6 +131,11 @@ pub struct Considered {
     pub saving: f64,
     /// Migration cost: GiB to migrate × `migration_cost_per_gib`.
     pub cost: f64,
+    /// CPU time lost over the horizon to the CPU contention the move adds (run-queue
+    /// pressure on the target nodes beyond their CPUs, less what it takes off the sources).
+    #[serde(default)]
+    pub contention: f64,
+    /// saving − cost − contention.
     pub net: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected: Option<Rejection>,
@@ -157,6 +162,13 @@ pub enum Skip {
     CostExceedsSaving {
         saving: f64,
         cost: f64,
+    },
+    /// The locality would pay for the migration, but the CPU contention the move adds on the
+    /// target would leave the workloads slower than they are.
+    SlowerAfter {
+        saving: f64,
+        cost: f64,
+        contention: f64,
     },
     /// Would pass the round's migration budget.
     Budget {

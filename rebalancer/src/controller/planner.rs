@@ -330,11 +330,19 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
         let best = feasible
             .iter()
             .map(|&k| &options[k].considered)
-            .max_by(|a, b| a.gain.total_cmp(&b.gain))
-            .map(|c| (c.gain, c.saving, c.cost));
+            .max_by(|a, b| a.gain.total_cmp(&b.gain));
         return Err(match best {
-            Some((gain, _, _)) if gain < cfg.min_gain => Skip::BelowMinGain { gain },
-            Some((_, saving, cost)) => Skip::CostExceedsSaving { saving, cost },
+            Some(c) if c.gain < cfg.min_gain => Skip::BelowMinGain { gain: c.gain },
+            // The locality pays for the migration; the CPU contention it adds does not.
+            Some(c) if c.saving > c.cost && c.contention > 0.0 => Skip::SlowerAfter {
+                saving: c.saving,
+                cost: c.cost,
+                contention: c.contention,
+            },
+            Some(c) => Skip::CostExceedsSaving {
+                saving: c.saving,
+                cost: c.cost,
+            },
             None => Skip::NoFeasibleTarget,
         });
     }

@@ -57,6 +57,7 @@ fn world(cgroups: Vec<CgroupObs>) -> Observations {
                         cpu_busy: 0.3,
                         free_bytes: 32 * GIB,
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })
@@ -649,6 +650,7 @@ fn arb_world() -> impl Strategy<Value = (Observations, ControllerState, Controll
                                     cpu_busy: b,
                                     free_bytes: f,
                                     free_hugepage_bytes: h,
+                                    runnable: None,
                                 },
                             )
                         })
@@ -930,4 +932,49 @@ fn saving_is_priced_by_the_slit_distance() {
     let (near, far) = (saving(11), saving(32));
     assert!(near > 0.0, "{near}");
     assert!((far / near - 22.0).abs() < 1e-6, "{far} / {near}");
+}
+
+/// The cost model sees the target's CPU contention: moving 2 CPUs of demand onto a node whose
+/// run queue already wants 1.4× its CPUs (while its busy share, sampled, reads 0.5) would pay
+/// for the migration in locality, but stretches every task there: skipped as `slower-after`,
+/// with the figures in explain. Without the run-queue figure the same move is made.
+#[test]
+fn a_move_into_a_crowded_run_queue_is_skipped_as_slower_after() {
+    let mut a = cg("a", &[(0, 2.0)], &[(1, 512)], "0-3,16-19", "0-1");
+    a.constraints.allowed_nodes = Some(set("0-1"));
+    let mut obs = world(vec![a]);
+    // Node 0 has no room for the memory: the only way to locality is the CPUs to node 1.
+    obs.nodes.get_mut(&0).unwrap().free_bytes = 64 * MIB;
+    let node1 = obs.nodes.get_mut(&1).unwrap();
+    node1.cpu_busy = 0.5;
+    let blind = plan(&machine(), &obs, &ControllerState::default(), &cfg(), 0);
+    assert_eq!(
+        kind(&blind.decision("a").unwrap().outcome),
+        "moved",
+        "{blind:#?}"
+    );
+    assert_eq!(blind.moves[0].to_mems, set("1"));
+
+    obs.nodes.get_mut(&1).unwrap().runnable = Some(1.4);
+    let p = plan(&machine(), &obs, &ControllerState::default(), &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    assert!(p.moves.is_empty(), "{p:#?}");
+    assert_eq!(kind(&d.outcome), "skip:slower-after", "{d:#?}");
+    let Outcome::Skipped(Skip::SlowerAfter {
+        saving,
+        cost,
+        contention,
+    }) = d.outcome
+    else {
+        unreachable!()
+    };
+    assert!(saving > cost && contention > saving - cost, "{d:#?}");
+    // 8 CPUs of node 1 wanted 11.2, now 13.2: 13.2 × 13.2/8 − 11.2 × 11.2/8 = 6.1 CPUs of
+    // stretched work; node 0 (2.4 wanted) sheds 2 without contention: −2.0. Over 60 s.
+    assert!(
+        (contention - (6.1 - 2.0) * 60.0).abs() < 1.0,
+        "{contention}"
+    );
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert!((c.net - (c.saving - c.cost - c.contention)).abs() < 1e-9);
 }

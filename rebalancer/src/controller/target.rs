@@ -26,6 +26,8 @@ pub(super) struct Projection<'t> {
     free: BTreeMap<u32, u64>,
     free_huge: BTreeMap<u32, u64>,
     busy: BTreeMap<u32, f64>,
+    /// Runnable demand per node, in CPUs (running + waiting; may exceed the node's CPUs).
+    demand: BTreeMap<u32, f64>,
     ncpus: BTreeMap<u32, usize>,
     /// CPUs held exclusively by some workload.
     excl_held: CpuSet,
@@ -65,13 +67,32 @@ impl<'t> Projection<'t> {
         let mut free = BTreeMap::new();
         let mut free_huge = BTreeMap::new();
         let mut busy = BTreeMap::new();
+        let mut demand = BTreeMap::new();
         let mut ncpus = BTreeMap::new();
         for n in &topo.nodes {
             let o = obs.nodes.get(&n.id);
             free.insert(n.id, o.map_or(0, |o| o.free_bytes));
             free_huge.insert(n.id, o.map_or(0, |o| o.free_hugepage_bytes));
-            busy.insert(n.id, o.map_or(1.0, |o| sane_busy(o.cpu_busy)));
+            let b = o.map_or(1.0, |o| sane_busy(o.cpu_busy));
+            busy.insert(n.id, b);
+            let r = o
+                .and_then(|o| o.runnable)
+                .filter(|r| r.is_finite() && *r >= 0.0)
+                .map_or(b, |r| r.clamp(b, 64.0));
+            demand.insert(n.id, r * n.cpus.len() as f64);
             ncpus.insert(n.id, n.cpus.len());
+        }
+        // The node's runnable demand is at least what the managed cgroups ran there.
+        let mut managed: BTreeMap<u32, f64> = BTreeMap::new();
+        for cg in &obs.cgroups {
+            for &n in cg.cpu_ns_per_node.keys() {
+                *managed.entry(n).or_default() += Self::demand_on(obs, cg, n);
+            }
+        }
+        for (n, m) in managed {
+            if let Some(d) = demand.get_mut(&n) {
+                *d = d.max(m);
+            }
         }
         let excl_held = obs
             .cgroups
@@ -98,6 +119,7 @@ impl<'t> Projection<'t> {
             free,
             free_huge,
             busy,
+            demand,
             ncpus,
             excl_held,
             pool: BTreeMap::new(),
@@ -279,10 +301,13 @@ impl<'t> Projection<'t> {
                 sets.push(t);
             }
         }
+        // Per candidate, not per option: what a locality point is worth for it.
+        let weight = self.remote_weight(cg);
         sets.into_iter()
             .map(|t| {
                 self.price(
                     obs, cg, trigger, before, cfg, t, need_cpus, max_nodes, &own_excl, demand,
+                    weight,
                 )
             })
             .collect()
@@ -301,6 +326,7 @@ impl<'t> Projection<'t> {
         max_nodes: u32,
         own_excl: &CpuSet,
         demand: f64,
+        remote_weight: f64,
     ) -> TargetOption {
         let after = locality::expected_after(cg, &t);
         let normal_total = sat_sum(cg.mem_bytes_per_node.values());
@@ -365,8 +391,9 @@ impl<'t> Projection<'t> {
         let gain = locality_gain + relief + migration_points;
         // Locality points are worth what a remote access costs here (relief and migrations
         // avoided are CPU time already).
-        let priced = locality_gain * self.remote_weight(cg) + relief + migration_points;
-        let saving = priced * demand * (cfg.horizon_ms as f64 / 1000.0);
+        let priced = locality_gain * remote_weight + relief + migration_points;
+        let horizon_s = cfg.horizon_ms as f64 / 1000.0;
+        let saving = priced * demand * horizon_s;
         let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
         let n_cpus = match &picked {
             Some(p) => p.len(),
@@ -378,6 +405,12 @@ impl<'t> Projection<'t> {
                 Some(p) => *p == cg.cpus,
                 None => keep_cpus || cg.cpus == self.pool_of(&t),
             };
+        // The operator's CPUs stay: the threads run where they ran, only memory moves.
+        let contention = if keep_cpus {
+            0.0
+        } else {
+            self.contention_added(obs, cg, &t, demand) * horizon_s
+        };
         let free = sat_sum(t.iter().filter_map(|n| self.free.get(&n)));
         let free_huge = sat_sum(t.iter().filter_map(|n| self.free_huge.get(&n)));
         let pre = if t.len() as u32 > max_nodes {
@@ -415,11 +448,40 @@ impl<'t> Projection<'t> {
                 migrations_avoided_per_s: avoided,
                 saving,
                 cost,
-                net: saving - cost,
+                contention,
+                net: saving - cost - contention,
                 rejected: pre.or(rejected),
             },
             picked,
             keep_cpus,
+        }
+    }
+
+    /// CPUs' worth of slowdown the move of `cg` to `t` adds machine-wide through CPU
+    /// contention (never negative: load relief is priced by the overload trigger). A node
+    /// with runnable demand D on C CPUs does D × max(1, D / C) CPU-time of work per unit of
+    /// useful work (every runnable task is stretched by D / C once D > C); the move takes the
+    /// workload's demand off its current nodes and puts it on `t` as `cpu_after` spreads it.
+    fn contention_added(&self, obs: &Observations, cg: &CgroupObs, t: &CpuSet, demand: f64) -> f64 {
+        let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
+        let mut delta = 0.0;
+        let mut node = |n: u32, own_after: f64| {
+            let c = self.ncpus.get(&n).copied().unwrap_or(0) as f64;
+            let d0 = self.demand.get(&n).copied().unwrap_or(0.0);
+            let d1 = (d0 - Self::demand_on(obs, cg, n) + own_after).max(0.0);
+            delta += stretched(d1, c) - stretched(d0, c);
+        };
+        for (n, share) in cpu_after(obs, cg, t) {
+            node(n, demand * share);
+        }
+        for &n in cg.cpu_ns_per_node.keys().filter(|&&n| !t.contains(n)) {
+            node(n, 0.0);
+        }
+        // Below a millionth of a CPU it is rounding, not contention.
+        if delta > 1e-6 {
+            delta
+        } else {
+            0.0
         }
     }
 
@@ -435,14 +497,14 @@ impl<'t> Projection<'t> {
             return 1.0;
         }
         let (mut w, mut wd) = (0.0, 0.0);
+        let mem_nodes: std::collections::BTreeSet<u32> = cg
+            .mem_bytes_per_node
+            .keys()
+            .chain(cg.hugepage_bytes_per_node.keys())
+            .copied()
+            .collect();
         for (&c, &ns) in &cg.cpu_ns_per_node {
-            for m in cg
-                .mem_bytes_per_node
-                .keys()
-                .chain(cg.hugepage_bytes_per_node.keys())
-                .copied()
-                .collect::<std::collections::BTreeSet<u32>>()
-            {
+            for &m in &mem_nodes {
                 if m == c {
                     continue;
                 }
@@ -535,10 +597,14 @@ impl<'t> Projection<'t> {
             if let Some(b) = self.busy.get_mut(&n) {
                 *b = (*b - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
             }
+            if let Some(d) = self.demand.get_mut(&n) {
+                *d = (*d - Self::demand_on(obs, cg, n)).max(0.0);
+            }
         }
         for (n, share) in cpu_after(obs, cg, t) {
             let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
             *self.busy.entry(n).or_default() += demand * share / ncpu;
+            *self.demand.entry(n).or_default() += demand * share;
             let f = self.free.entry(n).or_default();
             *f = f.saturating_sub((normal_out as f64 * share) as u64);
             let h = self.free_huge.entry(n).or_default();

@@ -119,6 +119,7 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
                         free_bytes: NODE_BYTES
                             .saturating_sub(used.get(&n.id).copied().unwrap_or(0)),
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })

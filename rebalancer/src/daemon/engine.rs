@@ -385,6 +385,7 @@ impl Engine {
                         cpu_busy,
                         free_bytes: free,
                         free_hugepage_bytes: free_hp,
+                        runnable: None,
                     },
                 )
             })

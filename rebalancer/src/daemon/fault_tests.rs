@@ -300,6 +300,7 @@ fn pulled_to(topo: &Topology, to: u32) -> Observations {
                         cpu_busy: 0.3,
                         free_bytes: 32 << 30,
                         free_hugepage_bytes: 0,
+                        runnable: None,
                     },
                 )
             })

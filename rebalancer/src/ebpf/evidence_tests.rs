@@ -143,6 +143,7 @@ impl Pipe {
                             cpu_busy: 0.2,
                             free_bytes: 8 << 30,
                             free_hugepage_bytes: 0,
+                            runnable: None,
                         },
                     )
                 })

@@ -18,6 +18,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::Serialize;
 
+pub mod batch;
 pub mod btf;
 pub mod loader;
 pub mod pmu;

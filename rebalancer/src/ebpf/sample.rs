@@ -4,6 +4,7 @@
 //! steal time out of on-CPU time (`steal`). The folding is pure ([`fold`]) and unit-tested.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    os::fd::AsFd,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -401,46 +402,89 @@ impl Sampler {
         self.stale
     }
 
-    /// Reads the maps without folding (for benchmarks).
+    /// Reads the maps without folding (for benchmarks): the hash maps by batches
+    /// (`batch::read_percpu`), or entry by entry where the kernel has no batch lookup.
     pub fn read_raw(&self) -> Result<RawMaps, EbpfError> {
-        let mut raw = RawMaps::default();
+        self.read_raw_with(true)
+    }
+
+    /// [`Self::read_raw`], with `batched = false` always entry by entry (aya's iteration:
+    /// one get_next_key + one lookup syscall per entry), for comparison.
+    pub fn read_raw_with(&self, batched: bool) -> Result<RawMaps, EbpfError> {
         // CPU_TIME before SWITCH_STATE: a flush between the two reads then loses a little
         // instead of counting twice.
-        let cpu: PerCpuHashMap<&MapData, CgNodeKey, u64> = self.map("CPU_TIME")?;
-        for item in cpu.iter() {
-            let (k, v) = item.map_err(|source| EbpfError::Map {
-                map: "CPU_TIME",
-                source,
-            })?;
-            raw.cpu_time.push((k, sum_u64(v.iter().copied())));
-        }
+        let cpu_time = self
+            .read_percpu_hash::<CgNodeKey, u64>("CPU_TIME", batched)?
+            .into_iter()
+            .map(|(k, v)| (k, sum_u64(v)))
+            .collect();
         let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
         let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
             map: "SWITCH_STATE",
             source,
         })?;
-        raw.pending = vals
+        let pending = vals
             .iter()
             .enumerate()
             .map(|(cpu, s)| (cpu as u32, *s))
             .collect();
-        let ev: PerCpuHashMap<&MapData, CgNodeKey, CgEvents> = self.map("EVENTS")?;
-        for item in ev.iter() {
-            let (k, v) = item.map_err(|source| EbpfError::Map {
-                map: "EVENTS",
-                source,
-            })?;
-            raw.events.push((k, sum_events(v.iter())));
-        }
-        let rs: PerCpuHashMap<&MapData, CgReasonKey, u64> = self.map("MIGRATE_REASONS")?;
-        for item in rs.iter() {
-            let (k, v) = item.map_err(|source| EbpfError::Map {
-                map: "MIGRATE_REASONS",
-                source,
-            })?;
-            raw.reasons.push((k, sum_u64(v.iter().copied())));
-        }
+        let events = self
+            .read_percpu_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?
+            .into_iter()
+            .map(|(k, v)| (k, sum_events(v.iter())))
+            .collect();
+        let reasons = self
+            .read_percpu_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?
+            .into_iter()
+            .map(|(k, v)| (k, sum_u64(v)))
+            .collect();
+        let raw = RawMaps {
+            cpu_time,
+            pending,
+            events,
+            reasons,
+        };
         Ok(raw)
+    }
+
+    /// Every entry of a per-CPU hash map with its per-CPU values.
+    fn read_percpu_hash<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+        batched: bool,
+    ) -> Result<super::batch::PerCpuEntries<K, V>, EbpfError> {
+        let m: PerCpuHashMap<&MapData, K, V> = self.map(name)?;
+        if batched {
+            let ncpus = aya::util::nr_cpus().map_err(|(_, e)| EbpfError::Map {
+                map: name,
+                source: aya::maps::MapError::from(aya::sys::SyscallError {
+                    call: "nr_cpus",
+                    io_error: e,
+                }),
+            })?;
+            let fd = aya::maps::IterableMap::<K, PerCpuValues<V>>::map(&m)
+                .fd()
+                .as_fd();
+            match super::batch::read_percpu::<K, V>(fd, ncpus) {
+                Ok(Some(all)) => return Ok(all),
+                Ok(None) => {} // no batch lookup in this kernel: entry by entry
+                Err(e) => {
+                    return Err(EbpfError::Map {
+                        map: name,
+                        source: aya::maps::MapError::from(aya::sys::SyscallError {
+                            call: "BPF_MAP_LOOKUP_BATCH",
+                            io_error: e,
+                        }),
+                    })
+                }
+            }
+        }
+        m.iter()
+            .map(|item| {
+                item.map(|(k, v)| (k, v.iter().copied().collect()))
+                    .map_err(|source| EbpfError::Map { map: name, source })
+            })
+            .collect()
     }
 
     fn map<'a, M>(&'a self, name: &'static str) -> Result<M, EbpfError>

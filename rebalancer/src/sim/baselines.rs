@@ -265,6 +265,9 @@ pub(super) fn observations(w: &World<'_>) -> Observations {
                     cpu_busy: busy,
                     free_bytes: free.get(&n.id).copied().unwrap_or(0),
                     free_hugepage_bytes: free_huge.get(&n.id).copied().unwrap_or(0),
+                    runnable: Some(
+                        w.runnable_acc.get(&n.id).copied().unwrap_or(0.0) / steps as f64,
+                    ),
                 },
             )
         })
@@ -336,6 +339,7 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
         l.migrations_acc = 0.0;
     }
     w.busy_acc.clear();
+    w.runnable_acc.clear();
     w.acc_steps = 0;
     w.stats.planner_rounds += 1;
 }

@@ -135,6 +135,9 @@ pub(super) struct World<'a> {
     /// CPUs wanted per node in the previous step.
     pub demand: BTreeMap<u32, f64>,
     pub busy_acc: BTreeMap<u32, f64>,
+    /// Runnable demand per CPU (unclamped: above 1 the node's threads wait), summed over the
+    /// steps since the last planner round.
+    pub runnable_acc: BTreeMap<u32, f64>,
     pub acc_steps: u64,
     pub state: ControllerState,
     pub stats: Stats,
@@ -201,6 +204,7 @@ impl<'a> World<'a> {
             live: BTreeMap::new(),
             demand: BTreeMap::new(),
             busy_acc: BTreeMap::new(),
+            runnable_acc: BTreeMap::new(),
             acc_steps: 0,
             state: ControllerState::default(),
             stats: Stats {
@@ -609,6 +613,7 @@ impl<'a> World<'a> {
         for (&n, &c) in &self.ncpus {
             let busy = demand.get(&n).copied().unwrap_or(0.0) / c.max(1) as f64;
             *self.busy_acc.entry(n).or_default() += busy.min(1.0);
+            *self.runnable_acc.entry(n).or_default() += busy;
         }
         self.acc_steps += 1;
         self.demand = demand;

@@ -1,5 +1,6 @@
 # Benchmark (cargo xtask vm-bench): one condition of the fixed mixed workload.
-#   sh /vm/bench/mixed.sh none|autonuma|numad|rebalancer|rebalancer-autonuma
+#   sh /vm/bench/mixed.sh none|autonuma|numad|rebalancer|baseline|rebalancer-autonuma
+# (baseline: the same as rebalancer with /bin/rebalancer-baseline, vm-bench --baseline-bin.)
 # Parameters come from /vm/bench.env (MIB, WINDOW, SHIFT, PERIOD_MS). The guest's init runs one
 # condition per "scenario" and cleans up between them (every process killed, cgroups removed).
 #
@@ -28,8 +29,9 @@ case $COND in
     none) NB=0; MGR=none ;;
     autonuma) NB=1; MGR=none ;;
     numad) NB=0; MGR=numad ;;
-    rebalancer) NB=0; MGR=rebalancer ;;
-    rebalancer-autonuma) NB=1; MGR=rebalancer ;;
+    rebalancer) NB=0; MGR=rebalancer; BIN=rebalancer ;;
+    baseline) NB=0; MGR=rebalancer; BIN=rebalancer-baseline ;;
+    rebalancer-autonuma) NB=1; MGR=rebalancer; BIN=rebalancer ;;
     *) verdict "$S" FAIL "unknown condition $COND"; exit 0 ;;
 esac
 A=$(first_cpu_node)
@@ -83,7 +85,7 @@ socket = "/run/rebalancer/rebalancer.sock"
 metrics_listen = "127.0.0.1:9717"
 CONF
         t=$(uptime_s)
-        RUST_LOG=rebalancer=debug rebalancer run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
+        RUST_LOG=rebalancer=debug $BIN run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
         MGR_PID=$!
         i=0
         until grep -q 'round done' /tmp/bench-daemon.log; do
@@ -168,7 +170,7 @@ case $MGR in
     rebalancer)
         echo "# daemon log (moves):"; grep -v 'round done' /tmp/bench-daemon.log | grep -v 'eBPF source' | tail -25
         for w in w1 w2 w3; do
-            echo "# rebalancer explain bench/$w:"; rebalancer explain bench/$w 2>&1 | head -40
+            echo "# rebalancer explain bench/$w:"; $BIN explain bench/$w 2>&1 | head -40
         done ;;
 esac
 # Clean slate for the next condition: the workload and the manager gone, their memory freed.

@@ -25,19 +25,33 @@ pub const CONDITIONS: &[(&str, &str)] = &[
     ("numad", "numad -i 1:2 (numa_balancing=0)"),
     ("rebalancer", "rebalancer (numa_balancing=0)"),
     (
+        "baseline",
+        "baseline rebalancer (--baseline-bin, numa_balancing=0)",
+    ),
+    (
         "rebalancer-autonuma",
         "rebalancer + AutoNUMA (numa_balancing=1)",
     ),
 ];
 
+/// Conditions run when none is named: the two the ratio table compares (plus `baseline`
+/// with `--baseline-bin`).
+pub const DEFAULT_CONDITIONS: &[&str] = &["autonuma", "rebalancer"];
+
 #[derive(Debug, clap::Args)]
 pub struct VmBenchArgs {
-    /// Topology to boot (one of `vm-test --list`; node memory is raised to 4 x --mib).
-    #[arg(long, value_name = "NAME", default_value = "2node")]
-    pub topology: String,
-    /// Only these conditions (repeatable; default all, in the fixed order).
+    /// Topologies to boot (repeatable; default every one of `vm-test --list`; node memory is
+    /// raised to 4 x --mib).
+    #[arg(long, value_name = "NAME")]
+    pub topology: Vec<String>,
+    /// Conditions (repeatable: none, autonuma, numad, rebalancer, baseline,
+    /// rebalancer-autonuma; `all` for every one; default autonuma and rebalancer, and
+    /// baseline with --baseline-bin), run in the fixed order in each boot.
     #[arg(long, value_name = "NAME")]
     pub condition: Vec<String>,
+    /// Boots per topology; the ratio table takes the median of each figure over them.
+    #[arg(long, default_value_t = 3)]
+    pub boots: u32,
     /// Memory of each of the three hogs (MiB); numad ignores processes under 300 MB.
     #[arg(long, default_value_t = 320)]
     pub mib: u32,
@@ -53,6 +67,10 @@ pub struct VmBenchArgs {
     /// Benchmark this rebalancer binary instead of building one.
     #[arg(long, value_name = "PATH")]
     pub rebalancer_bin: Option<PathBuf>,
+    /// A second rebalancer binary (a static musl build, e.g. of main) run as condition
+    /// `baseline` in the same boots: before/after against the same AutoNUMA runs.
+    #[arg(long, value_name = "PATH")]
+    pub baseline_bin: Option<PathBuf>,
 }
 
 /// One `sample` line: aggregate pages of the workload at time `t` (s since the pins).
@@ -314,36 +332,178 @@ fn numad() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Median of one figure over boots (upper median for an even count); `None` = none.
+pub fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    Some(xs[xs.len() / 2])
+}
+
+/// Median time over boots where "never" counts as the longest; `None` if the median is never.
+pub fn median_time(xs: &[Option<f64>]) -> Option<f64> {
+    median(xs.iter().map(|t| t.unwrap_or(f64::INFINITY)).collect()).filter(|t| t.is_finite())
+}
+
+/// One condition's medians over the boots that gave data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Medians {
+    pub boots: usize,
+    pub t95: Option<f64>,
+    pub t95_shift: Option<f64>,
+    pub mean_local: f64,
+    pub pgmigrate: f64,
+    /// Boots whose row carries a note (a workload process or the manager died).
+    pub noted: usize,
+}
+
+pub fn medians(rows: &[Row]) -> Option<Medians> {
+    Some(Medians {
+        boots: rows.len(),
+        t95: median_time(&rows.iter().map(|r| r.t95).collect::<Vec<_>>()),
+        t95_shift: median_time(&rows.iter().map(|r| r.t95_shift).collect::<Vec<_>>()),
+        mean_local: median(rows.iter().map(|r| r.mean_local).collect())?,
+        pgmigrate: median(rows.iter().map(|r| r.pgmigrate as f64).collect())?,
+        noted: rows.iter().filter(|r| r.note.is_some()).count(),
+    })
+}
+
+/// `a / b` of two times, "never" being infinite.
+fn time_ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        (Some(_), Some(_)) => "—".into(),
+        (Some(_), None) => "0 (AutoNUMA never)".into(),
+        (None, Some(_)) => "∞ (never)".into(),
+        (None, None) => "— (both never)".into(),
+    }
+}
+
+/// Per topology: per condition, the rows of the boots that gave data.
+pub type Runs = Vec<(String, Vec<(String, Vec<Row>)>)>;
+
+/// The ranking: per topology, each manager's medians against AutoNUMA's on the same boots
+/// (rebalancer / AutoNUMA: ≤ 1 is better for the times and the pages, ≥ 1 for locality).
+/// `runs` holds, per topology, per condition, the rows of the boots that gave data.
+pub fn ratio_table(runs: &Runs, boots: u32) -> String {
+    let mut out = format!(
+        "Median of {boots} boot(s) per topology; ratio = manager / kernel AutoNUMA.\n\n\
+         | topology | manager | boots | to 95% after the pins | to 95% after the shift | mean locality | pages migrated |\n\
+         | --- | --- | ---: | --- | --- | --- | --- |\n"
+    );
+    for (topo, conds) in runs {
+        let get = |c: &str| {
+            conds
+                .iter()
+                .find(|(n, _)| n == c)
+                .and_then(|(_, r)| medians(r))
+        };
+        let Some(an) = get("autonuma") else {
+            let _ = writeln!(out, "| {topo} | (no AutoNUMA data) | | | | | |");
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "| {topo} | kernel AutoNUMA | {} | {} | {} | {:.1}% | {:.0} |",
+            an.boots,
+            secs(an.t95),
+            secs(an.t95_shift),
+            100.0 * an.mean_local,
+            an.pgmigrate
+        );
+        for (c, _) in conds.iter().filter(|(c, _)| c != "autonuma") {
+            let Some(m) = get(c) else {
+                let _ = writeln!(out, "| {topo} | {c} | 0 | no data | | | |");
+                continue;
+            };
+            let noted = if m.noted > 0 {
+                format!(" ({} with a note)", m.noted)
+            } else {
+                String::new()
+            };
+            let loc = if an.mean_local > 0.0 {
+                format!("{:.2}", m.mean_local / an.mean_local)
+            } else {
+                "—".into()
+            };
+            let pages = if an.pgmigrate > 0.0 {
+                format!("{:.2}", m.pgmigrate / an.pgmigrate)
+            } else {
+                "—".into()
+            };
+            let _ = writeln!(
+                out,
+                "| {topo} | {c}{noted} | {} | {} → **{}** | {} → **{}** | {:.1}% → **{loc}** | {:.0} → **{pages}** |",
+                m.boots,
+                secs(m.t95),
+                time_ratio(m.t95, an.t95),
+                secs(m.t95_shift),
+                time_ratio(m.t95_shift, an.t95_shift),
+                100.0 * m.mean_local,
+                m.pgmigrate,
+            );
+        }
+    }
+    out
+}
+
+/// Resolves `--condition` (see [`VmBenchArgs::condition`]).
+fn conditions(a: &VmBenchArgs) -> Result<Vec<(&'static str, &'static str)>> {
+    let wanted: Vec<String> = if a.condition.is_empty() {
+        let mut d: Vec<String> = DEFAULT_CONDITIONS.iter().map(|c| c.to_string()).collect();
+        if a.baseline_bin.is_some() {
+            d.push("baseline".into());
+        }
+        d
+    } else if a.condition.iter().any(|c| c == "all") {
+        CONDITIONS
+            .iter()
+            .map(|(c, _)| c.to_string())
+            .filter(|c| c != "baseline" || a.baseline_bin.is_some())
+            .collect()
+    } else {
+        a.condition.clone()
+    };
+    for c in &wanted {
+        if !CONDITIONS.iter().any(|(n, _)| n == c) {
+            let known: Vec<&str> = CONDITIONS.iter().map(|(n, _)| *n).collect();
+            bail!("unknown condition {c:?}; known: {}, all", known.join(", "));
+        }
+    }
+    if wanted.iter().any(|c| c == "baseline") && a.baseline_bin.is_none() {
+        bail!("condition baseline needs --baseline-bin PATH");
+    }
+    // The fixed order, whatever order they were named in.
+    Ok(CONDITIONS
+        .iter()
+        .copied()
+        .filter(|(n, _)| wanted.iter().any(|w| w == n))
+        .collect())
+}
+
 pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
-    let mut topo = topology::by_name(&a.topology).with_context(|| {
-        format!(
-            "unknown topology {:?}; known: {}",
-            a.topology,
-            topology::NAMES.join(", ")
-        )
-    })?;
-    topo.validate().map_err(anyhow::Error::msg)?;
-    for n in &mut topo.nodes {
-        n.mem_mib = n.mem_mib.max(4 * u64::from(a.mib));
-    }
-    let conds: Vec<(&str, &str)> = if a.condition.is_empty() {
-        CONDITIONS.to_vec()
+    let names: Vec<&str> = if a.topology.is_empty() {
+        topology::NAMES.to_vec()
     } else {
-        a.condition
-            .iter()
-            .map(|c| {
-                CONDITIONS
-                    .iter()
-                    .find(|(n, _)| n == c)
-                    .copied()
-                    .with_context(|| {
-                        let known: Vec<&str> = CONDITIONS.iter().map(|(n, _)| *n).collect();
-                        format!("unknown condition {c:?}; known: {}", known.join(", "))
-                    })
-            })
-            .collect::<Result<_>>()?
+        a.topology.iter().map(String::as_str).collect()
     };
+    let mut topos = Vec::new();
+    for name in &names {
+        let mut topo = topology::by_name(name).with_context(|| {
+            format!(
+                "unknown topology {name:?}; known: {}",
+                topology::NAMES.join(", ")
+            )
+        })?;
+        topo.validate().map_err(anyhow::Error::msg)?;
+        for n in &mut topo.nodes {
+            n.mem_mib = n.mem_mib.max(4 * u64::from(a.mib));
+        }
+        topos.push(topo);
+    }
+    let conds = conditions(a)?;
     if a.shift >= a.window {
         bail!(
             "--shift ({}) must fall inside --window ({})",
@@ -351,108 +511,167 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
             a.window
         );
     }
+    if a.boots == 0 {
+        bail!("--boots must be at least 1");
+    }
     let assets = assets::prepare(a.rebalancer_bin.as_deref())?;
+    let baseline = a
+        .baseline_bin
+        .as_ref()
+        .map(|p| {
+            p.canonicalize()
+                .with_context(|| format!("--baseline-bin {}", p.display()))
+        })
+        .transpose()?;
     let numad = numad()?;
 
-    let dir = assets::vm_dir().join(format!("bench-{}", topo.name));
-    fs::create_dir_all(&dir)?;
-    let rootfs = assets::stage(&dir, &assets, &topo, &[])?;
-    fs::create_dir_all(rootfs.join("vm/bench"))?;
-    assets::copy_exec(
-        &root().join("tests/vm/bench/mixed.sh"),
-        &rootfs.join("vm/bench/mixed.sh"),
-    )?;
-    fs::write(
-        rootfs.join("vm/bench.env"),
-        format!(
-            "MIB={}\nWINDOW={}\nSHIFT={}\nPERIOD_MS={}\n",
-            a.mib, a.window, a.shift, a.period_ms
-        ),
-    )?;
-    assets::copy_exec(&numad, &rootfs.join("bin/numad"))?;
-    for lib in assets::shared_libs(&numad) {
-        let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
-        fs::create_dir_all(to.parent().context("library path has a parent")?)?;
-        assets::copy_exec(&lib, &to)?;
-    }
-    // One limit per condition: allocation, the window, and the daemon's start-up under TCG.
-    let limit = a.window + 300;
-    let mut list = String::new();
-    for (c, _) in &conds {
-        let name = format!("bench-{c}");
-        let script = rootfs.join(format!("vm/scenarios/{name}.sh"));
-        fs::write(&script, format!("exec sh /vm/bench/mixed.sh {c}\n"))?;
-        fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
-        list.push_str(&format!("{name} {limit}\n"));
-    }
-    fs::write(rootfs.join("vm/scenarios.list"), list)?;
-    let initrd = assets::pack(&dir)?;
-
-    let args = qemu::command_line(&topo, &assets.kernel, &initrd);
-    fs::write(
-        dir.join("boot.sh"),
-        format!("#!/bin/sh\nexec qemu-system-x86_64 {}\n", args.join(" ")),
-    )?;
-    let logs = assets::vm_dir().join("logs");
-    fs::create_dir_all(&logs)?;
-    let log = logs.join(format!("bench-{}-{}.log", topo.name, super::now_stamp()));
-    let timeout = 120 + u64::from(limit) * conds.len() as u64;
-    println!(
-        "=== vm-bench: booting {} ({}; {} MiB per node), conditions: {}",
-        topo.name,
-        topo.about,
-        topo.nodes[0].mem_mib,
-        conds.iter().map(|c| c.0).collect::<Vec<_>>().join(" ")
-    );
-    let boot = qemu::boot(
-        &args,
-        &log,
-        Duration::from_secs(timeout),
-        &format!("[bench {}]", topo.name),
-    )?;
-    let console = verdict::parse(&boot.console);
-    let rows: Vec<(&str, Result<Row, String>)> = conds
-        .iter()
-        .map(|(c, label)| {
+    let mut runs: Runs = Vec::new();
+    let mut failures = Vec::new();
+    for topo in &topos {
+        let mut per_cond: Vec<(String, Vec<Row>)> = conds
+            .iter()
+            .map(|(c, _)| (c.to_string(), Vec::new()))
+            .collect();
+        let dir = assets::vm_dir().join(format!("bench-{}", topo.name));
+        fs::create_dir_all(&dir)?;
+        let rootfs = assets::stage(&dir, &assets, topo, &[])?;
+        fs::create_dir_all(rootfs.join("vm/bench"))?;
+        assets::copy_exec(
+            &root().join("tests/vm/bench/mixed.sh"),
+            &rootfs.join("vm/bench/mixed.sh"),
+        )?;
+        fs::write(
+            rootfs.join("vm/bench.env"),
+            format!(
+                "MIB={}\nWINDOW={}\nSHIFT={}\nPERIOD_MS={}\n",
+                a.mib, a.window, a.shift, a.period_ms
+            ),
+        )?;
+        if let Some(b) = &baseline {
+            assets::copy_exec(b, &rootfs.join("bin/rebalancer-baseline"))?;
+        }
+        assets::copy_exec(&numad, &rootfs.join("bin/numad"))?;
+        for lib in assets::shared_libs(&numad) {
+            let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
+            fs::create_dir_all(to.parent().context("library path has a parent")?)?;
+            assets::copy_exec(&lib, &to)?;
+        }
+        // One limit per condition: allocation, the window, and the daemon's start-up under TCG.
+        let limit = a.window + 300;
+        let mut list = String::new();
+        for (c, _) in &conds {
             let name = format!("bench-{c}");
-            let row = console
-                .sections
-                .iter()
-                .find(|s| s.name == name)
-                .ok_or_else(|| "the condition never started".to_string())
-                .and_then(|s| {
-                    if let Some(v) = s.verdicts().into_iter().next() {
-                        return Err(format!("{} {}", v.status, v.detail));
-                    }
-                    let (text, _) = s.data("bench").ok_or("no complete data block")?;
-                    parse_block(&text).and_then(|r| summarize(&r))
-                });
-            (*label, row)
-        })
-        .collect();
-    let md = table(&rows, a.window);
-    let head = format!(
-        "Topology {} ({}), {} MiB per node; workload 3 busy hogs x {} MiB; window {} s, shift at {} s; rebalancer period {} ms.\n\n",
-        topo.name, topo.about, topo.nodes[0].mem_mib, a.mib, a.window, a.shift, a.period_ms
-    );
-    fs::write(dir.join("results.md"), format!("{head}{md}"))?;
-    println!(
-        "\n=== vm-bench results (log: {})\n\n{head}{md}",
-        log.display()
-    );
-    println!(
-        "=== vm-bench total {:.0}s (guest {:.0}s)",
-        t0.elapsed().as_secs_f64(),
-        boot.seconds
-    );
-    if boot.timed_out || !console.done {
-        bail!(
-            "vm-bench: the guest did not finish (timeout {timeout}s); see {}",
-            log.display()
+            let script = rootfs.join(format!("vm/scenarios/{name}.sh"));
+            fs::write(&script, format!("exec sh /vm/bench/mixed.sh {c}\n"))?;
+            fs::set_permissions(&script, fs::Permissions::from_mode(0o755))?;
+            list.push_str(&format!("{name} {limit}\n"));
+        }
+        fs::write(rootfs.join("vm/scenarios.list"), list)?;
+        let initrd = assets::pack(&dir)?;
+        let args = qemu::command_line(topo, &assets.kernel, &initrd);
+        fs::write(
+            dir.join("boot.sh"),
+            format!("#!/bin/sh\nexec qemu-system-x86_64 {}\n", args.join(" ")),
+        )?;
+        let logs = assets::vm_dir().join("logs");
+        fs::create_dir_all(&logs)?;
+        let timeout = 120 + u64::from(limit) * conds.len() as u64;
+        let head = format!(
+            "Topology {} ({}), {} MiB per node; workload 3 busy hogs x {} MiB; window {} s, shift at {} s; rebalancer period {} ms.\n\n",
+            topo.name, topo.about, topo.nodes[0].mem_mib, a.mib, a.window, a.shift, a.period_ms
         );
+        let mut results = head.clone();
+        for boot_no in 1..=a.boots {
+            let log = logs.join(format!("bench-{}-{}.log", topo.name, super::now_stamp()));
+            println!(
+                "=== vm-bench: booting {} ({}; {} MiB per node), boot {boot_no} of {}, conditions: {}",
+                topo.name,
+                topo.about,
+                topo.nodes[0].mem_mib,
+                a.boots,
+                conds.iter().map(|c| c.0).collect::<Vec<_>>().join(" ")
+            );
+            let tb = std::time::Instant::now();
+            let boot = qemu::boot(
+                &args,
+                &log,
+                Duration::from_secs(timeout),
+                &format!("[bench {} #{boot_no}]", topo.name),
+            )?;
+            let console = verdict::parse(&boot.console);
+            let rows: Vec<(&str, Result<Row, String>)> = conds
+                .iter()
+                .map(|(c, label)| {
+                    let name = format!("bench-{c}");
+                    let row = console
+                        .sections
+                        .iter()
+                        .find(|s| s.name == name)
+                        .ok_or_else(|| "the condition never started".to_string())
+                        .and_then(|s| {
+                            if let Some(v) = s.verdicts().into_iter().next() {
+                                return Err(format!("{} {}", v.status, v.detail));
+                            }
+                            let (text, _) = s.data("bench").ok_or("no complete data block")?;
+                            parse_block(&text).and_then(|r| summarize(&r))
+                        });
+                    (*label, row)
+                })
+                .collect();
+            for ((c, _), (_, row)) in conds.iter().zip(&rows) {
+                match row {
+                    Ok(r) => per_cond
+                        .iter_mut()
+                        .find(|(n, _)| n == c)
+                        .expect("every condition has a slot")
+                        .1
+                        .push(r.clone()),
+                    Err(e) => failures.push(format!(
+                        "{} boot {boot_no} {c}: {e} (log {})",
+                        topo.name,
+                        log.display()
+                    )),
+                }
+            }
+            if boot.timed_out || !console.done {
+                failures.push(format!(
+                    "{} boot {boot_no}: the guest did not finish (timeout {timeout}s); see {}",
+                    topo.name,
+                    log.display()
+                ));
+            }
+            let md = table(&rows, a.window);
+            results.push_str(&format!(
+                "Boot {boot_no} (log {}):\n\n{md}\n",
+                log.display()
+            ));
+            println!(
+                "\n=== vm-bench {} boot {boot_no} ({:.0}s wall, guest {:.0}s; log: {})\n\n{md}",
+                topo.name,
+                tb.elapsed().as_secs_f64(),
+                boot.seconds,
+                log.display()
+            );
+        }
+        fs::write(dir.join("results.md"), results)?;
+        runs.push((topo.name.to_string(), per_cond));
+        // The ranking so far, in case a later topology does not finish.
+        fs::write(
+            assets::vm_dir().join("bench-ratios.md"),
+            ratio_table(&runs, a.boots),
+        )?;
     }
-    if rows.iter().any(|(_, r)| r.is_err()) {
-        bail!("vm-bench: a condition has no data; see {}", log.display());
+    let ranking = ratio_table(&runs, a.boots);
+    let out = assets::vm_dir().join("bench-ratios.md");
+    fs::write(&out, &ranking)?;
+    println!("\n=== vm-bench ranking ({})\n\n{ranking}", out.display());
+    println!("=== vm-bench total {:.0}s", t0.elapsed().as_secs_f64());
+    if !failures.is_empty() {
+        bail!(
+            "vm-bench: {} run(s) without data:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
     Ok(())
 }
@@ -544,5 +763,64 @@ result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
         );
         assert!(lines[3].contains("kernel (in the tasks)") && lines[3].ends_with("| 5 / 7 |"));
         assert_eq!(lines[4], "| X | no data: boom | | | | | | |");
+    }
+
+    #[test]
+    fn medians_count_never_as_longest_and_ratios_rank() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median_time(&[Some(5.0), None, Some(7.0)]), Some(7.0));
+        assert_eq!(median_time(&[None, None, Some(5.0)]), None);
+        let row = |t95, shift, mean, pages| Row {
+            final_local: 1.0,
+            mean_local: mean,
+            t95,
+            t95_shift: shift,
+            pgmigrate: pages,
+            pte_updates: 0,
+            hint_faults: 0,
+            mgr_cpu_s: None,
+            mgr_total_s: None,
+            mgr: "x".into(),
+            note: None,
+        };
+        let an = vec![
+            row(Some(10.0), Some(12.0), 0.90, 300),
+            row(Some(12.0), Some(10.0), 0.88, 320),
+            row(Some(11.0), None, 0.92, 310),
+        ];
+        let rb = vec![
+            row(Some(5.0), Some(6.0), 0.95, 300),
+            row(Some(6.0), Some(7.0), 0.93, 290),
+            row(None, Some(5.0), 0.91, 280),
+        ];
+        let m = medians(&an).unwrap();
+        assert_eq!(
+            (m.t95, m.t95_shift, m.mean_local, m.pgmigrate),
+            (Some(11.0), Some(12.0), 0.90, 310.0)
+        );
+        let t = ratio_table(
+            &vec![(
+                "2node".into(),
+                vec![
+                    ("autonuma".into(), an),
+                    ("rebalancer".into(), rb),
+                    ("baseline".into(), vec![]),
+                ],
+            )],
+            3,
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[4], "| 2node | kernel AutoNUMA | 3 | 11.0 s | 12.0 s | 90.0% | 310 |",
+            "{t}"
+        );
+        assert_eq!(
+            lines[5],
+            "| 2node | rebalancer | 3 | 6.0 s → **0.55** | 6.0 s → **0.50** | 93.0% → **1.03** | 290 → **0.94** |",
+            "{t}"
+        );
+        assert_eq!(lines[6], "| 2node | baseline | 0 | no data | | | |");
+        assert_eq!(time_ratio(None, Some(1.0)), "∞ (never)");
     }
 }
