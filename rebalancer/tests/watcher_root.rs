@@ -1,5 +1,6 @@
 //! Root test of the cgroup watcher with real cgroups and a real daemon: container cgroups made
-//! in the Kubernetes cgroupfs-driver layout (kubepods/<qos>/pod<uid>/<id>) get their cpuset
+//! in the Kubernetes cgroupfs-driver layout (kubepods/<qos>/pod<uid>/<id>, under a test-owned
+//! directory given as `cgroups.kubernetes_root`) get their cpuset
 //! from the daemon (the latency from mkdir to the cpuset being written is measured and
 //! printed), a Guaranteed one gets exclusive CPUs, and a removed one is released (its CPUs can
 //! be handed out again). A restart reconciles from the checkpoint without double allocation.
@@ -39,7 +40,7 @@ impl Drop for Cleanup {
     }
 }
 
-fn start_daemon(dir: &Path) -> Child {
+fn start_daemon(dir: &Path, kubernetes_root: &str) -> Child {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -49,7 +50,7 @@ fn start_daemon(dir: &Path) -> Child {
     std::fs::write(
         &cfg,
         format!(
-            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n",
+            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n[cgroups]\nkubernetes_root = \"/{kubernetes_root}\"\n",
             dir.display()
         ),
     )
@@ -103,10 +104,10 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
     if version == Version::V2 {
         let _ = cg.enable_cpuset_v2("");
     }
-    if root.join("kubepods").exists() {
-        println!("SKIP: a real kubepods hierarchy exists here; not touching it");
-        return;
-    }
+    // kubelet's root under a directory of this test's own (cgroups.kubernetes_root): a real or
+    // leftover top-level kubepods tree on the host is neither touched nor a reason to skip.
+    let top = format!("rbt-watcher-{}", std::process::id());
+    let kube = format!("{top}/kubepods");
     let all = cg.effective_cpus("").unwrap();
     let mems = cg.effective_mems("").unwrap();
     if all.len() < 2 {
@@ -119,10 +120,11 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
         daemon: None,
     };
     for rel in [
-        "kubepods",
-        "kubepods/burstable",
-        &format!("kubepods/pod{uid}"),
-        &format!("kubepods/burstable/pod{uid}"),
+        top.as_str(),
+        &kube,
+        &format!("{kube}/burstable"),
+        &format!("{kube}/pod{uid}"),
+        &format!("{kube}/burstable/pod{uid}"),
     ] {
         cg.create_cpuset(rel, &all, &mems).expect("create parent");
         if version == Version::V2 {
@@ -131,11 +133,11 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
         clean.dirs.push(root.join(rel));
     }
     let state = tempfile::tempdir().unwrap();
-    clean.daemon = Some(start_daemon(state.path()));
+    clean.daemon = Some(start_daemon(state.path(), &kube));
 
     // A Guaranteed container: 1 CPU limit (cpu.max / cfs quota) → one exclusive CPU. The
     // runtime sets the CPU limit first (on v1 in the separate cpu hierarchy), then the cpuset.
-    let g_rel = format!("kubepods/pod{uid}/{}", "a".repeat(64));
+    let g_rel = format!("{kube}/pod{uid}/{}", "a".repeat(64));
     let g_dir = root.join(&g_rel);
     let mut limits_set = 0;
     for (ctl, file, value) in [
@@ -186,7 +188,7 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
 
     // A Burstable container next to it: a shared cpuset, never the exclusive CPUs... but with no
     // cpu limit set on this test cgroup it is a Burstable share of the pool.
-    let b_rel = format!("kubepods/burstable/pod{uid}/{}", "b".repeat(64));
+    let b_rel = format!("{kube}/burstable/pod{uid}/{}", "b".repeat(64));
     let b_dir = root.join(&b_rel);
     let t1 = Instant::now();
     std::fs::create_dir(&b_dir).unwrap();
@@ -232,7 +234,7 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
     let mut d = clean.daemon.take().unwrap();
     unsafe { libc::kill(d.id() as i32, libc::SIGKILL) };
     let _ = d.wait();
-    clean.daemon = Some(start_daemon(state.path()));
+    clean.daemon = Some(start_daemon(state.path(), &kube));
     let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
         .args(["status", "--json", "--socket"])
         .arg(&sock)

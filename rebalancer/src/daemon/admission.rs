@@ -116,6 +116,11 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
+    /// The caller's deadline passed while it waited for the change lock: nothing was admitted.
+    #[error(
+        "the request's deadline passed while it waited for the allocator; nothing was admitted"
+    )]
+    DeadlinePassed,
 }
 
 /// Why a release did not happen.
@@ -125,6 +130,14 @@ pub enum ReleaseError {
     NotAdmitted(String),
     #[error("release undone: {0}")]
     Checkpoint(#[source] CheckpointError),
+    /// The caller's deadline passed while it waited for the change lock: nothing was released.
+    #[error(
+        "the request's deadline passed while it waited for the allocator; nothing was released"
+    )]
+    DeadlinePassed,
+    /// Containers of the pod are bound and their cgroups live: they run on its CPUs.
+    #[error("pod {uid:?} still has running containers bound to its CPUs ({}); release it once they are gone", cgroups.join(", "))]
+    StillBound { uid: String, cgroups: Vec<String> },
 }
 
 /// The admission service; cheap to clone (one per door).
@@ -165,7 +178,19 @@ impl Admission {
 
     /// Admits `req.pod` (see the module doc).
     pub fn admit(&self, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
-        let r = self.admit_inner(req);
+        self.admit_by(req, None)
+    }
+
+    /// As [`Admission::admit`], but refused with [`AdmitError::DeadlinePassed`], changing
+    /// nothing, when the change lock is had only after `deadline`: a caller that has given up
+    /// (the API's request timeout) never finds the pod admitted behind its back. Once past the
+    /// check the admission runs to its end and its outcome is the answer.
+    pub fn admit_by(
+        &self,
+        req: AdmitRequest<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Admitted, AdmitError> {
+        let r = self.admit_inner(req, deadline);
         let m = &self.daemon.metrics;
         match &r {
             Ok(a) => {
@@ -183,15 +208,23 @@ impl Admission {
             }
             Err(AdmitError::Checkpoint(_)) => self.count("error"),
             Err(AdmitError::WriteFailed(_)) => self.count("write_failed"),
+            Err(AdmitError::DeadlinePassed) => self.count("timeout"),
             Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
         }
         r
     }
 
-    fn admit_inner(&self, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
+    fn admit_inner(
+        &self,
+        req: AdmitRequest<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Admitted, AdmitError> {
         let pod = req.pod;
         pod.validate().map_err(AdmitError::Invalid)?;
         let _order = self.order();
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            return Err(AdmitError::DeadlinePassed);
+        }
         let (placements, dry_run) = {
             let mut s = self.daemon.lock();
             if let Some(cg) = req.bind {
@@ -340,6 +373,52 @@ impl Admission {
     /// Releases pod `uid` and every binding to it.
     pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
         let _order = self.order();
+        self.release_held_order(uid, durability)
+    }
+
+    /// The API's release (`DELETE /v1/pods/{uid}`): refused with
+    /// [`ReleaseError::StillBound`] while containers of the pod are bound and their cgroups
+    /// live (freeing the CPUs they run on would hand them to the next admission: an overlap),
+    /// and with [`ReleaseError::DeadlinePassed`] when the change lock is had only after
+    /// `deadline`. A binding whose cgroup is gone (the watcher not yet told) is dropped.
+    pub fn release_unbound(
+        &self,
+        uid: &str,
+        durability: Durability,
+        deadline: Option<Instant>,
+    ) -> Result<(), ReleaseError> {
+        let _order = self.order();
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            return Err(ReleaseError::DeadlinePassed);
+        }
+        let bound: Vec<String> = {
+            let s = self.daemon.lock();
+            if !s.state.allocator.pods.contains_key(uid) {
+                return Err(ReleaseError::NotAdmitted(uid.into()));
+            }
+            s.state
+                .bindings
+                .iter()
+                .filter(|(_, b)| b.pod_uid == uid)
+                .map(|(cg, _)| cg.clone())
+                .collect()
+        };
+        // Read outside the state lock (cgroupfs I/O).
+        let live: Vec<String> = bound
+            .into_iter()
+            .filter(|cg| self.writer.cpus(cg).is_some())
+            .collect();
+        if !live.is_empty() {
+            return Err(ReleaseError::StillBound {
+                uid: uid.into(),
+                cgroups: live,
+            });
+        }
+        self.release_held_order(uid, durability)
+    }
+
+    /// [`Admission::release`] with the change lock held by the caller.
+    fn release_held_order(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
         let before = {
             let mut s = self.daemon.lock();
             let before = s.state.clone();

@@ -9,6 +9,10 @@
 //! - **Timeouts**: request headers must arrive within [`Limits::request_timeout`] (hyper's
 //!   `header_read_timeout`), a request is answered within it (else 408: a trickled body cannot
 //!   keep a slot busy), and a connection without a request for [`Limits::idle_timeout`] is closed.
+//!   A request that changes state (POST, PUT, PATCH, DELETE) is not cut here: a 408 sent while
+//!   its handler goes on would be a lie (the pod admitted after all). Its handler gets the
+//!   deadline as a [`RequestDeadline`] extension and keeps to it itself: the body read within
+//!   it, the change refused (nothing done) if it could only start after it.
 //! - **Shutdown**: on cancel the listener is closed at once, every connection is asked to finish
 //!   its request, and whatever is left after [`Limits::shutdown_grace`] is dropped.
 //!
@@ -29,7 +33,7 @@ use std::{
 
 use axum::{
     extract::ConnectInfo,
-    http::{Request, StatusCode},
+    http::{Method, Request, StatusCode},
     response::{IntoResponse, Response},
     Router,
 };
@@ -42,6 +46,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{ListenerLabel, ListenerReasonLabel, Metrics};
+
+/// When a request must be answered ([`Limits::request_timeout`] after it arrived); in the
+/// extensions of every request. Handlers of state-changing requests keep to it themselves.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDeadline(pub Instant);
 
 /// The bounds of one listener.
 #[derive(Clone, Copy, Debug)]
@@ -305,10 +314,21 @@ where
         act.busy.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(act.clone(), epoch);
         req.extensions_mut().insert(ConnectInfo(info.clone()));
+        req.extensions_mut()
+            .insert(RequestDeadline(Instant::now() + limits.request_timeout));
+        let self_timed = matches!(
+            *req.method(),
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        );
         let fut = hyper::service::Service::call(&svc, req);
         async move {
             let _guard = guard;
-            let resp: Response = match tokio::time::timeout(limits.request_timeout, fut).await {
+            let bound = if self_timed {
+                Duration::MAX
+            } else {
+                limits.request_timeout
+            };
+            let resp: Response = match tokio::time::timeout(bound, fut).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(never)) => match never {},
                 Err(_) => (

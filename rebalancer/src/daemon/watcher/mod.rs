@@ -93,6 +93,10 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
         .hierarchy(Controller::Cpuset)
         .map(|(p, _)| p.to_path_buf())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
+    let scope = {
+        let s = adm.daemon.lock();
+        Scope::new(root.clone(), &s.cfg.cgroups)
+    };
     let mut ino = Inotify::init()?;
     let mut watches: BTreeMap<WatchDescriptor, PathBuf> = BTreeMap::new();
     let mask = WatchMask::CREATE | WatchMask::DELETE | WatchMask::ONLYDIR | WatchMask::DELETE_SELF;
@@ -102,7 +106,7 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
     add_tree(
         &mut ino,
         &mut watches,
-        &root,
+        &scope,
         Path::new(""),
         mask,
         &mut initial,
@@ -146,7 +150,7 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
                 if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
                     changed |= created(&adm, &cgroups, &rel.to_string_lossy(), t0).changed();
                     // Directories made below it before its watch existed are admitted too.
-                    add_tree(&mut ino, &mut watches, &root, &rel, mask, &mut found, &metrics);
+                    add_tree(&mut ino, &mut watches, &scope, &rel, mask, &mut found, &metrics);
                     for sub in found.drain(..) {
                         changed |= created(&adm, &cgroups, &sub.to_string_lossy(), t0).changed();
                     }
@@ -166,18 +170,79 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
     })
 }
 
-/// Watches `rel` and every directory below it (skipping what vanished meanwhile); pushes the
-/// directories found below `rel` onto `found`.
+/// Which directories of the hierarchy are watched: those on the path to a managed root
+/// (kubelet's cgroup root: `cgroups.kubernetes_root`, else `kubepods` and `kubepods.slice` at
+/// the top; and every `cgroups.roots` entry) and those below one. Nothing else can hold a
+/// managed cgroup, and a user's delegated subtree (any number of directories) must not use up
+/// the inotify watches the kubepods tree needs. Fixed at start: changed roots need a restart.
+#[derive(Clone, Debug)]
+pub(crate) struct Scope {
+    /// The hierarchy's directory.
+    pub(crate) dir: PathBuf,
+    /// The managed roots, as path segments; None: everything (tests).
+    roots: Option<Vec<Vec<String>>>,
+}
+
+impl Scope {
+    pub(crate) fn new(dir: PathBuf, cfg: &crate::config::CgroupConfig) -> Scope {
+        let segs = |p: &str| -> Vec<String> {
+            p.split('/')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let mut roots: Vec<Vec<String>> = match &cfg.kubernetes_root {
+            Some(k) => vec![segs(k)],
+            None => vec![segs("kubepods"), segs("kubepods.slice")],
+        };
+        roots.extend(cfg.roots.iter().map(|r| segs(r)));
+        roots.retain(|r| !r.is_empty());
+        Scope {
+            dir,
+            roots: Some(roots),
+        }
+    }
+
+    /// Every directory (for tests of the watch mechanics).
+    #[cfg(test)]
+    pub(crate) fn everything(dir: &Path) -> Scope {
+        Scope {
+            dir: dir.to_path_buf(),
+            roots: None,
+        }
+    }
+
+    /// Whether `rel` (relative to the hierarchy) is on the path to or below a managed root.
+    pub(crate) fn covers(&self, rel: &Path) -> bool {
+        let Some(roots) = &self.roots else {
+            return true;
+        };
+        let segs: Vec<String> = rel
+            .iter()
+            .map(|c| c.to_string_lossy().to_string())
+            .filter(|c| !c.is_empty() && c != "/")
+            .collect();
+        roots
+            .iter()
+            .any(|r| r.starts_with(&segs) || segs.starts_with(r))
+    }
+}
+
+/// Watches `rel` and every directory below it within `scope` (skipping what vanished
+/// meanwhile); pushes the directories found below `rel` onto `found`.
 fn add_tree(
     ino: &mut Inotify,
     watches: &mut BTreeMap<WatchDescriptor, PathBuf>,
-    root: &Path,
+    scope: &Scope,
     rel: &Path,
     mask: WatchMask,
     found: &mut Vec<PathBuf>,
     metrics: &crate::serve::Metrics,
 ) {
-    let dir = root.join(rel);
+    if !scope.covers(rel) {
+        return;
+    }
+    let dir = scope.dir.join(rel);
     let wd = match ino.watches().add(&dir, mask) {
         Ok(wd) => wd,
         // Removed meanwhile: nothing to watch.
@@ -194,14 +259,17 @@ fn add_tree(
     for e in rd.flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) {
             let sub = rel.join(OsStr::new(&e.file_name()));
-            found.push(sub.clone());
-            add_tree(ino, watches, root, &sub, mask, found, metrics);
+            if scope.covers(&sub) {
+                found.push(sub.clone());
+                add_tree(ino, watches, scope, &sub, mask, found, metrics);
+            }
         }
     }
 }
 
 /// A directory the watcher could not watch: counted by errno, warned at the 1st, 2nd, 4th, 8th…
-/// failure (ENOSPC floods would flood the log too). Its containers are admitted at the next
+/// failure (ENOSPC floods would flood the log too); the first ENOSPC fails the
+/// `inotify_watches` health component. Its containers are admitted at the next
 /// restart's reconcile only.
 fn watch_failed(metrics: &crate::serve::Metrics, dir: &Path, e: &std::io::Error) {
     let reason = match e.raw_os_error() {
@@ -217,6 +285,17 @@ fn watch_failed(metrics: &crate::serve::Metrics, dir: &Path, e: &std::io::Error)
             reason: reason.clone(),
         });
     let n = c.inc() + 1;
+    if reason == "ENOSPC" && n == 1 {
+        // Out of watches: containers under kubelet's root go unadmitted until a restart. A
+        // failed component (503, exit after a while to be restarted), not a quiet counter.
+        metrics
+            .health
+            .register("inotify_watches", None)
+            .failed(format!(
+                "no inotify watch left for {} (ENOSPC); raise fs.inotify.max_user_watches",
+                dir.display()
+            ));
+    }
     if n.is_power_of_two() {
         let hint = if reason == "ENOSPC" {
             "; raise fs.inotify.max_user_watches"

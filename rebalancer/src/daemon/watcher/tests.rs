@@ -347,7 +347,7 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
     add_tree(
         &mut ino,
         &mut watches,
-        root,
+        &Scope::everything(root),
         Path::new("file"),
         mask,
         &mut found,
@@ -356,7 +356,7 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
     add_tree(
         &mut ino,
         &mut watches,
-        root,
+        &Scope::everything(root),
         Path::new("gone"),
         mask,
         &mut found,
@@ -365,7 +365,7 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
     add_tree(
         &mut ino,
         &mut watches,
-        root,
+        &Scope::everything(root),
         Path::new("ok"),
         mask,
         &mut found,
@@ -409,4 +409,72 @@ fn pod_for_reads_a_guaranteed_containers_hugetlb_limits() {
     // a Burstable container's hugetlb limits ask the Memory Manager for nothing
     let b = pod_for(&cgroups, &rel, "pod1", "g", Qos::Burstable);
     assert_eq!(b.containers[0].hugepages_1gi_bytes, 0);
+}
+
+/// Review item 1: the watcher watched the whole cpuset hierarchy, users' delegated subtrees
+/// included (inotify watch exhaustion for the kubepods tree). Only the path to kubelet's root
+/// and the configured roots, and what is below them, are watched.
+#[test]
+fn the_watcher_watches_only_the_paths_to_and_below_the_managed_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in [
+        "kubelet.slice/kubelet-kubepods.slice/kubepods-besteffort.slice",
+        "kubelet.slice/other.slice",
+        "user.slice/user-1000.slice/user@1000.service/a/b/c",
+        "kubepods/burstable",
+        "batch/job1",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let cfg = crate::config::CgroupConfig {
+        kubernetes_root: Some("/kubelet.slice/kubelet-kubepods.slice".into()),
+        roots: vec!["/batch".into()],
+        ..Default::default()
+    };
+    let scope = Scope::new(root.to_path_buf(), &cfg);
+    let m = Metrics::default();
+    let mut ino = Inotify::init().unwrap();
+    let mut watches = BTreeMap::new();
+    let mut found = Vec::new();
+    add_tree(
+        &mut ino,
+        &mut watches,
+        &scope,
+        Path::new(""),
+        WatchMask::CREATE | WatchMask::ONLYDIR,
+        &mut found,
+        &m,
+    );
+    let mut watched: Vec<String> = watches
+        .values()
+        .map(|p| p.to_string_lossy().to_string())
+        .collect();
+    watched.sort();
+    assert_eq!(
+        watched,
+        [
+            "",
+            "batch",
+            "batch/job1",
+            "kubelet.slice",
+            "kubelet.slice/kubelet-kubepods.slice",
+            "kubelet.slice/kubelet-kubepods.slice/kubepods-besteffort.slice",
+        ]
+    );
+}
+
+/// Review item 1: running out of inotify watches (ENOSPC) is a component failure in
+/// /healthz, not only a counter.
+#[test]
+fn an_enospc_watch_failure_fails_a_health_component() {
+    let m = Metrics::default();
+    assert!(m.health.dead().is_empty());
+    let e = std::io::Error::from_raw_os_error(libc::ENOSPC);
+    watch_failed(&m, Path::new("/sys/fs/cgroup/kubepods/x"), &e);
+    watch_failed(&m, Path::new("/sys/fs/cgroup/kubepods/y"), &e);
+    let dead = m.health.dead();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].component, "inotify_watches");
+    assert!(dead[0].reason.contains("max_user_watches"), "{dead:?}");
 }
