@@ -431,9 +431,8 @@ impl Admission {
         let (before, dry_run) = before;
         let freed = before.allocator.exclusive_cpus()
             != self.daemon.lock().state.allocator.exclusive_cpus();
-        if freed {
-            self.shrink_locked_order(dry_run);
-        }
+        // The shared pool grows onto the freed CPUs only once the release is durable: a failed
+        // checkpoint gives them back to the pod, and no shared container may be on them then.
         if durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
                 let mut s = self.daemon.lock();
@@ -445,6 +444,9 @@ impl Admission {
                 }
                 return Err(ReleaseError::Checkpoint(e));
             }
+        }
+        if freed {
+            self.shrink_locked_order(dry_run);
         }
         tracing::info!(%uid, "pod released");
         Ok(())
@@ -468,11 +470,12 @@ impl Admission {
             )
         };
         let (b, freed, dry_run) = b;
-        if freed {
-            self.shrink_locked_order(dry_run);
-        }
+        // Checkpointed before the shared pool grows, as in `release`.
         if durability == Durability::Durable {
             self.checkpoint_logged();
+        }
+        if freed {
+            self.shrink_locked_order(dry_run);
         }
         Some(b)
     }

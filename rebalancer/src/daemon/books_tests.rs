@@ -396,3 +396,58 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
         "a Burstable container's memory went into memory promised to a Guaranteed one"
     );
 }
+
+/// Review item 6: a release whose checkpoint fails is undone (the pod holds its exclusive CPUs
+/// again), so the shared pool must not have grown onto them: the shared container's cpuset
+/// stays disjoint from the exclusive CPUs the books still hold.
+#[test]
+fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    for (i, g) in [(0, false), (1, true)] {
+        let cg = format!("kubepods/p{i}/c");
+        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+        let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, 256 * MIB, g);
+        adm.admit(AdmitRequest {
+            pod: &p,
+            bind: Some(&cg),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        })
+        .unwrap();
+    }
+    let excl = d.lock().state.allocator.exclusive_cpus();
+    assert!(!excl.is_empty(), "the Guaranteed pod holds exclusive CPUs");
+    let shared = || fake.lock().unwrap().read_cpus("kubepods/p0/c").unwrap();
+    assert!(shared().is_disjoint(&excl), "{} vs {excl}", shared());
+
+    // The checkpoint cannot be written: its directory would be under a regular file.
+    let blocker = _dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"").unwrap();
+    d.lock().cfg.daemon.state_dir = blocker.join("state");
+    let r = adm.release("p1", Durability::Durable);
+    assert!(
+        matches!(r, Err(super::admission::ReleaseError::Checkpoint(_))),
+        "{r:?}"
+    );
+    assert_eq!(
+        d.lock().state.allocator.exclusive_cpus(),
+        excl,
+        "release undone"
+    );
+    assert!(
+        shared().is_disjoint(&excl),
+        "shared container widened onto CPUs the pod holds again: {} vs {excl}",
+        shared()
+    );
+
+    // Once the checkpoint can be written, the release goes through and the pool grows.
+    d.lock().cfg.daemon.state_dir = _dir.path().join("state");
+    adm.release("p1", Durability::Durable).unwrap();
+    assert!(excl.is_subset(&shared()), "{} vs {excl}", shared());
+    assert_eq!(
+        Some(shared()),
+        d.lock().state.allocator.current_cpus("p0", "c")
+    );
+}
