@@ -8,6 +8,8 @@
 //! previous cpus/mems. A dry run reads but writes nothing. An empty set is never written.
 //! A staged move (see [`super::Stage`]) only widens mems, then moves up to its budget of pages
 //! through [`CgroupWriter::move_pages`].
+//! [`apply`] is [`begin`] (checks and the writes up to cpuset.cpus) then [`finish`] (narrowing
+//! mems, read-back, page moves), so a caller can hold a lock over the first half only.
 
 use std::fmt;
 
@@ -272,7 +274,19 @@ fn run(w: &mut dyn CgroupWriter, cgroup: &str, step: &Step) -> Result<(), Cgroup
 }
 
 /// Applies `mv` through `w`; with `dry_run` only reads and returns the steps it would write.
+/// A failure at any step rolls back to the previous cpus and mems.
 pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Applied, ApplyError> {
+    match begin(mv, w, dry_run)? {
+        Begun::DryRun(a) => Ok(a),
+        Begun::CpusMoved(rest) => finish(mv, w, rest),
+    }
+}
+
+/// The first half of [`apply`]: the checks, then the writes up to and including cpuset.cpus
+/// (memory_migrate on, mems widened); the rest — narrowing mems (the kernel migrates the
+/// memory then) and the page moves — is [`finish`]. The daemon holds its allocator lock over
+/// this half only, so a long migration never blocks admissions.
+pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun, ApplyError> {
     let cg = mv.cgroup.as_str();
     for (set, file) in [
         (&mv.to_cpus, CgroupFile::Cpus),
@@ -313,21 +327,25 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
         max_bytes: mv.bytes_to_migrate,
     });
     if dry_run {
-        return Ok(Applied {
+        return Ok(Begun::DryRun(Applied {
             cgroup: cg.to_string(),
             steps: steps.into_iter().chain(page_step).collect(),
             dry_run: true,
             moved_bytes: 0,
             pages_error: None,
-        });
+        }));
     }
+    // The steps after the cpus write (see `steps_for`): narrowing mems, memory_migrate off.
+    let wide = mems.union(&mv.to_mems);
+    let tail = usize::from(mv.to_mems != wide) + usize::from(mems != mv.to_mems && migrate_off);
+    let split = steps.len() - tail;
 
     let mut state = Live {
         cpus: cpus.clone(),
         mems: mems.clone(),
         migrate_on: !migrate_off,
     };
-    for step in &steps {
+    for step in &steps[..split] {
         if let Err(e) = run(w, cg, step) {
             let cause = classify(e, |source| ApplyError::Failed {
                 cgroup: cg.to_string(),
@@ -341,6 +359,87 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
         }
         state.apply(step);
     }
+    Ok(Begun::CpusMoved(Rest {
+        steps,
+        split,
+        page_step,
+        state,
+        rollback_cpus: cpus,
+        mems,
+        migrate_was_on: !migrate_off,
+    }))
+}
+
+/// What [`begin`] did.
+pub enum Begun {
+    /// A dry run: the steps it would write.
+    DryRun(Applied),
+    /// The cpus are moved; [`finish`] does the rest.
+    CpusMoved(Rest),
+}
+
+/// The second half of a move, for [`finish`].
+pub struct Rest {
+    steps: Vec<Step>,
+    split: usize,
+    page_step: Option<Step>,
+    state: Live,
+    rollback_cpus: CpuSet,
+    mems: CpuSet,
+    migrate_was_on: bool,
+}
+
+impl Rest {
+    /// A failure in [`finish`] restores mems (and memory_migrate) but keeps the new cpus: the
+    /// caller has recorded them and may no longer write the old ones (another container may
+    /// hold them by now).
+    pub fn keep_cpus_on_failure(mut self) -> Rest {
+        self.rollback_cpus = self.state.cpus.clone();
+        self
+    }
+}
+
+/// The second half of [`apply`] (see [`begin`]): narrows mems, verifies by reading back, and
+/// moves a stage's pages.
+pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied, ApplyError> {
+    let cg = mv.cgroup.as_str();
+    let Rest {
+        steps,
+        split,
+        page_step,
+        mut state,
+        rollback_cpus,
+        mems,
+        migrate_was_on,
+    } = rest;
+    for step in &steps[split..] {
+        if let Err(e) = run(w, cg, step) {
+            let cause = classify(e, |source| ApplyError::Failed {
+                cgroup: cg.to_string(),
+                step: step.clone(),
+                source,
+            });
+            if matches!(cause, ApplyError::Vanished { .. }) {
+                return Err(cause);
+            }
+            return Err(rollback(
+                w,
+                cg,
+                &state,
+                &rollback_cpus,
+                &mems,
+                migrate_was_on,
+                cause,
+            ));
+        }
+        state.apply(step);
+    }
+    let read_err = |e| {
+        classify(e, |source| ApplyError::Read {
+            cgroup: cg.to_string(),
+            source,
+        })
+    };
 
     // Verify by reading back.
     let back = [
@@ -356,7 +455,15 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
                 expected: expected.to_string(),
                 found: got.to_string(),
             };
-            return Err(rollback(w, cg, &state, &cpus, &mems, !migrate_off, cause));
+            return Err(rollback(
+                w,
+                cg,
+                &state,
+                &rollback_cpus,
+                &mems,
+                migrate_was_on,
+                cause,
+            ));
         }
     }
     let (moved_bytes, pages_error) = match &mv.stage {

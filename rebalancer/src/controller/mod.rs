@@ -30,7 +30,10 @@ mod migration_tests;
 #[cfg(test)]
 mod planner_tests;
 
-pub use actuator::{apply, Applied, ApplyError, CgroupFile, CgroupWriteError, CgroupWriter, Step};
+pub use actuator::{
+    apply, begin, finish, Applied, ApplyError, Begun, CgroupFile, CgroupWriteError, CgroupWriter,
+    Rest, Step,
+};
 #[cfg(test)]
 pub use fake::{FakeCgroups, FakeFailure};
 pub use locality::Evidence;

@@ -830,13 +830,13 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
     Ok(())
 }
 
-/// A move was written: the bound container's placement follows it — its CPUs (for a shared
-/// container, its pool and the CPU charges spread over it), its mems, and Memory Manager
-/// memory re-booked on the new nodes — so later admissions decide on what cgroupfs holds.
+/// A move's cpus were written: the bound container's placement follows them — its CPUs (for a
+/// shared container, its pool and the CPU charges spread over it) — so later admissions
+/// decide on what cgroupfs holds. Call with `order` held since [`move_allowed`] passed and
+/// over the cpus write, so no admission comes between the check, the write and this record.
 /// Unbound cgroups have nothing in the books. Returns true when exclusive CPUs changed (the
 /// shared containers then follow: [`shared_changes`]).
-pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
-    let _order = d.order();
+pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> bool {
     let mut s = d.lock();
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return false;
@@ -868,6 +868,25 @@ pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
             }
         }
     }
+    exclusive_moved
+}
+
+/// A move's mems were written (the migration done): the bound container's mems follow, and
+/// its Memory Manager memory is re-booked on the new nodes. Takes `order`.
+pub fn record_mems(d: &Daemon, mv: &crate::controller::Move) {
+    let _order = d.order();
+    let mut s = d.lock();
+    let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
+        return;
+    };
+    let a = &mut s.state.allocator;
+    let Some(c) = a.pods.get_mut(&b.pod_uid).and_then(|p| {
+        p.containers
+            .iter_mut()
+            .find(|c| c.placement.container == b.container)
+    }) else {
+        return;
+    };
     if mv.stage.is_none() && c.placement.mems != mv.to_mems {
         c.placement.mems = mv.to_mems.clone();
         if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
@@ -879,7 +898,6 @@ pub fn record_move(d: &Daemon, mv: &crate::controller::Move) -> bool {
             }
         }
     }
-    exclusive_moved
 }
 
 /// The admitted container `cg` is bound to.

@@ -6,8 +6,10 @@
 //!
 //! Each move is checked against the allocator's books just before it is written
 //! (`admission::move_allowed`: no reserved or other container's exclusive CPU, Memory Manager
-//! memory only where it fits) and, once written, recorded in them (`admission::record_move`),
-//! so the allocator and cgroupfs agree after every move.
+//! memory only where it fits) and, once written, recorded in them
+//! (`admission::record_cpus_locked_order`, `admission::record_mems`), so the allocator and
+//! cgroupfs agree after every move. The check, the cpus write and its record happen under the
+//! allocator lock (`Daemon::order`), ordered with admissions; the memory migration after it.
 //!
 //! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move: the moves left
 //! wait for the next start, so a slow migration never outlasts the shutdown bound. Each applied
@@ -72,17 +74,52 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        if let Err(reason) = super::admission::move_allowed(d, mv) {
-            tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
-            d.metrics
-                .moves_skipped
-                .get_or_create(&ReasonLabel {
-                    reason: reason.into(),
-                })
-                .inc();
-            continue;
-        }
-        match controller::apply(mv, w, dry_run) {
+        // The allocator lock (`Daemon::order`) is held from the books check over the cpus
+        // write to its record, so no admission comes between them: one that makes the target
+        // CPUs exclusive either ran before (the check refuses, or the cpus read is stale) or
+        // runs after (its shrink sees the new cpus). The mems write that migrates the memory,
+        // and a stage's page moves, run after it is released.
+        let begun = {
+            let _order = d.order();
+            if let Err(reason) = super::admission::move_allowed(d, mv) {
+                tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
+                d.metrics
+                    .moves_skipped
+                    .get_or_create(&ReasonLabel {
+                        reason: reason.into(),
+                    })
+                    .inc();
+                continue;
+            }
+            let begun = controller::begin(mv, w, dry_run);
+            if let Ok(controller::Begun::CpusMoved(_)) = &begun {
+                if super::admission::record_cpus_locked_order(d, mv) {
+                    // An exclusive container moved: the shared pool follows it.
+                    for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+                        if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                            tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+                        }
+                    }
+                }
+            }
+            begun
+        };
+        let result = begun.and_then(|b| match b {
+            controller::Begun::DryRun(a) => Ok(a),
+            controller::Begun::CpusMoved(rest) => {
+                let r = controller::finish(mv, w, rest.keep_cpus_on_failure());
+                if let Err(e) = &r {
+                    if !matches!(
+                        e,
+                        ApplyError::Vanished { .. } | ApplyError::RollbackFailed { .. }
+                    ) {
+                        undo_cpus(d, w, mv);
+                    }
+                }
+                r
+            }
+        });
+        match result {
             Ok(done) => {
                 out.applied += 1;
                 out.bytes = out.bytes.saturating_add(mv.bytes_to_migrate);
@@ -94,14 +131,7 @@ pub fn apply_moves(
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
                 }
                 if !dry_run {
-                    if super::admission::record_move(d, mv) {
-                        // An exclusive container moved: the shared pool follows it.
-                        for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-                            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-                                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
-                            }
-                        }
-                    }
+                    super::admission::record_mems(d, mv);
                     d.lock()
                         .state
                         .controller
@@ -150,6 +180,41 @@ pub fn apply_moves(
         }
     }
     out
+}
+
+/// The second half of `mv` failed (its mems are rolled back, its new cpus kept): the cpus go
+/// back too, as a move of their own under the allocator lock — only when the books still
+/// allow the old cpus (an admission may have made them exclusive meanwhile; then the new cpus,
+/// recorded and valid, stay).
+fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
+    let back = Move {
+        from_cpus: mv.to_cpus.clone(),
+        to_cpus: mv.from_cpus.clone(),
+        to_mems: mv.from_mems.clone(),
+        from_mems: mv.from_mems.clone(),
+        stage: None,
+        bytes_to_migrate: 0,
+        ..mv.clone()
+    };
+    let _order = d.order();
+    if let Err(reason) = super::admission::move_allowed(d, &back) {
+        tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
+        return;
+    }
+    match w.write_cpus(&mv.cgroup, &mv.from_cpus) {
+        Ok(()) => {
+            if super::admission::record_cpus_locked_order(d, &back) {
+                for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+                    if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                        tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
+        }
+    }
 }
 
 fn trigger_name(t: &controller::Trigger) -> String {

@@ -451,3 +451,125 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
         d.lock().state.allocator.current_cpus("p0", "c")
     );
 }
+
+/// The control round's writer over the shared fake that, at its first cpuset.cpus write, runs
+/// `hook` (an admission racing the round) — inline when the allocator lock is free, else on a
+/// thread that waits for it (joined by the test).
+struct RacingWriter {
+    fake: Arc<Mutex<FakeCgroups>>,
+    d: Daemon,
+    hook: Option<Box<dyn FnOnce() + Send>>,
+    racer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CgroupWriter for RacingWriter {
+    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.fake.lock().unwrap().read_cpus(cg)
+    }
+    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.fake.lock().unwrap().read_mems(cg)
+    }
+    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        if let Some(hook) = self.hook.take() {
+            let free = self.d.order.try_lock().is_ok();
+            if free {
+                hook();
+            } else {
+                self.racer = Some(std::thread::spawn(hook));
+            }
+        }
+        self.fake.lock().unwrap().write_cpus(cg, cpus)
+    }
+    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().write_mems(cg, mems)
+    }
+    fn needs_memory_migrate(&self) -> bool {
+        self.fake.lock().unwrap().needs_memory_migrate()
+    }
+    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+        self.fake.lock().unwrap().read_memory_migrate(cg)
+    }
+    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().set_memory_migrate(cg, on)
+    }
+    fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+        self.fake.lock().unwrap().move_pages(cg, to, max)
+    }
+}
+
+/// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
+/// container onto them. Before the fix the round's check and write ran outside the allocator
+/// lock: the admission's shrink saw the shared container where it was (or was overwritten by
+/// the round's write) and the container ended on the new exclusive CPUs. Now the admission
+/// waits for the round's cpus write and its record, and its shrink then sees the new cpus.
+#[test]
+fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_cpus() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let b = "kubepods/p0/c";
+    fake.lock().unwrap().insert(b, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p0", 500, 0, false),
+        bind: Some(b),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let (from_cpus, from_mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(b).unwrap(), f.read_mems(b).unwrap())
+    };
+    // The round planned (before the admission) to give B every CPU.
+    let all = CpuSet::parse("0-7").unwrap();
+    assert_ne!(from_cpus, all);
+    let mv = controller::Move {
+        cgroup: b.into(),
+        from_cpus,
+        to_cpus: all.clone(),
+        from_mems: from_mems.clone(),
+        to_mems: from_mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    let g = "kubepods/p1/c";
+    fake.lock().unwrap().insert(g, "0-7", "0-1");
+    let racing = adm.clone();
+    let mut w = RacingWriter {
+        fake: fake.clone(),
+        d: d.clone(),
+        hook: Some(Box::new(move || {
+            racing
+                .admit(AdmitRequest {
+                    pod: &pod("p1", 1000, 256 * MIB, true),
+                    bind: Some("kubepods/p1/c"),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                })
+                .unwrap();
+        })),
+        racer: None,
+    };
+    let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
+    if let Some(t) = w.racer.take() {
+        t.join().unwrap();
+    }
+    assert!(
+        w.hook.is_none(),
+        "the admission ran during the round's write"
+    );
+    let excl = d.lock().state.allocator.exclusive_cpus();
+    assert!(!excl.is_empty(), "the admission took exclusive CPUs");
+    let f = fake.lock().unwrap();
+    let on = f.read_cpus(b).unwrap();
+    assert!(
+        on.is_disjoint(&excl),
+        "shared container on exclusive CPUs: {on} vs {excl} ({applied:?})"
+    );
+    assert_eq!(applied.applied, 1, "{applied:?}");
+    books_agree(&d, &f).unwrap();
+}
