@@ -136,7 +136,7 @@ fn strategies_balance_or_pack() {
 #[test]
 fn shared_pools_devices_and_reserved_cpus() {
     let mut c = cfg(TopologyPolicy::Restricted);
-    c.reserved_cpus = "0,64".into();
+    c.reserved_cpus = CpuSet::parse("0,64").unwrap();
     let burst = |name: &str, millis| Container {
         name: name.into(),
         cpu_request_millis: millis,
