@@ -52,7 +52,7 @@ fn configs() -> Vec<PlacementConfig> {
             } else {
                 TopologyScope::Pod
             },
-            reserved_cpus: "0".into(),
+            reserved_cpus: CpuSet::parse("0").unwrap(),
             full_pcpus_only: i == 3,
             ..Default::default()
         });
@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
         a.admit(&topo, &cfg, &resident())
             .expect("resident pod fits");
         let before = a.clone();
-        let reserved = CpuSet::parse(&cfg.reserved_cpus).unwrap();
+        let reserved = cfg.reserved_cpus.clone();
         match a.admit(&topo, &cfg, &pod) {
             Err(_) => assert_eq!(a, before, "a refused pod changed the allocator"),
             Ok(placements) => {

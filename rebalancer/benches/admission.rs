@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
     for policy in [TopologyPolicy::BestEffort, TopologyPolicy::Restricted] {
         let cfg = PlacementConfig {
             policy,
-            reserved_cpus: "0,64".into(),
+            reserved_cpus: rebalancer::cpuset::CpuSet::parse("0,64").unwrap(),
             ..Default::default()
         };
         // half-full machine: four 8-CPU Guaranteed pods and four Burstable pods

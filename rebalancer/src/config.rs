@@ -249,8 +249,10 @@ pub struct PlacementConfig {
     pub prefer_closest_numa_nodes: bool,
     pub max_allowable_numa_nodes: u32,
     pub numa_allocation_strategy: AllocationStrategy,
-    /// CPUs never handed to workloads (cpulist).
-    pub reserved_cpus: String,
+    /// CPUs never handed to workloads: a cpulist in the file ("0-3,8"), checked as it is
+    /// parsed (an error names the key).
+    #[serde(with = "reserved_cpulist")]
+    pub reserved_cpus: CpuSet,
     /// kubelet CPU Manager option strict-cpu-reservation: reserved CPUs are kept off the
     /// shared pool too (default: only off exclusive allocations).
     pub strict_cpu_reservation: bool,
@@ -288,7 +290,7 @@ impl Default for PlacementConfig {
             prefer_closest_numa_nodes: false,
             max_allowable_numa_nodes: 8,
             numa_allocation_strategy: AllocationStrategy::Kubelet,
-            reserved_cpus: String::new(),
+            reserved_cpus: CpuSet::new(),
             strict_cpu_reservation: false,
             cpu_manager_policy: CpuManagerPolicy::Static,
             memory_manager_policy: MemoryManagerPolicy::Static,
@@ -416,6 +418,23 @@ impl Default for ServerConfig {
     }
 }
 
+/// `placement.reserved_cpus` in the file: a cpulist string ("0-3,8") <-> [`CpuSet`].
+mod reserved_cpulist {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::cpuset::CpuSet;
+
+    pub fn serialize<S: Serializer>(set: &CpuSet, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(set)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CpuSet, D::Error> {
+        let text = String::deserialize(d)?;
+        CpuSet::parse(&text)
+            .map_err(|e| serde::de::Error::custom(format!("placement.reserved_cpus {text:?}: {e}")))
+    }
+}
+
 impl Config {
     /// Parses TOML text; `origin` names it in errors (a path or "<embedded default>").
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
@@ -448,8 +467,7 @@ impl Config {
 
     /// The reserved CPUs as a set.
     pub fn reserved_cpus(&self) -> CpuSet {
-        // validated in `validate`
-        CpuSet::parse(&self.placement.reserved_cpus).unwrap_or_default()
+        self.placement.reserved_cpus.clone()
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
@@ -464,9 +482,6 @@ impl Config {
                 "kubernetes.nri_plugin_index",
                 "must be two digits, e.g. \"50\"".into(),
             ));
-        }
-        if let Err(e) = CpuSet::parse(&self.placement.reserved_cpus) {
-            return Err(bad("placement.reserved_cpus", e.to_string()));
         }
         if self.placement.max_allowable_numa_nodes < 8 {
             return Err(bad(
@@ -641,6 +656,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("t.toml:3:"), "{err}");
+    }
+
+    #[test]
+    fn reserved_cpus_is_a_cpuset_read_from_a_cpulist_and_written_back_as_one() {
+        let cfg = Config::parse("[placement]\nreserved_cpus = \"0-3,8\"\n", "t.toml").unwrap();
+        assert_eq!(cfg.placement.reserved_cpus, CpuSet::parse("0-3,8").unwrap());
+        let text = toml::to_string(&cfg).unwrap();
+        assert!(text.contains("reserved_cpus = \"0-3,8\""), "{text}");
+        assert_eq!(Config::parse(&text, "round trip").unwrap(), cfg);
+        let err = Config::parse("[placement]\nreserved_cpus = \"3-1\"\n", "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("t.toml:2:"), "{err}");
+        assert!(err.contains("placement.reserved_cpus \"3-1\""), "{err}");
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         Err(e) => {
             tracing::error!(error = %e, reserved_cpus = %persisted.allocator.reserved_cpus,
                 "the configured reservations are not in force; the checkpoint's stay until the pods holding them are released and the daemon restarted or reloaded");
-            cfg.placement.reserved_cpus = persisted.allocator.reserved_cpus.to_string();
+            cfg.placement.reserved_cpus = persisted.allocator.reserved_cpus.clone();
         }
     }
     let metrics = serve::Metrics::default();

@@ -100,7 +100,7 @@ pub struct Allocator {
 impl Allocator {
     /// An empty state for `topo` with the config's reserved CPUs and memory.
     pub fn new(topo: &Topology, cfg: &PlacementConfig) -> Result<Allocator, PlacementError> {
-        let reserved_cpus = CpuSet::parse(&cfg.reserved_cpus)?;
+        let reserved_cpus = cfg.reserved_cpus.clone();
         if topo.online_cpus().is_subset(&reserved_cpus) {
             return Err(PlacementError::NoCpuLeft {
                 reserved: reserved_cpus,

@@ -99,7 +99,7 @@ fn config() -> impl Strategy<Value = PlacementConfig> {
                 distribute_cpus_across_numa: dist,
                 align_by_socket: sock,
                 prefer_align_cpus_by_uncorecache: l3,
-                reserved_cpus: "0,64".into(),
+                reserved_cpus: CpuSet::parse("0,64").unwrap(),
                 strict_cpu_reservation: sock,
                 reserved_memory: vec![crate::config::ReservedMemory {
                     node: 0,
@@ -150,7 +150,7 @@ fn make_pod(uid: &str, s: &Spec) -> Pod {
 /// Every invariant of the state, as an error message naming the first one broken.
 fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), String> {
     let view = CpuView::new(t);
-    let reserved = CpuSet::parse(&c.reserved_cpus).unwrap();
+    let reserved = c.reserved_cpus.clone();
     let mut seen = CpuSet::new();
     for (uid, p) in &a.pods {
         for ac in &p.containers {

@@ -137,7 +137,7 @@ fn strategies_balance_or_pack() {
 #[test]
 fn shared_pools_devices_and_reserved_cpus() {
     let mut c = cfg(TopologyPolicy::Restricted);
-    c.reserved_cpus = "0,64".into();
+    c.reserved_cpus = CpuSet::parse("0,64").unwrap();
     c.strict_cpu_reservation = true;
     let burst = |name: &str, millis| Container {
         name: name.into(),
@@ -455,14 +455,14 @@ fn kubelet_and_tap_options_table() {
         // reserved CPUs: off exclusive allocations always, off the shared pool only when strict
         (
             "reserved, non-strict (kubelet default)",
-            |c| c.reserved_cpus = "0-7,64-71".into(),
+            |c| c.reserved_cpus = CpuSet::parse("0-7,64-71").unwrap(),
             best_effort.clone(),
             "0-127|0-7|s",
         ),
         (
             "strict-cpu-reservation",
             |c| {
-                c.reserved_cpus = "0-7,64-71".into();
+                c.reserved_cpus = CpuSet::parse("0-7,64-71").unwrap();
                 c.strict_cpu_reservation = true;
             },
             best_effort.clone(),
@@ -470,7 +470,7 @@ fn kubelet_and_tap_options_table() {
         ),
         (
             "reserved, non-strict: exclusive CPUs still avoid them",
-            |c| c.reserved_cpus = "0-7,64-71".into(),
+            |c| c.reserved_cpus = CpuSet::parse("0-7,64-71").unwrap(),
             guaranteed("c", 2000, G),
             "8,72|1|x",
         ),
