@@ -642,7 +642,8 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
     wait_for(20, "the container bound", || bindings(&d).contains(&c));
     assert!(
         !tree.cg.cpus(&c).unwrap().is_empty(),
-        "its cpuset was written"
+        "its cpuset was written\n{}",
+        d.log_text()
     );
     let stop = std::time::SystemTime::now();
     assert!(

@@ -235,18 +235,7 @@ impl Admission {
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
             match sh.state.allocator.admit(&sh.topo, &sh.cfg.placement, pod) {
-                Ok(p) => {
-                    if let (Some(cg), Some(first)) = (req.bind, p.first()) {
-                        sh.state.bindings.insert(
-                            cg.into(),
-                            Binding {
-                                pod_uid: pod.uid.clone(),
-                                container: first.container.clone(),
-                            },
-                        );
-                    }
-                    (p, dry_run)
-                }
+                Ok(p) => (p, dry_run),
                 Err(rejection) => {
                     let fence = match req.bind {
                         Some(cg) if !dry_run => Some((cg, exclusive_and_pool(sh))),
@@ -264,14 +253,23 @@ impl Admission {
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
         if let (Some((cg, _)), Some(p), false) = (&bound, placements.first(), dry_run) {
             if let Err(e) = self.write_own(cg, p) {
-                let mut s = self.daemon.lock();
-                s.state.allocator.release(&pod.uid);
-                s.state.bindings.remove(cg);
+                self.daemon.lock().state.allocator.release(&pod.uid);
                 return Err(match e {
                     WriteError::Vanished { .. } => AdmitError::Vanished(cg.clone()),
                     _ => AdmitError::WriteFailed(cg.clone()),
                 });
             }
+        }
+        // Bound only once its cpuset is written: `status` never shows a binding whose cgroup
+        // still has the runtime's cpuset (`order`, held, keeps a second bind of it out).
+        if let Some((cg, container)) = &bound {
+            self.daemon.lock().state.bindings.insert(
+                cg.clone(),
+                Binding {
+                    pod_uid: pod.uid.clone(),
+                    container: container.clone(),
+                },
+            );
         }
         let shrunk = if placements.iter().any(|p| p.exclusive) && bound.is_some() {
             self.shrink_locked_order(dry_run)
@@ -310,7 +308,7 @@ impl Admission {
     ) -> Result<Option<Admitted>, AdmitError> {
         let _order = self.order();
         let (placement, dry_run) = {
-            let mut s = self.daemon.lock();
+            let s = self.daemon.lock();
             if s.state.bindings.contains_key(cgroup) {
                 return Err(AdmitError::AlreadyBound(cgroup.into()));
             }
@@ -331,25 +329,24 @@ impl Admission {
             else {
                 return Ok(None);
             };
-            let p = c.placement.clone();
-            s.state.bindings.insert(
-                cgroup.into(),
-                Binding {
-                    pod_uid: pod_uid.into(),
-                    container: p.container.clone(),
-                },
-            );
-            (p, s.cfg.daemon.dry_run)
+            (c.placement.clone(), s.cfg.daemon.dry_run)
         };
         if !dry_run {
             if let Err(e) = self.write_own(cgroup, &placement) {
-                self.daemon.lock().state.bindings.remove(cgroup);
                 return Err(match e {
                     WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
                     _ => AdmitError::WriteFailed(cgroup.into()),
                 });
             }
         }
+        // As in `admit`: bound once written; `order` keeps the container unclaimed meanwhile.
+        self.daemon.lock().state.bindings.insert(
+            cgroup.into(),
+            Binding {
+                pod_uid: pod_uid.into(),
+                container: placement.container.clone(),
+            },
+        );
         let shrunk = if placement.exclusive {
             self.shrink_locked_order(dry_run)
         } else {
