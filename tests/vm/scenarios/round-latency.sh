@@ -68,9 +68,10 @@ end_line=$(awk '/move applied/{f=1} f && /round done/{print; exit}' $LOG)
 start_line=$(awk '/round start/{l=$0} /move applied/{print l; exit}' $LOG)
 t_start=$(sod "$start_line"); t_end=$(sod "$end_line")
 round_s=$(awk -v a="$t_start" -v b="$t_end" 'BEGIN{printf "%.3f", b - a}')
-# stats KIND: "n= p50= p99= max= failed=" of KIND's requests issued inside the round (µs).
+# stats KIND [FROM TO]: "n= p50= p99= max= non200=" of KIND's requests issued inside the round
+# (or between FROM and TO, seconds of day), in µs.
 stats() {
-    grep "^LAT $1 " /tmp/lat.out | awk -v a="$t_start" -v b="$t_end" '$3 >= a && $3 <= b {print $4, $5}' > /tmp/lat.win
+    grep "^LAT $1 " /tmp/lat.out | awk -v a="${2:-$t_start}" -v b="${3:-$t_end}" '$3 >= a && $3 <= b {print $4, $5}' > /tmp/lat.win
     n=$(grep -c . /tmp/lat.win)
     bad=$(awk '$2 != 200' /tmp/lat.win | grep -c .)
     [ "$n" -gt 0 ] || { echo "n=0"; return; }
@@ -79,8 +80,11 @@ stats() {
     echo " non200=$bad"
 }
 adm=$(stats admit); hz=$(stats healthz)
+# The same guest's figure with no migration running: the requests issued after the move's round.
+t_after=$(awk -v a="$t_end" 'BEGIN{printf "%.6f", a + 0.5}')
+idle_adm=$(stats admit "$t_after" 999999); idle_hz=$(stats healthz "$t_after" 999999)
 all_adm=$(grep -c "^LAT admit " /tmp/lat.out); all_hz=$(grep -c "^LAT healthz " /tmp/lat.out)
-detail="round with the move: ${round_s} s, bytes=$bytes; inside it: admit $adm µs; healthz $hz µs (all requests: $all_adm admits, $all_hz healthz)"
+detail="round with the move: ${round_s} s, bytes=$bytes; inside it: admit $adm µs; healthz $hz µs; after it (no migration): admit $idle_adm µs; healthz $idle_hz µs (all requests: $all_adm admits, $all_hz healthz)"
 echo "# $detail"
 [ "$bytes" -ge $((MIB << 20)) ] || { verdict $S FAIL "the move was $bytes bytes, not 1 GiB: $detail"; exit 0; }
 p99a=$(kv p99 "$adm"); p99h=$(kv p99 "$hz")
