@@ -2,48 +2,21 @@
 //! shared/ directory is beside the clone), our committed copy of them and our own cases, stdin
 //! mode, `{"cases": [...]}`, and the error contract (exit status 2, index and field named).
 
-use std::io::Write;
+mod hints_cli;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+fn run_file(path: &Path) -> std::process::Output {
+    hints_cli::run_file("memory", path)
 }
 
-fn run_file(path: &Path) -> Output {
-    bin()
-        .args(["hints", "memory", "--file"])
-        .arg(path)
-        .output()
-        .expect("run rebalancer")
+fn run_stdin(input: &str) -> std::process::Output {
+    hints_cli::run_stdin("memory", input)
 }
 
-fn run_stdin(input: &str) -> Output {
-    let mut child = bin()
-        .args(["hints", "memory"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rebalancer");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().expect("wait rebalancer")
-}
-
-fn lines(out: &Output) -> Vec<Value> {
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
-        .collect()
-}
+use hints_cli::lines;
 
 /// Blocks sorted, so assignments compare ignoring block order.
 fn norm(v: &Value) -> Value {
