@@ -39,7 +39,10 @@ fn main() {
     let mut cfg = Config::default();
     cfg.daemon.state_dir = dir.path().join("state");
     let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
-    let mut p = Policy::new(d.clone(), None);
+    let rt = std::sync::Arc::new(rebalancer::daemon::nri_updates::Runtime::new(
+        d.metrics.clone(),
+    ));
+    let mut p = Policy::new(d.clone(), None, rt);
     let mut times = Vec::new();
     for i in 0..200u32 {
         let (qos, parent) = match i % 4 {

@@ -21,6 +21,7 @@ pub mod apply;
 pub mod engine;
 pub mod lock;
 pub mod nri;
+pub mod nri_updates;
 pub mod run;
 pub mod status;
 pub mod watcher;
