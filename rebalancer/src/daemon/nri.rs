@@ -318,11 +318,11 @@ impl Policy {
         &self.admission.daemon
     }
 
-    fn id_of(&self, cgroup: &str) -> Option<&str> {
-        self.containers
-            .iter()
-            .find(|(_, t)| t.cgroup == cgroup)
-            .map(|(id, _)| id.as_str())
+    /// The runtime's container id of a placed container's cgroup (a map lookup: a shrink
+    /// names every shared container, and a scan of all placed ones per change made the hook
+    /// quadratic).
+    fn id_of(&self, cgroup: &str) -> Option<String> {
+        self.runtime.id_of(cgroup)
     }
 
     /// The collected changes as runtime updates, except `own`'s (returned apart). A change
@@ -336,7 +336,7 @@ impl Policy {
                 mine = Some(c);
             } else if let Some(id) = self.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
-                out.push(update(id, &c.cpus, c.mems.as_ref()));
+                out.push(update(&id, &c.cpus, c.mems.as_ref()));
             } else if let Some(cg) = &self.writer.cgroups {
                 if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
                     tracing::warn!(cgroup = %c.cgroup, error = %e, "cpuset change of a container unknown to the runtime failed");
