@@ -6,7 +6,10 @@
 //! their very first action, `Cpus_allowed_list` / `Mems_allowed_list`, and these equal the
 //! daemon's decision; the Guaranteed CPU leaves the Burstable container's cpuset (an NRI
 //! update, through the runtime); a container that does not fit fails CreateContainer with the
-//! reason; a daemon restart adopts the running containers with no double allocation; a
+//! reason; a change the daemon makes outside the hooks (the control round's CPU-hotplug
+//! replacement, a CPU taken offline in a sysfs copy of this machine) reaches the runtime as an
+//! NRI UpdateContainers, not a cgroupfs write (containerd logs the request; its container spec,
+//! read through the CRI, agrees); a daemon restart adopts the running containers with no double allocation; a
 //! containerd restart is survived (the plugin reconnects, and admits again); removal releases
 //! and the shared container gets the CPU back; under single-numa-node on a 4-node topology
 //! (a fixture as `daemon.sysfs_root`) a pod that cannot be aligned is refused with
@@ -69,11 +72,12 @@ fn preflight() -> Option<PathBuf> {
     Some(dir)
 }
 
-/// The CRI test client, built on demand.
+/// The CRI test client, built (or brought up to date) once per test run.
 fn cri_tool() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().join("cri-tool");
-    if !bin.exists() {
+    BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let st = Command::new(cargo)
             .args(["build", "-p", "cri-tool"])
@@ -81,7 +85,7 @@ fn cri_tool() -> PathBuf {
             .status()
             .unwrap();
         assert!(st.success(), "building cri-tool failed");
-    }
+    });
     bin
 }
 
@@ -315,6 +319,18 @@ state = "{d}/state"
     }
 
     /// Stops and removes every pod (their containers with them).
+    /// The runtime's view of a container's cpus: the OCI spec it keeps for it.
+    fn inspect(&self, id: &str) -> CpuSet {
+        let out = self
+            .cri(&["inspect", id])
+            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let cpus = v["spec_cpus"]
+            .as_str()
+            .unwrap_or_else(|| panic!("spec_cpus in {out}"));
+        CpuSet::parse(cpus).unwrap_or_else(|e| panic!("spec_cpus in {out}: {e}"))
+    }
+
     fn remove_pods(&mut self) {
         for p in std::mem::take(&mut self.pods) {
             let _ = self.cri(&["stop-pod", &p]);
@@ -470,7 +486,21 @@ fn containers_are_placed_at_creation_through_nri() {
     let Some(install) = preflight() else { return };
     let t0 = Instant::now();
     let mut ctd = Containerd::start(&install);
-    let mut d = nri_daemon(&ctd.nri_sock(), "", "");
+    // This machine's topology as a sysfs copy the test can take a CPU offline in.
+    let sysfs = tempfile::tempdir().unwrap();
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(workspace().join("tests/fixtures/sysfs/this-machine/."))
+        .arg(sysfs.path())
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let cpu_online = sysfs.path().join("devices/system/cpu/online");
+    let mut d = nri_daemon(
+        &ctd.nri_sock(),
+        &format!("sysfs_root = \"{}\"", sysfs.path().display()),
+        "",
+    );
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
     });
@@ -513,6 +543,51 @@ fn containers_are_placed_at_creation_through_nri() {
     println!(
         "guaranteed {g_cpus}/{g_mems}, burstable {b_cpus} -> {}, besteffort {e_cpus}",
         b.live_cpus()
+    );
+
+    // A change the daemon makes outside the NRI hooks — here the control round's CPU-hotplug
+    // replacement of the Guaranteed container's CPU, which went offline (in the sysfs copy) —
+    // goes to the runtime as an NRI UpdateContainers (applied by runc update), not to
+    // cgroupfs behind its back: containerd logs the plugin's request and its spec of the
+    // container holds the CPUs the daemon gave. (Two CPUs leave no spare one to replace it
+    // with, so the container keeps its CPU — written again, through the runtime.)
+    let asked = || ctd.log().matches("requested container updates").count();
+    let asked_before = asked();
+    let applied = |d: &common::Daemon| {
+        d.metric("rebalancer_nri_updates_total{reason=\"applied\"}")
+            .unwrap_or(0.0)
+    };
+    let applied_before = applied(&d);
+    std::fs::write(&cpu_online, format!("{}\n", all.difference(&g_cpus))).unwrap();
+    wait_for(
+        "the hotplug replacement to reach the runtime",
+        Duration::from_secs(15),
+        || applied(&d) > applied_before,
+    );
+    assert!(
+        d.log_text().contains("exclusive CPUs went offline"),
+        "{}",
+        d.log_text()
+    );
+    assert!(
+        asked() > asked_before,
+        "containerd saw no NRI container update"
+    );
+    assert_eq!(
+        ctd.inspect(&g.id),
+        g_cpus,
+        "the runtime's spec of the container"
+    );
+    assert!(
+        !d.metrics().contains("rebalancer_nri_direct_writes_total"),
+        "a change of a runtime container was written to cgroupfs directly: {}",
+        d.metrics()
+    );
+    std::fs::write(&cpu_online, format!("{all}\n")).unwrap();
+    wait_for(
+        "the topology to have the CPU back",
+        Duration::from_secs(15),
+        || d.log_text().matches("topology rebuilt").count() >= 2,
     );
 
     // Does not fit: CreateContainer fails with the reason; nothing changes.
@@ -576,8 +651,9 @@ fn containers_are_placed_at_creation_through_nri() {
     wait_for(
         "the burstable cpuset to grow back",
         Duration::from_secs(5),
-        || b.live_cpus() == all,
+        || b.live_cpus() == all && ctd.inspect(&b.id) == all,
     );
+
     ctd.remove_pods();
     wait_for(
         "pod removal to release everything",

@@ -127,6 +127,12 @@ pub trait CgroupWriter {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError>;
+    /// Waits until the writes made so far are in force, for a writer whose writes someone
+    /// else applies later (the container runtime, in NRI mode); [`finish`] calls it before
+    /// reading a move back. Never called with the daemon's allocator lock held.
+    fn settle(&mut self, _cgroup: &str) -> Result<(), CgroupWriteError> {
+        Ok(())
+    }
 }
 
 /// One write of a move.
@@ -433,6 +439,29 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
             ));
         }
         state.apply(step);
+    }
+    if let Err(e) = w.settle(cg) {
+        let step = steps
+            .last()
+            .cloned()
+            .unwrap_or(Step::WriteCpus(mv.to_cpus.clone()));
+        let cause = classify(e, |source| ApplyError::Failed {
+            cgroup: cg.to_string(),
+            step,
+            source,
+        });
+        if matches!(cause, ApplyError::Vanished { .. }) {
+            return Err(cause);
+        }
+        return Err(rollback(
+            w,
+            cg,
+            &state,
+            &rollback_cpus,
+            &mems,
+            migrate_was_on,
+            cause,
+        ));
     }
     let read_err = |e| {
         classify(e, |source| ApplyError::Read {

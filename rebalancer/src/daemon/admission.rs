@@ -527,7 +527,8 @@ impl Admission {
         writes.len()
     }
 
-    /// Writes the checkpoint now (encoded under the state lock, written outside it).
+    /// Writes the checkpoint now (the state copied under the state lock, encoded and written
+    /// outside it).
     pub fn checkpoint(&self) -> Result<(), CheckpointError> {
         self.daemon.checkpoint()
     }
@@ -667,22 +668,27 @@ pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<
     out
 }
 
-/// Bound shared containers and their pools minus the exclusive CPUs.
+/// Bound shared containers and their pools minus the exclusive CPUs (as
+/// `Allocator::current_cpus`, with the exclusive CPUs gathered once rather than per container:
+/// per container it made every shrink quadratic in the admitted containers).
 fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
+    let exclusive = s.state.allocator.exclusive_cpus();
     s.state
         .bindings
         .iter()
         .filter_map(|(cg, b)| {
-            let exclusive = s.state.allocator.pods.get(&b.pod_uid).is_some_and(|p| {
-                p.containers
-                    .iter()
-                    .any(|c| c.placement.container == b.container && c.placement.exclusive)
-            });
-            if exclusive {
+            let c = s
+                .state
+                .allocator
+                .pods
+                .get(&b.pod_uid)?
+                .containers
+                .iter()
+                .find(|c| c.placement.container == b.container)?;
+            if c.placement.exclusive {
                 return None;
             }
-            let pool = s.state.allocator.current_cpus(&b.pod_uid, &b.container)?;
-            Some((cg.clone(), pool))
+            Some((cg.clone(), c.placement.cpus.difference(&exclusive)))
         })
         .collect()
 }

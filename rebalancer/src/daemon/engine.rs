@@ -265,9 +265,18 @@ pub struct Engine {
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
     written: Option<Result<crate::written::Tracker, String>>,
+    /// NRI mode: moves of the runtime's containers go through the runtime
+    /// (`nri_updates::RuntimeMoveWriter`).
+    runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
 }
 
 impl Engine {
+    /// Moves of the runtime's containers are sent to the runtime as NRI container updates.
+    pub fn with_runtime(mut self, rt: std::sync::Arc<super::nri_updates::Runtime>) -> Engine {
+        self.runtime = Some(rt);
+        self
+    }
+
     pub fn new(cgroups: Cgroups, cpu_source: Box<dyn CpuTimeSource>, proc_root: &Path) -> Engine {
         Engine {
             cgroups,
@@ -278,6 +287,7 @@ impl Engine {
             last_round: None,
             topo_fingerprint: None,
             written: None,
+            runtime: None,
         }
     }
 
@@ -587,8 +597,16 @@ impl Engine {
         let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
 
         let applied = {
-            let mut w = RealWriter(&self.cgroups);
-            super::apply::apply_moves(d, &mut w, &plan.moves, now_ms, cfg.daemon.dry_run).applied
+            let real = RealWriter(&self.cgroups);
+            let (moves, dry) = (&plan.moves, cfg.daemon.dry_run);
+            match &self.runtime {
+                Some(runtime) => {
+                    let mut w = super::nri_updates::RuntimeMoveWriter { real, runtime };
+                    super::apply::apply_moves(d, &mut w, moves, now_ms, dry)
+                }
+                None => super::apply::apply_moves(d, &mut { real }, moves, now_ms, dry),
+            }
+            .applied
         };
 
         // Publish.

@@ -21,6 +21,7 @@ pub mod apply;
 pub mod engine;
 pub mod lock;
 pub mod nri;
+pub mod nri_updates;
 pub mod run;
 pub mod status;
 pub mod watcher;
@@ -197,16 +198,22 @@ impl Daemon {
         self.order.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the checkpoint: encoded under the state lock, written (fsync, rename) outside it,
-    /// so a slow disk never holds up the watcher or the API.
+    /// Writes the checkpoint: the state copied under the state lock (with its generation),
+    /// encoded and written (fsync, rename) outside it, so neither the encoding nor a slow disk
+    /// holds up an admission, the watcher or the API (the NRI hook waited for a 200-pod
+    /// encoding in the state lock: the bulk of its p99).
     pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        let (dir, gen, bytes, w) = {
+        let (dir, gen, state, w) = {
             let s = self.lock();
             let gen = s.ckpt.next_generation();
-            let dir = s.cfg.daemon.state_dir.clone();
-            let bytes = checkpoint::encode(&dir, &s.state)?;
-            (dir, gen, bytes, s.ckpt.clone())
+            (
+                s.cfg.daemon.state_dir.clone(),
+                gen,
+                s.state.clone(),
+                s.ckpt.clone(),
+            )
         };
+        let bytes = checkpoint::encode(&dir, &state)?;
         w.write(&dir, gen, &bytes)
     }
 

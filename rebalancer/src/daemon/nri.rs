@@ -30,6 +30,7 @@ use crate::cgroup::kube::{classify, CgroupKind, Qos};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability};
+use crate::daemon::nri_updates::Runtime;
 use crate::daemon::writer::{CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::Daemon;
 use crate::nri::api;
@@ -220,18 +221,19 @@ struct Tracked {
 /// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
 /// runtime (the new container's as its CreateContainer adjustment, others' as container
 /// updates) instead of being written to cgroupfs. What each container was last given is
-/// remembered; before that (after a restart) its live cgroup is read.
+/// remembered in the shared [`Runtime`] (the control round's moves give containers cpusets
+/// too); before that (after a restart) its live cgroup is read.
 pub struct NriWriter {
     changes: Mutex<Vec<CpusetChange>>,
-    given: Mutex<BTreeMap<String, CpuSet>>,
+    runtime: Arc<Runtime>,
     cgroups: Option<Cgroups>,
 }
 
 impl NriWriter {
-    pub fn new(cgroups: Option<Cgroups>) -> NriWriter {
+    pub fn new(cgroups: Option<Cgroups>, runtime: Arc<Runtime>) -> NriWriter {
         NriWriter {
             changes: Mutex::new(Vec::new()),
-            given: Mutex::new(BTreeMap::new()),
+            runtime,
             cgroups,
         }
     }
@@ -239,21 +241,12 @@ impl NriWriter {
     fn take(&self) -> Vec<CpusetChange> {
         std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
-
-    fn forget(&self, cgroup: &str) {
-        self.given
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(cgroup);
-    }
 }
 
 impl CpusetWriter for NriWriter {
     fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
-        self.given
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(change.cgroup.clone(), change.cpus.clone());
+        self.runtime
+            .note_given(&change.cgroup, &change.cpus, change.mems.as_ref());
         self.changes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -262,13 +255,8 @@ impl CpusetWriter for NriWriter {
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        if let Some(c) = self
-            .given
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(cgroup)
-        {
-            return Some(c.clone());
+        if let Some(c) = self.runtime.given(cgroup).and_then(|g| g.cpus) {
+            return Some(c);
         }
         let cg = self.cgroups.as_ref()?;
         match cg.cpus(cgroup) {
@@ -284,10 +272,11 @@ pub struct Policy {
     writer: Arc<NriWriter>,
     /// Pod sandboxes by id.
     pods: BTreeMap<String, api::PodSandbox>,
-    /// Placed containers by id.
+    /// Placed containers by id (mirrored, by cgroup, in `runtime`).
     containers: BTreeMap<String, Tracked>,
-    /// Updates to send unsolicited (after a RemoveContainer grew the shared pool).
-    pending: Vec<api::ContainerUpdate>,
+    /// What the runtime's containers were given, and the unsolicited updates to send (the
+    /// shared pool growing after a RemoveContainer; the other threads' changes).
+    runtime: Arc<Runtime>,
 }
 
 fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
@@ -302,38 +291,38 @@ fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxReso
 }
 
 fn update(id: &str, cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerUpdate {
-    api::ContainerUpdate {
-        container_id: id.to_string(),
-        linux: Some(api::LinuxContainerUpdate {
-            resources: Some(cpu_resources(Some(cpus), mems)),
-        }),
-        ignore_failure: true,
-    }
+    super::nri_updates::update(id, Some(cpus), mems)
 }
 
 impl Policy {
     /// A policy over `d`; `cgroups` (when given) answers what a container's cpuset is before
-    /// the plugin gave it one (after a restart).
-    pub fn new(d: Daemon, cgroups: Option<Cgroups>) -> Policy {
-        let writer = Arc::new(NriWriter::new(cgroups));
+    /// the plugin gave it one (after a restart); `runtime` is shared with the writers of the
+    /// other threads (`daemon::nri_updates`).
+    pub fn new(d: Daemon, cgroups: Option<Cgroups>, runtime: Arc<Runtime>) -> Policy {
+        let writer = Arc::new(NriWriter::new(cgroups, runtime.clone()));
         Policy {
             admission: Admission::new(d, writer.clone()),
             writer,
             pods: BTreeMap::new(),
             containers: BTreeMap::new(),
-            pending: Vec::new(),
+            runtime,
         }
+    }
+
+    fn track(&mut self, id: &str, t: Tracked) {
+        self.runtime.track(&t.cgroup, id);
+        self.containers.insert(id.to_string(), t);
     }
 
     fn d(&self) -> &Daemon {
         &self.admission.daemon
     }
 
-    fn id_of(&self, cgroup: &str) -> Option<&str> {
-        self.containers
-            .iter()
-            .find(|(_, t)| t.cgroup == cgroup)
-            .map(|(id, _)| id.as_str())
+    /// The runtime's container id of a placed container's cgroup (a map lookup: a shrink
+    /// names every shared container, and a scan of all placed ones per change made the hook
+    /// quadratic).
+    fn id_of(&self, cgroup: &str) -> Option<String> {
+        self.runtime.id_of(cgroup)
     }
 
     /// The collected changes as runtime updates, except `own`'s (returned apart). A change
@@ -347,7 +336,7 @@ impl Policy {
                 mine = Some(c);
             } else if let Some(id) = self.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
-                out.push(update(id, &c.cpus, c.mems.as_ref()));
+                out.push(update(&id, &c.cpus, c.mems.as_ref()));
             } else if let Some(cg) = &self.writer.cgroups {
                 if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
                     tracing::warn!(cgroup = %c.cgroup, error = %e, "cpuset change of a container unknown to the runtime failed");
@@ -369,6 +358,29 @@ impl Policy {
         self.drain(None).1
     }
 
+    /// [`Self::regrow`] outside any answer (after a RemoveContainer, an event): the updates
+    /// are queued in `runtime` and sent once the connection is quiet.
+    fn regrow_unsolicited(&self) {
+        for u in self.regrow() {
+            let Some(cpu) = u
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.as_ref())
+                .and_then(|r| r.cpu.as_ref())
+            else {
+                continue;
+            };
+            let Some(t) = self.containers.get(&u.container_id) else {
+                continue;
+            };
+            let cpus = CpuSet::parse(&cpu.cpus).ok();
+            let mems = CpuSet::parse(&cpu.mems).ok().filter(|m| !m.is_empty());
+            if let Err(why) = self.runtime.submit(&t.cgroup, cpus.as_ref(), mems.as_ref()) {
+                tracing::warn!(cgroup = %t.cgroup, reason = ?why, "shared pool growth not sent to the runtime");
+            }
+        }
+    }
+
     /// Releases a placed container; `true` when it held an allocation.
     fn release(&mut self, id: &str, durability: Durability) -> bool {
         let Some(t) = self.containers.remove(id) else {
@@ -376,7 +388,7 @@ impl Policy {
         };
         match self.admission.release(&t.key, durability) {
             Ok(()) => {
-                self.writer.forget(&t.cgroup);
+                self.runtime.untrack(&t.cgroup);
                 if durability == Durability::Deferred {
                     self.admission.request_checkpoint();
                 }
@@ -391,7 +403,7 @@ impl Policy {
                 false
             }
             Err(e) => {
-                self.writer.forget(&t.cgroup);
+                self.runtime.untrack(&t.cgroup);
                 tracing::warn!(container = %id, error = %e, "release failed");
                 false
             }
@@ -438,8 +450,8 @@ impl Policy {
         });
         match res {
             Ok(a) => {
-                self.containers.insert(
-                    id.to_string(),
+                self.track(
+                    id,
                     Tracked {
                         key: r.key.clone(),
                         cgroup: r.cgroup.clone(),
@@ -528,6 +540,12 @@ impl Handler for Policy {
                 None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
+        self.runtime.retrack(
+            self.containers
+                .iter()
+                .map(|(id, t)| (t.cgroup.clone(), id.clone()))
+                .collect(),
+        );
         // Bindings of Kubernetes containers the runtime no longer runs: released.
         let gone: Vec<String> = {
             let s = self.d().lock();
@@ -653,8 +671,7 @@ impl Handler for Policy {
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
                 if self.release(&c.id, Durability::Deferred) {
-                    let u = self.regrow();
-                    self.pending.extend(u);
+                    self.regrow_unsolicited();
                 }
             }
             api::Event::RemovePodSandbox => {
@@ -673,8 +690,7 @@ impl Handler for Policy {
                     any |= self.release(&id, Durability::Deferred);
                 }
                 if any {
-                    let u = self.regrow();
-                    self.pending.extend(u);
+                    self.regrow_unsolicited();
                 }
             }
             _ => {}
@@ -683,10 +699,15 @@ impl Handler for Policy {
     }
 
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
-        std::mem::take(&mut self.pending)
+        self.runtime.take_batch()
+    }
+
+    fn updates_answered(&mut self, result: Result<Vec<String>, String>) {
+        self.runtime.answered(result);
     }
 
     fn connection(&mut self, up: bool) {
+        self.runtime.set_connected(up);
         self.d().metrics.nri_connected.set(i64::from(up));
         self.d().lock().nri_connected = up;
         if up {
@@ -712,6 +733,7 @@ pub fn resolve_mode(cfg: &crate::config::KubernetesConfig) -> crate::config::Adm
 pub fn spawn(
     d: Daemon,
     cgroups: Cgroups,
+    runtime: Arc<Runtime>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let k = d.lock().cfg.kubernetes.clone();
@@ -723,7 +745,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nri".into())
         .spawn(move || {
-            let mut p = Policy::new(d, Some(cgroups));
+            let mut p = Policy::new(d, Some(cgroups), runtime);
             crate::nri::session::run(&opts, &mut p, &stop);
         })
 }
@@ -751,7 +773,8 @@ mod tests {
         let mut cfg = Config::default();
         cfg.daemon.state_dir = dir.join("state");
         let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
-        Policy::new(d, None)
+        let rt = Arc::new(Runtime::new(d.metrics.clone()));
+        Policy::new(d, None, rt)
     }
 
     fn pod(id: &str, qos: &str) -> api::PodSandbox {
@@ -954,7 +977,7 @@ mod tests {
         create(&mut p, &gp, &g2).unwrap();
         let excl = p.d().lock().state.allocator.exclusive_cpus();
         // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
-        let mut p = Policy::new(p.d().clone(), None);
+        let mut p = Policy::new(p.d().clone(), None, p.runtime.clone());
         let mut running = g.clone();
         running.state = api::ContainerState::ContainerRunning as i32;
         let mut g3 = ctr("d", &gp, 100_000, 1024, 1 << 20);

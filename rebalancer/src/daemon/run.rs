@@ -108,10 +108,19 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
-    let admission = Admission::new(
-        daemon.clone(),
-        Arc::new(CgroupCpusetWriter(cgroups.clone())),
-    );
+    let mode = super::nri::resolve_mode(&cfg.kubernetes);
+    // NRI mode: the other threads' changes to the runtime's containers (moves, hotplug, API
+    // admissions' shrink) go through the runtime as container updates.
+    let runtime = (mode == AdmissionMode::Nri)
+        .then(|| Arc::new(super::nri_updates::Runtime::new(metrics.clone())));
+    let writer: Arc<dyn super::writer::CpusetWriter> = match &runtime {
+        Some(rt) => Arc::new(super::nri_updates::RuntimeCpusetWriter::new(
+            rt.clone(),
+            cgroups.clone(),
+        )),
+        None => Arc::new(CgroupCpusetWriter(cgroups.clone())),
+    };
+    let admission = Admission::new(daemon.clone(), writer);
 
     let cancel = CancellationToken::new();
     let listen = cfg.server.metrics_listen.parse()?;
@@ -142,7 +151,6 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
 
     // Only once nothing can fail at start any more: an early error must not leave it off.
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
-    let mode = super::nri::resolve_mode(&cfg.kubernetes);
     daemon.lock().admission = mode;
     let nri_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     match mode {
@@ -151,7 +159,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             if cfg.placement.scope == crate::config::TopologyScope::Pod {
                 tracing::warn!("placement.scope = \"pod\": NRI shows one container at a time, so containers are aligned one by one (container scope); use the admission API for whole-pod alignment");
             }
-            super::nri::spawn(daemon.clone(), cgroups.clone(), nri_stop.clone())
+            let rt = runtime.clone().expect("made for NRI mode");
+            super::nri::spawn(daemon.clone(), cgroups.clone(), rt, nri_stop.clone())
                 .context("starting the NRI plugin thread")?;
         }
         AdmissionMode::Watcher | AdmissionMode::Auto => {
@@ -173,7 +182,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         source = cpu_source.name(),
         "per-cgroup, per-node CPU time source"
     );
-    let engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    if let Some(rt) = runtime {
+        engine = engine.with_runtime(rt);
+    }
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
     let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
     let reloads = {

@@ -1,10 +1,13 @@
-//! The one way admission changes a container's cpuset: the [`CpusetWriter`] seam. Today its one
-//! implementation is [`CgroupCpusetWriter`] (cgroupfs, through the validated, read-back writes
-//! of [`Cgroups`]); an NRI plugin adds a writer that turns the same changes into the runtime's
-//! container adjustment / update when it is connected — never both, never neither.
+//! The one way admission changes a container's cpuset: the [`CpusetWriter`] seam. Its
+//! implementations: [`CgroupCpusetWriter`] (cgroupfs, through the validated, read-back writes
+//! of [`Cgroups`]); in NRI mode `daemon::nri::NriWriter` (the plugin thread's changes become
+//! the runtime's container adjustment / updates) and `daemon::nri_updates::RuntimeCpusetWriter`
+//! (the other threads' changes of the runtime's containers become queued container updates) —
+//! never both, never neither.
 //!
-//! The control round's moves go through the actuator's `CgroupWriter` (`engine::RealWriter`),
-//! which also migrates memory; admission only ever sets cpus (and a new container's mems).
+//! The control round's moves go through the actuator's `CgroupWriter` (`engine::RealWriter`,
+//! or `nri_updates::RuntimeMoveWriter` in NRI mode), which also migrates memory; admission only
+//! ever sets cpus (and a new container's mems).
 
 use crate::{
     cgroup::{Cgroups, Controller},

@@ -4,8 +4,10 @@
 //! the Plugin service (mux conn 1): Configure, Synchronize, CreateContainer, … Each request is
 //! answered before the next is read; the [`Handler`] decides. Between messages (the socket is
 //! read with a short timeout) the handler may hand over unsolicited container updates, sent as
-//! `Runtime.UpdateContainers`. When the runtime goes away (restart, EOF) [`run`] reconnects
-//! with backoff.
+//! `Runtime.UpdateContainers` — one request at a time, only once the connection has been quiet
+//! for [`QUIET`] (see `daemon::nri_updates` for why), with the runtime's answer handed back
+//! ([`Handler::updates_answered`]). When the runtime goes away (restart, EOF) [`run`]
+//! reconnects with backoff.
 
 use std::{
     io::{ErrorKind, Read, Write},
@@ -54,10 +56,14 @@ pub trait Handler {
     fn state_change(&mut self, ev: api::StateChangeEvent) -> Result<(), String>;
     /// The runtime is shutting down.
     fn shutdown(&mut self) {}
-    /// Unsolicited updates to send now; polled between messages.
+    /// Unsolicited updates to send now; polled between messages, once the previous ones were
+    /// answered.
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
         Vec::new()
     }
+    /// The runtime answered the last unsolicited updates: `Ok(ids of the containers it failed
+    /// to update)`, or the error of the whole request (also when the connection went first).
+    fn updates_answered(&mut self, _result: Result<Vec<String>, String>) {}
     /// The connection came up (registered) or went down.
     fn connection(&mut self, _up: bool) {}
 }
@@ -140,15 +146,19 @@ pub fn run_once(
         path: opts.socket.clone(),
         err,
     })?;
-    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    sock.set_read_timeout(Some(POLL))?;
     let register = api::RegisterPluginRequest {
         plugin_name: opts.name.clone(),
         plugin_idx: opts.index.clone(),
     };
     send_request(&mut sock, 1, "RegisterPlugin", &register.encode_to_vec())?;
-    let mut next_stream = 3u32;
-    let mut registered = false;
+    let mut conn = Conn {
+        registered: false,
+        next_stream: 3,
+        awaiting: None,
+    };
     let started = Instant::now();
+    let mut last_message = Instant::now();
     let mut demux = Demux::default();
     let mut buf = vec![0u8; 64 << 10];
     let result = loop {
@@ -158,28 +168,33 @@ pub fn run_once(
         match sock.read(&mut buf) {
             Ok(0) => break Err(SessionError::Closed),
             Ok(n) => {
+                last_message = Instant::now();
                 if let Err(e) = demux.push(&buf[..n]) {
                     break Err(e.into());
                 }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if !registered && started.elapsed() > Duration::from_secs(10) {
+                if !conn.registered && started.elapsed() > Duration::from_secs(10) {
                     break Err(SessionError::RegistrationTimeout(started.elapsed()));
                 }
-                if registered {
+                if conn.registered && conn.awaiting.is_none() && last_message.elapsed() >= QUIET {
                     let updates = h.pending_updates();
                     if !updates.is_empty() {
                         let req = api::UpdateContainersRequest {
                             update: updates,
                             evict: vec![],
                         };
-                        send_request(
+                        let stream = conn.next_stream;
+                        conn.next_stream += 2;
+                        conn.awaiting = Some(stream);
+                        if let Err(e) = send_request(
                             &mut sock,
-                            next_stream,
+                            stream,
                             "UpdateContainers",
                             &req.encode_to_vec(),
-                        )?;
-                        next_stream += 2;
+                        ) {
+                            break Err(e.into());
+                        }
                     }
                 }
                 continue;
@@ -197,7 +212,7 @@ pub fn run_once(
                     break;
                 }
             };
-            if let Err(e) = handle(&mut sock, h, &m, &mut registered) {
+            if let Err(e) = handle(&mut sock, h, &m, &mut conn) {
                 failed = Some(e);
                 break;
             }
@@ -206,17 +221,36 @@ pub fn run_once(
             break Err(e);
         }
     };
-    if registered {
+    if conn.awaiting.is_some() {
+        h.updates_answered(Err(
+            "the NRI connection ended before the runtime answered".into()
+        ));
+    }
+    if conn.registered {
         h.connection(false);
     }
     result
+}
+
+/// How often the socket is polled for quiet (unsolicited updates wait for it).
+const POLL: Duration = Duration::from_millis(25);
+/// How long the runtime must have sent nothing before unsolicited updates go out.
+pub const QUIET: Duration = Duration::from_millis(50);
+
+/// One connection's protocol state.
+struct Conn {
+    registered: bool,
+    /// Stream id of the next request of ours (odd; 1 is RegisterPlugin).
+    next_stream: u32,
+    /// The UpdateContainers request not answered yet.
+    awaiting: Option<u32>,
 }
 
 fn handle(
     sock: &mut UnixStream,
     h: &mut dyn Handler,
     m: &wire::Message,
-    registered: &mut bool,
+    conn: &mut Conn,
 ) -> Result<(), SessionError> {
     match (m.conn, m.kind) {
         (wire::PLUGIN_CONN, wire::TYPE_REQUEST) => {
@@ -261,18 +295,31 @@ fn handle(
                 if status.code != 0 {
                     return Err(SessionError::Registration(status.message));
                 }
-                *registered = true;
+                conn.registered = true;
                 h.connection(true);
-            } else if status.code != 0 {
-                tracing::warn!(error = %status.message, "the runtime refused container updates");
-            } else if let Ok(r) = api::UpdateContainersResponse::decode(resp.payload.as_slice()) {
-                for f in r.failed {
-                    tracing::warn!(container = %f.container_id, "the runtime failed a container update");
-                }
+            } else if conn.awaiting == Some(m.stream) {
+                conn.awaiting = None;
+                let result = if status.code != 0 {
+                    tracing::warn!(error = %status.message, "the runtime refused container updates");
+                    Err(status.message)
+                } else {
+                    match api::UpdateContainersResponse::decode(resp.payload.as_slice()) {
+                        Ok(r) => Ok(r
+                            .failed
+                            .into_iter()
+                            .inspect(|f| tracing::warn!(container = %f.container_id, "the runtime failed a container update"))
+                            .map(|f| f.container_id)
+                            .collect()),
+                        Err(e) => Err(format!("malformed UpdateContainersResponse: {e}")),
+                    }
+                };
+                h.updates_answered(result);
+            } else {
+                tracing::debug!(stream = m.stream, "answer to no request of ours ignored");
             }
         }
-        (conn, kind) => {
-            tracing::debug!(conn, kind, "unexpected NRI message ignored");
+        (c, kind) => {
+            tracing::debug!(conn = c, kind, "unexpected NRI message ignored");
         }
     }
     Ok(())

@@ -100,6 +100,10 @@ pub struct Metrics {
     pub inotify_watch_failures: Family<ReasonLabel, Counter>,
     /// 1 while the NRI plugin is registered with the runtime.
     pub nri_connected: Gauge,
+    /// Container updates sent to the runtime outside its hooks, by result (applied, failed).
+    pub nri_updates: Family<ReasonLabel, Counter>,
+    /// NRI mode: container cpuset changes written to cgroupfs directly, by reason.
+    pub nri_direct_writes: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -139,6 +143,8 @@ impl Metrics {
             http_connections_closed: Family::default(),
             inotify_watch_failures: Family::default(),
             nri_connected: Gauge::default(),
+            nri_updates: Family::default(),
+            nri_direct_writes: Family::default(),
         };
         let component_up = Family::<ComponentLabel, Gauge>::default();
         r.register(
@@ -278,6 +284,16 @@ impl Metrics {
             "nri_connected",
             "1 while the NRI plugin is registered with the container runtime, else 0",
             m.nri_connected.clone(),
+        );
+        r.register(
+            "nri_updates",
+            "Container cpuset changes made outside the NRI hooks (moves, hotplug, API admissions) that the runtime applied or failed, by reason",
+            m.nri_updates.clone(),
+        );
+        r.register(
+            "nri_direct_writes",
+            "NRI mode: container cpuset changes written to cgroupfs directly (not connected, or not a container of the runtime), by reason",
+            m.nri_direct_writes.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

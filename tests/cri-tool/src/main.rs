@@ -56,6 +56,12 @@ enum Cmd {
     },
     /// Lists containers as JSON lines: id, pod id, name, state.
     Ps,
+    /// ContainerStatus (verbose): the runtime's view of a container's cpuset as JSON —
+    /// `cpus` / `mems` from its status resources, `spec_cpus` / `spec_mems` from the OCI spec
+    /// the runtime keeps (containerd's verbose info).
+    Inspect {
+        id: String,
+    },
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -241,6 +247,37 @@ async fn main() -> Result<()> {
         Cmd::RmPod { id } => {
             c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id })
                 .await?;
+        }
+        Cmd::Inspect { id } => {
+            let r = c
+                .container_status(cri::ContainerStatusRequest {
+                    container_id: id,
+                    verbose: true,
+                })
+                .await?
+                .into_inner();
+            let linux = r
+                .status
+                .and_then(|s| s.resources)
+                .and_then(|r| r.linux)
+                .unwrap_or_default();
+            let info: serde_json::Value = r
+                .info
+                .get("info")
+                .map(|i| serde_json::from_str(i))
+                .transpose()
+                .context("the runtime's verbose info")?
+                .unwrap_or_default();
+            let cpu = &info["runtimeSpec"]["linux"]["resources"]["cpu"];
+            println!(
+                "{}",
+                serde_json::json!({
+                    "cpus": linux.cpuset_cpus,
+                    "mems": linux.cpuset_mems,
+                    "spec_cpus": cpu["cpus"],
+                    "spec_mems": cpu["mems"],
+                })
+            );
         }
         Cmd::Ps => {
             let r = c
