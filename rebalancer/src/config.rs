@@ -263,6 +263,9 @@ pub struct PlacementConfig {
     /// TAP memory topology: also bind Burstable containers' cpuset.mems to their pool's nodes
     /// under shared_cpu_policy "topology-aware" (off: mems left alone).
     pub tap_memory_topology: bool,
+    /// TAP topology-cluster-affinity: exclusive CPUs packed into as few whole CPU clusters
+    /// (cores sharing an L2 / L3 tag) as possible, shared pools narrowed to clusters.
+    pub topology_cluster_affinity: bool,
     pub full_pcpus_only: bool,
     pub distribute_cpus_across_numa: bool,
     pub align_by_socket: bool,
@@ -296,6 +299,7 @@ impl Default for PlacementConfig {
             memory_manager_policy: MemoryManagerPolicy::Static,
             distribute_cpus_across_cores: false,
             tap_memory_topology: false,
+            topology_cluster_affinity: false,
             full_pcpus_only: false,
             distribute_cpus_across_numa: false,
             align_by_socket: false,

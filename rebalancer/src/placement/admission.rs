@@ -233,6 +233,7 @@ impl Allocator {
                 distribute_across_cores: cfg.distribute_cpus_across_cores,
                 align_by_socket: cfg.align_by_socket,
                 prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+                cluster_affinity: cfg.topology_cluster_affinity,
             };
             let loose = StaticOptions {
                 full_pcpus_only: false,
@@ -616,6 +617,7 @@ impl Allocator {
                     distribute_across_cores: cfg.distribute_cpus_across_cores,
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+                    cluster_affinity: cfg.topology_cluster_affinity,
                 };
                 // kubelet: the assignable CPUs plus those the pod's init containers may hand on
                 let pool = self
@@ -692,6 +694,7 @@ impl Allocator {
                     shared,
                     load: &self.shared_load,
                     overcommit_ratio: cfg.overcommit_ratio,
+                    cluster_affinity: cfg.topology_cluster_affinity,
                 };
                 let millis = c.cpu_request();
                 let cpus = if qos == Qos::BestEffort {
@@ -778,6 +781,7 @@ impl Allocator {
             shared: shared_after.clone(),
             load: &self.shared_load,
             overcommit_ratio: ratio,
+            cluster_affinity: false,
         };
         for (n, cpus) in &view.nodes {
             let (load, cap) = (pools.load_of(cpus), pools.capacity_of(cpus));

@@ -229,6 +229,7 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
         shared: a.shared_pool(&view),
         load: &a.shared_load,
         overcommit_ratio: c.overcommit_ratio,
+        cluster_affinity: false,
     };
     for (id, cpus) in &view.nodes {
         if pools.load_of(cpus) > pools.capacity_of(cpus) {
