@@ -34,12 +34,12 @@ use super::{
     exclusive_cpus, memory_managed, memory_request, AdmittedPod, Allocator, Container,
     ContainerKind, ContainerPlacement, Rejection, Reuse, R,
 };
-use crate::config::PlacementConfig;
+use crate::config::{PlacementConfig, TopologyPolicy};
 use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuView, StaticOptions};
 use crate::placement::memory::{MemoryAllocation, MemoryRequest};
-use crate::placement::pod::Pod;
-use crate::placement::TopologyHint;
+use crate::placement::pod::{Pod, Qos};
+use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
 
 /// What a pod admitted one container at a time holds for its containers still to come.
@@ -171,6 +171,18 @@ impl Allocator {
             ));
         }
         let qos = pod.qos;
+        // Every container of a Guaranteed pod is Guaranteed, every one of a BestEffort pod is
+        // BestEffort (a Burstable pod may have any); the doors derive both from the pod's QoS.
+        let own = one.qos();
+        if qos != own && qos != Qos::Burstable {
+            return Err(Rejection::new(
+                R::InvalidPod,
+                format!(
+                    "container {} asks as a {own:?} container, but pod {} is {qos:?}",
+                    c.name, m.pod_uid
+                ),
+            ));
+        }
         // Containers beyond the totals (a door without the pod's totals) grow the pod's
         // node-level CPU request, within what the node has left.
         let live = live_millis(pod) + c.cpu_request();
@@ -213,6 +225,25 @@ impl Allocator {
             hold.hint,
             &mut reuse,
         )?;
+        // A container beyond the pod's totals (wrong or missing totals) may not fit the pod's
+        // affinity: restricted and single-numa-node refuse it, as kubelet's admission would
+        // have refused the pod it belongs to; best-effort lets it spill, as kubelet does.
+        if matches!(
+            cfg.policy,
+            TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode
+        ) {
+            let mems = NodeMask::from_ids(a.placement.mems.iter()).unwrap_or_default();
+            let within = hold.hint.affinity.unwrap_or(mems).and(mems);
+            if !view.nodes_of(&a.placement.cpus).is_subset_of(within) {
+                return Err(Rejection::new(
+                    R::TopologyAffinityError,
+                    format!(
+                        "container {} does not fit pod {}'s NUMA affinity {:?} (the pod's totals: {}m CPU)",
+                        c.name, m.pod_uid, hold.hint.affinity, hold.totals.cpu_request()
+                    ),
+                ));
+            }
+        }
         let placement = a.placement.clone();
         let pod = self.pods.get_mut(m.pod_uid).expect("inserted above");
         pod.containers.push(a);

@@ -204,3 +204,32 @@ fn shared_containers_of_a_held_pod_free_their_share_of_the_hold() {
     assert_eq!(x.affinity, y.affinity);
     assert!(a.exclusive_cpus().is_empty());
 }
+
+/// A container beyond the pod's totals that does not fit the pod's affinity is refused under
+/// restricted (it would spill off the pod's node); one whose QoS contradicts its pod's is
+/// refused as an invalid pod.
+#[test]
+fn containers_beyond_the_totals_or_against_the_pods_qos_are_refused() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::Restricted);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let totals = guaranteed("pod", 6000, 2 * G);
+    a.admit_member(&t, &c, member("p", &totals, &guaranteed("a", 3000, G)))
+        .unwrap();
+    // node 0 has 16 CPUs, 6 of them the pod's: 14 more do not fit it
+    let before = a.clone();
+    let err = a
+        .admit_member(&t, &c, member("p", &totals, &guaranteed("b", 14000, G)))
+        .unwrap_err();
+    assert_eq!(err.reason, RejectionReason::TopologyAffinityError, "{err}");
+    assert_eq!(a, before);
+    let be = Container {
+        name: "x".into(),
+        ..Default::default()
+    };
+    let err = a
+        .admit_member(&t, &c, member("p", &totals, &be))
+        .unwrap_err();
+    assert_eq!(err.reason, RejectionReason::InvalidPod, "{err}");
+    assert_eq!(a, before);
+}
