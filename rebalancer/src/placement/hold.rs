@@ -130,8 +130,8 @@ impl Allocator {
                 containers: vec![totals.clone()],
                 ..one.clone()
             };
-            // The pod's QoS is its container's (the door knows it from the cgroup path).
-            let qos = one.qos();
+            // The pod's QoS is its totals' (the doors shape them by the pod's QoS class).
+            let qos = whole.qos();
             let (cpu_total, mem_total) = self.check_capacity(&view, &whole)?;
             let hint = self.hint_for(topo, cfg, &view, qos, &[&totals], None)?;
             self.pods.insert(
