@@ -72,6 +72,12 @@ pub struct KubernetesConfig {
     pub nri_socket: PathBuf,
     /// The plugin's NRI index: two digits, plugins are called in ascending order.
     pub nri_plugin_index: String,
+    /// NRI mode: send the changes made outside the runtime's hooks (control-round moves,
+    /// CPU-hotplug replacement, API admissions' shrink) to the runtime as unsolicited
+    /// UpdateContainers. Off by default: containerd up to 1.7.x and 2.x before containerd/nri#301
+    /// can deadlock when a plugin's UpdateContainers crosses a container lifecycle event
+    /// (containerd/containerd#13733); off, those changes are written to cgroupfs directly.
+    pub nri_runtime_updates: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -80,6 +86,7 @@ impl Default for KubernetesConfig {
             admission: AdmissionMode::Auto,
             nri_socket: "/var/run/nri/nri.sock".into(),
             nri_plugin_index: "50".into(),
+            nri_runtime_updates: false,
         }
     }
 }
@@ -263,6 +270,9 @@ pub struct PlacementConfig {
     /// TAP memory topology: also bind Burstable containers' cpuset.mems to their pool's nodes
     /// under shared_cpu_policy "topology-aware" (off: mems left alone).
     pub tap_memory_topology: bool,
+    /// TAP topology-cluster-affinity: exclusive CPUs packed into as few whole CPU clusters
+    /// (cores sharing an L2 / L3 tag) as possible, shared pools narrowed to clusters.
+    pub topology_cluster_affinity: bool,
     pub full_pcpus_only: bool,
     pub distribute_cpus_across_numa: bool,
     pub align_by_socket: bool,
@@ -296,6 +306,7 @@ impl Default for PlacementConfig {
             memory_manager_policy: MemoryManagerPolicy::Static,
             distribute_cpus_across_cores: false,
             tap_memory_topology: false,
+            topology_cluster_affinity: false,
             full_pcpus_only: false,
             distribute_cpus_across_numa: false,
             align_by_socket: false,

@@ -461,7 +461,9 @@ fn nri_daemon(nri_sock: &Path, daemon_extra: &str, extra: &str) -> common::Daemo
         daemon_extra,
         "",
         &format!(
-            "[ebpf]\nenabled = false\n[kubernetes]\nadmission = \"nri\"\nnri_socket = \"{}\"\n{extra}",
+            // The opt-in runtime updates (off by default, containerd#13733): what this test
+            // proves is that, on, the daemon's own changes reach the runtime.
+            "[ebpf]\nenabled = false\n[kubernetes]\nadmission = \"nri\"\nnri_socket = \"{}\"\nnri_runtime_updates = true\n{extra}",
             nri_sock.display()
         ),
     )

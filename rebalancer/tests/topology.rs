@@ -220,6 +220,33 @@ fn kunpeng920() {
     let c = t.cpu(50).unwrap();
     assert_eq!((c.socket, c.die), (1, 1));
     assert_eq!(t.nodes[0].hugepages.len(), 4);
+    // CPU clusters of four cores (topology/cluster_cpus_list), keyed by their first CPU.
+    let mut clusters: std::collections::BTreeMap<u32, CpuSet> = Default::default();
+    for c in &t.cpus {
+        clusters
+            .entry(c.cluster.expect("every Kunpeng CPU has a cluster"))
+            .or_default()
+            .insert(c.id);
+    }
+    assert_eq!(clusters.len(), 24);
+    assert_eq!(clusters[&48].to_string(), "48-51");
+    assert!(clusters
+        .iter()
+        .all(|(k, s)| s.len() == 4 && s.first() == Some(*k)));
+}
+
+#[test]
+fn machines_without_cluster_files_have_no_clusters() {
+    for name in [
+        "intel-snc",
+        "epyc-nps4",
+        "gpu-nic",
+        "small-snc",
+        "cxl-offline",
+    ] {
+        let t = sysfs::read(&fixture(name)).unwrap();
+        assert!(t.cpus.iter().all(|c| c.cluster.is_none()), "{name}");
+    }
 }
 
 #[test]
@@ -497,6 +524,17 @@ fn cli_prints_every_fixture_as_table_and_json() {
         assert!(
             text.starts_with(&format!("{nodes} NUMA node(s)")),
             "{name}: {text}"
+        );
+        // Only the Kunpeng fixture has CPU clusters (six per node).
+        assert_eq!(
+            text.contains("CPU clusters node 0: 6, node 1: 6, node 2: 6, node 3: 6"),
+            name == "kunpeng920",
+            "{name}: {text}"
+        );
+        assert_eq!(
+            v["cpus"][0].get("cluster").is_some(),
+            name == "kunpeng920",
+            "{name}: JSON cluster field"
         );
     }
     // A missing root is an error naming the file, not a panic.

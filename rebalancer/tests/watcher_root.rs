@@ -4,6 +4,8 @@
 //! from the daemon (the latency from mkdir to the cpuset being written is measured and
 //! printed), a Guaranteed one gets exclusive CPUs, and a removed one is released (its CPUs can
 //! be handed out again). A restart reconciles from the checkpoint without double allocation.
+//! Under `placement.scope = "pod"` a pod's containers, made one at a time, share the affinity
+//! computed from the pod cgroup's limits, and the pod's remaining CPUs are held for them.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -41,6 +43,11 @@ impl Drop for Cleanup {
 }
 
 fn start_daemon(dir: &Path, kubernetes_root: &str) -> Child {
+    start_daemon_with(dir, kubernetes_root, "")
+}
+
+/// [`start_daemon`] with `extra` appended to the config file (more sections).
+fn start_daemon_with(dir: &Path, kubernetes_root: &str, extra: &str) -> Child {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -50,7 +57,7 @@ fn start_daemon(dir: &Path, kubernetes_root: &str) -> Child {
     std::fs::write(
         &cfg,
         format!(
-            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n[cgroups]\nkubernetes_root = \"/{kubernetes_root}\"\n",
+            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n[cgroups]\nkubernetes_root = \"/{kubernetes_root}\"\n{extra}",
             dir.display()
         ),
     )
@@ -249,4 +256,218 @@ fn new_container_cgroups_get_a_cpuset_and_removed_ones_are_released() {
     let after =
         CpuSet::parse(&std::fs::read_to_string(g_dir.join("cpuset.cpus")).unwrap()).unwrap();
     assert_eq!(after, cpus);
+}
+
+/// Makes `rel` (and its missing parents) in the v1 `ctl` hierarchy and writes `file` there.
+/// False when `ctl` is not a v1 hierarchy of its own.
+fn v1_limit(
+    cg: &Cgroups,
+    ctl: Controller,
+    rel: &str,
+    file: &str,
+    value: &str,
+    clean: &mut Cleanup,
+) -> bool {
+    let Ok((ctl_root, Version::V1)) = cg.hierarchy(ctl).map(|(p, v)| (p.to_path_buf(), v)) else {
+        return false;
+    };
+    if Some(ctl_root.as_path()) == cg.hierarchy(Controller::Cpuset).ok().map(|(p, _)| p) {
+        return false;
+    }
+    let mut path = PathBuf::new();
+    for part in Path::new(rel).components() {
+        path.push(part);
+        let d = ctl_root.join(&path);
+        if !d.exists() {
+            std::fs::create_dir(&d).unwrap();
+            clean.dirs.push(d);
+        }
+    }
+    std::fs::write(ctl_root.join(rel).join(file), value).is_ok()
+}
+
+fn status(sock: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+        .args(["status", "--json", "--socket"])
+        .arg(sock)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Pod scope with real cgroups (v1 cpu / memory hierarchies, as this host and kubelet's
+/// cgroupfs driver have them): a Guaranteed pod cgroup of 2 CPUs (kubelet's summed quota)
+/// whose first 1-CPU container is admitted holds the pod's second CPU: another pod's 1-CPU
+/// container is refused (nothing else is free), the pod's second container gets the held CPU;
+/// once both containers and the pod cgroup are gone the CPUs are free again.
+#[test]
+fn pod_scope_holds_the_pods_cpus_for_its_containers() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: no cgroups");
+        return;
+    };
+    let Ok(root) = cg
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, _)| p.to_path_buf())
+    else {
+        println!("SKIP: no cpuset controller");
+        return;
+    };
+    let top = format!("rbt-podscope-{}", std::process::id());
+    let kube = format!("{top}/kubepods");
+    let all = cg.effective_cpus("").unwrap();
+    let mems = cg.effective_mems("").unwrap();
+    if all.len() < 2 {
+        println!("SKIP: needs 2 CPUs");
+        return;
+    }
+    let pid = std::process::id();
+    let (p_uid, q_uid) = (
+        format!("0000aaaa-bbbb-cccc-dddd-{pid:012}"),
+        format!("0000aaaa-bbbb-cccc-eeee-{pid:012}"),
+    );
+    let (p_rel, q_rel) = (format!("{kube}/pod{p_uid}"), format!("{kube}/pod{q_uid}"));
+    let mut clean = Cleanup {
+        dirs: Vec::new(),
+        daemon: None,
+    };
+    // kubelet's pod cgroups with the pods' sums: P 2 CPUs (or all of them), Q 1 CPU
+    let n = all.len();
+    let quota = |cpus: usize| (cpus * 100_000).to_string();
+    let mut v1 = true;
+    for (rel, cpus) in [(&p_rel, 2), (&q_rel, 1)] {
+        v1 &= v1_limit(
+            &cg,
+            Controller::Cpu,
+            rel,
+            "cpu.cfs_quota_us",
+            &quota(cpus),
+            &mut clean,
+        );
+        v1 &= v1_limit(
+            &cg,
+            Controller::Memory,
+            rel,
+            "memory.limit_in_bytes",
+            &(cpus << 28).to_string(),
+            &mut clean,
+        );
+    }
+    if !v1 {
+        println!("SKIP: needs separate v1 cpu and memory hierarchies (the limits of a v2 container cgroup appear with it)");
+        return;
+    }
+    for rel in [top.as_str(), &kube, &p_rel, &q_rel] {
+        cg.create_cpuset(rel, &all, &mems).expect("create parent");
+        clean.dirs.push(root.join(rel));
+    }
+    let state = tempfile::tempdir().unwrap();
+    clean.daemon = Some(start_daemon_with(
+        state.path(),
+        &kube,
+        "[placement]\nscope = \"pod\"\n",
+    ));
+    let sock = state.path().join("s.sock");
+    // A Guaranteed 1-CPU container: its limits first (as the runtime writes them), then the
+    // cpuset directory the watcher sees.
+    let make = |pod_rel: &str, id: &str, clean: &mut Cleanup| -> PathBuf {
+        let rel = format!("{pod_rel}/{}", id.repeat(64));
+        assert!(v1_limit(
+            &cg,
+            Controller::Cpu,
+            &rel,
+            "cpu.cfs_quota_us",
+            "100000",
+            clean
+        ));
+        assert!(v1_limit(
+            &cg,
+            Controller::Memory,
+            &rel,
+            "memory.limit_in_bytes",
+            "268435456",
+            clean
+        ));
+        let dir = root.join(&rel);
+        std::fs::create_dir(&dir).unwrap();
+        clean.dirs.push(dir.clone());
+        dir
+    };
+    let read = |dir: &Path| {
+        CpuSet::parse(&std::fs::read_to_string(dir.join("cpuset.cpus")).unwrap()).unwrap()
+    };
+    let a = make(&p_rel, "a", &mut clean);
+    wait_written(&a.join("cpuset.cpus"), Instant::now())
+        .expect("the pod's first container was never admitted");
+    let ca = read(&a);
+    assert_eq!(ca.len(), 1, "one exclusive CPU: {ca}");
+    let held: CpuSet = serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap();
+    assert_eq!(held.len(), 2, "a's CPU and the one held for b: {held}");
+    // the pod holds its second CPU: with 2 CPUs on the machine nothing is left for Q
+    let c = make(&q_rel, "c", &mut clean);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = status(&sock);
+        let pods: Vec<String> = v["pods"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p["uid"].as_str().map(str::to_string))
+            .collect();
+        assert!(pods.iter().any(|u| u == &p_uid), "pod P admitted: {v}");
+        let bound = v["bindings"].as_object().cloned().unwrap_or_default();
+        let c_rel = c.strip_prefix(&root).unwrap().to_string_lossy().to_string();
+        if n == 2 {
+            // refused (and left as the runtime made it): never bound
+            assert!(
+                !bound.contains_key(&c_rel),
+                "Q got a CPU the pod holds: {v}"
+            );
+            if Instant::now() > deadline - Duration::from_secs(8) {
+                break;
+            }
+        } else if bound.contains_key(&c_rel) {
+            assert!(read(&c).is_disjoint(&ca));
+            break;
+        }
+        assert!(Instant::now() < deadline, "Q never admitted: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let b = make(&p_rel, "b", &mut clean);
+    wait_written(&b.join("cpuset.cpus"), Instant::now())
+        .expect("the pod's second container was never admitted");
+    let cb = read(&b);
+    assert_eq!(cb.len(), 1);
+    assert!(cb.is_disjoint(&ca), "{cb} vs {ca}");
+    if n > 2 {
+        assert!(cb.is_disjoint(&read(&c)), "the held CPU went to Q");
+    }
+    // the pod's containers and then its cgroup gone: released
+    for d in [&b, &a] {
+        std::fs::remove_dir(d).unwrap();
+    }
+    std::fs::remove_dir(root.join(&p_rel)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = status(&sock);
+        let gone = !v["pods"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .any(|p| p["uid"].as_str() == Some(&p_uid));
+        if gone {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pod P never released: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

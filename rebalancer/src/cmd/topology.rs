@@ -95,6 +95,23 @@ pub fn table(t: &Topology) -> String {
     for line in &hugepages {
         let _ = writeln!(s, "hugepages (free/total) {line}");
     }
+    // CPU clusters (cores sharing an L2 / L3 tag), counted per node, where the kernel has them.
+    let clusters: Vec<String> = t
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let ids: BTreeSet<u32> = t
+                .cpus
+                .iter()
+                .filter(|c| c.online && n.cpus.contains(c.id))
+                .filter_map(|c| c.cluster)
+                .collect();
+            (!ids.is_empty()).then(|| format!("node {}: {}", n.id, ids.len()))
+        })
+        .collect();
+    if !clusters.is_empty() {
+        let _ = writeln!(s, "CPU clusters {}", clusters.join(", "));
+    }
     let offline: Vec<String> = t
         .cpus
         .iter()

@@ -5,6 +5,8 @@
 //!
 //! ```text
 //! Admission::admit(AdmitRequest { pod, bind, durability, since }) -> Result<Admitted, AdmitError>
+//! Admission::admit_member(MemberRequest { member, bind, durability, since }) -> Result<Admitted, AdmitError>
+//! Admission::pod_gone(pod_uid, durability)             -> bool
 //! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
 //! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
 //! Admission::unbind(cgroup, durability)                -> Option<Binding>
@@ -19,6 +21,11 @@
 //!   bound shared container still on them is moved off (kubelet's shared-pool shrink) through
 //!   the same writer; [`Admitted::shrunk`] lists those changes. A rejected container that has a
 //!   cgroup is fenced off other containers' exclusive CPUs ([`AdmitError::Rejected::fenced`]).
+//! - `admit_member` admits one container of a pod whose containers arrive one at a time (the
+//!   watcher and NRI under `placement.scope = "pod"`) within the pod's affinity, computed from
+//!   the pod's totals at its first container and held for the containers still to come
+//!   (`placement::hold`); `unbind` gives a gone container's share back to the pod's hold and
+//!   `pod_gone` releases the pod (its cgroup or sandbox removed).
 //! - `bind` binds a container cgroup to the next unbound container of a pod admitted earlier
 //!   (through the API) and writes its cpuset; `Ok(None)` when the pod is unknown or has none.
 //! - [`Durability::Durable`]: the change is checkpointed before `admit`/`release` return, and
@@ -49,6 +56,7 @@ use crate::{
     checkpoint::CheckpointError,
     cpuset::CpuSet,
     placement::{
+        admission::PodMember,
         cpu::CpuView,
         pod::{ContainerPlacement, Pod, Rejection},
     },
@@ -78,6 +86,16 @@ pub struct AdmitRequest<'a> {
     pub bind: Option<&'a str>,
     pub durability: Durability,
     /// When the request arrived (for `rebalancer_admission_duration_seconds`).
+    pub since: Instant,
+}
+
+/// One container of a pod admitted one container at a time (pod scope in the watcher and
+/// NRI): bound to its cgroup, written through the writer.
+#[derive(Clone, Copy, Debug)]
+pub struct MemberRequest<'a> {
+    pub member: PodMember<'a>,
+    pub bind: &'a str,
+    pub durability: Durability,
     pub since: Instant,
 }
 
@@ -191,8 +209,120 @@ impl Admission {
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
         let r = self.admit_inner(req, deadline);
+        self.observe(&r);
+        r
+    }
+
+    /// Admits one container of a pod under pod scope (see the module doc and
+    /// `placement::hold`): the first container of the pod computes and holds the pod's
+    /// affinity from `member.totals`, or refuses the pod; every container lands within it.
+    pub fn admit_member(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
+        let r = self.admit_member_inner(req);
+        self.observe(&r);
+        r
+    }
+
+    fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
+        let uid = req.member.pod_uid;
+        let cg = req.bind;
+        let _order = self.order();
+        let (placement, dry_run, before) = {
+            let mut s = self.daemon.lock();
+            if s.state.bindings.contains_key(cg) {
+                return Err(AdmitError::AlreadyBound(cg.into()));
+            }
+            let sh = &mut *s;
+            let dry_run = sh.cfg.daemon.dry_run;
+            let before = sh.state.allocator.clone();
+            match sh
+                .state
+                .allocator
+                .admit_member(&sh.topo, &sh.cfg.placement, req.member)
+            {
+                Ok(p) => (p, dry_run, before),
+                Err(rejection) => {
+                    let fence = (!dry_run).then(|| exclusive_and_pool(sh));
+                    drop(s);
+                    let fenced = fence.and_then(|(excl, pool)| self.fence(cg, &excl, &pool));
+                    return Err(AdmitError::Rejected { rejection, fenced });
+                }
+            }
+        };
+        // The pod's hold may have taken (or given back) exclusive CPUs besides the container's.
+        let exclusive_changed =
+            before.exclusive_cpus() != self.daemon.lock().state.allocator.exclusive_cpus();
+        if !dry_run {
+            if let Err(e) = self.write_own(cg, &placement) {
+                self.daemon.lock().state.allocator = before;
+                return Err(match e {
+                    WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
+                    _ => AdmitError::WriteFailed(cg.into()),
+                });
+            }
+        }
+        self.daemon.lock().state.bindings.insert(
+            cg.into(),
+            Binding {
+                pod_uid: uid.into(),
+                container: placement.container.clone(),
+            },
+        );
+        let shrunk = if exclusive_changed {
+            self.shrink_locked_order(dry_run)
+        } else {
+            Vec::new()
+        };
+        if req.durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                let mut s = self.daemon.lock();
+                // Only this change happened meanwhile (`order` is held).
+                s.state.allocator = before;
+                s.state.bindings.remove(cg);
+                tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
+                return Err(AdmitError::Checkpoint(e));
+            }
+        }
+        Ok(Admitted {
+            uid: uid.into(),
+            bound: Some((cg.into(), placement.container.clone())),
+            placements: vec![placement],
+            shrunk,
+            micros: req.since.elapsed().as_micros(),
+        })
+    }
+
+    /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox
+    /// removed): the pod, its hold and any binding left are released. `false` for a pod that
+    /// holds nothing (unknown, or admitted whole through the API: released by its DELETE).
+    pub fn pod_gone(&self, uid: &str, durability: Durability) -> bool {
+        let _order = self.order();
+        let held = self
+            .daemon
+            .lock()
+            .state
+            .allocator
+            .pods
+            .get(uid)
+            .is_some_and(|p| p.hold.is_some());
+        held && self.release_held_order(uid, durability).is_ok()
+    }
+
+    /// Uids of the pods admitted one container at a time (they hold their pod's share).
+    pub fn held_pods(&self) -> Vec<String> {
+        let s = self.daemon.lock();
+        s.state
+            .allocator
+            .pods
+            .iter()
+            .filter(|(_, p)| p.hold.is_some())
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
+
+    /// The admission metrics of one answer.
+    fn observe(&self, r: &Result<Admitted, AdmitError>) {
         let m = &self.daemon.metrics;
-        match &r {
+        match r {
             Ok(a) => {
                 self.count("admitted");
                 m.admission_duration.observe(a.micros as f64 / 1e6);
@@ -211,7 +341,6 @@ impl Admission {
             Err(AdmitError::DeadlinePassed) => self.count("timeout"),
             Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
         }
-        r
     }
 
     fn admit_inner(
@@ -312,7 +441,14 @@ impl Admission {
             if s.state.bindings.contains_key(cgroup) {
                 return Err(AdmitError::AlreadyBound(cgroup.into()));
             }
-            let Some(pod) = s.state.allocator.pods.get(pod_uid) else {
+            // A pod admitted one container at a time binds through `admit_member`.
+            let Some(pod) = s
+                .state
+                .allocator
+                .pods
+                .get(pod_uid)
+                .filter(|p| p.hold.is_none())
+            else {
                 return Ok(None);
             };
             let bound: Vec<&str> = s
@@ -449,8 +585,10 @@ impl Admission {
         Ok(())
     }
 
-    /// A container cgroup went away: its binding is dropped, and a pod the watcher admitted for
-    /// it (uid `"<pod uid>/<container>"`) released; API pods are released by their DELETE.
+    /// A container cgroup went away: its binding is dropped, a pod the watcher admitted for
+    /// it (uid `"<pod uid>/<container>"`) released, and a container of a pod admitted one
+    /// container at a time gives its share back to the pod's hold (the pod goes with
+    /// [`Admission::pod_gone`]); API pods are released by their DELETE.
     pub fn unbind(&self, cgroup: &str, durability: Durability) -> Option<Binding> {
         let _order = self.order();
         let b = {
@@ -459,6 +597,14 @@ impl Admission {
             let excl = s.state.allocator.exclusive_cpus();
             if b.pod_uid.contains('/') {
                 s.state.allocator.release(&b.pod_uid);
+            } else {
+                let sh = &mut *s;
+                sh.state.allocator.remove_member(
+                    &sh.topo,
+                    &sh.cfg.placement,
+                    &b.pod_uid,
+                    &b.container,
+                );
             }
             (
                 b,
@@ -759,6 +905,14 @@ pub fn reconfigure(
             if !hit.is_empty() {
                 taken = taken.union(&hit);
                 holders.push(format!("{uid}/{} on {hit}", c.placement.container));
+            }
+        }
+        // CPUs a pod holds for its containers still to come are exclusive too
+        if let Some(h) = &p.hold {
+            let hit = h.cpus.intersection(&added);
+            if !hit.is_empty() {
+                taken = taken.union(&hit);
+                holders.push(format!("{uid} (held for its containers) on {hit}"));
             }
         }
     }

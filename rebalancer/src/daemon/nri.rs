@@ -20,7 +20,12 @@
 //! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
 //!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
-//! (as the watcher keys its admissions), bound to its cgroup path.
+//! (as the watcher keys its admissions), bound to its cgroup path. Under
+//! `placement.scope = "pod"` it is admitted as one container of its pod (keyed by the pod uid,
+//! `Admission::admit_member`), the pod's totals from `PodSandbox.linux.pod_resources` — which
+//! containerd 1.7 fills from the CRI sandbox config's `linux.resources`, kubelet's sums of the
+//! pod's requests and limits (CPU shares, quota / period, memory limit; no hugepages, so the
+//! pod's hugepages count as its containers seen so far); RemovePodSandbox releases the pod.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,13 +34,13 @@ use std::time::Instant;
 use crate::cgroup::kube::{classify, CgroupKind, Qos};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
-use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability};
+use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
 use crate::daemon::nri_updates::Runtime;
 use crate::daemon::writer::{CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
-use crate::placement::admission::{Container, Pod};
+use crate::placement::admission::{Container, Pod, PodMember};
 
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +51,8 @@ pub struct Request {
     pub cgroup: String,
     pub qos: Qos,
     pub pod: Pod,
+    /// The pod's totals (`pod_resources`), for pod scope; None when the runtime sent none.
+    pub totals: Option<Container>,
 }
 
 /// Events the plugin subscribes to.
@@ -127,6 +134,11 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
             c.id, pod.uid
         ));
     }
+    let totals = pod
+        .linux
+        .as_ref()
+        .and_then(|l| l.pod_resources.as_ref())
+        .and_then(|r| container_of(r, qos, "pod"));
     let res = linux.and_then(|l| l.resources.as_ref());
     if res.is_none() && qos != Qos::BestEffort {
         return Err(format!(
@@ -207,7 +219,50 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
             containers: vec![container],
             init_containers: Vec::new(),
         },
+        totals,
     }))
+}
+
+/// Pod-level resources as one container of QoS class `qos` (a Guaranteed pod needs a quota
+/// and a memory limit, as kubelet sets them); None when they say nothing usable.
+fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Container> {
+    let cpu = r.cpu.as_ref();
+    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
+    let period = cpu
+        .and_then(|c| c.period.as_ref())
+        .map_or(100_000, |p| p.value)
+        .max(1);
+    let limit = if quota > 0 {
+        (quota as u64 * 1000).div_ceil(period)
+    } else {
+        0
+    };
+    let shares = cpu
+        .and_then(|c| c.shares.as_ref())
+        .map_or(0, |s| millis_from_shares(s.value));
+    let mem = r
+        .memory
+        .as_ref()
+        .and_then(|m| m.limit.as_ref())
+        .map_or(0, |l| l.value.max(0) as u64);
+    let c = match qos {
+        Qos::Guaranteed if limit > 0 && mem > 0 => Container {
+            cpu_request_millis: limit,
+            cpu_limit_millis: limit,
+            memory_bytes: mem,
+            memory_limit_bytes: mem,
+            ..Default::default()
+        },
+        Qos::Burstable if shares > 0 => Container {
+            cpu_request_millis: shares,
+            ..Default::default()
+        },
+        _ => return None,
+    };
+    Some(Container {
+        name: name.into(),
+        ..c
+    })
 }
 
 /// A container the plugin placed (or adopted).
@@ -386,6 +441,11 @@ impl Policy {
         let Some(t) = self.containers.remove(id) else {
             return false;
         };
+        if !t.key.contains('/') {
+            // one container of a pod under pod scope: its share goes back to the pod
+            self.runtime.untrack(&t.cgroup);
+            return self.admission.unbind(&t.cgroup, durability).is_some();
+        }
         match self.admission.release(&t.key, durability) {
             Ok(()) => {
                 self.runtime.untrack(&t.cgroup);
@@ -442,18 +502,40 @@ impl Policy {
         durability: Durability,
     ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
         self.writer.take();
-        let res = self.admission.admit(AdmitRequest {
-            pod: &r.pod,
-            bind: Some(&r.cgroup),
-            durability,
-            since: Instant::now(),
-        });
+        let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
+        let res = match r.key.split_once('/').filter(|_| pod_scope) {
+            // Pod scope: one container of its pod, named uniquely (a restarted container
+            // keeps its name), the pod's totals as the runtime sent them.
+            Some((pod_uid, short)) => {
+                let c = Container {
+                    name: format!("{}-{short}", r.pod.containers[0].name),
+                    ..r.pod.containers[0].clone()
+                };
+                let none = Container::default();
+                self.admission.admit_member(MemberRequest {
+                    member: PodMember {
+                        pod_uid,
+                        totals: r.totals.as_ref().unwrap_or(&none),
+                        container: &c,
+                    },
+                    bind: &r.cgroup,
+                    durability,
+                    since: Instant::now(),
+                })
+            }
+            None => self.admission.admit(AdmitRequest {
+                pod: &r.pod,
+                bind: Some(&r.cgroup),
+                durability,
+                since: Instant::now(),
+            }),
+        };
         match res {
             Ok(a) => {
                 self.track(
                     id,
                     Tracked {
-                        key: r.key.clone(),
+                        key: a.uid.clone(),
                         cgroup: r.cgroup.clone(),
                         pod_id: pod_id.to_string(),
                     },
@@ -556,6 +638,35 @@ impl Handler for Policy {
                 .map(|(_, b)| b.pod_uid.clone())
                 .collect()
         };
+        // Pod scope: containers gone give their share back, pods gone release their hold.
+        let gone_members: Vec<String> = {
+            let s = self.d().lock();
+            s.state
+                .bindings
+                .iter()
+                .filter(|(cg, b)| !b.pod_uid.contains('/') && !live.contains(cg))
+                .filter(|(_, b)| {
+                    s.state
+                        .allocator
+                        .pods
+                        .get(&b.pod_uid)
+                        .is_some_and(|p| p.hold.is_some())
+                })
+                .map(|(cg, _)| cg.clone())
+                .collect()
+        };
+        for cg in &gone_members {
+            self.admission.unbind(cg, Durability::Deferred);
+        }
+        let listed: Vec<&str> = req.pods.iter().map(|p| p.uid.as_str()).collect();
+        let mut pods_gone = 0;
+        for uid in self.admission.held_pods() {
+            if !listed.contains(&uid.as_str())
+                && self.admission.pod_gone(&uid, Durability::Deferred)
+            {
+                pods_gone += 1;
+            }
+        }
         for key in &gone {
             if let Err(e) = self.admission.release(key, Durability::Deferred) {
                 tracing::warn!(%key, error = %e, "synchronize: release failed");
@@ -577,7 +688,7 @@ impl Handler for Policy {
                 }
             }
         }
-        if !gone.is_empty() {
+        if !gone.is_empty() || !gone_members.is_empty() || pods_gone > 0 {
             updates.extend(self.regrow());
         }
         if let Err(e) = self.admission.checkpoint() {
@@ -689,6 +800,8 @@ impl Handler for Policy {
                 for id in ids {
                     any |= self.release(&id, Durability::Deferred);
                 }
+                // pod scope: the pod's hold goes with its sandbox
+                any |= self.admission.pod_gone(&pod.uid, Durability::Deferred);
                 if any {
                     self.regrow_unsolicited();
                 }
@@ -1045,6 +1158,93 @@ mod tests {
             s.state.allocator.exclusive_cpus(),
             app_cpus.union(&side_cpus)
         );
+    }
+
+    /// Pod scope through NRI: the pod's totals come from `pod_resources` (kubelet's sums, as
+    /// containerd 1.7 passes them on). A pod of two 1-CPU containers (2 CPUs in all) keeps both
+    /// on one node although another pod's container came between them; a pod of 3 CPUs fits
+    /// no node under single-numa-node and its first CreateContainer fails with the reason;
+    /// RemovePodSandbox releases the pod's hold.
+    #[test]
+    fn pod_scope_admits_each_container_within_the_pods_affinity_from_pod_resources() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        {
+            let mut s = p.d().lock();
+            s.cfg.placement.scope = crate::config::TopologyScope::Pod;
+            s.cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
+        }
+        let with_totals = |id: &str, uid: &str, cpus: i64| {
+            let mut pod = pod(id, "");
+            pod.uid = uid.into();
+            let l = pod.linux.as_mut().unwrap();
+            l.cgroup_parent = format!("/kubepods/pod{uid}");
+            l.pod_resources = Some(api::LinuxResources {
+                cpu: Some(api::LinuxCpu {
+                    shares: Some(api::OptionalUInt64 {
+                        value: cpus as u64 * 1024,
+                    }),
+                    quota: Some(api::OptionalInt64 {
+                        value: cpus * 100_000,
+                    }),
+                    period: Some(api::OptionalUInt64 { value: 100_000 }),
+                    ..Default::default()
+                }),
+                memory: Some(api::LinuxMemory {
+                    limit: Some(api::OptionalInt64 { value: cpus << 20 }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            pod
+        };
+        // a 3-CPU pod fits no node: refused at its first container, nothing held
+        let big = with_totals("k", "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d", 3);
+        run_pod(&mut p, &big);
+        let err = create(&mut p, &big, &ctr("d", &big, 100_000, 1024, 1 << 20)).unwrap_err();
+        assert!(err.contains("TopologyAffinityError"), "{err}");
+        assert!(!p.d().lock().state.allocator.pods.contains_key(&big.uid));
+        let gp = with_totals("g", UID, 2);
+        let hp = with_totals("h", "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", 1);
+        run_pod(&mut p, &gp);
+        run_pod(&mut p, &hp);
+        let r = request(&gp, &ctr("a", &gp, 100_000, 1024, 1 << 20))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.totals.as_ref().unwrap().cpu_limit_millis, 2000);
+        let node = |p: &Policy, cpus: &CpuSet| p.d().lock().topo.node_of_cpu(cpus.first().unwrap());
+        let a =
+            adjusted_cpus(&create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 1 << 20)).unwrap());
+        let x =
+            adjusted_cpus(&create(&mut p, &hp, &ctr("c", &hp, 100_000, 1024, 1 << 20)).unwrap());
+        let b = ctr("b", &gp, 100_000, 1024, 1 << 20);
+        let bc = adjusted_cpus(&create(&mut p, &gp, &b).unwrap());
+        assert_eq!(node(&p, &a), node(&p, &bc), "{a} and {bc}: one node");
+        assert_ne!(
+            node(&p, &x),
+            node(&p, &a),
+            "{x}: the other pod on the other node"
+        );
+        // b stops: its CPU stays the pod's
+        p.stop_container(api::StopContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(b.clone()),
+        })
+        .unwrap();
+        assert_eq!(
+            p.d().lock().state.allocator.exclusive_cpus(),
+            a.union(&bc).union(&x)
+        );
+        // the sandbox removed: the pod and its hold are released
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RemovePodSandbox as i32,
+            pod: Some(gp.clone()),
+            container: None,
+        })
+        .unwrap();
+        let s = p.d().lock();
+        assert!(!s.state.allocator.pods.contains_key(UID));
+        assert_eq!(s.state.allocator.exclusive_cpus(), x);
     }
 
     #[test]

@@ -109,11 +109,18 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
     let mode = super::nri::resolve_mode(&cfg.kubernetes);
-    // NRI mode: the other threads' changes to the runtime's containers (moves, hotplug, API
-    // admissions' shrink) go through the runtime as container updates.
+    // NRI mode: the plugin's runtime link; with `kubernetes.nri_runtime_updates` the other
+    // threads' changes to the runtime's containers (moves, hotplug, API admissions' shrink) go
+    // through the runtime as container updates, else to cgroupfs.
     let runtime = (mode == AdmissionMode::Nri)
         .then(|| Arc::new(super::nri_updates::Runtime::new(metrics.clone())));
-    let writer: Arc<dyn super::writer::CpusetWriter> = match &runtime {
+    let updates = runtime
+        .as_ref()
+        .filter(|_| cfg.kubernetes.nri_runtime_updates);
+    if runtime.is_some() && updates.is_none() {
+        tracing::info!("NRI mode: moves and hotplug changes of running containers are written to cgroupfs (kubernetes.nri_runtime_updates = false)");
+    }
+    let writer: Arc<dyn super::writer::CpusetWriter> = match updates {
         Some(rt) => Arc::new(super::nri_updates::RuntimeCpusetWriter::new(
             rt.clone(),
             cgroups.clone(),
@@ -183,8 +190,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         "per-cgroup, per-node CPU time source"
     );
     let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
-    if let Some(rt) = runtime {
-        engine = engine.with_runtime(rt);
+    if let Some(rt) = updates {
+        engine = engine.with_runtime(rt.clone());
     }
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
     let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;

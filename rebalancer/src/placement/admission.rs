@@ -32,6 +32,10 @@ use RejectionReason as R;
 
 pub use crate::placement::merge::ProviderHints;
 
+#[path = "hold.rs"]
+mod hold;
+pub use hold::{PodHold, PodMember};
+
 /// Why an allocator could not be built from the machine and config.
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementError {
@@ -82,6 +86,10 @@ pub struct AdmittedPod {
     /// Requested bytes per memory resource (node-level capacity accounting).
     pub memory_request: MemoryRequest,
     pub containers: Vec<AdmittedContainer>,
+    /// Pod scope for a pod admitted one container at a time: what it holds for its containers
+    /// still to come (see `hold`). None for pods admitted whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<PodHold>,
 }
 
 /// The admission state: reserved CPUs, shared-pool charges, memory, devices, admitted pods.
@@ -125,11 +133,17 @@ impl Allocator {
         })
     }
 
-    /// CPUs held exclusively by admitted containers.
+    /// CPUs held exclusively by admitted containers, and by pods for their containers still
+    /// to come (`PodHold`).
     pub fn exclusive_cpus(&self) -> CpuSet {
+        let held = self
+            .pods
+            .values()
+            .filter_map(|p| p.hold.as_ref())
+            .fold(CpuSet::new(), |a, h| a.union(&h.cpus));
         self.placements()
             .filter(|p| p.exclusive)
-            .fold(CpuSet::new(), |a, p| a.union(&p.cpus))
+            .fold(held, |a, p| a.union(&p.cpus))
     }
 
     /// Every admitted container's placement, by pod uid then container order.
@@ -233,6 +247,7 @@ impl Allocator {
                 distribute_across_cores: cfg.distribute_cpus_across_cores,
                 align_by_socket: cfg.align_by_socket,
                 prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+                cluster_affinity: cfg.topology_cluster_affinity,
             };
             let loose = StaticOptions {
                 full_pcpus_only: false,
@@ -314,6 +329,13 @@ impl Allocator {
                     .or_default()
                     .insert(c.placement.container.clone(), blocks);
             }
+            // a pod's hold is one more assignment of the pod (no container has that name)
+            if let Some(a) = p.hold.as_ref().and_then(|h| h.memory.as_ref()) {
+                assignments
+                    .entry(uid.clone())
+                    .or_default()
+                    .insert("(pod hold)".into(), a.kubelet_blocks_requested());
+            }
         }
         crate::placement::memory_case::check_restored(&self.memory, &fresh, &assignments)
     }
@@ -349,6 +371,9 @@ impl Allocator {
                 self.memory.release(a);
             }
         }
+        if let Some(a) = pod.hold.as_ref().and_then(|h| h.memory.as_ref()) {
+            self.memory.release(a);
+        }
         self.devices.release(uid);
         true
     }
@@ -378,6 +403,7 @@ impl Allocator {
                 cpu_request_millis: cpu_total,
                 memory_request: mem_total,
                 containers: Vec::new(),
+                hold: None,
             },
         );
         let pod_hint = match cfg.scope {
@@ -616,21 +642,30 @@ impl Allocator {
                     distribute_across_cores: cfg.distribute_cpus_across_cores,
                     align_by_socket: cfg.align_by_socket,
                     prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+                    cluster_affinity: cfg.topology_cluster_affinity,
                 };
                 // kubelet: the assignable CPUs plus those the pod's init containers may hand on
                 let pool = self
                     .exclusive_pool(view, cfg.overcommit_ratio)
-                    .union(&reuse.cpus.intersection(&view.online));
-                let got = cpu::allocate_exclusive(view, &pool, n, affinity, &opts).map_err(
-                    |e| match e {
-                        CpuError::SmtAlignment { .. } => {
-                            Rejection::new(R::SmtAlignmentError, e.to_string())
-                        }
-                        CpuError::Insufficient { .. } => {
-                            Rejection::new(R::InsufficientCpu, e.to_string())
-                        }
-                    },
-                )?;
+                    .union(&reuse.cpus.intersection(&view.online))
+                    .union(&reuse.prefer.intersection(&view.online));
+                // CPUs a pod held for its containers are taken first when they suffice
+                let preferred = reuse.prefer.intersection(&pool);
+                let from_preferred = (preferred.len() >= n)
+                    .then(|| cpu::allocate_exclusive(view, &preferred, n, affinity, &opts).ok())
+                    .flatten();
+                let got = match from_preferred {
+                    Some(got) => Ok(got),
+                    None => cpu::allocate_exclusive(view, &pool, n, affinity, &opts),
+                }
+                .map_err(|e| match e {
+                    CpuError::SmtAlignment { .. } => {
+                        Rejection::new(R::SmtAlignmentError, e.to_string())
+                    }
+                    CpuError::Insufficient { .. } => {
+                        Rejection::new(R::InsufficientCpu, e.to_string())
+                    }
+                })?;
                 self.check_no_starvation(view, &shared.difference(&got), cfg.overcommit_ratio)?;
                 // kubelet's updateCPUsToReuse: a regular init container's CPUs become
                 // reusable; any other container's CPUs are no longer
@@ -692,6 +727,7 @@ impl Allocator {
                     shared,
                     load: &self.shared_load,
                     overcommit_ratio: cfg.overcommit_ratio,
+                    cluster_affinity: cfg.topology_cluster_affinity,
                 };
                 let millis = c.cpu_request();
                 let cpus = if qos == Qos::BestEffort {
@@ -778,6 +814,7 @@ impl Allocator {
             shared: shared_after.clone(),
             load: &self.shared_load,
             overcommit_ratio: ratio,
+            cluster_affinity: false,
         };
         for (n, cpus) in &view.nodes {
             let (load, cap) = (pools.load_of(cpus), pools.capacity_of(cpus));
@@ -808,11 +845,13 @@ fn memory_managed(cfg: &PlacementConfig, qos: Qos) -> bool {
     cfg.memory_manager_policy == MemoryManagerPolicy::Static && qos == Qos::Guaranteed
 }
 
-/// What the pod's regular init containers held that later containers of the pod may take.
+/// What the pod's regular init containers held that later containers of the pod may take,
+/// and (`prefer`) the CPUs a pod held for its containers (`hold`), taken first.
 #[derive(Default)]
 struct Reuse {
     cpus: CpuSet,
     memory: ReusableMemory,
+    prefer: CpuSet,
 }
 
 /// What a set of containers asks of the hint providers: exclusive CPUs and managed memory.

@@ -201,6 +201,22 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
             }
         }
     }
+    // CPUs held for a pod's containers still to come (pod scope, one container at a time) are
+    // exclusive too: in no container's and no other hold's set, never reserved
+    for (uid, p) in &a.pods {
+        if let Some(h) = &p.hold {
+            if !h.cpus.is_disjoint(&seen) || !h.cpus.is_disjoint(&reserved) {
+                return Err(format!(
+                    "{uid}: held CPUs {} overlap or are reserved",
+                    h.cpus
+                ));
+            }
+            if !h.cpus.is_subset(&view.online) {
+                return Err(format!("{uid}: held CPU outside the machine"));
+            }
+            seen = seen.union(&h.cpus);
+        }
+    }
     // memory groups never overlap and never exceed capacity
     for n in &a.memory.nodes {
         for o in &a.memory.nodes {
@@ -229,6 +245,7 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
         shared: a.shared_pool(&view),
         load: &a.shared_load,
         overcommit_ratio: c.overcommit_ratio,
+        cluster_affinity: false,
     };
     for (id, cpus) in &view.nodes {
         if pools.load_of(cpus) > pools.capacity_of(cpus) {
@@ -284,5 +301,92 @@ proptest! {
             a.release(&uid);
         }
         prop_assert!(a == Allocator::new(&t, &c).unwrap(), "releasing everything restores the empty state");
+    }
+}
+
+#[derive(Clone, Debug)]
+enum MemberOp {
+    /// A container of pod `pod` (of 4) arrives; its pod's totals are twice the first one's.
+    Arrive(usize, Spec),
+    /// The k-th container of pod `pod` goes away.
+    Leave(usize, usize),
+    /// Pod `pod` is gone.
+    Gone(usize),
+}
+
+fn member_op() -> impl Strategy<Value = MemberOp> {
+    let one = spec().prop_map(|s| Spec {
+        containers: 1,
+        gpu: false,
+        ..s
+    });
+    prop_oneof![
+        4 => (0usize..4, one).prop_map(|(p, s)| MemberOp::Arrive(p, s)),
+        2 => (0usize..4, 0usize..4).prop_map(|(p, k)| MemberOp::Leave(p, k)),
+        1 => (0usize..4).prop_map(MemberOp::Gone),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// Pod scope one container at a time: whatever the order of arrivals, departures and
+    /// pods gone, the invariants hold (held CPUs included), a refusal changes nothing, and
+    /// once every pod is gone the state is the empty one.
+    #[test]
+    fn random_member_sequences_keep_the_invariants(
+        c in config(),
+        ops in prop::collection::vec(member_op(), 1..32),
+    ) {
+        let c = PlacementConfig { scope: TopologyScope::Pod, ..c };
+        let t = epyc();
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let mut totals: BTreeMap<usize, Container> = BTreeMap::new();
+        for (i, o) in ops.iter().enumerate() {
+            match o {
+                MemberOp::Arrive(p, s) => {
+                    let uid = format!("pod{p}");
+                    let mut ctr = make_pod(&uid, s).containers.remove(0);
+                    ctr.name = format!("c{i}");
+                    let tot = totals.entry(*p).or_insert_with(|| Container {
+                        name: "pod".into(),
+                        cpu_request_millis: ctr.cpu_request_millis * 2,
+                        cpu_limit_millis: ctr.cpu_limit_millis * 2,
+                        memory_bytes: ctr.memory_bytes * 2,
+                        memory_limit_bytes: ctr.memory_limit_bytes * 2,
+                        ..Default::default()
+                    }).clone();
+                    let before = a.clone();
+                    let m = PodMember { pod_uid: &uid, totals: &tot, container: &ctr };
+                    if a.admit_member(&t, &c, m).is_err() {
+                        prop_assert!(a == before, "a refused container changed the state");
+                        if !a.pods.contains_key(&uid) {
+                            totals.remove(p);
+                        }
+                    }
+                }
+                MemberOp::Leave(p, k) => {
+                    let uid = format!("pod{p}");
+                    let name = a.pods.get(&uid).and_then(|pod| {
+                        let n = pod.containers.len();
+                        (n > 0).then(|| pod.containers[k % n].placement.container.clone())
+                    });
+                    if let Some(name) = name {
+                        prop_assert!(a.remove_member(&t, &c, &uid, &name));
+                    }
+                }
+                MemberOp::Gone(p) => {
+                    a.release(&format!("pod{p}"));
+                    totals.remove(p);
+                }
+            }
+            if let Err(e) = invariants(&t, &c, &a) {
+                prop_assert!(false, "after op {} ({:?}) with {:?}: {}", i, o, c, e);
+            }
+        }
+        for p in 0..4 {
+            a.release(&format!("pod{p}"));
+        }
+        prop_assert!(a == Allocator::new(&t, &c).unwrap(), "every pod gone restores the empty state");
     }
 }

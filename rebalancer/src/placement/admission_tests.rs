@@ -697,3 +697,41 @@ fn init_containers_hand_on_and_sidecars_keep_their_cpus_and_memory() {
     bad.containers = vec![guaranteed("a", 1000, G)];
     assert!(bad.validate().unwrap_err().contains("must be"));
 }
+
+/// TAP topology-cluster-affinity on the Kunpeng 920 fixture (tests/fixtures/sysfs/kunpeng920:
+/// 2 sockets × 2 nodes × 24 single-thread cores in clusters of 4), with CPU 0
+/// reserved: the split cluster 0-3 is left to small requests, a 4-CPU container gets a whole
+/// cluster and a 3-CPU one the rest of the split cluster, a Burstable one a cluster pool of the
+/// freer node; off, the CPUs follow kubelet's order (1-4 spans two clusters) and
+/// the Burstable container gets the whole node.
+#[test]
+fn topology_cluster_affinity_on_a_kunpeng_like_machine() {
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/kunpeng920");
+    let t = Topology::from_sysfs(&root).unwrap();
+    assert_eq!(CpuView::new(&t).clusters.len(), 24);
+    let run = |on: bool| -> Vec<String> {
+        let c = PlacementConfig {
+            policy: TopologyPolicy::SingleNumaNode,
+            reserved_cpus: CpuSet::parse("0").unwrap(),
+            topology_cluster_affinity: on,
+            ..Default::default()
+        };
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let burstable = Container {
+            name: "b".into(),
+            cpu_request_millis: 1500,
+            ..Default::default()
+        };
+        [
+            pod("four", vec![guaranteed("c", 4000, G)]),
+            pod("three", vec![guaranteed("c", 3000, G)]),
+            pod("burst", vec![burstable]),
+        ]
+        .iter()
+        .map(|p| show(&a.admit(&t, &c, p)))
+        .collect()
+    };
+    assert_eq!(run(true), ["4-7|0|x", "1-3|0|x", "24-27|1|s"]);
+    assert_eq!(run(false), ["1-4|0|x", "5-7|0|x", "24-47|1|s"]);
+}

@@ -2,7 +2,9 @@
 //! `cpu_assignment.go` `takeByTopologyNUMAPacked` / `takeByTopologyNUMADistributed` and
 //! `policy_static.go` `allocateCPUs` / `generateCPUTopologyHints`), with the options
 //! full-pcpus-only, distribute-cpus-across-numa, align-by-socket and
-//! prefer-align-cpus-by-uncorecache. Pure and deterministic: every order is by (free count, id).
+//! prefer-align-cpus-by-uncorecache, and TAP's topology-cluster-affinity (`take_clusters`: whole
+//! CPU clusters first, a remainder inside one cluster). Pure and deterministic: every order is
+//! by (free count, id).
 //!
 //! The shared (Burstable / BestEffort) pools live in `shared.rs`.
 
@@ -35,6 +37,8 @@ pub struct StaticOptions {
     pub distribute_across_cores: bool,
     pub align_by_socket: bool,
     pub prefer_align_by_uncorecache: bool,
+    /// TAP topology-cluster-affinity: pack into as few whole CPU clusters as possible.
+    pub cluster_affinity: bool,
 }
 
 /// Read-only index of the online CPUs by node, socket, core and L3 group.
@@ -49,6 +53,8 @@ pub struct CpuView {
     pub sockets: BTreeMap<u32, CpuSet>,
     pub cores: BTreeMap<u32, CpuSet>,
     pub l3s: BTreeMap<u32, CpuSet>,
+    /// CPU clusters (cores sharing an L2 / L3 tag) by their first CPU; empty without clusters.
+    pub clusters: BTreeMap<u32, CpuSet>,
     /// (socket, die) → CPUs.
     pub dies: BTreeMap<(u32, u32), CpuSet>,
     pub cpus_per_core: usize,
@@ -68,6 +74,7 @@ impl CpuView {
             sockets: BTreeMap::new(),
             cores: BTreeMap::new(),
             l3s: BTreeMap::new(),
+            clusters: BTreeMap::new(),
             dies: BTreeMap::new(),
             cpus_per_core: 1,
         };
@@ -84,6 +91,9 @@ impl CpuView {
             v.sockets.entry(c.socket).or_default().insert(c.id);
             v.cores.entry(core).or_default().insert(c.id);
             v.l3s.entry(l3).or_default().insert(c.id);
+            if let Some(k) = c.cluster {
+                v.clusters.entry(k).or_default().insert(c.id);
+            }
             v.dies.entry((c.socket, c.die)).or_default().insert(c.id);
         }
         v.cpus_per_core = v.cores.values().map(|s| s.len()).max().unwrap_or(1).max(1);
@@ -370,12 +380,102 @@ impl<'a> Acc<'a> {
     }
 }
 
+impl Acc<'_> {
+    /// Clusters in take order: by node (kubelet's node order), then fewest free CPUs first.
+    fn sorted_clusters(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for n in self.sorted_nodes() {
+            let ns = &self.v.nodes[&n];
+            for k in sorted(
+                self.v
+                    .clusters
+                    .iter()
+                    .filter(|(_, c)| !c.is_disjoint(ns))
+                    .map(|(k, c)| (*k, self.count(c))),
+            ) {
+                if !out.contains(&k) {
+                    out.push(k);
+                }
+            }
+        }
+        out
+    }
+
+    /// TAP topology-cluster-affinity: whole free clusters while the need is at least one
+    /// cluster; the rest inside the single cluster with the fewest free CPUs that holds it
+    /// (best fit, so whole clusters stay whole); failing that, within the first node that can
+    /// hold the rest, from the clusters with the most free CPUs first (as few clusters as
+    /// possible). Whole cores first inside a cluster (`take_packed`).
+    fn take_clusters(&mut self) {
+        let order = self.sorted_clusters();
+        for &k in &order {
+            let all = self.v.clusters[&k].clone();
+            if self.count(&all) == all.len() && self.need >= all.len() {
+                self.take(&all);
+            }
+            if self.satisfied() {
+                return;
+            }
+        }
+        let whole_cores = self.need.is_multiple_of(self.v.cpus_per_core);
+        let best_fit = order
+            .iter()
+            .map(|k| self.v.clusters[k].intersection(&self.avail))
+            .filter(|free| free.len() >= self.need)
+            .filter(|free| !whole_cores || self.v.free_core_cpus(free).len() >= self.need)
+            .min_by_key(|free| free.len());
+        if let Some(free) = best_fit {
+            let sub = take_packed(self.v, &free, self.need, false).unwrap_or_default();
+            self.take(&sub);
+            return;
+        }
+        for n in self.sorted_nodes() {
+            let ns = self.v.nodes[&n].clone();
+            if self.count(&ns) < self.need {
+                continue;
+            }
+            let mut within: Vec<CpuSet> = order
+                .iter()
+                .map(|k| {
+                    self.v.clusters[k]
+                        .intersection(&ns)
+                        .intersection(&self.avail)
+                })
+                .filter(|free| !free.is_empty())
+                .collect();
+            // most free first; the stable sort keeps the take order among equals
+            within.sort_by_key(|free| std::cmp::Reverse(free.len()));
+            for free in within {
+                let k = free.len().min(self.need);
+                let sub = take_packed(self.v, &free, k, false).unwrap_or_default();
+                self.take(&sub);
+                if self.satisfied() {
+                    return;
+                }
+            }
+            return;
+        }
+    }
+}
+
 /// kubelet's `takeByTopologyNUMAPacked`.
 pub fn take_packed(
     v: &CpuView,
     available: &CpuSet,
     n: usize,
     prefer_uncore: bool,
+) -> Result<CpuSet, CpuError> {
+    take_packed_with(v, available, n, prefer_uncore, false)
+}
+
+/// [`take_packed`], with TAP's cluster packing (`clusters`) after whole sockets and nodes and
+/// before the L3 groups, cores and single CPUs.
+pub fn take_packed_with(
+    v: &CpuView,
+    available: &CpuSet,
+    n: usize,
+    prefer_uncore: bool,
+    clusters: bool,
 ) -> Result<CpuSet, CpuError> {
     let mut acc = Acc::new(v, available, n);
     if acc.satisfied() {
@@ -397,6 +497,9 @@ pub fn take_packed(
         if !acc.satisfied() {
             acc.take_full_sockets();
         }
+    }
+    if !acc.satisfied() && clusters && !v.clusters.is_empty() {
+        acc.take_clusters();
     }
     if !acc.satisfied() && prefer_uncore {
         acc.take_uncore();
@@ -499,6 +602,7 @@ pub fn take_distributed(
     available: &CpuSet,
     n: usize,
     group: usize,
+    clusters: bool,
 ) -> Result<CpuSet, CpuError> {
     let acc = Acc::new(v, available, n);
     if n == 0 {
@@ -595,7 +699,7 @@ pub fn take_distributed(
         let mut left = available.intersection(&v.online);
         let dist = (n / combo.len() / group) * group;
         for c in &combo {
-            let got = take_packed(v, &left.intersection(&v.nodes[c]), dist, false)?;
+            let got = take_packed_with(v, &left.intersection(&v.nodes[c]), dist, false, clusters)?;
             left = left.difference(&got);
             result = result.union(&got);
         }
@@ -607,7 +711,8 @@ pub fn take_distributed(
                     break;
                 }
                 let take = group.min(remainder);
-                let got = take_packed(v, &left.intersection(&v.nodes[c]), take, false)?;
+                let got =
+                    take_packed_with(v, &left.intersection(&v.nodes[c]), take, false, clusters)?;
                 left = left.difference(&got);
                 result = result.union(&got);
                 remainder -= take;
@@ -620,7 +725,7 @@ pub fn take_distributed(
             return Ok(result);
         }
     }
-    take_packed(v, available, n, false)
+    take_packed_with(v, available, n, false, clusters)
 }
 
 /// kubelet's `takeByTopology` dispatch on the options.
@@ -636,12 +741,18 @@ pub fn take_by_topology(
         } else {
             1
         };
-        return take_distributed(v, available, n, group);
+        return take_distributed(v, available, n, group, opts.cluster_affinity);
     }
     if opts.distribute_across_cores {
         return take_spread(v, available, n, opts.prefer_align_by_uncorecache);
     }
-    take_packed(v, available, n, opts.prefer_align_by_uncorecache)
+    take_packed_with(
+        v,
+        available,
+        n,
+        opts.prefer_align_by_uncorecache,
+        opts.cluster_affinity,
+    )
 }
 
 /// kubelet's `allocateCPUs`: checks full-pcpus-only, then takes from the CPUs aligned with

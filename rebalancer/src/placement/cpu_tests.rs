@@ -26,6 +26,7 @@ fn opts(full: bool, distribute: bool, uncore: bool) -> StaticOptions {
         distribute_across_cores: false,
         align_by_socket: false,
         prefer_align_by_uncorecache: uncore,
+        cluster_affinity: false,
     }
 }
 
@@ -214,4 +215,151 @@ fn hints_for_every_mask_preferred_at_minimal_width() {
         hints(&two_sockets, "0-31", 20, true),
         "012P 013P 023P 123P 0123P"
     );
+}
+
+/// 1 socket, 2 nodes of 8 single-thread cores, CPU clusters of 4 cores (Kunpeng-like):
+/// node0 = 0-7 (clusters 0-3, 4-7), node1 = 8-15 (clusters 8-11, 12-15).
+fn clustered(cores_per_cluster: u32) -> CpuView {
+    CpuView::new(
+        &TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 2,
+            cores_per_node: 8,
+            threads_per_core: 1,
+            cores_per_l3: 8,
+            cores_per_cluster,
+            ..Default::default()
+        }
+        .build(),
+    )
+}
+
+fn with_clusters(o: StaticOptions) -> StaticOptions {
+    StaticOptions {
+        cluster_affinity: true,
+        ..o
+    }
+}
+
+#[test]
+fn topology_cluster_affinity_packs_whole_clusters() {
+    let p = opts(false, false, false);
+    let c = with_clusters(p);
+    let cases: &[Case] = &[
+        // CPU 0 is taken (or reserved: reserved CPUs are never available): the cluster 0-3 is
+        // split, so four CPUs are the whole cluster 4-7, not 1-4 across two clusters
+        ("whole free cluster", "1-15", 4, None, c, "4-7"),
+        ("without: kubelet's order", "1-15", 4, None, p, "1-4"),
+        // a remainder goes to the one cluster that holds it with the fewest free CPUs
+        ("best fit keeps clusters whole", "1-15", 3, None, c, "1-3"),
+        (
+            "partial clusters: one that holds it",
+            "0,4-5,8-15",
+            3,
+            None,
+            c,
+            "8-10",
+        ),
+        (
+            "without: spans two clusters",
+            "0,4-5,8-15",
+            3,
+            None,
+            p,
+            "0,4-5",
+        ),
+        (
+            "partial clusters: the fuller one",
+            "2-3,5-7,8-15",
+            3,
+            None,
+            c,
+            "5-7",
+        ),
+        ("without: 2-3 and 5", "2-3,5-7,8-15", 3, None, p, "2-3,5"),
+        // no cluster holds it: as few clusters as possible within one node
+        (
+            "fill from the fullest",
+            "0,4-6,8-9,12-13",
+            4,
+            None,
+            c,
+            "0,4-6",
+        ),
+        ("whole node first", "0-15", 8, None, c, "0-7"),
+        ("node then a cluster's part", "0-15", 10, None, c, "0-9"),
+        ("cluster then part of another", "0-15", 6, None, c, "0-5"),
+        ("aligned to node 1", "1-15", 4, Some(&[1]), c, "8-11"),
+        (
+            "aligned, node 1 split by a taken CPU",
+            "1-8,10-15",
+            4,
+            Some(&[1]),
+            c,
+            "12-15",
+        ),
+        ("too many", "1-15", 16, None, c, "insufficient"),
+    ];
+    check(cases, &clustered(4));
+    // a machine without clusters: the option changes nothing
+    let flat: &[Case] = &[
+        ("no clusters", "1-15", 4, None, c, "1-4"),
+        ("no clusters, partial", "0,4-5,8-15", 3, None, c, "0,4-5"),
+    ];
+    check(flat, &clustered(0));
+}
+
+#[test]
+fn topology_cluster_affinity_with_smt_and_full_pcpus_only() {
+    // 1 socket, 2 nodes × 4 cores × 2 threads (siblings N, N+8), clusters of 2 cores:
+    // {0,1,8,9} {2,3,10,11} {4,5,12,13} {6,7,14,15}
+    let v = CpuView::new(
+        &TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 2,
+            cores_per_node: 4,
+            threads_per_core: 2,
+            cores_per_cluster: 2,
+            ..Default::default()
+        }
+        .build(),
+    );
+    let cases: &[Case] = &[
+        (
+            "whole cluster of two cores",
+            "1-15",
+            4,
+            None,
+            with_clusters(opts(false, false, false)),
+            "2-3,10-11",
+        ),
+        (
+            "without",
+            "1-15",
+            4,
+            None,
+            opts(false, false, false),
+            "1-2,9-10",
+        ),
+        // whole cores asked: the split cluster {1,8,9} has only one whole core, so the two
+        // CPUs come from it (core 1 = 1,9), never half of core 0
+        (
+            "full pcpus in a partial cluster",
+            "1-15",
+            2,
+            None,
+            with_clusters(opts(true, false, false)),
+            "1,9",
+        ),
+        // six per node: a whole cluster and a whole core of the next one, on each node
+        (
+            "distribute across numa: clusters per node",
+            "0-15",
+            12,
+            None,
+            with_clusters(opts(false, true, false)),
+            "0-2,4-6,8-10,12-14",
+        ),
+    ];
+    check(cases, &v);
 }

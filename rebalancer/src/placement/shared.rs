@@ -4,6 +4,11 @@
 //!   first, adding nodes until the request fits;
 //! - `topology-aware`: the tightest pool of the socket → die → NUMA → L3 tree that fits.
 //!
+//! With TAP's topology-cluster-affinity (`cluster_affinity`) containers go to CPU clusters
+//! first, as TAP's guide says ("preferentially allocated at the cluster level"): topology-aware
+//! has the clusters as its smallest pools, and numa-aware narrows a one-node pool to the
+//! fewest whole clusters of that node (least allocated first) that carry the request.
+//!
 //! Requests are charged as millicores spread over the chosen CPUs; a node may be charged up to
 //! `overcommit_ratio` × 1000 × its shared CPUs. BestEffort gets the whole shared pool.
 
@@ -22,6 +27,8 @@ pub struct SharedPools<'a> {
     pub shared: CpuSet,
     pub load: &'a Charges,
     pub overcommit_ratio: f64,
+    /// TAP topology-cluster-affinity (see the module header).
+    pub cluster_affinity: bool,
 }
 
 /// Spreads `millis` over `cpus` (ascending ids get the remainder first).
@@ -101,8 +108,47 @@ impl SharedPools<'_> {
                 .then(a.cmp(b))
         });
         let mut cpus = CpuSet::new();
-        for n in nodes {
+        for (i, n) in nodes.into_iter().enumerate() {
             cpus = cpus.union(&self.view.nodes[&n].intersection(&self.shared));
+            if self.eligible(&cpus, millis, affinity) {
+                if i == 0 && self.cluster_affinity {
+                    return Some(
+                        self.clusters_within(&cpus, millis, affinity)
+                            .unwrap_or(cpus),
+                    );
+                }
+                return Some(cpus);
+            }
+        }
+        None
+    }
+
+    /// The fewest whole clusters of `pool` (least allocated first, then lowest CPU) whose
+    /// shared CPUs carry `millis`; `None` without clusters or when only the whole pool does.
+    fn clusters_within(
+        &self,
+        pool: &CpuSet,
+        millis: u64,
+        affinity: Option<NodeMask>,
+    ) -> Option<CpuSet> {
+        let mut clusters: Vec<CpuSet> = self
+            .view
+            .clusters
+            .values()
+            .map(|c| c.intersection(pool))
+            .filter(|c| !c.is_empty())
+            .collect();
+        clusters.sort_by(|a, b| {
+            let (la, ca) = (self.load_of(a) as u128, self.capacity_of(a).max(1) as u128);
+            let (lb, cb) = (self.load_of(b) as u128, self.capacity_of(b).max(1) as u128);
+            (la * cb).cmp(&(lb * ca)).then(a.first().cmp(&b.first()))
+        });
+        let mut cpus = CpuSet::new();
+        for c in clusters {
+            cpus.union_with(&c);
+            if &cpus == pool {
+                return None;
+            }
             if self.eligible(&cpus, millis, affinity) {
                 return Some(cpus);
             }
@@ -114,9 +160,9 @@ impl SharedPools<'_> {
     /// CPUs can carry the request; ties go to the least allocated, then the lowest CPU.
     pub fn topology_aware(&self, millis: u64, affinity: Option<NodeMask>) -> Option<CpuSet> {
         let v = self.view;
-        let mut pools: Vec<CpuSet> = v
-            .l3s
-            .values()
+        let clusters = v.clusters.values().filter(|_| self.cluster_affinity);
+        let mut pools: Vec<CpuSet> = clusters
+            .chain(v.l3s.values())
             .chain(v.nodes.values())
             .chain(v.dies.values())
             .chain(v.sockets.values())
@@ -169,6 +215,7 @@ mod tests {
             shared: CpuSet::parse(shared).unwrap(),
             load,
             overcommit_ratio: ratio,
+            cluster_affinity: false,
         };
         let _ = f(&p);
     }
@@ -201,6 +248,58 @@ mod tests {
         // exclusive CPUs leave node 0 with 2 shared CPUs
         check(&[], "2,3,4-7,12-15", 2500, "4-7,12-15", "4-5,12-13");
         check(&[(4, 7000)], "4-7,12-15", 1500, "none", "none");
+    }
+
+    /// 1 socket, 2 nodes × 8 single-thread cores, clusters of 4, one L3 per node:
+    /// node0 = 0-7 (clusters 0-3, 4-7), node1 = 8-15 (8-11, 12-15).
+    fn clustered(load: &[(u32, u64)], shared: &str, on: bool, millis: u64) -> (String, String) {
+        let t = TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 2,
+            cores_per_node: 8,
+            threads_per_core: 1,
+            cores_per_l3: 8,
+            cores_per_cluster: 4,
+            ..Default::default()
+        }
+        .build();
+        let v = CpuView::new(&t);
+        let load: Charges = load.iter().copied().collect();
+        let p = SharedPools {
+            view: &v,
+            shared: CpuSet::parse(shared).unwrap(),
+            load: &load,
+            overcommit_ratio: 1.0,
+            cluster_affinity: on,
+        };
+        let show = |s: Option<CpuSet>| s.map_or("none".to_string(), |s| s.to_string());
+        (
+            show(p.numa_aware(millis, None)),
+            show(p.topology_aware(millis, None)),
+        )
+    }
+
+    #[test]
+    fn topology_cluster_affinity_narrows_shared_pools_to_clusters() {
+        let c = |load: &[(u32, u64)], shared, on, millis, numa: &str, topo: &str| {
+            let got = clustered(load, shared, on, millis);
+            assert_eq!(
+                (got.0.as_str(), got.1.as_str()),
+                (numa, topo),
+                "{millis}m on {shared}, clusters {on}"
+            );
+        };
+        c(&[], "0-15", true, 2000, "0-3", "0-3");
+        c(&[], "0-15", false, 2000, "0-7", "0-7");
+        // least allocated cluster first
+        c(&[(0, 3000)], "0-15", true, 2000, "8-11", "4-7");
+        // more than a cluster but within a node: two clusters are the whole node
+        c(&[], "0-15", true, 6000, "0-7", "0-7");
+        // more than a node: no narrowing
+        c(&[], "0-15", true, 9000, "0-15", "0-15");
+        // exclusive CPUs 1-3 split cluster 0-3: node 1 has the most free millicores
+        c(&[], "0,4-15", true, 2000, "8-11", "4-7");
+        c(&[], "0,4-15", true, 1000, "8-11", "0");
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub struct Node {
 }
 
 /// One logical CPU. Ids of socket/die/core/l3 are as the kernel numbers them; `l3` is the
-/// smallest CPU id sharing this CPU's L3 cache (the kernel has no L3 id on every machine).
+/// smallest CPU id sharing this CPU's L3 cache (the kernel has no L3 id on every machine);
+/// `cluster` the smallest CPU id of its CPU cluster (cores sharing an L2 or an L3 tag:
+/// `topology/cluster_cpus_list`, on arm64 and on x86 from Linux 5.16), `None` without one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cpu {
     pub id: u32,
@@ -43,6 +45,8 @@ pub struct Cpu {
     pub die: u32,
     pub core: u32,
     pub l3: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<u32>,
     pub online: bool,
     /// SMT siblings including this CPU.
     pub siblings: CpuSet,
@@ -136,7 +140,8 @@ impl Topology {
 }
 
 /// Builds synthetic, regular machines: `sockets × nodes_per_socket` nodes, each with
-/// `cores_per_node` cores of `threads_per_core` threads, one L3 per `cores_per_l3` cores.
+/// `cores_per_node` cores of `threads_per_core` threads, one L3 per `cores_per_l3` cores, one
+/// CPU cluster per `cores_per_cluster` cores (0: no clusters, as on most x86 machines).
 /// Distances: 10 local, `near` within a socket, `far` across sockets.
 #[derive(Clone, Debug)]
 pub struct TopologyBuilder {
@@ -145,6 +150,7 @@ pub struct TopologyBuilder {
     pub cores_per_node: u32,
     pub threads_per_core: u32,
     pub cores_per_l3: u32,
+    pub cores_per_cluster: u32,
     pub memory_per_node_bytes: u64,
     pub hugepages_2m_per_node: u64,
     pub hugepages_1g_per_node: u64,
@@ -160,6 +166,7 @@ impl Default for TopologyBuilder {
             cores_per_node: 4,
             threads_per_core: 2,
             cores_per_l3: 4,
+            cores_per_cluster: 0,
             memory_per_node_bytes: 64 << 30,
             hugepages_2m_per_node: 0,
             hugepages_1g_per_node: 0,
@@ -185,6 +192,8 @@ impl TopologyBuilder {
                     .map(|s| s * cores_total + core)
                     .collect();
                 let l3_first_core = core - core % self.cores_per_l3.max(1);
+                let cluster =
+                    (self.cores_per_cluster > 0).then(|| core - core % self.cores_per_cluster);
                 cpus.push(Cpu {
                     id,
                     node: Some(node),
@@ -192,6 +201,7 @@ impl TopologyBuilder {
                     die: socket,
                     core: core % (self.nodes_per_socket * self.cores_per_node).max(1),
                     l3: Some(l3_first_core),
+                    cluster,
                     online: true,
                     siblings,
                 });
@@ -268,5 +278,20 @@ mod tests {
         assert_eq!(t.distance(0, 1), 12);
         assert_eq!(t.distance(0, 4), 32);
         assert_eq!(t.node_of_cpu(200), Some((200 - 128) / 16));
+        assert!(t.cpus.iter().all(|c| c.cluster.is_none()));
+    }
+
+    #[test]
+    fn builder_clusters_group_cores_with_their_threads() {
+        let t = TopologyBuilder {
+            cores_per_node: 8,
+            cores_per_cluster: 4,
+            ..Default::default()
+        }
+        .build();
+        // 16 cores, threads N and N + 16: core 5 and its sibling 21 are in the cluster of core 4
+        assert_eq!(t.cpu(5).unwrap().cluster, Some(4));
+        assert_eq!(t.cpu(21).unwrap().cluster, Some(4));
+        assert_eq!(t.cpu(12).unwrap().cluster, Some(12));
     }
 }

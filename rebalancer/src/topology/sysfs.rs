@@ -2,8 +2,9 @@
 //!
 //! Files read, relative to the root (everything else is ignored, so a fixture holds only these):
 //! - `devices/system/cpu/{online,present|possible}`; per CPU `cpuN/topology/{physical_package_id,
-//!   die_id?,core_id,thread_siblings_list|core_cpus_list}` and `cpuN/cache/index*/{level,
-//!   shared_cpu_list}` (the L3 is the index whose level is 3, whatever its number).
+//!   die_id?,core_id,thread_siblings_list|core_cpus_list,cluster_id?,cluster_cpus_list?}` and
+//!   `cpuN/cache/index*/{level,shared_cpu_list}` (the L3 is the index whose level is 3,
+//!   whatever its number).
 //! - `devices/system/node/online` (else the `nodeN` directories); per node `nodeN/{cpulist,meminfo,distance}`,
 //!   `nodeN/hugepages/hugepages-*/{nr_hugepages,free_hugepages}` and the `nodeN/cpuM` links
 //!   (only their names: they give the node of an offline CPU, which `cpulist` omits).
@@ -15,6 +16,10 @@
 //!   present CPU whose node is online) or `None`, `siblings = {itself}`, `l3 = None`, and
 //!   socket/die/core 0 — meaningless for an offline CPU, so consumers filter on `online`.
 //! - `die_id` exists only on x86/s390 and newer kernels; without it die = socket.
+//! - `cluster_id` / `cluster_cpus_list` (CPU clusters: cores sharing an L2 or an L3 tag, e.g.
+//!   Kunpeng 920's four-core clusters) exist on arm64 and on x86 from Linux 5.16. Without them,
+//!   with `cluster_id` -1 (firmware that describes no cluster), or with a cluster no wider than
+//!   the CPU's own core (x86 without shared L2s), the CPU has no cluster (`None`).
 //!   `physical_package_id` is -1 on some arm64 firmware; that reads as socket 0.
 //! - `nodeN/distance` holds one value per *online* node in ascending id order
 //!   (`drivers/base/node.c: node_read_distance`, `for_each_online_node`), separated by a space
@@ -187,6 +192,7 @@ pub fn read(root: &Path) -> Result<Topology, TopologyError> {
                 die: 0,
                 core: 0,
                 l3: None,
+                cluster: None,
                 online: false,
                 siblings: std::iter::once(id).collect(),
             });
@@ -351,6 +357,7 @@ fn read_cpu(dir: &Path, id: u32, node: Option<u32>) -> Result<Cpu, TopologyError
     let (sib_path, sib_text) = read_first(&topo, &["thread_siblings_list", "core_cpus_list"])?;
     let mut siblings = parse_cpulist(&sib_path, &sib_text)?;
     siblings.insert(id);
+    let cluster = read_cluster(&topo, &siblings)?;
     Ok(Cpu {
         id,
         node,
@@ -358,9 +365,29 @@ fn read_cpu(dir: &Path, id: u32, node: Option<u32>) -> Result<Cpu, TopologyError
         die,
         core,
         l3: read_l3(&dir.join("cache"))?,
+        cluster,
         online: true,
         siblings,
     })
+}
+
+/// Smallest CPU of this CPU's cluster (see the module header for when there is none).
+fn read_cluster(topo: &Path, siblings: &CpuSet) -> Result<Option<u32>, TopologyError> {
+    let id_path = topo.join("cluster_id");
+    if let Some(s) = read_optional(&id_path)? {
+        if parse_int::<i64>(&id_path, &s)? < 0 {
+            return Ok(None);
+        }
+    }
+    let list_path = topo.join("cluster_cpus_list");
+    let Some(text) = read_optional(&list_path)? else {
+        return Ok(None);
+    };
+    let cpus = parse_cpulist(&list_path, &text)?;
+    if cpus.is_subset(siblings) {
+        return Ok(None);
+    }
+    Ok(cpus.first())
 }
 
 /// Smallest CPU sharing this CPU's level-3 cache, or `None` without one (VMs, small SoCs).
@@ -483,6 +510,33 @@ mod tests {
         assert_eq!(parse_meminfo(p, text).unwrap(), (65536000, 1024));
         assert!(parse_meminfo(p, "Node 0 MemTotal: 12 kB\n").is_err());
         assert!(parse_meminfo(p, "Node 0 MemTotal: x kB\nNode 0 MemFree: 1 kB\n").is_err());
+    }
+
+    #[test]
+    fn clusters_read_from_topology_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        let put = |name: &str, text: &str| std::fs::write(t.join(name), text).unwrap();
+        let sib: CpuSet = [4].into_iter().collect();
+        // no files: no cluster (kernels before 5.16 on x86)
+        assert_eq!(read_cluster(t, &sib).unwrap(), None);
+        // Kunpeng 920: four cores per cluster
+        put("cluster_id", "1\n");
+        put("cluster_cpus_list", "4-7\n");
+        assert_eq!(read_cluster(t, &sib).unwrap(), Some(4));
+        // firmware without clusters
+        put("cluster_id", "-1\n");
+        assert_eq!(read_cluster(t, &sib).unwrap(), None);
+        // x86 without a shared L2: the cluster is the core itself
+        put("cluster_id", "8\n");
+        put("cluster_cpus_list", "4,68\n");
+        let sib: CpuSet = [4, 68].into_iter().collect();
+        assert_eq!(read_cluster(t, &sib).unwrap(), None);
+        put("cluster_cpus_list", "4-x\n");
+        let err = read_cluster(t, &sib).unwrap_err();
+        assert!(err.to_string().contains("cluster_cpus_list"), "{err}");
+        put("cluster_id", "one\n");
+        assert!(read_cluster(t, &sib).is_err());
     }
 
     proptest::proptest! {

@@ -27,7 +27,9 @@ pub mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use policy::{await_limits, pod_for, request_millis_from_weight, WatchOutcome, LIMITS_GRACE};
+pub use policy::{
+    await_limits, container_for, pod_for, request_millis_from_weight, WatchOutcome, LIMITS_GRACE,
+};
 use policy::{created, removed};
 
 /// Handles a cgroup that appeared (see [`policy::created`]) and checkpoints the change now.
@@ -74,6 +76,7 @@ pub fn reconcile(adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
         .cloned()
         .collect();
     let mut out: Vec<WatchOutcome> = gone.iter().map(|g| removed(adm, g)).collect();
+    out.extend(policy::pods_gone(adm, &live));
     for rel in &live {
         match created(adm, cgroups, rel, Instant::now()) {
             WatchOutcome::Ignored => {}

@@ -3,15 +3,22 @@
 //! shares, inverted from kubelet's shares formula), memory limit from memory.max; QoS from the
 //! path — and which call of the admission service it becomes: a container of a pod already
 //! admitted through the API is bound to that pod's next unbound container; any other one is
-//! admitted as a single-container pod. No inotify here (see `watcher`), and no allocation
-//! rules (see `daemon::admission`).
+//! admitted as a single-container pod, or, under `placement.scope = "pod"`, as one container of
+//! its pod (`Admission::admit_member`) with the pod's totals read the same way from the pod
+//! cgroup, whose limits kubelet sets to the pod's sums (`placement::hold`); the pod cgroup's
+//! removal releases the pod. No inotify here (see `watcher`), and no allocation rules (see
+//! `daemon::admission`).
 
 use std::time::{Duration, Instant};
 
 use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller, Qos},
-    daemon::admission::{Admission, AdmitError, AdmitRequest, Durability},
-    placement::pod::{Container, Pod},
+    config::TopologyScope,
+    daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
+    placement::{
+        admission::PodMember,
+        pod::{Container, Pod},
+    },
 };
 
 /// How long a container's limits may take to appear after its cgroup: a runtime makes the
@@ -112,6 +119,18 @@ pub fn request_millis_from_weight(weight: u64) -> u64 {
 
 /// The single-container pod the watcher admits for a container cgroup it does not know.
 pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) -> Pod {
+    let name = id.chars().take(12).collect::<String>();
+    Pod {
+        uid: format!("{pod_uid}/{name}"),
+        containers: vec![container_for(cgroups, rel, &name, qos)],
+        init_containers: Vec::new(),
+    }
+}
+
+/// What the cgroup `rel` asks for as one container of QoS class `qos`: for a container cgroup
+/// the container's requests; for a pod cgroup the pod's totals (kubelet writes the pod's summed
+/// CPU quota, shares / weight, memory and hugetlb limits there).
+pub fn container_for(cgroups: &Cgroups, rel: &str, name: &str, qos: Qos) -> Container {
     let limit_millis = cgroups
         .cpu_max(rel)
         .ok()
@@ -137,24 +156,19 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
         Qos::Burstable => (weight_req.max(1), 0),
         Qos::BestEffort => (0, 0),
     };
-    let name = id.chars().take(12).collect::<String>();
-    Pod {
-        uid: format!("{pod_uid}/{name}"),
-        containers: vec![Container {
-            name,
-            cpu_request_millis: if qos == Qos::BestEffort { 0 } else { req },
-            cpu_limit_millis: if qos == Qos::Guaranteed {
-                limit_millis
-            } else {
-                0
-            },
-            memory_bytes: mem_req,
-            memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
-            hugepages_2mi_bytes: h2,
-            hugepages_1gi_bytes: h1,
-            ..Default::default()
-        }],
-        init_containers: Vec::new(),
+    Container {
+        name: name.into(),
+        cpu_request_millis: if qos == Qos::BestEffort { 0 } else { req },
+        cpu_limit_millis: if qos == Qos::Guaranteed {
+            limit_millis
+        } else {
+            0
+        },
+        memory_bytes: mem_req,
+        memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
+        hugepages_2mi_bytes: h2,
+        hugepages_1gi_bytes: h1,
+        ..Default::default()
     }
 }
 
@@ -162,19 +176,26 @@ pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) 
 /// change is not checkpointed here (see `Durability::Deferred`).
 pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
-    let (kind, kubernetes, known, kube_root) = {
+    let (kind, kubernetes, known, kube_root, pod_scope) = {
         let s = adm.daemon.lock();
         // Pods and containers only under kubelet's cgroup root (see cgroup::kube): a
         // kubepods-looking tree anywhere else is never admitted.
         let kube_root = s.cfg.cgroups.kubernetes_root.clone();
         let kind = classify_in(&rel, kube_root.as_deref(), &s.cfg.cgroups.roots);
+        // known: a pod admitted whole through the API (its requests are known), or bound
         let known = match &kind {
             CgroupKind::Container { pod_uid, .. } => {
-                s.state.allocator.pods.contains_key(pod_uid) || s.state.bindings.contains_key(&rel)
+                s.state
+                    .allocator
+                    .pods
+                    .get(pod_uid)
+                    .is_some_and(|p| p.hold.is_none())
+                    || s.state.bindings.contains_key(&rel)
             }
             _ => false,
         };
-        (kind, s.cfg.cgroups.kubernetes, known, kube_root)
+        let pod_scope = s.cfg.placement.scope == TopologyScope::Pod;
+        (kind, s.cfg.cgroups.kubernetes, known, kube_root, pod_scope)
     };
     let CgroupKind::Container {
         pod_uid, qos, id, ..
@@ -217,12 +238,29 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         }
     }
     let pod = pod_for(cgroups, &rel, &pod_uid, &id, qos);
-    match adm.admit(AdmitRequest {
-        pod: &pod,
-        bind: Some(&rel),
-        durability: Durability::Deferred,
-        since: t0,
-    }) {
+    let answer = match rel.rsplit_once('/').filter(|_| pod_scope) {
+        // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
+        Some((pod_rel, _)) => {
+            let totals = container_for(cgroups, pod_rel, "pod", qos);
+            adm.admit_member(MemberRequest {
+                member: PodMember {
+                    pod_uid: &pod_uid,
+                    totals: &totals,
+                    container: &pod.containers[0],
+                },
+                bind: &rel,
+                durability: Durability::Deferred,
+                since: t0,
+            })
+        }
+        None => adm.admit(AdmitRequest {
+            pod: &pod,
+            bind: Some(&rel),
+            durability: Durability::Deferred,
+            since: t0,
+        }),
+    };
+    match answer {
         Ok(a) => {
             let p = &a.placements[0];
             tracing::info!(cgroup = %rel, cpus = %p.cpus, mems = %p.mems, micros = a.micros, "container cgroup admitted");
@@ -265,15 +303,61 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     }
 }
 
-/// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod. Not
+/// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod; a pod
+/// cgroup's removal releases a pod admitted one container at a time (pod scope). Not
 /// checkpointed here.
 pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
-    match adm.unbind(&rel, Durability::Deferred) {
-        Some(_) => {
-            tracing::info!(cgroup = %rel, "container cgroup removed; released");
+    if adm.unbind(&rel, Durability::Deferred).is_some() {
+        tracing::info!(cgroup = %rel, "container cgroup removed; released");
+        return WatchOutcome::Released { cgroup: rel };
+    }
+    let kind = {
+        let s = adm.daemon.lock();
+        classify_in(
+            &rel,
+            s.cfg.cgroups.kubernetes_root.as_deref(),
+            &s.cfg.cgroups.roots,
+        )
+    };
+    match kind {
+        CgroupKind::Pod { uid, .. } if adm.pod_gone(&uid, Durability::Deferred) => {
+            tracing::info!(cgroup = %rel, pod = %uid, "pod cgroup removed; the pod's hold released");
             WatchOutcome::Released { cgroup: rel }
         }
-        None => WatchOutcome::Ignored,
+        _ => WatchOutcome::Ignored,
     }
+}
+
+/// Pods admitted one container at a time whose pod cgroup is not among `live` (paths relative
+/// to the hierarchy) any more: released (the watcher missed the removal: a restart, an
+/// overflow).
+pub fn pods_gone(adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
+    let held = adm.held_pods();
+    if held.is_empty() {
+        return Vec::new();
+    }
+    let (kube_root, roots) = {
+        let s = adm.daemon.lock();
+        (
+            s.cfg.cgroups.kubernetes_root.clone(),
+            s.cfg.cgroups.roots.clone(),
+        )
+    };
+    let live_pods: std::collections::BTreeSet<String> = live
+        .iter()
+        .filter_map(|rel| match classify_in(rel, kube_root.as_deref(), &roots) {
+            CgroupKind::Pod { uid, .. } => Some(uid),
+            CgroupKind::Container { pod_uid, .. } => Some(pod_uid),
+            _ => None,
+        })
+        .collect();
+    held.into_iter()
+        .filter(|uid| !live_pods.contains(uid))
+        .filter(|uid| adm.pod_gone(uid, Durability::Deferred))
+        .map(|uid| {
+            tracing::info!(pod = %uid, "pod cgroup gone; the pod's hold released");
+            WatchOutcome::Released { cgroup: uid }
+        })
+        .collect()
 }

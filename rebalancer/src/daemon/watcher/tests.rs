@@ -1,5 +1,10 @@
 use super::*;
-use crate::{cgroup::Mounts, config::Config, serve::Metrics, topology::TopologyBuilder};
+use crate::{
+    cgroup::Mounts,
+    config::{Config, TopologyScope},
+    serve::Metrics,
+    topology::TopologyBuilder,
+};
 use crate::{
     cgroup::Qos,
     cpuset::CpuSet,
@@ -17,6 +22,11 @@ fn put(root: &Path, rel: &str, text: &str) {
 
 /// A fake v2 hierarchy (2 nodes x 2 CPUs) and a daemon over it.
 fn fake(root: &Path) -> (Admission, Cgroups) {
+    fake_with(root, |_| {})
+}
+
+/// [`fake`] with `f` applied to the config.
+fn fake_with(root: &Path, f: impl FnOnce(&mut Config)) -> (Admission, Cgroups) {
     put(root, "cgroup.controllers", "cpuset cpu memory\n");
     for dir in [
         "",
@@ -34,6 +44,7 @@ fn fake(root: &Path) -> (Admission, Cgroups) {
     .build();
     let mut cfg = Config::default();
     cfg.daemon.state_dir = root.join("state");
+    f(&mut cfg);
     let shared = Shared::fresh(topo, cfg).unwrap();
     let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
     let d = Daemon::new(shared, Metrics::default());
@@ -477,4 +488,108 @@ fn an_enospc_watch_failure_fails_a_health_component() {
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].component, "inotify_watches");
     assert!(dead[0].reason.contains("max_user_watches"), "{dead:?}");
+}
+
+/// A Guaranteed pod cgroup as kubelet makes it: the pod's summed CPU quota and memory limit.
+fn guaranteed_pod(root: &Path, uid: &str, cpus: u64, mem: u64) -> String {
+    let pod = format!("kubepods.slice/kubepods-pod{}.slice", uid.replace('-', "_"));
+    put(
+        root,
+        &format!("{pod}/cpu.max"),
+        &format!("{} 100000\n", cpus * 100_000),
+    );
+    put(root, &format!("{pod}/memory.max"), &format!("{mem}\n"));
+    pod
+}
+
+fn admitted_cpus(o: &WatchOutcome) -> CpuSet {
+    match o {
+        WatchOutcome::Admitted { cpus, .. } => CpuSet::parse(cpus).unwrap(),
+        o => panic!("{o:?}"),
+    }
+}
+
+/// Pod scope in watcher mode: a pod of two Guaranteed 1-CPU containers (its pod cgroup says 2
+/// CPUs, 128 MiB) whose containers appear one at a time, another 1-CPU pod between them: both
+/// containers of the pod land on one node — on the CPU held for the second — where container
+/// scope splits them. The containers' removal gives their CPUs back to the pod's hold, and
+/// the pod cgroup's removal releases it.
+#[test]
+fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_them() {
+    let other = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9";
+    for scope in [TopologyScope::Pod, TopologyScope::Container] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake_with(root, |c| c.placement.scope = scope);
+        let p = guaranteed_pod(root, UID, 2, 128 << 20);
+        let q = guaranteed_pod(root, other, 1, 64 << 20);
+        let node = |cpus: &CpuSet| d.daemon.lock().topo.node_of_cpu(cpus.first().unwrap());
+        let a = container(root, &p, "a");
+        guaranteed_limits(&root.join(&a));
+        let ca = admitted_cpus(&on_created(&d, &cg, &a, Instant::now()));
+        // (container ids are hex, as the runtimes make them)
+        let x = container(root, &q, "c");
+        guaranteed_limits(&root.join(&x));
+        let cx = admitted_cpus(&on_created(&d, &cg, &x, Instant::now()));
+        let b = container(root, &p, "b");
+        guaranteed_limits(&root.join(&b));
+        let cb = admitted_cpus(&on_created(&d, &cg, &b, Instant::now()));
+        assert_eq!(cg.cpus(&b).unwrap(), cb, "written");
+        assert!(ca.is_disjoint(&cb) && ca.is_disjoint(&cx) && cb.is_disjoint(&cx));
+        if scope == TopologyScope::Container {
+            assert_ne!(node(&ca), node(&cb), "container scope splits the pod");
+            continue;
+        }
+        assert_eq!(node(&ca), node(&cb), "{scope:?}: {ca} and {cb}");
+        assert_ne!(node(&cx), node(&ca), "the other pod went to the other node");
+        // b gone: its CPU is held for the pod again, not given to anyone
+        std::fs::remove_dir_all(root.join(&b)).unwrap();
+        assert!(matches!(on_removed(&d, &b), WatchOutcome::Released { .. }));
+        assert_eq!(
+            d.daemon.lock().state.allocator.exclusive_cpus(),
+            ca.union(&cb).union(&cx)
+        );
+        std::fs::remove_dir_all(root.join(&a)).unwrap();
+        on_removed(&d, &a);
+        assert!(d.daemon.lock().state.allocator.pods.contains_key(UID));
+        // the pod cgroup gone: the pod is released
+        std::fs::remove_dir_all(root.join(&p)).unwrap();
+        let o = on_removed(&d, &p);
+        assert!(matches!(o, WatchOutcome::Released { .. }), "{o:?}");
+        let s = d.daemon.lock();
+        assert!(!s.state.allocator.pods.contains_key(UID));
+        assert_eq!(s.state.allocator.exclusive_cpus(), cx);
+    }
+}
+
+/// Pod scope under single-numa-node: a pod whose cgroup says 3 CPUs (a node has 2) is refused
+/// at its first container, as kubelet's TopologyAffinityError refuses it, though the 1-CPU
+/// container alone would fit; nothing is held, and container scope admits the container.
+#[test]
+fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
+    for (scope, refused) in [
+        (TopologyScope::Pod, true),
+        (TopologyScope::Container, false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (d, cg) = fake_with(root, |c| {
+            c.placement.scope = scope;
+            c.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
+        });
+        let p = guaranteed_pod(root, UID, 3, 192 << 20);
+        let a = container(root, &p, "a");
+        guaranteed_limits(&root.join(&a));
+        let o = on_created(&d, &cg, &a, Instant::now());
+        if refused {
+            assert!(
+                matches!(&o, WatchOutcome::Rejected { reason, .. } if reason == "TopologyAffinityError"),
+                "{o:?}"
+            );
+            let s = d.daemon.lock();
+            assert!(s.state.allocator.pods.is_empty() && s.state.bindings.is_empty());
+        } else {
+            assert_eq!(admitted_cpus(&o).len(), 1, "{o:?}");
+        }
+    }
 }
