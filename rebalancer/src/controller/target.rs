@@ -211,11 +211,11 @@ impl<'t> Projection<'t> {
 
     /// Nodes the cgroup's CPUs span.
     fn cpu_nodes(&self, cg: &CgroupObs) -> usize {
-        cg.cpus
+        self.topo
+            .nodes
             .iter()
-            .filter_map(|c| self.topo.node_of_cpu(c))
-            .collect::<std::collections::BTreeSet<u32>>()
-            .len()
+            .filter(|n| !n.cpus.is_disjoint(&cg.cpus))
+            .count()
     }
 
     /// Cross-node migrations per second a move to `nodes` avoids: all of them when its CPUs
@@ -223,11 +223,14 @@ impl<'t> Projection<'t> {
     /// in proportion in between (the migrations are taken to spread evenly over node pairs
     /// crossed).
     fn migrations_avoided(&self, cg: &CgroupObs, nodes: usize, keep_cpus: bool) -> f64 {
-        let now = self.cpu_nodes(cg);
-        if now < 2 || keep_cpus || nodes >= now {
+        let rate = self.cross_node_rate(cg);
+        if rate <= 0.0 || keep_cpus {
             return 0.0;
         }
-        let rate = self.cross_node_rate(cg);
+        let now = self.cpu_nodes(cg);
+        if now < 2 || nodes >= now {
+            return 0.0;
+        }
         let left = (nodes.max(1) - 1) as f64 / (now - 1) as f64;
         rate * (1.0 - left)
     }
