@@ -418,25 +418,21 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
         mems,
         migrate_was_on,
     } = rest;
+    // A failed step (or settle): a vanished cgroup is left alone, anything else rolled back.
+    let fail = |w: &mut dyn CgroupWriter, state: &Live, step: Step, e: CgroupWriteError| {
+        let cause = classify(e, |source| ApplyError::Failed {
+            cgroup: cg.to_string(),
+            step,
+            source,
+        });
+        if matches!(cause, ApplyError::Vanished { .. }) {
+            return cause;
+        }
+        rollback(w, cg, state, &rollback_cpus, &mems, migrate_was_on, cause)
+    };
     for step in &steps[split..] {
         if let Err(e) = run(w, cg, step) {
-            let cause = classify(e, |source| ApplyError::Failed {
-                cgroup: cg.to_string(),
-                step: step.clone(),
-                source,
-            });
-            if matches!(cause, ApplyError::Vanished { .. }) {
-                return Err(cause);
-            }
-            return Err(rollback(
-                w,
-                cg,
-                &state,
-                &rollback_cpus,
-                &mems,
-                migrate_was_on,
-                cause,
-            ));
+            return Err(fail(w, &state, step.clone(), e));
         }
         state.apply(step);
     }
@@ -445,23 +441,7 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
             .last()
             .cloned()
             .unwrap_or(Step::WriteCpus(mv.to_cpus.clone()));
-        let cause = classify(e, |source| ApplyError::Failed {
-            cgroup: cg.to_string(),
-            step,
-            source,
-        });
-        if matches!(cause, ApplyError::Vanished { .. }) {
-            return Err(cause);
-        }
-        return Err(rollback(
-            w,
-            cg,
-            &state,
-            &rollback_cpus,
-            &mems,
-            migrate_was_on,
-            cause,
-        ));
+        return Err(fail(w, &state, step, e));
     }
     let read_err = |e| {
         classify(e, |source| ApplyError::Read {

@@ -251,22 +251,10 @@ impl Admission {
         // The pod's hold may have taken (or given back) exclusive CPUs besides the container's.
         let exclusive_changed =
             before.exclusive_cpus() != self.daemon.lock().state.allocator.exclusive_cpus();
-        if !dry_run {
-            if let Err(e) = self.write_own(cg, &placement) {
-                self.daemon.lock().state.allocator = before;
-                return Err(match e {
-                    WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
-                    _ => AdmitError::WriteFailed(cg.into()),
-                });
-            }
+        if let Err(e) = self.write_and_bind(cg, uid, &placement, dry_run) {
+            self.daemon.lock().state.allocator = before;
+            return Err(e);
         }
-        self.daemon.lock().state.bindings.insert(
-            cg.into(),
-            Binding {
-                pod_uid: uid.into(),
-                container: placement.container.clone(),
-            },
-        );
         let shrunk = if exclusive_changed {
             self.shrink_locked_order(dry_run)
         } else {
@@ -380,25 +368,11 @@ impl Admission {
             .bind
             .zip(placements.first())
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
-        if let (Some((cg, _)), Some(p), false) = (&bound, placements.first(), dry_run) {
-            if let Err(e) = self.write_own(cg, p) {
+        if let (Some((cg, _)), Some(p)) = (&bound, placements.first()) {
+            if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
                 self.daemon.lock().state.allocator.release(&pod.uid);
-                return Err(match e {
-                    WriteError::Vanished { .. } => AdmitError::Vanished(cg.clone()),
-                    _ => AdmitError::WriteFailed(cg.clone()),
-                });
+                return Err(e);
             }
-        }
-        // Bound only once its cpuset is written: `status` never shows a binding whose cgroup
-        // still has the runtime's cpuset (`order`, held, keeps a second bind of it out).
-        if let Some((cg, container)) = &bound {
-            self.daemon.lock().state.bindings.insert(
-                cg.clone(),
-                Binding {
-                    pod_uid: pod.uid.clone(),
-                    container: container.clone(),
-                },
-            );
         }
         let shrunk = if placements.iter().any(|p| p.exclusive) && bound.is_some() {
             self.shrink_locked_order(dry_run)
@@ -467,22 +441,7 @@ impl Admission {
             };
             (c.placement.clone(), s.cfg.daemon.dry_run)
         };
-        if !dry_run {
-            if let Err(e) = self.write_own(cgroup, &placement) {
-                return Err(match e {
-                    WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
-                    _ => AdmitError::WriteFailed(cgroup.into()),
-                });
-            }
-        }
-        // As in `admit`: bound once written; `order` keeps the container unclaimed meanwhile.
-        self.daemon.lock().state.bindings.insert(
-            cgroup.into(),
-            Binding {
-                pod_uid: pod_uid.into(),
-                container: placement.container.clone(),
-            },
-        );
+        self.write_and_bind(cgroup, pod_uid, &placement, dry_run)?;
         let shrunk = if placement.exclusive {
             self.shrink_locked_order(dry_run)
         } else {
@@ -722,6 +681,33 @@ impl Admission {
             writer: self.writer.clone(),
             checkpointer: Default::default(),
         }
+    }
+
+    /// Writes container `cg`'s cpuset (unless `dry_run`), then binds it to pod `uid`: bound
+    /// only once written, so `status` never shows a binding whose cgroup still has the
+    /// runtime's cpuset (`order`, held by the caller, keeps a second bind of it out meanwhile).
+    /// On an error nothing is bound; the caller undoes its allocation.
+    fn write_and_bind(
+        &self,
+        cg: &str,
+        uid: &str,
+        p: &ContainerPlacement,
+        dry_run: bool,
+    ) -> Result<(), AdmitError> {
+        if !dry_run {
+            self.write_own(cg, p).map_err(|e| match e {
+                WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
+                _ => AdmitError::WriteFailed(cg.into()),
+            })?;
+        }
+        self.daemon.lock().state.bindings.insert(
+            cg.into(),
+            Binding {
+                pod_uid: uid.into(),
+                container: p.container.clone(),
+            },
+        );
+        Ok(())
     }
 
     fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
