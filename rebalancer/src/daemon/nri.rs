@@ -58,6 +58,7 @@ pub struct Request {
 /// Events the plugin subscribes to.
 pub const EVENTS: &[api::Event] = &[
     api::Event::RunPodSandbox,
+    api::Event::StopPodSandbox,
     api::Event::RemovePodSandbox,
     api::Event::CreateContainer,
     api::Event::StopContainer,
@@ -785,11 +786,15 @@ impl Handler for Policy {
                     self.regrow_unsolicited();
                 }
             }
-            api::Event::RemovePodSandbox => {
+            // A stopped sandbox (a completed pod keeps it until the pod object goes) frees
+            // what it held, as kubelet frees a terminated pod's CPUs and memory.
+            api::Event::StopPodSandbox | api::Event::RemovePodSandbox => {
                 let pod = ev
                     .pod
-                    .ok_or("rebalancer: RemovePodSandbox without its pod")?;
-                self.pods.remove(&pod.id);
+                    .ok_or("rebalancer: a pod sandbox event without its pod")?;
+                if event == api::Event::RemovePodSandbox {
+                    self.pods.remove(&pod.id);
+                }
                 let ids: Vec<String> = self
                     .containers
                     .iter()
@@ -1213,8 +1218,8 @@ mod tests {
             .unwrap();
         assert_eq!(r.totals.as_ref().unwrap().cpu_limit_millis, 2000);
         let node = |p: &Policy, cpus: &CpuSet| p.d().lock().topo.node_of_cpu(cpus.first().unwrap());
-        let a =
-            adjusted_cpus(&create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 1 << 20)).unwrap());
+        let a_ctr = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let a = adjusted_cpus(&create(&mut p, &gp, &a_ctr).unwrap());
         let x =
             adjusted_cpus(&create(&mut p, &hp, &ctr("c", &hp, 100_000, 1024, 1 << 20)).unwrap());
         let b = ctr("b", &gp, 100_000, 1024, 1 << 20);
@@ -1235,7 +1240,24 @@ mod tests {
             p.d().lock().state.allocator.exclusive_cpus(),
             a.union(&bc).union(&x)
         );
-        // the sandbox removed: the pod and its hold are released
+        // the sandbox stopped (a completed pod keeps it until the pod object goes): the pod
+        // and its hold are released; its removal later changes nothing more
+        p.stop_container(api::StopContainerRequest {
+            pod: Some(gp.clone()),
+            container: Some(a_ctr.clone()),
+        })
+        .unwrap();
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::StopPodSandbox as i32,
+            pod: Some(gp.clone()),
+            container: None,
+        })
+        .unwrap();
+        {
+            let s = p.d().lock();
+            assert!(!s.state.allocator.pods.contains_key(UID));
+            assert_eq!(s.state.allocator.exclusive_cpus(), x);
+        }
         p.state_change(api::StateChangeEvent {
             event: api::Event::RemovePodSandbox as i32,
             pod: Some(gp.clone()),

@@ -686,6 +686,7 @@ impl Allocator {
                     |m: NodeMask, r: MemoryResource| reusable_on(&reuse.memory, uid, m, r);
                 self.memory
                     .choose_kubelet(&req, hint, &reusable, &*tie, false)
+                    .and_then(|m| self.memory.keep_groups(m, &req))
                     .map_err(|e| match e {
                         MemoryError::Insufficient { .. } => {
                             Rejection::new(R::InsufficientMemory, e.to_string())

@@ -233,8 +233,14 @@ impl Allocator {
             TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode
         ) {
             let mems = NodeMask::from_ids(a.placement.mems.iter()).unwrap_or_default();
-            let within = hold.hint.affinity.unwrap_or(mems).and(mems);
-            if !view.nodes_of(&a.placement.cpus).is_subset_of(within) {
+            let within = hold.hint.affinity.unwrap_or(mems);
+            // CPUs and memory both: the Memory Manager may have extended the memory past
+            // the affinity (a request beyond the node's free memory).
+            if !view
+                .nodes_of(&a.placement.cpus)
+                .is_subset_of(within.and(mems))
+                || !mems.is_subset_of(within)
+            {
                 return Err(Rejection::new(
                     R::TopologyAffinityError,
                     format!(

@@ -555,6 +555,29 @@ impl MemoryState {
         Ok(mask)
     }
 
+    /// Admission's one departure from kubelet's `Allocate`: a single-node mask on a node that
+    /// serves a multi-node group. kubelet lets it through (`isAffinityViolatingNUMAAllocations`
+    /// skips single-node masks, and a best-effort merge can hand one over from another
+    /// provider's hint) and then breaks the group: the node serves itself while its partners
+    /// still list it, and releasing the container does not restore the group. Here the
+    /// allocation takes the node's whole group instead, when the group has the room, and is
+    /// refused otherwise. `hints memory` (the conformance command) stays kubelet-exact.
+    pub fn keep_groups(
+        &self,
+        mask: NodeMask,
+        req: &MemoryRequest,
+    ) -> Result<NodeMask, MemoryError> {
+        let group = match mask.ids().collect::<Vec<_>>()[..] {
+            [id] => self.node(id).map(|n| n.cells).filter(|g| g.count() > 1),
+            _ => None,
+        };
+        match group {
+            None => Ok(mask),
+            Some(g) if self.satisfies(g, req) && !self.violates(g) => Ok(g),
+            Some(_) => Err(MemoryError::Violation(mask)),
+        }
+    }
+
     /// [`MemoryState::choose_kubelet`] for admission: no reuse, the admission's masks.
     pub fn choose(
         &self,
