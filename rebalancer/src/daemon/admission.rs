@@ -836,7 +836,7 @@ pub enum ReservationError {
         taken: CpuSet,
         holders: String,
     },
-    #[error("placement.reserved_memory changed while {0} admitted container(s) hold Memory Manager memory; release them first")]
+    #[error("placement.reserved_memory changed while {0} admitted container(s) or pod hold(s) have Memory Manager memory; release them first")]
     MemoryHeld(usize),
 }
 
@@ -910,12 +910,15 @@ pub fn reconfigure(
         });
     }
     if memory_changed {
+        // Memory a pod holds for its containers still to come is booked in the tables too.
         let held = alloc
             .pods
             .values()
-            .flat_map(|p| &p.containers)
-            .filter(|c| c.memory.is_some())
-            .count();
+            .map(|p| {
+                let live = p.containers.iter().filter(|c| c.memory.is_some()).count();
+                live + usize::from(p.hold.as_ref().is_some_and(|h| h.memory.is_some()))
+            })
+            .sum::<usize>();
         if held > 0 {
             return Err(ReservationError::MemoryHeld(held));
         }
@@ -1149,6 +1152,55 @@ pub(crate) mod tests {
             ),
         )
         .unwrap();
+    }
+
+    /// A pod admitted one container at a time whose only container has gone (a crash loop, or
+    /// between its init and app containers) holds its Memory Manager memory in its hold, no
+    /// container has any: a changed `reserved_memory` is still refused (applying it would drop
+    /// the hold's booking from the fresh tables and give that memory away twice).
+    #[test]
+    fn a_reserved_memory_change_is_refused_while_a_pod_hold_has_memory() {
+        use crate::config::{ReservedMemory, TopologyScope};
+        use crate::placement::admission::PodMember;
+        let topo = TopologyBuilder {
+            cores_per_node: 4,
+            threads_per_core: 1,
+            ..Default::default()
+        }
+        .build();
+        let mut cfg = crate::config::PlacementConfig {
+            scope: TopologyScope::Pod,
+            ..Default::default()
+        };
+        let mut a = crate::placement::admission::Allocator::new(&topo, &cfg).unwrap();
+        let totals = pod("p", 2000, 256 << 20, true).containers.remove(0);
+        let c = pod("p", 1000, 128 << 20, true).containers.remove(0);
+        let m = PodMember {
+            pod_uid: "p",
+            totals: &totals,
+            container: &c,
+        };
+        a.admit_member(&topo, &cfg, m).unwrap();
+        assert!(a.remove_member(&topo, &cfg, "p", "c"));
+        let p = &a.pods["p"];
+        assert!(p.containers.is_empty());
+        assert!(
+            p.hold.as_ref().unwrap().memory.is_some(),
+            "the hold keeps the pod's memory"
+        );
+        let before = a.clone();
+        cfg.reserved_memory = vec![ReservedMemory {
+            node: 0,
+            memory_bytes: 64 << 20,
+            hugepages_2mi_bytes: 0,
+            hugepages_1gi_bytes: 0,
+        }];
+        let err = reconfigure(&mut a, &topo, &cfg).unwrap_err();
+        assert!(matches!(err, ReservationError::MemoryHeld(1)), "{err}");
+        assert_eq!(a.memory, before.memory, "a refused reload changes nothing");
+        // once the pod is gone the change applies
+        a.release("p");
+        assert!(reconfigure(&mut a, &topo, &cfg).unwrap());
     }
 
     proptest! {
