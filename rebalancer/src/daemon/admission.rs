@@ -1080,6 +1080,10 @@ fn rebook_memory(
         *req.entry(r).or_default() += t;
     }
     state.release(mem);
+    // a move never breaks a NUMA group (kubelet's rule: a node serves one group)
+    if state.unbroken(mask) != Some(mask) {
+        return None;
+    }
     let new = state.allocate(&req, mask);
     let mut got = crate::placement::memory::MemoryRequest::new();
     for &(_, r, t) in &new.taken {

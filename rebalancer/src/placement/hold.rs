@@ -411,8 +411,14 @@ impl Allocator {
                 }
             }
         }
+        // never on a mask that would break another pod's NUMA group: a single node is held
+        // with its group, a mask across groups holds nothing (the containers are then
+        // allocated, or refused, as they come)
         let memory = match (mem_need.is_empty(), mem_mask) {
-            (false, Some(mask)) => Some(self.memory.allocate(&mem_need, mask)),
+            (false, Some(mask)) => self
+                .memory
+                .unbroken(mask)
+                .map(|m| self.memory.allocate(&mem_need, m)),
             _ => None,
         };
         if let Some(p) = self.pods.get_mut(uid) {

@@ -578,6 +578,17 @@ impl MemoryState {
         }
     }
 
+    /// The nodes an allocation meant for `mask` may take without breaking a NUMA group: a
+    /// single node's whole group (itself when it serves none), a multi-node mask when it
+    /// violates no group; None otherwise. For what admission sets aside or re-books outside
+    /// [`MemoryState::choose`] (a pod's hold, a moved container's memory).
+    pub fn unbroken(&self, mask: NodeMask) -> Option<NodeMask> {
+        match mask.ids().collect::<Vec<_>>()[..] {
+            [id] => Some(self.node(id).map_or(mask, |n| n.cells)),
+            _ => (!self.violates(mask)).then_some(mask),
+        }
+    }
+
     /// [`MemoryState::choose_kubelet`] for admission: no reuse, the admission's masks.
     pub fn choose(
         &self,

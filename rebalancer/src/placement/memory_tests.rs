@@ -169,3 +169,32 @@ fn bad_reservations_are_refused() {
         Err(MemoryError::ReservedTooLarge { node: 0, .. })
     ));
 }
+
+/// What a hold or a moved container's memory may take without breaking a group: a single
+/// node's whole group, a multi-node mask only over nodes free or serving exactly it (found by
+/// the member-sequence property test: a pod's hold on {0, 1} split the group {0, 1, 2}).
+#[test]
+fn unbroken_masks_never_split_a_group() {
+    let t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 3,
+        memory_per_node_bytes: 4 * G,
+        ..Default::default()
+    }
+    .build();
+    let mut s = MemoryState::new(&t, &[]).unwrap();
+    assert_eq!(s.unbroken(mask(&[0])), Some(mask(&[0])));
+    assert_eq!(s.unbroken(mask(&[0, 1])), Some(mask(&[0, 1])));
+    s.allocate(&req(9 * G, 0, 0), mask(&[0, 1, 2]));
+    assert_eq!(
+        s.unbroken(mask(&[0])),
+        Some(mask(&[0, 1, 2])),
+        "a node is taken with its group"
+    );
+    assert_eq!(
+        s.unbroken(mask(&[0, 1])),
+        None,
+        "a part of a group is refused"
+    );
+    assert_eq!(s.unbroken(mask(&[0, 1, 2])), Some(mask(&[0, 1, 2])));
+}
