@@ -36,6 +36,23 @@ pub struct StatusAdmission {
     pub mode: crate::config::AdmissionMode,
     pub nri_connected: bool,
     pub nri_socket: std::path::PathBuf,
+    /// The runtime that configured the NRI plugin, and whether it gets unsolicited updates.
+    #[serde(default)]
+    pub nri_runtime: NriRuntime,
+    /// kubelet's static assignments adopted, and the state files' errors.
+    #[serde(default)]
+    pub kubelet: super::kubelet::Status,
+}
+
+/// The runtime that answered the NRI plugin's Configure.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NriRuntime {
+    pub name: String,
+    pub version: String,
+    /// Whether the daemon's own changes are also sent as unsolicited UpdateContainers
+    /// (`kubernetes.nri_runtime_updates`), and why.
+    pub unsolicited_updates: bool,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -101,6 +118,8 @@ impl StatusDoc {
                 mode: s.admission,
                 nri_connected: s.nri_connected,
                 nri_socket: s.cfg.kubernetes.nri_socket.clone(),
+                nri_runtime: s.nri_runtime.clone(),
+                kubelet: s.kubelet.clone(),
             },
         }
     }
