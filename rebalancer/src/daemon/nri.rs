@@ -96,12 +96,32 @@ pub fn cgroup_rel(cgroups_path: &str) -> String {
     cgroups_path.trim_matches('/').to_string()
 }
 
+/// (limit, request) millicores of an NRI `LinuxCpu`: the CFS quota over its period (100 ms
+/// when unset), rounded up, and kubelet's shares inverted; saturating, so a hostile quota
+/// cannot overflow.
+fn cpu_millis(cpu: Option<&api::LinuxCpu>) -> (u64, u64) {
+    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
+    let period = cpu
+        .and_then(|c| c.period.as_ref())
+        .map_or(100_000, |p| p.value)
+        .max(1);
+    let limit = if quota > 0 {
+        (quota as u64).saturating_mul(1000).div_ceil(period)
+    } else {
+        0
+    };
+    let shares = cpu
+        .and_then(|c| c.shares.as_ref())
+        .map_or(0, |s| millis_from_shares(s.value));
+    (limit, shares)
+}
+
 /// kubelet's shares = millis * 1024 / 1000 (at least 2), inverted.
 fn millis_from_shares(shares: u64) -> u64 {
     if shares <= 2 {
         0
     } else {
-        (shares * 1000).div_ceil(1024)
+        shares.saturating_mul(1000).div_ceil(1024)
     }
 }
 
@@ -147,20 +167,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
             c.id, c.name
         ));
     }
-    let cpu = res.and_then(|r| r.cpu.as_ref());
-    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
-    let period = cpu
-        .and_then(|c| c.period.as_ref())
-        .map_or(100_000, |p| p.value)
-        .max(1);
-    let limit_millis = if quota > 0 {
-        (quota as u64 * 1000).div_ceil(period)
-    } else {
-        0
-    };
-    let shares_millis = cpu
-        .and_then(|c| c.shares.as_ref())
-        .map_or(0, |s| millis_from_shares(s.value));
+    let (limit_millis, shares_millis) = cpu_millis(res.and_then(|r| r.cpu.as_ref()));
     let mem_limit = res
         .and_then(|r| r.memory.as_ref())
         .and_then(|m| m.limit.as_ref())
@@ -227,20 +234,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
 /// Pod-level resources as one container of QoS class `qos` (a Guaranteed pod needs a quota
 /// and a memory limit, as kubelet sets them); None when they say nothing usable.
 fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Container> {
-    let cpu = r.cpu.as_ref();
-    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
-    let period = cpu
-        .and_then(|c| c.period.as_ref())
-        .map_or(100_000, |p| p.value)
-        .max(1);
-    let limit = if quota > 0 {
-        (quota as u64 * 1000).div_ceil(period)
-    } else {
-        0
-    };
-    let shares = cpu
-        .and_then(|c| c.shares.as_ref())
-        .map_or(0, |s| millis_from_shares(s.value));
+    let (limit, shares) = cpu_millis(r.cpu.as_ref());
     let mem = r
         .memory
         .as_ref()
@@ -1495,5 +1489,17 @@ mod tests {
         assert_eq!(millis_from_shares(1024), 1000);
         assert_eq!(millis_from_shares(102), 100);
         assert_eq!(millis_from_shares(2), 0);
+        assert_eq!(millis_from_shares(u64::MAX), u64::MAX.div_ceil(1024));
+        // quota / period: rounded up, saturating on a hostile quota
+        let cpu = |quota: i64, period: u64| api::LinuxCpu {
+            quota: Some(api::OptionalInt64 { value: quota }),
+            period: Some(api::OptionalUInt64 { value: period }),
+            ..Default::default()
+        };
+        assert_eq!(cpu_millis(Some(&cpu(150_000, 100_000))).0, 1500);
+        assert_eq!(cpu_millis(Some(&cpu(1, 100_000))).0, 1);
+        assert_eq!(cpu_millis(Some(&cpu(-1, 100_000))).0, 0);
+        assert_eq!(cpu_millis(Some(&cpu(i64::MAX, 1))).0, u64::MAX);
+        assert_eq!(cpu_millis(None), (0, 0));
     }
 }

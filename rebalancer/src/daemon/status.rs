@@ -67,6 +67,16 @@ pub struct StatusPod {
     pub uid: String,
     pub qos: Qos,
     pub containers: Vec<ContainerPlacement>,
+    /// Pod scope, a pod admitted one container at a time: its totals' CPU (millicores) and the
+    /// exclusive CPUs it holds for its containers still to come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<StatusHold>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusHold {
+    pub totals_cpu_millis: u64,
+    pub cpus: CpuSet,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -100,6 +110,13 @@ impl StatusDoc {
                     uid: uid.clone(),
                     qos: p.qos,
                     containers: p.containers.iter().map(|c| c.placement.clone()).collect(),
+                    hold: p.hold.as_ref().map(|h| StatusHold {
+                        totals_cpu_millis: h
+                            .totals
+                            .cpu_limit_millis
+                            .max(h.totals.cpu_request_millis),
+                        cpus: h.cpus.clone(),
+                    }),
                 })
                 .collect(),
             exclusive_cpus: a.exclusive_cpus(),
