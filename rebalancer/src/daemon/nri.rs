@@ -1475,6 +1475,50 @@ mod tests {
         );
     }
 
+    /// The unsolicited-updates decision at Configure: `auto` follows the version rule for the
+    /// runtime that answered, `true` / `false` force it; the decision is in `status`.
+    #[test]
+    fn configure_decides_unsolicited_updates_by_the_runtime_version() {
+        use crate::config::RuntimeUpdates as U;
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let conf = |p: &mut Policy, version: &str| {
+            p.configure(api::ConfigureRequest {
+                runtime_name: "containerd".into(),
+                runtime_version: version.into(),
+                ..Default::default()
+            })
+            .unwrap();
+            let s = p.d().lock();
+            assert_eq!(s.nri_runtime.version, version);
+            (
+                p.runtime.updates_enabled(),
+                s.nri_runtime.unsolicited_updates,
+                s.nri_runtime.reason.clone(),
+            )
+        };
+        let (on, shown, why) = conf(&mut p, "1.7.24~ds1");
+        assert!(!on && !shown, "{why}");
+        assert!(why.contains("13733"), "{why}");
+        assert!(conf(&mut p, "v2.4.1").0);
+        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::On;
+        let (on, _, why) = conf(&mut p, "1.7.24~ds1");
+        assert!(on && why.contains("nri_runtime_updates = true"), "{why}");
+        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::Off;
+        assert!(!conf(&mut p, "v2.4.1").0);
+        // the config key takes "auto", true and false, and refuses anything else
+        let k = |v: &str| {
+            toml::from_str::<crate::config::KubernetesConfig>(&format!("nri_runtime_updates = {v}"))
+        };
+        assert_eq!(k("\"auto\"").unwrap().nri_runtime_updates, U::Auto);
+        assert_eq!(k("true").unwrap().nri_runtime_updates, U::On);
+        assert_eq!(k("false").unwrap().nri_runtime_updates, U::Off);
+        assert!(k("\"sometimes\"")
+            .unwrap_err()
+            .to_string()
+            .contains("expected"));
+    }
+
     #[test]
     fn systemd_cgroups_paths_expand_as_systemd_lays_them_out() {
         assert_eq!(
