@@ -732,6 +732,13 @@ fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
     });
+    // The runtime that configured the plugin, and the unsolicited-updates decision (forced on
+    // here; containerd 1.7 is named as affected by containerd#13733).
+    let rt = d.status()["admission"]["nri_runtime"].clone();
+    assert_eq!(rt["name"], "containerd", "{rt}");
+    assert!(rt["version"].as_str().unwrap().contains("1.7"), "{rt}");
+    assert_eq!(rt["unsolicited_updates"], true, "{rt}");
+    assert!(rt["reason"].as_str().unwrap().contains("13733"), "{rt}");
     let pod = ctd.pod_with(
         "scoped",
         "guaranteed",
