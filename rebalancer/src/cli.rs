@@ -19,6 +19,15 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: sample, admit, rebalance (root; stops cleanly on SIGINT/SIGTERM).
+    ///
+    /// Kubernetes: containers are admitted by the NRI plugin or the cgroup watcher
+    /// (`[kubernetes] admission`). Kubelet's Topology Manager should be `none`; if kubelet's
+    /// CPU / Memory Manager run a static policy, their state files in
+    /// `[kubernetes] kubelet_state_dir` (default /var/lib/kubelet) are adopted at start and on
+    /// SIGHUP: those CPUs and that memory are kubelet's, its pods are never admitted or moved.
+    /// `[kubernetes] nri_runtime_updates` ("auto" | true | false) says whether the daemon's own
+    /// changes are also sent to the runtime as NRI updates ("auto": not to containerd < 2.4.0,
+    /// containerd#13733). See the embedded default config (config/rebalancer.toml).
     Run(cmd::run::RunArgs),
     /// Print the machine's NUMA topology (nodes, CPUs, caches, distances, PCI devices).
     Topology(cmd::topology::TopologyArgs),

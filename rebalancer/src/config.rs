@@ -74,10 +74,52 @@ pub struct KubernetesConfig {
     pub nri_plugin_index: String,
     /// NRI mode: send the changes made outside the runtime's hooks (control-round moves,
     /// CPU-hotplug replacement, API admissions' shrink) to the runtime as unsolicited
-    /// UpdateContainers. Off by default: containerd up to 1.7.x and 2.x before containerd/nri#301
-    /// can deadlock when a plugin's UpdateContainers crosses a container lifecycle event
-    /// (containerd/containerd#13733); off, those changes are written to cgroupfs directly.
-    pub nri_runtime_updates: bool,
+    /// UpdateContainers (they are written to cgroupfs first either way). `auto` (default): on
+    /// unless the runtime that answered Configure is a version known to deadlock on them
+    /// (containerd/containerd#13733: containerd before 2.4.0; see
+    /// `daemon::nri_updates::runtime_updates_safe`).
+    pub nri_runtime_updates: RuntimeUpdates,
+    /// kubelet's root directory: its `cpu_manager_state` / `memory_manager_state` under a
+    /// static policy are adopted (exclusive, never re-placed). Empty: not read.
+    pub kubelet_state_dir: PathBuf,
+}
+
+/// `kubernetes.nri_runtime_updates`: `"auto"`, `true` or `false`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RuntimeUpdates {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Serialize for RuntimeUpdates {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RuntimeUpdates::Auto => s.serialize_str("auto"),
+            RuntimeUpdates::On => s.serialize_bool(true),
+            RuntimeUpdates::Off => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RuntimeUpdates {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            B(bool),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::B(true) => Ok(RuntimeUpdates::On),
+            Raw::B(false) => Ok(RuntimeUpdates::Off),
+            Raw::S(s) if s == "auto" => Ok(RuntimeUpdates::Auto),
+            Raw::S(s) => Err(serde::de::Error::custom(format!(
+                "nri_runtime_updates = {s:?}: expected \"auto\", true or false"
+            ))),
+        }
+    }
 }
 
 impl Default for KubernetesConfig {
@@ -86,7 +128,8 @@ impl Default for KubernetesConfig {
             admission: AdmissionMode::Auto,
             nri_socket: "/var/run/nri/nri.sock".into(),
             nri_plugin_index: "50".into(),
-            nri_runtime_updates: false,
+            nri_runtime_updates: RuntimeUpdates::Auto,
+            kubelet_state_dir: "/var/lib/kubelet".into(),
         }
     }
 }

@@ -762,6 +762,13 @@ pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap
 
 /// Constraints of a cgroup bound to an admitted container (None when not bound).
 pub(crate) fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
+    if super::kubelet::pinned(s, cg) {
+        // kubelet's static managers placed it: never moved
+        return Some(Constraints {
+            pinned: true,
+            ..Default::default()
+        });
+    }
     let b = s.state.bindings.get(cg)?;
     let mut c = Constraints::default();
     if let Some(pod) = s.state.allocator.pods.get(&b.pod_uid) {

@@ -19,6 +19,7 @@ pub mod admission;
 pub mod api;
 pub mod apply;
 pub mod engine;
+pub mod kubelet;
 pub mod lock;
 pub mod nri;
 pub mod nri_updates;
@@ -76,6 +77,10 @@ pub struct Shared {
     pub admission: crate::config::AdmissionMode,
     /// Whether the NRI plugin is registered with the runtime now.
     pub nri_connected: bool,
+    /// kubelet's static CPU / Memory Manager assignments adopted (`daemon::kubelet`).
+    pub kubelet: kubelet::Status,
+    /// The runtime that configured the NRI plugin (`status`).
+    pub nri_runtime: status::NriRuntime,
 }
 
 impl Shared {
@@ -92,6 +97,8 @@ impl Shared {
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
+            kubelet: Default::default(),
+            nri_runtime: Default::default(),
         }
     }
 

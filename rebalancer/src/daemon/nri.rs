@@ -96,12 +96,32 @@ pub fn cgroup_rel(cgroups_path: &str) -> String {
     cgroups_path.trim_matches('/').to_string()
 }
 
+/// (limit, request) millicores of an NRI `LinuxCpu`: the CFS quota over its period (100 ms
+/// when unset), rounded up, and kubelet's shares inverted; saturating, so a hostile quota
+/// cannot overflow.
+fn cpu_millis(cpu: Option<&api::LinuxCpu>) -> (u64, u64) {
+    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
+    let period = cpu
+        .and_then(|c| c.period.as_ref())
+        .map_or(100_000, |p| p.value)
+        .max(1);
+    let limit = if quota > 0 {
+        (quota as u64).saturating_mul(1000).div_ceil(period)
+    } else {
+        0
+    };
+    let shares = cpu
+        .and_then(|c| c.shares.as_ref())
+        .map_or(0, |s| millis_from_shares(s.value));
+    (limit, shares)
+}
+
 /// kubelet's shares = millis * 1024 / 1000 (at least 2), inverted.
 fn millis_from_shares(shares: u64) -> u64 {
     if shares <= 2 {
         0
     } else {
-        (shares * 1000).div_ceil(1024)
+        shares.saturating_mul(1000).div_ceil(1024)
     }
 }
 
@@ -147,20 +167,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
             c.id, c.name
         ));
     }
-    let cpu = res.and_then(|r| r.cpu.as_ref());
-    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
-    let period = cpu
-        .and_then(|c| c.period.as_ref())
-        .map_or(100_000, |p| p.value)
-        .max(1);
-    let limit_millis = if quota > 0 {
-        (quota as u64 * 1000).div_ceil(period)
-    } else {
-        0
-    };
-    let shares_millis = cpu
-        .and_then(|c| c.shares.as_ref())
-        .map_or(0, |s| millis_from_shares(s.value));
+    let (limit_millis, shares_millis) = cpu_millis(res.and_then(|r| r.cpu.as_ref()));
     let mem_limit = res
         .and_then(|r| r.memory.as_ref())
         .and_then(|m| m.limit.as_ref())
@@ -227,20 +234,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
 /// Pod-level resources as one container of QoS class `qos` (a Guaranteed pod needs a quota
 /// and a memory limit, as kubelet sets them); None when they say nothing usable.
 fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Container> {
-    let cpu = r.cpu.as_ref();
-    let quota = cpu.and_then(|c| c.quota.as_ref()).map_or(0, |q| q.value);
-    let period = cpu
-        .and_then(|c| c.period.as_ref())
-        .map_or(100_000, |p| p.value)
-        .max(1);
-    let limit = if quota > 0 {
-        (quota as u64 * 1000).div_ceil(period)
-    } else {
-        0
-    };
-    let shares = cpu
-        .and_then(|c| c.shares.as_ref())
-        .map_or(0, |s| millis_from_shares(s.value));
+    let (limit, shares) = cpu_millis(r.cpu.as_ref());
     let mem = r
         .memory
         .as_ref()
@@ -276,9 +270,11 @@ struct Tracked {
 
 /// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
 /// runtime (the new container's as its CreateContainer adjustment, others' as container
-/// updates) instead of being written to cgroupfs. What each container was last given is
-/// remembered in the shared [`Runtime`] (the control round's moves give containers cpusets
-/// too); before that (after a restart) its live cgroup is read.
+/// updates). A change of a container that already runs is also written to cgroupfs at once,
+/// under the admission's `Daemon::order` (the books never run ahead of cgroupfs; the runtime
+/// then applies the same values to its spec). What each container was last given is
+/// remembered in the shared [`Runtime`]; readers see cgroupfs, and that only for a container
+/// the runtime has not created yet.
 pub struct NriWriter {
     changes: Mutex<Vec<CpusetChange>>,
     runtime: Arc<Runtime>,
@@ -301,6 +297,13 @@ impl NriWriter {
 
 impl CpusetWriter for NriWriter {
     fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
+        if let Some(cg) = self
+            .cgroups
+            .as_ref()
+            .filter(|_| self.runtime.id_of(&change.cgroup).is_some())
+        {
+            super::writer::CgroupCpusetWriter(cg.clone()).write(change)?;
+        }
         self.runtime
             .note_given(&change.cgroup, &change.cpus, change.mems.as_ref());
         self.changes
@@ -311,14 +314,11 @@ impl CpusetWriter for NriWriter {
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        if let Some(c) = self.runtime.given(cgroup).and_then(|g| g.cpus) {
-            return Some(c);
-        }
-        let cg = self.cgroups.as_ref()?;
-        match cg.cpus(cgroup) {
+        let live = self.cgroups.as_ref().and_then(|cg| match cg.cpus(cgroup) {
             Ok(c) if !c.is_empty() => Some(c),
             _ => cg.effective_cpus(cgroup).ok(),
-        }
+        });
+        live.or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
 }
 
@@ -372,6 +372,17 @@ impl Policy {
 
     fn d(&self) -> &Daemon {
         &self.admission.daemon
+    }
+
+    /// A container of a pod kubelet's static managers placed (`daemon::kubelet`): left as
+    /// kubelet made it.
+    fn kubelet_owned(&self, r: &Request) -> bool {
+        let uid = r.key.split('/').next().unwrap_or_default();
+        let owned = super::kubelet::owns_pod(&self.d().lock(), uid);
+        if owned {
+            tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+        }
+        owned
     }
 
     /// The runtime's container id of a placed container's cgroup (a map lookup: a shrink
@@ -433,6 +444,37 @@ impl Policy {
             let mems = CpuSet::parse(&cpu.mems).ok().filter(|m| !m.is_empty());
             if let Err(why) = self.runtime.submit(&t.cgroup, cpus.as_ref(), mems.as_ref()) {
                 tracing::warn!(cgroup = %t.cgroup, reason = ?why, "shared pool growth not sent to the runtime");
+            }
+        }
+    }
+
+    /// Writes `stale` cgroups' given cpusets to cgroupfs again, under `Daemon::order` (the
+    /// runtime may have applied an older value over them: see `nri_updates`).
+    fn rewrite(&self, stale: Vec<String>) {
+        let Some(cgroups) = self.writer.cgroups.as_ref().filter(|_| !stale.is_empty()) else {
+            return;
+        };
+        let _order = self.d().order();
+        for cg in stale {
+            let Some(g) = self.runtime.given(&cg) else {
+                continue;
+            };
+            let r = g
+                .mems
+                .as_ref()
+                .map_or(Ok(()), |m| cgroups.write_mems(&cg, m))
+                .and_then(|()| {
+                    g.cpus
+                        .as_ref()
+                        .map_or(Ok(()), |c| cgroups.write_cpus(&cg, c))
+                });
+            match r {
+                Ok(()) => {
+                    tracing::info!(cgroup = %cg, "cpuset written again after a stale runtime update")
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %cg, error = %e, "writing a cpuset again after a stale runtime update failed")
+                }
             }
         }
     }
@@ -571,7 +613,26 @@ impl Policy {
 
 impl Handler for Policy {
     fn configure(&mut self, req: api::ConfigureRequest) -> Result<api::ConfigureResponse, String> {
-        tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, "NRI plugin configured by the runtime");
+        use crate::config::RuntimeUpdates as U;
+        let mode = self.d().lock().cfg.kubernetes.nri_runtime_updates;
+        let (safe, why) =
+            super::nri_updates::runtime_updates_safe(&req.runtime_name, &req.runtime_version);
+        let (on, why) = match mode {
+            U::Auto => (safe, why),
+            U::On => (
+                true,
+                format!("kubernetes.nri_runtime_updates = true ({why})"),
+            ),
+            U::Off => (false, "kubernetes.nri_runtime_updates = false".to_string()),
+        };
+        self.runtime.set_updates(on);
+        tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, unsolicited_updates = on, reason = %why, "NRI plugin configured by the runtime");
+        self.d().lock().nri_runtime = super::status::NriRuntime {
+            name: req.runtime_name.clone(),
+            version: req.runtime_version.clone(),
+            unsolicited_updates: on,
+            reason: why,
+        };
         Ok(api::ConfigureResponse {
             events: event_mask(EVENTS),
         })
@@ -603,7 +664,7 @@ impl Handler for Policy {
                     continue;
                 }
             };
-            if !running {
+            if !running || self.kubelet_owned(&r) {
                 continue;
             }
             live.push(r.cgroup.clone());
@@ -702,6 +763,7 @@ impl Handler for Policy {
             released = gone.len(),
             "synchronized with the runtime"
         );
+        updates.extend(self.runtime.take_for_hook());
         Ok(api::SynchronizeResponse { update: updates })
     }
 
@@ -728,6 +790,9 @@ impl Handler for Policy {
                 return Err(format!("rebalancer: {e}"));
             }
         };
+        if self.kubelet_owned(&r) {
+            return Ok(Default::default());
+        }
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
             return Err(format!("rebalancer: container {} created twice", c.id));
@@ -750,7 +815,10 @@ impl Handler for Policy {
                 }),
                 ..Default::default()
             }),
-            update: updates,
+            update: updates
+                .into_iter()
+                .chain(self.runtime.take_for_hook())
+                .collect(),
             evict: vec![],
         })
     }
@@ -762,11 +830,12 @@ impl Handler for Policy {
         let Some(c) = req.container.as_ref() else {
             return Err("rebalancer: StopContainer without its container".into());
         };
-        let update = if self.release(&c.id, Durability::Deferred) {
+        let mut update = if self.release(&c.id, Durability::Deferred) {
             self.regrow()
         } else {
             Vec::new()
         };
+        update.extend(self.runtime.take_for_hook());
         Ok(api::StopContainerResponse { update })
     }
 
@@ -821,11 +890,18 @@ impl Handler for Policy {
     }
 
     fn updates_answered(&mut self, result: Result<Vec<String>, String>) {
-        self.runtime.answered(result);
+        let stale = self.runtime.answered(result);
+        self.rewrite(stale);
+    }
+
+    fn updates_timed_out(&mut self) {
+        let stale = self.runtime.timed_out();
+        self.rewrite(stale);
     }
 
     fn connection(&mut self, up: bool) {
-        self.runtime.set_connected(up);
+        let stale = self.runtime.set_connected(up);
+        self.rewrite(stale);
         self.d().metrics.nri_connected.set(i64::from(up));
         self.d().lock().nri_connected = up;
         if up {
@@ -859,6 +935,7 @@ pub fn spawn(
         socket: k.nri_socket,
         name: "rebalancer".into(),
         index: k.nri_plugin_index,
+        update_deadline: crate::nri::session::UPDATE_DEADLINE,
     };
     std::thread::Builder::new()
         .name("nri".into())
@@ -1269,6 +1346,179 @@ mod tests {
         assert_eq!(s.state.allocator.exclusive_cpus(), x);
     }
 
+    /// Coexistence with kubelet's static CPU Manager: CPU 0 is kubelet's (its state file, in
+    /// kubelet's format). Its pod's container is left as kubelet made it (no adjustment, no
+    /// allocation); the other Guaranteed containers take every other CPU but never CPU 0; and
+    /// the planner, which moves the same observation of an unpinned container, never moves
+    /// kubelet's.
+    #[test]
+    fn kubelets_static_cpus_are_never_handed_out_and_its_containers_never_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+            policy_name: "static".into(),
+            default_cpu_set: "1-3".into(),
+            entries: Some(
+                [(
+                    kube_uid.to_string(),
+                    [("app".to_string(), "0".to_string())].into(),
+                )]
+                .into(),
+            ),
+            checksum: 0,
+        };
+        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        std::fs::write(
+            dir.path().join("cpu_manager_state"),
+            format!(
+                r#"{{"policyName":"static","defaultCpuSet":"1-3","entries":{{"{kube_uid}":{{"app":"0"}}}},"checksum":{}}}"#,
+                c.checksum
+            ),
+        )
+        .unwrap();
+        {
+            let mut s = p.d().lock();
+            s.cfg.kubernetes.kubelet_state_dir = dir.path().to_path_buf();
+            let m = p.d().metrics.clone();
+            crate::daemon::kubelet::adopt(&mut s, &m);
+            assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
+        }
+        let zero = CpuSet::parse("0").unwrap();
+        // kubelet's pod: its container is kubelet's
+        let mut kp = pod("k", "");
+        kp.uid = kube_uid.into();
+        kp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{kube_uid}");
+        run_pod(&mut p, &kp);
+        let kc = ctr("f", &kp, 100_000, 1024, 1 << 20);
+        assert!(
+            request(&kp, &kc).unwrap().is_some(),
+            "a Kubernetes container"
+        );
+        let r = create(&mut p, &kp, &kc).unwrap();
+        assert!(r.adjust.is_none() && r.update.is_empty(), "{r:?}");
+        assert!(!p
+            .d()
+            .lock()
+            .state
+            .bindings
+            .keys()
+            .any(|cg| cg.contains(kube_uid)));
+        // three more 1-CPU pods take CPUs 1-3, never 0; a fourth finds no CPU
+        let mut given = CpuSet::new();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            let mut gp = pod(id, "");
+            gp.uid = format!("0000000{i}-1b4a-4c6d-9e8f-7a6b5c4d3e2f");
+            gp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{}", gp.uid);
+            run_pod(&mut p, &gp);
+            let cpus =
+                adjusted_cpus(&create(&mut p, &gp, &ctr(id, &gp, 100_000, 1024, 1 << 20)).unwrap());
+            assert!(cpus.is_disjoint(&zero), "{cpus}");
+            given = given.union(&cpus);
+        }
+        assert_eq!(given, CpuSet::parse("1-3").unwrap());
+        let mut gp = pod("d", "");
+        gp.uid = "0000000d-1b4a-4c6d-9e8f-7a6b5c4d3e2f".into();
+        gp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{}", gp.uid);
+        run_pod(&mut p, &gp);
+        assert!(create(&mut p, &gp, &ctr("d", &gp, 100_000, 1024, 1 << 20)).is_err());
+        // never planned: the same pulled observation moves an unpinned container
+        let s = p.d().lock();
+        let kube_cg = request(&kp, &kc).unwrap().unwrap().cgroup;
+        let obs_of =
+            |id: &str, c: crate::controller::Constraints| crate::controller::Observations {
+                period_ns: 1_000_000_000,
+                cgroups: vec![crate::controller::CgroupObs {
+                    id: id.into(),
+                    cpu_ns_per_node: [(0, 2_000_000_000)].into(),
+                    mem_bytes_per_node: [(1, 8 << 30)].into(),
+                    cpus: CpuSet::parse("0-1").unwrap(),
+                    mems: CpuSet::parse("0-1").unwrap(),
+                    constraints: c,
+                    ..Default::default()
+                }],
+                nodes: s
+                    .topo
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        (
+                            n.id,
+                            crate::controller::NodeObs {
+                                cpu_busy: 0.1,
+                                free_bytes: 32 << 30,
+                                free_hugepage_bytes: 0,
+                                runnable: None,
+                            },
+                        )
+                    })
+                    .collect(),
+                reserved_cpus: CpuSet::new(),
+            };
+        let plan = |o| {
+            crate::controller::plan(
+                &s.topo,
+                &o,
+                &Default::default(),
+                &s.cfg.controller,
+                1_000_000,
+            )
+        };
+        let pinned = crate::daemon::engine::bound_constraints(&s, &kube_cg).unwrap();
+        assert!(pinned.pinned);
+        assert!(plan(obs_of(&kube_cg, pinned)).moves.is_empty());
+        assert!(
+            !plan(obs_of("kubepods/other/c", Default::default()))
+                .moves
+                .is_empty(),
+            "the scenario moves an unpinned container"
+        );
+    }
+
+    /// The unsolicited-updates decision at Configure: `auto` follows the version rule for the
+    /// runtime that answered, `true` / `false` force it; the decision is in `status`.
+    #[test]
+    fn configure_decides_unsolicited_updates_by_the_runtime_version() {
+        use crate::config::RuntimeUpdates as U;
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let conf = |p: &mut Policy, version: &str| {
+            p.configure(api::ConfigureRequest {
+                runtime_name: "containerd".into(),
+                runtime_version: version.into(),
+                ..Default::default()
+            })
+            .unwrap();
+            let s = p.d().lock();
+            assert_eq!(s.nri_runtime.version, version);
+            (
+                p.runtime.updates_enabled(),
+                s.nri_runtime.unsolicited_updates,
+                s.nri_runtime.reason.clone(),
+            )
+        };
+        let (on, shown, why) = conf(&mut p, "1.7.24~ds1");
+        assert!(!on && !shown, "{why}");
+        assert!(why.contains("13733"), "{why}");
+        assert!(conf(&mut p, "v2.4.1").0);
+        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::On;
+        let (on, _, why) = conf(&mut p, "1.7.24~ds1");
+        assert!(on && why.contains("nri_runtime_updates = true"), "{why}");
+        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::Off;
+        assert!(!conf(&mut p, "v2.4.1").0);
+        // the config key takes "auto", true and false, and refuses anything else
+        let k = |v: &str| {
+            toml::from_str::<crate::config::KubernetesConfig>(&format!("nri_runtime_updates = {v}"))
+        };
+        assert_eq!(k("\"auto\"").unwrap().nri_runtime_updates, U::Auto);
+        assert_eq!(k("true").unwrap().nri_runtime_updates, U::On);
+        assert_eq!(k("false").unwrap().nri_runtime_updates, U::Off);
+        assert!(k("\"sometimes\"")
+            .unwrap_err()
+            .to_string()
+            .contains("expected"));
+    }
+
     #[test]
     fn systemd_cgroups_paths_expand_as_systemd_lays_them_out() {
         assert_eq!(
@@ -1283,5 +1533,17 @@ mod tests {
         assert_eq!(millis_from_shares(1024), 1000);
         assert_eq!(millis_from_shares(102), 100);
         assert_eq!(millis_from_shares(2), 0);
+        assert_eq!(millis_from_shares(u64::MAX), u64::MAX.div_ceil(1024));
+        // quota / period: rounded up, saturating on a hostile quota
+        let cpu = |quota: i64, period: u64| api::LinuxCpu {
+            quota: Some(api::OptionalInt64 { value: quota }),
+            period: Some(api::OptionalUInt64 { value: period }),
+            ..Default::default()
+        };
+        assert_eq!(cpu_millis(Some(&cpu(150_000, 100_000))).0, 1500);
+        assert_eq!(cpu_millis(Some(&cpu(1, 100_000))).0, 1);
+        assert_eq!(cpu_millis(Some(&cpu(-1, 100_000))).0, 0);
+        assert_eq!(cpu_millis(Some(&cpu(i64::MAX, 1))).0, u64::MAX);
+        assert_eq!(cpu_millis(None), (0, 0));
     }
 }

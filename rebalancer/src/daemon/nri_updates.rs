@@ -1,41 +1,40 @@
 //! Changes to the runtime's containers made *outside* the NRI hooks — the control round's
 //! moves, the CPU-hotplug replacement (`Admission::replace_offline`), the shared pool's shrink
-//! after an API admission — sent to the runtime as NRI `UpdateContainers` while the plugin is
-//! connected, so the runtime's view (its container spec, `runc update`) and cgroupfs agree.
+//! after an API admission — and how the runtime's view of them is kept in step.
+//!
+//! Every such change is **written to cgroupfs first**, by the writer, under `Daemon::order`
+//! (the books' invariant: check, write and record under one lock, so no admission can hand out
+//! CPUs a container has not left yet), and then told to the runtime so its container spec
+//! (`runc update`) says the same: queued here and sent either in the next hook answer that may
+//! carry updates of other containers (CreateContainer / StopContainer / Synchronize: applied by
+//! the runtime inside its own hook, no lock-order hazard) or, when the connection allows it, as
+//! an unsolicited `UpdateContainers`. The runtime applying the same values again changes
+//! nothing; its answer never moves the books (a failed update leaves only the runtime's spec
+//! behind — logged and counted — never the cgroup).
 //!
 //! [`Runtime`] is shared by the plugin thread (`daemon::nri`, which knows which cgroup is which
 //! runtime container and owns the socket) and the writers of the other threads:
-//! - [`RuntimeMoveWriter`], the control round's `CgroupWriter` in NRI mode: cpus and mems
-//!   writes become updates; `cpuset.memory_migrate` (v1: not part of the OCI spec, so the
-//!   runtime never touches it) and the staged page moves (move_pages) stay the daemon's own.
-//!   Memory follows a mems update exactly as it follows our own write: runc writes
-//!   `cpuset.mems`, and the kernel migrates (v2 always, v1 with memory_migrate, which the
-//!   actuator turns on before and off only after the runtime answered).
+//! - [`RuntimeMoveWriter`], the control round's `CgroupWriter` in NRI mode;
 //! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
 //!
-//! A write never waits for the runtime: it is called under `Daemon::order`, and the runtime
-//! may at that moment be waiting for the plugin's answer to a CreateContainer, which needs
-//! that lock (containerd holds its NRI lock until the plugin answers, and applies unsolicited
-//! updates only after). The change is recorded as *given* (what readers see until the runtime
-//! answered) and queued; [`CgroupWriter::settle`] — the actuator calls it before reading a
-//! move back, without the lock — waits for the runtime's answer.
-//!
-//! Ordering: at most one `UpdateContainers` is in flight, each carrying the latest given
-//! cpuset of its containers; when its answer comes and a container was given something newer
-//! meanwhile (a CreateContainer answer's own updates overtake a queued one), it is sent again,
-//! so the last decision is the one the runtime ends with. The plugin sends only after the
-//! connection has been quiet for `nri::session::QUIET`: containerd 1.7 takes its two NRI locks in opposite
-//! orders for lifecycle events and plugin-initiated updates (containerd/containerd#13733, fixed
-//! upstream in containerd/nri#301), and a quiet connection makes it unlikely that a lifecycle
-//! event is between its two locks when our update arrives.
+//! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
+//! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`): containerd before 2.4.0
+//! can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
+//! (containerd/containerd#13733, fixed by containerd/nri#301 in NRI v0.12.1). At most one is in
+//! flight, each carrying the latest given cpuset of its containers, sent once the connection is
+//! quiet (`nri::session::QUIET`); one that is not answered within the session's deadline ends
+//! the connection (`rebalancer_nri_updates_total{reason="timeout"}`), which reconnects.
+//! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
+//! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
+//! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
+//! for what was in flight when the connection went.
 //!
 //! Not connected, or a cgroup that is not one of the runtime's containers: written to cgroupfs
-//! directly, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`.
+//! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`.
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Condvar, Mutex, MutexGuard},
-    time::{Duration, Instant},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use super::{
@@ -44,23 +43,20 @@ use super::{
 };
 use crate::{
     cgroup::Cgroups,
-    controller::{CgroupFile, CgroupWriteError, CgroupWriter},
+    controller::{CgroupWriteError, CgroupWriter},
     cpuset::CpuSet,
     nri::api,
     serve::{metrics::ReasonLabel, Metrics},
 };
 
-/// How long [`Runtime::settle`] waits for the runtime's answer.
-pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// What a container was last given (through a hook's answer or an update).
+/// What a container was last given (through a hook's answer or a write).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Given {
     pub cpus: Option<CpuSet>,
     pub mems: Option<CpuSet>,
 }
 
-/// Why a change was not forwarded to the runtime.
+/// Why a change was not told to the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direct {
     NotConnected,
@@ -76,30 +72,56 @@ impl Direct {
     }
 }
 
+/// Whether unsolicited UpdateContainers are safe with the runtime that answered Configure,
+/// and why: containerd before 2.4.0 carries containerd/containerd#13733 (its NRI ≤ v0.12.0
+/// holds the adaptation lock across the update callback; containerd/nri#301, NRI v0.12.1, first
+/// in containerd 2.4.0 — containerd/containerd#13812 on main, the v2.4.0 release notes list
+/// NRI commits after it; no backport to 1.7 or 2.0–2.3 is known). Other runtimes (CRI-O) are not
+/// known to have it. A containerd version that does not parse is taken as affected.
+pub fn runtime_updates_safe(name: &str, version: &str) -> (bool, String) {
+    if !name.to_ascii_lowercase().contains("containerd") {
+        return (
+            true,
+            format!("{name} {version}: not known to deadlock on plugin updates"),
+        );
+    }
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (major, minor) {
+        (Some(ma), Some(mi)) if (ma, mi) >= (2, 4) => (
+            true,
+            format!("containerd {version} has containerd/nri#301 (fixed in 2.4.0)"),
+        ),
+        (Some(_), Some(_)) => (
+            false,
+            format!("containerd {version} can deadlock on a plugin's UpdateContainers (containerd/containerd#13733, fixed in 2.4.0)"),
+        ),
+        _ => (
+            false,
+            format!("containerd version {version:?} not understood; taken as affected by containerd/containerd#13733"),
+        ),
+    }
+}
+
 #[derive(Default)]
 struct State {
     connected: bool,
+    /// Unsolicited UpdateContainers allowed on this connection.
+    updates: bool,
     /// cgroup → the runtime's container id (containers the plugin placed or adopted).
     ids: BTreeMap<String, String>,
     given: BTreeMap<String, Given>,
-    /// Cgroups whose given cpuset is to be sent, in order.
+    /// Cgroups whose given cpuset is to be told to the runtime, in order.
     queued: Vec<String>,
     /// Sent and not answered: (cgroup, what was sent).
     inflight: Vec<(String, Given)>,
-    /// cgroup → why the runtime did not apply its last update (taken by `settle`).
-    failed: BTreeMap<String, String>,
-}
-
-impl State {
-    fn pending(&self, cg: &str) -> bool {
-        self.queued.iter().any(|c| c == cg) || self.inflight.iter().any(|(c, _)| c == cg)
-    }
 }
 
 /// The runtime's side of container changes (see the module doc).
 pub struct Runtime {
     state: Mutex<State>,
-    answered: Condvar,
     metrics: Metrics,
 }
 
@@ -107,7 +129,6 @@ impl Runtime {
     pub fn new(metrics: Metrics) -> Runtime {
         Runtime {
             state: Mutex::default(),
-            answered: Condvar::new(),
             metrics,
         }
     }
@@ -116,22 +137,36 @@ impl Runtime {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The plugin registered (`true`) or lost its connection: what was queued or in flight
-    /// is dropped and its waiters told.
-    pub fn set_connected(&self, up: bool) {
+    /// The plugin registered (`true`) or lost its connection. On a loss, what was in flight is
+    /// returned (the runtime may still apply it over newer writes: the caller writes those
+    /// cgroups again) and stays queued for the next connection; unsolicited updates are off
+    /// until the next Configure decides.
+    pub fn set_connected(&self, up: bool) -> Vec<String> {
         let mut s = self.lock();
         s.connected = up;
-        if !up {
-            let mut lost = std::mem::take(&mut s.queued);
-            lost.extend(std::mem::take(&mut s.inflight).into_iter().map(|(c, _)| c));
-            for cg in lost {
-                s.failed.insert(
-                    cg,
-                    "the NRI connection was lost before the runtime answered".into(),
-                );
-            }
-            self.answered.notify_all();
+        if up {
+            return Vec::new();
         }
+        s.updates = false;
+        let lost: Vec<String> = std::mem::take(&mut s.inflight)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
+        for cg in &lost {
+            if !s.queued.contains(cg) {
+                s.queued.push(cg.clone());
+            }
+        }
+        lost
+    }
+
+    /// Unsolicited UpdateContainers on (`true`) or off for this connection.
+    pub fn set_updates(&self, on: bool) {
+        self.lock().updates = on;
+    }
+
+    pub fn updates_enabled(&self) -> bool {
+        self.lock().updates
     }
 
     /// `cgroup` is the runtime's container `id`.
@@ -155,7 +190,7 @@ impl Runtime {
         s.ids = ids;
     }
 
-    /// A hook's answer gave `cgroup` this cpuset (the runtime applies it with the answer).
+    /// A hook's answer (or a write) gave `cgroup` this cpuset.
     pub fn note_given(&self, cgroup: &str, cpus: &CpuSet, mems: Option<&CpuSet>) {
         let mut s = self.lock();
         let g = s.given.entry(cgroup.to_string()).or_default();
@@ -170,21 +205,13 @@ impl Runtime {
         self.lock().given.get(cgroup).cloned()
     }
 
-    /// What `cgroup` was given while the runtime has not answered yet (None once it has).
-    pub fn pending_given(&self, cgroup: &str) -> Option<Given> {
-        let s = self.lock();
-        s.pending(cgroup)
-            .then(|| s.given.get(cgroup).cloned())
-            .flatten()
-    }
-
     /// The runtime's container id of `cgroup`, if it is one.
     pub fn id_of(&self, cgroup: &str) -> Option<String> {
         self.lock().ids.get(cgroup).cloned()
     }
 
-    /// Gives `cgroup` new cpus and/or mems through the runtime: recorded and queued, never
-    /// waited for. `Err` when it cannot go through the runtime (the caller writes cgroupfs).
+    /// `cgroup` was written new cpus and/or mems (cgroupfs already has them): recorded and
+    /// queued for the runtime, never waited for. `Err` when the runtime cannot be told.
     pub fn submit(
         &self,
         cgroup: &str,
@@ -205,45 +232,62 @@ impl Runtime {
         if let Some(m) = mems {
             g.mems = Some(m.clone());
         }
-        s.failed.remove(cgroup);
         if !s.queued.iter().any(|c| c == cgroup) {
             s.queued.push(cgroup.to_string());
         }
         Ok(())
     }
 
-    /// For the plugin thread, when the connection is quiet and no update is in flight: the
-    /// queued changes as one batch of container updates (each the latest given), now in flight.
-    pub fn take_batch(&self) -> Vec<api::ContainerUpdate> {
-        let mut s = self.lock();
-        if !s.connected || !s.inflight.is_empty() {
-            return Vec::new();
-        }
+    fn updates_of(s: &mut State, queued: Vec<String>, inflight: bool) -> Vec<api::ContainerUpdate> {
         let mut out = Vec::new();
-        let queued = std::mem::take(&mut s.queued);
         for cg in queued {
             let (Some(id), Some(g)) = (s.ids.get(&cg).cloned(), s.given.get(&cg).cloned()) else {
                 continue;
             };
-            let Some(cpus) = &g.cpus else {
-                // Only mems given so far (never for a placed container): its cpus stay.
-                out.push(update(&id, None, g.mems.as_ref()));
+            out.push(update(&id, g.cpus.as_ref(), g.mems.as_ref()));
+            if inflight {
                 s.inflight.push((cg, g));
-                continue;
-            };
-            out.push(update(&id, Some(cpus), g.mems.as_ref()));
-            s.inflight.push((cg, g));
+            }
         }
         out
     }
 
+    /// For the plugin thread, when the connection is quiet, unsolicited updates are on and
+    /// none is in flight: the queued changes as one batch (each the latest given), now in
+    /// flight.
+    pub fn take_batch(&self) -> Vec<api::ContainerUpdate> {
+        let mut s = self.lock();
+        if !s.connected || !s.updates || !s.inflight.is_empty() {
+            return Vec::new();
+        }
+        let queued = std::mem::take(&mut s.queued);
+        Self::updates_of(&mut s, queued, true)
+    }
+
+    /// For a hook answer that carries updates of other containers: the queued changes (those
+    /// of containers in flight stay queued for after their answer).
+    pub fn take_for_hook(&self) -> Vec<api::ContainerUpdate> {
+        let mut s = self.lock();
+        if !s.connected {
+            return Vec::new();
+        }
+        let (busy, free): (Vec<String>, Vec<String>) = std::mem::take(&mut s.queued)
+            .into_iter()
+            .partition(|cg| s.inflight.iter().any(|(c, _)| c == cg));
+        s.queued = busy;
+        Self::updates_of(&mut s, free, false)
+    }
+
     /// The runtime answered the batch in flight: `Ok(failed container ids)` or the error of
-    /// the whole request. Containers given something newer meanwhile are queued again.
-    pub fn answered(&self, result: Result<Vec<String>, String>) {
+    /// the whole request. Returns the cgroups given something newer meanwhile (the runtime
+    /// may have applied the older value over the newer write: to be written again), which are
+    /// also queued again. A failure only leaves the runtime's spec behind: logged and counted.
+    pub fn answered(&self, result: Result<Vec<String>, String>) -> Vec<String> {
         let mut s = self.lock();
         let inflight = std::mem::take(&mut s.inflight);
         let mut ok = 0u64;
         let mut bad = 0u64;
+        let mut stale = Vec::new();
         for (cg, sent) in inflight {
             let id = s.ids.get(&cg).cloned().unwrap_or_default();
             let why = match &result {
@@ -256,64 +300,60 @@ impl Runtime {
             match why {
                 Some(w) => {
                     bad += 1;
-                    tracing::warn!(cgroup = %cg, container = %id, error = %w, "container update through the runtime failed");
-                    s.failed.insert(cg, w);
+                    tracing::warn!(cgroup = %cg, container = %id, error = %w, "container update through the runtime failed; cgroupfs has the change, the runtime's spec does not");
                 }
-                None => {
-                    ok += 1;
-                    let newer = s.given.get(&cg).is_some_and(|g| *g != sent);
-                    if newer && s.ids.contains_key(&cg) && !s.queued.contains(&cg) {
-                        s.queued.push(cg);
-                    }
+                None => ok += 1,
+            }
+            let newer = s.given.get(&cg).is_some_and(|g| *g != sent);
+            if newer && s.ids.contains_key(&cg) {
+                if !s.queued.contains(&cg) {
+                    s.queued.push(cg.clone());
                 }
+                stale.push(cg);
             }
         }
         drop(s);
-        for (n, result) in [(ok, "applied"), (bad, "failed")] {
-            if n > 0 {
-                self.metrics
-                    .nri_updates
-                    .get_or_create(&ReasonLabel {
-                        reason: result.into(),
-                    })
-                    .inc_by(n);
-            }
-        }
-        self.answered.notify_all();
+        self.count(ok, "applied");
+        self.count(bad, "failed");
+        stale
     }
 
-    /// Waits (at most `timeout`) until the runtime answered every update of `cgroup`; the
-    /// reason when it did not apply the last one.
-    pub fn settle(&self, cgroup: &str, timeout: Duration) -> Result<(), String> {
-        let end = Instant::now() + timeout;
-        let mut s = self.lock();
-        while s.pending(cgroup) {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "the runtime did not answer the update of {cgroup} within {timeout:?}"
-                ));
-            }
-            s = self
-                .answered
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        match s.failed.remove(cgroup) {
-            Some(why) => Err(why),
-            None => Ok(()),
+    /// The runtime did not answer the batch in flight within the session's deadline (the
+    /// connection is then closed): counted; what was in flight is returned as by
+    /// [`Self::set_connected`]`(false)`.
+    pub fn timed_out(&self) -> Vec<String> {
+        let n = self.lock().inflight.len() as u64;
+        tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
+        self.count(n.max(1), "timeout");
+        self.set_connected(false)
+    }
+
+    fn count(&self, n: u64, reason: &str) {
+        if n > 0 {
+            self.metrics
+                .nri_updates
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc_by(n);
         }
     }
 
     fn count_direct(&self, cgroup: &str, why: Direct, what: &str) {
-        tracing::info!(cgroup = %cgroup, reason = why.label(), change = what, "NRI mode: cpuset written to cgroupfs directly, not through the runtime");
+        tracing::info!(cgroup = %cgroup, reason = why.label(), change = what, "NRI mode: cpuset written to cgroupfs only, the runtime not told");
         self.metrics
             .nri_direct_writes
             .get_or_create(&ReasonLabel {
                 reason: why.label().into(),
             })
             .inc();
+    }
+
+    /// Tells the runtime of a write already made; counted when it cannot be told.
+    fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
+        if let Err(why) = self.submit(cg, cpus, mems) {
+            self.count_direct(cg, why, what);
+        }
     }
 }
 
@@ -335,64 +375,34 @@ pub fn update(id: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::Co
     }
 }
 
-/// The control round's [`CgroupWriter`] in NRI mode (see the module doc): the runtime's
-/// containers through the runtime, anything else through `real` (the cgroup layer's
-/// [`RealWriter`]).
+/// The control round's [`CgroupWriter`] in NRI mode (see the module doc): every write goes to
+/// cgroupfs through `real` (the cgroup layer's [`RealWriter`]) and is then told to the runtime.
 pub struct RuntimeMoveWriter<'a, W = RealWriter<'a>> {
     pub real: W,
     pub runtime: &'a Runtime,
 }
 
-fn settle_error(cg: &str, file: CgroupFile, why: String) -> CgroupWriteError {
-    CgroupWriteError::Io {
-        cgroup: cg.to_string(),
-        file,
-        source: std::io::Error::other(why),
-    }
-}
-
 impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
     fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        match self.runtime.pending_given(cg).and_then(|g| g.cpus) {
-            Some(c) => Ok(c),
-            None => self.real.read_cpus(cg),
-        }
+        self.real.read_cpus(cg)
     }
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        match self.runtime.pending_given(cg).and_then(|g| g.mems) {
-            Some(m) => Ok(m),
-            None => self.real.read_mems(cg),
-        }
+        self.real.read_mems(cg)
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        if cpus.is_empty() {
-            // As the cgroup layer refuses it.
-            return self.real.write_cpus(cg, cpus);
-        }
-        match self.runtime.submit(cg, Some(cpus), None) {
-            Ok(()) => Ok(()),
-            Err(why) => {
-                self.runtime.count_direct(cg, why, "cpus");
-                self.real.write_cpus(cg, cpus)
-            }
-        }
+        self.real.write_cpus(cg, cpus)?;
+        self.runtime.tell(cg, Some(cpus), None, "cpus");
+        Ok(())
     }
     fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        if mems.is_empty() {
-            return self.real.write_mems(cg, mems);
-        }
+        self.real.write_mems(cg, mems)?;
         // The runtime needs the cpus with them when it never gave any (an adopted container).
         let cpus = match self.runtime.given(cg).and_then(|g| g.cpus) {
             Some(_) => None,
             None => self.real.read_cpus(cg).ok(),
         };
-        match self.runtime.submit(cg, cpus.as_ref(), Some(mems)) {
-            Ok(()) => Ok(()),
-            Err(why) => {
-                self.runtime.count_direct(cg, why, "mems");
-                self.real.write_mems(cg, mems)
-            }
-        }
+        self.runtime.tell(cg, cpus.as_ref(), Some(mems), "mems");
+        Ok(())
     }
     fn needs_memory_migrate(&self) -> bool {
         self.real.needs_memory_migrate()
@@ -401,10 +411,6 @@ impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
         self.real.read_memory_migrate(cg)
     }
     fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        if !on {
-            // Off only once the runtime wrote the mems: the kernel migrates on that write.
-            self.settle(cg)?;
-        }
         self.real.set_memory_migrate(cg, on)
     }
     fn move_pages(
@@ -413,20 +419,13 @@ impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        self.settle(cg)?;
         self.real.move_pages(cg, toward, max_bytes)
-    }
-    fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
-        self.runtime
-            .settle(cg, SETTLE_TIMEOUT)
-            .map_err(|why| settle_error(cg, CgroupFile::Cpus, why))
     }
 }
 
 /// The admission service's [`CpusetWriter`] for the threads other than the plugin's in NRI
-/// mode (control round: hotplug replacement; API admissions' shrink): the runtime's
-/// containers through the runtime, never waited for (see the module doc); anything else
-/// through cgroupfs.
+/// mode (control round: hotplug replacement; API admissions' shrink): written to cgroupfs
+/// (under the caller's `Daemon::order`), then told to the runtime.
 pub struct RuntimeCpusetWriter {
     pub runtime: Arc<Runtime>,
     pub cgroupfs: CgroupCpusetWriter,
@@ -434,26 +433,14 @@ pub struct RuntimeCpusetWriter {
 
 impl CpusetWriter for RuntimeCpusetWriter {
     fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        match self
-            .runtime
-            .submit(&c.cgroup, Some(&c.cpus), c.mems.as_ref())
-        {
-            Ok(()) => {
-                tracing::info!(cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset change sent to the runtime (NRI update)");
-                Ok(())
-            }
-            Err(why) => {
-                self.runtime.count_direct(&c.cgroup, why, "cpuset");
-                self.cgroupfs.write(c)
-            }
-        }
+        self.cgroupfs.write(c)?;
+        self.runtime
+            .tell(&c.cgroup, Some(&c.cpus), c.mems.as_ref(), "cpuset");
+        Ok(())
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        self.runtime
-            .given(cgroup)
-            .and_then(|g| g.cpus)
-            .or_else(|| self.cgroupfs.cpus(cgroup))
+        self.cgroupfs.cpus(cgroup)
     }
 }
 
@@ -483,6 +470,7 @@ mod tests {
             Err(Direct::NotConnected)
         );
         rt.set_connected(true);
+        rt.set_updates(true);
         assert_eq!(
             rt.submit("a", Some(&set("0")), None),
             Err(Direct::NotRuntimeContainer)
@@ -503,22 +491,69 @@ mod tests {
         assert_eq!(batch[0].container_id, "ida");
         assert_eq!(cpu(&batch[0]), ("1".into(), "0".into()));
         assert_eq!(cpu(&batch[1]), ("2-3".into(), String::new()));
-        // Readers see what the runtime is about to apply.
-        assert_eq!(rt.pending_given("a").unwrap().cpus, Some(set("1")));
-        // A newer decision while in flight: nothing more is sent until the answer.
-        rt.note_given("a", &set("0"), None);
+        // A newer decision while in flight: nothing more is sent until the answer, and a hook
+        // answer does not take a container that is in flight either.
+        rt.submit("a", Some(&set("0")), None).unwrap();
         assert!(rt.take_batch().is_empty());
-        assert!(rt.settle("a", Duration::from_millis(10)).is_err());
-        rt.answered(Ok(vec!["idb".into()]));
-        // b failed; a is sent again with the newer cpus.
-        assert!(rt.settle("b", Duration::ZERO).unwrap_err().contains("idb"));
+        assert!(rt.take_for_hook().is_empty());
+        // b failed (only its spec is behind: not sent again); a was given something newer
+        // meanwhile: the runtime may have applied "1" over the write of "0", so a is named to
+        // be written again and is sent again with the newer cpus.
+        assert_eq!(rt.answered(Ok(vec!["idb".into()])), vec!["a".to_string()]);
         let again = rt.take_batch();
         assert_eq!(again.len(), 1);
         assert_eq!(cpu(&again[0]), ("0".into(), "0".into()));
-        rt.answered(Ok(vec![]));
-        assert!(rt.settle("a", Duration::ZERO).is_ok());
-        assert!(rt.pending_given("a").is_none());
+        assert!(rt.answered(Ok(vec![])).is_empty());
         assert!(rt.take_batch().is_empty());
+        let m = rt.metrics.render();
+        assert!(
+            m.contains("rebalancer_nri_updates_total{reason=\"failed\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("rebalancer_nri_updates_total{reason=\"applied\"} 2"),
+            "{m}"
+        );
+    }
+
+    /// Unsolicited updates off (a runtime with containerd#13733): nothing is sent between
+    /// hooks; the next hook answer carries the queued changes.
+    #[test]
+    fn without_unsolicited_updates_the_next_hook_answer_carries_them() {
+        let rt = Runtime::new(Metrics::default());
+        rt.set_connected(true);
+        rt.track("a", "ida");
+        rt.submit("a", Some(&set("1")), None).unwrap();
+        assert!(!rt.updates_enabled());
+        assert!(rt.take_batch().is_empty());
+        let hook = rt.take_for_hook();
+        assert_eq!(hook.len(), 1);
+        assert_eq!(hook[0].container_id, "ida");
+        assert!(rt.take_for_hook().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn the_version_rule_names_containerd_before_2_4_as_affected() {
+        for (name, v, safe) in [
+            ("containerd", "1.7.24~ds1", false),
+            ("containerd", "v1.7.24", false),
+            ("containerd", "2.0.3", false),
+            ("containerd", "v2.3.9", false),
+            ("containerd", "v2.4.0", true),
+            ("containerd", "2.4.0-rc.0", true),
+            ("containerd", "3.0.0", true),
+            ("containerd", "", false),
+            ("containerd", "unknown", false),
+            ("cri-o", "1.30.2", true),
+            ("CRI-O", "", true),
+        ] {
+            let (ok, why) = runtime_updates_safe(name, v);
+            assert_eq!(ok, safe, "{name} {v}: {why}");
+            assert!(!why.is_empty());
+            if !ok {
+                assert!(why.contains("13733"), "{why}");
+            }
+        }
     }
 
     /// The fake kernel, shared by the "runtime" (a thread applying the batches, as runc
@@ -555,41 +590,6 @@ mod tests {
         }
     }
 
-    /// A runtime on its own thread: applies each batch to the fake kernel, then answers.
-    fn runtime_thread(
-        rt: Arc<Runtime>,
-        kernel: Arc<Mutex<FakeCgroups>>,
-        ids: BTreeMap<String, String>,
-        stop: Arc<std::sync::atomic::AtomicBool>,
-    ) -> std::thread::JoinHandle<usize> {
-        std::thread::spawn(move || {
-            let mut updates = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let batch = rt.take_batch();
-                if batch.is_empty() {
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
-                }
-                for u in &batch {
-                    let cg = ids.iter().find(|(_, id)| **id == u.container_id).unwrap().0;
-                    let cpu = u.linux.as_ref().unwrap().resources.as_ref().unwrap();
-                    let cpu = cpu.cpu.as_ref().unwrap();
-                    let mut k = kernel.lock().unwrap();
-                    // runc: cpus, then mems.
-                    if !cpu.cpus.is_empty() {
-                        k.write_cpus(cg, &set(&cpu.cpus)).unwrap();
-                    }
-                    if !cpu.mems.is_empty() {
-                        k.write_mems(cg, &set(&cpu.mems)).unwrap();
-                    }
-                    updates += 1;
-                }
-                rt.answered(Ok(vec![]));
-            }
-            updates
-        })
-    }
-
     fn a_move() -> crate::controller::Move {
         crate::controller::Move {
             cgroup: "kubepods/pod1/c1".into(),
@@ -606,8 +606,12 @@ mod tests {
         }
     }
 
+    /// N2: a move of a runtime container is in cgroupfs when the writer returns (under the
+    /// caller's `Daemon::order`), before the runtime answered or even got it; the runtime then
+    /// gets one update with the final cpus and mems. N5: nothing waits for the runtime (it
+    /// never answers here), so a stop is never held up by it.
     #[test]
-    fn a_move_of_a_runtime_container_goes_through_the_runtime_and_memory_follows() {
+    fn a_move_of_a_runtime_container_is_in_cgroupfs_first_and_told_to_the_runtime() {
         let mut fake = FakeCgroups::v1().with("kubepods/pod1/c1", "0-1", "0");
         fake.set_memory("kubepods/pod1/c1", &[(0, 1 << 20)]);
         let kernel = Arc::new(Mutex::new(fake));
@@ -615,38 +619,48 @@ mod tests {
         let metrics = Metrics::default();
         let rt = Arc::new(Runtime::new(metrics.clone()));
         rt.set_connected(true);
-        let ids: BTreeMap<String, String> =
-            [("kubepods/pod1/c1".to_string(), "c1id".to_string())].into();
-        rt.retrack(ids.clone());
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let runtime = runtime_thread(rt.clone(), kernel.clone(), ids, stop.clone());
+        rt.set_updates(true);
+        rt.retrack([("kubepods/pod1/c1".to_string(), "c1id".to_string())].into());
         let mv = a_move();
         let mut w = RuntimeMoveWriter {
             real: Shared(kernel.clone(), direct.clone()),
             runtime: &rt,
         };
+        let t0 = std::time::Instant::now();
         let done = crate::controller::apply(&mv, &mut w, false).unwrap();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let updates = runtime.join().unwrap();
         assert!(
-            direct.lock().unwrap().is_empty(),
+            t0.elapsed() < crate::daemon::run::SHUTDOWN_BOUND,
             "{:?}",
-            direct.lock().unwrap()
+            t0.elapsed()
         );
-        assert!(updates >= 1);
-        let k = kernel.lock().unwrap();
-        assert_eq!(k.cpus("kubepods/pod1/c1"), Some(&set("2-3")));
-        assert_eq!(k.mems("kubepods/pod1/c1"), Some(&set("1")));
-        // v1: memory_migrate was on while the runtime narrowed mems, and off again after.
-        assert_eq!(
-            k.memory("kubepods/pod1/c1").unwrap().get(&1),
-            Some(&(1 << 20))
-        );
-        assert_eq!(k.memory_migrate("kubepods/pod1/c1"), Some(false));
+        {
+            let k = kernel.lock().unwrap();
+            assert_eq!(k.cpus("kubepods/pod1/c1"), Some(&set("2-3")));
+            assert_eq!(k.mems("kubepods/pod1/c1"), Some(&set("1")));
+            // v1: memory_migrate was on while mems narrowed, and off again after.
+            assert_eq!(
+                k.memory("kubepods/pod1/c1").unwrap().get(&1),
+                Some(&(1 << 20))
+            );
+            assert_eq!(k.memory_migrate("kubepods/pod1/c1"), Some(false));
+        }
         assert_eq!(done.moved_bytes, 1 << 20);
+        assert!(direct
+            .lock()
+            .unwrap()
+            .contains(&"cpus kubepods/pod1/c1 2-3".to_string()));
+        let batch = rt.take_batch();
+        assert_eq!(batch.len(), 1);
+        let cpu = batch[0].linux.as_ref().unwrap().resources.as_ref().unwrap();
+        let cpu = cpu.cpu.as_ref().unwrap();
+        assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("2-3", "1"));
+        assert!(rt.answered(Ok(vec![])).is_empty());
         assert!(metrics
             .render()
-            .contains("rebalancer_nri_updates_total{reason=\"applied\"}"));
+            .contains("rebalancer_nri_updates_total{reason=\"applied\"} 1"));
+        assert!(!metrics
+            .render()
+            .contains("rebalancer_nri_direct_writes_total{"));
     }
 
     #[test]
@@ -683,24 +697,91 @@ mod tests {
         );
     }
 
+    /// N3: an update the runtime never answers times out (the session then closes the
+    /// connection): counted, and what was in flight is named to be written again and queued
+    /// for the next connection.
     #[test]
-    fn a_lost_connection_fails_what_was_pending() {
-        let rt = Arc::new(Runtime::new(Metrics::default()));
+    fn an_unanswered_update_times_out_and_is_written_again() {
+        let metrics = Metrics::default();
+        let rt = Arc::new(Runtime::new(metrics.clone()));
         rt.set_connected(true);
+        rt.set_updates(true);
         rt.track("a", "ida");
         rt.submit("a", Some(&set("1")), None).unwrap();
         assert_eq!(rt.take_batch().len(), 1);
-        let waiter = {
-            let rt = rt.clone();
-            std::thread::spawn(move || rt.settle("a", Duration::from_secs(5)))
-        };
-        std::thread::sleep(Duration::from_millis(20));
-        rt.set_connected(false);
-        let e = waiter.join().unwrap().unwrap_err();
-        assert!(e.contains("connection was lost"), "{e}");
+        assert!(rt.take_batch().is_empty(), "one in flight");
+        assert_eq!(rt.timed_out(), vec!["a".to_string()]);
+        assert!(metrics
+            .render()
+            .contains("rebalancer_nri_updates_total{reason=\"timeout\"} 1"));
+        assert!(!rt.updates_enabled(), "off until the next Configure");
         assert_eq!(
             rt.submit("a", Some(&set("1")), None),
             Err(Direct::NotConnected)
         );
+        // reconnected: still queued, sent again
+        rt.set_connected(true);
+        rt.set_updates(true);
+        assert_eq!(rt.take_batch().len(), 1);
+    }
+
+    /// N1: the shared pool's shrink through the runtime's writer is in cgroupfs at once; a
+    /// failed runtime update leaves the books and the readers on what cgroupfs has.
+    #[test]
+    fn a_failed_update_leaves_the_books_on_what_cgroupfs_has() {
+        let root = tempfile::tempdir().unwrap();
+        let cg = "kubepods/burstable/pod1/s";
+        let put = |rel: &str, v: &str| {
+            let p = root.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, v).unwrap();
+        };
+        put("cgroup.controllers", "cpuset cpu memory\n");
+        for dir in [
+            "",
+            "kubepods",
+            "kubepods/burstable",
+            "kubepods/burstable/pod1",
+        ] {
+            put(&format!("{dir}/cpuset.cpus.effective"), "0-7\n");
+            put(&format!("{dir}/cpuset.mems.effective"), "0\n");
+        }
+        for f in [
+            "cpuset.cpus",
+            "cpuset.mems",
+            "cpuset.cpus.effective",
+            "cpuset.mems.effective",
+        ] {
+            put(
+                &format!("{cg}/{f}"),
+                if f.contains("mems") { "0\n" } else { "0-7\n" },
+            );
+        }
+        let cgroups = Cgroups::new(crate::cgroup::mode::Mounts::scan_root(root.path()).unwrap());
+        let metrics = Metrics::default();
+        let rt = Arc::new(Runtime::new(metrics.clone()));
+        rt.set_connected(true);
+        rt.set_updates(true);
+        rt.track(cg, "sid");
+        let w = RuntimeCpusetWriter::new(rt.clone(), cgroups.clone());
+        let pool = set("0-3,5-7");
+        w.write(&CpusetChange {
+            cgroup: cg.into(),
+            cpus: pool.clone(),
+            mems: None,
+        })
+        .unwrap();
+        assert_eq!(
+            cgroups.cpus(cg).unwrap(),
+            pool,
+            "in cgroupfs before any answer"
+        );
+        assert_eq!(rt.take_batch().len(), 1);
+        assert!(rt.answered(Err("refused".into())).is_empty());
+        assert_eq!(w.cpus(cg), Some(pool.clone()));
+        assert_eq!(cgroups.cpus(cg).unwrap(), pool);
+        assert!(metrics
+            .render()
+            .contains("rebalancer_nri_updates_total{reason=\"failed\"} 1"));
     }
 }

@@ -108,6 +108,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
+    super::kubelet::adopt(&mut daemon.lock(), &metrics);
     let mode = super::nri::resolve_mode(&cfg.kubernetes);
     // NRI mode: the plugin's runtime link; with `kubernetes.nri_runtime_updates` the other
     // threads' changes to the runtime's containers (moves, hotplug, API admissions' shrink) go
@@ -116,7 +117,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .then(|| Arc::new(super::nri_updates::Runtime::new(metrics.clone())));
     let updates = runtime
         .as_ref()
-        .filter(|_| cfg.kubernetes.nri_runtime_updates);
+        .filter(|_| cfg.kubernetes.nri_runtime_updates != crate::config::RuntimeUpdates::Off);
     if runtime.is_some() && updates.is_none() {
         tracing::info!("NRI mode: moves and hotplug changes of running containers are written to cgroupfs (kubernetes.nri_runtime_updates = false)");
     }
@@ -292,7 +293,7 @@ impl Reloader {
 }
 
 /// From the stop signal to the process' end, at most.
-const SHUTDOWN_BOUND: Duration = Duration::from_millis(4500);
+pub(crate) const SHUTDOWN_BOUND: Duration = Duration::from_millis(4500);
 
 /// A thread that, if the orderly stop has not ended the process within `bound`, restores
 /// AutoNUMA and exits with status 1 (a hung disk or a stuck task must not leave the kernel's
@@ -522,6 +523,8 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
             false
         }
     };
+    sh.cfg.kubernetes.kubelet_state_dir = new.kubernetes.kubelet_state_dir;
+    super::kubelet::adopt(sh, &d.metrics);
     drop(s);
     if placed {
         if let Err(e) = d.checkpoint() {

@@ -36,6 +36,23 @@ pub struct StatusAdmission {
     pub mode: crate::config::AdmissionMode,
     pub nri_connected: bool,
     pub nri_socket: std::path::PathBuf,
+    /// The runtime that configured the NRI plugin, and whether it gets unsolicited updates.
+    #[serde(default)]
+    pub nri_runtime: NriRuntime,
+    /// kubelet's static assignments adopted, and the state files' errors.
+    #[serde(default)]
+    pub kubelet: super::kubelet::Status,
+}
+
+/// The runtime that answered the NRI plugin's Configure.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NriRuntime {
+    pub name: String,
+    pub version: String,
+    /// Whether the daemon's own changes are also sent as unsolicited UpdateContainers
+    /// (`kubernetes.nri_runtime_updates`), and why.
+    pub unsolicited_updates: bool,
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +67,16 @@ pub struct StatusPod {
     pub uid: String,
     pub qos: Qos,
     pub containers: Vec<ContainerPlacement>,
+    /// Pod scope, a pod admitted one container at a time: its totals' CPU (millicores) and the
+    /// exclusive CPUs it holds for its containers still to come.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<StatusHold>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusHold {
+    pub totals_cpu_millis: u64,
+    pub cpus: CpuSet,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -83,6 +110,13 @@ impl StatusDoc {
                     uid: uid.clone(),
                     qos: p.qos,
                     containers: p.containers.iter().map(|c| c.placement.clone()).collect(),
+                    hold: p.hold.as_ref().map(|h| StatusHold {
+                        totals_cpu_millis: h
+                            .totals
+                            .cpu_limit_millis
+                            .max(h.totals.cpu_request_millis),
+                        cpus: h.cpus.clone(),
+                    }),
                 })
                 .collect(),
             exclusive_cpus: a.exclusive_cpus(),
@@ -101,6 +135,8 @@ impl StatusDoc {
                 mode: s.admission,
                 nri_connected: s.nri_connected,
                 nri_socket: s.cfg.kubernetes.nri_socket.clone(),
+                nri_runtime: s.nri_runtime.clone(),
+                kubelet: s.kubelet.clone(),
             },
         }
     }

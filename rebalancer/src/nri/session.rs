@@ -64,6 +64,11 @@ pub trait Handler {
     /// The runtime answered the last unsolicited updates: `Ok(ids of the containers it failed
     /// to update)`, or the error of the whole request (also when the connection went first).
     fn updates_answered(&mut self, _result: Result<Vec<String>, String>) {}
+    /// The runtime did not answer the last unsolicited updates within
+    /// [`Options::update_deadline`]; the connection is closed after this call.
+    fn updates_timed_out(&mut self) {
+        self.updates_answered(Err("the runtime did not answer in time".into()));
+    }
     /// The connection came up (registered) or went down.
     fn connection(&mut self, _up: bool) {}
 }
@@ -83,6 +88,8 @@ pub enum SessionError {
     Registration(String),
     #[error("the runtime did not answer the registration within {0:?}")]
     RegistrationTimeout(Duration),
+    #[error("the runtime did not answer the plugin's UpdateContainers within {0:?}; connection treated as broken")]
+    UpdateTimeout(Duration),
 }
 
 /// How to reach the runtime and who the plugin is.
@@ -92,7 +99,14 @@ pub struct Options {
     pub name: String,
     /// Two digits; plugins are called in ascending index order.
     pub index: String,
+    /// How long an unsolicited UpdateContainers may go unanswered before the connection is
+    /// treated as broken (closed, reconnected).
+    pub update_deadline: Duration,
 }
+
+/// [`Options::update_deadline`]'s default: past NRI's own 2 s plugin request timeout, and
+/// short enough that a wedged connection is noticed well within a control period.
+pub const UPDATE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Answers one request on the Plugin service: the response payload, or a status.
 pub fn dispatch(h: &mut dyn Handler, req: &Request) -> Result<Vec<u8>, Status> {
@@ -165,6 +179,14 @@ pub fn run_once(
         if stop.load(Ordering::Relaxed) {
             break Ok(());
         }
+        if conn
+            .awaiting
+            .is_some_and(|(_, sent)| sent.elapsed() > opts.update_deadline)
+        {
+            conn.awaiting = None;
+            h.updates_timed_out();
+            break Err(SessionError::UpdateTimeout(opts.update_deadline));
+        }
         match sock.read(&mut buf) {
             Ok(0) => break Err(SessionError::Closed),
             Ok(n) => {
@@ -186,7 +208,7 @@ pub fn run_once(
                         };
                         let stream = conn.next_stream;
                         conn.next_stream += 2;
-                        conn.awaiting = Some(stream);
+                        conn.awaiting = Some((stream, Instant::now()));
                         if let Err(e) = send_request(
                             &mut sock,
                             stream,
@@ -242,8 +264,8 @@ struct Conn {
     registered: bool,
     /// Stream id of the next request of ours (odd; 1 is RegisterPlugin).
     next_stream: u32,
-    /// The UpdateContainers request not answered yet.
-    awaiting: Option<u32>,
+    /// The UpdateContainers request not answered yet, and when it was sent.
+    awaiting: Option<(u32, Instant)>,
 }
 
 fn handle(
@@ -297,7 +319,7 @@ fn handle(
                 }
                 conn.registered = true;
                 h.connection(true);
-            } else if conn.awaiting == Some(m.stream) {
+            } else if conn.awaiting.is_some_and(|(s, _)| s == m.stream) {
                 conn.awaiting = None;
                 let result = if status.code != 0 {
                     tracing::warn!(error = %status.message, "the runtime refused container updates");
@@ -382,4 +404,116 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) {
 pub fn socket_exists(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// Registers, then wants to send one unsolicited update; records what it was told.
+    #[derive(Default)]
+    struct Plugin {
+        timed_out: bool,
+        down: bool,
+        sent: bool,
+    }
+
+    impl Handler for Plugin {
+        fn configure(
+            &mut self,
+            _: api::ConfigureRequest,
+        ) -> Result<api::ConfigureResponse, String> {
+            Ok(Default::default())
+        }
+        fn synchronize(
+            &mut self,
+            _: api::SynchronizeRequest,
+        ) -> Result<api::SynchronizeResponse, String> {
+            Ok(Default::default())
+        }
+        fn create_container(
+            &mut self,
+            _: api::CreateContainerRequest,
+        ) -> Result<api::CreateContainerResponse, String> {
+            Ok(Default::default())
+        }
+        fn stop_container(
+            &mut self,
+            _: api::StopContainerRequest,
+        ) -> Result<api::StopContainerResponse, String> {
+            Ok(Default::default())
+        }
+        fn state_change(&mut self, _: api::StateChangeEvent) -> Result<(), String> {
+            Ok(())
+        }
+        fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+            if self.sent {
+                return Vec::new();
+            }
+            self.sent = true;
+            vec![crate::daemon::nri_updates::update("c1", None, None)]
+        }
+        fn updates_timed_out(&mut self) {
+            self.timed_out = true;
+        }
+        fn connection(&mut self, up: bool) {
+            self.down |= !up;
+        }
+    }
+
+    /// N3: a runtime that answers the registration but never the plugin's UpdateContainers
+    /// (containerd#13733's wedge, a dropped request): the session gives up after the deadline
+    /// — the handler is told, the connection is closed (and `run` reconnects) — instead of
+    /// waiting for ever with every later update blocked behind it.
+    #[test]
+    fn an_unanswered_update_ends_the_connection_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nri.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let runtime = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut demux = Demux::default();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut updates = 0;
+            loop {
+                let n = match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return updates,
+                    Ok(n) => n,
+                };
+                demux.push(&buf[..n]).unwrap();
+                while let Some(m) = demux.next_message().unwrap() {
+                    let req = Request::decode(m.payload.as_slice()).unwrap();
+                    if req.method == "RegisterPlugin" {
+                        let resp = Response {
+                            status: Some(Status::default()),
+                            payload: api::Empty {}.encode_to_vec(),
+                        };
+                        s.write_all(&wire::encode(
+                            wire::RUNTIME_CONN,
+                            m.stream,
+                            wire::TYPE_RESPONSE,
+                            &resp.encode_to_vec(),
+                        ))
+                        .unwrap();
+                    } else if req.method == "UpdateContainers" {
+                        updates += 1; // never answered
+                    }
+                }
+            }
+        });
+        let opts = Options {
+            socket: path,
+            name: "test".into(),
+            index: "50".into(),
+            update_deadline: Duration::from_millis(300),
+        };
+        let mut p = Plugin::default();
+        let t0 = Instant::now();
+        let r = run_once(&opts, &mut p, &AtomicBool::new(false));
+        assert!(matches!(r, Err(SessionError::UpdateTimeout(_))), "{r:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(p.timed_out && p.down);
+        assert_eq!(runtime.join().unwrap(), 1, "the update was sent once");
+    }
 }

@@ -222,6 +222,8 @@ impl Allocator {
         let hit: Vec<(String, usize)> = self
             .pods
             .iter()
+            // kubelet's own placements (adopted from its state files) are kubelet's to fix
+            .filter(|(uid, _)| !uid.starts_with("kubelet:"))
             .flat_map(|(uid, p)| {
                 p.containers
                     .iter()

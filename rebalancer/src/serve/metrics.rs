@@ -104,6 +104,10 @@ pub struct Metrics {
     pub nri_updates: Family<ReasonLabel, Counter>,
     /// NRI mode: container cpuset changes written to cgroupfs directly, by reason.
     pub nri_direct_writes: Family<ReasonLabel, Counter>,
+    /// kubelet state files not adopted, by reason (read, parse, checksum, invalid).
+    pub kubelet_state_errors: Family<ReasonLabel, Counter>,
+    /// Containers whose kubelet static assignments are adopted.
+    pub kubelet_adopted: Gauge,
 }
 
 impl Metrics {
@@ -145,6 +149,8 @@ impl Metrics {
             nri_connected: Gauge::default(),
             nri_updates: Family::default(),
             nri_direct_writes: Family::default(),
+            kubelet_state_errors: Family::default(),
+            kubelet_adopted: Gauge::default(),
         };
         let component_up = Family::<ComponentLabel, Gauge>::default();
         r.register(
@@ -294,6 +300,16 @@ impl Metrics {
             "nri_direct_writes",
             "NRI mode: container cpuset changes written to cgroupfs directly (not connected, or not a container of the runtime), by reason",
             m.nri_direct_writes.clone(),
+        );
+        r.register(
+            "kubelet_state_errors",
+            "kubelet CPU / Memory Manager state files not adopted (unreadable, unparsable, bad checksum, invalid), by reason",
+            m.kubelet_state_errors.clone(),
+        );
+        r.register(
+            "kubelet_adopted_containers",
+            "Containers whose kubelet static CPU / Memory Manager assignments are adopted as exclusive",
+            m.kubelet_adopted.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

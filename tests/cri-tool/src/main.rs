@@ -74,6 +74,24 @@ struct PodSpec {
     log_dir: String,
     #[serde(default)]
     namespace: Option<String>,
+    /// The pod's totals as kubelet ≥ 1.26 sets them on the sandbox (`linux.resources`: the sums
+    /// of its containers' requests and limits), which containerd passes to NRI plugins as
+    /// `PodSandbox.linux.pod_resources`.
+    #[serde(default)]
+    resources: Option<PodResources>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodResources {
+    #[serde(default)]
+    cpu_quota: i64,
+    #[serde(default)]
+    cpu_period: i64,
+    #[serde(default)]
+    cpu_shares: i64,
+    #[serde(default)]
+    memory_limit: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +141,13 @@ fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
         labels,
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: parent,
+            resources: p.resources.as_ref().map(|r| cri::LinuxContainerResources {
+                cpu_period: r.cpu_period,
+                cpu_quota: r.cpu_quota,
+                cpu_shares: r.cpu_shares,
+                memory_limit_in_bytes: r.memory_limit,
+                ..Default::default()
+            }),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network()),
                 ..Default::default()

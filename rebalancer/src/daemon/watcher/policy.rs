@@ -206,6 +206,11 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     if !kubernetes {
         return WatchOutcome::Ignored;
     }
+    if super::super::kubelet::owns_pod(&adm.daemon.lock(), &pod_uid) {
+        // kubelet's static managers placed it (adopted from their state files): theirs
+        tracing::info!(cgroup = %rel, pod = %pod_uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+        return WatchOutcome::Ignored;
+    }
     // Through the API (its requests are known) or already bound: nothing to wait for. Limits
     // are only awaited for the Kubernetes layout (configured roots have no QoS-implied limits).
     if let CgroupKind::Container {

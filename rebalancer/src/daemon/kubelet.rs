@@ -1,0 +1,590 @@
+//! Coexistence with kubelet's CPU and Memory Managers: when kubelet runs a static policy, its
+//! state files (`<kubernetes.kubelet_state_dir>/cpu_manager_state`, `memory_manager_state`)
+//! list the CPUs and memory it gave containers. Those assignments are adopted as allocator
+//! pods keyed [`KEY_PREFIX`]`<pod uid>`: their CPUs are exclusive (off the shared pool, never
+//! handed out by admission), their memory is booked on its nodes, the controller never moves a
+//! container of such a pod (kubelet pins it; `pinned` in its constraints), admission leaves
+//! its containers as kubelet made them, and CPU hotplug replacement leaves them to kubelet.
+//!
+//! Read at start and on every reload, in every admission mode. A missing file adopts nothing;
+//! a file that does not parse or whose checksum does not match is an error (logged, counted in
+//! `rebalancer_kubelet_state_errors_total{reason}`, shown in `status`) that adopts nothing
+//! from that file and changes nothing else. An entry that names CPUs already exclusive to
+//! another placement, or offline, is refused alone (logged).
+//!
+//! The formats are kubelet's `CPUManagerCheckpointV2` (`policyName`, `defaultCpuSet`,
+//! `entries`: pod uid → container name → cpuset, `checksum`) and `MemoryManagerCheckpoint`
+//! (`policyName`, `machineState`, `entries`: pod uid → container name → blocks
+//! `{numaAffinity, type, size}`, `checksum`). The checksum is kubelet's
+//! `checkpointmanager/checksum`: FNV-1a 32 of go-spew's `%#v` rendering of the checkpoint with
+//! `checksum = 0` (config `SortKeys, DisableMethods, SpewKeys`), reproduced by [`spew_cpu`] and
+//! [`spew_memory`] for exactly these structs (checked against kubelet's own test vectors).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::kube::classify;
+use crate::cpuset::CpuSet;
+use crate::placement::admission::{AdmittedContainer, AdmittedPod, ContainerPlacement, Qos};
+use crate::placement::memory::{MemoryRequest, MemoryResource};
+use crate::placement::NodeMask;
+
+/// Allocator key prefix of an adopted kubelet pod.
+pub const KEY_PREFIX: &str = "kubelet:";
+pub const CPU_FILE: &str = "cpu_manager_state";
+pub const MEMORY_FILE: &str = "memory_manager_state";
+
+/// Why a state file was not adopted.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletStateError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a kubelet checkpoint: {source}")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: checksum {stored} does not match the content (computed {computed}): corrupt, or written by a kubelet version whose format is not known")]
+    Checksum {
+        path: PathBuf,
+        stored: u64,
+        computed: u64,
+    },
+    #[error("{path}: {what}")]
+    Invalid { path: PathBuf, what: String },
+}
+
+impl KubeletStateError {
+    fn reason(&self) -> &'static str {
+        match self {
+            KubeletStateError::Read { .. } => "read",
+            KubeletStateError::Json { .. } => "parse",
+            KubeletStateError::Checksum { .. } => "checksum",
+            KubeletStateError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+fn empty_map<K: Ord, V>() -> Option<BTreeMap<K, V>> {
+    Some(BTreeMap::new())
+}
+
+/// kubelet's `CPUManagerCheckpointV2`. An absent map is an empty one (kubelet makes it before
+/// unmarshalling); `null` is Go's nil map (rendered differently by the checksum).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct CpuCheckpoint {
+    #[serde(rename = "policyName")]
+    pub policy_name: String,
+    #[serde(rename = "defaultCpuSet", alias = "defaultCPUSet", default)]
+    pub default_cpu_set: String,
+    #[serde(default = "empty_map")]
+    pub entries: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    #[serde(default)]
+    pub checksum: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct MemoryTable {
+    #[serde(default)]
+    pub total: u64,
+    #[serde(rename = "systemReserved", default)]
+    pub system_reserved: u64,
+    #[serde(default)]
+    pub allocatable: u64,
+    #[serde(default)]
+    pub reserved: u64,
+    #[serde(default)]
+    pub free: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct NodeState {
+    #[serde(rename = "numberOfAssignments", default)]
+    pub number_of_assignments: i64,
+    #[serde(rename = "memoryMap", default)]
+    pub memory_map: Option<BTreeMap<String, Option<MemoryTable>>>,
+    #[serde(default)]
+    pub cells: Option<Vec<i64>>,
+}
+
+/// One memory block of a container (kubelet's `state.Block`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Block {
+    #[serde(rename = "numaAffinity", default)]
+    pub numa_affinity: Option<Vec<i64>>,
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub size: u64,
+}
+
+/// kubelet's `MemoryManagerCheckpoint` (V2 of kubelet 1.22 on: four fields).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct MemoryCheckpoint {
+    #[serde(rename = "policyName")]
+    pub policy_name: String,
+    #[serde(rename = "machineState", default = "empty_map")]
+    pub machine_state: Option<BTreeMap<String, Option<NodeState>>>,
+    #[serde(default = "empty_map")]
+    pub entries: Option<BTreeMap<String, BTreeMap<String, Vec<Block>>>>,
+    #[serde(default)]
+    pub checksum: u64,
+}
+
+/// FNV-1a, 32 bits (Go's `hash/fnv.New32a`).
+pub fn fnv1a32(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// A Go map rendered by spew inside a value (types off): `map[k:v k:v]`, `<nil>` for nil.
+fn spew_map<V>(
+    out: &mut String,
+    m: Option<&BTreeMap<String, V>>,
+    mut each: impl FnMut(&mut String, &V),
+) {
+    let Some(m) = m else {
+        out.push_str("<nil>");
+        return;
+    };
+    out.push_str("map[");
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(k);
+        out.push(':');
+        each(out, v);
+    }
+    out.push(']');
+}
+
+fn spew_ints(out: &mut String, v: Option<&Vec<i64>>) {
+    match v {
+        None => out.push_str("<nil>"),
+        Some(v) => {
+            out.push('[');
+            for (i, x) in v.iter().enumerate() {
+                if i > 0 {
+                    out.push(' ');
+                }
+                let _ = write!(out, "{x}");
+            }
+            out.push(']');
+        }
+    }
+}
+
+/// go-spew `%#v` of `*state.CPUManagerCheckpoint` with `Checksum = 0` (what kubelet hashes).
+pub fn spew_cpu(c: &CpuCheckpoint) -> String {
+    let mut s = format!(
+        "(*state.CPUManagerCheckpoint){{PolicyName:(string){} DefaultCPUSet:(string){} Entries:(map[string]map[string]string)",
+        c.policy_name, c.default_cpu_set
+    );
+    spew_map(&mut s, c.entries.as_ref(), |s, m| {
+        spew_map(s, Some(m), |s, v: &String| s.push_str(v))
+    });
+    s.push_str(" Checksum:(checksum.Checksum)0}");
+    s
+}
+
+/// go-spew `%#v` of `*state.MemoryManagerCheckpoint` with `Checksum = 0`. Map keys sort as
+/// their Go type does: the node map's by number, the others' as strings.
+pub fn spew_memory(c: &MemoryCheckpoint) -> Result<String, String> {
+    let mut s = format!(
+        "(*state.MemoryManagerCheckpoint){{PolicyName:(string){} MachineState:(state.NUMANodeMap)",
+        c.policy_name
+    );
+    match &c.machine_state {
+        None => s.push_str("<nil>"),
+        Some(m) => {
+            let mut nodes = Vec::new();
+            for (k, v) in m {
+                let id: i64 = k
+                    .parse()
+                    .map_err(|_| format!("machineState key {k:?} is not a node number"))?;
+                nodes.push((id, v));
+            }
+            nodes.sort_by_key(|(id, _)| *id);
+            s.push_str("map[");
+            for (i, (id, n)) in nodes.into_iter().enumerate() {
+                if i > 0 {
+                    s.push(' ');
+                }
+                let _ = write!(s, "{id}:");
+                let Some(n) = n else {
+                    s.push_str("<nil>");
+                    continue;
+                };
+                let _ = write!(
+                    s,
+                    "<*>{{NumberOfAssignments:(int){} MemoryMap:(map[v1.ResourceName]*state.MemoryTable)",
+                    n.number_of_assignments
+                );
+                spew_map(&mut s, n.memory_map.as_ref(), |s, t| match t {
+                    None => s.push_str("<nil>"),
+                    Some(t) => {
+                        let _ = write!(
+                            s,
+                            "<*>{{TotalMemSize:(uint64){} SystemReserved:(uint64){} Allocatable:(uint64){} Reserved:(uint64){} Free:(uint64){}}}",
+                            t.total, t.system_reserved, t.allocatable, t.reserved, t.free
+                        );
+                    }
+                });
+                s.push_str(" Cells:([]int)");
+                spew_ints(&mut s, n.cells.as_ref());
+                s.push('}');
+            }
+            s.push(']');
+        }
+    }
+    s.push_str(" Entries:(state.ContainerMemoryAssignments)");
+    spew_map(&mut s, c.entries.as_ref(), |s, pod| {
+        spew_map(s, Some(pod), |s, blocks: &Vec<Block>| {
+            s.push('[');
+            for (i, b) in blocks.iter().enumerate() {
+                if i > 0 {
+                    s.push(' ');
+                }
+                s.push_str("{NUMAAffinity:([]int)");
+                spew_ints(s, b.numa_affinity.as_ref());
+                let _ = write!(
+                    s,
+                    " Type:(v1.ResourceName){} Size:(uint64){}}}",
+                    b.kind, b.size
+                );
+            }
+            s.push(']');
+        })
+    });
+    s.push_str(" Checksum:(checksum.Checksum)0}");
+    Ok(s)
+}
+
+fn read(path: &Path) -> Result<Option<String>, KubeletStateError> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(KubeletStateError::Read {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+fn verify(path: &Path, stored: u64, rendered: &str) -> Result<(), KubeletStateError> {
+    let computed = u64::from(fnv1a32(rendered));
+    // kubelet accepts a zero checksum (files of its old file backend)
+    if stored != 0 && stored != computed {
+        return Err(KubeletStateError::Checksum {
+            path: path.into(),
+            stored,
+            computed,
+        });
+    }
+    Ok(())
+}
+
+/// The CPU Manager's state file: `Ok(None)` when there is none.
+pub fn read_cpu(path: &Path) -> Result<Option<CpuCheckpoint>, KubeletStateError> {
+    let Some(text) = read(path)? else {
+        return Ok(None);
+    };
+    let c: CpuCheckpoint =
+        serde_json::from_str(&text).map_err(|source| KubeletStateError::Json {
+            path: path.into(),
+            source,
+        })?;
+    verify(path, c.checksum, &spew_cpu(&c))?;
+    Ok(Some(c))
+}
+
+/// The Memory Manager's state file: `Ok(None)` when there is none.
+pub fn read_memory(path: &Path) -> Result<Option<MemoryCheckpoint>, KubeletStateError> {
+    let Some(text) = read(path)? else {
+        return Ok(None);
+    };
+    let c: MemoryCheckpoint =
+        serde_json::from_str(&text).map_err(|source| KubeletStateError::Json {
+            path: path.into(),
+            source,
+        })?;
+    let rendered = spew_memory(&c).map_err(|what| KubeletStateError::Invalid {
+        path: path.into(),
+        what,
+    })?;
+    verify(path, c.checksum, &rendered)?;
+    Ok(Some(c))
+}
+
+/// One adopted container: its exclusive CPUs (empty when kubelet gave it shared ones) and its
+/// memory blocks (resource, size, nodes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    pub cpus: CpuSet,
+    pub memory: Vec<(MemoryResource, u64, NodeMask)>,
+}
+
+/// What kubelet's static managers assigned: pod uid → container name → assignment.
+pub type Assignments = BTreeMap<String, BTreeMap<String, Assignment>>;
+
+/// The static assignments of the two files (a file under another policy gives none).
+pub fn assignments(
+    cpu: Option<&CpuCheckpoint>,
+    mem: Option<&MemoryCheckpoint>,
+    path: &Path,
+) -> Result<Assignments, KubeletStateError> {
+    let invalid = |what: String| KubeletStateError::Invalid {
+        path: path.into(),
+        what,
+    };
+    let mut out = Assignments::new();
+    if let Some(c) = cpu.filter(|c| c.policy_name.eq_ignore_ascii_case("static")) {
+        for (pod, ctrs) in c.entries.iter().flatten() {
+            for (name, set) in ctrs {
+                let cpus = CpuSet::parse(set).map_err(|e| {
+                    invalid(format!(
+                        "cpuset {set:?} of container {name} of pod {pod}: {e}"
+                    ))
+                })?;
+                out.entry(pod.clone())
+                    .or_default()
+                    .entry(name.clone())
+                    .or_default()
+                    .cpus = cpus;
+            }
+        }
+    }
+    if let Some(m) = mem.filter(|m| m.policy_name.eq_ignore_ascii_case("static")) {
+        for (pod, ctrs) in m.entries.iter().flatten() {
+            for (name, blocks) in ctrs {
+                for b in blocks {
+                    let r = MemoryResource::parse(&b.kind).ok_or_else(|| {
+                        invalid(format!(
+                            "memory type {:?} of container {name} of pod {pod} unknown",
+                            b.kind
+                        ))
+                    })?;
+                    let ids = b.numa_affinity.iter().flatten();
+                    let mask = ids
+                        .map(|&i| u32::try_from(i).ok())
+                        .collect::<Option<Vec<u32>>>()
+                        .and_then(NodeMask::from_ids)
+                        .filter(|m| !m.is_empty())
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "numaAffinity {:?} of container {name} of pod {pod}",
+                                b.numa_affinity
+                            ))
+                        })?;
+                    out.entry(pod.clone())
+                        .or_default()
+                        .entry(name.clone())
+                        .or_default()
+                        .memory
+                        .push((r, b.size, mask));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What was adopted and what went wrong, for `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The directory read (`kubernetes.kubelet_state_dir`; empty: off).
+    pub state_dir: PathBuf,
+    /// The CPU Manager's policy as its file says (empty: no file).
+    pub cpu_policy: String,
+    /// The Memory Manager's policy as its file says (empty: no file).
+    pub memory_policy: String,
+    /// Containers adopted (by `<pod uid>/<container name>`).
+    pub adopted: Vec<String>,
+    /// The errors of the last read (files not adopted, entries refused).
+    pub errors: Vec<String>,
+}
+
+/// Reads the state files in `dir` (nothing when empty) and adopts their assignments into `s`
+/// in place of the previous adoption. Call under `Daemon::order`.
+pub fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
+    let dir = s.cfg.kubernetes.kubelet_state_dir.clone();
+    let mut status = Status {
+        state_dir: dir.clone(),
+        ..Default::default()
+    };
+    let mut errors: Vec<KubeletStateError> = Vec::new();
+    let mut assigned = Assignments::new();
+    if !dir.as_os_str().is_empty() {
+        let cpu_path = dir.join(CPU_FILE);
+        let mem_path = dir.join(MEMORY_FILE);
+        let cpu = read_cpu(&cpu_path)
+            .map_err(|e| errors.push(e))
+            .ok()
+            .flatten();
+        let mem = read_memory(&mem_path)
+            .map_err(|e| errors.push(e))
+            .ok()
+            .flatten();
+        status.cpu_policy = cpu
+            .as_ref()
+            .map(|c| c.policy_name.clone())
+            .unwrap_or_default();
+        status.memory_policy = mem
+            .as_ref()
+            .map(|m| m.policy_name.clone())
+            .unwrap_or_default();
+        // each file alone: a bad one adopts nothing of its own
+        match assignments(cpu.as_ref(), None, &cpu_path) {
+            Ok(a) => assigned = a,
+            Err(e) => errors.push(e),
+        }
+        match assignments(None, mem.as_ref(), &mem_path) {
+            Ok(a) => {
+                for (pod, ctrs) in a {
+                    for (name, asg) in ctrs {
+                        assigned
+                            .entry(pod.clone())
+                            .or_default()
+                            .entry(name)
+                            .or_default()
+                            .memory = asg.memory;
+                    }
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    for e in &errors {
+        tracing::error!(error = %e, "kubelet state file not adopted");
+        metrics
+            .kubelet_state_errors
+            .get_or_create(&crate::serve::metrics::ReasonLabel {
+                reason: e.reason().into(),
+            })
+            .inc();
+    }
+    status.errors = errors.iter().map(|e| e.to_string()).collect();
+    let refused = install(s, &assigned, &mut status.adopted);
+    for r in &refused {
+        tracing::error!(error = %r, "kubelet assignment not adopted");
+    }
+    status.errors.extend(refused);
+    if !status.adopted.is_empty() {
+        tracing::info!(containers = ?status.adopted, "kubelet's static CPU / Memory Manager assignments adopted as exclusive (never re-placed)");
+    }
+    metrics.kubelet_adopted.set(status.adopted.len() as i64);
+    s.kubelet = status;
+}
+
+/// Replaces the adopted pods of `s`'s allocator by `assigned`; the refusals' reasons.
+fn install(
+    s: &mut super::Shared,
+    assigned: &Assignments,
+    adopted: &mut Vec<String>,
+) -> Vec<String> {
+    let alloc = &mut s.state.allocator;
+    let old: Vec<String> = alloc
+        .pods
+        .keys()
+        .filter(|k| k.starts_with(KEY_PREFIX))
+        .cloned()
+        .collect();
+    for k in old {
+        alloc.release(&k);
+    }
+    let online = s.topo.online_cpus();
+    let mut refused = Vec::new();
+    for (pod, ctrs) in assigned {
+        let mut containers = Vec::new();
+        let mut cpu_millis = 0;
+        let mut pod_req = MemoryRequest::new();
+        for (name, a) in ctrs {
+            let taken = alloc.exclusive_cpus();
+            if !a.cpus.is_subset(&online) || !a.cpus.is_disjoint(&taken) {
+                refused.push(format!(
+                    "pod {pod} container {name}: kubelet's CPUs {} are offline or exclusive to another placement ({})",
+                    a.cpus,
+                    a.cpus.intersection(&taken)
+                ));
+                continue;
+            }
+            let known = |m: NodeMask| m.ids().all(|id| alloc.memory.node(id).is_some());
+            if let Some((_, _, m)) = a.memory.iter().find(|(_, _, m)| !known(*m)) {
+                refused.push(format!(
+                    "pod {pod} container {name}: kubelet's memory names nodes {m:?} this machine does not have"
+                ));
+                continue;
+            }
+            let mut req = MemoryRequest::new();
+            let mut mask = NodeMask::EMPTY;
+            for &(r, size, m) in &a.memory {
+                *req.entry(r).or_default() += size;
+                *pod_req.entry(r).or_default() += size;
+                mask = mask.or(m);
+            }
+            let memory = (!req.is_empty()).then(|| alloc.memory.allocate(&req, mask));
+            let mems = if mask.is_empty() {
+                a.cpus
+                    .iter()
+                    .filter_map(|c| s.topo.node_of_cpu(c))
+                    .collect()
+            } else {
+                mask.to_cpuset()
+            };
+            cpu_millis += a.cpus.len() as u64 * 1000;
+            adopted.push(format!("{pod}/{name}"));
+            containers.push(AdmittedContainer {
+                placement: ContainerPlacement {
+                    container: name.clone(),
+                    exclusive: !a.cpus.is_empty(),
+                    cpus: a.cpus.clone(),
+                    mems,
+                    affinity: (!mask.is_empty()).then_some(mask),
+                    devices: Vec::new(),
+                },
+                kind: Default::default(),
+                charges: Default::default(),
+                memory,
+            });
+        }
+        if containers.is_empty() {
+            continue;
+        }
+        alloc.pods.insert(
+            format!("{KEY_PREFIX}{pod}"),
+            AdmittedPod {
+                qos: Qos::Guaranteed,
+                cpu_request_millis: cpu_millis,
+                memory_request: pod_req,
+                containers,
+                hold: None,
+            },
+        );
+    }
+    refused
+}
+
+/// Whether `pod_uid` is a pod whose assignments were adopted from kubelet.
+pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
+    s.state
+        .allocator
+        .pods
+        .contains_key(&format!("{KEY_PREFIX}{pod_uid}"))
+}
+
+/// Whether the cgroup `cg` is a container of an adopted kubelet pod (never moved).
+pub fn pinned(s: &super::Shared, cg: &str) -> bool {
+    classify(cg).pod_uid().is_some_and(|uid| owns_pod(s, uid))
+}
+
+#[cfg(test)]
+#[path = "kubelet_tests.rs"]
+mod tests;

@@ -1,0 +1,254 @@
+//! kubelet state files in kubelet's exact format, with the checksums kubelet's own tests use
+//! (pkg/kubelet/cm/cpumanager/state/state_checkpoint_test.go, memorymanager/state/…).
+
+use super::*;
+use crate::config::Config;
+use crate::daemon::Shared;
+use crate::serve::Metrics;
+use crate::topology::TopologyBuilder;
+
+/// kubelet's "Restore valid checkpoint" (policy none, so nothing to adopt).
+const CPU_NONE: &str = r#"{
+    "policyName": "none",
+    "defaultCPUSet": "1-3",
+    "entries": {
+        "pod": {
+            "container1": "4-6",
+            "container2": "1-3"
+        }
+    },
+    "checksum": 3610638499
+}"#;
+
+/// kubelet's memory manager "Restore checkpoint from v1 (migration)" checkpoint (the
+/// four-field MemoryManagerCheckpoint that kubelet 1.22-1.3x writes).
+const MEM_STATIC: &str = r#"{
+    "policyName":"static",
+    "machineState":{"0":{"numberOfAssignments":0,"memoryMap":{"memory":{"total":2048,"systemReserved":512,"allocatable":1536,"reserved":512,"free":1024}},"cells":[]}},
+    "entries":{"pod":{"container1":[{"numaAffinity":[0],"type":"memory","size":512}]}},
+    "checksum": 4215593881
+}"#;
+
+#[test]
+fn checksums_are_kubelets() {
+    let cases = [
+        (
+            r#"{"policyName": "none", "defaultCPUSet": "4-6", "entries": {}, "checksum": 354655845}"#,
+            true,
+        ),
+        (
+            r#"{"policyName": "other", "defaultCPUSet": "1-3", "entries": {}, "checksum": 1394507217}"#,
+            true,
+        ),
+        (CPU_NONE, true),
+        (
+            r#"{"policyName": "none", "defaultCPUSet": "4-6", "entries": {}, "checksum": 1337}"#,
+            false,
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(CPU_FILE);
+    for (text, ok) in cases {
+        std::fs::write(&p, text).unwrap();
+        let r = read_cpu(&p);
+        assert_eq!(r.is_ok(), ok, "{text}: {r:?}");
+        if !ok {
+            assert!(matches!(
+                r,
+                Err(KubeletStateError::Checksum { stored: 1337, .. })
+            ));
+        }
+    }
+    let m = dir.path().join(MEMORY_FILE);
+    std::fs::write(&m, MEM_STATIC).unwrap();
+    let mem = read_memory(&m).unwrap().unwrap();
+    assert_eq!(mem.checksum, 4215593881);
+    // one byte changed: the checksum no longer matches
+    std::fs::write(&m, MEM_STATIC.replace("\"size\":512", "\"size\":513")).unwrap();
+    assert!(matches!(
+        read_memory(&m),
+        Err(KubeletStateError::Checksum { .. })
+    ));
+    // a file that is not a checkpoint, and none at all
+    std::fs::write(&m, "{").unwrap();
+    assert!(matches!(
+        read_memory(&m),
+        Err(KubeletStateError::Json { .. })
+    ));
+    assert!(read_cpu(&dir.path().join("absent")).unwrap().is_none());
+    assert_eq!(fnv1a32(""), 0x811c_9dc5);
+}
+
+/// A static CPU Manager checkpoint for `entries` (pod → container → cpus), checksummed as
+/// kubelet does (the renderer is checked against kubelet's vectors above).
+fn cpu_static(default: &str, entries: &[(&str, &str, &str)]) -> String {
+    let mut c = CpuCheckpoint {
+        policy_name: "static".into(),
+        default_cpu_set: default.into(),
+        entries: Some(BTreeMap::new()),
+        checksum: 0,
+    };
+    for (pod, name, cpus) in entries {
+        c.entries
+            .as_mut()
+            .unwrap()
+            .entry(pod.to_string())
+            .or_default()
+            .insert(name.to_string(), cpus.to_string());
+    }
+    let sum = fnv1a32(&spew_cpu(&c));
+    let entries = serde_json::to_string(c.entries.as_ref().unwrap()).unwrap();
+    format!(
+        r#"{{"policyName":"static","defaultCpuSet":"{default}","entries":{entries},"checksum":{sum}}}"#
+    )
+}
+
+/// A daemon on 2 nodes x 4 CPUs reading kubelet's files from `dir`.
+fn shared(dir: &Path) -> Shared {
+    let topo = TopologyBuilder {
+        cores_per_node: 4,
+        threads_per_core: 1,
+        ..Default::default()
+    }
+    .build();
+    let mut cfg = Config::default();
+    cfg.daemon.state_dir = dir.join("state");
+    cfg.kubernetes.kubelet_state_dir = dir.to_path_buf();
+    Shared::fresh(topo, cfg).unwrap()
+}
+
+const POD: &str = "235148fe-393f-47a8-a17d-bd55bc1a836b";
+
+#[test]
+fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "cgroup1-0", "1-2")]),
+    )
+    .unwrap();
+    // the memory manager's file names pod "pod" (kubelet's test vector) and 512 bytes on node 0
+    std::fs::write(dir.path().join(MEMORY_FILE), MEM_STATIC).unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    let free0 = s.state.allocator.memory.node(0).unwrap().clone();
+    adopt(&mut s, &m);
+    assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+    assert_eq!(s.kubelet.cpu_policy, "static");
+    assert_eq!(s.kubelet.adopted.len(), 2, "{:?}", s.kubelet.adopted);
+    let a = &s.state.allocator;
+    assert_eq!(a.exclusive_cpus(), CpuSet::parse("1-2").unwrap());
+    let pool = a.shared_pool(&crate::placement::cpu::CpuView::new(&s.topo));
+    assert!(pool.is_disjoint(&CpuSet::parse("1-2").unwrap()), "{pool}");
+    assert_ne!(
+        a.memory.node(0).unwrap(),
+        &free0,
+        "512 bytes booked on node 0"
+    );
+    let cg = format!("kubepods/pod{POD}/{}", "a".repeat(64));
+    assert!(pinned(&s, &cg));
+    assert!(
+        crate::daemon::engine::bound_constraints(&s, &cg)
+            .unwrap()
+            .pinned
+    );
+    assert!(!pinned(
+        &s,
+        &format!("kubepods/podother/{}", "a".repeat(64))
+    ));
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_adopted_containers 2"));
+    // a reload with the file gone: released exactly (memory back as it was)
+    std::fs::remove_file(dir.path().join(CPU_FILE)).unwrap();
+    std::fs::remove_file(dir.path().join(MEMORY_FILE)).unwrap();
+    adopt(&mut s, &m);
+    assert!(s.state.allocator.pods.is_empty());
+    assert_eq!(s.state.allocator.memory.node(0).unwrap(), &free0);
+    assert!(s.kubelet.errors.is_empty());
+}
+
+#[test]
+fn a_bad_file_adopts_nothing_of_its_own_and_loses_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "c", "1-2")]),
+    )
+    .unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    // the memory file is corrupt: its error is reported, the CPU file still adopted
+    std::fs::write(
+        dir.path().join(MEMORY_FILE),
+        MEM_STATIC.replace("4215593881", "4215593882"),
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert!(
+        s.kubelet.errors[0].contains("checksum"),
+        "{:?}",
+        s.kubelet.errors
+    );
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_state_errors_total{reason=\"checksum\"} 1"));
+    // a corrupt CPU file: nothing of it adopted (the earlier adoption is gone too: the file
+    // no longer says what kubelet holds)
+    std::fs::write(dir.path().join(CPU_FILE), "{\"policyName\":").unwrap();
+    adopt(&mut s, &m);
+    assert!(s.state.allocator.exclusive_cpus().is_empty());
+    assert_eq!(s.kubelet.errors.len(), 2, "{:?}", s.kubelet.errors);
+    // policy none: nothing to adopt, no error
+    std::fs::write(dir.path().join(CPU_FILE), CPU_NONE).unwrap();
+    std::fs::remove_file(dir.path().join(MEMORY_FILE)).unwrap();
+    adopt(&mut s, &m);
+    assert!(s.state.allocator.pods.is_empty());
+    assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+    assert_eq!(s.kubelet.cpu_policy, "none");
+}
+
+#[test]
+fn an_entry_on_cpus_already_exclusive_is_refused_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = shared(dir.path());
+    let topo = s.topo.clone();
+    let cfg = s.cfg.placement.clone();
+    let pod = crate::placement::admission::Pod {
+        uid: "ours".into(),
+        containers: vec![crate::placement::admission::Container {
+            name: "a".into(),
+            cpu_request_millis: 1000,
+            cpu_limit_millis: 1000,
+            memory_bytes: 1 << 20,
+            memory_limit_bytes: 1 << 20,
+            ..Default::default()
+        }],
+        init_containers: vec![],
+    };
+    let ours = s.state.allocator.admit(&topo, &cfg, &pod).unwrap()[0]
+        .cpus
+        .clone();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static(
+            "",
+            &[
+                (POD, "clash", &ours.to_string()),
+                ("other-pod", "fine", "6"),
+            ],
+        ),
+    )
+    .unwrap();
+    adopt(&mut s, &Metrics::default());
+    assert_eq!(s.kubelet.adopted, vec!["other-pod/fine".to_string()]);
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        ours.union(&CpuSet::parse("6").unwrap())
+    );
+}
