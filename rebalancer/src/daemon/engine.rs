@@ -252,6 +252,41 @@ impl CgroupWriter for RealWriter<'_> {
     }
 }
 
+/// [`RealWriter`] owning its cgroup layer: the writer of one apply thread (`apply::Applier`).
+pub struct OwnedWriter(pub Cgroups);
+
+impl CgroupWriter for OwnedWriter {
+    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        RealWriter(&self.0).read_cpus(cg)
+    }
+    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        RealWriter(&self.0).read_mems(cg)
+    }
+    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        RealWriter(&self.0).write_cpus(cg, cpus)
+    }
+    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        RealWriter(&self.0).write_mems(cg, mems)
+    }
+    fn needs_memory_migrate(&self) -> bool {
+        RealWriter(&self.0).needs_memory_migrate()
+    }
+    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+        RealWriter(&self.0).read_memory_migrate(cg)
+    }
+    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        RealWriter(&self.0).set_memory_migrate(cg, on)
+    }
+    fn move_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        RealWriter(&self.0).move_pages(cg, toward, max_bytes)
+    }
+}
+
 /// The control loop's long-lived I/O state.
 pub struct Engine {
     pub cgroups: Cgroups,
@@ -265,6 +300,10 @@ pub struct Engine {
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
     written: Option<Result<crate::written::Tracker, String>>,
+    /// The writer threads of the moves (started at the first round).
+    applier: Option<super::apply::Applier>,
+    /// The cgroups managed at the last round (the trigger watches their cpuset.cpus).
+    last_managed: Vec<String>,
 }
 
 impl Engine {
@@ -278,6 +317,29 @@ impl Engine {
             last_round: None,
             topo_fingerprint: None,
             written: None,
+            applier: None,
+            last_managed: Vec::new(),
+        }
+    }
+
+    /// The cpuset.cpus files of the cgroups managed at the last round, with their cgroups.
+    pub fn watch_files(&self) -> Vec<(String, PathBuf)> {
+        self.last_managed
+            .iter()
+            .filter_map(|cg| {
+                self.cgroups
+                    .dir(Controller::Cpuset, cg)
+                    .ok()
+                    .map(|(dir, _)| (cg.clone(), dir.join("cpuset.cpus")))
+            })
+            .collect()
+    }
+
+    /// Waits for the moves still being applied (none is started after a stop) and ends the
+    /// writer threads.
+    pub fn finish(&mut self) {
+        if let Some(a) = self.applier.take() {
+            a.finish();
         }
     }
 
@@ -476,7 +538,7 @@ impl Engine {
         true
     }
 
-    /// Runs one round. Returns the number of moves applied.
+    /// Runs one round. Returns the number of moves handed to the writer threads.
     pub fn round(&mut self, adm: &Admission) -> usize {
         let d = &adm.daemon;
         let t0 = Instant::now();
@@ -491,6 +553,16 @@ impl Engine {
             )
         };
         let managed = self.managed(&cfg);
+        let applier = self.applier.get_or_insert_with(|| {
+            let cgroups = self.cgroups.clone();
+            super::apply::Applier::new(
+                d.clone(),
+                std::sync::Arc::new(move || Box::new(OwnedWriter(cgroups.clone()))),
+            )
+        });
+        // Moves of earlier rounds still migrating: their cgroups are not planned again, and
+        // their bytes come off this round's budget.
+        let (moving, in_flight_bytes) = applier.in_flight();
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(d, &why);
@@ -535,7 +607,8 @@ impl Engine {
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
-                let constraints = self.constraints(d, &topo, cg, &cpus);
+                let mut constraints = self.constraints(d, &topo, cg, &cpus);
+                constraints.moving = moving.contains(cg);
                 let mut o = CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
@@ -584,12 +657,18 @@ impl Engine {
             s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
             s.state.controller.clone()
         };
-        let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
+        let mut plan_cfg = cfg.controller.clone();
+        plan_cfg.migration_budget_mib = plan_cfg
+            .migration_budget_mib
+            .saturating_sub(in_flight_bytes.div_ceil(1 << 20));
+        let plan = controller::plan(&topo, &obs, &ctl, &plan_cfg, now_ms);
 
-        let applied = {
-            let mut w = RealWriter(&self.cgroups);
-            super::apply::apply_moves(d, &mut w, &plan.moves, now_ms, cfg.daemon.dry_run).applied
+        // Handed to the writer threads; the round does not wait for their migrations.
+        let queued = match &mut self.applier {
+            Some(a) => a.submit(&plan.moves, now_ms, cfg.daemon.dry_run).queued,
+            None => 0,
         };
+        self.last_managed = managed.clone();
 
         // Publish.
         let mut scores = Vec::new();
@@ -671,11 +750,12 @@ impl Engine {
         tracing::debug!(
             managed = managed.len(),
             moves = plan.moves.len(),
-            applied,
+            queued,
+            in_flight = moving.len(),
             source = self.cpu_source.name(),
             "round done"
         );
-        applied
+        queued
     }
 }
 
