@@ -327,8 +327,13 @@ fn apply_one(
 /// The second half of `mv` failed (its mems are rolled back, its new cpus kept): the cpus go
 /// back too, as a move of their own under the allocator lock — only when the books still
 /// allow the old cpus (an admission may have made them exclusive meanwhile; then the new cpus,
-/// recorded and valid, stay).
+/// recorded and valid, stay). Nothing is written when the move kept the cpus, or when the
+/// cgroup's cpus are no longer the ones the move wrote: someone else (the operator, kubelet)
+/// changed them meanwhile, and their choice is kept.
 fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
+    if mv.to_cpus == mv.from_cpus {
+        return;
+    }
     let back = Move {
         from_cpus: mv.to_cpus.clone(),
         to_cpus: mv.from_cpus.clone(),
@@ -339,6 +344,14 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         ..mv.clone()
     };
     let _order = d.order();
+    match w.read_cpus(&mv.cgroup) {
+        Ok(now) if now == mv.to_cpus => {}
+        Ok(now) => {
+            tracing::info!(cgroup = %mv.cgroup, cpus = %now, "failed move: its cpus were changed by someone else meanwhile; their choice is kept");
+            return;
+        }
+        Err(_) => return, // vanished, or unreadable: nothing to put back
+    }
     if let Err(reason) = super::admission::move_allowed(d, &back) {
         tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
         return;

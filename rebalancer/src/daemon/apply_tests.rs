@@ -421,6 +421,76 @@ fn a_stop_starts_no_further_move() {
     assert_eq!((moved, untouched), (2, 3));
 }
 
+/// The operator re-pins a cgroup while its move migrates (vm-bench's shift landed exactly
+/// there): the move fails its read-back, its mems are rolled back, and the operator's cpus
+/// stay — never overwritten by the move's undo.
+#[test]
+fn an_operators_pin_during_a_migration_is_kept() {
+    struct Meddler {
+        w: SharedFake,
+        pin: (String, CpuSet),
+    }
+    impl CgroupWriter for Meddler {
+        fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_cpus(cg)
+        }
+        fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_mems(cg)
+        }
+        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(cg, cpus)
+        }
+        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_mems(cg, mems)
+        }
+        fn needs_memory_migrate(&self) -> bool {
+            false
+        }
+        fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+            self.w.read_memory_migrate(cg)
+        }
+        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(cg, on)
+        }
+        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+            // The operator's write lands while the pages move.
+            let (c, cpus) = &self.pin;
+            self.w.fake.lock().unwrap().write_cpus(c, cpus).unwrap();
+            self.w.move_pages(cg, to, max)
+        }
+    }
+    for (what, cpus) in [
+        ("keeps its cpus", ("2-3", "2-3")),
+        ("moves its cpus", ("2-3", "0-1")),
+    ] {
+        let mut fake = fake_of(&[("w2", cpus.0, "0-1")]);
+        fake.set_memory("w2", &[(1, 10 * MIB)]);
+        let w = SharedFake::new(fake);
+        let m = mv("w2", cpus, ("0-1", "0"), 10 * MIB);
+        let (_dir, d) = daemon(2, 1024);
+        let factory: WriterFactory = {
+            let w = w.clone();
+            Arc::new(move || {
+                Box::new(Meddler {
+                    w: w.clone(),
+                    pin: ("w2".into(), set("1")),
+                })
+            })
+        };
+        let mut a = Applier::new(d.clone(), factory);
+        a.submit(&[m], 1000, false);
+        let done = a.finish();
+        assert_eq!(done.failed, vec![("w2".to_string(), "verify")], "{what}");
+        let f = w.fake.lock().unwrap();
+        assert_eq!(
+            f.cpus("w2"),
+            Some(&set("1")),
+            "{what}: the operator's pin kept"
+        );
+        assert_eq!(f.mems("w2"), Some(&set("0-1")), "{what}: mems rolled back");
+    }
+}
+
 /// A dry run writes nothing from any thread, and moves no page.
 #[test]
 fn a_concurrent_dry_run_writes_nothing() {
