@@ -192,6 +192,9 @@ impl CgroupWriter for Noting<'_> {
     }
 }
 
+/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]).
+const PREMIGRATE_STEP: u64 = 64 << 20;
+
 /// One move: the books check, the writes up to cpuset.cpus and their record under
 /// `Daemon::order`; then (with `premigrate`) the cgroup's pages moved toward the target by
 /// this thread, the mems write that migrates the rest, and the record of the move.
@@ -240,16 +243,37 @@ fn apply_one(
             // cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
             // (`cpuset_migrate_mm_wq`) and each mems writer waits for the whole queue:
             // concurrent narrowing writes cost the sum of their migrations. So each writer
-            // first moves its own cgroup's pages (move_pages(2), at most the move's bytes;
-            // the widened mems already allow the target) and the narrowing write finds little
-            // left. A failure here is not one of the move: the mems write migrates the rest.
+            // first moves its own cgroup's pages (move_pages(2), at most the move's bytes,
+            // PREMIGRATE_STEP at a time; the widened mems already allow the target) and the
+            // narrowing write finds little left. A failure here is not one of the move: the
+            // mems write migrates the rest. Between steps the cgroup's cpus are read: when
+            // someone else wrote them meanwhile (the operator re-pinned the workload), the
+            // move is abandoned (mems back, their cpus kept) rather than finished toward a
+            // target they no longer want.
             if premigrate
                 && mv.stage.is_none()
                 && mv.bytes_to_migrate > 0
                 && mv.to_mems != mv.from_mems
             {
-                if let Err(e) = w.move_pages(&mv.cgroup, &mv.to_mems, mv.bytes_to_migrate) {
-                    tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving pages ahead of the mems write failed; the mems write migrates them");
+                let mut moved = 0u64;
+                loop {
+                    if let Ok(now) = w.read_cpus(&mv.cgroup) {
+                        if now != mv.to_cpus {
+                            return Err(controller::abandon(mv, w, rest, now));
+                        }
+                    }
+                    if moved >= mv.bytes_to_migrate || d.stopping() {
+                        break;
+                    }
+                    let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
+                    match w.move_pages(&mv.cgroup, &mv.to_mems, step) {
+                        Ok(0) => break,
+                        Ok(n) => moved = moved.saturating_add(n),
+                        Err(e) => {
+                            tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving pages ahead of the mems write failed; the mems write migrates them");
+                            break;
+                        }
+                    }
                 }
             }
             let r = controller::finish(mv, w, rest.keep_cpus_on_failure());

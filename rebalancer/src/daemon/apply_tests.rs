@@ -422,8 +422,8 @@ fn a_stop_starts_no_further_move() {
 }
 
 /// The operator re-pins a cgroup while its move migrates (vm-bench's shift landed exactly
-/// there): the move fails its read-back, its mems are rolled back, and the operator's cpus
-/// stay — never overwritten by the move's undo.
+/// there): the move is abandoned (stale) before its mems are narrowed, its mems are rolled
+/// back, and the operator's cpus stay — never overwritten by the move's undo.
 #[test]
 fn an_operators_pin_during_a_migration_is_kept() {
     struct Meddler {
@@ -480,7 +480,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
         let mut a = Applier::new(d.clone(), factory);
         a.submit(&[m], 1000, false);
         let done = a.finish();
-        assert_eq!(done.failed, vec![("w2".to_string(), "verify")], "{what}");
+        assert_eq!(done.failed, vec![("w2".to_string(), "stale")], "{what}");
         let f = w.fake.lock().unwrap();
         assert_eq!(
             f.cpus("w2"),
@@ -488,6 +488,13 @@ fn an_operators_pin_during_a_migration_is_kept() {
             "{what}: the operator's pin kept"
         );
         assert_eq!(f.mems("w2"), Some(&set("0-1")), "{what}: mems rolled back");
+        assert!(
+            !f.writes()
+                .iter()
+                .any(|wr| wr.file == CgroupFile::Mems && wr.value == "0"),
+            "{what}: mems never narrowed toward the abandoned target: {:?}",
+            f.writes()
+        );
     }
 }
 
