@@ -30,7 +30,10 @@
 //! (`cpuset_migrate_mm_wq`) and each `cpuset.mems` writer waits for the whole queue, so
 //! concurrent narrowing writes would cost the sum of the migrations: with more than one thread,
 //! each writer first moves its own cgroup's pages toward the target with move_pages(2) (at most
-//! the move's bytes) and the narrowing write finds little left.
+//! the move's bytes) and the narrowing write finds little left. Between its page steps the
+//! writer reads the cgroup's cpus: when someone else re-pinned it meanwhile, the move is
+//! abandoned (`controller::abandon`: mems back, their cpus kept), never finished toward a
+//! target they no longer want, and a failed move's undo never overwrites their cpus.
 //!
 //! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move: the moves left
 //! wait for the next start, so a slow migration never outlasts the shutdown bound. Each applied
