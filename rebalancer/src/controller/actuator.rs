@@ -492,6 +492,27 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
     })
 }
 
+/// Abandons a begun move instead of [`finish`]ing it: someone else wrote the cgroup's cpus
+/// (`found`) while it was under way. Its mems (and memory_migrate) go back to what they were
+/// before the move, its cpus stay as that someone wrote them; returns [`ApplyError::Stale`]
+/// (or `RollbackFailed`).
+pub fn abandon(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest, found: CpuSet) -> ApplyError {
+    let Rest {
+        mut state,
+        mems,
+        migrate_was_on,
+        ..
+    } = rest;
+    let cause = ApplyError::Stale {
+        cgroup: mv.cgroup.clone(),
+        file: CgroupFile::Cpus,
+        planned: mv.to_cpus.to_string(),
+        found: found.to_string(),
+    };
+    state.cpus = found.clone();
+    rollback(w, &mv.cgroup, &state, &found, &mems, migrate_was_on, cause)
+}
+
 /// What the actuator has written so far.
 struct Live {
     cpus: CpuSet,

@@ -296,6 +296,77 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The property above with the daemon's writer threads (1–4, `apply::Applier`) on the
+    /// shared fake: a round's moves are applied concurrently, and the next admission or
+    /// release runs while they migrate; once they are done the books and cgroupfs agree.
+    #[test]
+    fn allocator_and_cgroupfs_agree_with_concurrent_writers_racing_admissions(
+        ops in proptest::collection::vec(op(), 1..30),
+        move_exclusive in any::<bool>(),
+        threads in 1u32..=4,
+    ) {
+        let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
+        d.lock().cfg.controller.apply_threads = threads;
+        let writer = super::apply_tests::SharedFake::over(fake.clone());
+        let mut applier = super::apply::Applier::new(d.clone(), writer.factory());
+        let cooldown = ctl.cooldown_ms;
+        let mut live: Vec<(String, String)> = Vec::new();
+        let mut now = 1_000_000u64;
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Guaranteed(cpus, mib, node) | Op::Burstable(cpus, mib, node) => {
+                    let g = matches!(op, Op::Guaranteed(..));
+                    let (uid, cg) = (format!("p{i}"), format!("kubepods/p{i}/c"));
+                    {
+                        let mut f = fake.lock().unwrap();
+                        f.insert(&cg, "0-7", "0-1");
+                        f.set_memory(&cg, &[(node, mib * MIB)]);
+                    }
+                    let millis = if g { cpus * 1000 } else { cpus };
+                    let p = pod(&uid, millis, mib * MIB, g);
+                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                        Ok(_) => live.push((uid, cg)),
+                        Err(_) => fake.lock().unwrap().remove(&cg),
+                    }
+                }
+                Op::Release(k) if !live.is_empty() => {
+                    let (_, cg) = live.remove(k % live.len());
+                    prop_assert!(adm.unbind(&cg, Durability::Deferred).is_some());
+                    fake.lock().unwrap().remove(&cg);
+                }
+                Op::Release(_) => {}
+                Op::Round(node) => {
+                    applier.wait();
+                    let obs = observe(&d, &fake.lock().unwrap(), node);
+                    let state = {
+                        let mut s = d.lock();
+                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.clone()
+                    };
+                    let plan = controller::plan(&topo, &obs, &state, &ctl, now);
+                    applier.submit(&plan.moves, now, false);
+                    now += cooldown + 1;
+                    // Checked after the next step, which runs while these moves migrate.
+                    continue;
+                }
+            }
+            let done = applier.wait();
+            prop_assert!(done.bytes <= ctl.migration_budget_mib * MIB);
+            let f = fake.lock().unwrap();
+            if let Err(e) = books_agree(&d, &f) {
+                prop_assert!(false, "after step {i} {op:?} (threads {threads}, ops {ops:?}): {e}");
+            }
+        }
+        applier.wait();
+        let f = fake.lock().unwrap();
+        if let Err(e) = books_agree(&d, &f) {
+            prop_assert!(false, "at the end (threads {threads}, ops {ops:?}): {e}");
+        }
+    }
+}
+
 /// The property above is not vacuous: a shared container's move is applied and followed by the
 /// books (its pool, charges and mems); a Guaranteed container's Memory Manager memory stays in
 /// its group even with `move_exclusive` and all its CPU time elsewhere (the group is a
