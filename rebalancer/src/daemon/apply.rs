@@ -50,8 +50,9 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    panic::{catch_unwind, AssertUnwindSafe},
     sync::{Arc, Condvar, Mutex, MutexGuard},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -97,7 +98,7 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false));
+        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false));
     }
     out
 }
@@ -211,7 +212,17 @@ fn apply_one(
     now_ms: u64,
     dry_run: bool,
     premigrate: bool,
+    clock: bool,
 ) -> Outcome {
+    // With `clock` (a writer thread, whose move may end long after its round), the cooldown
+    // starts when the move ends, not at the round's time.
+    let at = |now_ms: u64| {
+        if clock {
+            now_ms.max(super::boot_ms())
+        } else {
+            now_ms
+        }
+    };
     let w = &mut Noting { w, d };
     // The allocator lock (`Daemon::order`) is held from the books check over the cpus
     // write to its record, so no admission comes between them: one that makes the target
@@ -243,6 +254,13 @@ fn apply_one(
         }
         begun
     };
+    if let Ok(controller::Begun::CpusMoved(_)) = &begun {
+        // The books changed with the cpus: on disk before the migration, so a stop (or a
+        // crash) in the middle of it keeps them (encoded and written outside the locks).
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move's cpus failed");
+        }
+    }
     let result = begun.and_then(|b| match b {
         controller::Begun::DryRun(a) => Ok(a),
         controller::Begun::CpusMoved(rest) => {
@@ -264,12 +282,20 @@ fn apply_one(
                 let mut moved = 0u64;
                 loop {
                     if let Ok(now) = w.read_cpus(&mv.cgroup) {
-                        if now != mv.to_cpus {
+                        // The daemon's own rewrite (the shared pool following another
+                        // writer's exclusive move, an admission's shrink) is not someone
+                        // else's: the books want it.
+                        if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
                             return Err(controller::abandon(mv, w, rest, now));
                         }
                     }
-                    if moved >= mv.bytes_to_migrate || d.stopping() {
+                    if moved >= mv.bytes_to_migrate {
                         break;
+                    }
+                    if d.stopping() {
+                        // No narrowing write (it would migrate the rest, past the shutdown
+                        // bound): the move stops here, mems still widened (see the doc).
+                        return Err(controller::cut_short(mv, w, rest));
                     }
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
                     match w.move_pages(&mv.cgroup, &mv.to_mems, step) {
@@ -282,11 +308,18 @@ fn apply_one(
                     }
                 }
             }
-            let r = controller::finish(mv, w, rest.keep_cpus_on_failure());
+            let hub = d.rounds.clone();
+            let cg = mv.cgroup.clone();
+            let rest = rest
+                .keep_cpus_on_failure()
+                .accepting_cpus(Box::new(move |c| hub.is_own(&cg, c)));
+            let r = controller::finish(mv, w, rest);
             if let Err(e) = &r {
                 if !matches!(
                     e,
-                    ApplyError::Vanished { .. } | ApplyError::RollbackFailed { .. }
+                    ApplyError::Vanished { .. }
+                        | ApplyError::RollbackFailed { .. }
+                        | ApplyError::Stopped { .. }
                 ) {
                     undo_cpus(d, w, mv);
                 }
@@ -308,7 +341,7 @@ fn apply_one(
                 d.lock()
                     .state
                     .controller
-                    .record_move(mv, done.moved_bytes, now_ms);
+                    .record_move(mv, done.moved_bytes, at(now_ms));
                 d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
                 // On disk before the next move: a stop (or a crash) while later moves
                 // migrate keeps this one's cooldown and books.
@@ -336,12 +369,18 @@ fn apply_one(
                 ApplyError::Stale { .. } => {
                     tracing::info!(cgroup = %mv.cgroup, error = %e, "cgroup changed by someone else since it was observed; their choice is kept")
                 }
+                ApplyError::Stopped { .. } => {
+                    tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, "stopping: move cut short before its narrowing mems write; its cpus are moved, its mems stay widened")
+                }
                 _ => {
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, reason, "move failed")
                 }
             }
             if reason != "vanished" {
-                d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
+                d.lock()
+                    .state
+                    .controller
+                    .record_failure(&mv.cgroup, at(now_ms));
             }
             d.metrics
                 .moves_failed
@@ -413,6 +452,10 @@ pub struct Applier {
     writer: WriterFactory,
     pool: Arc<Pool>,
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// The writers' health component (`apply`): beats while no move has been under way for
+    /// longer than `stuck_after` (a writer hung in a cgroup write fails /healthz).
+    health: Option<crate::health::Reporter>,
+    stuck_after: Option<Duration>,
 }
 
 struct Pool {
@@ -431,6 +474,9 @@ struct Queue {
     failed: BTreeMap<u64, String>,
     /// Moves applied at most at once (the live `apply_threads`, set at each submit).
     limit: usize,
+    /// When each move that ran ended, and its bytes: what migrated within the last period
+    /// counts against the budget too (see [`Applier::budget_used`]).
+    ended: VecDeque<(Instant, u64)>,
     closed: bool,
     report: Applied,
 }
@@ -438,6 +484,8 @@ struct Queue {
 #[derive(Clone)]
 struct Job {
     id: u64,
+    /// When a writer took it (`None` while it waits).
+    started: Option<Instant>,
     mv: Move,
     now_ms: u64,
     dry_run: bool,
@@ -460,6 +508,37 @@ impl Queue {
             .iter()
             .chain(&self.running)
             .fold(0u64, |a, j| a.saturating_add(j.mv.bytes_to_migrate))
+    }
+
+    /// Bytes of the moves that ended within `window` before `now` (older ones forgotten).
+    fn ended_within(&mut self, now: Instant, window: Duration) -> u64 {
+        while self
+            .ended
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+        {
+            self.ended.pop_front();
+        }
+        self.ended
+            .iter()
+            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+    }
+
+    /// A move that ran has ended: out of `running`, its outcome reported, its bytes in the
+    /// window (all but a refused one's, which wrote nothing).
+    fn end(&mut self, job: &Job, o: Outcome) {
+        self.running.retain(|j| j.id != job.id);
+        if !matches!(o, Outcome::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
+            self.ended
+                .push_back((Instant::now(), job.mv.bytes_to_migrate));
+        }
+        if o != Outcome::Applied {
+            self.failed.insert(job.id, job.mv.cgroup.clone());
+        }
+        self.report.add(&job.mv, o);
+        if self.waiting.is_empty() {
+            self.failed.clear();
+        }
     }
 
     fn next(&mut self) -> Pick {
@@ -497,8 +576,10 @@ pub struct Submitted {
 }
 
 impl Applier {
-    /// No thread runs until the first move is submitted.
+    /// No thread runs until the first move is submitted. The writers' health component
+    /// (`apply`) is registered here.
     pub fn new(d: Daemon, writer: WriterFactory) -> Applier {
+        let health = d.metrics.health.register("apply", None);
         Applier {
             d,
             writer,
@@ -507,6 +588,41 @@ impl Applier {
                 cv: Condvar::new(),
             }),
             workers: Vec::new(),
+            health: Some(health),
+            stuck_after: None,
+        }
+    }
+
+    /// A move under way for longer than `after` is a stuck writer (default: 10 periods, at
+    /// least 2 min, as the rounds' own limit).
+    pub fn stuck_after(mut self, after: Duration) -> Applier {
+        self.stuck_after = Some(after);
+        self
+    }
+
+    fn stuck_limit(&self) -> Duration {
+        self.stuck_after.unwrap_or_else(|| {
+            let period = Duration::from_millis(self.d.lock().cfg.controller.period_ms);
+            (period * 10).max(Duration::from_secs(120))
+        })
+    }
+
+    /// The writers' health: a beat unless a move has been under way for longer than the
+    /// stuck limit (then the `apply` component goes silent and, that limit later, dead). The
+    /// round thread calls it every round (through [`Applier::in_flight`]).
+    fn check_health(&self) {
+        let limit = self.stuck_limit();
+        let oldest = {
+            let q = self.queue();
+            q.running.iter().filter_map(|j| j.started).min()
+        };
+        if let Some(h) = &self.health {
+            h.set_max_silence(Some(limit));
+            if oldest.is_none_or(|t| t.elapsed() < limit) {
+                h.beat();
+            } else {
+                tracing::warn!(limit = ?limit, "a move has been under way for longer than the limit: a writer is stuck");
+            }
         }
     }
 
@@ -517,6 +633,7 @@ impl Applier {
     /// The cgroups whose moves are queued or under way, and the bytes they migrate: the next
     /// round plans around them (not those cgroups; the budget less those bytes).
     pub fn in_flight(&self) -> (BTreeSet<String>, u64) {
+        self.check_health();
         let q = self.queue();
         let cgs = q
             .waiting
@@ -527,10 +644,37 @@ impl Applier {
         (cgs, q.bytes())
     }
 
+    /// The bytes that count against a round's migration budget now: those of the moves queued
+    /// or under way, plus those of the moves that ended within the last `controller.period_ms`
+    /// — the budget is a rate (per period), however often rounds run (events bring them
+    /// forward).
+    pub fn budget_used(&self) -> u64 {
+        let window = self.window();
+        let mut q = self.queue();
+        q.bytes()
+            .saturating_add(q.ended_within(Instant::now(), window))
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_millis(self.d.lock().cfg.controller.period_ms)
+    }
+
     /// Queues `moves` (plan order) and returns at once. A move is queued only when, with the
     /// bytes of every move queued or under way, it fits the round's budget (so the bytes
     /// migrating at once never pass it), and no move of its cgroup is under way.
     pub fn submit(&mut self, moves: &[Move], now_ms: u64, dry_run: bool) -> Submitted {
+        self.submit_at(moves, now_ms, dry_run, Instant::now())
+    }
+
+    /// [`Applier::submit`] at `now` (the clock of the budget's window).
+    pub(crate) fn submit_at(
+        &mut self,
+        moves: &[Move],
+        now_ms: u64,
+        dry_run: bool,
+        now: Instant,
+    ) -> Submitted {
+        let window = self.window();
         let (budget, limit, managed) = {
             let s = self.d.lock();
             let managed: Vec<bool> = moves
@@ -553,6 +697,7 @@ impl Applier {
         let pending = {
             let mut q = self.queue();
             q.limit = limit;
+            let recent = q.ended_within(now, window);
             for (mv, memory_managed) in moves.iter().zip(managed) {
                 if q.waiting
                     .iter()
@@ -563,7 +708,11 @@ impl Applier {
                     out.in_flight += 1;
                     continue;
                 }
-                if q.bytes().saturating_add(mv.bytes_to_migrate) > budget {
+                if q.bytes()
+                    .saturating_add(recent)
+                    .saturating_add(mv.bytes_to_migrate)
+                    > budget
+                {
                     over_budget(&self.d, mv, budget);
                     q.report.over_budget += 1;
                     out.over_budget += 1;
@@ -583,6 +732,7 @@ impl Applier {
                 let id = q.next_id;
                 q.waiting.push_back(Job {
                     id,
+                    started: None,
                     mv: mv.clone(),
                     now_ms,
                     dry_run,
@@ -594,6 +744,8 @@ impl Applier {
             q.waiting.len() + q.running.len()
         };
         self.pool.cv.notify_all();
+        // A thread that ended (it cannot, short of a panic outside a move) is replaced.
+        self.workers.retain(|h| !h.is_finished());
         while self.workers.len() < limit.min(pending) {
             let (d, pool, writer) = (self.d.clone(), self.pool.clone(), self.writer.clone());
             match std::thread::Builder::new()
@@ -641,6 +793,9 @@ impl Applier {
         for h in self.workers.drain(..) {
             let _ = h.join();
         }
+        if let Some(h) = self.health.take() {
+            h.stopped();
+        }
     }
 }
 
@@ -666,20 +821,43 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
             pool.cv.notify_all();
         }
         match q.next() {
-            Pick::Run(job) => {
+            Pick::Run(mut job) => {
                 let premigrate = q.limit > 1;
+                job.started = Some(Instant::now());
                 q.running.push(job.clone());
                 drop(q);
-                let o = apply_one(&d, &mut *w, &job.mv, job.now_ms, job.dry_run, premigrate);
+                // A panic in a move (a bug) ends that move, not the thread: it leaves
+                // `running` as failed, and the writer is made anew (its state is unknown).
+                let o = match catch_unwind(AssertUnwindSafe(|| {
+                    apply_one(
+                        &d,
+                        &mut *w,
+                        &job.mv,
+                        job.now_ms,
+                        job.dry_run,
+                        premigrate,
+                        true,
+                    )
+                })) {
+                    Ok(o) => o,
+                    Err(_) => {
+                        tracing::error!(cgroup = %job.mv.cgroup, "applying a move panicked; it is counted as failed");
+                        d.metrics
+                            .moves_failed
+                            .get_or_create(&ReasonLabel {
+                                reason: "panic".into(),
+                            })
+                            .inc();
+                        d.lock()
+                            .state
+                            .controller
+                            .record_failure(&job.mv.cgroup, job.now_ms.max(super::boot_ms()));
+                        w = writer();
+                        Outcome::Failed("panic")
+                    }
+                };
                 q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
-                q.running.retain(|j| j.id != job.id);
-                if o != Outcome::Applied {
-                    q.failed.insert(job.id, job.mv.cgroup.clone());
-                }
-                q.report.add(&job.mv, o);
-                if q.waiting.is_empty() {
-                    q.failed.clear();
-                }
+                q.end(&job, o);
                 pool.cv.notify_all();
             }
             Pick::Blocked(job, on) => {
@@ -690,8 +868,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         reason: "blocked".into(),
                     })
                     .inc();
-                q.failed.insert(job.id, job.mv.cgroup.clone());
-                q.report.add(&job.mv, Outcome::Refused("blocked"));
+                q.end(&job, Outcome::Refused("blocked"));
                 pool.cv.notify_all();
             }
             Pick::Wait => {

@@ -286,8 +286,226 @@ fn bytes_still_migrating_count_against_the_next_submit() {
     assert_eq!((done.applied, done.over_budget), (2, 1), "{done:?}");
     assert!(done.bytes <= 1024 * MIB);
     assert_eq!(a.in_flight(), (Default::default(), 0));
-    assert_eq!(a.submit(&third, 3000, false).queued, 1);
+    // The budget is a rate: the 800 MiB that ended within the period still count, so the
+    // third fits only once the period since they ended has passed.
+    assert_eq!(a.budget_used(), 800 * MIB);
+    let s = a.submit(&third, 3000, false);
+    assert_eq!((s.queued, s.over_budget), (0, 1), "{s:?}");
+    let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
+    assert_eq!(a.submit_at(&third, 3000, false, later).queued, 1);
     assert_eq!(a.wait().applied, 1);
+}
+
+fn period_ms(d: &Daemon) -> u64 {
+    d.lock().cfg.controller.period_ms
+}
+
+/// Issue 18 review P1: rounds brought forward by events get no fresh budget. Moves that
+/// ended within the last period count against the next submit as moves under way do: two
+/// 600 MiB moves submitted in two rounds 1 ms apart (each alone within the 1 GiB budget)
+/// never both run within one period.
+#[test]
+fn the_budget_is_a_rate_over_the_period_not_per_round() {
+    let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
+    let mut fake = fake_of(&cgs);
+    for (c, _, _) in &cgs {
+        fake.set_memory(c, &[(0, 600 * MIB)]);
+    }
+    let w = SharedFake::new(fake);
+    let (_dir, d) = daemon(4, 1024);
+    let mut a = Applier::new(d.clone(), w.factory());
+    let t0 = std::time::Instant::now();
+    let first = [mv("a", ("0-3", "0-3"), ("0-1", "1"), 600 * MIB)];
+    assert_eq!(a.submit_at(&first, 1000, false, t0).queued, 1);
+    assert_eq!(a.wait().applied, 1);
+    assert_eq!(a.in_flight().1, 0, "nothing under way");
+    assert_eq!(a.budget_used(), 600 * MIB, "but 600 MiB within the period");
+    let second = [mv("b", ("4-7", "4-7"), ("0-1", "1"), 600 * MIB)];
+    let s = a.submit_at(&second, 1001, false, t0 + Duration::from_millis(1));
+    assert_eq!((s.queued, s.over_budget), (0, 1), "{s:?}");
+    // A period after the first ended, the second fits.
+    let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
+    assert_eq!(a.submit_at(&second, 6001, false, later).queued, 1);
+    let done = a.finish();
+    assert_eq!((done.applied, done.over_budget), (1, 1), "{done:?}");
+}
+
+/// Issue 18 review P2: a writer that panics in a move ends that move, not the pool: the move
+/// leaves `running` (its cgroup is planned again, its bytes stop counting after the period),
+/// is counted as failed ("panic"), `wait` returns, and the same pool applies the next move.
+#[test]
+fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
+    struct Panicky(SharedFake);
+    impl CgroupWriter for Panicky {
+        fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.0.read_cpus(cg)
+        }
+        fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.0.read_mems(cg)
+        }
+        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.0.write_cpus(cg, cpus)
+        }
+        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+            if cg == "a" {
+                panic!("a bug in a writer");
+            }
+            self.0.write_mems(cg, mems)
+        }
+        fn needs_memory_migrate(&self) -> bool {
+            false
+        }
+        fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+            self.0.read_memory_migrate(cg)
+        }
+        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+            self.0.set_memory_migrate(cg, on)
+        }
+        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+            self.0.move_pages(cg, to, max)
+        }
+    }
+    let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
+    let mut fake = fake_of(&cgs);
+    for (c, _, _) in &cgs {
+        fake.set_memory(c, &[(0, 600 * MIB)]);
+    }
+    let w = SharedFake::new(fake);
+    let factory: WriterFactory = {
+        let w = w.clone();
+        Arc::new(move || Box::new(Panicky(w.clone())))
+    };
+    for threads in [1, 2] {
+        let (_dir, d) = daemon(threads, 1024);
+        let mut a = Applier::new(d.clone(), factory.clone());
+        let t0 = std::time::Instant::now();
+        let first = [mv("a", ("0-3", "0-1"), ("0-1", "1"), 600 * MIB)];
+        assert_eq!(a.submit_at(&first, 1000, false, t0).queued, 1);
+        let done = a.wait();
+        assert_eq!(done.failed, vec![("a".to_string(), "panic")], "{threads}");
+        assert_eq!(
+            a.in_flight(),
+            (Default::default(), 0),
+            "{threads}: a not in flight"
+        );
+        assert_eq!(
+            d.metrics
+                .moves_failed
+                .get_or_create(&crate::serve::metrics::ReasonLabel {
+                    reason: "panic".into()
+                })
+                .get(),
+            1
+        );
+        // The next move (its bytes past the period of a's) is applied by the same pool.
+        let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
+        let second = [mv("b", ("4-7", "4-5"), ("0-1", "1"), 600 * MIB)];
+        assert_eq!(a.submit_at(&second, 7000, false, later).queued, 1);
+        assert_eq!(a.finish().applied, 1, "{threads}");
+        assert_eq!(w.fake.lock().unwrap().mems("b"), Some(&set("1")));
+        let mut f = w.fake.lock().unwrap();
+        for (c, cpus, mems) in &cgs {
+            f.write_mems(c, &set(mems)).unwrap();
+            f.write_cpus(c, &set(cpus)).unwrap();
+            f.set_memory(c, &[(0, 600 * MIB)]);
+        }
+    }
+}
+
+/// Issue 18 review P2: a writer stuck in one move (a cgroup write in D state) for longer than
+/// the stuck limit fails the `apply` health component (so /healthz fails and the daemon is
+/// restarted); once the move ends it is healthy again.
+#[test]
+fn a_stuck_writer_fails_health() {
+    let mut fake = fake_of(&[("a", "0-3", "0-1")]);
+    fake.set_memory("a", &[(0, 10 * MIB)]);
+    let gate = Gate::new(usize::MAX);
+    let w = SharedFake {
+        gate: Some(gate.clone()),
+        ..SharedFake::new(fake)
+    };
+    let (_dir, d) = daemon(2, 1024);
+    let mut a = Applier::new(d.clone(), w.factory()).stuck_after(Duration::from_millis(50));
+    a.submit(
+        &[mv("a", ("0-3", "0-3"), ("0-1", "1"), 10 * MIB)],
+        1000,
+        false,
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while gate.arrived() < 1 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(gate.arrived(), 1, "the writer is in its move");
+    let health = &d.metrics.health;
+    assert!(health.dead().is_empty(), "{:?}", health.dead());
+    std::thread::sleep(Duration::from_millis(120));
+    a.in_flight(); // a round's check: the move is older than the limit, no beat
+    std::thread::sleep(Duration::from_millis(60));
+    let dead = health.dead();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].component, "apply");
+    gate.open();
+    assert_eq!(a.wait().applied, 1);
+    a.in_flight();
+    assert!(health.dead().is_empty(), "{:?}", health.dead());
+    a.finish();
+    assert!(health.dead().is_empty(), "stopped on purpose");
+}
+
+/// Issue 18 review P3: a stop while a writer moves its pages ahead of the narrowing write
+/// cuts the move short instead of running that write (which would migrate the rest, past the
+/// shutdown bound): cpus moved, mems still widened, no narrowing write, reported "stopped";
+/// the books of its cpus were checkpointed before the migration began.
+#[test]
+fn a_stop_during_the_page_moves_cuts_the_move_short() {
+    let mut fake = fake_of(&[("m", "0-3", "0")]);
+    fake.set_memory("m", &[(0, 256 * MIB)]);
+    let gate = Gate::new(usize::MAX);
+    let w = SharedFake {
+        gate: Some(gate.clone()),
+        ..SharedFake::new(fake)
+    };
+    let (dir, d) = daemon(2, 1024);
+    let written = || {
+        dir.path()
+            .join("state")
+            .read_dir()
+            .is_ok_and(|mut r| r.next().is_some())
+    };
+    assert!(!written(), "no checkpoint before the move");
+    let mut a = Applier::new(d.clone(), w.factory());
+    a.submit(
+        &[mv("m", ("0-3", "4-7"), ("0", "1"), 256 * MIB)],
+        1000,
+        false,
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while gate.arrived() < 1 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(gate.arrived(), 1);
+    assert!(written(), "the books were checkpointed once the cpus moved");
+    d.request_stop();
+    gate.open();
+    let t0 = std::time::Instant::now();
+    let done = a.finish();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(done.failed, vec![("m".to_string(), "stopped")], "{done:?}");
+    let f = w.fake.lock().unwrap();
+    assert_eq!(f.cpus("m"), Some(&set("4-7")), "cpus moved");
+    assert_eq!(f.mems("m"), Some(&set("0-1")), "mems still widened");
+    assert!(
+        !f.writes()
+            .iter()
+            .any(|wr| wr.file == CgroupFile::Mems && wr.value == "1"),
+        "no narrowing write: {:?}",
+        f.writes()
+    );
+    assert!(
+        f.migrated() <= 64 * MIB,
+        "one page step at most: {}",
+        f.migrated()
+    );
 }
 
 /// A failing writer rolls back only its own move: b's cpus write fails after its mems were

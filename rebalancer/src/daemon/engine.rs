@@ -594,9 +594,11 @@ impl Engine {
                 }),
             )
         });
-        // Moves of earlier rounds still migrating: their cgroups are not planned again, and
-        // their bytes come off this round's budget.
-        let (moving, in_flight_bytes) = applier.in_flight();
+        // Moves of earlier rounds still migrating: their cgroups are not planned again; their
+        // bytes, and those of the moves that ended within the last period, come off this
+        // round's budget (a rate: event rounds get no fresh budget).
+        let (moving, _) = applier.in_flight();
+        let budget_used = applier.budget_used();
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(d, &why);
@@ -694,7 +696,7 @@ impl Engine {
         let mut plan_cfg = cfg.controller.clone();
         plan_cfg.migration_budget_mib = plan_cfg
             .migration_budget_mib
-            .saturating_sub(in_flight_bytes.div_ceil(1 << 20));
+            .saturating_sub(budget_used.div_ceil(1 << 20));
         let plan = controller::plan(&topo, &obs, &ctl, &plan_cfg, now_ms);
 
         // Handed to the writer threads; the round does not wait for their migrations.

@@ -364,7 +364,15 @@ fn spawn_rounds(
     };
     let settle =
         |adm: &Admission| Duration::from_millis(adm.daemon.lock().cfg.controller.event_settle_ms);
+    let gap = |adm: &Admission| {
+        let c = &adm.daemon.lock().cfg.controller;
+        super::trigger::min_gap(
+            Duration::from_millis(c.event_settle_ms),
+            Duration::from_millis(c.period_ms),
+        )
+    };
     let mut events = super::trigger::Coalescer::new(settle(&adm));
+    events.set_min_gap(gap(&adm));
     let h = std::thread::Builder::new()
         .name("control-rounds".into())
         .spawn(move || {
@@ -396,6 +404,7 @@ fn spawn_rounds(
                         Ok(RoundCmd::Reload) => {
                             health.set_max_silence(max_silence(&adm));
                             events.set_settle(settle(&adm));
+                            events.set_min_gap(gap(&adm));
                             continue;
                         }
                         Ok(RoundCmd::Event(why)) => {

@@ -12,7 +12,17 @@
 //!   last event, at most 4 × `settle` after the first (an operator pinning three workloads
 //!   writes three files a millisecond apart: one round sees all three) — and the follow-up
 //!   round [`FOLLOW_UP`] after an event round, the first whose CPU time is all measured after
-//!   the change (the event round's period is mostly from before it).
+//!   the change (the event round's period is mostly from before it). An event round (or
+//!   follow-up) never starts sooner than [`min_gap`] after the round before it, so a stream
+//!   of events (pod churn, a user rewriting a file) costs at most two rounds per period and
+//!   one a second; the migration budget is a rate over the period whatever the rounds
+//!   (`apply::Applier::budget_used`).
+//! - Not watched ([`operator_writable`]): a cpuset.cpus file that a non-root user can write
+//!   (a delegated subtree under a configured root), whose owner could otherwise bring rounds
+//!   forward at will. Watches come from a share of the uid's inotify limit
+//!   ([`watch_budget`]); the files over it are left to the period rounds, counted in
+//!   `rebalancer_trigger_unwatched` and logged once — the watcher's own watches (pods'
+//!   directories, whose ENOSPC fails health) are never starved by the trigger's.
 
 use std::{
     collections::BTreeMap,
@@ -87,13 +97,22 @@ impl Hub {
 /// After an event round, one more this much later (see the module doc).
 pub const FOLLOW_UP: Duration = Duration::from_secs(1);
 
+/// The shortest time from a round's start to an event round's (see the module doc): the
+/// settle delay, or half the period up to one second when that is longer.
+pub fn min_gap(settle: Duration, period: Duration) -> Duration {
+    settle.max((period / 2).min(Duration::from_secs(1)))
+}
+
 /// When the round for the events seen so far is due (pure; see the module doc).
 #[derive(Debug)]
 pub struct Coalescer {
     settle: Duration,
+    /// An event round no sooner than this after the last round's start.
+    min_gap: Duration,
     first: Option<Instant>,
     last: Option<Instant>,
     follow_up: Option<Instant>,
+    last_round: Option<Instant>,
 }
 
 impl Coalescer {
@@ -101,10 +120,17 @@ impl Coalescer {
     pub fn new(settle: Duration) -> Coalescer {
         Coalescer {
             settle,
+            min_gap: Duration::ZERO,
             first: None,
             last: None,
             follow_up: None,
+            last_round: None,
         }
+    }
+
+    /// Event rounds at least `gap` after the last round's start (see [`min_gap`]).
+    pub fn set_min_gap(&mut self, gap: Duration) {
+        self.min_gap = gap;
     }
 
     /// A new settle delay (a reload); pending events keep their times.
@@ -126,15 +152,20 @@ impl Coalescer {
             (Some(f), Some(l)) => Some((l + self.settle).min(f + self.settle * 4)),
             _ => None,
         };
-        match (burst, self.follow_up) {
+        let due = match (burst, self.follow_up) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        match (due, self.last_round) {
+            (Some(d), Some(r)) => Some(d.max(r + self.min_gap)),
+            (d, _) => d,
         }
     }
 
     /// A round starts at `now` (whatever woke it): the events so far are its. Returns whether
     /// events or a follow-up asked for it; an event round schedules its follow-up.
     pub fn round_started(&mut self, now: Instant) -> bool {
+        self.last_round = Some(now);
         let evented = self.first.take().is_some();
         self.last = None;
         let follow = self.follow_up.take().is_some_and(|f| f <= now);
@@ -149,24 +180,64 @@ impl Coalescer {
 /// operator's write into [`Hub::wake`].
 pub struct CpusetTrigger {
     watches: Mutex<Watched>,
+    metrics: crate::serve::Metrics,
+    /// At most this many watches (see [`watch_budget`]).
+    budget: usize,
 }
 
 struct Watched {
     watches: Watches,
     by_path: BTreeMap<PathBuf, (WatchDescriptor, String)>,
     by_wd: BTreeMap<WatchDescriptor, (PathBuf, String)>,
+    /// The watch limit was logged (once).
+    told: bool,
+}
+
+/// Whether a user other than root (and the daemon's own) can write `meta`'s file (its owner,
+/// a group with write permission, or anyone): such a cgroup's cpuset.cpus is not watched.
+pub fn operator_writable(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let mode = meta.mode();
+    let other = |id: u32, own: u32| id != 0 && id != own;
+    other(meta.uid(), uid) || mode & 0o002 != 0 || (mode & 0o020 != 0 && other(meta.gid(), gid))
+}
+
+/// The trigger's share of the uid's inotify watches: a quarter of
+/// `fs.inotify.max_user_watches` (8192 assumed when unreadable), so the watcher's own watches
+/// and other root daemons' (containerd, kubelet, systemd) keep the rest.
+pub fn watch_budget(max_user_watches: Option<usize>) -> usize {
+    max_user_watches.unwrap_or(8192) / 4
+}
+
+fn max_user_watches() -> Option<usize> {
+    std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
 }
 
 impl CpusetTrigger {
     /// Starts the thread. Fails when inotify is unavailable (rounds then run on the period).
     pub fn spawn(d: super::Daemon) -> std::io::Result<std::sync::Arc<CpusetTrigger>> {
+        CpusetTrigger::spawn_with_budget(d, watch_budget(max_user_watches()))
+    }
+
+    /// [`CpusetTrigger::spawn`] with at most `budget` watches.
+    pub fn spawn_with_budget(
+        d: super::Daemon,
+        budget: usize,
+    ) -> std::io::Result<std::sync::Arc<CpusetTrigger>> {
         let mut ino = Inotify::init()?;
         let t = std::sync::Arc::new(CpusetTrigger {
             watches: Mutex::new(Watched {
                 watches: ino.watches(),
                 by_path: BTreeMap::new(),
                 by_wd: BTreeMap::new(),
+                told: false,
             }),
+            metrics: d.metrics.clone(),
+            budget,
         });
         let me = t.clone();
         std::thread::Builder::new()
@@ -230,9 +301,25 @@ impl CpusetTrigger {
 
     /// Watches exactly `files` ((cgroup, its cpuset.cpus path)): new ones added, others
     /// removed; own writes of cgroups no longer watched are forgotten. A file that cannot be
-    /// watched (the cgroup just vanished) is skipped.
+    /// watched (the cgroup just vanished) is skipped; so is one a non-root user can write
+    /// ([`operator_writable`]), and any over the trigger's watch budget or after the kernel
+    /// refused one for its limit (ENOSPC): those wait for the period rounds, counted in
+    /// `rebalancer_trigger_unwatched{reason}` and logged once.
     pub fn watch(&self, hub: &Hub, files: impl IntoIterator<Item = (String, PathBuf)>) {
-        let want: BTreeMap<PathBuf, String> = files.into_iter().map(|(c, p)| (p, c)).collect();
+        let all: BTreeMap<PathBuf, String> = files.into_iter().map(|(c, p)| (p, c)).collect();
+        hub.retain_own(&all.values().map(String::as_str).collect());
+        // Stat outside the lock.
+        let mut writable = 0i64;
+        let want: BTreeMap<PathBuf, String> = all
+            .into_iter()
+            .filter(|(p, _)| match std::fs::metadata(p) {
+                Ok(m) if operator_writable(&m) => {
+                    writable += 1;
+                    false
+                }
+                _ => true,
+            })
+            .collect();
         let mut g = self.watches.lock().unwrap_or_else(|e| e.into_inner());
         let w = &mut *g;
         let gone: Vec<PathBuf> = w
@@ -247,16 +334,43 @@ impl CpusetTrigger {
                 let _ = w.watches.remove(wd); // fails harmlessly when the file is already gone
             }
         }
+        let mut over = 0i64;
+        let mut full = false;
         for (p, cg) in &want {
             if w.by_path.contains_key(p) {
                 continue;
             }
-            if let Ok(wd) = w.watches.add(p, WatchMask::MODIFY | WatchMask::CLOSE_WRITE) {
-                w.by_wd.insert(wd.clone(), (p.clone(), cg.clone()));
-                w.by_path.insert(p.clone(), (wd, cg.clone()));
+            if full || w.by_path.len() >= self.budget {
+                over += 1;
+                continue;
+            }
+            match w.watches.add(p, WatchMask::MODIFY | WatchMask::CLOSE_WRITE) {
+                Ok(wd) => {
+                    w.by_wd.insert(wd.clone(), (p.clone(), cg.clone()));
+                    w.by_path.insert(p.clone(), (wd, cg.clone()));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                    full = true;
+                    over += 1;
+                }
+                Err(_) => {} // the cgroup vanished meanwhile
             }
         }
-        hub.retain_own(&want.values().map(String::as_str).collect());
+        if over > 0 && !w.told {
+            w.told = true;
+            tracing::warn!(watched = w.by_path.len(), budget = self.budget, unwatched = over, "cpuset trigger: watch limit reached; changes to the other cgroups' cpuset.cpus wait for the period rounds (rebalancer_trigger_unwatched)");
+        }
+        drop(g);
+        let set = |reason: &str, n: i64| {
+            self.metrics
+                .trigger_unwatched
+                .get_or_create(&crate::serve::metrics::ReasonLabel {
+                    reason: reason.into(),
+                })
+                .set(n);
+        };
+        set("operator-writable", writable);
+        set("watch-limit", over);
     }
 
     /// Files watched now.
@@ -398,5 +512,112 @@ mod tests {
             Err(mpsc::RecvTimeoutError::Timeout),
             "a write to an unwatched file woke the rounds"
         );
+    }
+
+    /// Issue 18 review P1: a stream of events (pod churn, a user rewriting a file every
+    /// 120 ms) brings rounds forward no sooner than the minimum gap after the round before:
+    /// at most one a second (half the period when that is shorter), whatever the settle.
+    #[test]
+    fn event_rounds_keep_a_minimum_gap_after_the_round_before() {
+        assert_eq!(min_gap(ms(200), ms(5000)), ms(1000));
+        assert_eq!(min_gap(ms(200), ms(1000)), ms(500));
+        assert_eq!(min_gap(ms(200), ms(300)), ms(200), "never below the settle");
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(ms(200));
+        c.set_min_gap(min_gap(ms(200), ms(5000)));
+        // A quiet daemon reacts after the settle delay.
+        assert!(!c.round_started(t0));
+        c.event(t0 + ms(3000));
+        assert_eq!(c.due(), Some(t0 + ms(3200)));
+        // Under a stream of events, rounds (event rounds and follow-ups) come a gap apart.
+        let mut now = t0 + ms(3200);
+        let mut starts = vec![];
+        for _ in 0..20 {
+            assert!(c.round_started(now));
+            starts.push(now);
+            c.event(now + ms(120));
+            now = c.due().unwrap();
+        }
+        for w in starts.windows(2) {
+            assert!(w[1] - w[0] >= ms(1000), "{:?}", w[1] - w[0]);
+        }
+    }
+
+    /// Issue 18 review P1: a cpuset.cpus that a non-root user can write is not watched (its
+    /// owner could bring rounds forward at will); root's is.
+    #[test]
+    fn files_non_root_users_can_write_are_not_watched() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("cpuset.cpus");
+        std::fs::write(&f, "0\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            !operator_writable(&std::fs::metadata(&f).unwrap()),
+            "the daemon's own"
+        );
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o646)).unwrap();
+        assert!(
+            operator_writable(&std::fs::metadata(&f).unwrap()),
+            "anyone can write"
+        );
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        if !root {
+            println!("SKIP: the owner part needs root (chown)");
+            return;
+        }
+        std::os::unix::fs::chown(&f, Some(1000), None).unwrap();
+        assert!(
+            operator_writable(&std::fs::metadata(&f).unwrap()),
+            "a user's file"
+        );
+        // And the trigger leaves it out, counted.
+        let d = test_daemon();
+        let t = CpusetTrigger::spawn(d.clone()).unwrap();
+        t.watch(&d.rounds, [("u".to_string(), f.clone())]);
+        assert_eq!(t.watched(), 0);
+        let unwatched = |r: &str| {
+            d.metrics
+                .trigger_unwatched
+                .get_or_create(&crate::serve::metrics::ReasonLabel { reason: r.into() })
+                .get()
+        };
+        assert_eq!(unwatched("operator-writable"), 1);
+    }
+
+    /// Issue 18 review P4: the trigger takes at most its share of the uid's inotify watches
+    /// (a quarter of max_user_watches); the files over it are left to the period rounds,
+    /// counted, and nothing fails.
+    #[test]
+    fn watches_over_the_budget_are_left_to_the_period_and_counted() {
+        assert_eq!(watch_budget(Some(8192)), 2048);
+        assert_eq!(watch_budget(None), 2048);
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<(String, PathBuf)> = (0..5)
+            .map(|i| {
+                let p = dir.path().join(format!("c{i}"));
+                std::fs::create_dir(&p).unwrap();
+                std::fs::write(p.join("cpuset.cpus"), "0\n").unwrap();
+                (format!("c{i}"), p.join("cpuset.cpus"))
+            })
+            .collect();
+        let d = test_daemon();
+        let t = CpusetTrigger::spawn_with_budget(d.clone(), 3).unwrap();
+        t.watch(&d.rounds, files.clone());
+        let over = || {
+            d.metrics
+                .trigger_unwatched
+                .get_or_create(&crate::serve::metrics::ReasonLabel {
+                    reason: "watch-limit".into(),
+                })
+                .get()
+        };
+        assert_eq!(t.watched(), 3);
+        assert_eq!(over(), 2);
+        // Two cgroups go: the others get their watches.
+        t.watch(&d.rounds, files[2..].to_vec());
+        assert_eq!(t.watched(), 3);
+        assert_eq!(over(), 0);
     }
 }
