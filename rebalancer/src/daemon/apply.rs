@@ -474,6 +474,8 @@ struct Queue {
     failed: BTreeMap<u64, String>,
     /// Moves applied at most at once (the live `apply_threads`, set at each submit).
     limit: usize,
+    /// Tests: the writers move their pages themselves even for a move that runs alone.
+    premigrate_alone: bool,
     /// When each move that ran ended, and its bytes: what migrated within the last period
     /// counts against the budget too (see [`Applier::budget_used`]).
     ended: VecDeque<(Instant, u64)>,
@@ -597,6 +599,13 @@ impl Applier {
     /// least 2 min, as the rounds' own limit).
     pub fn stuck_after(mut self, after: Duration) -> Applier {
         self.stuck_after = Some(after);
+        self
+    }
+
+    /// Tests of the writers' page moves with a single move.
+    #[cfg(test)]
+    pub(crate) fn premigrate_alone(self) -> Applier {
+        self.queue().premigrate_alone = true;
         self
     }
 
@@ -822,7 +831,13 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
         }
         match q.next() {
             Pick::Run(mut job) => {
-                let premigrate = q.limit > 1;
+                // The writer's own page moves only when other moves run (or wait to) at the
+                // same time: alone, the narrowing mems write (the kernel's migration, one
+                // pass over the mm in its worker) is the faster path — vm-bench's TCG guest
+                // showed move_pages from the daemon's threads slower than it even when
+                // serialised (BENCHMARKS, "Parallel moves and event-driven rounds").
+                let premigrate = q.limit > 1
+                    && (q.premigrate_alone || !(q.running.is_empty() && q.waiting.is_empty()));
                 job.started = Some(Instant::now());
                 q.running.push(job.clone());
                 drop(q);

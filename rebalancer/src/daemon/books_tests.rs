@@ -804,6 +804,10 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
             })
         };
         let mut a = Applier::new(d.clone(), factory);
+        if in_pages {
+            // S alone would migrate through the kernel's mems write.
+            a = a.premigrate_alone();
+        }
         assert_eq!(a.submit(&[s_move], 1000, false).queued, 1);
         let t0 = Instant::now();
         while !inside.load(std::sync::atomic::Ordering::SeqCst)
