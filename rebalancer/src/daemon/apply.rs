@@ -16,8 +16,10 @@
 //! a migration (the next round plans around the moves still under way: not their cgroups, and
 //! the budget less their bytes). What the one-after-the-other loop ([`apply_moves`], kept for
 //! the tests and tools) guaranteed still holds:
-//! - **budget**: a move is queued only if the bytes of every move queued or under way plus its
-//!   own fit the budget, so the bytes migrating at once never pass it;
+//! - **budget, a rate**: a move is queued only if its bytes, those of every move queued or under
+//!   way and those of the moves that ended within the last `period_ms` fit the budget
+//!   ([`Applier::budget_used`]), so rounds brought forward by events get no fresh budget and
+//!   no more than a budget migrates per period;
 //! - **order and exclusivity**: moves start in plan order; one that takes CPUs an earlier move
 //!   gives up waits until that move is done and is not applied when it was not (its CPUs were
 //!   not given up); moves of bound containers with Memory Manager memory go one at a time (each
@@ -28,16 +30,29 @@
 //!
 //! cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
 //! (`cpuset_migrate_mm_wq`) and each `cpuset.mems` writer waits for the whole queue, so
-//! concurrent narrowing writes would cost the sum of the migrations: with more than one thread,
-//! each writer first moves its own cgroup's pages toward the target with move_pages(2) (at most
-//! the move's bytes) and the narrowing write finds little left. Between its page steps the
-//! writer reads the cgroup's cpus: when someone else re-pinned it meanwhile, the move is
-//! abandoned (`controller::abandon`: mems back, their cpus kept), never finished toward a
-//! target they no longer want, and a failed move's undo never overwrites their cpus.
+//! concurrent narrowing writes would cost the sum of the migrations: when several moves run at
+//! once, each writer first moves its own cgroup's pages toward the target with move_pages(2)
+//! (at most the move's bytes, `PREMIGRATE_STEP` at a time) and the narrowing write finds
+//! little left. A move that runs alone goes straight to its narrowing write: the kernel's
+//! migration (one pass over the mm, in its worker) was the faster path in vm-bench's guest.
+//! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
+//! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
+//! finished toward a target they no longer want, and a failed move's undo never overwrites
+//! their cpus. The daemon's own rewrites of the cgroup (`trigger::Hub::is_own`: the shared pool
+//! following another writer's exclusive move, an admission's shrink) are not someone else's:
+//! neither the page steps nor `controller::finish`'s read-back abandon or roll back for them.
 //!
-//! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move: the moves left
-//! wait for the next start, so a slow migration never outlasts the shutdown bound. Each applied
-//! move is checkpointed as soon as it is done, so its cooldown survives the stop.
+//! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move (the moves left
+//! wait for the next start) and between a writer's page steps, where the move is cut short
+//! (`controller::cut_short`: cpus moved, mems left widened, "stopped"): no narrowing write
+//! migrates the rest past the shutdown bound. A move's books are checkpointed once its cpus are
+//! recorded and again once it is applied, so the books and its cooldown survive the stop.
+//!
+//! A panic in a move (a bug) fails that move only ("panic"; the thread goes on with a new
+//! writer); a move under way for longer than the stuck limit (10 periods, at least 2 min: a
+//! cgroup write hung in the kernel) stops the `apply` health component's beats, so /healthz
+//! fails and the daemon is restarted. Cooldowns of the writers' moves start when the move ends,
+//! not at the round's time.
 //!
 //! Every cpuset.cpus write of a move (and of its rollback) is noted as the daemon's own
 //! (`trigger::Hub`), so the round trigger does not take it for an operator's change.
