@@ -379,6 +379,13 @@ pub struct ControllerConfig {
     pub migration_budget_mib: u64,
     /// Most moves per round.
     pub max_moves_per_round: u32,
+    /// Writer threads applying moves at the same time (1 = one after the other). A round hands
+    /// its moves to them and does not wait for their migrations.
+    pub apply_threads: u32,
+    /// An operator's write to a managed cgroup's cpuset.cpus, or a new container's placement,
+    /// starts a round this long after the last event of a burst (at most 4× after the first),
+    /// so one round sees the whole burst; 0 = rounds on the period only.
+    pub event_settle_ms: u64,
     /// A workload with more memory to move than a round's budget allows is moved in stages:
     /// CPUs first, then its pages a budget at a time (move_pages(2)), mems narrowed once the
     /// rest fits. Off: such a move waits (for ever, if its memory never fits).
@@ -430,6 +437,8 @@ impl Default for ControllerConfig {
             cooldown_ms: 30_000,
             migration_budget_mib: 1024,
             max_moves_per_round: 4,
+            apply_threads: 4,
+            event_settle_ms: 200,
             staged_migration: true,
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
@@ -547,6 +556,18 @@ impl Config {
             return Err(bad(
                 "placement.overcommit_ratio",
                 "must be between 1.0 and 64.0".into(),
+            ));
+        }
+        if !(1..=64).contains(&self.controller.apply_threads) {
+            return Err(bad(
+                "controller.apply_threads",
+                "must be between 1 and 64".into(),
+            ));
+        }
+        if self.controller.event_settle_ms > 10_000 {
+            return Err(bad(
+                "controller.event_settle_ms",
+                "must be at most 10000 (0 = rounds on the period only)".into(),
             ));
         }
         if self.controller.period_ms < 100 {

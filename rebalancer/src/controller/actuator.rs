@@ -211,6 +211,10 @@ pub enum ApplyError {
         expected: String,
         found: String,
     },
+    /// The daemon stops: the move was cut short ([`cut_short`]) before its narrowing mems
+    /// write, its cpus moved and its mems still widened (nothing more migrates).
+    #[error("move of {cgroup} cut short by the daemon's stop; its mems stay widened")]
+    Stopped { cgroup: String },
     #[error("move of {cgroup} failed ({cause}) and its rollback failed too")]
     RollbackFailed {
         cgroup: String,
@@ -235,6 +239,7 @@ impl ApplyError {
             Self::Failed { source, .. } => source.kind(),
             Self::Verify { .. } => "verify",
             Self::RollbackFailed { .. } => "rollback-failed",
+            Self::Stopped { .. } => "stopped",
         }
     }
 }
@@ -373,6 +378,7 @@ pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun
         rollback_cpus: cpus,
         mems,
         migrate_was_on: !migrate_off,
+        accept_cpus: None,
     }))
 }
 
@@ -393,9 +399,23 @@ pub struct Rest {
     rollback_cpus: CpuSet,
     mems: CpuSet,
     migrate_was_on: bool,
+    /// Cpus other than the move's that [`finish`]'s read-back accepts (see
+    /// [`Rest::accepting_cpus`]).
+    accept_cpus: Option<AcceptCpus>,
 }
 
+/// See [`Rest::accepting_cpus`].
+pub type AcceptCpus = Box<dyn Fn(&CpuSet) -> bool>;
+
 impl Rest {
+    /// [`finish`]'s read-back also accepts cpus for which `ok` says yes (the caller's own
+    /// rewrite while the move was under way: the shared pool following the allocator's books),
+    /// instead of rolling back a completed migration for them.
+    pub fn accepting_cpus(mut self, ok: AcceptCpus) -> Rest {
+        self.accept_cpus = Some(ok);
+        self
+    }
+
     /// A failure in [`finish`] restores mems (and memory_migrate) but keeps the new cpus: the
     /// caller has recorded them and may no longer write the old ones (another container may
     /// hold them by now).
@@ -417,6 +437,7 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
         rollback_cpus,
         mems,
         migrate_was_on,
+        accept_cpus,
     } = rest;
     // A failed step (or settle): a vanished cgroup is left alone, anything else rolled back.
     let fail = |w: &mut dyn CgroupWriter, state: &Live, step: Step, e: CgroupWriteError| {
@@ -457,7 +478,10 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
     ];
     for (got, expected, file) in back {
         let got = got.map_err(read_err)?;
-        if got != *expected {
+        let accepted = file == CgroupFile::Cpus
+            && !got.is_empty()
+            && accept_cpus.as_ref().is_some_and(|ok| ok(&got));
+        if got != *expected && !accepted {
             let cause = ApplyError::Verify {
                 cgroup: cg.to_string(),
                 file,
@@ -490,6 +514,48 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
         moved_bytes,
         pages_error,
     })
+}
+
+/// Abandons a begun move instead of [`finish`]ing it: someone else wrote the cgroup's cpus
+/// (`found`) while it was under way. Its mems (and memory_migrate) go back to what they were
+/// before the move, its cpus stay as that someone wrote them; returns [`ApplyError::Stale`]
+/// (or `RollbackFailed`).
+pub fn abandon(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest, found: CpuSet) -> ApplyError {
+    let Rest {
+        mut state,
+        mems,
+        migrate_was_on,
+        ..
+    } = rest;
+    let cause = ApplyError::Stale {
+        cgroup: mv.cgroup.clone(),
+        file: CgroupFile::Cpus,
+        planned: mv.to_cpus.to_string(),
+        found: found.to_string(),
+    };
+    state.cpus = found.clone();
+    rollback(w, &mv.cgroup, &state, &found, &mems, migrate_was_on, cause)
+}
+
+/// Cuts a begun move short instead of [`finish`]ing it, because the daemon stops: no
+/// narrowing mems write (it would migrate the rest of the memory, past the shutdown bound).
+/// The cpus stay moved, the mems stay widened (the old and the new nodes: nothing migrates);
+/// only memory_migrate (v1) is put back as it was. Returns [`ApplyError::Stopped`] (or
+/// `RollbackFailed` when that write failed).
+pub fn cut_short(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> ApplyError {
+    let cause = ApplyError::Stopped {
+        cgroup: mv.cgroup.clone(),
+    };
+    if rest.state.migrate_on != rest.migrate_was_on {
+        if let Err(source) = run(w, &mv.cgroup, &Step::SetMemoryMigrate(rest.migrate_was_on)) {
+            return ApplyError::RollbackFailed {
+                cgroup: mv.cgroup.clone(),
+                cause: cause.to_string(),
+                source,
+            };
+        }
+    }
+    cause
 }
 
 /// What the actuator has written so far.

@@ -31,8 +31,8 @@ mod migration_tests;
 mod planner_tests;
 
 pub use actuator::{
-    apply, begin, finish, Applied, ApplyError, Begun, CgroupFile, CgroupWriteError, CgroupWriter,
-    Rest, Step,
+    abandon, apply, begin, cut_short, finish, Applied, ApplyError, Begun, CgroupFile,
+    CgroupWriteError, CgroupWriter, Rest, Step,
 };
 #[cfg(test)]
 pub use fake::{FakeCgroups, FakeFailure};

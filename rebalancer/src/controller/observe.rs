@@ -33,6 +33,10 @@ pub struct Constraints {
     /// a thread's later sched_setaffinity to any CPU of the cgroup keeps working.
     #[serde(default)]
     pub keep_cpus: bool,
+    /// A move of this cgroup is still being applied (its migration runs on a writer thread):
+    /// it is not planned again until that move is done.
+    #[serde(default)]
+    pub moving: bool,
 }
 
 /// One managed cgroup's measurements over the last period.

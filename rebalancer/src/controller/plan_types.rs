@@ -177,6 +177,8 @@ pub enum Skip {
     },
     /// `max_moves_per_round` reached.
     MaxMoves,
+    /// A move of this cgroup planned by an earlier round is still being applied.
+    InFlight,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -195,6 +195,9 @@ fn evaluate(
         });
     };
     let c = &cg.constraints;
+    if c.moving {
+        return eval(Outcome::Skipped(Skip::InFlight));
+    }
     if c.pinned {
         return eval(Outcome::Skipped(Skip::Pinned));
     }
@@ -236,6 +239,9 @@ fn continue_stage(
     state: &ControllerState,
 ) -> Option<Result<Move, Skip>> {
     let sg = state.cgroups.get(&cg.id)?.staging.as_ref()?;
+    if cg.constraints.moving {
+        return Some(Err(Skip::InFlight));
+    }
     if cg.constraints.pinned || cg.cpus != sg.to_cpus || !sg.toward.is_subset(&cg.mems) {
         return None;
     }

@@ -185,6 +185,14 @@ fn planner_rules() {
             &[("b1", "moved"), ("b2", "moved"), ("b3", "skip:budget")],
         )
     });
+    let mut busy = split("b1");
+    busy.constraints.moving = true;
+    check(base(
+        "a cgroup whose move is still being applied is not planned again",
+        world(vec![busy, split("b2")]),
+        &[("b2", "0-3,16-19", "0", 400)],
+        &[("b1", "skip:in-flight"), ("b2", "moved")],
+    ));
     check(Case {
         cfg: ControllerConfig {
             max_moves_per_round: 2,

@@ -390,6 +390,10 @@ impl Admission {
                 return Err(AdmitError::Checkpoint(e));
             }
         }
+        if bound.is_some() {
+            // A new container placed: a round soon sees it (`trigger`).
+            self.daemon.rounds.wake(super::trigger::Why::Placed);
+        }
         Ok(Admitted {
             uid: pod.uid.clone(),
             placements,
@@ -453,6 +457,7 @@ impl Admission {
                 return Err(AdmitError::Checkpoint(e));
             }
         }
+        self.daemon.rounds.wake(super::trigger::Why::Placed);
         Ok(Some(Admitted {
             uid: pod_uid.into(),
             bound: Some((cgroup.into(), placement.container.clone())),
@@ -623,7 +628,7 @@ impl Admission {
         };
         if !dry_run {
             for w in &writes {
-                if let Err(e) = self.writer.write(w) {
+                if let Err(e) = self.write_noted(w) {
                     tracing::warn!(cgroup = %w.cgroup, error = %e, "writing the replacement exclusive CPUs failed");
                 }
             }
@@ -710,8 +715,15 @@ impl Admission {
         Ok(())
     }
 
+    /// Every cpuset write of the service: noted as the daemon's own first, so the round
+    /// trigger does not take it for an operator's change (`trigger`).
+    fn write_noted(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        self.daemon.rounds.note_own_cpus(&c.cgroup, &c.cpus);
+        self.writer.write(c)
+    }
+
     fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
-        let r = self.writer.write(&CpusetChange {
+        let r = self.write_noted(&CpusetChange {
             cgroup: cg.into(),
             cpus: p.cpus.clone(),
             mems: Some(p.mems.clone()),
@@ -735,7 +747,7 @@ impl Admission {
         let mut out = Vec::new();
         for change in changes {
             if !dry_run {
-                if let Err(e) = self.writer.write(&change) {
+                if let Err(e) = self.write_noted(&change) {
                     tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed");
                     continue;
                 }
@@ -754,7 +766,7 @@ impl Admission {
         if current.is_disjoint(excl) || pool.is_empty() {
             return None;
         }
-        match self.writer.write(&CpusetChange {
+        match self.write_noted(&CpusetChange {
             cgroup: cg.into(),
             cpus: pool.clone(),
             mems: None,

@@ -1,8 +1,7 @@
-//! Applying one round's moves: each move through the actuator (any [`CgroupWriter`]: the real
-//! cgroup layer, or `FakeCgroups` in the fault-injection tests), the controller's memory
-//! (cooldown, counters) and the metrics updated, and the round's migration budget enforced
-//! once more on what is actually applied (the planner already keeps to it; this is the
-//! actuator-side guard of the invariant).
+//! Applying moves: each move through the actuator (any [`CgroupWriter`]: the real cgroup
+//! layer, or `FakeCgroups` in the tests), the controller's memory (cooldown, counters) and the
+//! metrics updated, and the migration budget enforced once more on what is actually applied
+//! (the planner already keeps to it; this is the actuator-side guard of the invariant).
 //!
 //! Each move is checked against the allocator's books just before it is written
 //! (`admission::move_allowed`: no reserved or other container's exclusive CPU, Memory Manager
@@ -11,15 +10,65 @@
 //! cgroupfs agree after every move. The check, the cpus write and its record happen under the
 //! allocator lock (`Daemon::order`), ordered with admissions; the memory migration after it.
 //!
-//! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move: the moves left
-//! wait for the next start, so a slow migration never outlasts the shutdown bound. Each applied
-//! move is checkpointed before the next one starts, so its cooldown survives the stop.
+//! The daemon's rounds hand their moves to [`Applier`]: up to `controller.apply_threads`
+//! writer threads, each applying whole moves through that same per-move path with a writer of
+//! its own, so N cgroups to fix cost about one migration, not N, and a round never waits for
+//! a migration (the next round plans around the moves still under way: not their cgroups, and
+//! the budget less their bytes). What the one-after-the-other loop ([`apply_moves`], kept for
+//! the tests and tools) guaranteed still holds:
+//! - **budget, a rate**: a move is queued only if its bytes, those of every move queued or under
+//!   way and those of the moves that ended within the last `period_ms` fit the budget
+//!   ([`Applier::budget_used`]), so rounds brought forward by events get no fresh budget and
+//!   no more than a budget migrates per period;
+//! - **order and exclusivity**: moves start in plan order; one that takes CPUs an earlier move
+//!   gives up waits until that move is done and is not applied when it was not (its CPUs were
+//!   not given up); moves of bound containers with Memory Manager memory go one at a time (each
+//!   books check sees the record of the one before); and the books check refuses any CPU that
+//!   is exclusive by then;
+//! - **rollback**: a move touches one cgroup, and a failing move rolls back only its own
+//!   writes; the others go on.
+//!
+//! cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
+//! (`cpuset_migrate_mm_wq`) and each `cpuset.mems` writer waits for the whole queue, so
+//! concurrent narrowing writes would cost the sum of the migrations: when several moves run at
+//! once, each writer first moves its own cgroup's pages toward the target with move_pages(2)
+//! (at most the move's bytes, `PREMIGRATE_STEP` at a time) and the narrowing write finds
+//! little left. A move that runs alone goes straight to its narrowing write: the kernel's
+//! migration (one pass over the mm, in its worker) was the faster path in vm-bench's guest.
+//! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
+//! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
+//! finished toward a target they no longer want, and a failed move's undo never overwrites
+//! their cpus. The daemon's own rewrites of the cgroup (`trigger::Hub::is_own`: the shared pool
+//! following another writer's exclusive move, an admission's shrink) are not someone else's:
+//! neither the page steps nor `controller::finish`'s read-back abandon or roll back for them.
+//!
+//! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move (the moves left
+//! wait for the next start) and between a writer's page steps, where the move is cut short
+//! (`controller::cut_short`: cpus moved, mems left widened, "stopped"): no narrowing write
+//! migrates the rest past the shutdown bound. A move's books are checkpointed once its cpus are
+//! recorded and again once it is applied, so the books and its cooldown survive the stop.
+//!
+//! A panic in a move (a bug) fails that move only ("panic"; the thread goes on with a new
+//! writer); a move under way for longer than the stuck limit (10 periods, at least 2 min: a
+//! cgroup write hung in the kernel) stops the `apply` health component's beats, so /healthz
+//! fails and the daemon is restarted. Cooldowns of the writers' moves start when the move ends,
+//! not at the round's time.
+//!
+//! Every cpuset.cpus write of a move (and of its rollback) is noted as the daemon's own
+//! (`trigger::Hub`), so the round trigger does not take it for an operator's change.
 //!
 //! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
 //! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
 //! A cgroup that vanished before or during its move is a normal race (its container exited)
 //! and is logged at debug level; an external change (stale) is adopted and logged at info; a
 //! real write failure is a warning.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::{Arc, Condvar, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
 
 use crate::{
     controller::{self, ApplyError, CgroupWriter, Move},
@@ -40,7 +89,8 @@ pub struct Applied {
     pub bytes: u64,
 }
 
-/// Applies `moves` through `w` in order (see the module doc).
+/// Applies `moves` through `w` in order, one after the other, in the caller's thread (see the
+/// module doc). The daemon's rounds use [`Applier`]; this is the same per-move path.
 pub fn apply_moves(
     d: &Daemon,
     w: &mut dyn CgroupWriter,
@@ -48,12 +98,7 @@ pub fn apply_moves(
     now_ms: u64,
     dry_run: bool,
 ) -> Applied {
-    let budget = d
-        .lock()
-        .cfg
-        .controller
-        .migration_budget_mib
-        .saturating_mul(1 << 20);
+    let budget = budget_of(d);
     let mut out = Applied::default();
     for (i, mv) in moves.iter().enumerate() {
         if d.stopping() {
@@ -64,129 +109,315 @@ pub fn apply_moves(
             break;
         }
         if out.bytes.saturating_add(mv.bytes_to_migrate) > budget {
-            tracing::warn!(cgroup = %mv.cgroup, bytes = mv.bytes_to_migrate, budget, "move not applied: it would exceed the round's migration budget");
-            d.metrics
-                .moves_skipped
-                .get_or_create(&ReasonLabel {
-                    reason: "budget".into(),
-                })
-                .inc();
+            over_budget(d, mv, budget);
             out.over_budget += 1;
             continue;
         }
-        // The allocator lock (`Daemon::order`) is held from the books check over the cpus
-        // write to its record, so no admission comes between them: one that makes the target
-        // CPUs exclusive either ran before (the check refuses, or the cpus read is stale) or
-        // runs after (its shrink sees the new cpus). The mems write that migrates the memory,
-        // and a stage's page moves, run after it is released.
-        let begun = {
-            let _order = d.order();
-            if let Err(reason) = super::admission::move_allowed(d, mv) {
-                tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
-                d.metrics
-                    .moves_skipped
-                    .get_or_create(&ReasonLabel {
-                        reason: reason.into(),
-                    })
-                    .inc();
-                continue;
+        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false));
+    }
+    out
+}
+
+fn budget_of(d: &Daemon) -> u64 {
+    d.lock()
+        .cfg
+        .controller
+        .migration_budget_mib
+        .saturating_mul(1 << 20)
+}
+
+fn over_budget(d: &Daemon, mv: &Move, budget: u64) {
+    tracing::warn!(cgroup = %mv.cgroup, bytes = mv.bytes_to_migrate, budget, "move not applied: it would exceed the round's migration budget");
+    d.metrics
+        .moves_skipped
+        .get_or_create(&ReasonLabel {
+            reason: "budget".into(),
+        })
+        .inc();
+}
+
+/// What became of one move.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    /// Not written: the books refuse it now, or (writer threads) it takes CPUs that an
+    /// earlier move which failed did not give up.
+    Refused(&'static str),
+    Failed(&'static str),
+}
+
+impl Applied {
+    fn add(&mut self, mv: &Move, o: Outcome) {
+        match o {
+            Outcome::Applied => {
+                self.applied += 1;
+                self.bytes = self.bytes.saturating_add(mv.bytes_to_migrate);
             }
-            let begun = controller::begin(mv, w, dry_run);
-            if let Ok(controller::Begun::CpusMoved(_)) = &begun {
-                if super::admission::record_cpus_locked_order(d, mv) {
-                    // An exclusive container moved: the shared pool follows it.
-                    for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-                        if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-                            tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+            Outcome::Refused(_) => {}
+            Outcome::Failed(reason) => self.failed.push((mv.cgroup.clone(), reason)),
+        }
+    }
+}
+
+/// A writer that notes every cpuset.cpus it writes as the daemon's own (`trigger::Hub`), so
+/// the round trigger never takes a move (or its rollback) for an operator's change.
+struct Noting<'a> {
+    w: &'a mut dyn CgroupWriter,
+    d: &'a Daemon,
+}
+
+impl CgroupWriter for Noting<'_> {
+    fn read_cpus(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
+        self.w.read_cpus(cg)
+    }
+    fn read_mems(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
+        self.w.read_mems(cg)
+    }
+    fn write_cpus(
+        &mut self,
+        cg: &str,
+        cpus: &crate::cpuset::CpuSet,
+    ) -> Result<(), controller::CgroupWriteError> {
+        self.d.rounds.note_own_cpus(cg, cpus);
+        self.w.write_cpus(cg, cpus)
+    }
+    fn write_mems(
+        &mut self,
+        cg: &str,
+        mems: &crate::cpuset::CpuSet,
+    ) -> Result<(), controller::CgroupWriteError> {
+        self.w.write_mems(cg, mems)
+    }
+    fn needs_memory_migrate(&self) -> bool {
+        self.w.needs_memory_migrate()
+    }
+    fn read_memory_migrate(&self, cg: &str) -> Result<bool, controller::CgroupWriteError> {
+        self.w.read_memory_migrate(cg)
+    }
+    fn set_memory_migrate(
+        &mut self,
+        cg: &str,
+        on: bool,
+    ) -> Result<(), controller::CgroupWriteError> {
+        self.w.set_memory_migrate(cg, on)
+    }
+    fn move_pages(
+        &mut self,
+        cg: &str,
+        toward: &crate::cpuset::CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, controller::CgroupWriteError> {
+        self.w.move_pages(cg, toward, max_bytes)
+    }
+    fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
+        self.w.settle(cg)
+    }
+}
+
+/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]).
+const PREMIGRATE_STEP: u64 = 64 << 20;
+
+/// One move: the books check, the writes up to cpuset.cpus and their record under
+/// `Daemon::order`; then (with `premigrate`) the cgroup's pages moved toward the target by
+/// this thread, the mems write that migrates the rest, and the record of the move.
+fn apply_one(
+    d: &Daemon,
+    w: &mut dyn CgroupWriter,
+    mv: &Move,
+    now_ms: u64,
+    dry_run: bool,
+    premigrate: bool,
+    clock: bool,
+) -> Outcome {
+    // With `clock` (a writer thread, whose move may end long after its round), the cooldown
+    // starts when the move ends, not at the round's time.
+    let at = |now_ms: u64| {
+        if clock {
+            now_ms.max(super::boot_ms())
+        } else {
+            now_ms
+        }
+    };
+    let w = &mut Noting { w, d };
+    // The allocator lock (`Daemon::order`) is held from the books check over the cpus
+    // write to its record, so no admission comes between them: one that makes the target
+    // CPUs exclusive either ran before (the check refuses, or the cpus read is stale) or
+    // runs after (its shrink sees the new cpus). The mems write that migrates the memory,
+    // and a stage's page moves, run after it is released.
+    let begun = {
+        let _order = d.order();
+        if let Err(reason) = super::admission::move_allowed(d, mv) {
+            tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
+            d.metrics
+                .moves_skipped
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc();
+            return Outcome::Refused(reason);
+        }
+        let begun = controller::begin(mv, w, dry_run);
+        if let Ok(controller::Begun::CpusMoved(_)) = &begun {
+            if super::admission::record_cpus_locked_order(d, mv) {
+                // An exclusive container moved: the shared pool follows it.
+                for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+                    if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                        tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+                    }
+                }
+            }
+        }
+        begun
+    };
+    if let Ok(controller::Begun::CpusMoved(_)) = &begun {
+        // The books changed with the cpus: on disk before the migration, so a stop (or a
+        // crash) in the middle of it keeps them (encoded and written outside the locks).
+        if let Err(e) = d.checkpoint() {
+            tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move's cpus failed");
+        }
+    }
+    let result = begun.and_then(|b| match b {
+        controller::Begun::DryRun(a) => Ok(a),
+        controller::Begun::CpusMoved(rest) => {
+            // cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
+            // (`cpuset_migrate_mm_wq`) and each mems writer waits for the whole queue:
+            // concurrent narrowing writes cost the sum of their migrations. So each writer
+            // first moves its own cgroup's pages (move_pages(2), at most the move's bytes,
+            // PREMIGRATE_STEP at a time; the widened mems already allow the target) and the
+            // narrowing write finds little left. A failure here is not one of the move: the
+            // mems write migrates the rest. Between steps the cgroup's cpus are read: when
+            // someone else wrote them meanwhile (the operator re-pinned the workload), the
+            // move is abandoned (mems back, their cpus kept) rather than finished toward a
+            // target they no longer want.
+            if premigrate
+                && mv.stage.is_none()
+                && mv.bytes_to_migrate > 0
+                && mv.to_mems != mv.from_mems
+            {
+                let mut moved = 0u64;
+                loop {
+                    if let Ok(now) = w.read_cpus(&mv.cgroup) {
+                        // The daemon's own rewrite (the shared pool following another
+                        // writer's exclusive move, an admission's shrink) is not someone
+                        // else's: the books want it.
+                        if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
+                            return Err(controller::abandon(mv, w, rest, now));
+                        }
+                    }
+                    if moved >= mv.bytes_to_migrate {
+                        break;
+                    }
+                    if d.stopping() {
+                        // No narrowing write (it would migrate the rest, past the shutdown
+                        // bound): the move stops here, mems still widened (see the doc).
+                        return Err(controller::cut_short(mv, w, rest));
+                    }
+                    let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
+                    match w.move_pages(&mv.cgroup, &mv.to_mems, step) {
+                        Ok(0) => break,
+                        Ok(n) => moved = moved.saturating_add(n),
+                        Err(e) => {
+                            tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving pages ahead of the mems write failed; the mems write migrates them");
+                            break;
                         }
                     }
                 }
             }
-            begun
-        };
-        let result = begun.and_then(|b| match b {
-            controller::Begun::DryRun(a) => Ok(a),
-            controller::Begun::CpusMoved(rest) => {
-                let r = controller::finish(mv, w, rest.keep_cpus_on_failure());
-                if let Err(e) = &r {
-                    if !matches!(
-                        e,
-                        ApplyError::Vanished { .. } | ApplyError::RollbackFailed { .. }
-                    ) {
-                        undo_cpus(d, w, mv);
-                    }
+            let hub = d.rounds.clone();
+            let cg = mv.cgroup.clone();
+            let rest = rest
+                .keep_cpus_on_failure()
+                .accepting_cpus(Box::new(move |c| hub.is_own(&cg, c)));
+            let r = controller::finish(mv, w, rest);
+            if let Err(e) = &r {
+                if !matches!(
+                    e,
+                    ApplyError::Vanished { .. }
+                        | ApplyError::RollbackFailed { .. }
+                        | ApplyError::Stopped { .. }
+                ) {
+                    undo_cpus(d, w, mv);
                 }
-                r
             }
-        });
-        match result {
-            Ok(done) => {
-                out.applied += 1;
-                out.bytes = out.bytes.saturating_add(mv.bytes_to_migrate);
-                let staged = mv.stage.as_ref().map(|s| s.toward.to_string());
-                tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
-                    moved = done.moved_bytes, staged_toward = ?staged,
-                    before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(), "move applied");
-                if let Some(e) = &done.pages_error {
-                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
-                }
-                if !dry_run {
-                    super::admission::record_mems(d, mv);
-                    d.lock()
-                        .state
-                        .controller
-                        .record_move(mv, done.moved_bytes, now_ms);
-                    d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
-                    // On disk before the next move: a stop (or a crash) while later moves
-                    // migrate keeps this one's cooldown and books.
-                    if let Err(e) = d.checkpoint() {
-                        tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move failed");
-                    }
-                }
-                d.metrics
-                    .moves_applied
-                    .get_or_create(&ReasonLabel {
-                        reason: trigger_name(&mv.reason),
-                    })
-                    .inc();
+            r
+        }
+    });
+    match result {
+        Ok(done) => {
+            let staged = mv.stage.as_ref().map(|s| s.toward.to_string());
+            tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
+                moved = done.moved_bytes, staged_toward = ?staged,
+                before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(), "move applied");
+            if let Some(e) = &done.pages_error {
+                tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
             }
-            Err(e) => {
-                let reason = e.reason();
-                match &e {
-                    ApplyError::Vanished { .. } => {
-                        tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
-                    }
-                    ApplyError::Read { .. } if reason == "vanished" => {
-                        tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
-                    }
-                    ApplyError::Stale { .. } => {
-                        tracing::info!(cgroup = %mv.cgroup, error = %e, "cgroup changed by someone else since it was observed; their choice is kept")
-                    }
-                    _ => {
-                        tracing::warn!(cgroup = %mv.cgroup, error = %e, reason, "move failed")
-                    }
+            if !dry_run {
+                super::admission::record_mems(d, mv);
+                d.lock()
+                    .state
+                    .controller
+                    .record_move(mv, done.moved_bytes, at(now_ms));
+                d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
+                // On disk before the next move: a stop (or a crash) while later moves
+                // migrate keeps this one's cooldown and books.
+                if let Err(e) = d.checkpoint() {
+                    tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move failed");
                 }
-                if reason != "vanished" {
-                    d.lock().state.controller.record_failure(&mv.cgroup, now_ms);
-                }
-                d.metrics
-                    .moves_failed
-                    .get_or_create(&ReasonLabel {
-                        reason: reason.into(),
-                    })
-                    .inc();
-                out.failed.push((mv.cgroup.clone(), reason));
             }
+            d.metrics
+                .moves_applied
+                .get_or_create(&ReasonLabel {
+                    reason: trigger_name(&mv.reason),
+                })
+                .inc();
+            Outcome::Applied
+        }
+        Err(e) => {
+            let reason = e.reason();
+            match &e {
+                ApplyError::Vanished { .. } => {
+                    tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
+                }
+                ApplyError::Read { .. } if reason == "vanished" => {
+                    tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
+                }
+                ApplyError::Stale { .. } => {
+                    tracing::info!(cgroup = %mv.cgroup, error = %e, "cgroup changed by someone else since it was observed; their choice is kept")
+                }
+                ApplyError::Stopped { .. } => {
+                    tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, "stopping: move cut short before its narrowing mems write; its cpus are moved, its mems stay widened")
+                }
+                _ => {
+                    tracing::warn!(cgroup = %mv.cgroup, error = %e, reason, "move failed")
+                }
+            }
+            if reason != "vanished" {
+                d.lock()
+                    .state
+                    .controller
+                    .record_failure(&mv.cgroup, at(now_ms));
+            }
+            d.metrics
+                .moves_failed
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc();
+            Outcome::Failed(reason)
         }
     }
-    out
 }
 
 /// The second half of `mv` failed (its mems are rolled back, its new cpus kept): the cpus go
 /// back too, as a move of their own under the allocator lock — only when the books still
 /// allow the old cpus (an admission may have made them exclusive meanwhile; then the new cpus,
-/// recorded and valid, stay).
+/// recorded and valid, stay). Nothing is written when the move kept the cpus, or when the
+/// cgroup's cpus are no longer the ones the move wrote: someone else (the operator, kubelet)
+/// changed them meanwhile, and their choice is kept.
 fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
+    if mv.to_cpus == mv.from_cpus {
+        return;
+    }
     let back = Move {
         from_cpus: mv.to_cpus.clone(),
         to_cpus: mv.from_cpus.clone(),
@@ -197,6 +428,14 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         ..mv.clone()
     };
     let _order = d.order();
+    match w.read_cpus(&mv.cgroup) {
+        Ok(now) if now == mv.to_cpus => {}
+        Ok(now) => {
+            tracing::info!(cgroup = %mv.cgroup, cpus = %now, "failed move: its cpus were changed by someone else meanwhile; their choice is kept");
+            return;
+        }
+        Err(_) => return, // vanished, or unreadable: nothing to put back
+    }
     if let Err(reason) = super::admission::move_allowed(d, &back) {
         tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
         return;
@@ -215,6 +454,478 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
             tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
         }
     }
+}
+
+/// Makes the writer of one apply thread.
+pub type WriterFactory = Arc<dyn Fn() -> Box<dyn CgroupWriter> + Send + Sync>;
+
+/// The daemon's writer threads (see the module doc): rounds [`Applier::submit`] their moves
+/// and go on; up to `controller.apply_threads` moves are applied at once, each through the
+/// same per-move path as [`apply_moves`].
+pub struct Applier {
+    d: Daemon,
+    writer: WriterFactory,
+    pool: Arc<Pool>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// The writers' health component (`apply`): beats while no move has been under way for
+    /// longer than `stuck_after` (a writer hung in a cgroup write fails /healthz).
+    health: Option<crate::health::Reporter>,
+    stuck_after: Option<Duration>,
+}
+
+struct Pool {
+    q: Mutex<Queue>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_id: u64,
+    /// Submitted, not started, in plan order.
+    waiting: VecDeque<Job>,
+    running: Vec<Job>,
+    /// Moves that ended without being applied (failed, refused, blocked), by id → cgroup:
+    /// what waiting moves that take their CPUs depend on. Cleared when nothing waits.
+    failed: BTreeMap<u64, String>,
+    /// Moves applied at most at once (the live `apply_threads`, set at each submit).
+    limit: usize,
+    /// Tests: the writers move their pages themselves even for a move that runs alone.
+    premigrate_alone: bool,
+    /// When each move that ran ended, and its bytes: what migrated within the last period
+    /// counts against the budget too (see [`Applier::budget_used`]).
+    ended: VecDeque<(Instant, u64)>,
+    closed: bool,
+    report: Applied,
+}
+
+#[derive(Clone)]
+struct Job {
+    id: u64,
+    /// When a writer took it (`None` while it waits).
+    started: Option<Instant>,
+    mv: Move,
+    now_ms: u64,
+    dry_run: bool,
+    /// A bound container holding Memory Manager memory: the books check of its memory must
+    /// see the record of every earlier such move, so these go one at a time.
+    memory_managed: bool,
+    /// Earlier moves (not done at submission) that give up CPUs this one takes.
+    deps: Vec<u64>,
+}
+
+enum Pick {
+    Run(Job),
+    Blocked(Job, String),
+    Wait,
+}
+
+impl Queue {
+    fn bytes(&self) -> u64 {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .fold(0u64, |a, j| a.saturating_add(j.mv.bytes_to_migrate))
+    }
+
+    /// Bytes of the moves that ended within `window` before `now` (older ones forgotten).
+    fn ended_within(&mut self, now: Instant, window: Duration) -> u64 {
+        while self
+            .ended
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+        {
+            self.ended.pop_front();
+        }
+        self.ended
+            .iter()
+            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+    }
+
+    /// A move that ran has ended: out of `running`, its outcome reported, its bytes in the
+    /// window (all but a refused one's, which wrote nothing).
+    fn end(&mut self, job: &Job, o: Outcome) {
+        self.running.retain(|j| j.id != job.id);
+        if !matches!(o, Outcome::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
+            self.ended
+                .push_back((Instant::now(), job.mv.bytes_to_migrate));
+        }
+        if o != Outcome::Applied {
+            self.failed.insert(job.id, job.mv.cgroup.clone());
+        }
+        self.report.add(&job.mv, o);
+        if self.waiting.is_empty() {
+            self.failed.clear();
+        }
+    }
+
+    fn next(&mut self) -> Pick {
+        if self.running.len() >= self.limit.max(1) {
+            return Pick::Wait;
+        }
+        for i in 0..self.waiting.len() {
+            let j = &self.waiting[i];
+            let earlier = || self.running.iter().chain(self.waiting.range(..i));
+            if j.deps.iter().any(|id| earlier().any(|e| e.id == *id)) {
+                continue;
+            }
+            if j.memory_managed && earlier().any(|e| e.memory_managed) {
+                continue;
+            }
+            let on = j.deps.iter().find_map(|id| self.failed.get(id).cloned());
+            let job = self.waiting.remove(i).expect("index in range");
+            return match on {
+                Some(on) => Pick::Blocked(job, on),
+                None => Pick::Run(job),
+            };
+        }
+        Pick::Wait
+    }
+}
+
+/// What [`Applier::submit`] did with a round's moves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Submitted {
+    pub queued: usize,
+    /// Not queued: with the bytes still migrating they would exceed the budget.
+    pub over_budget: usize,
+    /// Not queued: a move of the same cgroup is still under way.
+    pub in_flight: usize,
+}
+
+impl Applier {
+    /// No thread runs until the first move is submitted. The writers' health component
+    /// (`apply`) is registered here.
+    pub fn new(d: Daemon, writer: WriterFactory) -> Applier {
+        let health = d.metrics.health.register("apply", None);
+        Applier {
+            d,
+            writer,
+            pool: Arc::new(Pool {
+                q: Mutex::new(Queue::default()),
+                cv: Condvar::new(),
+            }),
+            workers: Vec::new(),
+            health: Some(health),
+            stuck_after: None,
+        }
+    }
+
+    /// A move under way for longer than `after` is a stuck writer (default: 10 periods, at
+    /// least 2 min, as the rounds' own limit).
+    pub fn stuck_after(mut self, after: Duration) -> Applier {
+        self.stuck_after = Some(after);
+        self
+    }
+
+    /// Tests of the writers' page moves with a single move.
+    #[cfg(test)]
+    pub(crate) fn premigrate_alone(self) -> Applier {
+        self.queue().premigrate_alone = true;
+        self
+    }
+
+    fn stuck_limit(&self) -> Duration {
+        self.stuck_after.unwrap_or_else(|| {
+            let period = Duration::from_millis(self.d.lock().cfg.controller.period_ms);
+            (period * 10).max(Duration::from_secs(120))
+        })
+    }
+
+    /// The writers' health: a beat unless a move has been under way for longer than the
+    /// stuck limit (then the `apply` component goes silent and, that limit later, dead). The
+    /// round thread calls it every round (through [`Applier::in_flight`]).
+    fn check_health(&self) {
+        let limit = self.stuck_limit();
+        let oldest = {
+            let q = self.queue();
+            q.running.iter().filter_map(|j| j.started).min()
+        };
+        if let Some(h) = &self.health {
+            h.set_max_silence(Some(limit));
+            if oldest.is_none_or(|t| t.elapsed() < limit) {
+                h.beat();
+            } else {
+                tracing::warn!(limit = ?limit, "a move has been under way for longer than the limit: a writer is stuck");
+            }
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.pool.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cgroups whose moves are queued or under way, and the bytes they migrate: the next
+    /// round plans around them (not those cgroups; the budget less those bytes).
+    pub fn in_flight(&self) -> (BTreeSet<String>, u64) {
+        self.check_health();
+        let q = self.queue();
+        let cgs = q
+            .waiting
+            .iter()
+            .chain(&q.running)
+            .map(|j| j.mv.cgroup.clone())
+            .collect();
+        (cgs, q.bytes())
+    }
+
+    /// The bytes that count against a round's migration budget now: those of the moves queued
+    /// or under way, plus those of the moves that ended within the last `controller.period_ms`
+    /// — the budget is a rate (per period), however often rounds run (events bring them
+    /// forward).
+    pub fn budget_used(&self) -> u64 {
+        let window = self.window();
+        let mut q = self.queue();
+        q.bytes()
+            .saturating_add(q.ended_within(Instant::now(), window))
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_millis(self.d.lock().cfg.controller.period_ms)
+    }
+
+    /// Queues `moves` (plan order) and returns at once. A move is queued only when, with the
+    /// bytes of every move queued or under way, it fits the round's budget (so the bytes
+    /// migrating at once never pass it), and no move of its cgroup is under way.
+    pub fn submit(&mut self, moves: &[Move], now_ms: u64, dry_run: bool) -> Submitted {
+        self.submit_at(moves, now_ms, dry_run, Instant::now())
+    }
+
+    /// [`Applier::submit`] at `now` (the clock of the budget's window).
+    pub(crate) fn submit_at(
+        &mut self,
+        moves: &[Move],
+        now_ms: u64,
+        dry_run: bool,
+        now: Instant,
+    ) -> Submitted {
+        let window = self.window();
+        let (budget, limit, managed) = {
+            let s = self.d.lock();
+            let managed: Vec<bool> = moves
+                .iter()
+                .map(|mv| {
+                    super::admission::bound_container(&s, &mv.cgroup)
+                        .is_some_and(|c| c.memory.is_some())
+                })
+                .collect();
+            (
+                s.cfg
+                    .controller
+                    .migration_budget_mib
+                    .saturating_mul(1 << 20),
+                s.cfg.controller.apply_threads.max(1) as usize,
+                managed,
+            )
+        };
+        let mut out = Submitted::default();
+        let pending = {
+            let mut q = self.queue();
+            q.limit = limit;
+            let recent = q.ended_within(now, window);
+            for (mv, memory_managed) in moves.iter().zip(managed) {
+                if q.waiting
+                    .iter()
+                    .chain(&q.running)
+                    .any(|j| j.mv.cgroup == mv.cgroup)
+                {
+                    tracing::debug!(cgroup = %mv.cgroup, "move not queued: a move of this cgroup is still under way");
+                    out.in_flight += 1;
+                    continue;
+                }
+                if q.bytes()
+                    .saturating_add(recent)
+                    .saturating_add(mv.bytes_to_migrate)
+                    > budget
+                {
+                    over_budget(&self.d, mv, budget);
+                    q.report.over_budget += 1;
+                    out.over_budget += 1;
+                    continue;
+                }
+                let deps = q
+                    .waiting
+                    .iter()
+                    .chain(&q.running)
+                    .filter(|j| {
+                        !mv.to_cpus
+                            .is_disjoint(&j.mv.from_cpus.difference(&j.mv.to_cpus))
+                    })
+                    .map(|j| j.id)
+                    .collect();
+                q.next_id += 1;
+                let id = q.next_id;
+                q.waiting.push_back(Job {
+                    id,
+                    started: None,
+                    mv: mv.clone(),
+                    now_ms,
+                    dry_run,
+                    memory_managed,
+                    deps,
+                });
+                out.queued += 1;
+            }
+            q.waiting.len() + q.running.len()
+        };
+        self.pool.cv.notify_all();
+        // A thread that ended (it cannot, short of a panic outside a move) is replaced.
+        self.workers.retain(|h| !h.is_finished());
+        while self.workers.len() < limit.min(pending) {
+            let (d, pool, writer) = (self.d.clone(), self.pool.clone(), self.writer.clone());
+            match std::thread::Builder::new()
+                .name(format!("apply-{}", self.workers.len()))
+                .spawn(move || work(d, pool, writer))
+            {
+                Ok(h) => self.workers.push(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, threads = self.workers.len(), "cannot start another apply thread");
+                    if self.workers.is_empty() {
+                        // No thread at all: the moves are applied here, one after the other.
+                        work_inline(&self.d, &self.pool, &self.writer);
+                    }
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits until every move submitted is done; returns what was done since the last call.
+    pub fn wait(&self) -> Applied {
+        let mut q = self.queue();
+        while !(q.waiting.is_empty() && q.running.is_empty()) {
+            q = self
+                .pool
+                .cv
+                .wait_timeout(q, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        std::mem::take(&mut q.report)
+    }
+
+    /// Applies what is queued (none of it after a stop: [`Daemon::request_stop`]), ends the
+    /// threads and returns what was done since the last [`Applier::wait`].
+    pub fn finish(mut self) -> Applied {
+        self.close();
+        std::mem::take(&mut self.queue().report)
+    }
+
+    fn close(&mut self) {
+        self.queue().closed = true;
+        self.pool.cv.notify_all();
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+        if let Some(h) = self.health.take() {
+            h.stopped();
+        }
+    }
+}
+
+impl Drop for Applier {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// One apply thread: takes the next move that may start (plan order; not before the moves
+/// whose CPUs it takes, nor a Memory Manager move before an earlier one), applies it with its
+/// own writer, until the applier is closed and nothing is queued, or the daemon stops.
+fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
+    let mut w = writer();
+    let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if d.stopping() && !q.waiting.is_empty() {
+            tracing::info!(
+                left = q.waiting.len(),
+                "stopping: the moves not yet started are not applied"
+            );
+            q.waiting.clear();
+            pool.cv.notify_all();
+        }
+        match q.next() {
+            Pick::Run(mut job) => {
+                // The writer's own page moves only when other moves run (or wait to) at the
+                // same time: alone, the narrowing mems write (the kernel's migration, one
+                // pass over the mm in its worker) is the faster path — vm-bench's TCG guest
+                // showed move_pages from the daemon's threads slower than it even when
+                // serialised (BENCHMARKS, "Parallel moves and event-driven rounds").
+                let premigrate = q.limit > 1
+                    && (q.premigrate_alone || !(q.running.is_empty() && q.waiting.is_empty()));
+                job.started = Some(Instant::now());
+                q.running.push(job.clone());
+                drop(q);
+                // A panic in a move (a bug) ends that move, not the thread: it leaves
+                // `running` as failed, and the writer is made anew (its state is unknown).
+                let o = match catch_unwind(AssertUnwindSafe(|| {
+                    apply_one(
+                        &d,
+                        &mut *w,
+                        &job.mv,
+                        job.now_ms,
+                        job.dry_run,
+                        premigrate,
+                        true,
+                    )
+                })) {
+                    Ok(o) => o,
+                    Err(_) => {
+                        tracing::error!(cgroup = %job.mv.cgroup, "applying a move panicked; it is counted as failed");
+                        d.metrics
+                            .moves_failed
+                            .get_or_create(&ReasonLabel {
+                                reason: "panic".into(),
+                            })
+                            .inc();
+                        d.lock()
+                            .state
+                            .controller
+                            .record_failure(&job.mv.cgroup, job.now_ms.max(super::boot_ms()));
+                        w = writer();
+                        Outcome::Failed("panic")
+                    }
+                };
+                q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
+                q.end(&job, o);
+                pool.cv.notify_all();
+            }
+            Pick::Blocked(job, on) => {
+                tracing::info!(cgroup = %job.mv.cgroup, waits_for = %on, "move not applied: it takes CPUs that the move of another cgroup, which was not applied, did not give up");
+                d.metrics
+                    .moves_skipped
+                    .get_or_create(&ReasonLabel {
+                        reason: "blocked".into(),
+                    })
+                    .inc();
+                q.end(&job, Outcome::Refused("blocked"));
+                pool.cv.notify_all();
+            }
+            Pick::Wait => {
+                if (q.closed || d.stopping()) && q.waiting.is_empty() {
+                    return;
+                }
+                // Woken by a submit, a move done or a close; the timeout sees a stop.
+                q = pool
+                    .cv
+                    .wait_timeout(q, Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+    }
+}
+
+/// The moves queued, applied in the caller's thread (no apply thread could be started).
+fn work_inline(d: &Daemon, pool: &Arc<Pool>, writer: &WriterFactory) {
+    let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
+    let limit = std::mem::replace(&mut q.limit, 1);
+    let closed = std::mem::replace(&mut q.closed, true);
+    drop(q);
+    work(d.clone(), pool.clone(), writer.clone());
+    let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
+    q.limit = limit;
+    q.closed = closed;
 }
 
 fn trigger_name(t: &controller::Trigger) -> String {

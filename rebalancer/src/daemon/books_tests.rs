@@ -296,6 +296,77 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The property above with the daemon's writer threads (1–4, `apply::Applier`) on the
+    /// shared fake: a round's moves are applied concurrently, and the next admission or
+    /// release runs while they migrate; once they are done the books and cgroupfs agree.
+    #[test]
+    fn allocator_and_cgroupfs_agree_with_concurrent_writers_racing_admissions(
+        ops in proptest::collection::vec(op(), 1..30),
+        move_exclusive in any::<bool>(),
+        threads in 1u32..=4,
+    ) {
+        let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
+        d.lock().cfg.controller.apply_threads = threads;
+        let writer = super::apply_tests::SharedFake::over(fake.clone());
+        let mut applier = super::apply::Applier::new(d.clone(), writer.factory());
+        let cooldown = ctl.cooldown_ms;
+        let mut live: Vec<(String, String)> = Vec::new();
+        let mut now = 1_000_000u64;
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Guaranteed(cpus, mib, node) | Op::Burstable(cpus, mib, node) => {
+                    let g = matches!(op, Op::Guaranteed(..));
+                    let (uid, cg) = (format!("p{i}"), format!("kubepods/p{i}/c"));
+                    {
+                        let mut f = fake.lock().unwrap();
+                        f.insert(&cg, "0-7", "0-1");
+                        f.set_memory(&cg, &[(node, mib * MIB)]);
+                    }
+                    let millis = if g { cpus * 1000 } else { cpus };
+                    let p = pod(&uid, millis, mib * MIB, g);
+                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                        Ok(_) => live.push((uid, cg)),
+                        Err(_) => fake.lock().unwrap().remove(&cg),
+                    }
+                }
+                Op::Release(k) if !live.is_empty() => {
+                    let (_, cg) = live.remove(k % live.len());
+                    prop_assert!(adm.unbind(&cg, Durability::Deferred).is_some());
+                    fake.lock().unwrap().remove(&cg);
+                }
+                Op::Release(_) => {}
+                Op::Round(node) => {
+                    applier.wait();
+                    let obs = observe(&d, &fake.lock().unwrap(), node);
+                    let state = {
+                        let mut s = d.lock();
+                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.clone()
+                    };
+                    let plan = controller::plan(&topo, &obs, &state, &ctl, now);
+                    applier.submit(&plan.moves, now, false);
+                    now += cooldown + 1;
+                    // Checked after the next step, which runs while these moves migrate.
+                    continue;
+                }
+            }
+            let done = applier.wait();
+            prop_assert!(done.bytes <= ctl.migration_budget_mib * MIB);
+            let f = fake.lock().unwrap();
+            if let Err(e) = books_agree(&d, &f) {
+                prop_assert!(false, "after step {i} {op:?} (threads {threads}, ops {ops:?}): {e}");
+            }
+        }
+        applier.wait();
+        let f = fake.lock().unwrap();
+        if let Err(e) = books_agree(&d, &f) {
+            prop_assert!(false, "at the end (threads {threads}, ops {ops:?}): {e}");
+        }
+    }
+}
+
 /// The property above is not vacuous: a shared container's move is applied and followed by the
 /// books (its pool, charges and mems); a Guaranteed container's Memory Manager memory stays in
 /// its group even with `move_exclusive` and all its CPU time elsewhere (the group is a
@@ -572,4 +643,203 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
     );
     assert_eq!(applied.applied, 1, "{applied:?}");
     books_agree(&d, &f).unwrap();
+}
+
+/// Issue 18 review P10: a shared container's move and an exclusive container's move into the
+/// same node run at once; the exclusive one's record shrinks the shared one's pool (the
+/// daemon's own rewrite) while the shared one migrates — in its page moves, or in its
+/// narrowing mems write. The shared move is neither abandoned nor rolled back for it (its
+/// memory is not migrated back): both moves land, and the books and cgroupfs agree.
+#[test]
+fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move() {
+    use super::apply::{Applier, WriterFactory};
+    use super::apply_tests::SharedFake;
+
+    /// S's page moves (or its narrowing mems write) wait until S's cpus were rewritten by
+    /// someone (X's record), at most 10 s.
+    struct Held {
+        w: SharedFake,
+        s: String,
+        in_pages: bool,
+        inside: Arc<std::sync::atomic::AtomicBool>,
+        planned: CpuSet,
+        target: CpuSet,
+    }
+    impl Held {
+        fn hold(&self) {
+            self.inside.store(true, std::sync::atomic::Ordering::SeqCst);
+            let t0 = Instant::now();
+            while self.w.read_cpus(&self.s).ok().as_ref() == Some(&self.planned)
+                && t0.elapsed() < std::time::Duration::from_secs(10)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+    }
+    impl CgroupWriter for Held {
+        fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_cpus(cg)
+        }
+        fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_mems(cg)
+        }
+        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(cg, cpus)
+        }
+        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+            if cg == self.s && !self.in_pages && mems.is_subset(&self.target) {
+                self.hold();
+            }
+            self.w.write_mems(cg, mems)
+        }
+        fn needs_memory_migrate(&self) -> bool {
+            false
+        }
+        fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+            self.w.read_memory_migrate(cg)
+        }
+        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(cg, on)
+        }
+        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+            if cg == self.s && self.in_pages {
+                self.hold();
+            }
+            self.w.move_pages(cg, to, max)
+        }
+    }
+
+    for in_pages in [true, false] {
+        let World {
+            _dir,
+            topo,
+            d,
+            fake,
+            adm,
+            ..
+        } = world(true);
+        d.lock().cfg.controller.apply_threads = 2;
+        let admit = |uid: &str, g: bool| {
+            let cg = format!("kubepods/{uid}/c");
+            fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+            let p = pod(
+                uid,
+                if g { 1000 } else { 500 },
+                if g { 256 * MIB } else { 0 },
+                g,
+            );
+            adm.admit(AdmitRequest {
+                pod: &p,
+                bind: Some(&cg),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            })
+            .unwrap();
+            cg
+        };
+        let x = admit("x", true);
+        let s = admit("s", false);
+        let (x_cpus, x_mems, s_cpus, s_mems) = {
+            let f = fake.lock().unwrap();
+            (
+                f.cpus(&x).unwrap().clone(),
+                f.mems(&x).unwrap().clone(),
+                f.cpus(&s).unwrap().clone(),
+                f.mems(&s).unwrap().clone(),
+            )
+        };
+        assert_eq!(x_cpus.len(), 1, "X is exclusive: {x_cpus}");
+        // S moves to the node it is not on, X (exclusive) to the same node.
+        let from = topo
+            .nodes
+            .iter()
+            .find(|n| s_cpus.is_subset(&n.cpus))
+            .unwrap()
+            .id;
+        let to = 1 - from;
+        let target = CpuSet::from_iter([to]);
+        fake.lock().unwrap().set_memory(&s, &[(from, 64 * MIB)]);
+        let node = topo.nodes[to as usize].cpus.clone();
+        assert!(x_cpus.is_subset(&node), "X {x_cpus} on S's target node");
+        // S into the target node's pool (less X's CPU); X to another CPU of that node: one
+        // of S's new CPUs, which X's record takes out of S's pool while S migrates.
+        let s_to = node.difference(&x_cpus);
+        let x_to = CpuSet::from_iter([s_to.iter().nth(1).unwrap()]);
+        let mv = |cg: &str, from: (&CpuSet, &CpuSet), to: &CpuSet, bytes: u64| controller::Move {
+            cgroup: cg.into(),
+            from_cpus: from.0.clone(),
+            to_cpus: to.clone(),
+            from_mems: from.1.clone(),
+            to_mems: target.clone(),
+            bytes_to_migrate: bytes,
+            reason: controller::Trigger::PoorLocality,
+            locality_before: 0.5,
+            locality_after: 1.0,
+            net: 1.0,
+            stage: None,
+        };
+        let s_move = mv(&s, (&s_cpus, &s_mems), &s_to, 64 * MIB);
+        let x_move = controller::Move {
+            to_mems: x_mems.clone(),
+            ..mv(&x, (&x_cpus, &x_mems), &x_to, 0)
+        };
+        let inside = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let factory: WriterFactory = {
+            let (fake, s, inside, planned, target) = (
+                fake.clone(),
+                s.clone(),
+                inside.clone(),
+                s_to.clone(),
+                target.clone(),
+            );
+            Arc::new(move || {
+                Box::new(Held {
+                    w: SharedFake::over(fake.clone()),
+                    s: s.clone(),
+                    in_pages,
+                    inside: inside.clone(),
+                    planned: planned.clone(),
+                    target: target.clone(),
+                })
+            })
+        };
+        let mut a = Applier::new(d.clone(), factory);
+        if in_pages {
+            // S alone would migrate through the kernel's mems write.
+            a = a.premigrate_alone();
+        }
+        assert_eq!(a.submit(&[s_move], 1000, false).queued, 1);
+        let t0 = Instant::now();
+        while !inside.load(std::sync::atomic::Ordering::SeqCst)
+            && !a.in_flight().0.is_empty()
+            && t0.elapsed() < std::time::Duration::from_secs(20)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        if !inside.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!(
+                "S is not migrating: {:?} s {s_cpus}/{s_mems} x {x_cpus}/{x_mems} {:?}",
+                a.finish(),
+                fake.lock().unwrap().writes()
+            );
+        }
+        assert_eq!(a.submit(&[x_move], 1000, false).queued, 1);
+        let done = a.finish();
+        assert_eq!(done.failed, vec![], "in_pages {in_pages}: {done:?}");
+        assert_eq!(done.applied, 2, "in_pages {in_pages}: {done:?}");
+        let f = fake.lock().unwrap();
+        assert_eq!(f.cpus(&x), Some(&x_to));
+        assert_eq!(
+            f.cpus(&s),
+            Some(&s_to.difference(&x_to)),
+            "S follows the books' pool"
+        );
+        assert_eq!(f.mems(&s), Some(&target));
+        assert_eq!(
+            f.memory(&s).unwrap().keys().copied().collect::<Vec<_>>(),
+            vec![to],
+            "S's memory is on node 1, not migrated back"
+        );
+        books_agree(&d, &f).unwrap();
+    }
 }

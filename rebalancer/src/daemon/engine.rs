@@ -252,6 +252,60 @@ impl CgroupWriter for RealWriter<'_> {
     }
 }
 
+/// [`RealWriter`] owning its cgroup layer: the writer of one apply thread (`apply::Applier`).
+/// In NRI mode (with `kubernetes.nri_runtime_updates`) the runtime's containers' cpuset
+/// writes go through the runtime ([`super::nri_updates::RuntimeMoveWriter`]), as the
+/// one-after-the-other path does.
+pub struct OwnedWriter {
+    pub cgroups: Cgroups,
+    pub runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
+}
+
+impl OwnedWriter {
+    fn with<R>(&self, f: impl FnOnce(&mut dyn CgroupWriter) -> R) -> R {
+        let real = RealWriter(&self.cgroups);
+        match &self.runtime {
+            Some(runtime) => f(&mut super::nri_updates::RuntimeMoveWriter { real, runtime }),
+            None => f(&mut { real }),
+        }
+    }
+}
+
+impl CgroupWriter for OwnedWriter {
+    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.with(|w| w.read_cpus(cg))
+    }
+    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+        self.with(|w| w.read_mems(cg))
+    }
+    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.with(|w| w.write_cpus(cg, cpus))
+    }
+    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.with(|w| w.write_mems(cg, mems))
+    }
+    fn needs_memory_migrate(&self) -> bool {
+        self.with(|w| w.needs_memory_migrate())
+    }
+    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+        self.with(|w| w.read_memory_migrate(cg))
+    }
+    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        self.with(|w| w.set_memory_migrate(cg, on))
+    }
+    fn move_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        self.with(|w| w.move_pages(cg, toward, max_bytes))
+    }
+    fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
+        self.with(|w| w.settle(cg))
+    }
+}
+
 /// The control loop's long-lived I/O state.
 pub struct Engine {
     pub cgroups: Cgroups,
@@ -268,6 +322,10 @@ pub struct Engine {
     /// NRI mode: moves of the runtime's containers go through the runtime
     /// (`nri_updates::RuntimeMoveWriter`).
     runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
+    /// The writer threads of the moves (started at the first round).
+    applier: Option<super::apply::Applier>,
+    /// The cgroups managed at the last round (the trigger watches their cpuset.cpus).
+    last_managed: Vec<String>,
 }
 
 impl Engine {
@@ -288,6 +346,29 @@ impl Engine {
             topo_fingerprint: None,
             written: None,
             runtime: None,
+            applier: None,
+            last_managed: Vec::new(),
+        }
+    }
+
+    /// The cpuset.cpus files of the cgroups managed at the last round, with their cgroups.
+    pub fn watch_files(&self) -> Vec<(String, PathBuf)> {
+        self.last_managed
+            .iter()
+            .filter_map(|cg| {
+                self.cgroups
+                    .dir(Controller::Cpuset, cg)
+                    .ok()
+                    .map(|(dir, _)| (cg.clone(), dir.join("cpuset.cpus")))
+            })
+            .collect()
+    }
+
+    /// Waits for the moves still being applied (none is started after a stop) and ends the
+    /// writer threads.
+    pub fn finish(&mut self) {
+        if let Some(a) = self.applier.take() {
+            a.finish();
         }
     }
 
@@ -486,7 +567,7 @@ impl Engine {
         true
     }
 
-    /// Runs one round. Returns the number of moves applied.
+    /// Runs one round. Returns the number of moves handed to the writer threads.
     pub fn round(&mut self, adm: &Admission) -> usize {
         let d = &adm.daemon;
         let t0 = Instant::now();
@@ -501,6 +582,23 @@ impl Engine {
             )
         };
         let managed = self.managed(&cfg);
+        let applier = self.applier.get_or_insert_with(|| {
+            let (cgroups, runtime) = (self.cgroups.clone(), self.runtime.clone());
+            super::apply::Applier::new(
+                d.clone(),
+                std::sync::Arc::new(move || {
+                    Box::new(OwnedWriter {
+                        cgroups: cgroups.clone(),
+                        runtime: runtime.clone(),
+                    })
+                }),
+            )
+        });
+        // Moves of earlier rounds still migrating: their cgroups are not planned again; their
+        // bytes, and those of the moves that ended within the last period, come off this
+        // round's budget (a rate: event rounds get no fresh budget).
+        let (moving, _) = applier.in_flight();
+        let budget_used = applier.budget_used();
         let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(d, &why);
@@ -545,7 +643,8 @@ impl Engine {
                 for (n, b) in &numa.file {
                     *mem.entry(*n).or_default() += b;
                 }
-                let constraints = self.constraints(d, &topo, cg, &cpus);
+                let mut constraints = self.constraints(d, &topo, cg, &cpus);
+                constraints.moving = moving.contains(cg);
                 let mut o = CgroupObs {
                     id: cg.clone(),
                     cpu_ns_per_node,
@@ -594,20 +693,18 @@ impl Engine {
             s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
             s.state.controller.clone()
         };
-        let plan = controller::plan(&topo, &obs, &ctl, &cfg.controller, now_ms);
+        let mut plan_cfg = cfg.controller.clone();
+        plan_cfg.migration_budget_mib = plan_cfg
+            .migration_budget_mib
+            .saturating_sub(budget_used.div_ceil(1 << 20));
+        let plan = controller::plan(&topo, &obs, &ctl, &plan_cfg, now_ms);
 
-        let applied = {
-            let real = RealWriter(&self.cgroups);
-            let (moves, dry) = (&plan.moves, cfg.daemon.dry_run);
-            match &self.runtime {
-                Some(runtime) => {
-                    let mut w = super::nri_updates::RuntimeMoveWriter { real, runtime };
-                    super::apply::apply_moves(d, &mut w, moves, now_ms, dry)
-                }
-                None => super::apply::apply_moves(d, &mut { real }, moves, now_ms, dry),
-            }
-            .applied
+        // Handed to the writer threads; the round does not wait for their migrations.
+        let queued = match &mut self.applier {
+            Some(a) => a.submit(&plan.moves, now_ms, cfg.daemon.dry_run).queued,
+            None => 0,
         };
+        self.last_managed = managed.clone();
 
         // Publish.
         let mut scores = Vec::new();
@@ -689,11 +786,12 @@ impl Engine {
         tracing::debug!(
             managed = managed.len(),
             moves = plan.moves.len(),
-            applied,
+            queued,
+            in_flight = moving.len(),
             source = self.cpu_source.name(),
             "round done"
         );
-        applied
+        queued
     }
 }
 

@@ -25,9 +25,12 @@ pub mod nri;
 pub mod nri_updates;
 pub mod run;
 pub mod status;
+pub mod trigger;
 pub mod watcher;
 pub mod writer;
 
+#[cfg(test)]
+mod apply_tests;
 #[cfg(test)]
 mod books_tests;
 #[cfg(test)]
@@ -175,6 +178,8 @@ pub struct Daemon {
     order: Arc<Mutex<()>>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
     pub metrics: Metrics,
+    /// Events that want a round soon, and the daemon's own cpuset.cpus writes (`trigger`).
+    pub rounds: Arc<trigger::Hub>,
 }
 
 impl Daemon {
@@ -184,6 +189,7 @@ impl Daemon {
             order: Default::default(),
             stopping: Default::default(),
             metrics,
+            rounds: Default::default(),
         }
     }
 

@@ -311,20 +311,24 @@ fn shutdown_watchdog(autonuma_restore: Option<String>, bound: Duration) {
         });
 }
 
-/// What the main task tells the control-round thread.
+/// What the main task (and the trigger) tell the control-round thread.
 #[derive(Debug)]
 enum RoundCmd {
     /// The config was reloaded: the next round is due `period_ms` (the new one) after the
     /// last round started.
     Reload,
-    /// Finish the round under way, if any, and stop.
+    /// An event wants a round soon (see `trigger`).
+    Event(super::trigger::Why),
+    /// Finish the round under way, if any, wait for the moves being applied, and stop.
     Stop,
 }
 
 /// Starts the control-round thread: a round at once, then one every `controller.period_ms`
 /// (read from the live config, so a reload applies), measured start to start; a round longer
-/// than the period is followed by the next at once. After `max_rounds` rounds (0: no limit)
-/// it reports on `limit` and stops.
+/// than the period is followed by the next at once. Events (an operator's cpuset.cpus write,
+/// a new container's placement: `trigger`) bring a round forward: `event_settle_ms` after a
+/// burst, and its follow-up. After `max_rounds` rounds (0: no limit) it waits for the moves
+/// still being applied, reports on `limit` and stops.
 fn spawn_rounds(
     mut engine: engine::Engine,
     adm: Admission,
@@ -343,29 +347,74 @@ fn spawn_rounds(
         .metrics
         .health
         .register("rounds", max_silence(&adm));
+    {
+        let tx = std::sync::Mutex::new(tx.clone());
+        adm.daemon.rounds.connect(move |why| {
+            let _ = tx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(RoundCmd::Event(why));
+        });
+    }
+    let trigger = match super::trigger::CpusetTrigger::spawn(adm.daemon.clone()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "cpuset trigger unavailable (inotify); rounds on operators' cpuset changes wait for the period");
+            None
+        }
+    };
+    let settle =
+        |adm: &Admission| Duration::from_millis(adm.daemon.lock().cfg.controller.event_settle_ms);
+    let gap = |adm: &Admission| {
+        let c = &adm.daemon.lock().cfg.controller;
+        super::trigger::min_gap(
+            Duration::from_millis(c.event_settle_ms),
+            Duration::from_millis(c.period_ms),
+        )
+    };
+    let mut events = super::trigger::Coalescer::new(settle(&adm));
+    events.set_min_gap(gap(&adm));
     let h = std::thread::Builder::new()
         .name("control-rounds".into())
         .spawn(move || {
             let mut rounds = 0u64;
             loop {
                 let started = Instant::now();
+                if events.round_started(started) {
+                    tracing::debug!("round brought forward by an event");
+                }
                 engine.round(&adm);
                 health.beat();
                 rounds += 1;
+                if let Some(t) = &trigger {
+                    t.watch(&adm.daemon.rounds, engine.watch_files());
+                }
                 if max_rounds != 0 && rounds >= max_rounds {
+                    engine.finish();
                     health.stopped();
                     let _ = limit.send(rounds);
                     return;
                 }
                 loop {
                     let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
-                    let wait = (started + period).saturating_duration_since(Instant::now());
+                    let due = events
+                        .due()
+                        .map_or(started + period, |e| e.min(started + period));
+                    let wait = due.saturating_duration_since(Instant::now());
                     match rx.recv_timeout(wait) {
                         Ok(RoundCmd::Reload) => {
                             health.set_max_silence(max_silence(&adm));
+                            events.set_settle(settle(&adm));
+                            events.set_min_gap(gap(&adm));
+                            continue;
+                        }
+                        Ok(RoundCmd::Event(why)) => {
+                            tracing::debug!(?why, "event: a round soon");
+                            events.event(Instant::now());
                             continue;
                         }
                         Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            engine.finish();
                             health.stopped();
                             return;
                         }

@@ -93,6 +93,9 @@ pub struct Metrics {
     pub moves_by_evidence: Family<EvidenceLabel, Counter>,
     pub moves_failed: Family<ReasonLabel, Counter>,
     pub managed_cgroups: Gauge,
+    /// Managed cgroups whose cpuset.cpus the round trigger does not watch, by reason
+    /// (`operator-writable`, `watch-limit`).
+    pub trigger_unwatched: Family<ReasonLabel, Gauge>,
     /// Liveness of the daemon's components (its `rebalancer_component_up` family).
     pub health: crate::health::Health,
     pub http_connections: Family<ListenerLabel, Gauge>,
@@ -142,6 +145,7 @@ impl Metrics {
             moves_by_evidence: Family::default(),
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
+            trigger_unwatched: Family::default(),
             health: Default::default(),
             http_connections: Family::default(),
             http_connections_closed: Family::default(),
@@ -280,6 +284,11 @@ impl Metrics {
             "moves_failed",
             "Moves that failed and were rolled back (or found their cgroup gone), by reason",
             m.moves_failed.clone(),
+        );
+        r.register(
+            "trigger_unwatched",
+            "Managed cgroups whose cpuset.cpus the round trigger does not watch (their changes wait for the period), by reason",
+            m.trigger_unwatched.clone(),
         );
         r.register(
             "managed_cgroups",
