@@ -119,8 +119,10 @@ fn saving_counts_migrations_avoided() {
     let (none, many) = (at(0), at(1000));
     let one = CpuSet::parse("1").unwrap();
     let saving = |v: &[Considered], n: &CpuSet| v.iter().find(|c| &c.nodes == n).unwrap().saving;
-    let horizon_s = ControllerConfig::default().horizon_ms as f64 / 1000.0;
-    let want = 1000.0 * 50e-6 * horizon_s;
+    // Observed for one 1 s period: its saving is counted for the 1 s it has lived so far.
+    let lived = many.iter().find(|c| c.nodes == one).unwrap().horizon_ms;
+    assert_eq!(lived, 1000, "{many:?}");
+    let want = 1000.0 * 50e-6 * lived as f64 / 1000.0;
     assert!(
         (saving(&many, &one) - saving(&none, &one) - want).abs() < 1e-9,
         "{many:?}"

@@ -1,7 +1,8 @@
 //! The dynamic controller's pure core: observations, locality scores, the planner, the
 //! actuator seam and the controller's own state.
 //!
-//! One round: `state.observe(&obs, alpha)` updates the smoothed scores; `plan(..)` (pure, no
+//! One round: `state.observe(&obs, alpha)` updates the smoothed scores (and each node's busy
+//! history); `plan(..)` (pure, no
 //! I/O, cannot fail) proposes moves and explains every decision; `actuator::apply` carries each
 //! move out through a [`CgroupWriter`] (the cgroup layer's implementation, or [`FakeCgroups`]
 //! in tests) in an order that never leaves a workload without CPUs or memory; then
@@ -61,6 +62,10 @@ pub struct CgroupState {
     /// smoothed score rests on (shown by `explain`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub smoothed_from: BTreeMap<Evidence, u32>,
+    /// Periods the cgroup has been observed: how long it has lived so far, which is as long
+    /// as the planner counts what a move of it would save (its expected remaining life).
+    #[serde(default)]
+    pub periods: u64,
 }
 
 /// Where a staged move is going, and how much was left to move when its last stage ran.
@@ -79,7 +84,17 @@ pub struct ControllerState {
     pub moves_total: u64,
     pub bytes_migrated_total: u64,
     pub failed_moves_total: u64,
+    /// Each node's CPU pressure over the last periods, oldest first, at most
+    /// [`PRESSURE_HISTORY`]: its runnable demand per CPU where measured, else its busy share.
+    /// How long an overload has lasted so far, and its lowest level over that time, are what
+    /// the planner counts the relief of a move off it by (see `target`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_pressure: BTreeMap<u32, std::collections::VecDeque<f64>>,
 }
+
+/// Periods of node pressure the controller keeps (at the default 5 s period, 320 s: more than
+/// any sane horizon).
+pub const PRESSURE_HISTORY: usize = 64;
 
 impl ControllerState {
     /// Folds one period into the smoothed scores and forgets cgroups no longer observed.
@@ -93,6 +108,7 @@ impl ControllerState {
         for cg in &obs.cgroups {
             seen.insert(cg.id.as_str());
             let st = self.cgroups.entry(cg.id.clone()).or_default();
+            st.periods = st.periods.saturating_add(1);
             if let Some((s, ev)) = locality::instant(cg) {
                 if st.smoothed.is_none() {
                     st.smoothed_from.clear();
@@ -102,6 +118,14 @@ impl ControllerState {
             }
         }
         self.cgroups.retain(|id, _| seen.contains(id.as_str()));
+        for (&n, o) in &obs.nodes {
+            let h = self.node_pressure.entry(n).or_default();
+            h.push_back(o.pressure());
+            while h.len() > PRESSURE_HISTORY {
+                h.pop_front();
+            }
+        }
+        self.node_pressure.retain(|n, _| obs.nodes.contains_key(n));
         self.rounds += 1;
     }
 

@@ -127,6 +127,26 @@ pub struct NodeObs {
     pub runnable: Option<f64>,
 }
 
+impl NodeObs {
+    /// The busy share, sane: within 0..=1, and 1 (full) when not a number.
+    pub fn busy(&self) -> f64 {
+        if self.cpu_busy.is_finite() {
+            self.cpu_busy.clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
+
+    /// Runnable demand per CPU where measured (at least the busy share, at most 64), else the
+    /// busy share.
+    pub fn pressure(&self) -> f64 {
+        let b = self.busy();
+        self.runnable
+            .filter(|r| r.is_finite() && *r >= 0.0)
+            .map_or(b, |r| r.clamp(b, 64.0))
+    }
+}
+
 /// Everything observed in one period.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Observations {

@@ -121,13 +121,25 @@ pub struct Considered {
     pub bytes_to_migrate: u64,
     /// Locality gain plus load relief (for an overload trigger), in score points.
     pub gain: f64,
-    /// Load relief part of `gain` (source busy − target busy after), 0 unless overloaded.
+    /// Load relief part of `gain`, 0 unless overloaded: per CPU of the workload, the CPU time
+    /// the contention model says the tasks on the sources stop waiting less what the targets
+    /// start to, where run-queue demand is measured; else source busy − target busy after.
     pub relief: f64,
+    /// How long the locality gain (and scheduler migrations avoided) is counted in `saving`:
+    /// as long as the workload has lived so far, at most `horizon_ms` of the config.
+    #[serde(default)]
+    pub horizon_ms: u64,
+    /// How long the relief is counted in `saving`: as long as the overload has lasted so far,
+    /// at most `horizon_ms`.
+    #[serde(default)]
+    pub relief_horizon_ms: u64,
     /// Cross-node scheduler migrations per second this target avoids (its CPUs on fewer
     /// nodes); their CPU time (`cross_node_migration_cost_us`) is part of `gain` and `saving`.
     #[serde(default)]
     pub migrations_avoided_per_s: f64,
-    /// Expected saving over the horizon: gain × CPU demand × horizon (CPU-seconds).
+    /// Expected saving (CPU-seconds): (locality gain × what a remote access costs here +
+    /// migrations avoided) × CPU demand × `horizon_ms`, plus relief × CPU demand ×
+    /// `relief_horizon_ms`.
     pub saving: f64,
     /// Migration cost: GiB to migrate × `migration_cost_per_gib`.
     pub cost: f64,
@@ -166,6 +178,17 @@ pub enum Skip {
     /// The locality would pay for the migration, but the CPU contention the move adds on the
     /// target would leave the workloads slower than they are.
     SlowerAfter {
+        saving: f64,
+        cost: f64,
+        contention: f64,
+    },
+    /// The move does not pay for itself over the horizon the planner can justify: its saving,
+    /// counted only as long as the workload has lived so far (`horizon_ms`) and its overload
+    /// relief only as long as the overload has lasted so far (`relief_horizon_ms`), is less
+    /// than the migration's cost plus the contention it adds (over the whole horizon).
+    ShortHorizon {
+        horizon_ms: u64,
+        relief_horizon_ms: u64,
         saving: f64,
         cost: f64,
         contention: f64,

@@ -30,7 +30,7 @@ pub fn plan(
     cgs.sort_by(|a, b| a.id.cmp(&b.id));
     cgs.dedup_by(|a, b| a.id == b.id);
 
-    let mut proj = Projection::new(topo, obs, cfg);
+    let mut proj = Projection::new(topo, obs, state, cfg);
     // Staged moves under way go first: finishing what was started.
     let mut moves = Vec::new();
     let mut continued: Vec<Option<Outcome>> = vec![None; cgs.len()];
@@ -217,7 +217,16 @@ fn evaluate(
         return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
     }
     // `considered` is filled from `options` when the plan is finished.
-    let options = proj.options(obs, cg, &trigger, smoothed, cfg);
+    // What a move saves is counted for as long as the workload has lived so far (its expected
+    // remaining life), at most the horizon; a cgroup the state has not seen yet gets the horizon.
+    let lived_ms = state
+        .cgroups
+        .get(&cg.id)
+        .filter(|s| s.periods > 0)
+        .map_or(cfg.horizon_ms, |s| {
+            (s.periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
+        });
+    let options = proj.options(obs, cg, &trigger, smoothed, cfg, lived_ms);
     let (outcome, chosen) = match choose(&options, cfg, proj.budget_left) {
         Ok(k) => (Outcome::Healthy, Some(k)),
         Err(skip) => (Outcome::Skipped(skip), None),
@@ -339,6 +348,20 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
             .max_by(|a, b| a.gain.total_cmp(&b.gain));
         return Err(match best {
             Some(c) if c.gain < cfg.min_gain => Skip::BelowMinGain { gain: c.gain },
+            // Overload relief counted only for as long as the overload has lasted so far does
+            // not pay for the move.
+            Some(c)
+                if c.horizon_ms < cfg.horizon_ms
+                    || (c.relief > 0.0 && c.relief_horizon_ms < cfg.horizon_ms) =>
+            {
+                Skip::ShortHorizon {
+                    horizon_ms: c.horizon_ms,
+                    relief_horizon_ms: c.relief_horizon_ms,
+                    saving: c.saving,
+                    cost: c.cost,
+                    contention: c.contention,
+                }
+            }
             // The locality pays for the migration; the CPU contention it adds does not.
             Some(c) if c.saving > c.cost && c.contention > 0.0 => Skip::SlowerAfter {
                 saving: c.saving,

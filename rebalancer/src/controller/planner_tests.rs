@@ -846,6 +846,10 @@ fn more_memory_than_the_budget_moves_in_stages() {
     let topo = machine();
     let (mut obs, cfg) = staged_world();
     let mut state = ControllerState::default();
+    // A workload that has run for the horizon (60 periods of 1 s): its saving counts in full.
+    for _ in 0..60 {
+        state.observe(&obs, cfg.ewma_alpha);
+    }
     let mut rounds = Vec::new();
     for round in 0..6u64 {
         let now = round * 5_000;
@@ -985,4 +989,61 @@ fn a_move_into_a_crowded_run_queue_is_skipped_as_slower_after() {
     );
     let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
     assert!((c.net - (c.saving - c.cost - c.contention)).abs() < 1e-9);
+}
+
+/// Overload relief is priced by the contention model and counted only for as long as the
+/// overload has lasted so far: a 2-CPU workload with 16 GiB of memory on a node whose run
+/// queue wants 2× its CPUs would take 7.5 CPUs of stretched work off it (16 × 16/8 − 14 × 14/8)
+/// and add its own 2 to an idle node: 5.5 CPUs of relief. After one 1 s period of overload that
+/// is 5.5 CPU-seconds against 16 GiB of migration: skipped as `short-horizon`, the horizons in explain. Once the overload
+/// has lasted the whole horizon (60 periods), the same move pays and is made.
+#[test]
+fn a_relief_move_that_does_not_pay_for_itself_is_skipped_as_short_horizon() {
+    let a = cg("a", &[(0, 2.0)], &[(0, 16 * 1024)], "0-3,16-19", "0");
+    let mut obs = world(vec![a]);
+    for (&n, o) in obs.nodes.iter_mut() {
+        let (busy, runnable) = if n == 0 { (1.0, 2.0) } else { (0.1, 0.1) };
+        o.cpu_busy = busy;
+        o.runnable = Some(runnable);
+    }
+    let mut state = ControllerState::default();
+    state.observe(&obs, 0.5);
+    let p = plan(&machine(), &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    assert!(p.moves.is_empty(), "{p:#?}");
+    assert_eq!(kind(&d.outcome), "skip:short-horizon", "{d:#?}");
+    let Outcome::Skipped(Skip::ShortHorizon {
+        relief_horizon_ms,
+        saving,
+        cost,
+        contention,
+        ..
+    }) = d.outcome
+    else {
+        unreachable!()
+    };
+    assert_eq!(relief_horizon_ms, 1000, "{d:#?}");
+    assert!((cost - 16.0).abs() < 1e-9, "{d:#?}");
+    assert_eq!(contention, 0.0, "{d:#?}");
+    assert!(saving < cost, "{d:#?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert!((c.relief - 5.5 / 2.0).abs() < 1e-6, "{c:#?}");
+    // The explain JSON carries the reason and both horizons.
+    let v = serde_json::to_value(&d.outcome).unwrap();
+    assert_eq!(v["kind"], "short-horizon");
+    assert_eq!(v["relief_horizon_ms"], 1000);
+
+    for _ in 1..60 {
+        state.observe(&obs, 0.5);
+    }
+    let p = plan(&machine(), &obs, &state, &cfg(), 0);
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    let d = p.decision("a").unwrap();
+    let Outcome::Moved { to_nodes } = &d.outcome else {
+        panic!("{d:#?}")
+    };
+    assert!(to_nodes.len() == 1 && !to_nodes.contains(0), "{d:#?}");
+    let c = d.considered.iter().find(|c| &c.nodes == to_nodes).unwrap();
+    assert_eq!(c.relief_horizon_ms, 60_000, "{c:#?}");
+    assert!(c.net > 0.0, "{c:#?}");
 }

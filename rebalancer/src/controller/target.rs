@@ -11,8 +11,9 @@
 use std::collections::BTreeMap;
 
 use super::locality;
-use super::observe::{CgroupObs, Observations};
+use super::observe::{CgroupObs, NodeObs, Observations};
 use super::plan_types::{Considered, Rejection, Trigger};
+use super::ControllerState;
 use crate::config::ControllerConfig;
 use crate::cpuset::CpuSet;
 use crate::topology::Topology;
@@ -37,6 +38,10 @@ pub(super) struct Projection<'t> {
     nearest: BTreeMap<u32, Vec<u32>>,
     /// Length of the observed period, ns (rates per second).
     period_ns: u64,
+    /// Per node, how long it has been overloaded (pressure ≥ `overload_busy`) without a break,
+    /// this period included, at most the horizon: how long the relief of a move off it is
+    /// counted (what has lasted that long is expected to last about as long again).
+    overload_ms: BTreeMap<u32, u64>,
     pub budget_left: u64,
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
@@ -54,16 +59,13 @@ pub(super) struct TargetOption {
     keep_cpus: bool,
 }
 
-fn sane_busy(b: f64) -> f64 {
-    if b.is_finite() {
-        b.clamp(0.0, 1.0)
-    } else {
-        1.0
-    }
-}
-
 impl<'t> Projection<'t> {
-    pub fn new(topo: &'t Topology, obs: &Observations, cfg: &ControllerConfig) -> Self {
+    pub fn new(
+        topo: &'t Topology,
+        obs: &Observations,
+        state: &ControllerState,
+        cfg: &ControllerConfig,
+    ) -> Self {
         let mut free = BTreeMap::new();
         let mut free_huge = BTreeMap::new();
         let mut busy = BTreeMap::new();
@@ -73,13 +75,8 @@ impl<'t> Projection<'t> {
             let o = obs.nodes.get(&n.id);
             free.insert(n.id, o.map_or(0, |o| o.free_bytes));
             free_huge.insert(n.id, o.map_or(0, |o| o.free_hugepage_bytes));
-            let b = o.map_or(1.0, |o| sane_busy(o.cpu_busy));
-            busy.insert(n.id, b);
-            let r = o
-                .and_then(|o| o.runnable)
-                .filter(|r| r.is_finite() && *r >= 0.0)
-                .map_or(b, |r| r.clamp(b, 64.0));
-            demand.insert(n.id, r * n.cpus.len() as f64);
+            busy.insert(n.id, o.map_or(1.0, NodeObs::busy));
+            demand.insert(n.id, o.map_or(1.0, NodeObs::pressure) * n.cpus.len() as f64);
             ncpus.insert(n.id, n.cpus.len());
         }
         // The node's runnable demand is at least what the managed cgroups ran there.
@@ -113,7 +110,13 @@ impl<'t> Projection<'t> {
                 (s, others)
             })
             .collect();
+        let overload_ms = topo
+            .nodes
+            .iter()
+            .map(|n| (n.id, overload_ms(obs, state, cfg, n.id)))
+            .collect();
         let mut p = Projection {
+            overload_ms,
             topo,
             reserved: obs.reserved_cpus.clone(),
             free,
@@ -243,6 +246,7 @@ impl<'t> Projection<'t> {
         trigger: &Trigger,
         before: Option<f64>,
         cfg: &ControllerConfig,
+        lived_ms: u64,
     ) -> Vec<TargetOption> {
         let c = &cg.constraints;
         let demand = obs.cpu_demand(cg);
@@ -310,7 +314,7 @@ impl<'t> Projection<'t> {
             .map(|t| {
                 self.price(
                     obs, cg, trigger, before, cfg, t, need_cpus, max_nodes, &own_excl, demand,
-                    weight,
+                    weight, lived_ms,
                 )
             })
             .collect()
@@ -330,6 +334,7 @@ impl<'t> Projection<'t> {
         own_excl: &CpuSet,
         demand: f64,
         remote_weight: f64,
+        lived_ms: u64,
     ) -> TargetOption {
         let after = locality::expected_after(cg, &t);
         let normal_total = sat_sum(cg.mem_bytes_per_node.values());
@@ -355,19 +360,6 @@ impl<'t> Projection<'t> {
                 });
             }
         }
-        let relief = match trigger {
-            Trigger::Overloaded { .. } => {
-                let total = cg.total_cpu_ns().max(1) as f64;
-                let src: f64 = cg
-                    .cpu_ns_per_node
-                    .iter()
-                    .map(|(&n, &ns)| ns as f64 / total * self.busy(n))
-                    .sum();
-                src - dst_busy
-            }
-            Trigger::PoorLocality | Trigger::Migrating { .. } => 0.0,
-        };
-
         // Exclusive CPUs: whole free cores; shared: the pool of the target nodes.
         let picked = cg
             .constraints
@@ -383,6 +375,50 @@ impl<'t> Projection<'t> {
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
             && (cg.constraints.keep_cpus || (t == cg.mems && cg.cpus.is_subset(&self.pool_of(&t))));
+        let horizon_ms = cfg.horizon_ms;
+        // The contention the move adds (> 0) or takes away (< 0), CPUs; none when the threads
+        // keep their CPUs (the operator's, or the same nodes' narrower cpuset).
+        let delta = if keep_cpus {
+            0.0
+        } else {
+            self.contention_delta(obs, cg, &t, demand)
+        };
+        let measured = t
+            .iter()
+            .chain(cg.cpu_ns_per_node.keys().copied())
+            .all(|n| obs.nodes.get(&n).is_some_and(|o| o.runnable.is_some()));
+        let (relief, relief_ms) = match trigger {
+            Trigger::Overloaded { nodes } => {
+                let relief = if measured {
+                    // The contention model's own answer: the CPU time every task on the
+                    // sources stops waiting, less what the targets start to, per CPU moved.
+                    if demand > 0.0 {
+                        (-delta).max(0.0) / demand
+                    } else {
+                        0.0
+                    }
+                } else {
+                    // No run-queue measure: the busy share it leaves minus the one it joins.
+                    let total = cg.total_cpu_ns().max(1) as f64;
+                    let src: f64 = cg
+                        .cpu_ns_per_node
+                        .iter()
+                        .map(|(&n, &ns)| ns as f64 / total * self.busy(n))
+                        .sum();
+                    src - dst_busy
+                };
+                // Counted for as long as the overload has lasted so far (and the workload has
+                // lived): what has lasted that long is expected to last about as long again.
+                let lasted = nodes
+                    .iter()
+                    .map(|n| self.overload_ms.get(&n).copied().unwrap_or(0))
+                    .min()
+                    .unwrap_or(0);
+                (relief, lasted.min(lived_ms).min(horizon_ms))
+            }
+            Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
+        };
+
         let locality_gain = after - before.unwrap_or(after);
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
         let avoided = self.migrations_avoided(cg, t.len(), keep_cpus);
@@ -393,10 +429,14 @@ impl<'t> Projection<'t> {
         };
         let gain = locality_gain + relief + migration_points;
         // Locality points are worth what a remote access costs here (relief and migrations
-        // avoided are CPU time already).
-        let priced = locality_gain * remote_weight + relief + migration_points;
-        let horizon_s = cfg.horizon_ms as f64 / 1000.0;
-        let saving = priced * demand * horizon_s;
+        // avoided are CPU time already). What the move saves is counted for as long as the
+        // workload has lived so far, the relief as long as the overload has lasted; what it
+        // costs (migration, contention added) in full.
+        let priced = locality_gain * remote_weight + migration_points;
+        let horizon_s = horizon_ms as f64 / 1000.0;
+        let lived_ms = lived_ms.min(horizon_ms);
+        let saving = priced * demand * lived_ms as f64 / 1000.0
+            + relief * demand * relief_ms as f64 / 1000.0;
         let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
         let n_cpus = match &picked {
             Some(p) => p.len(),
@@ -409,10 +449,10 @@ impl<'t> Projection<'t> {
                 None => keep_cpus || cg.cpus == self.pool_of(&t),
             };
         // The operator's CPUs stay: the threads run where they ran, only memory moves.
-        let contention = if keep_cpus {
+        let contention = if keep_cpus || delta <= 1e-6 {
             0.0
         } else {
-            self.contention_added(obs, cg, &t, demand) * horizon_s
+            delta * horizon_s
         };
         let free = sat_sum(t.iter().filter_map(|n| self.free.get(&n)));
         let free_huge = sat_sum(t.iter().filter_map(|n| self.free_huge.get(&n)));
@@ -448,6 +488,8 @@ impl<'t> Projection<'t> {
                 bytes_to_migrate: bytes,
                 gain,
                 relief,
+                horizon_ms: lived_ms,
+                relief_horizon_ms: relief_ms,
                 migrations_avoided_per_s: avoided,
                 saving,
                 cost,
@@ -461,11 +503,11 @@ impl<'t> Projection<'t> {
     }
 
     /// CPUs' worth of slowdown the move of `cg` to `t` adds machine-wide through CPU
-    /// contention (never negative: load relief is priced by the overload trigger). A node
-    /// with runnable demand D on C CPUs does D × max(1, D / C) CPU-time of work per unit of
-    /// useful work (every runnable task is stretched by D / C once D > C); the move takes the
-    /// workload's demand off its current nodes and puts it on `t` as `cpu_after` spreads it.
-    fn contention_added(&self, obs: &Observations, cg: &CgroupObs, t: &CpuSet, demand: f64) -> f64 {
+    /// contention (negative: takes away). A node with runnable demand D on C CPUs does
+    /// D × max(1, D / C) CPU-time of work per unit of useful work (every runnable task is
+    /// stretched by D / C once D > C); the move takes the workload's demand off its current
+    /// nodes and puts it on `t` as `cpu_after` spreads it.
+    fn contention_delta(&self, obs: &Observations, cg: &CgroupObs, t: &CpuSet, demand: f64) -> f64 {
         let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
         let mut delta = 0.0;
         let mut node = |n: u32, own_after: f64| {
@@ -481,7 +523,7 @@ impl<'t> Projection<'t> {
             node(n, 0.0);
         }
         // Below a millionth of a CPU it is rounding, not contention.
-        if delta > 1e-6 {
+        if delta.abs() > 1e-6 {
             delta
         } else {
             0.0
@@ -651,6 +693,24 @@ impl<'t> Projection<'t> {
                     .node(node)
                     .is_some_and(|n| !n.cpus.is_disjoint(&cg.cpus)))
     }
+}
+
+/// How long `node` has been overloaded (pressure — runnable demand per CPU where measured,
+/// else the busy share — at or above `overload_busy`) without a break, this period included, at
+/// most the horizon: from the state's pressure history (which `observe` extended with this
+/// period), or this period alone when the state has none for the node.
+fn overload_ms(
+    obs: &Observations,
+    state: &ControllerState,
+    cfg: &ControllerConfig,
+    node: u32,
+) -> u64 {
+    let hot = |p: f64| p >= cfg.overload_busy;
+    let periods = match state.node_pressure.get(&node).filter(|h| !h.is_empty()) {
+        Some(h) => h.iter().rev().take_while(|&&p| hot(p)).count() as u64,
+        None => u64::from(hot(obs.nodes.get(&node).map_or(1.0, NodeObs::pressure))),
+    };
+    (periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
 }
 
 /// Sum that saturates instead of overflowing on absurd input.

@@ -980,7 +980,9 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
     }
     if let (Some(c), None) = (own, &mv.stage) {
         if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
-            if mask != mem.nodes && rebook_memory(a.memory.clone(), mem, mask).is_none() {
+            if mask != mem.nodes
+                && crate::placement::admission::rebook_memory(a.memory.clone(), mem, mask).is_none()
+            {
                 return Err("books-memory");
             }
         }
@@ -999,34 +1001,9 @@ pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> boo
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return false;
     };
-    let a = &mut s.state.allocator;
-    let Some(c) = a.pods.get_mut(&b.pod_uid).and_then(|p| {
-        p.containers
-            .iter_mut()
-            .find(|c| c.placement.container == b.container)
-    }) else {
-        return false;
-    };
-    let exclusive_moved = c.placement.exclusive && c.placement.cpus != mv.to_cpus;
-    if c.placement.cpus != mv.to_cpus {
-        c.placement.cpus = mv.to_cpus.clone();
-        if !c.placement.exclusive {
-            let millis: u64 = c.charges.values().sum();
-            for (cpu, m) in &c.charges {
-                if let Some(l) = a.shared_load.get_mut(cpu) {
-                    *l -= (*m).min(*l);
-                    if *l == 0 {
-                        a.shared_load.remove(cpu);
-                    }
-                }
-            }
-            c.charges = crate::placement::shared::spread(&mv.to_cpus, millis);
-            for (cpu, m) in &c.charges {
-                *a.shared_load.entry(*cpu).or_default() += m;
-            }
-        }
-    }
-    exclusive_moved
+    s.state
+        .allocator
+        .record_move_cpus(&b.pod_uid, &b.container, &mv.to_cpus)
 }
 
 /// A move's mems were written (the migration done): the bound container's mems follow, and
@@ -1037,24 +1014,10 @@ pub fn record_mems(d: &Daemon, mv: &crate::controller::Move) {
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return;
     };
-    let a = &mut s.state.allocator;
-    let Some(c) = a.pods.get_mut(&b.pod_uid).and_then(|p| {
-        p.containers
-            .iter_mut()
-            .find(|c| c.placement.container == b.container)
-    }) else {
-        return;
-    };
-    if mv.stage.is_none() && c.placement.mems != mv.to_mems {
-        c.placement.mems = mv.to_mems.clone();
-        if let (Some(mem), Some(mask)) = (&c.memory, node_mask(&mv.to_mems)) {
-            if mask != mem.nodes {
-                if let Some((state, new)) = rebook_memory(a.memory.clone(), mem, mask) {
-                    a.memory = state;
-                    c.memory = Some(new);
-                }
-            }
-        }
+    if mv.stage.is_none() {
+        s.state
+            .allocator
+            .record_move_mems(&b.pod_uid, &b.container, &mv.to_mems);
     }
 }
 
@@ -1075,33 +1038,6 @@ pub(crate) fn bound_container<'a>(
 
 fn node_mask(mems: &CpuSet) -> Option<crate::placement::mask::NodeMask> {
     crate::placement::mask::NodeMask::from_ids(mems.iter())
-}
-
-/// `mem` moved to the nodes of `mask` on `state`: the new state and allocation, or None when
-/// those nodes' blocks cannot take all of it (a Guaranteed block would be short).
-fn rebook_memory(
-    mut state: crate::placement::memory::MemoryState,
-    mem: &crate::placement::memory::MemoryAllocation,
-    mask: crate::placement::mask::NodeMask,
-) -> Option<(
-    crate::placement::memory::MemoryState,
-    crate::placement::memory::MemoryAllocation,
-)> {
-    let mut req = crate::placement::memory::MemoryRequest::new();
-    for &(_, r, t) in &mem.taken {
-        *req.entry(r).or_default() += t;
-    }
-    state.release(mem);
-    // a move never breaks a NUMA group (kubelet's rule: a node serves one group)
-    if state.unbroken(mask) != Some(mask) {
-        return None;
-    }
-    let new = state.allocate(&req, mask);
-    let mut got = crate::placement::memory::MemoryRequest::new();
-    for &(_, r, t) in &new.taken {
-        *got.entry(r).or_default() += t;
-    }
-    (got == req).then_some((state, new))
 }
 
 #[cfg(test)]

@@ -209,6 +209,66 @@ impl Allocator {
         Some(c.placement.cpus.difference(&self.exclusive_cpus()))
     }
 
+    /// A control-round move wrote `cpus` for this container: its placement follows them (for
+    /// a shared container, its pool and its CPU charges spread over it), so later admissions
+    /// decide on where it runs now. Returns true when its exclusive CPUs changed (the shared
+    /// containers' cpusets then follow). False, and nothing changes, for an unknown container.
+    pub fn record_move_cpus(&mut self, uid: &str, container: &str, cpus: &CpuSet) -> bool {
+        let Some(c) = self.pods.get_mut(uid).and_then(|p| {
+            p.containers
+                .iter_mut()
+                .find(|c| c.placement.container == container)
+        }) else {
+            return false;
+        };
+        if c.placement.cpus == *cpus {
+            return false;
+        }
+        c.placement.cpus = cpus.clone();
+        if c.placement.exclusive {
+            return true;
+        }
+        let millis: u64 = c.charges.values().sum();
+        for (cpu, m) in &c.charges {
+            if let Some(l) = self.shared_load.get_mut(cpu) {
+                *l -= (*m).min(*l);
+                if *l == 0 {
+                    self.shared_load.remove(cpu);
+                }
+            }
+        }
+        c.charges = spread(cpus, millis);
+        for (cpu, m) in &c.charges {
+            *self.shared_load.entry(*cpu).or_default() += m;
+        }
+        false
+    }
+
+    /// A control-round move's mems were written (its memory migrated): the container's mems
+    /// follow, and its Memory Manager memory is re-booked on the new nodes when they can take
+    /// it all (else the booking stays where it was).
+    pub fn record_move_mems(&mut self, uid: &str, container: &str, mems: &CpuSet) {
+        let Some(c) = self.pods.get_mut(uid).and_then(|p| {
+            p.containers
+                .iter_mut()
+                .find(|c| c.placement.container == container)
+        }) else {
+            return;
+        };
+        if c.placement.mems == *mems {
+            return;
+        }
+        c.placement.mems = mems.clone();
+        if let (Some(mem), Some(mask)) = (&c.memory, NodeMask::from_ids(mems.iter())) {
+            if mask != mem.nodes {
+                if let Some((state, new)) = rebook_memory(self.memory.clone(), mem, mask) {
+                    self.memory = state;
+                    c.memory = Some(new);
+                }
+            }
+        }
+    }
+
     /// CPUs went offline (hotplug, a node taken away): each exclusive placement that held some
     /// gets as many online CPUs from the exclusive pool in their place — within its NUMA
     /// affinity first, then anywhere, whole cores when `full_pcpus_only` asks and single CPUs
@@ -968,6 +1028,31 @@ fn tie_fn<'a>(
             lx > ly || (lx == ly && x.0 < y.0)
         }),
     }
+}
+
+/// `mem` moved to the nodes of `mask` on `state`: the new state and allocation, or None when
+/// those nodes' blocks cannot take all of it (a Guaranteed block would be short) or the move
+/// would split a NUMA group.
+pub fn rebook_memory(
+    mut state: MemoryState,
+    mem: &MemoryAllocation,
+    mask: NodeMask,
+) -> Option<(MemoryState, MemoryAllocation)> {
+    let mut req = MemoryRequest::new();
+    for &(_, r, t) in &mem.taken {
+        *req.entry(r).or_default() += t;
+    }
+    state.release(mem);
+    // a move never breaks a NUMA group (kubelet's rule: a node serves one group)
+    if state.unbroken(mask) != Some(mask) {
+        return None;
+    }
+    let new = state.allocate(&req, mask);
+    let mut got = MemoryRequest::new();
+    for &(_, r, t) in &new.taken {
+        *got.entry(r).or_default() += t;
+    }
+    (got == req).then_some((state, new))
 }
 
 #[cfg(test)]

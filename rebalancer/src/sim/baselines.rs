@@ -1,6 +1,7 @@
 //! What each policy does to the simulated machine besides admission: the AutoNUMA-like
 //! page-follows-thread migration (its task placement is in the kernel model, `run`), the clairvoyant greedy oracle, and one round of the REAL
-//! planner ([`crate::controller::plan`]) whose moves are applied to cpus/mems.
+//! planner ([`crate::controller::plan`]) whose moves are applied to cpus/mems and recorded in
+//! the allocator's books as the daemon's are.
 
 use std::collections::BTreeMap;
 
@@ -330,6 +331,19 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
             Some(s) => w.evacuate_upto(&mv.cgroup, &s.toward, &threads, mv.bytes_to_migrate),
         };
         w.count_migration(moved);
+        // Through the allocator's books, as the daemon's moves are (`daemon::apply`): later
+        // admissions see where the planner put the workload.
+        let container = w
+            .alloc
+            .pods
+            .get(&mv.cgroup)
+            .and_then(|p| p.containers.first());
+        if let Some(c) = container.map(|c| c.placement.container.clone()) {
+            w.alloc.record_move_cpus(&mv.cgroup, &c, &mv.to_cpus);
+            if mv.stage.is_none() {
+                w.alloc.record_move_mems(&mv.cgroup, &c, &mv.to_mems);
+            }
+        }
         w.stats.moves += 1;
         w.stats.staged += u64::from(mv.stage.is_some());
         w.state.record_move(mv, moved, now_ms);

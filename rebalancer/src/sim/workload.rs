@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::placement::pod::Pod;
 use crate::topology::{HugePages, PciDevice, Topology};
 
+const GIB: u64 = 1 << 30;
+
 /// Why a workload file is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
@@ -164,6 +166,11 @@ impl Workload {
         t.devices.sort_by(|a, b| a.address.cmp(&b.address));
         if let Some(pages) = self.machine.hugepages_1g_per_node {
             for node in &mut t.nodes {
+                // As the kernel reserves them: out of the node's free memory, as many as fit
+                // (a small node gets fewer than asked; kubelet refuses a machine whose
+                // hugepages exceed its memory).
+                let pages = pages.min(node.memory_free_bytes / GIB);
+                node.memory_free_bytes -= pages * GIB;
                 node.hugepages.insert(
                     "1048576kB".into(),
                     HugePages {
