@@ -375,7 +375,8 @@ pub struct ControllerConfig {
     pub min_gain: f64,
     /// No second move of a cgroup within this time.
     pub cooldown_ms: u64,
-    /// Most memory migrated per round, all cgroups together.
+    /// Most memory migrated per `period_ms`, all cgroups together: a rate (the moves under way
+    /// and those that ended within the last period count against every round).
     pub migration_budget_mib: u64,
     /// Most moves per round.
     pub max_moves_per_round: u32,

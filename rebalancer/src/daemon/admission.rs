@@ -719,7 +719,11 @@ impl Admission {
     /// trigger does not take it for an operator's change (`trigger`).
     fn write_noted(&self, c: &CpusetChange) -> Result<(), WriteError> {
         self.daemon.rounds.note_own_cpus(&c.cgroup, &c.cpus);
-        self.writer.write(c)
+        let r = self.writer.write(c);
+        if r.is_err() {
+            self.daemon.rounds.unnote_own_cpus(&c.cgroup, &c.cpus);
+        }
+        r
     }
 
     fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {

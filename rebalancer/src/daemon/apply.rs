@@ -179,7 +179,11 @@ impl CgroupWriter for Noting<'_> {
         cpus: &crate::cpuset::CpuSet,
     ) -> Result<(), controller::CgroupWriteError> {
         self.d.rounds.note_own_cpus(cg, cpus);
-        self.w.write_cpus(cg, cpus)
+        let r = self.w.write_cpus(cg, cpus);
+        if r.is_err() {
+            self.d.rounds.unnote_own_cpus(cg, cpus);
+        }
+        r
     }
     fn write_mems(
         &mut self,

@@ -351,6 +351,11 @@ impl Engine {
         }
     }
 
+    /// The cgroups managed at the last round.
+    pub fn managed_now(&self) -> &[String] {
+        &self.last_managed
+    }
+
     /// The cpuset.cpus files of the cgroups managed at the last round, with their cgroups.
     pub fn watch_files(&self) -> Vec<(String, PathBuf)> {
         self.last_managed

@@ -386,8 +386,12 @@ fn spawn_rounds(
                 engine.round(&adm);
                 health.beat();
                 rounds += 1;
-                if let Some(t) = &trigger {
-                    t.watch(&adm.daemon.rounds, engine.watch_files());
+                match &trigger {
+                    Some(t) => t.watch(&adm.daemon.rounds, engine.watch_files()),
+                    None => adm
+                        .daemon
+                        .rounds
+                        .retain_own(&engine.managed_now().iter().map(String::as_str).collect()),
                 }
                 if max_rounds != 0 && rounds >= max_rounds {
                     engine.finish();

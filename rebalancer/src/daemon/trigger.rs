@@ -85,8 +85,19 @@ impl Hub {
             == Some(cpus)
     }
 
-    /// Forgets the own writes of cgroups not in `keep` (gone, or no longer managed).
-    fn retain_own(&self, keep: &std::collections::BTreeSet<&str>) {
+    /// A noted write failed: forgotten unless a later note replaced it, so an operator's
+    /// later write of those cpus is not taken for the daemon's.
+    pub fn unnote_own_cpus(&self, cgroup: &str, cpus: &CpuSet) {
+        let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+        if own.get(cgroup) == Some(cpus) {
+            own.remove(cgroup);
+        }
+    }
+
+    /// Forgets the own writes of cgroups not in `keep` (gone, or no longer managed); the round
+    /// thread calls it after every round (through [`CpusetTrigger::watch`], or directly when
+    /// there is no trigger), so the notes never outgrow the managed cgroups.
+    pub fn retain_own(&self, keep: &std::collections::BTreeSet<&str>) {
         self.own
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -258,6 +269,12 @@ impl CpusetTrigger {
                             wake = true;
                             continue;
                         }
+                        if ev.mask.contains(EventMask::IGNORED) {
+                            // The file is gone (rmdir): its watch too, so a cgroup made again
+                            // at the same path is watched anew at the next round.
+                            me.forget(&ev.wd);
+                            continue;
+                        }
                         if !ev.mask.intersects(EventMask::MODIFY | EventMask::CLOSE_WRITE) {
                             continue;
                         }
@@ -288,6 +305,15 @@ impl CpusetTrigger {
                 }
             })?;
         Ok(t)
+    }
+
+    fn forget(&self, wd: &WatchDescriptor) {
+        let mut w = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, _)) = w.by_wd.remove(wd) {
+            if w.by_path.get(&p).is_some_and(|(d, _)| d == wd) {
+                w.by_path.remove(&p);
+            }
+        }
     }
 
     fn lookup(&self, wd: &WatchDescriptor) -> Option<(PathBuf, String)> {
@@ -619,5 +645,61 @@ mod tests {
         t.watch(&d.rounds, files[2..].to_vec());
         assert_eq!(t.watched(), 3);
         assert_eq!(over(), 0);
+    }
+
+    /// Issue 18 review P6: a cgroup removed and made again at the same path between rounds is
+    /// watched anew (the kernel dropped the old watch: IN_IGNORED), and its operator's write
+    /// wakes the rounds.
+    #[test]
+    fn a_cgroup_made_again_at_the_same_path_is_watched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cg = dir.path().join("svc");
+        std::fs::create_dir(&cg).unwrap();
+        let f = cg.join("cpuset.cpus");
+        std::fs::write(&f, "0-3\n").unwrap();
+        let d = test_daemon();
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        d.rounds.connect(move |w| {
+            let _ = tx.lock().unwrap().send(w);
+        });
+        let t = CpusetTrigger::spawn(d.clone()).unwrap();
+        t.watch(&d.rounds, [("svc".to_string(), f.clone())]);
+        assert_eq!(t.watched(), 1);
+        std::fs::remove_file(&f).unwrap();
+        std::fs::remove_dir(&cg).unwrap();
+        let t0 = Instant::now();
+        while t.watched() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(ms(5));
+        }
+        assert_eq!(t.watched(), 0, "the dropped watch is forgotten");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(&f, "0-3\n").unwrap();
+        while rx.try_recv().is_ok() {}
+        t.watch(&d.rounds, [("svc".to_string(), f.clone())]);
+        assert_eq!(t.watched(), 1);
+        std::fs::write(&f, "1\n").unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(Why::CpusetWritten)
+        );
+    }
+
+    /// Issue 18 review P7: a noted write that failed is forgotten (the file still holds
+    /// something else, and an operator's later write of those cpus is theirs), unless a later
+    /// note replaced it; notes of cgroups no longer managed are pruned.
+    #[test]
+    fn a_failed_own_write_is_not_remembered_as_own() {
+        let hub = Hub::default();
+        let (a, b) = (CpuSet::parse("0-1").unwrap(), CpuSet::parse("2-3").unwrap());
+        hub.note_own_cpus("x", &a);
+        hub.unnote_own_cpus("x", &a);
+        assert!(!hub.is_own("x", &a));
+        hub.note_own_cpus("x", &b);
+        hub.unnote_own_cpus("x", &a);
+        assert!(hub.is_own("x", &b), "a later note stays");
+        hub.note_own_cpus("y", &a);
+        hub.retain_own(&["y"].into_iter().collect());
+        assert!(!hub.is_own("x", &b) && hub.is_own("y", &a));
     }
 }
