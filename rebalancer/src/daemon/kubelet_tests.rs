@@ -197,12 +197,23 @@ fn a_bad_file_adopts_nothing_of_its_own_and_loses_nothing_else() {
     assert!(m
         .render()
         .contains("rebalancer_kubelet_state_errors_total{reason=\"checksum\"} 1"));
-    // a corrupt CPU file: nothing of it adopted (the earlier adoption is gone too: the file
-    // no longer says what kubelet holds)
+    // a corrupt CPU file: its previous adoption is kept (kubelet's containers still run on
+    // those CPUs, whatever the file now says), the error reported
     std::fs::write(dir.path().join(CPU_FILE), "{\"policyName\":").unwrap();
     adopt(&mut s, &m);
-    assert!(s.state.allocator.exclusive_cpus().is_empty());
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2").unwrap()
+    );
+    assert_eq!(s.kubelet.adopted, vec![format!("{POD}/c")]);
     assert_eq!(s.kubelet.errors.len(), 2, "{:?}", s.kubelet.errors);
+    assert_eq!(s.kubelet.cpu_policy, "static", "the previous file's policy");
+    // an unreadable one (a directory in its place) keeps it too
+    std::fs::remove_file(dir.path().join(CPU_FILE)).unwrap();
+    std::fs::create_dir(dir.path().join(CPU_FILE)).unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    std::fs::remove_dir(dir.path().join(CPU_FILE)).unwrap();
     // policy none: nothing to adopt, no error
     std::fs::write(dir.path().join(CPU_FILE), CPU_NONE).unwrap();
     std::fs::remove_file(dir.path().join(MEMORY_FILE)).unwrap();
@@ -251,4 +262,131 @@ fn an_entry_on_cpus_already_exclusive_is_refused_alone() {
         s.state.allocator.exclusive_cpus(),
         ours.union(&CpuSet::parse("6").unwrap())
     );
+}
+
+/// A newer kubelet's checkpoint (pod-level resource managers: `podEntries`; CPU V4's `data` /
+/// `dataChecksum` with the legacy checksum 0) is refused as a format not supported: at start
+/// nothing of it is adopted but the error says why; later, the previous adoption is kept.
+#[test]
+fn a_newer_kubelet_format_is_refused_and_keeps_the_previous_adoption() {
+    let dir = tempfile::tempdir().unwrap();
+    let v4 = r#"{"policyName":"static","defaultCpuSet":"0","entries":{},"podEntries":{"P":{"cpuset":"1-2"}},"data":"x","dataChecksum":123,"checksum":0}"#;
+    std::fs::write(dir.path().join(CPU_FILE), v4).unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert!(
+        s.kubelet.errors[0].contains("kubelet checkpoint format not supported")
+            && s.kubelet.errors[0].contains("podEntries")
+            && s.kubelet.errors[0].contains("dataChecksum"),
+        "{:?}",
+        s.kubelet.errors
+    );
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_state_errors_total{reason=\"unsupported\"} 1"));
+    // a valid file, then kubelet upgraded to the newer format: the adoption stays
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "c", "1-2")]),
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+    std::fs::write(dir.path().join(CPU_FILE), v4).unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2").unwrap()
+    );
+    // the memory checkpoint with podEntries likewise
+    let mem = MEM_STATIC.replace("\"checksum\"", "\"podEntries\":{},\"checksum\"");
+    std::fs::write(dir.path().join(MEMORY_FILE), mem).unwrap();
+    assert!(matches!(
+        read_memory(&dir.path().join(MEMORY_FILE)),
+        Err(KubeletStateError::Unsupported { .. })
+    ));
+}
+
+/// Checksum 0 (kubelet accepts it, from its old file backend) is unverified: such a file adds
+/// its containers but drops none of the previous adoption, even when it says policy none.
+#[test]
+fn an_unverified_file_adds_to_the_adoption_and_drops_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "c", "1-2")]),
+    )
+    .unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        r#"{"policyName":"static","defaultCpuSet":"0","entries":{"other":{"d":"5"}},"checksum":0}"#,
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2,5").unwrap()
+    );
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert!(s.kubelet.errors[0].contains("unverified"));
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_state_errors_total{reason=\"unverified\"} 1"));
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        r#"{"policyName":"none","defaultCpuSet":"0-7","entries":{},"checksum":0}"#,
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2,5").unwrap()
+    );
+    // a verified policy none drops it
+    std::fs::write(dir.path().join(CPU_FILE), CPU_NONE).unwrap();
+    adopt(&mut s, &m);
+    assert!(s.state.allocator.pods.is_empty());
+}
+
+/// Only a regular file is read, and at most MAX_FILE_BYTES: a FIFO does not block the reader,
+/// a symlink (to /dev/zero, say) and a huge file are refused with a clear error.
+#[test]
+fn only_a_regular_file_of_bounded_size_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(CPU_FILE);
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t = std::time::Instant::now();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::NotRegular { kind, .. }) if kind == "a FIFO"),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    std::fs::remove_file(&p).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::NotRegular { kind, .. }) if kind == "a symlink"),
+        "{r:?}"
+    );
+    std::fs::remove_file(&p).unwrap();
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(MAX_FILE_BYTES + 1).unwrap();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::TooLarge { .. })),
+        "{r:?}"
+    );
+    assert!(r.unwrap_err().to_string().contains("larger than"));
+    // and through the daemon's path: reported, nothing adopted, nothing hangs
+    let mut s = shared(dir.path());
+    adopt(&mut s, &Metrics::default());
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
 }
