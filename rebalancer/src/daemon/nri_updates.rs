@@ -18,8 +18,9 @@
 //! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
 //!
 //! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
-//! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`): containerd before 2.4.0
-//! can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
+//! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`; `auto` allows them only for
+//! a runtime known to be fixed: containerd ≥ 2.4.0, whatever name it reports): containerd
+//! before 2.4.0 can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
 //! (containerd/containerd#13733, fixed by containerd/nri#301 in NRI v0.12.1). At most one is in
 //! flight, each carrying the latest given cpuset of its containers, sent once the connection is
 //! quiet (`nri::session::QUIET`); one that is not answered within the session's deadline ends
@@ -73,35 +74,53 @@ impl Direct {
 }
 
 /// Whether unsolicited UpdateContainers are safe with the runtime that answered Configure,
-/// and why: containerd before 2.4.0 carries containerd/containerd#13733 (its NRI ≤ v0.12.0
-/// holds the adaptation lock across the update callback; containerd/nri#301, NRI v0.12.1, first
-/// in containerd 2.4.0 — containerd/containerd#13812 on main, the v2.4.0 release notes list
-/// NRI commits after it; no backport to 1.7 or 2.0–2.3 is known). Other runtimes (CRI-O) are not
-/// known to have it. A containerd version that does not parse is taken as affected.
+/// and why. An allow-list: only a runtime known to be fixed is safe.
+/// - containerd — runtime name `containerd`, or `v2` as containerd 2.0.0 and its first
+///   patches report it (containerd/containerd#11485, `path.Base` of the module path), or any
+///   name containing "containerd": safe from 2.4.0 on (2.4.0 release candidates included).
+///   Earlier ones carry containerd/containerd#13733 (their NRI ≤ v0.12.0 holds the
+///   adaptation lock across the update callback; fixed by containerd/nri#301, NRI v0.12.1,
+///   which containerd uses with `WithAdaptLock` first in 2.4.0 — containerd/containerd#13812
+///   on main; no backport to 1.7 or 2.0–2.3 is known). A version that does not parse is
+///   affected.
+/// - CRI-O and every other runtime: not safe. CRI-O embeds the same NRI adaptation library,
+///   and its own fix of NRI lock-inversion deadlocks (cri-o/cri-o#9835) is not merged, so no
+///   CRI-O version is known to be fixed.
 pub fn runtime_updates_safe(name: &str, version: &str) -> (bool, String) {
-    if !name.to_ascii_lowercase().contains("containerd") {
+    let lower = name.trim().to_ascii_lowercase();
+    if !(lower.contains("containerd") || lower == "v2") {
         return (
-            true,
-            format!("{name} {version}: not known to deadlock on plugin updates"),
+            false,
+            format!("{name:?} {version:?}: not a runtime known to be fixed for plugin updates (containerd/containerd#13733 and its kind; CRI-O: cri-o/cri-o#9835 open)"),
         );
     }
     let v = version.trim().trim_start_matches('v');
-    let mut parts = v.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
-    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
-    match (major, minor) {
-        (Some(ma), Some(mi)) if (ma, mi) >= (2, 4) => (
+    let (core, pre) = match v.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&v[..i], &v[i..]),
+        None => (v, ""),
+    };
+    let nums: Vec<Option<u32>> = core.split('.').map(|p| p.parse().ok()).collect();
+    let (ma, mi, pa) = match nums.as_slice() {
+        [Some(ma), Some(mi), rest @ ..] => (*ma, *mi, rest.first().copied().flatten().unwrap_or(0)),
+        _ => {
+            return (
+                false,
+                format!("containerd version {version:?} not understood; taken as affected by containerd/containerd#13733"),
+            )
+        }
+    };
+    // a pre-release of 2.4.0 other than a release candidate may predate containerd#13812
+    let early_pre = (ma, mi, pa) == (2, 4, 0) && pre.starts_with('-') && !pre.starts_with("-rc");
+    if (ma, mi) >= (2, 4) && !early_pre {
+        (
             true,
             format!("containerd {version} has containerd/nri#301 (fixed in 2.4.0)"),
-        ),
-        (Some(_), Some(_)) => (
+        )
+    } else {
+        (
             false,
             format!("containerd {version} can deadlock on a plugin's UpdateContainers (containerd/containerd#13733, fixed in 2.4.0)"),
-        ),
-        _ => (
-            false,
-            format!("containerd version {version:?} not understood; taken as affected by containerd/containerd#13733"),
-        ),
+        )
     }
 }
 
@@ -544,8 +563,17 @@ mod tests {
             ("containerd", "3.0.0", true),
             ("containerd", "", false),
             ("containerd", "unknown", false),
-            ("cri-o", "1.30.2", true),
-            ("CRI-O", "", true),
+            ("containerd", "2.4.0-beta.1", false),
+            // containerd 2.0.x reports its name as "v2" (containerd#11485)
+            ("v2", "v2.0.3", false),
+            ("v2", "2.0.0", false),
+            ("v2", "v2.4.0", true),
+            ("v2", "garbage", false),
+            // CRI-O: no version known to be fixed (cri-o#9835 open); others unknown: off
+            ("cri-o", "1.30.2", false),
+            ("CRI-O", "", false),
+            ("", "", false),
+            ("someruntime", "2.4.0", false),
         ] {
             let (ok, why) = runtime_updates_safe(name, v);
             assert_eq!(ok, safe, "{name} {v}: {why}");
