@@ -31,7 +31,9 @@
 //! for what was in flight when the connection went.
 //!
 //! Not connected, or a cgroup that is not one of the runtime's containers: written to cgroupfs
-//! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`.
+//! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`. A runtime
+//! container written while disconnected is still recorded and queued, so the reconnect tells
+//! the runtime what cgroupfs has (never a value from before the disconnect).
 
 use std::{
     collections::BTreeMap,
@@ -230,7 +232,10 @@ impl Runtime {
     }
 
     /// `cgroup` was written new cpus and/or mems (cgroupfs already has them): recorded and
-    /// queued for the runtime, never waited for. `Err` when the runtime cannot be told.
+    /// queued for the runtime, never waited for. Recorded and queued whenever `cgroup` is a
+    /// tracked runtime container, connected or not, so what a reconnect sends (Synchronize's
+    /// answer, the next batch) is what cgroupfs was last given, never a value from before the
+    /// disconnect. `Err` (for the log and metric) when the runtime cannot be told now.
     pub fn submit(
         &self,
         cgroup: &str,
@@ -238,21 +243,24 @@ impl Runtime {
         mems: Option<&CpuSet>,
     ) -> Result<(), Direct> {
         let mut s = self.lock();
+        let tracked = s.ids.contains_key(cgroup);
+        if tracked {
+            let g = s.given.entry(cgroup.to_string()).or_default();
+            if let Some(c) = cpus {
+                g.cpus = Some(c.clone());
+            }
+            if let Some(m) = mems {
+                g.mems = Some(m.clone());
+            }
+            if !s.queued.iter().any(|c| c == cgroup) {
+                s.queued.push(cgroup.to_string());
+            }
+        }
         if !s.connected {
             return Err(Direct::NotConnected);
         }
-        if !s.ids.contains_key(cgroup) {
+        if !tracked {
             return Err(Direct::NotRuntimeContainer);
-        }
-        let g = s.given.entry(cgroup.to_string()).or_default();
-        if let Some(c) = cpus {
-            g.cpus = Some(c.clone());
-        }
-        if let Some(m) = mems {
-            g.mems = Some(m.clone());
-        }
-        if !s.queued.iter().any(|c| c == cgroup) {
-            s.queued.push(cgroup.to_string());
         }
         Ok(())
     }
@@ -689,6 +697,45 @@ mod tests {
         assert!(!metrics
             .render()
             .contains("rebalancer_nri_direct_writes_total{"));
+    }
+
+    /// REVIEW4 R1: a write made while the plugin is disconnected is what a reconnect sends —
+    /// never the value queued before the disconnect (which the runtime would apply over the
+    /// newer cgroupfs write, onto CPUs the books may have given away).
+    #[test]
+    fn a_write_while_disconnected_is_what_the_reconnect_sends() {
+        let kernel = Arc::new(Mutex::new(FakeCgroups::v1().with("x", "0-7", "0")));
+        let direct = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Metrics::default();
+        let rt = Runtime::new(metrics.clone());
+        rt.set_connected(true);
+        rt.track("x", "idx");
+        // updates off: x stays queued with 0-1
+        rt.submit("x", Some(&set("0-1")), None).unwrap();
+        rt.set_connected(false);
+        let mut w = RuntimeMoveWriter {
+            real: Shared(kernel.clone(), direct),
+            runtime: &rt,
+        };
+        w.write_cpus("x", &set("2-3")).unwrap();
+        assert_eq!(kernel.lock().unwrap().cpus("x"), Some(&set("2-3")));
+        assert!(metrics
+            .render()
+            .contains("rebalancer_nri_direct_writes_total{reason=\"not-connected\"} 1"));
+        assert_eq!(rt.given("x").unwrap().cpus, Some(set("2-3")));
+        rt.set_connected(true);
+        rt.retrack([("x".to_string(), "idx".to_string())].into());
+        let hook = rt.take_for_hook();
+        assert_eq!(hook.len(), 1);
+        assert_eq!(hook[0].container_id, "idx");
+        let cpu = hook[0].linux.as_ref().unwrap().resources.as_ref().unwrap();
+        assert_eq!(cpu.cpu.as_ref().unwrap().cpus, "2-3");
+        // a cgroup the runtime does not know is still only written, not queued
+        assert_eq!(
+            rt.submit("y", Some(&set("4")), None),
+            Err(Direct::NotRuntimeContainer)
+        );
+        assert!(rt.take_for_hook().is_empty());
     }
 
     #[test]
