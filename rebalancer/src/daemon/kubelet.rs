@@ -39,8 +39,8 @@ use crate::placement::admission::{AdmittedContainer, AdmittedPod, ContainerPlace
 use crate::placement::memory::{MemoryRequest, MemoryResource};
 use crate::placement::NodeMask;
 
-/// Allocator key prefix of an adopted kubelet pod.
-pub const KEY_PREFIX: &str = "kubelet:";
+/// Allocator key prefix of an adopted kubelet pod (reserved: `Pod::validate` refuses it).
+pub const KEY_PREFIX: &str = crate::placement::pod::RESERVED_UID_PREFIX;
 pub const CPU_FILE: &str = "cpu_manager_state";
 pub const MEMORY_FILE: &str = "memory_manager_state";
 
