@@ -6,7 +6,11 @@
 //! container of such a pod (kubelet pins it; `pinned` in its constraints), admission leaves
 //! its containers as kubelet made them, and CPU hotplug replacement leaves them to kubelet.
 //!
-//! Read at start and on every reload, in every admission mode: read and parsed with no lock
+//! Read at start, on every reload, and again whenever the files' stamps (inode, mtime, size)
+//! change — checked at every NRI CreateContainer hook (kubelet writes its file at admission,
+//! before CreateContainer) and every control round (`Admission::refresh_kubelet`, which also
+//! sets the shared containers to their pools after an install that changed the exclusive
+//! CPUs) — in every admission mode: read and parsed with no lock
 //! held ([`read_files`]: regular files only — no symlink, FIFO or device —, at most
 //! [`MAX_FILE_BYTES`]), then installed under `order` and the state lock ([`install_files`]).
 //! A missing file, or one whose policy is not `static`, adopts nothing. Any error of a file —
@@ -523,6 +527,39 @@ pub struct Status {
     cpu_part: Assignments,
     #[serde(skip)]
     memory_part: Assignments,
+    /// The files' [`stamp`] when last read (None: never read).
+    #[serde(skip)]
+    stamp: Option<Stamp>,
+    /// An install changed the exclusive CPUs and the shared containers are not yet set to
+    /// their pools (`Admission::refresh_kubelet` does it, under `order`).
+    #[serde(skip)]
+    pub(crate) shrink_pending: bool,
+}
+
+/// What a file looked like (device, inode, mtime, size; None: absent or not statable).
+type FileStamp = Option<(u64, u64, i64, i64, u64)>;
+
+/// The two files' stamps: a change of either means they are read again.
+pub type Stamp = [FileStamp; 2];
+
+/// The stamps of the state files in `dir` (a cheap `lstat` each; no lock).
+pub fn stamp(dir: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt as _;
+    if dir.as_os_str().is_empty() {
+        return [None, None];
+    }
+    let one = |name: &str| {
+        std::fs::symlink_metadata(dir.join(name))
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+    };
+    [one(CPU_FILE), one(MEMORY_FILE)]
+}
+
+/// Whether the files in `dir` look different from when `s` last read them (`dir` itself
+/// changed counts too): to be read again.
+pub fn changed(s: &Status, dir: &Path, now: &Stamp) -> bool {
+    s.state_dir != dir || s.stamp.as_ref() != Some(now)
 }
 
 /// The two state files as read (I/O only, no lock: [`read_files`]), to be installed under the
@@ -530,21 +567,26 @@ pub struct Status {
 #[derive(Debug)]
 pub struct Files {
     dir: PathBuf,
+    stamp: Stamp,
     cpu: Result<Option<CpuCheckpoint>, KubeletStateError>,
     memory: Result<Option<MemoryCheckpoint>, KubeletStateError>,
 }
 
 /// Reads and parses the state files in `dir` (none when `dir` is empty). Takes no lock.
 pub fn read_files(dir: &Path) -> Files {
+    // stamped before reading: a change while reading is seen by the next check
+    let stamp = stamp(dir);
     if dir.as_os_str().is_empty() {
         return Files {
             dir: dir.into(),
+            stamp,
             cpu: Ok(None),
             memory: Ok(None),
         };
     }
     Files {
         dir: dir.into(),
+        stamp,
         cpu: read_cpu(&dir.join(CPU_FILE)),
         memory: read_memory(&dir.join(MEMORY_FILE)),
     }
@@ -637,6 +679,7 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
         memory_policy,
         cpu_part,
         memory_part,
+        stamp: Some(files.stamp),
         ..Default::default()
     };
     for e in &errors {
@@ -649,7 +692,9 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
             .inc();
     }
     status.errors = errors.iter().map(|e| e.to_string()).collect();
+    let before = s.state.allocator.exclusive_cpus();
     let refused = install(s, &assigned, &mut status.adopted);
+    status.shrink_pending = old.shrink_pending || s.state.allocator.exclusive_cpus() != before;
     for r in &refused {
         tracing::error!(error = %r, "kubelet assignment not adopted");
     }

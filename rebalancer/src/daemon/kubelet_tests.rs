@@ -390,3 +390,84 @@ fn only_a_regular_file_of_bounded_size_is_read() {
     adopt(&mut s, &Metrics::default());
     assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
 }
+
+/// A cpuset writer over the fake kernel (as `books_tests`).
+struct FakeCpuset(std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups>>);
+
+impl crate::daemon::writer::CpusetWriter for FakeCpuset {
+    fn write(
+        &self,
+        c: &crate::daemon::writer::CpusetChange,
+    ) -> Result<(), crate::daemon::writer::WriteError> {
+        use crate::controller::CgroupWriter as _;
+        self.0
+            .lock()
+            .unwrap()
+            .write_cpus(&c.cgroup, &c.cpus)
+            .map_err(|e| crate::daemon::writer::WriteError::Failed {
+                cgroup: c.cgroup.clone(),
+                message: e.to_string(),
+            })
+    }
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        use crate::controller::CgroupWriter as _;
+        self.0.lock().unwrap().read_cpus(cgroup).ok()
+    }
+}
+
+/// REVIEW4 R2 (part): kubelet's files are read again when they change (a `stat` at each
+/// CreateContainer hook and control round, `Admission::refresh_kubelet`), not only at start
+/// and SIGHUP; a newly adopted kubelet CPU leaves our shared containers at once, and a pod
+/// gone from the file gives its CPUs back.
+#[test]
+fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
+    use crate::daemon::admission::{Admission, AdmitRequest, Durability};
+    let dir = tempfile::tempdir().unwrap();
+    let d = crate::daemon::Daemon::new(shared(dir.path()), Metrics::default());
+    let fake = std::sync::Arc::new(std::sync::Mutex::new(crate::controller::FakeCgroups::v2()));
+    let cg = "kubepods/besteffort/pods/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let adm = Admission::new(d.clone(), std::sync::Arc::new(FakeCpuset(fake.clone())));
+    let p = crate::daemon::admission::tests::pod("s", 0, 0, false);
+    adm.admit(AdmitRequest {
+        pod: &p,
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: std::time::Instant::now(),
+    })
+    .unwrap();
+    let cpus = |f: &std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups>>| {
+        f.lock().unwrap().cpus(cg).cloned().unwrap()
+    };
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    // no file yet: nothing changes
+    assert!(!adm.refresh_kubelet());
+    // kubelet admits a static pod: CPU 3 is its
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0-2,4-7", &[(POD, "app", "3")]),
+    )
+    .unwrap();
+    assert!(adm.refresh_kubelet());
+    assert!(owns_pod(&d.lock(), POD));
+    assert_eq!(cpus(&fake), CpuSet::parse("0-2,4-7").unwrap());
+    // unchanged: not read again
+    assert!(!adm.refresh_kubelet());
+    // the pod gone from the file: its CPU back to the pool
+    std::fs::write(dir.path().join(CPU_FILE), cpu_static("0-7", &[])).unwrap();
+    assert!(adm.refresh_kubelet());
+    assert!(!owns_pod(&d.lock(), POD));
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    // an install elsewhere (start, SIGHUP: files read and installed there) leaves the shrink
+    // pending for the next refresh, though the files are unchanged by then
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0-4,6-7", &[(POD, "app", "5")]),
+    )
+    .unwrap();
+    adopt(&mut d.lock(), &Metrics::default());
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    assert!(adm.refresh_kubelet());
+    assert_eq!(cpus(&fake), CpuSet::parse("0-4,6-7").unwrap());
+    assert!(!adm.refresh_kubelet());
+}

@@ -790,8 +790,19 @@ impl Handler for Policy {
                 return Err(format!("rebalancer: {e}"));
             }
         };
+        // kubelet writes its state file at admission, before CreateContainer: a changed file
+        // is read again first (REVIEW4 R2), and the shared containers it shrank ride this answer
+        let refreshed = self.admission.refresh_kubelet();
         if self.kubelet_owned(&r) {
-            return Ok(Default::default());
+            let update = if refreshed {
+                self.drain(None).1
+            } else {
+                Vec::new()
+            };
+            return Ok(api::CreateContainerResponse {
+                update,
+                ..Default::default()
+            });
         }
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
