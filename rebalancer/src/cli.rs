@@ -26,8 +26,8 @@ pub enum Command {
     /// `[kubernetes] kubelet_state_dir` (default /var/lib/kubelet) are adopted at start and on
     /// SIGHUP: those CPUs and that memory are kubelet's, its pods are never admitted or moved.
     /// `[kubernetes] nri_runtime_updates` ("auto" | true | false) says whether the daemon's own
-    /// changes are also sent to the runtime as NRI updates ("auto": not to containerd < 2.4.0,
-    /// containerd#13733). See the embedded default config (config/rebalancer.toml).
+    /// changes are also sent to the runtime as NRI updates ("auto": only to containerd >= 2.4.0;
+    /// earlier containerd deadlock, containerd#13733; CRI-O and unknown runtimes: off). See the embedded default config (config/rebalancer.toml).
     Run(cmd::run::RunArgs),
     /// Print the machine's NUMA topology (nodes, CPUs, caches, distances, PCI devices).
     Topology(cmd::topology::TopologyArgs),

@@ -75,8 +75,11 @@ pub struct KubernetesConfig {
     /// NRI mode: send the changes made outside the runtime's hooks (control-round moves,
     /// CPU-hotplug replacement, API admissions' shrink) to the runtime as unsolicited
     /// UpdateContainers (they are written to cgroupfs first either way). `auto` (default): on
-    /// unless the runtime that answered Configure is a version known to deadlock on them
-    /// (containerd/containerd#13733: containerd before 2.4.0; see
+    /// only for a runtime known to be fixed — containerd ≥ 2.4.0 (earlier ones deadlock:
+    /// containerd/containerd#13733; containerd 2.0.x, which names itself "v2", included) —
+    /// and off for everything else: CRI-O (its NRI deadlock fix cri-o/cri-o#9835 is not
+    /// merged, so no version is known to be fixed; set `true` to force them), an unknown
+    /// runtime, or a version that does not parse (see
     /// `daemon::nri_updates::runtime_updates_safe`).
     pub nri_runtime_updates: RuntimeUpdates,
     /// kubelet's root directory: its `cpu_manager_state` / `memory_manager_state` under a

@@ -744,6 +744,48 @@ impl Admission {
         r
     }
 
+    /// kubelet's state files again when they changed since last read (a cheap `stat`; read
+    /// and parsed with no lock held, installed under `order` and the state lock), and, when an
+    /// install (this one, the start's or a reload's) changed the exclusive CPUs, the shared
+    /// containers set to their pools. Called at every CreateContainer hook and control round.
+    /// Whether shared containers were set to their pools.
+    pub fn refresh_kubelet(&self) -> bool {
+        let (dir, pending) = {
+            let s = self.daemon.lock();
+            (
+                s.cfg.kubernetes.kubelet_state_dir.clone(),
+                s.kubelet.shrink_pending,
+            )
+        };
+        let now = super::kubelet::stamp(&dir);
+        let changed = super::kubelet::changed(&self.daemon.lock().kubelet, &dir, &now);
+        if !changed && !pending {
+            return false;
+        }
+        let files = changed.then(|| super::kubelet::read_files(&dir));
+        let _order = self.order();
+        let (shrink, dry_run) = {
+            let mut s = self.daemon.lock();
+            if let Some(files) = files {
+                // unless a reload changed the directory meanwhile (and read it)
+                if s.cfg.kubernetes.kubelet_state_dir == dir {
+                    super::kubelet::install_files(&mut s, files, &self.daemon.metrics);
+                }
+            }
+            (
+                std::mem::take(&mut s.kubelet.shrink_pending),
+                s.cfg.daemon.dry_run,
+            )
+        };
+        if shrink {
+            tracing::info!(
+                "kubelet's exclusive CPUs changed: shared containers set to their pools"
+            );
+            self.shrink_locked_order(dry_run);
+        }
+        shrink
+    }
+
     /// The shared pool follows the books (see [`shared_changes`]), through the writer. Call
     /// with `order` held.
     fn shrink_locked_order(&self, dry_run: bool) -> Vec<CpusetChange> {

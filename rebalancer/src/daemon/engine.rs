@@ -578,6 +578,7 @@ impl Engine {
         let t0 = Instant::now();
         tracing::debug!("round start");
         self.refresh_topology(adm);
+        adm.refresh_kubelet();
         let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
             (

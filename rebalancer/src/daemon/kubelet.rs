@@ -6,11 +6,22 @@
 //! container of such a pod (kubelet pins it; `pinned` in its constraints), admission leaves
 //! its containers as kubelet made them, and CPU hotplug replacement leaves them to kubelet.
 //!
-//! Read at start and on every reload, in every admission mode. A missing file adopts nothing;
-//! a file that does not parse or whose checksum does not match is an error (logged, counted in
-//! `rebalancer_kubelet_state_errors_total{reason}`, shown in `status`) that adopts nothing
-//! from that file and changes nothing else. An entry that names CPUs already exclusive to
-//! another placement, or offline, is refused alone (logged).
+//! Read at start, on every reload, and again whenever the files' stamps (inode, mtime, size)
+//! change — checked at every NRI CreateContainer hook (kubelet writes its file at admission,
+//! before CreateContainer) and every control round (`Admission::refresh_kubelet`, which also
+//! sets the shared containers to their pools after an install that changed the exclusive
+//! CPUs) — in every admission mode: read and parsed with no lock
+//! held ([`read_files`]: regular files only — no symlink, FIFO or device —, at most
+//! [`MAX_FILE_BYTES`]), then installed under `order` and the state lock ([`install_files`]).
+//! A missing file, or one whose policy is not `static`, adopts nothing. Any error of a file —
+//! unreadable, not a regular file, too large, not JSON, a format this does not support (a
+//! newer kubelet's `podEntries` / `data` / `dataChecksum`), a checksum mismatch, an invalid
+//! entry — is logged, counted in `rebalancer_kubelet_state_errors_total{reason}` and shown in
+//! `status`, and keeps that file's previous adoption (kubelet's containers still run where
+//! kubelet put them): an adoption is dropped only by a valid file. A file with checksum 0
+//! (which kubelet accepts, from its old file backend) is unverified: it adds to the previous
+//! adoption, never removes from it. An entry that names CPUs already exclusive to another
+//! placement, or offline, is refused alone (logged).
 //!
 //! The formats are kubelet's `CPUManagerCheckpointV2` (`policyName`, `defaultCpuSet`,
 //! `entries`: pod uid → container name → cpuset, `checksum`) and `MemoryManagerCheckpoint`
@@ -32,8 +43,8 @@ use crate::placement::admission::{AdmittedContainer, AdmittedPod, ContainerPlace
 use crate::placement::memory::{MemoryRequest, MemoryResource};
 use crate::placement::NodeMask;
 
-/// Allocator key prefix of an adopted kubelet pod.
-pub const KEY_PREFIX: &str = "kubelet:";
+/// Allocator key prefix of an adopted kubelet pod (reserved: `Pod::validate` refuses it).
+pub const KEY_PREFIX: &str = crate::placement::pod::RESERVED_UID_PREFIX;
 pub const CPU_FILE: &str = "cpu_manager_state";
 pub const MEMORY_FILE: &str = "memory_manager_state";
 
@@ -56,6 +67,14 @@ pub enum KubeletStateError {
         stored: u64,
         computed: u64,
     },
+    #[error("{path}: checksum 0: unverified, so its assignments were added to the previous adoption and nothing of that was dropped")]
+    Unverified { path: PathBuf },
+    #[error("{path}: kubelet checkpoint format not supported (fields {fields:?}: a newer kubelet, e.g. pod-level resource managers)")]
+    Unsupported { path: PathBuf, fields: Vec<String> },
+    #[error("{path}: is {kind}, not a regular file: not read")]
+    NotRegular { path: PathBuf, kind: String },
+    #[error("{path}: larger than {limit} bytes: not read")]
+    TooLarge { path: PathBuf, limit: u64 },
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },
 }
@@ -67,6 +86,10 @@ impl KubeletStateError {
             KubeletStateError::Json { .. } => "parse",
             KubeletStateError::Checksum { .. } => "checksum",
             KubeletStateError::Invalid { .. } => "invalid",
+            KubeletStateError::Unverified { .. } => "unverified",
+            KubeletStateError::Unsupported { .. } => "unsupported",
+            KubeletStateError::NotRegular { .. } => "kind",
+            KubeletStateError::TooLarge { .. } => "size",
         }
     }
 }
@@ -268,20 +291,74 @@ pub fn spew_memory(c: &MemoryCheckpoint) -> Result<String, String> {
     Ok(s)
 }
 
+/// The largest state file read (kubelet's are kilobytes; a bigger one is refused, not read).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// The text of `path`: `Ok(None)` when it does not exist. Only a regular file is read — the
+/// last component is opened without following a symlink, non-blocking (a FIFO never blocks the
+/// reader), and the opened file's own metadata must say "regular" — and at most
+/// [`MAX_FILE_BYTES`].
 fn read(path: &Path) -> Result<Option<String>, KubeletStateError> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(KubeletStateError::Read {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let err = |source| KubeletStateError::Read {
+        path: path.into(),
+        source,
+    };
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(KubeletStateError::NotRegular {
+                path: path.into(),
+                kind: "a symlink".into(),
+            })
+        }
+        Err(e) => return Err(err(e)),
+    };
+    let meta = f.metadata().map_err(err)?;
+    if !meta.file_type().is_file() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let t = meta.file_type();
+        let kind = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(KubeletStateError::NotRegular {
             path: path.into(),
-            source,
-        }),
+            kind: kind.into(),
+        });
     }
+    let mut buf = Vec::new();
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(err)?;
+    if buf.len() as u64 > MAX_FILE_BYTES {
+        return Err(KubeletStateError::TooLarge {
+            path: path.into(),
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    String::from_utf8(buf)
+        .map(Some)
+        .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 fn verify(path: &Path, stored: u64, rendered: &str) -> Result<(), KubeletStateError> {
     let computed = u64::from(fnv1a32(rendered));
-    // kubelet accepts a zero checksum (files of its old file backend)
+    // kubelet accepts a zero checksum (files of its old file backend); so does this, but such
+    // a file is unverified: [`install_files`] lets it add to the adoption, never drop from it
     if stored != 0 && stored != computed {
         return Err(KubeletStateError::Checksum {
             path: path.into(),
@@ -292,16 +369,48 @@ fn verify(path: &Path, stored: u64, rendered: &str) -> Result<(), KubeletStateEr
     Ok(())
 }
 
+/// `text` as the checkpoint `T`, whose top-level fields are `known`: any other field (a newer
+/// kubelet's `podEntries`, `data`, `dataChecksum`) is a format this does not support.
+fn parse<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    known: &[&str],
+) -> Result<T, KubeletStateError> {
+    let json = |source| KubeletStateError::Json {
+        path: path.into(),
+        source,
+    };
+    let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text).map_err(json)?;
+    let unknown: Vec<String> = v
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(KubeletStateError::Unsupported {
+            path: path.into(),
+            fields: unknown,
+        });
+    }
+    serde_json::from_value(serde_json::Value::Object(v)).map_err(json)
+}
+
 /// The CPU Manager's state file: `Ok(None)` when there is none.
 pub fn read_cpu(path: &Path) -> Result<Option<CpuCheckpoint>, KubeletStateError> {
     let Some(text) = read(path)? else {
         return Ok(None);
     };
-    let c: CpuCheckpoint =
-        serde_json::from_str(&text).map_err(|source| KubeletStateError::Json {
-            path: path.into(),
-            source,
-        })?;
+    let c: CpuCheckpoint = parse(
+        path,
+        &text,
+        &[
+            "policyName",
+            "defaultCpuSet",
+            "defaultCPUSet",
+            "entries",
+            "checksum",
+        ],
+    )?;
     verify(path, c.checksum, &spew_cpu(&c))?;
     Ok(Some(c))
 }
@@ -311,11 +420,11 @@ pub fn read_memory(path: &Path) -> Result<Option<MemoryCheckpoint>, KubeletState
     let Some(text) = read(path)? else {
         return Ok(None);
     };
-    let c: MemoryCheckpoint =
-        serde_json::from_str(&text).map_err(|source| KubeletStateError::Json {
-            path: path.into(),
-            source,
-        })?;
+    let c: MemoryCheckpoint = parse(
+        path,
+        &text,
+        &["policyName", "machineState", "entries", "checksum"],
+    )?;
     let rendered = spew_memory(&c).map_err(|what| KubeletStateError::Invalid {
         path: path.into(),
         what,
@@ -354,6 +463,9 @@ pub fn assignments(
                         "cpuset {set:?} of container {name} of pod {pod}: {e}"
                     ))
                 })?;
+                if cpus.is_empty() {
+                    continue; // no CPUs of its own: nothing to adopt
+                }
                 out.entry(pod.clone())
                     .or_default()
                     .entry(name.clone())
@@ -410,60 +522,168 @@ pub struct Status {
     pub adopted: Vec<String>,
     /// The errors of the last read (files not adopted, entries refused).
     pub errors: Vec<String>,
+    /// Each file's part of the adoption, kept when a later read of that file fails.
+    #[serde(skip)]
+    cpu_part: Assignments,
+    #[serde(skip)]
+    memory_part: Assignments,
+    /// The files' [`stamp`] when last read (None: never read).
+    #[serde(skip)]
+    stamp: Option<Stamp>,
+    /// An install changed the exclusive CPUs and the shared containers are not yet set to
+    /// their pools (`Admission::refresh_kubelet` does it, under `order`).
+    #[serde(skip)]
+    pub(crate) shrink_pending: bool,
 }
 
-/// Reads the state files in `dir` (nothing when empty) and adopts their assignments into `s`
-/// in place of the previous adoption. Call under `Daemon::order`.
-pub fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
-    let dir = s.cfg.kubernetes.kubelet_state_dir.clone();
-    let mut status = Status {
-        state_dir: dir.clone(),
-        ..Default::default()
+/// What a file looked like (device, inode, mtime, size; None: absent or not statable).
+type FileStamp = Option<(u64, u64, i64, i64, u64)>;
+
+/// The two files' stamps: a change of either means they are read again.
+pub type Stamp = [FileStamp; 2];
+
+/// The stamps of the state files in `dir` (a cheap `lstat` each; no lock).
+pub fn stamp(dir: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt as _;
+    if dir.as_os_str().is_empty() {
+        return [None, None];
+    }
+    let one = |name: &str| {
+        std::fs::symlink_metadata(dir.join(name))
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
     };
-    let mut errors: Vec<KubeletStateError> = Vec::new();
-    let mut assigned = Assignments::new();
-    if !dir.as_os_str().is_empty() {
-        let cpu_path = dir.join(CPU_FILE);
-        let mem_path = dir.join(MEMORY_FILE);
-        let cpu = read_cpu(&cpu_path)
-            .map_err(|e| errors.push(e))
-            .ok()
-            .flatten();
-        let mem = read_memory(&mem_path)
-            .map_err(|e| errors.push(e))
-            .ok()
-            .flatten();
-        status.cpu_policy = cpu
-            .as_ref()
-            .map(|c| c.policy_name.clone())
-            .unwrap_or_default();
-        status.memory_policy = mem
-            .as_ref()
-            .map(|m| m.policy_name.clone())
-            .unwrap_or_default();
-        // each file alone: a bad one adopts nothing of its own
-        match assignments(cpu.as_ref(), None, &cpu_path) {
-            Ok(a) => assigned = a,
-            Err(e) => errors.push(e),
+    [one(CPU_FILE), one(MEMORY_FILE)]
+}
+
+/// Whether the files in `dir` look different from when `s` last read them (`dir` itself
+/// changed counts too): to be read again.
+pub fn changed(s: &Status, dir: &Path, now: &Stamp) -> bool {
+    s.state_dir != dir || s.stamp.as_ref() != Some(now)
+}
+
+/// The two state files as read (I/O only, no lock: [`read_files`]), to be installed under the
+/// locks by [`install_files`].
+#[derive(Debug)]
+pub struct Files {
+    dir: PathBuf,
+    stamp: Stamp,
+    cpu: Result<Option<CpuCheckpoint>, KubeletStateError>,
+    memory: Result<Option<MemoryCheckpoint>, KubeletStateError>,
+}
+
+/// Reads and parses the state files in `dir` (none when `dir` is empty). Takes no lock.
+pub fn read_files(dir: &Path) -> Files {
+    // stamped before reading: a change while reading is seen by the next check
+    let stamp = stamp(dir);
+    if dir.as_os_str().is_empty() {
+        return Files {
+            dir: dir.into(),
+            stamp,
+            cpu: Ok(None),
+            memory: Ok(None),
+        };
+    }
+    Files {
+        dir: dir.into(),
+        stamp,
+        cpu: read_cpu(&dir.join(CPU_FILE)),
+        memory: read_memory(&dir.join(MEMORY_FILE)),
+    }
+}
+
+/// A parsed file: its policy, its stored checksum and its assignments (or why they are invalid).
+type FileRead = (String, u64, Result<Assignments, KubeletStateError>);
+
+/// One file's part of the adoption. A valid file's assignments replace the previous ones
+/// (none when the file is gone or its policy is not `static`). On any error — unreadable, not
+/// a regular file, too large, not JSON, an unsupported format, a checksum mismatch, an invalid
+/// entry — the previous part is kept: kubelet's containers still run where kubelet put them,
+/// whatever the file now says (kubelet itself refuses to start on such a file). An unverified
+/// file (checksum 0) only adds containers to the previous part.
+fn settle(
+    prev: &Assignments,
+    prev_policy: &str,
+    read: Result<Option<FileRead>, KubeletStateError>,
+    path: &Path,
+    errors: &mut Vec<KubeletStateError>,
+) -> (Assignments, String) {
+    match read {
+        Err(e) => {
+            errors.push(e);
+            (prev.clone(), prev_policy.into())
         }
-        match assignments(None, mem.as_ref(), &mem_path) {
-            Ok(a) => {
-                for (pod, ctrs) in a {
-                    for (name, asg) in ctrs {
-                        assigned
-                            .entry(pod.clone())
-                            .or_default()
-                            .entry(name)
-                            .or_default()
-                            .memory = asg.memory;
-                    }
+        Ok(None) => (Assignments::new(), String::new()),
+        Ok(Some((policy, _, Err(e)))) => {
+            errors.push(e);
+            (prev.clone(), policy)
+        }
+        Ok(Some((policy, 0, Ok(a)))) => {
+            errors.push(KubeletStateError::Unverified { path: path.into() });
+            let mut out = prev.clone();
+            for (pod, ctrs) in a {
+                let have = out.entry(pod).or_default();
+                for (name, asg) in ctrs {
+                    have.entry(name).or_insert(asg);
                 }
             }
-            Err(e) => errors.push(e),
+            (out, policy)
+        }
+        Ok(Some((policy, _, Ok(a)))) => (a, policy),
+    }
+}
+
+/// Installs `files` (from [`read_files`]) into `s` in place of the previous adoption, file by
+/// file as [`settle`] says. Call under `Daemon::order` and the state lock; does no I/O.
+pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve::Metrics) {
+    let dir = files.dir;
+    let mut errors: Vec<KubeletStateError> = Vec::new();
+    let cpu_path = dir.join(CPU_FILE);
+    let mem_path = dir.join(MEMORY_FILE);
+    let cpu = files.cpu.map(|c| {
+        c.map(|c| {
+            let a = assignments(Some(&c), None, &cpu_path);
+            (c.policy_name, c.checksum, a)
+        })
+    });
+    let mem = files.memory.map(|m| {
+        m.map(|m| {
+            let a = assignments(None, Some(&m), &mem_path);
+            (m.policy_name, m.checksum, a)
+        })
+    });
+    let old = std::mem::take(&mut s.kubelet);
+    let (cpu_part, cpu_policy) =
+        settle(&old.cpu_part, &old.cpu_policy, cpu, &cpu_path, &mut errors);
+    let (memory_part, memory_policy) = settle(
+        &old.memory_part,
+        &old.memory_policy,
+        mem,
+        &mem_path,
+        &mut errors,
+    );
+    let mut assigned = cpu_part.clone();
+    for (pod, ctrs) in &memory_part {
+        for (name, asg) in ctrs {
+            assigned
+                .entry(pod.clone())
+                .or_default()
+                .entry(name.clone())
+                .or_default()
+                .memory = asg.memory.clone();
         }
     }
+    let mut status = Status {
+        state_dir: dir,
+        cpu_policy,
+        memory_policy,
+        cpu_part,
+        memory_part,
+        stamp: Some(files.stamp),
+        ..Default::default()
+    };
     for e in &errors {
-        tracing::error!(error = %e, "kubelet state file not adopted");
+        tracing::error!(error = %e, "kubelet state file not adopted as it is; that file's previous adoption kept");
         metrics
             .kubelet_state_errors
             .get_or_create(&crate::serve::metrics::ReasonLabel {
@@ -472,7 +692,9 @@ pub fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
             .inc();
     }
     status.errors = errors.iter().map(|e| e.to_string()).collect();
+    let before = s.state.allocator.exclusive_cpus();
     let refused = install(s, &assigned, &mut status.adopted);
+    status.shrink_pending = old.shrink_pending || s.state.allocator.exclusive_cpus() != before;
     for r in &refused {
         tracing::error!(error = %r, "kubelet assignment not adopted");
     }
@@ -482,6 +704,13 @@ pub fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
     }
     metrics.kubelet_adopted.set(status.adopted.len() as i64);
     s.kubelet = status;
+}
+
+/// [`read_files`] then [`install_files`] on a `Shared` that is behind no lock (tests).
+#[cfg(test)]
+pub(crate) fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
+    let files = read_files(&s.cfg.kubernetes.kubelet_state_dir.clone());
+    install_files(s, files, metrics);
 }
 
 /// Replaces the adopted pods of `s`'s allocator by `assigned`; the refusals' reasons.
@@ -501,13 +730,13 @@ fn install(
         alloc.release(&k);
     }
     let online = s.topo.online_cpus();
+    let mut taken = alloc.exclusive_cpus();
     let mut refused = Vec::new();
     for (pod, ctrs) in assigned {
         let mut containers = Vec::new();
         let mut cpu_millis = 0;
         let mut pod_req = MemoryRequest::new();
         for (name, a) in ctrs {
-            let taken = alloc.exclusive_cpus();
             if !a.cpus.is_subset(&online) || !a.cpus.is_disjoint(&taken) {
                 refused.push(format!(
                     "pod {pod} container {name}: kubelet's CPUs {} are offline or exclusive to another placement ({})",
@@ -540,6 +769,7 @@ fn install(
                 mask.to_cpuset()
             };
             cpu_millis += a.cpus.len() as u64 * 1000;
+            taken.union_with(&a.cpus);
             adopted.push(format!("{pod}/{name}"));
             containers.push(AdmittedContainer {
                 placement: ContainerPlacement {

@@ -197,12 +197,23 @@ fn a_bad_file_adopts_nothing_of_its_own_and_loses_nothing_else() {
     assert!(m
         .render()
         .contains("rebalancer_kubelet_state_errors_total{reason=\"checksum\"} 1"));
-    // a corrupt CPU file: nothing of it adopted (the earlier adoption is gone too: the file
-    // no longer says what kubelet holds)
+    // a corrupt CPU file: its previous adoption is kept (kubelet's containers still run on
+    // those CPUs, whatever the file now says), the error reported
     std::fs::write(dir.path().join(CPU_FILE), "{\"policyName\":").unwrap();
     adopt(&mut s, &m);
-    assert!(s.state.allocator.exclusive_cpus().is_empty());
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2").unwrap()
+    );
+    assert_eq!(s.kubelet.adopted, vec![format!("{POD}/c")]);
     assert_eq!(s.kubelet.errors.len(), 2, "{:?}", s.kubelet.errors);
+    assert_eq!(s.kubelet.cpu_policy, "static", "the previous file's policy");
+    // an unreadable one (a directory in its place) keeps it too
+    std::fs::remove_file(dir.path().join(CPU_FILE)).unwrap();
+    std::fs::create_dir(dir.path().join(CPU_FILE)).unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    std::fs::remove_dir(dir.path().join(CPU_FILE)).unwrap();
     // policy none: nothing to adopt, no error
     std::fs::write(dir.path().join(CPU_FILE), CPU_NONE).unwrap();
     std::fs::remove_file(dir.path().join(MEMORY_FILE)).unwrap();
@@ -251,4 +262,212 @@ fn an_entry_on_cpus_already_exclusive_is_refused_alone() {
         s.state.allocator.exclusive_cpus(),
         ours.union(&CpuSet::parse("6").unwrap())
     );
+}
+
+/// A newer kubelet's checkpoint (pod-level resource managers: `podEntries`; CPU V4's `data` /
+/// `dataChecksum` with the legacy checksum 0) is refused as a format not supported: at start
+/// nothing of it is adopted but the error says why; later, the previous adoption is kept.
+#[test]
+fn a_newer_kubelet_format_is_refused_and_keeps_the_previous_adoption() {
+    let dir = tempfile::tempdir().unwrap();
+    let v4 = r#"{"policyName":"static","defaultCpuSet":"0","entries":{},"podEntries":{"P":{"cpuset":"1-2"}},"data":"x","dataChecksum":123,"checksum":0}"#;
+    std::fs::write(dir.path().join(CPU_FILE), v4).unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert!(
+        s.kubelet.errors[0].contains("kubelet checkpoint format not supported")
+            && s.kubelet.errors[0].contains("podEntries")
+            && s.kubelet.errors[0].contains("dataChecksum"),
+        "{:?}",
+        s.kubelet.errors
+    );
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_state_errors_total{reason=\"unsupported\"} 1"));
+    // a valid file, then kubelet upgraded to the newer format: the adoption stays
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "c", "1-2")]),
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+    std::fs::write(dir.path().join(CPU_FILE), v4).unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2").unwrap()
+    );
+    // the memory checkpoint with podEntries likewise
+    let mem = MEM_STATIC.replace("\"checksum\"", "\"podEntries\":{},\"checksum\"");
+    std::fs::write(dir.path().join(MEMORY_FILE), mem).unwrap();
+    assert!(matches!(
+        read_memory(&dir.path().join(MEMORY_FILE)),
+        Err(KubeletStateError::Unsupported { .. })
+    ));
+}
+
+/// Checksum 0 (kubelet accepts it, from its old file backend) is unverified: such a file adds
+/// its containers but drops none of the previous adoption, even when it says policy none.
+#[test]
+fn an_unverified_file_adds_to_the_adoption_and_drops_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "c", "1-2")]),
+    )
+    .unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert_eq!(s.state.allocator.exclusive_cpus().len(), 2);
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        r#"{"policyName":"static","defaultCpuSet":"0","entries":{"other":{"d":"5"}},"checksum":0}"#,
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2,5").unwrap()
+    );
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    assert!(s.kubelet.errors[0].contains("unverified"));
+    assert!(m
+        .render()
+        .contains("rebalancer_kubelet_state_errors_total{reason=\"unverified\"} 1"));
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        r#"{"policyName":"none","defaultCpuSet":"0-7","entries":{},"checksum":0}"#,
+    )
+    .unwrap();
+    adopt(&mut s, &m);
+    assert_eq!(
+        s.state.allocator.exclusive_cpus(),
+        CpuSet::parse("1-2,5").unwrap()
+    );
+    // a verified policy none drops it
+    std::fs::write(dir.path().join(CPU_FILE), CPU_NONE).unwrap();
+    adopt(&mut s, &m);
+    assert!(s.state.allocator.pods.is_empty());
+}
+
+/// Only a regular file is read, and at most MAX_FILE_BYTES: a FIFO does not block the reader,
+/// a symlink (to /dev/zero, say) and a huge file are refused with a clear error.
+#[test]
+fn only_a_regular_file_of_bounded_size_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(CPU_FILE);
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let t = std::time::Instant::now();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::NotRegular { kind, .. }) if kind == "a FIFO"),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(1));
+    std::fs::remove_file(&p).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::NotRegular { kind, .. }) if kind == "a symlink"),
+        "{r:?}"
+    );
+    std::fs::remove_file(&p).unwrap();
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(MAX_FILE_BYTES + 1).unwrap();
+    let r = read_cpu(&p);
+    assert!(
+        matches!(&r, Err(KubeletStateError::TooLarge { .. })),
+        "{r:?}"
+    );
+    assert!(r.unwrap_err().to_string().contains("larger than"));
+    // and through the daemon's path: reported, nothing adopted, nothing hangs
+    let mut s = shared(dir.path());
+    adopt(&mut s, &Metrics::default());
+    assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+}
+
+/// A cpuset writer over the fake kernel (as `books_tests`).
+struct FakeCpuset(std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups>>);
+
+impl crate::daemon::writer::CpusetWriter for FakeCpuset {
+    fn write(
+        &self,
+        c: &crate::daemon::writer::CpusetChange,
+    ) -> Result<(), crate::daemon::writer::WriteError> {
+        use crate::controller::CgroupWriter as _;
+        self.0
+            .lock()
+            .unwrap()
+            .write_cpus(&c.cgroup, &c.cpus)
+            .map_err(|e| crate::daemon::writer::WriteError::Failed {
+                cgroup: c.cgroup.clone(),
+                message: e.to_string(),
+            })
+    }
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        use crate::controller::CgroupWriter as _;
+        self.0.lock().unwrap().read_cpus(cgroup).ok()
+    }
+}
+
+/// REVIEW4 R2 (part): kubelet's files are read again when they change (a `stat` at each
+/// CreateContainer hook and control round, `Admission::refresh_kubelet`), not only at start
+/// and SIGHUP; a newly adopted kubelet CPU leaves our shared containers at once, and a pod
+/// gone from the file gives its CPUs back.
+#[test]
+fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
+    use crate::daemon::admission::{Admission, AdmitRequest, Durability};
+    let dir = tempfile::tempdir().unwrap();
+    let d = crate::daemon::Daemon::new(shared(dir.path()), Metrics::default());
+    let fake = std::sync::Arc::new(std::sync::Mutex::new(crate::controller::FakeCgroups::v2()));
+    let cg = "kubepods/besteffort/pods/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let adm = Admission::new(d.clone(), std::sync::Arc::new(FakeCpuset(fake.clone())));
+    let p = crate::daemon::admission::tests::pod("s", 0, 0, false);
+    adm.admit(AdmitRequest {
+        pod: &p,
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: std::time::Instant::now(),
+    })
+    .unwrap();
+    let cpus = |f: &std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups>>| {
+        f.lock().unwrap().cpus(cg).cloned().unwrap()
+    };
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    // no file yet: nothing changes
+    assert!(!adm.refresh_kubelet());
+    // kubelet admits a static pod: CPU 3 is its
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0-2,4-7", &[(POD, "app", "3")]),
+    )
+    .unwrap();
+    assert!(adm.refresh_kubelet());
+    assert!(owns_pod(&d.lock(), POD));
+    assert_eq!(cpus(&fake), CpuSet::parse("0-2,4-7").unwrap());
+    // unchanged: not read again
+    assert!(!adm.refresh_kubelet());
+    // the pod gone from the file: its CPU back to the pool
+    std::fs::write(dir.path().join(CPU_FILE), cpu_static("0-7", &[])).unwrap();
+    assert!(adm.refresh_kubelet());
+    assert!(!owns_pod(&d.lock(), POD));
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    // an install elsewhere (start, SIGHUP: files read and installed there) leaves the shrink
+    // pending for the next refresh, though the files are unchanged by then
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0-4,6-7", &[(POD, "app", "5")]),
+    )
+    .unwrap();
+    adopt(&mut d.lock(), &Metrics::default());
+    assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
+    assert!(adm.refresh_kubelet());
+    assert_eq!(cpus(&fake), CpuSet::parse("0-4,6-7").unwrap());
+    assert!(!adm.refresh_kubelet());
 }

@@ -790,8 +790,19 @@ impl Handler for Policy {
                 return Err(format!("rebalancer: {e}"));
             }
         };
+        // kubelet writes its state file at admission, before CreateContainer: a changed file
+        // is read again first (REVIEW4 R2), and the shared containers it shrank ride this answer
+        let refreshed = self.admission.refresh_kubelet();
         if self.kubelet_owned(&r) {
-            return Ok(Default::default());
+            let update = if refreshed {
+                self.drain(None).1
+            } else {
+                Vec::new()
+            };
+            return Ok(api::CreateContainerResponse {
+                update,
+                ..Default::default()
+            });
         }
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
@@ -967,6 +978,8 @@ mod tests {
         .build();
         let mut cfg = Config::default();
         cfg.daemon.state_dir = dir.join("state");
+        // kubelet's files (none unless a test writes them) from the test's dir, not the host's
+        cfg.kubernetes.kubelet_state_dir = dir.to_path_buf();
         let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
         let rt = Arc::new(Runtime::new(d.metrics.clone()));
         Policy::new(d, None, rt)
@@ -1076,6 +1089,65 @@ mod tests {
             .unwrap();
         assert_eq!(stop.update.len(), 1);
         assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+    }
+
+    /// REVIEW4 R2 (part): kubelet's static CPU Manager assigns a CPU after the daemon started
+    /// (its state file is written at admission, before CreateContainer). At that
+    /// CreateContainer the changed file is read again: the container is kubelet's (no
+    /// adjustment, nothing booked for it), and the shared container on that CPU leaves it in
+    /// the same answer.
+    #[test]
+    fn a_kubelet_assignment_made_after_start_is_adopted_at_its_create_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let bp = pod("b", "burstable/");
+        run_pod(&mut p, &bp);
+        let b = ctr("b", &bp, 0, 512, 0);
+        let pool = adjusted_cpus(&create(&mut p, &bp, &b).unwrap());
+        let k = pool.iter().next().unwrap();
+        let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+            policy_name: "static".into(),
+            default_cpu_set: String::new(),
+            entries: Some(
+                [(
+                    kube_uid.to_string(),
+                    [("app".to_string(), k.to_string())].into(),
+                )]
+                .into(),
+            ),
+            checksum: 0,
+        };
+        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        std::fs::write(
+            dir.path().join("cpu_manager_state"),
+            format!(
+                r#"{{"policyName":"static","defaultCpuSet":"","entries":{{"{kube_uid}":{{"app":"{k}"}}}},"checksum":{}}}"#,
+                c.checksum
+            ),
+        )
+        .unwrap();
+        let mut kp = pod("k", "");
+        kp.uid = kube_uid.into();
+        kp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{kube_uid}");
+        run_pod(&mut p, &kp);
+        let r = create(&mut p, &kp, &ctr("f", &kp, 100_000, 1024, 1 << 20)).unwrap();
+        assert!(r.adjust.is_none(), "{r:?}");
+        assert!(super::super::kubelet::owns_pod(&p.d().lock(), kube_uid));
+        assert_eq!(r.update.len(), 1, "{:?}", r.update);
+        assert_eq!(r.update[0].container_id, b.id);
+        let upd = r.update[0]
+            .linux
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap();
+        let bc = CpuSet::parse(&upd.cpu.as_ref().unwrap().cpus).unwrap();
+        assert!(
+            !bc.contains(k) && !bc.is_empty(),
+            "{bc} still has kubelet's CPU {k}"
+        );
     }
 
     #[test]

@@ -18,8 +18,9 @@
 //! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
 //!
 //! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
-//! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`): containerd before 2.4.0
-//! can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
+//! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`; `auto` allows them only for
+//! a runtime known to be fixed: containerd ≥ 2.4.0, whatever name it reports): containerd
+//! before 2.4.0 can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
 //! (containerd/containerd#13733, fixed by containerd/nri#301 in NRI v0.12.1). At most one is in
 //! flight, each carrying the latest given cpuset of its containers, sent once the connection is
 //! quiet (`nri::session::QUIET`); one that is not answered within the session's deadline ends
@@ -30,7 +31,9 @@
 //! for what was in flight when the connection went.
 //!
 //! Not connected, or a cgroup that is not one of the runtime's containers: written to cgroupfs
-//! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`.
+//! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`. A runtime
+//! container written while disconnected is still recorded and queued, so the reconnect tells
+//! the runtime what cgroupfs has (never a value from before the disconnect).
 
 use std::{
     collections::BTreeMap,
@@ -73,35 +76,53 @@ impl Direct {
 }
 
 /// Whether unsolicited UpdateContainers are safe with the runtime that answered Configure,
-/// and why: containerd before 2.4.0 carries containerd/containerd#13733 (its NRI ≤ v0.12.0
-/// holds the adaptation lock across the update callback; containerd/nri#301, NRI v0.12.1, first
-/// in containerd 2.4.0 — containerd/containerd#13812 on main, the v2.4.0 release notes list
-/// NRI commits after it; no backport to 1.7 or 2.0–2.3 is known). Other runtimes (CRI-O) are not
-/// known to have it. A containerd version that does not parse is taken as affected.
+/// and why. An allow-list: only a runtime known to be fixed is safe.
+/// - containerd — runtime name `containerd`, or `v2` as containerd 2.0.0 and its first
+///   patches report it (containerd/containerd#11485, `path.Base` of the module path), or any
+///   name containing "containerd": safe from 2.4.0 on (2.4.0 release candidates included).
+///   Earlier ones carry containerd/containerd#13733 (their NRI ≤ v0.12.0 holds the
+///   adaptation lock across the update callback; fixed by containerd/nri#301, NRI v0.12.1,
+///   which containerd uses with `WithAdaptLock` first in 2.4.0 — containerd/containerd#13812
+///   on main; no backport to 1.7 or 2.0–2.3 is known). A version that does not parse is
+///   affected.
+/// - CRI-O and every other runtime: not safe. CRI-O embeds the same NRI adaptation library,
+///   and its own fix of NRI lock-inversion deadlocks (cri-o/cri-o#9835) is not merged, so no
+///   CRI-O version is known to be fixed.
 pub fn runtime_updates_safe(name: &str, version: &str) -> (bool, String) {
-    if !name.to_ascii_lowercase().contains("containerd") {
+    let lower = name.trim().to_ascii_lowercase();
+    if !(lower.contains("containerd") || lower == "v2") {
         return (
-            true,
-            format!("{name} {version}: not known to deadlock on plugin updates"),
+            false,
+            format!("{name:?} {version:?}: not a runtime known to be fixed for plugin updates (containerd/containerd#13733 and its kind; CRI-O: cri-o/cri-o#9835 open)"),
         );
     }
     let v = version.trim().trim_start_matches('v');
-    let mut parts = v.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
-    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
-    match (major, minor) {
-        (Some(ma), Some(mi)) if (ma, mi) >= (2, 4) => (
+    let (core, pre) = match v.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&v[..i], &v[i..]),
+        None => (v, ""),
+    };
+    let nums: Vec<Option<u32>> = core.split('.').map(|p| p.parse().ok()).collect();
+    let (ma, mi, pa) = match nums.as_slice() {
+        [Some(ma), Some(mi), rest @ ..] => (*ma, *mi, rest.first().copied().flatten().unwrap_or(0)),
+        _ => {
+            return (
+                false,
+                format!("containerd version {version:?} not understood; taken as affected by containerd/containerd#13733"),
+            )
+        }
+    };
+    // a pre-release of 2.4.0 other than a release candidate may predate containerd#13812
+    let early_pre = (ma, mi, pa) == (2, 4, 0) && pre.starts_with('-') && !pre.starts_with("-rc");
+    if (ma, mi) >= (2, 4) && !early_pre {
+        (
             true,
             format!("containerd {version} has containerd/nri#301 (fixed in 2.4.0)"),
-        ),
-        (Some(_), Some(_)) => (
+        )
+    } else {
+        (
             false,
             format!("containerd {version} can deadlock on a plugin's UpdateContainers (containerd/containerd#13733, fixed in 2.4.0)"),
-        ),
-        _ => (
-            false,
-            format!("containerd version {version:?} not understood; taken as affected by containerd/containerd#13733"),
-        ),
+        )
     }
 }
 
@@ -211,7 +232,10 @@ impl Runtime {
     }
 
     /// `cgroup` was written new cpus and/or mems (cgroupfs already has them): recorded and
-    /// queued for the runtime, never waited for. `Err` when the runtime cannot be told.
+    /// queued for the runtime, never waited for. Recorded and queued whenever `cgroup` is a
+    /// tracked runtime container, connected or not, so what a reconnect sends (Synchronize's
+    /// answer, the next batch) is what cgroupfs was last given, never a value from before the
+    /// disconnect. `Err` (for the log and metric) when the runtime cannot be told now.
     pub fn submit(
         &self,
         cgroup: &str,
@@ -219,21 +243,24 @@ impl Runtime {
         mems: Option<&CpuSet>,
     ) -> Result<(), Direct> {
         let mut s = self.lock();
+        let tracked = s.ids.contains_key(cgroup);
+        if tracked {
+            let g = s.given.entry(cgroup.to_string()).or_default();
+            if let Some(c) = cpus {
+                g.cpus = Some(c.clone());
+            }
+            if let Some(m) = mems {
+                g.mems = Some(m.clone());
+            }
+            if !s.queued.iter().any(|c| c == cgroup) {
+                s.queued.push(cgroup.to_string());
+            }
+        }
         if !s.connected {
             return Err(Direct::NotConnected);
         }
-        if !s.ids.contains_key(cgroup) {
+        if !tracked {
             return Err(Direct::NotRuntimeContainer);
-        }
-        let g = s.given.entry(cgroup.to_string()).or_default();
-        if let Some(c) = cpus {
-            g.cpus = Some(c.clone());
-        }
-        if let Some(m) = mems {
-            g.mems = Some(m.clone());
-        }
-        if !s.queued.iter().any(|c| c == cgroup) {
-            s.queued.push(cgroup.to_string());
         }
         Ok(())
     }
@@ -544,8 +571,17 @@ mod tests {
             ("containerd", "3.0.0", true),
             ("containerd", "", false),
             ("containerd", "unknown", false),
-            ("cri-o", "1.30.2", true),
-            ("CRI-O", "", true),
+            ("containerd", "2.4.0-beta.1", false),
+            // containerd 2.0.x reports its name as "v2" (containerd#11485)
+            ("v2", "v2.0.3", false),
+            ("v2", "2.0.0", false),
+            ("v2", "v2.4.0", true),
+            ("v2", "garbage", false),
+            // CRI-O: no version known to be fixed (cri-o#9835 open); others unknown: off
+            ("cri-o", "1.30.2", false),
+            ("CRI-O", "", false),
+            ("", "", false),
+            ("someruntime", "2.4.0", false),
         ] {
             let (ok, why) = runtime_updates_safe(name, v);
             assert_eq!(ok, safe, "{name} {v}: {why}");
@@ -661,6 +697,45 @@ mod tests {
         assert!(!metrics
             .render()
             .contains("rebalancer_nri_direct_writes_total{"));
+    }
+
+    /// REVIEW4 R1: a write made while the plugin is disconnected is what a reconnect sends —
+    /// never the value queued before the disconnect (which the runtime would apply over the
+    /// newer cgroupfs write, onto CPUs the books may have given away).
+    #[test]
+    fn a_write_while_disconnected_is_what_the_reconnect_sends() {
+        let kernel = Arc::new(Mutex::new(FakeCgroups::v1().with("x", "0-7", "0")));
+        let direct = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Metrics::default();
+        let rt = Runtime::new(metrics.clone());
+        rt.set_connected(true);
+        rt.track("x", "idx");
+        // updates off: x stays queued with 0-1
+        rt.submit("x", Some(&set("0-1")), None).unwrap();
+        rt.set_connected(false);
+        let mut w = RuntimeMoveWriter {
+            real: Shared(kernel.clone(), direct),
+            runtime: &rt,
+        };
+        w.write_cpus("x", &set("2-3")).unwrap();
+        assert_eq!(kernel.lock().unwrap().cpus("x"), Some(&set("2-3")));
+        assert!(metrics
+            .render()
+            .contains("rebalancer_nri_direct_writes_total{reason=\"not-connected\"} 1"));
+        assert_eq!(rt.given("x").unwrap().cpus, Some(set("2-3")));
+        rt.set_connected(true);
+        rt.retrack([("x".to_string(), "idx".to_string())].into());
+        let hook = rt.take_for_hook();
+        assert_eq!(hook.len(), 1);
+        assert_eq!(hook[0].container_id, "idx");
+        let cpu = hook[0].linux.as_ref().unwrap().resources.as_ref().unwrap();
+        assert_eq!(cpu.cpu.as_ref().unwrap().cpus, "2-3");
+        // a cgroup the runtime does not know is still only written, not queued
+        assert_eq!(
+            rt.submit("y", Some(&set("4")), None),
+            Err(Direct::NotRuntimeContainer)
+        );
+        assert!(rt.take_for_hook().is_empty());
     }
 
     #[test]

@@ -108,7 +108,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
-    super::kubelet::adopt(&mut daemon.lock(), &metrics);
+    let kubelet_files = super::kubelet::read_files(&cfg.kubernetes.kubelet_state_dir);
+    super::kubelet::install_files(&mut daemon.lock(), kubelet_files, &metrics);
     let mode = super::nri::resolve_mode(&cfg.kubernetes);
     // NRI mode: the plugin's runtime link; with `kubernetes.nri_runtime_updates` the other
     // threads' changes to the runtime's containers (moves, hotplug, API admissions' shrink) go
@@ -541,6 +542,8 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
             return;
         }
     };
+    // kubelet's files are read before any lock is taken (no lock held across I/O)
+    let kubelet_files = super::kubelet::read_files(&new.kubernetes.kubelet_state_dir);
     let _order = d.order();
     let mut s = d.lock();
     if new.server != s.cfg.server
@@ -577,7 +580,7 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
         }
     };
     sh.cfg.kubernetes.kubelet_state_dir = new.kubernetes.kubelet_state_dir;
-    super::kubelet::adopt(sh, &d.metrics);
+    super::kubelet::install_files(sh, kubelet_files, &d.metrics);
     drop(s);
     if placed {
         if let Err(e) = d.checkpoint() {

@@ -116,6 +116,9 @@ impl Container {
     }
 }
 
+/// Uids with this prefix are the daemon's own (kubelet's adopted pods): never admitted.
+pub const RESERVED_UID_PREFIX: &str = "kubelet:";
+
 impl Pod {
     /// kubelet's `GetPodQOS` over cpu and memory: BestEffort when nothing is requested or
     /// limited, Guaranteed when every container has cpu and memory limits equal to requests.
@@ -131,10 +134,18 @@ impl Pod {
         }
     }
 
-    /// A non-empty uid, at least one container, unique container names, sane numbers.
+    /// A non-empty uid not in the reserved `kubelet:` namespace (the daemon's adopted kubelet
+    /// pods, `daemon::kubelet::KEY_PREFIX`), at least one container, unique container names,
+    /// sane numbers.
     pub fn validate(&self) -> Result<(), String> {
         if self.uid.is_empty() {
             return Err("pod uid is empty".into());
+        }
+        if self.uid.starts_with(RESERVED_UID_PREFIX) {
+            return Err(format!(
+                "pod uid {:?}: the prefix {RESERVED_UID_PREFIX:?} is reserved for pods adopted from kubelet's state files",
+                self.uid
+            ));
         }
         if self.containers.is_empty() {
             return Err(format!("pod {} has no containers", self.uid));
@@ -318,6 +329,26 @@ mod tests {
             init_containers: Vec::new(),
         };
         assert!(p.validate().unwrap_err().contains("above limit"));
+    }
+
+    /// REVIEW4 R10: the adopted kubelet pods' key prefix cannot be admitted (its pods would be
+    /// released by the next kubelet reload while their containers run on).
+    #[test]
+    fn the_kubelet_uid_prefix_is_reserved() {
+        let mut p = Pod {
+            uid: "kubelet:x".into(),
+            containers: vec![Container {
+                name: "a".into(),
+                cpu_request_millis: 1000,
+                cpu_limit_millis: 1000,
+                ..Default::default()
+            }],
+            init_containers: vec![],
+        };
+        let e = p.validate().unwrap_err();
+        assert!(e.contains("reserved"), "{e}");
+        p.uid = "x".into();
+        p.validate().unwrap();
         let err = serde_json::from_str::<Pod>(r#"{"uid":"u","containers":[{"name":"a","cpu":1}]}"#)
             .unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
