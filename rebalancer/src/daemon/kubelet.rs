@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::kube::classify;
+use crate::cgroup::kube::classify_in;
 use crate::cpuset::CpuSet;
 use crate::placement::admission::{AdmittedContainer, AdmittedPod, ContainerPlacement, Qos};
 use crate::placement::memory::{MemoryRequest, MemoryResource};
@@ -697,6 +697,12 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
     status.shrink_pending = old.shrink_pending || s.state.allocator.exclusive_cpus() != before;
     for r in &refused {
         tracing::error!(error = %r, "kubelet assignment not adopted");
+        metrics
+            .kubelet_state_errors
+            .get_or_create(&crate::serve::metrics::ReasonLabel {
+                reason: "refused".into(),
+            })
+            .inc();
     }
     status.errors.extend(refused);
     if !status.adopted.is_empty() {
@@ -810,9 +816,12 @@ pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
         .contains_key(&format!("{KEY_PREFIX}{pod_uid}"))
 }
 
-/// Whether the cgroup `cg` is a container of an adopted kubelet pod (never moved).
+/// Whether the cgroup `cg` is a container of an adopted kubelet pod (never moved), under
+/// kubelet's cgroup root as configured (`cgroups.kubernetes_root`), as the engine reads it.
 pub fn pinned(s: &super::Shared, cg: &str) -> bool {
-    classify(cg).pod_uid().is_some_and(|uid| owns_pod(s, uid))
+    classify_in(cg, s.cfg.cgroups.kubernetes_root.as_deref(), &[])
+        .pod_uid()
+        .is_some_and(|uid| owns_pod(s, uid))
 }
 
 #[cfg(test)]

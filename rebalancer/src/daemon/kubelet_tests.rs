@@ -156,6 +156,12 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
         &s,
         &format!("kubepods/podother/{}", "a".repeat(64))
     ));
+    // under kubelet's --cgroup-root as configured, as the engine classifies it (REVIEW4 R11)
+    let rooted = format!("custom/kubepods/pod{POD}/{}", "a".repeat(64));
+    assert!(!pinned(&s, &rooted), "not under the default roots");
+    s.cfg.cgroups.kubernetes_root = Some("custom/kubepods".into());
+    assert!(pinned(&s, &rooted));
+    s.cfg.cgroups.kubernetes_root = None;
     assert!(m
         .render()
         .contains("rebalancer_kubelet_adopted_containers 2"));
@@ -255,9 +261,17 @@ fn an_entry_on_cpus_already_exclusive_is_refused_alone() {
         ),
     )
     .unwrap();
-    adopt(&mut s, &Metrics::default());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
     assert_eq!(s.kubelet.adopted, vec!["other-pod/fine".to_string()]);
     assert_eq!(s.kubelet.errors.len(), 1, "{:?}", s.kubelet.errors);
+    // the refusal is counted for alerting, not only in `status`
+    assert!(
+        m.render()
+            .contains(r#"rebalancer_kubelet_state_errors_total{reason="refused"} 1"#),
+        "{}",
+        m.render()
+    );
     assert_eq!(
         s.state.allocator.exclusive_cpus(),
         ours.union(&CpuSet::parse("6").unwrap())

@@ -454,6 +454,10 @@ impl Policy {
         let Some(cgroups) = self.writer.cgroups.as_ref().filter(|_| !stale.is_empty()) else {
             return;
         };
+        if self.dry_run() {
+            tracing::info!(cgroups = ?stale, "dry run: cpusets not written again after a stale runtime update");
+            return;
+        }
         let _order = self.d().order();
         for cg in stale {
             let Some(g) = self.runtime.given(&cg) else {
@@ -477,6 +481,21 @@ impl Policy {
                 }
             }
         }
+    }
+
+    fn dry_run(&self) -> bool {
+        self.d().lock().cfg.daemon.dry_run
+    }
+
+    /// The queued runtime updates for a hook's answer; none in a dry run (one turned on by a
+    /// reload drops what was queued before it: a dry run changes nothing, the runtime's specs
+    /// included).
+    fn queued_for_hook(&self) -> Vec<api::ContainerUpdate> {
+        if self.dry_run() {
+            self.runtime.discard_queued();
+            return Vec::new();
+        }
+        self.runtime.take_for_hook()
     }
 
     /// Releases a placed container; `true` when it held an allocation.
@@ -763,7 +782,7 @@ impl Handler for Policy {
             released = gone.len(),
             "synchronized with the runtime"
         );
-        updates.extend(self.runtime.take_for_hook());
+        updates.extend(self.queued_for_hook());
         Ok(api::SynchronizeResponse { update: updates })
     }
 
@@ -826,10 +845,7 @@ impl Handler for Policy {
                 }),
                 ..Default::default()
             }),
-            update: updates
-                .into_iter()
-                .chain(self.runtime.take_for_hook())
-                .collect(),
+            update: updates.into_iter().chain(self.queued_for_hook()).collect(),
             evict: vec![],
         })
     }
@@ -846,7 +862,7 @@ impl Handler for Policy {
         } else {
             Vec::new()
         };
-        update.extend(self.runtime.take_for_hook());
+        update.extend(self.queued_for_hook());
         Ok(api::StopContainerResponse { update })
     }
 
@@ -897,6 +913,10 @@ impl Handler for Policy {
     }
 
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+        if self.dry_run() {
+            self.runtime.discard_queued();
+            return Vec::new();
+        }
         self.runtime.take_batch()
     }
 
@@ -1089,6 +1109,47 @@ mod tests {
             .unwrap();
         assert_eq!(stop.update.len(), 1);
         assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+    }
+
+    /// REVIEW4 R11: a dry run turned on by a reload sends nothing to the runtime, not even
+    /// what was queued before it (the same steps without the dry run send the update).
+    #[test]
+    fn a_dry_run_turned_on_drops_the_queued_runtime_updates() {
+        for dry in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut p = policy(dir.path());
+            p.runtime.set_connected(true);
+            p.runtime.set_updates(true);
+            let bp = pod("b", "burstable/");
+            let gp = pod("g", "");
+            run_pod(&mut p, &bp);
+            run_pod(&mut p, &gp);
+            create(&mut p, &bp, &ctr("b", &bp, 0, 512, 0)).unwrap();
+            let g = ctr("a", &gp, 300_000, 3072, 1 << 30);
+            create(&mut p, &gp, &g).unwrap();
+            // the release grows the shared pool again: an unsolicited update, queued
+            p.state_change(api::StateChangeEvent {
+                event: api::Event::RemoveContainer as i32,
+                pod: Some(gp.clone()),
+                container: Some(g.clone()),
+            })
+            .unwrap();
+            p.d().lock().cfg.daemon.dry_run = dry;
+            let sent = p.pending_updates();
+            if dry {
+                assert!(sent.is_empty(), "dry run sent {sent:?}");
+                // nor in a later hook's answer
+                let stop = p
+                    .stop_container(api::StopContainerRequest {
+                        pod: Some(gp.clone()),
+                        container: Some(g.clone()),
+                    })
+                    .unwrap();
+                assert!(stop.update.is_empty(), "{:?}", stop.update);
+            } else {
+                assert_eq!(sent.len(), 1, "the control run queues the growth: {sent:?}");
+            }
+        }
     }
 
     /// REVIEW4 R2 (part): kubelet's static CPU Manager assigns a CPU after the daemon started

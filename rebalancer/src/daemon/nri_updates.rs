@@ -291,6 +291,18 @@ impl Runtime {
         Self::updates_of(&mut s, queued, true)
     }
 
+    /// Drops the queued changes unsent (a dry run came on): counted as dropped.
+    pub fn discard_queued(&self) {
+        let mut s = self.lock();
+        let n = std::mem::take(&mut s.queued).len();
+        if n > 0 {
+            tracing::info!(
+                updates = n,
+                "dry run: queued runtime updates dropped unsent"
+            );
+        }
+    }
+
     /// For a hook answer that carries updates of other containers: the queued changes (those
     /// of containers in flight stay queued for after their answer).
     pub fn take_for_hook(&self) -> Vec<api::ContainerUpdate> {

@@ -107,7 +107,8 @@ pub struct Metrics {
     pub nri_updates: Family<ReasonLabel, Counter>,
     /// NRI mode: container cpuset changes written to cgroupfs directly, by reason.
     pub nri_direct_writes: Family<ReasonLabel, Counter>,
-    /// kubelet state files not adopted, by reason (read, parse, checksum, invalid).
+    /// kubelet state files not adopted, by reason (read, parse, checksum, invalid, ...), and
+    /// kubelet assignments refused (`refused`: CPUs offline or another placement's).
     pub kubelet_state_errors: Family<ReasonLabel, Counter>,
     /// Containers whose kubelet static assignments are adopted.
     pub kubelet_adopted: Gauge,
@@ -312,7 +313,7 @@ impl Metrics {
         );
         r.register(
             "kubelet_state_errors",
-            "kubelet CPU / Memory Manager state files not adopted (unreadable, unparsable, bad checksum, invalid), by reason",
+            "kubelet CPU / Memory Manager state files not adopted (unreadable, unparsable, bad checksum, invalid), and assignments refused (refused: offline CPUs or another placement's), by reason",
             m.kubelet_state_errors.clone(),
         );
         r.register(
