@@ -644,7 +644,14 @@ impl Handler for Policy {
             ),
             U::Off => (false, "kubernetes.nri_runtime_updates = false".to_string()),
         };
-        self.runtime.set_updates(on);
+        let (on, why) = if self.runtime.set_updates(on) || !on {
+            (on, why)
+        } else {
+            (
+                false,
+                "the runtime left unsolicited updates unanswered past the deadline on an earlier connection: off until the daemon restarts".to_string(),
+            )
+        };
         tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, unsolicited_updates = on, reason = %why, "NRI plugin configured by the runtime");
         self.d().lock().nri_runtime = super::status::NriRuntime {
             name: req.runtime_name.clone(),

@@ -22,9 +22,11 @@
 //! a runtime known to be fixed: containerd ≥ 2.4.0, whatever name it reports): containerd
 //! before 2.4.0 can deadlock on a plugin's UpdateContainers that crosses a lifecycle event
 //! (containerd/containerd#13733, fixed by containerd/nri#301 in NRI v0.12.1). At most one is in
-//! flight, each carrying the latest given cpuset of its containers, sent once the connection is
-//! quiet (`nri::session::QUIET`); one that is not answered within the session's deadline ends
-//! the connection (`rebalancer_nri_updates_total{reason="timeout"}`), which reconnects.
+//! flight, each carrying the latest given cpuset of at most [`MAX_BATCH`] containers (so the
+//! runtime's serial `runc update`s fit the deadline), sent once the connection is quiet
+//! (`nri::session::QUIET`); one that is not answered within the session's deadline ends the
+//! connection (`rebalancer_nri_updates_total{reason="timeout"}`), which reconnects with
+//! unsolicited updates off until the daemon restarts (no flapping; `status` says why).
 //! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
 //! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
 //! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
@@ -138,7 +140,16 @@ struct State {
     queued: Vec<String>,
     /// Sent and not answered: (cgroup, what was sent).
     inflight: Vec<(String, Given)>,
+    /// The runtime left a batch unanswered past the deadline once: unsolicited updates stay
+    /// off for good (until the daemon restarts), so a runtime that is slow or ignores them
+    /// does not make the connection flap (each gap creates containers unplaced).
+    timed_out: bool,
 }
+
+/// At most this many containers per unsolicited UpdateContainers: the runtime applies them
+/// one after the other (one `runc update` each), and the batch must be answered within the
+/// session's deadline however many containers are queued.
+pub const MAX_BATCH: usize = 16;
 
 /// The runtime's side of container changes (see the module doc).
 pub struct Runtime {
@@ -181,9 +192,17 @@ impl Runtime {
         lost
     }
 
-    /// Unsolicited UpdateContainers on (`true`) or off for this connection.
-    pub fn set_updates(&self, on: bool) {
-        self.lock().updates = on;
+    /// Unsolicited UpdateContainers on (`true`) or off for this connection; what is now in
+    /// force (off for good after a timeout: [`Self::timed_out`]).
+    pub fn set_updates(&self, on: bool) -> bool {
+        let mut s = self.lock();
+        s.updates = on && !s.timed_out;
+        s.updates
+    }
+
+    /// Whether a timeout turned unsolicited updates off for good.
+    pub fn updates_timed_out(&self) -> bool {
+        self.lock().timed_out
     }
 
     pub fn updates_enabled(&self) -> bool {
@@ -280,14 +299,15 @@ impl Runtime {
     }
 
     /// For the plugin thread, when the connection is quiet, unsolicited updates are on and
-    /// none is in flight: the queued changes as one batch (each the latest given), now in
-    /// flight.
+    /// none is in flight: the first [`MAX_BATCH`] queued changes as one batch (each the
+    /// latest given), now in flight; the rest stay queued for the next batches.
     pub fn take_batch(&self) -> Vec<api::ContainerUpdate> {
         let mut s = self.lock();
         if !s.connected || !s.updates || !s.inflight.is_empty() {
             return Vec::new();
         }
-        let queued = std::mem::take(&mut s.queued);
+        let n = s.queued.len().min(MAX_BATCH);
+        let queued: Vec<String> = s.queued.drain(..n).collect();
         Self::updates_of(&mut s, queued, true)
     }
 
@@ -361,8 +381,12 @@ impl Runtime {
     /// connection is then closed): counted; what was in flight is returned as by
     /// [`Self::set_connected`]`(false)`.
     pub fn timed_out(&self) -> Vec<String> {
-        let n = self.lock().inflight.len() as u64;
-        tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
+        let n = {
+            let mut s = self.lock();
+            s.timed_out = true;
+            s.inflight.len() as u64
+        };
+        tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects); unsolicited updates off until the daemon restarts, changes ride the hooks' answers");
         self.count(n.max(1), "timeout");
         self.set_connected(false)
     }
@@ -801,15 +825,46 @@ mod tests {
         assert!(metrics
             .render()
             .contains("rebalancer_nri_updates_total{reason=\"timeout\"} 1"));
-        assert!(!rt.updates_enabled(), "off until the next Configure");
+        assert!(!rt.updates_enabled(), "off");
         assert_eq!(
             rt.submit("a", Some(&set("1")), None),
             Err(Direct::NotConnected)
         );
-        // reconnected: still queued, sent again
+        // reconnected: the next Configure cannot turn unsolicited updates on again (REVIEW4
+        // R8: no flapping); the change, still queued, rides the next hook's answer
         rt.set_connected(true);
-        rt.set_updates(true);
-        assert_eq!(rt.take_batch().len(), 1);
+        assert!(!rt.set_updates(true));
+        assert!(rt.updates_timed_out());
+        assert!(rt.take_batch().is_empty());
+        assert_eq!(rt.take_for_hook().len(), 1);
+    }
+
+    /// REVIEW4 R8: a shrink that names many containers goes out in batches of at most
+    /// MAX_BATCH, one in flight at a time, each answered before the next; all are sent once.
+    #[test]
+    fn many_queued_updates_go_out_in_bounded_batches() {
+        let rt = Runtime::new(Metrics::default());
+        rt.set_connected(true);
+        assert!(rt.set_updates(true));
+        let n = 2 * MAX_BATCH + 3;
+        for i in 0..n {
+            let cg = format!("c{i}");
+            rt.track(&cg, &format!("id{i}"));
+            rt.submit(&cg, Some(&set("1")), None).unwrap();
+        }
+        let mut sent = Vec::new();
+        loop {
+            let batch = rt.take_batch();
+            if batch.is_empty() {
+                break;
+            }
+            assert!(batch.len() <= MAX_BATCH, "{}", batch.len());
+            assert!(rt.take_batch().is_empty(), "one batch in flight");
+            sent.extend(batch.into_iter().map(|u| u.container_id));
+            assert!(rt.answered(Ok(vec![])).is_empty());
+        }
+        let want: Vec<String> = (0..n).map(|i| format!("id{i}")).collect();
+        assert_eq!(sent, want, "each once, in order");
     }
 
     /// N1: the shared pool's shrink through the runtime's writer is in cgroupfs at once; a
