@@ -166,7 +166,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         AdmissionMode::Nri => {
             tracing::info!(socket = %cfg.kubernetes.nri_socket.display(), "admission: NRI plugin (placement at container creation)");
             if cfg.placement.scope == crate::config::TopologyScope::Pod {
-                tracing::warn!("placement.scope = \"pod\": NRI shows one container at a time, so containers are aligned one by one (container scope); use the admission API for whole-pod alignment");
+                tracing::info!("placement.scope = \"pod\": each container is admitted as one container of its pod, within the affinity its pod's first container computes from the pod's totals (the sandbox's pod_resources, as kubelet >= 1.26 sets them; without them, the containers seen so far)");
             }
             let rt = runtime.clone().expect("made for NRI mode");
             super::nri::spawn(daemon.clone(), cgroups.clone(), rt, nri_stop.clone())

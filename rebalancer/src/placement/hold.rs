@@ -28,6 +28,8 @@
 //! shared pool of that affinity, its share of the held CPUs freed for it. Totals smaller than a container (no `pod_resources`, a pod cgroup without limits)
 //! count as that container: the pod is then as large as the containers seen so far.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -53,6 +55,10 @@ pub struct PodHold {
     pub cpus: CpuSet,
     /// Memory Manager memory set aside on the pod's nodes.
     pub memory: Option<MemoryAllocation>,
+    /// The live containers' node-level memory requests (memory and hugepages, by container
+    /// name): what the pod books grows past its totals with them, as its CPU request does.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub members: BTreeMap<String, MemoryRequest>,
 }
 
 /// One container of a pod admitted one container at a time.
@@ -146,12 +152,13 @@ impl Allocator {
                         hint,
                         cpus: CpuSet::new(),
                         memory: None,
+                        members: BTreeMap::new(),
                     }),
                 },
             );
         }
         let pod = &self.pods[m.pod_uid];
-        let Some(hold) = pod.hold.clone() else {
+        let Some(mut hold) = pod.hold.clone() else {
             return Err(Rejection::new(
                 R::AlreadyAdmitted,
                 format!("pod {} is admitted as a whole pod", m.pod_uid),
@@ -207,6 +214,14 @@ impl Allocator {
             if let Some(p) = self.pods.get_mut(m.pod_uid) {
                 p.cpu_request_millis = live;
             }
+        }
+        // ... and its node-level memory request (memory, hugepages: what `check_capacity`
+        // counts), within what the nodes have left: a door without the pod's hugepages (NRI's
+        // pod_resources has none) or without totals books the containers it has seen
+        hold.members.insert(c.name.clone(), memory_request(c));
+        let grown = self.grown_memory(m.pod_uid, &hold)?;
+        if let Some(p) = self.pods.get_mut(m.pod_uid) {
+            p.memory_request.extend(grown);
         }
         // What the hold kept is the container's to take first.
         self.drop_hold(m.pod_uid);
@@ -297,9 +312,66 @@ impl Allocator {
         } else {
             CpuSet::new()
         };
+        // what the pod books shrinks back toward its totals (never below them) as what grew
+        // it goes
+        let mut hold = hold;
+        hold.members.remove(container);
+        let cpu_floor = hold.totals.cpu_request().max(live_millis(pod));
+        pod.cpu_request_millis = pod.cpu_request_millis.min(cpu_floor);
+        let totals = memory_request(&hold.totals);
+        for (r, b) in pod.memory_request.iter_mut() {
+            let live: u64 = hold.members.values().filter_map(|q| q.get(r)).sum();
+            let keep = totals.get(r).copied().unwrap_or(0).max(live);
+            *b = (*b).min(keep);
+        }
+        pod.memory_request.retain(|_, b| *b > 0);
         self.drop_hold(uid);
         self.place_hold(cfg, &CpuView::new(topo), uid, hold, freed);
         true
+    }
+
+    /// The resources whose sum over the pod's live containers (`hold.members`) is past what
+    /// the pod books, at that sum; refused when the nodes' allocatable, less what the other
+    /// pods book, does not hold it.
+    fn grown_memory(&self, uid: &str, hold: &PodHold) -> Result<MemoryRequest, Rejection> {
+        let booked = &self.pods[uid].memory_request;
+        let mut live = MemoryRequest::new();
+        for req in hold.members.values() {
+            for (&r, &b) in req {
+                *live.entry(r).or_default() += b;
+            }
+        }
+        let mut grown = MemoryRequest::new();
+        for (r, b) in live {
+            if b <= booked.get(&r).copied().unwrap_or(0) {
+                continue;
+            }
+            let alloc: u64 = self
+                .memory
+                .nodes
+                .iter()
+                .filter_map(|n| n.blocks.get(&r))
+                .map(|x| x.allocatable)
+                .sum();
+            let used: u64 = self
+                .pods
+                .iter()
+                .filter(|(k, _)| k.as_str() != uid)
+                .filter_map(|(_, p)| p.memory_request.get(&r))
+                .sum();
+            if used + b > alloc {
+                return Err(Rejection::new(
+                    R::InsufficientMemory,
+                    format!(
+                        "pod {uid} would request {b} bytes of {}, {} of {alloc} allocatable left",
+                        r.name(),
+                        alloc.saturating_sub(used)
+                    ),
+                ));
+            }
+            grown.insert(r, b);
+        }
+        Ok(grown)
     }
 
     /// Releases what the pod's hold keeps (its CPUs are then in no one's books) and leaves an

@@ -3,6 +3,7 @@
 use super::super::tests::{epyc, guaranteed, G};
 use super::*;
 use crate::config::{TopologyPolicy, TopologyScope};
+use crate::placement::memory::MemoryResource;
 use crate::placement::pod::RejectionReason;
 use crate::placement::NodeMask;
 
@@ -232,4 +233,59 @@ fn containers_beyond_the_totals_or_against_the_pods_qos_are_refused() {
         .unwrap_err();
     assert_eq!(err.reason, RejectionReason::InvalidPod, "{err}");
     assert_eq!(a, before);
+}
+
+/// REVIEW3 #4: a door whose totals leave out the hugepages (NRI's pod_resources has none)
+/// books a pod's memory and hugepages as the containers it has seen, not as the first one:
+/// the second 8 GiB of 1 GiB pages grows the pod's booking, so another pod asking for the
+/// machine's last 8 GiB of them is refused until that container is gone.
+#[test]
+fn memory_beyond_the_totals_grows_what_the_pod_books_and_shrinks_back() {
+    let t = epyc();
+    // the node-level capacity check alone (no Memory Manager: memory_manager_policy = none)
+    let c = PlacementConfig {
+        memory_manager_policy: crate::config::MemoryManagerPolicy::None,
+        ..cfg(TopologyPolicy::Restricted)
+    };
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let huge = |name: &str| Container {
+        hugepages_1gi_bytes: 8 * G,
+        ..guaranteed(name, 1000, G)
+    };
+    // the totals as NRI gives them: CPU and memory, no hugepages
+    let totals = guaranteed("pod", 2000, 2 * G);
+    a.admit_member(&t, &c, member("p", &totals, &huge("a")))
+        .unwrap();
+    let booked = |a: &Allocator, r| a.pods["p"].memory_request.get(&r).copied();
+    assert_eq!(booked(&a, MemoryResource::Hugepages1Gi), Some(8 * G));
+    a.admit_member(&t, &c, member("p", &totals, &huge("b")))
+        .unwrap();
+    assert_eq!(booked(&a, MemoryResource::Hugepages1Gi), Some(16 * G));
+    assert_eq!(
+        booked(&a, MemoryResource::Memory),
+        Some(2 * G),
+        "the totals hold both"
+    );
+    // the machine has 8 nodes x 2 GiB of 1 GiB pages: all booked by p
+    let q = one("q", huge("q"));
+    let before = a.clone();
+    let err = a.admit(&t, &c, &q).unwrap_err();
+    assert_eq!(err.reason, RejectionReason::InsufficientMemory, "{err}");
+    assert_eq!(a, before);
+    // nor does a third container of p fit
+    let err = a
+        .admit_member(&t, &c, member("p", &totals, &huge("c")))
+        .unwrap_err();
+    assert_eq!(err.reason, RejectionReason::InsufficientMemory, "{err}");
+    assert_eq!(a, before);
+    // b goes: the pod books what its live container needs again, and q fits
+    assert!(a.remove_member(&t, &c, "p", "b"));
+    assert_eq!(booked(&a, MemoryResource::Hugepages1Gi), Some(8 * G));
+    assert_eq!(
+        booked(&a, MemoryResource::Memory),
+        Some(2 * G),
+        "never below the totals"
+    );
+    assert_eq!(a.pods["p"].cpu_request_millis, 2000);
+    a.admit(&t, &c, &q).unwrap();
 }
