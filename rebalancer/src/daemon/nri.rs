@@ -403,6 +403,7 @@ impl Policy {
                 mine = Some(c);
             } else if let Some(id) = self.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
+                self.runtime.note_hooked(&c.cgroup);
                 out.push(update(&id, &c.cpus, c.mems.as_ref()));
             } else if let Some(cg) = &self.writer.cgroups {
                 if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
@@ -920,6 +921,9 @@ impl Handler for Policy {
     }
 
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
+        // hook answers the runtime has had time to apply: newer writes put back (REVIEW4 R6)
+        let stale = self.runtime.settle_hooked(super::nri_updates::HOOK_SETTLE);
+        self.rewrite(stale);
         if self.dry_run() {
             self.runtime.discard_queued();
             return Vec::new();

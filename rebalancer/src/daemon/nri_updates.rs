@@ -40,6 +40,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -144,7 +145,15 @@ struct State {
     /// off for good (until the daemon restarts), so a runtime that is slow or ignores them
     /// does not make the connection flap (each gap creates containers unplaced).
     timed_out: bool,
+    /// Carried in a hook's answer, which the runtime applies after the hook returns: (cgroup,
+    /// what was sent, when), checked by [`Runtime::settle_hooked`].
+    hooked: Vec<(String, Given, Instant)>,
 }
+
+/// How long after a hook's answer its updates are taken as applied by the runtime (it runs
+/// one `runc update` per container after the hook returns): a container given something newer
+/// meanwhile is then written again and told again.
+pub const HOOK_SETTLE: Duration = Duration::from_secs(2);
 
 /// At most this many containers per unsolicited UpdateContainers: the runtime applies them
 /// one after the other (one `runc update` each), and the batch must be answered within the
@@ -220,6 +229,7 @@ impl Runtime {
         s.ids.remove(cgroup);
         s.given.remove(cgroup);
         s.queued.retain(|c| c != cgroup);
+        s.hooked.retain(|(c, _, _)| c != cgroup);
     }
 
     /// Synchronize: the runtime's containers are exactly `ids` (cgroup → id).
@@ -237,6 +247,15 @@ impl Runtime {
         g.cpus = Some(cpus.clone());
         if let Some(m) = mems {
             g.mems = Some(m.clone());
+        }
+    }
+
+    /// `cgroup`'s given cpuset goes out in a hook's answer now (see [`Self::settle_hooked`]).
+    pub fn note_hooked(&self, cgroup: &str) {
+        let mut s = self.lock();
+        if let Some(g) = s.given.get(cgroup).cloned() {
+            s.hooked.retain(|(c, _, _)| c != cgroup);
+            s.hooked.push((cgroup.to_string(), g, Instant::now()));
         }
     }
 
@@ -334,7 +353,36 @@ impl Runtime {
             .into_iter()
             .partition(|cg| s.inflight.iter().any(|(c, _)| c == cg));
         s.queued = busy;
-        Self::updates_of(&mut s, free, false)
+        let out = Self::updates_of(&mut s, free.clone(), false);
+        drop(s);
+        for cg in &free {
+            self.note_hooked(cg);
+        }
+        out
+    }
+
+    /// REVIEW4 R6: the updates carried in hook answers at least `settle` ago, taken as applied
+    /// by the runtime. Returns the cgroups given something newer since (an out-of-hook write
+    /// under `Daemon::order` while the runtime was still applying the answer, which may have
+    /// put the older value over it): to be written again, and queued again so the runtime is
+    /// told the newer value.
+    pub fn settle_hooked(&self, settle: Duration) -> Vec<String> {
+        let mut s = self.lock();
+        let now = Instant::now();
+        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut s.hooked)
+            .into_iter()
+            .partition(|(_, _, at)| now.duration_since(*at) >= settle);
+        s.hooked = wait;
+        let mut stale = Vec::new();
+        for (cg, sent, _) in due {
+            if s.given.get(&cg).is_some_and(|g| *g != sent) {
+                if !s.queued.contains(&cg) {
+                    s.queued.push(cg.clone());
+                }
+                stale.push(cg);
+            }
+        }
+        stale
     }
 
     /// The runtime answered the batch in flight: `Ok(failed container ids)` or the error of
@@ -837,6 +885,31 @@ mod tests {
         assert!(rt.updates_timed_out());
         assert!(rt.take_batch().is_empty());
         assert_eq!(rt.take_for_hook().len(), 1);
+    }
+
+    /// REVIEW4 R6: an update carried in a hook's answer is applied by the runtime after the
+    /// hook returns; a newer out-of-hook write meanwhile may be overwritten by it. Once the
+    /// answer has settled, a container given something newer since is named to be written
+    /// again and is told again; one given nothing newer is not.
+    #[test]
+    fn a_write_newer_than_a_hooks_answer_is_put_back_once_the_answer_settled() {
+        let rt = Runtime::new(Metrics::default());
+        rt.set_connected(true);
+        rt.track("a", "ida");
+        rt.track("b", "idb");
+        rt.submit("a", Some(&set("1")), None).unwrap();
+        rt.submit("b", Some(&set("3")), None).unwrap();
+        assert_eq!(rt.take_for_hook().len(), 2, "both ride the answer");
+        // not settled yet: nothing to check
+        assert!(rt.settle_hooked(Duration::from_secs(3600)).is_empty());
+        // a is moved again (under order) while the runtime applies the answer
+        rt.submit("a", Some(&set("2")), None).unwrap();
+        assert_eq!(rt.settle_hooked(Duration::ZERO), vec!["a".to_string()]);
+        let again = rt.take_for_hook();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].container_id, "ida");
+        // each answer is checked once
+        assert!(rt.settle_hooked(Duration::ZERO).is_empty());
     }
 
     /// REVIEW4 R8: a shrink that names many containers goes out in batches of at most
