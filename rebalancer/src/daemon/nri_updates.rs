@@ -30,7 +30,8 @@
 //! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
 //! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
 //! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
-//! for what was in flight when the connection went.
+//! for what was in flight when the connection went, and for what rode a hook's answer once it
+//! has settled ([`HOOK_SETTLE`]: the runtime applies those after the hook returns).
 //!
 //! Not connected, or a cgroup that is not one of the runtime's containers: written to cgroupfs
 //! only, logged, and counted in `rebalancer_nri_direct_writes_total{reason}`. A runtime
