@@ -74,7 +74,8 @@ pub struct KubernetesConfig {
     pub nri_plugin_index: String,
     /// NRI mode: send the changes made outside the runtime's hooks (control-round moves,
     /// CPU-hotplug replacement, API admissions' shrink) to the runtime as unsolicited
-    /// UpdateContainers (they are written to cgroupfs first either way). `auto` (default): on
+    /// UpdateContainers as they are made (they are written to cgroupfs first either way;
+    /// when off, they ride the runtime's next hook answers instead). `auto` (default): on
     /// only for a runtime known to be fixed — containerd ≥ 2.4.0 (earlier ones deadlock:
     /// containerd/containerd#13733; containerd 2.0.x, which names itself "v2", included) —
     /// and off for everything else: CRI-O (its NRI deadlock fix cri-o/cri-o#9835 is not

@@ -10,7 +10,7 @@
 //! the runtime inside its own hook, no lock-order hazard) or, when the connection allows it, as
 //! an unsolicited `UpdateContainers`. The runtime applying the same values again changes
 //! nothing; its answer never moves the books (a failed update leaves only the runtime's spec
-//! behind — logged and counted — never the cgroup).
+//! behind, never the cgroup: logged, counted, and sent again up to [`RETRIES`] times).
 //!
 //! [`Runtime`] is shared by the plugin thread (`daemon::nri`, which knows which cgroup is which
 //! runtime container and owns the socket) and the writers of the other threads:
@@ -149,7 +149,13 @@ struct State {
     /// Carried in a hook's answer, which the runtime applies after the hook returns: (cgroup,
     /// what was sent, when), checked by [`Runtime::settle_hooked`].
     hooked: Vec<(String, Given, Instant)>,
+    /// Failed updates by cgroup: each is sent again, at most [`RETRIES`] times in a row.
+    failures: BTreeMap<String, u32>,
 }
+
+/// How many times in a row a failed update is sent again before only its log and count
+/// remain (the runtime's spec then stays behind cgroupfs until the next change).
+pub const RETRIES: u32 = 3;
 
 /// How long after a hook's answer its updates are taken as applied by the runtime (it runs
 /// one `runc update` per container after the hook returns): a container given something newer
@@ -408,9 +414,20 @@ impl Runtime {
             match why {
                 Some(w) => {
                     bad += 1;
-                    tracing::warn!(cgroup = %cg, container = %id, error = %w, "container update through the runtime failed; cgroupfs has the change, the runtime's spec does not");
+                    let n = s.failures.entry(cg.clone()).or_default();
+                    *n += 1;
+                    let retry = *n <= RETRIES;
+                    tracing::warn!(cgroup = %cg, container = %id, error = %w, retry, "container update through the runtime failed; cgroupfs has the change, the runtime's spec does not");
+                    // sent again (the latest given): a runtime's spec left behind would
+                    // write the old cpuset back at its next update of the container
+                    if retry && s.ids.contains_key(&cg) && !s.queued.contains(&cg) {
+                        s.queued.push(cg.clone());
+                    }
                 }
-                None => ok += 1,
+                None => {
+                    ok += 1;
+                    s.failures.remove(&cg);
+                }
             }
             let newer = s.given.get(&cg).is_some_and(|g| *g != sent);
             if newer && s.ids.contains_key(&cg) {
@@ -608,13 +625,15 @@ mod tests {
         rt.submit("a", Some(&set("0")), None).unwrap();
         assert!(rt.take_batch().is_empty());
         assert!(rt.take_for_hook().is_empty());
-        // b failed (only its spec is behind: not sent again); a was given something newer
+        // b failed: sent again (its spec must not stay behind); a was given something newer
         // meanwhile: the runtime may have applied "1" over the write of "0", so a is named to
         // be written again and is sent again with the newer cpus.
         assert_eq!(rt.answered(Ok(vec!["idb".into()])), vec!["a".to_string()]);
         let again = rt.take_batch();
-        assert_eq!(again.len(), 1);
-        assert_eq!(cpu(&again[0]), ("0".into(), "0".into()));
+        assert_eq!(again.len(), 2);
+        let a = again.iter().find(|u| u.container_id == "ida").unwrap();
+        assert_eq!(cpu(a), ("0".into(), "0".into()));
+        assert!(again.iter().any(|u| u.container_id == "idb"));
         assert!(rt.answered(Ok(vec![])).is_empty());
         assert!(rt.take_batch().is_empty());
         let m = rt.metrics.render();
@@ -623,8 +642,19 @@ mod tests {
             "{m}"
         );
         assert!(
-            m.contains("rebalancer_nri_updates_total{reason=\"applied\"} 2"),
+            m.contains("rebalancer_nri_updates_total{reason=\"applied\"} 3"),
             "{m}"
+        );
+        // a failing container is sent again RETRIES times in a row, then left (counted)
+        rt.submit("b", Some(&set("1")), None).unwrap();
+        for _ in 0..=RETRIES {
+            let batch = rt.take_batch();
+            assert_eq!(batch.len(), 1);
+            rt.answered(Ok(vec!["idb".into()]));
+        }
+        assert!(
+            rt.take_batch().is_empty(),
+            "given up after {RETRIES} retries"
         );
     }
 

@@ -111,17 +111,14 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let kubelet_files = super::kubelet::read_files(&cfg.kubernetes.kubelet_state_dir);
     super::kubelet::install_files(&mut daemon.lock(), kubelet_files, &metrics);
     let mode = super::nri::resolve_mode(&cfg.kubernetes);
-    // NRI mode: the plugin's runtime link; with `kubernetes.nri_runtime_updates` the other
-    // threads' changes to the runtime's containers (moves, hotplug, API admissions' shrink) go
-    // through the runtime as container updates, else to cgroupfs.
+    // NRI mode: the plugin's runtime link. The other threads' changes to the runtime's
+    // containers (moves, hotplug, API admissions' shrink) are written to cgroupfs and told to
+    // the runtime — in the next hook answers, or as unsolicited updates where
+    // `kubernetes.nri_runtime_updates` allows them — so its specs never fall behind cgroupfs
+    // (a spec left behind is written back at the runtime's next update of the container).
     let runtime = (mode == AdmissionMode::Nri)
         .then(|| Arc::new(super::nri_updates::Runtime::new(metrics.clone())));
-    let updates = runtime
-        .as_ref()
-        .filter(|_| cfg.kubernetes.nri_runtime_updates != crate::config::RuntimeUpdates::Off);
-    if runtime.is_some() && updates.is_none() {
-        tracing::info!("NRI mode: moves and hotplug changes of running containers are written to cgroupfs (kubernetes.nri_runtime_updates = false)");
-    }
+    let updates = runtime.as_ref();
     let writer: Arc<dyn super::writer::CpusetWriter> = match updates {
         Some(rt) => Arc::new(super::nri_updates::RuntimeCpusetWriter::new(
             rt.clone(),
