@@ -292,7 +292,14 @@ impl CpusetTrigger {
                         if !settled && !ev.mask.contains(EventMask::CLOSE_WRITE) {
                             continue;
                         }
-                        if now.as_ref().is_some_and(|c| d.rounds.is_own(&cg, c)) {
+                        let own = now.as_ref().is_some_and(|c| d.rounds.is_own(&cg, c));
+                        me.metrics
+                            .trigger_writes
+                            .get_or_create(&crate::serve::metrics::ReasonLabel {
+                                reason: if own { "own" } else { "other" }.into(),
+                            })
+                            .inc();
+                        if own {
                             tracing::trace!(cgroup = %cg, "cpuset.cpus written by the daemon itself");
                             continue;
                         }
@@ -511,14 +518,30 @@ mod tests {
             Ok(Why::CpusetWritten)
         );
         drain();
-        // The daemon moves b: noted first, as the writers do.
-        d.rounds.note_own_cpus("b", &CpuSet::parse("2-3").unwrap());
-        std::fs::write(&fb, "2-3\n").unwrap();
-        assert_eq!(
-            rx.recv_timeout(ms(700)),
-            Err(mpsc::RecvTimeoutError::Timeout),
-            "the daemon's own write woke the rounds"
-        );
+        // The trigger's counts; `own_write` is also a barrier: once its event is counted as
+        // own, every event before it in the (ordered) inotify queue has been seen.
+        let count = |reason: &str| {
+            let m = d.metrics.render();
+            let key = format!("rebalancer_trigger_writes_total{{reason=\"{reason}\"}} ");
+            m.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+        };
+        let own_write = |cpus: &str| {
+            let before = count("own");
+            d.rounds.note_own_cpus("b", &CpuSet::parse(cpus).unwrap());
+            std::fs::write(&fb, format!("{cpus}\n")).unwrap();
+            let t0 = Instant::now();
+            while count("own") == before {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the daemon's own write of {cpus} was not seen as its own"
+                );
+                std::thread::sleep(ms(5));
+            }
+        };
+        // The daemon moves b: noted first, as the writers do; seen as its own.
+        own_write("2-3");
         // Someone else writes b after the daemon: an event again.
         std::fs::write(&fb, "3\n").unwrap();
         assert_eq!(
@@ -532,11 +555,14 @@ mod tests {
         t.watch(&d.rounds, [("b".to_string(), fb.clone())]);
         assert_eq!(t.watched(), 1);
         assert!(!d.rounds.is_own("a", &CpuSet::parse("0").unwrap()));
+        own_write("1"); // everything before is seen
+        let others = count("other");
         std::fs::write(&fa, "2-3\n").unwrap();
+        own_write("0"); // a's write, before it in the queue, is seen too
         assert_eq!(
-            rx.recv_timeout(ms(700)),
-            Err(mpsc::RecvTimeoutError::Timeout),
-            "a write to an unwatched file woke the rounds"
+            count("other"),
+            others,
+            "a write to an unwatched file was seen"
         );
     }
 

@@ -96,6 +96,9 @@ pub struct Metrics {
     /// Managed cgroups whose cpuset.cpus the round trigger does not watch, by reason
     /// (`operator-writable`, `watch-limit`).
     pub trigger_unwatched: Family<ReasonLabel, Gauge>,
+    /// Writes to watched cpuset.cpus files the round trigger saw, by whose they were
+    /// (`own`: the daemon's, no round; `other`: an operator's or another tool's, a round).
+    pub trigger_writes: Family<ReasonLabel, Counter>,
     /// Liveness of the daemon's components (its `rebalancer_component_up` family).
     pub health: crate::health::Health,
     pub http_connections: Family<ListenerLabel, Gauge>,
@@ -147,6 +150,7 @@ impl Metrics {
             moves_failed: Family::default(),
             managed_cgroups: Gauge::default(),
             trigger_unwatched: Family::default(),
+            trigger_writes: Family::default(),
             health: Default::default(),
             http_connections: Family::default(),
             http_connections_closed: Family::default(),
@@ -285,6 +289,11 @@ impl Metrics {
             "moves_failed",
             "Moves that failed and were rolled back (or found their cgroup gone), by reason",
             m.moves_failed.clone(),
+        );
+        r.register(
+            "trigger_writes",
+            "Writes to managed cgroups' cpuset.cpus seen by the round trigger, by whose (own: the daemon's; other: anyone else's, which brings a round forward)",
+            m.trigger_writes.clone(),
         );
         r.register(
             "trigger_unwatched",
