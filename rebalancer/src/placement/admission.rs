@@ -513,18 +513,8 @@ impl Allocator {
         }
         let mem = pod_memory_request(pod);
         for (r, &b) in &mem {
-            let alloc: u64 = self
-                .memory
-                .nodes
-                .iter()
-                .filter_map(|n| n.blocks.get(r))
-                .map(|x| x.allocatable)
-                .sum();
-            let used: u64 = self
-                .pods
-                .values()
-                .filter_map(|p| p.memory_request.get(r))
-                .sum();
+            let alloc = self.allocatable_memory(*r);
+            let used = self.booked_memory(*r, None);
             if used + b > alloc {
                 return Err(Rejection::new(
                     R::InsufficientMemory,
@@ -537,6 +527,25 @@ impl Allocator {
             }
         }
         Ok((cpu, mem))
+    }
+
+    /// The nodes' allocatable bytes of `r`.
+    pub(super) fn allocatable_memory(&self, r: MemoryResource) -> u64 {
+        self.memory
+            .nodes
+            .iter()
+            .filter_map(|n| n.blocks.get(&r))
+            .map(|x| x.allocatable)
+            .sum()
+    }
+
+    /// What the pods book of `r` at node level (all of them, or all but `except`).
+    pub(super) fn booked_memory(&self, r: MemoryResource, except: Option<&str>) -> u64 {
+        self.pods
+            .iter()
+            .filter(|(k, _)| Some(k.as_str()) != except)
+            .filter_map(|(_, p)| p.memory_request.get(&r))
+            .sum()
     }
 
     /// Collects the providers' hints for `containers` (one container, or the whole pod in pod

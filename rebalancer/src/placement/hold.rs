@@ -346,19 +346,8 @@ impl Allocator {
             if b <= booked.get(&r).copied().unwrap_or(0) {
                 continue;
             }
-            let alloc: u64 = self
-                .memory
-                .nodes
-                .iter()
-                .filter_map(|n| n.blocks.get(&r))
-                .map(|x| x.allocatable)
-                .sum();
-            let used: u64 = self
-                .pods
-                .iter()
-                .filter(|(k, _)| k.as_str() != uid)
-                .filter_map(|(_, p)| p.memory_request.get(&r))
-                .sum();
+            let alloc = self.allocatable_memory(r);
+            let used = self.booked_memory(r, Some(uid));
             if used + b > alloc {
                 return Err(Rejection::new(
                     R::InsufficientMemory,
