@@ -394,22 +394,32 @@ impl Policy {
 
     /// The collected changes as runtime updates, except `own`'s (returned apart). A change
     /// for a cgroup the plugin did not place (none in NRI mode) is written to cgroupfs, so
-    /// it is made exactly once.
-    fn drain(&self, own: Option<&str>) -> (Option<CpusetChange>, Vec<api::ContainerUpdate>) {
+    /// it is made exactly once. `hooked`: the updates ride a hook's answer (looked at again
+    /// once it settled: `Runtime::settle_hooked`), else they go out unsolicited.
+    fn drain(
+        &self,
+        own: Option<&str>,
+        hooked: bool,
+    ) -> (Option<CpusetChange>, Vec<api::ContainerUpdate>) {
         let mut mine = None;
         let mut out = Vec::new();
+        let mut sent = Vec::new();
         for c in self.writer.take() {
             if Some(c.cgroup.as_str()) == own {
                 mine = Some(c);
             } else if let Some(id) = self.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
-                self.runtime.note_hooked(&c.cgroup);
                 out.push(update(&id, &c.cpus, c.mems.as_ref()));
+                sent.push(c);
             } else if let Some(cg) = &self.writer.cgroups {
                 if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
                     tracing::warn!(cgroup = %c.cgroup, error = %e, "cpuset change of a container unknown to the runtime failed");
                 }
             }
+        }
+        if hooked {
+            self.runtime
+                .note_hooked(sent.iter().map(|c| (c.cgroup.as_str(), &c.cpus)));
         }
         (mine, out)
     }
@@ -417,19 +427,19 @@ impl Policy {
     /// The shared pool's growth after a release, as runtime updates: what the admission
     /// service queued through the writer for the release, plus any shared container still off
     /// its pool (one adopted after a restart) — one rule, `admission::shared_changes`.
-    fn regrow(&self) -> Vec<api::ContainerUpdate> {
+    fn regrow(&self, hooked: bool) -> Vec<api::ContainerUpdate> {
         if !self.d().lock().cfg.daemon.dry_run {
             for c in super::admission::shared_changes(self.d(), |cg| self.writer.cpus(cg)) {
                 let _ = self.writer.write(&c);
             }
         }
-        self.drain(None).1
+        self.drain(None, hooked).1
     }
 
     /// [`Self::regrow`] outside any answer (after a RemoveContainer, an event): the updates
     /// are queued in `runtime` and sent once the connection is quiet.
     fn regrow_unsolicited(&self) {
-        for u in self.regrow() {
+        for u in self.regrow(false) {
             let Some(cpu) = u
                 .linux
                 .as_ref()
@@ -489,14 +499,36 @@ impl Policy {
     }
 
     /// The queued runtime updates for a hook's answer; none in a dry run (one turned on by a
-    /// reload drops what was queued before it: a dry run changes nothing, the runtime's specs
-    /// included).
+    /// reload holds back what was queued before it: a dry run changes nothing, the runtime's
+    /// specs included).
     fn queued_for_hook(&self) -> Vec<api::ContainerUpdate> {
         if self.dry_run() {
-            self.runtime.discard_queued();
             return Vec::new();
         }
         self.runtime.take_for_hook()
+    }
+
+    /// REVIEW4 R6: the hooked updates due now whose container was given newer cpus since:
+    /// where cgroupfs holds the answer's old cpus, the runtime overwrote the newer write:
+    /// written again and told again; where it holds the newer ones, looked at again later;
+    /// anything else is someone else's write, left alone.
+    fn settle_hooked(&self) {
+        let Some(cgroups) = self.writer.cgroups.as_ref() else {
+            return;
+        };
+        let mut stale = Vec::new();
+        for h in self.runtime.settle_hooked(Instant::now()) {
+            let live = cgroups.cpus(&h.cgroup).ok();
+            let given = self.runtime.given(&h.cgroup).and_then(|g| g.cpus);
+            if live.as_ref() == Some(&h.sent) {
+                tracing::warn!(cgroup = %h.cgroup, cpus = %h.sent, "the runtime applied a hook's older cpuset over a newer write; written again");
+                self.runtime.overwritten(&h.cgroup);
+                stale.push(h.cgroup);
+            } else if live.is_none() || live != given {
+                self.runtime.settled(&h.cgroup);
+            }
+        }
+        self.rewrite(stale);
     }
 
     /// Releases a placed container; `true` when it held an allocation.
@@ -604,7 +636,7 @@ impl Policy {
                     },
                 );
                 let p = &a.placements[0];
-                let (_, updates) = self.drain(Some(&r.cgroup));
+                let (_, updates) = self.drain(Some(&r.cgroup), true);
                 Ok((p.cpus.clone(), p.mems.clone(), updates))
             }
             Err(e) => {
@@ -650,7 +682,7 @@ impl Handler for Policy {
         } else {
             (
                 false,
-                "the runtime left unsolicited updates unanswered past the deadline on an earlier connection: off until the daemon restarts".to_string(),
+                "the runtime left unsolicited updates unanswered past the deadline on earlier connections: off until the daemon restarts".to_string(),
             )
         };
         tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, unsolicited_updates = on, reason = %why, "NRI plugin configured by the runtime");
@@ -778,7 +810,7 @@ impl Handler for Policy {
             }
         }
         if !gone.is_empty() || !gone_members.is_empty() || pods_gone > 0 {
-            updates.extend(self.regrow());
+            updates.extend(self.regrow(true));
         }
         if let Err(e) = self.admission.checkpoint() {
             tracing::warn!(error = %e, "checkpoint after synchronize failed");
@@ -822,7 +854,7 @@ impl Handler for Policy {
         let refreshed = self.admission.refresh_kubelet();
         if self.kubelet_owned(&r) {
             let update = if refreshed {
-                self.drain(None).1
+                self.drain(None, true).1
             } else {
                 Vec::new()
             };
@@ -866,7 +898,7 @@ impl Handler for Policy {
             return Err("rebalancer: StopContainer without its container".into());
         };
         let mut update = if self.release(&c.id, Durability::Deferred) {
-            self.regrow()
+            self.regrow(true)
         } else {
             Vec::new()
         };
@@ -921,13 +953,11 @@ impl Handler for Policy {
     }
 
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
-        // hook answers the runtime has had time to apply: newer writes put back (REVIEW4 R6)
-        let stale = self.runtime.settle_hooked(super::nri_updates::HOOK_SETTLE);
-        self.rewrite(stale);
         if self.dry_run() {
-            self.runtime.discard_queued();
             return Vec::new();
         }
+        // hook answers the runtime has had time to apply: newer writes put back (REVIEW4 R6)
+        self.settle_hooked();
         self.runtime.take_batch()
     }
 
@@ -1123,9 +1153,10 @@ mod tests {
     }
 
     /// REVIEW4 R11: a dry run turned on by a reload sends nothing to the runtime, not even
-    /// what was queued before it (the same steps without the dry run send the update).
+    /// what was queued before it, which it holds back (the same steps without the dry run
+    /// send the update).
     #[test]
-    fn a_dry_run_turned_on_drops_the_queued_runtime_updates() {
+    fn a_dry_run_turned_on_holds_back_the_queued_runtime_updates() {
         for dry in [false, true] {
             let dir = tempfile::tempdir().unwrap();
             let mut p = policy(dir.path());

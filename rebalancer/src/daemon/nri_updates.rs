@@ -26,7 +26,7 @@
 //! runtime's serial `runc update`s fit the deadline), sent once the connection is quiet
 //! (`nri::session::QUIET`); one that is not answered within the session's deadline ends the
 //! connection (`rebalancer_nri_updates_total{reason="timeout"}`), which reconnects with
-//! unsolicited updates off until the daemon restarts (no flapping; `status` says why).
+//! unsolicited updates off for good after [`STICKY_TIMEOUTS`] (no flapping; `status` says why).
 //! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
 //! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
 //! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
@@ -142,25 +142,48 @@ struct State {
     queued: Vec<String>,
     /// Sent and not answered: (cgroup, what was sent).
     inflight: Vec<(String, Given)>,
-    /// The runtime left a batch unanswered past the deadline once: unsolicited updates stay
-    /// off for good (until the daemon restarts), so a runtime that is slow or ignores them
-    /// does not make the connection flap (each gap creates containers unplaced).
-    timed_out: bool,
-    /// Carried in a hook's answer, which the runtime applies after the hook returns: (cgroup,
-    /// what was sent, when), checked by [`Runtime::settle_hooked`].
-    hooked: Vec<(String, Given, Instant)>,
+    /// Carried in a hook's answer, which the runtime applies after the hook returns: by
+    /// cgroup, checked by [`Runtime::settle_hooked`].
+    hooked: BTreeMap<String, Hooked>,
     /// Failed updates by cgroup: each is sent again, at most [`RETRIES`] times in a row.
     failures: BTreeMap<String, u32>,
+    /// Unanswered past the deadline so far (unsolicited updates off for good at
+    /// [`STICKY_TIMEOUTS`]).
+    timeouts: u32,
+}
+
+/// An update that rode a hook's answer.
+#[derive(Clone, Debug)]
+struct Hooked {
+    /// The cpus the answer carried.
+    sent: CpuSet,
+    /// When to look (the answer's size scales it: the runtime applies them one by one).
+    due: Instant,
+    /// Looks left (a slow runtime may apply it after the first).
+    looks: u32,
+}
+
+/// A hooked update to check: the runtime may have put its `sent` cpus over the newer ones the
+/// container was given since (the plugin compares cgroupfs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settle {
+    pub cgroup: String,
+    pub sent: CpuSet,
 }
 
 /// How many times in a row a failed update is sent again before only its log and count
 /// remain (the runtime's spec then stays behind cgroupfs until the next change).
 pub const RETRIES: u32 = 3;
 
-/// How long after a hook's answer its updates are taken as applied by the runtime (it runs
-/// one `runc update` per container after the hook returns): a container given something newer
-/// meanwhile is then written again and told again.
+/// How long after a hook's answer its first update is looked at again (the runtime runs one
+/// `runc update` per container after the hook returns), plus [`HOOK_PER_UPDATE`] for each one
+/// before it in the answer; looked at [`HOOK_LOOKS`] times, one such span apart.
 pub const HOOK_SETTLE: Duration = Duration::from_secs(2);
+pub const HOOK_PER_UPDATE: Duration = Duration::from_millis(100);
+pub const HOOK_LOOKS: u32 = 3;
+
+/// Timeouts (in the daemon's life) after which unsolicited updates stay off.
+pub const STICKY_TIMEOUTS: u32 = 2;
 
 /// At most this many containers per unsolicited UpdateContainers: the runtime applies them
 /// one after the other (one `runc update` each), and the batch must be answered within the
@@ -209,16 +232,18 @@ impl Runtime {
     }
 
     /// Unsolicited UpdateContainers on (`true`) or off for this connection; what is now in
-    /// force (off for good after a timeout: [`Self::timed_out`]).
+    /// force (off for good after [`STICKY_TIMEOUTS`] timeouts: [`Self::timed_out`]).
     pub fn set_updates(&self, on: bool) -> bool {
         let mut s = self.lock();
-        s.updates = on && !s.timed_out;
+        s.updates = on && s.timeouts < STICKY_TIMEOUTS;
         s.updates
     }
 
-    /// Whether a timeout turned unsolicited updates off for good.
+    /// Whether timeouts turned unsolicited updates off for good: a runtime that is slow or
+    /// ignores them would otherwise make the connection flap (each gap creates containers
+    /// unplaced).
     pub fn updates_timed_out(&self) -> bool {
-        self.lock().timed_out
+        self.lock().timeouts >= STICKY_TIMEOUTS
     }
 
     pub fn updates_enabled(&self) -> bool {
@@ -236,7 +261,8 @@ impl Runtime {
         s.ids.remove(cgroup);
         s.given.remove(cgroup);
         s.queued.retain(|c| c != cgroup);
-        s.hooked.retain(|(c, _, _)| c != cgroup);
+        s.hooked.remove(cgroup);
+        s.failures.remove(cgroup);
     }
 
     /// Synchronize: the runtime's containers are exactly `ids` (cgroup → id).
@@ -244,6 +270,8 @@ impl Runtime {
         let mut s = self.lock();
         s.given.retain(|cg, _| ids.contains_key(cg));
         s.queued.retain(|cg| ids.contains_key(cg));
+        s.hooked.retain(|cg, _| ids.contains_key(cg));
+        s.failures.retain(|cg, _| ids.contains_key(cg));
         s.ids = ids;
     }
 
@@ -257,12 +285,24 @@ impl Runtime {
         }
     }
 
-    /// `cgroup`'s given cpuset goes out in a hook's answer now (see [`Self::settle_hooked`]).
-    pub fn note_hooked(&self, cgroup: &str) {
+    /// An answer of a hook carries these cpus for these cgroups, in this order (see
+    /// [`Self::settle_hooked`]).
+    pub fn note_hooked<'a>(&self, sent: impl IntoIterator<Item = (&'a str, &'a CpuSet)>) {
         let mut s = self.lock();
-        if let Some(g) = s.given.get(cgroup).cloned() {
-            s.hooked.retain(|(c, _, _)| c != cgroup);
-            s.hooked.push((cgroup.to_string(), g, Instant::now()));
+        Self::hooked_locked(&mut s, sent);
+    }
+
+    fn hooked_locked<'a>(s: &mut State, sent: impl IntoIterator<Item = (&'a str, &'a CpuSet)>) {
+        let now = Instant::now();
+        for (i, (cg, cpus)) in sent.into_iter().enumerate() {
+            s.hooked.insert(
+                cg.to_string(),
+                Hooked {
+                    sent: cpus.clone(),
+                    due: now + HOOK_SETTLE + HOOK_PER_UPDATE * (i as u32),
+                    looks: HOOK_LOOKS,
+                },
+            );
         }
     }
 
@@ -297,6 +337,8 @@ impl Runtime {
             if let Some(m) = mems {
                 g.mems = Some(m.clone());
             }
+            // a new value: its own retries
+            s.failures.remove(cgroup);
             if !s.queued.iter().any(|c| c == cgroup) {
                 s.queued.push(cgroup.to_string());
             }
@@ -337,18 +379,6 @@ impl Runtime {
         Self::updates_of(&mut s, queued, true)
     }
 
-    /// Drops the queued changes unsent (a dry run came on): counted as dropped.
-    pub fn discard_queued(&self) {
-        let mut s = self.lock();
-        let n = std::mem::take(&mut s.queued).len();
-        if n > 0 {
-            tracing::info!(
-                updates = n,
-                "dry run: queued runtime updates dropped unsent"
-            );
-        }
-    }
-
     /// For a hook answer that carries updates of other containers: the queued changes (those
     /// of containers in flight stay queued for after their answer).
     pub fn take_for_hook(&self) -> Vec<api::ContainerUpdate> {
@@ -360,36 +390,70 @@ impl Runtime {
             .into_iter()
             .partition(|cg| s.inflight.iter().any(|(c, _)| c == cg));
         s.queued = busy;
-        let out = Self::updates_of(&mut s, free.clone(), false);
-        drop(s);
-        for cg in &free {
-            self.note_hooked(cg);
+        let sent: Vec<(String, CpuSet)> = free
+            .iter()
+            .filter(|cg| s.ids.contains_key(*cg))
+            .filter_map(|cg| Some((cg.clone(), s.given.get(cg)?.cpus.clone()?)))
+            .collect();
+        let out = Self::updates_of(&mut s, free, false);
+        Self::hooked_locked(&mut s, sent.iter().map(|(c, p)| (c.as_str(), p)));
+        out
+    }
+
+    /// REVIEW4 R6: the hooked updates due now whose container was given other cpus since
+    /// (an out-of-hook write under `Daemon::order` while the runtime was still applying the
+    /// answer, which may put the older cpus over it). The plugin compares cgroupfs: the
+    /// answer's cpus there mean the runtime overwrote the newer write (written again and told
+    /// again); the newer cpus mean not yet or not at all, so it is looked at again, up to
+    /// [`HOOK_LOOKS`] times; anything else is someone else's write, left alone. Updates whose
+    /// container was given nothing newer are done.
+    pub fn settle_hooked(&self, now: Instant) -> Vec<Settle> {
+        let mut s = self.lock();
+        let due: Vec<String> = s
+            .hooked
+            .iter()
+            .filter(|(_, h)| h.due <= now)
+            .map(|(cg, _)| cg.clone())
+            .collect();
+        let mut out = Vec::new();
+        for cg in due {
+            let Some(mut h) = s.hooked.remove(&cg) else {
+                continue;
+            };
+            let newer = s
+                .given
+                .get(&cg)
+                .and_then(|g| g.cpus.as_ref())
+                .is_some_and(|c| *c != h.sent);
+            if !newer {
+                continue;
+            }
+            out.push(Settle {
+                cgroup: cg.clone(),
+                sent: h.sent.clone(),
+            });
+            h.looks = h.looks.saturating_sub(1);
+            if h.looks > 0 {
+                h.due = now + HOOK_SETTLE;
+                s.hooked.insert(cg, h);
+            }
         }
         out
     }
 
-    /// REVIEW4 R6: the updates carried in hook answers at least `settle` ago, taken as applied
-    /// by the runtime. Returns the cgroups given something newer since (an out-of-hook write
-    /// under `Daemon::order` while the runtime was still applying the answer, which may have
-    /// put the older value over it): to be written again, and queued again so the runtime is
-    /// told the newer value.
-    pub fn settle_hooked(&self, settle: Duration) -> Vec<String> {
+    /// A hooked update's container found with the answer's old cpus over its newer ones:
+    /// queued again (the runtime is told the newer cpus) and no longer watched.
+    pub fn overwritten(&self, cgroup: &str) {
         let mut s = self.lock();
-        let now = Instant::now();
-        let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut s.hooked)
-            .into_iter()
-            .partition(|(_, _, at)| now.duration_since(*at) >= settle);
-        s.hooked = wait;
-        let mut stale = Vec::new();
-        for (cg, sent, _) in due {
-            if s.given.get(&cg).is_some_and(|g| *g != sent) {
-                if !s.queued.contains(&cg) {
-                    s.queued.push(cg.clone());
-                }
-                stale.push(cg);
-            }
+        s.hooked.remove(cgroup);
+        if s.ids.contains_key(cgroup) && !s.queued.iter().any(|c| c == cgroup) {
+            s.queued.push(cgroup.to_string());
         }
-        stale
+    }
+
+    /// Drops the watch on a hooked update (its container holds someone else's cpus).
+    pub fn settled(&self, cgroup: &str) {
+        self.lock().hooked.remove(cgroup);
     }
 
     /// The runtime answered the batch in flight: `Ok(failed container ids)` or the error of
@@ -447,12 +511,16 @@ impl Runtime {
     /// connection is then closed): counted; what was in flight is returned as by
     /// [`Self::set_connected`]`(false)`.
     pub fn timed_out(&self) -> Vec<String> {
-        let n = {
+        let (n, sticky) = {
             let mut s = self.lock();
-            s.timed_out = true;
-            s.inflight.len() as u64
+            s.timeouts += 1;
+            (s.inflight.len() as u64, s.timeouts >= STICKY_TIMEOUTS)
         };
-        tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects); unsolicited updates off until the daemon restarts, changes ride the hooks' answers");
+        if sticky {
+            tracing::warn!(containers = n, "the runtime did not answer container updates in time, again; closing the NRI connection (it reconnects); unsolicited updates off until the daemon restarts, changes ride the hooks' answers");
+        } else {
+            tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
+        }
         self.count(n.max(1), "timeout");
         self.set_connected(false)
     }
@@ -909,8 +977,13 @@ mod tests {
             rt.submit("a", Some(&set("1")), None),
             Err(Direct::NotConnected)
         );
-        // reconnected: the next Configure cannot turn unsolicited updates on again (REVIEW4
-        // R8: no flapping); the change, still queued, rides the next hook's answer
+        // reconnected: still queued, sent again
+        rt.set_connected(true);
+        assert!(rt.set_updates(true), "one timeout is not yet for good");
+        assert_eq!(rt.take_batch().len(), 1);
+        // a second one: the next Configure cannot turn unsolicited updates on again
+        // (REVIEW4 R8: no flapping); the change, still queued, rides the next hook's answer
+        assert_eq!(rt.timed_out(), vec!["a".to_string()]);
         rt.set_connected(true);
         assert!(!rt.set_updates(true));
         assert!(rt.updates_timed_out());
@@ -919,28 +992,65 @@ mod tests {
     }
 
     /// REVIEW4 R6: an update carried in a hook's answer is applied by the runtime after the
-    /// hook returns; a newer out-of-hook write meanwhile may be overwritten by it. Once the
-    /// answer has settled, a container given something newer since is named to be written
-    /// again and is told again; one given nothing newer is not.
+    /// hook returns, one container after the other; a newer out-of-hook write meanwhile may be
+    /// overwritten by it. Once the answer is due (later for the containers further in it), a
+    /// container given other cpus since is handed to the plugin to compare with cgroupfs,
+    /// up to HOOK_LOOKS times, until found overwritten (queued again) or settled; one given
+    /// nothing newer is done.
     #[test]
-    fn a_write_newer_than_a_hooks_answer_is_put_back_once_the_answer_settled() {
+    fn a_write_newer_than_a_hooks_answer_is_looked_at_once_the_answer_is_due() {
         let rt = Runtime::new(Metrics::default());
         rt.set_connected(true);
-        rt.track("a", "ida");
-        rt.track("b", "idb");
+        for (cg, id) in [("a", "ida"), ("b", "idb"), ("c", "idc")] {
+            rt.track(cg, id);
+        }
         rt.submit("a", Some(&set("1")), None).unwrap();
         rt.submit("b", Some(&set("3")), None).unwrap();
-        assert_eq!(rt.take_for_hook().len(), 2, "both ride the answer");
-        // not settled yet: nothing to check
-        assert!(rt.settle_hooked(Duration::from_secs(3600)).is_empty());
-        // a is moved again (under order) while the runtime applies the answer
+        rt.submit("c", Some(&set("5")), None).unwrap();
+        assert_eq!(rt.take_for_hook().len(), 3, "all ride the answer");
+        let t0 = Instant::now();
+        assert!(rt.settle_hooked(t0).is_empty(), "not due yet");
+        // a and c are moved again (under order) while the runtime applies the answer
         rt.submit("a", Some(&set("2")), None).unwrap();
-        assert_eq!(rt.settle_hooked(Duration::ZERO), vec!["a".to_string()]);
-        let again = rt.take_for_hook();
+        rt.submit("c", Some(&set("6")), None).unwrap();
+        assert_eq!(rt.take_for_hook().len(), 2);
+        rt.submit("a", Some(&set("0")), None).unwrap();
+        // a's first answer is due after HOOK_SETTLE; but its newer answer replaced the watch
+        let first = t0 + HOOK_SETTLE + HOOK_PER_UPDATE;
+        let due = rt.settle_hooked(first);
+        assert_eq!(
+            due,
+            vec![Settle {
+                cgroup: "a".into(),
+                sent: set("2")
+            }],
+            "the later answer's a (given 0 since) is due; b got nothing newer; c's second \
+             answer, its second update, is not due yet"
+        );
+        let later = rt.settle_hooked(first + HOOK_PER_UPDATE);
+        assert!(
+            later.is_empty(),
+            "c was given nothing newer than its answer: {later:?}"
+        );
+        // a is looked at again (the runtime may be slow), until found overwritten
+        let again = rt.settle_hooked(first + HOOK_SETTLE);
         assert_eq!(again.len(), 1);
-        assert_eq!(again[0].container_id, "ida");
-        // each answer is checked once
-        assert!(rt.settle_hooked(Duration::ZERO).is_empty());
+        rt.overwritten("a");
+        assert!(rt.settle_hooked(first + HOOK_SETTLE * 10).is_empty());
+        let told = rt.take_for_hook();
+        assert_eq!(told.len(), 1, "a is told again");
+        assert_eq!(told[0].container_id, "ida");
+        // a watch ends after HOOK_LOOKS looks however long the runtime takes
+        rt.submit("b", Some(&set("4")), None).unwrap();
+        rt.take_for_hook();
+        rt.submit("b", Some(&set("7")), None).unwrap();
+        let mut t = Instant::now();
+        let mut looks = 0;
+        for _ in 0..10 {
+            t += HOOK_SETTLE * 2;
+            looks += rt.settle_hooked(t).len();
+        }
+        assert_eq!(looks, HOOK_LOOKS as usize);
     }
 
     /// REVIEW4 R8: a shrink that names many containers goes out in batches of at most

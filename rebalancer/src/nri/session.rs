@@ -179,14 +179,6 @@ pub fn run_once(
         if stop.load(Ordering::Relaxed) {
             break Ok(());
         }
-        if conn
-            .awaiting
-            .is_some_and(|(_, sent)| sent.elapsed() > opts.update_deadline)
-        {
-            conn.awaiting = None;
-            h.updates_timed_out();
-            break Err(SessionError::UpdateTimeout(opts.update_deadline));
-        }
         match sock.read(&mut buf) {
             Ok(0) => break Err(SessionError::Closed),
             Ok(n) => {
@@ -196,6 +188,16 @@ pub fn run_once(
                 }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // Past the deadline only once nothing is left to read: an answer already
+                // waiting (the plugin thread itself late) is not a timeout.
+                if conn
+                    .awaiting
+                    .is_some_and(|(_, sent)| sent.elapsed() > opts.update_deadline)
+                {
+                    conn.awaiting = None;
+                    h.updates_timed_out();
+                    break Err(SessionError::UpdateTimeout(opts.update_deadline));
+                }
                 if !conn.registered && started.elapsed() > Duration::from_secs(10) {
                     break Err(SessionError::RegistrationTimeout(started.elapsed()));
                 }

@@ -96,8 +96,8 @@ pub struct Metrics {
     /// Managed cgroups whose cpuset.cpus the round trigger does not watch, by reason
     /// (`operator-writable`, `watch-limit`).
     pub trigger_unwatched: Family<ReasonLabel, Gauge>,
-    /// Writes to watched cpuset.cpus files the round trigger saw, by whose they were
-    /// (`own`: the daemon's, no round; `other`: an operator's or another tool's, a round).
+    /// inotify events of writes to watched cpuset.cpus files (about two per write), by whose
+    /// content they show (`own`: the daemon's last write, no round; `other`: a round).
     pub trigger_writes: Family<ReasonLabel, Counter>,
     /// Liveness of the daemon's components (its `rebalancer_component_up` family).
     pub health: crate::health::Health,
@@ -292,7 +292,7 @@ impl Metrics {
         );
         r.register(
             "trigger_writes",
-            "Writes to managed cgroups' cpuset.cpus seen by the round trigger, by whose (own: the daemon's; other: anyone else's, which brings a round forward)",
+            "inotify events of writes to managed cgroups' cpuset.cpus seen by the round trigger (about two per write), by whose content (own: what the daemon wrote there last; other: anything else, which brings a round forward)",
             m.trigger_writes.clone(),
         );
         r.register(
