@@ -305,6 +305,7 @@ fn apply_one(
                         // writer's exclusive move, an admission's shrink) is not someone
                         // else's: the books want it.
                         if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
+                            books_follow(d, w, mv, &now);
                             return Err(controller::abandon(mv, w, rest, now));
                         }
                     }
@@ -445,17 +446,48 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         return;
     }
     match w.write_cpus(&mv.cgroup, &mv.from_cpus) {
-        Ok(()) => {
-            if super::admission::record_cpus_locked_order(d, &back) {
-                for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-                    if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-                        tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
-                    }
-                }
-            }
-        }
+        Ok(()) => record_cpus(d, w, &back),
         Err(e) => {
             tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
+        }
+    }
+}
+
+/// The books follow `m`'s cpus (written); an exclusive container's move makes the shared
+/// containers follow their pool. Call with `order` held.
+fn record_cpus(d: &Daemon, w: &mut dyn CgroupWriter, m: &Move) {
+    if super::admission::record_cpus_locked_order(d, m) {
+        for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
+            }
+        }
+    }
+}
+
+/// REVIEW2 P5: someone else wrote the cgroup's cpus (`found`) while its move migrated. The
+/// books were moved to `mv.to_cpus` when the move began; they follow what the cgroup holds
+/// now when the books allow it there (no one else's exclusive or reserved CPUs), so the
+/// allocator neither reserves CPUs the container left nor hands out the ones it runs on.
+/// When they do not allow it, the books keep the move's cpus and the overlap is logged.
+fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::cpuset::CpuSet) {
+    let follow = Move {
+        from_cpus: mv.to_cpus.clone(),
+        to_cpus: found.clone(),
+        to_mems: mv.from_mems.clone(),
+        from_mems: mv.from_mems.clone(),
+        stage: None,
+        bytes_to_migrate: 0,
+        ..mv.clone()
+    };
+    let _order = d.order();
+    match super::admission::move_allowed(d, &follow) {
+        Ok(()) => {
+            tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
+            record_cpus(d, w, &follow);
+        }
+        Err(reason) => {
+            tracing::warn!(cgroup = %mv.cgroup, cpus = %found, reason, "move abandoned for someone else's cpus, which the books give to others; the books keep the move's");
         }
     }
 }

@@ -718,6 +718,74 @@ fn an_operators_pin_during_a_migration_is_kept() {
             f.writes()
         );
     }
+    // REVIEW2 P5: the container is bound and exclusive; the books moved to the move's cpus
+    // when it began, and follow the operator's pin when it is abandoned (they would
+    // otherwise reserve CPUs it left, and hand out the one it runs on).
+    let (_dir, d) = daemon(2, 1024);
+    let placed = {
+        let mut s = d.lock();
+        let sh = &mut *s;
+        let p = crate::placement::admission::Pod {
+            uid: "p".into(),
+            containers: vec![crate::placement::admission::Container {
+                name: "c".into(),
+                cpu_request_millis: 1000,
+                cpu_limit_millis: 1000,
+                memory_bytes: MIB,
+                memory_limit_bytes: MIB,
+                ..Default::default()
+            }],
+            init_containers: vec![],
+        };
+        let got = sh
+            .state
+            .allocator
+            .admit(&sh.topo, &sh.cfg.placement, &p)
+            .unwrap();
+        sh.state.bindings.insert(
+            "w2".into(),
+            super::Binding {
+                pod_uid: "p".into(),
+                container: "c".into(),
+            },
+        );
+        got[0].clone()
+    };
+    assert!(placed.exclusive);
+    let from = placed.cpus.to_string();
+    let mut fake = fake_of(&[("w2", &from, &placed.mems.to_string())]);
+    fake.set_memory("w2", &[(0, 10 * MIB)]);
+    let w = SharedFake::new(fake);
+    let factory: WriterFactory = {
+        let w = w.clone();
+        Arc::new(move || {
+            Box::new(Meddler {
+                w: w.clone(),
+                pin: ("w2".into(), set("6")),
+            })
+        })
+    };
+    let m = mv(
+        "w2",
+        (&from, "5"),
+        (&placed.mems.to_string(), "1"),
+        10 * MIB,
+    );
+    let mut a = Applier::new(d.clone(), factory).premigrate_alone();
+    a.submit(&[m], 1000, false);
+    let done = a.finish();
+    assert_eq!(done.failed, vec![("w2".to_string(), "stale")]);
+    assert_eq!(w.fake.lock().unwrap().cpus("w2"), Some(&set("6")));
+    let s = d.lock();
+    assert_eq!(
+        s.state.allocator.current_cpus("p", "c"),
+        Some(set("6")),
+        "the books follow the operator's cpus"
+    );
+    assert!(
+        !s.state.allocator.exclusive_cpus().contains(5),
+        "5 not reserved"
+    );
 }
 
 /// A move that runs alone (nothing else queued or under way) goes through the kernel's
