@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     exclusive_cpus, memory_managed, memory_request, AdmittedPod, Allocator, Container,
-    ContainerKind, ContainerPlacement, Rejection, Reuse, R,
+    ContainerKind, ContainerPlacement, Overuse, Rejection, Reuse, R,
 };
 use crate::config::{PlacementConfig, TopologyPolicy};
 use crate::cpuset::CpuSet;
@@ -103,8 +103,20 @@ impl Allocator {
         cfg: &PlacementConfig,
         m: PodMember<'_>,
     ) -> Result<ContainerPlacement, Rejection> {
+        self.admit_member_seeing(topo, cfg, m, Overuse::NONE)
+    }
+
+    /// As [`Allocator::admit_member`], the measured `overuse` ordering the shared pools that
+    /// fit (see [`Allocator::admit_seeing`]).
+    pub fn admit_member_seeing(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        m: PodMember<'_>,
+        overuse: &Overuse,
+    ) -> Result<ContainerPlacement, Rejection> {
         let mut next = self.clone();
-        let p = next.admit_member_inner(topo, cfg, m)?;
+        let p = next.admit_member_inner(topo, cfg, m, overuse)?;
         *self = next;
         Ok(p)
     }
@@ -114,6 +126,7 @@ impl Allocator {
         topo: &Topology,
         cfg: &PlacementConfig,
         m: PodMember<'_>,
+        overuse: &Overuse,
     ) -> Result<ContainerPlacement, Rejection> {
         let c = m.container;
         let one = Pod {
@@ -224,6 +237,7 @@ impl Allocator {
             ContainerKind::App,
             hold.hint,
             &mut reuse,
+            overuse,
         )?;
         // A container beyond the pod's totals (wrong or missing totals) may not fit the pod's
         // affinity: restricted and single-numa-node refuse it, as kubelet's admission would
