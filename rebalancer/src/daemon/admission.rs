@@ -1217,6 +1217,23 @@ pub(crate) mod tests {
         assert_eq!(admit("c"), "4-7,12-15");
     }
 
+    /// What admission counts as lasting load: each node's lowest pressure over the last
+    /// `admission_load_periods` periods (fewer when fewer were seen); none when off.
+    #[test]
+    fn lasting_pressure_is_the_lowest_of_the_last_periods() {
+        use crate::controller::ControllerState;
+        let mut st = ControllerState::default();
+        st.node_pressure
+            .insert(0, [0.2, 1.5, 1.2, 1.4].into_iter().collect());
+        st.node_pressure.insert(1, [0.9].into_iter().collect());
+        let got = |n| st.lasting_pressure(n);
+        let want = |v: &[(u32, f64)]| v.iter().copied().collect::<BTreeMap<u32, f64>>();
+        assert_eq!(got(0), want(&[]));
+        assert_eq!(got(1), want(&[(0, 1.4), (1, 0.9)]));
+        assert_eq!(got(3), want(&[(0, 1.2), (1, 0.9)]));
+        assert_eq!(got(64), want(&[(0, 0.2), (1, 0.9)]));
+    }
+
     /// A pod admitted one container at a time whose only container has gone (a crash loop, or
     /// between its init and app containers) holds its Memory Manager memory in its hold, no
     /// container has any: a changed `reserved_memory` is still refused (applying it would drop
