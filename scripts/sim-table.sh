@@ -5,6 +5,7 @@
 #
 #   scripts/sim-table.sh [BINARY...]      (default: target/release/rebalancer)
 #   SEEDS="1 2 3 4" MACHINES="small-snc" KINDS="gpu" scripts/sim-table.sh
+#   CONFIG=my.toml scripts/sim-table.sh   (a rebalancer config: its [placement], [controller])
 #
 # With several binaries (e.g. a build of main and one of a branch) each run is simulated by
 # each in turn, one table per binary, so "before" and "after" come from one invocation.
@@ -16,6 +17,8 @@ bins=("$@")
 SEEDS=${SEEDS:-"1 2 3"}
 MACHINES=${MACHINES:-"epyc-nps4 intel-snc small-snc"}
 KINDS=${KINDS:-"churn-storm database gpu multi-tenant"}
+cfg=()
+[ -z "${CONFIG:-}" ] || cfg=(--config "$CONFIG")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for b in "${bins[@]}"; do : >"$tmp/$(basename "$b").rows"; done
@@ -25,7 +28,7 @@ for m in $MACHINES; do
       "${bins[0]}" simulate --generate "$k" --seed "$s" >"$tmp/trace.json"
       for b in "${bins[@]}"; do
         if ! "$b" simulate --topology "$m" --workload "$tmp/trace.json" \
-          --policy rebalancer,static,kubelet,autonuma --json >"$tmp/out.json" 2>"$tmp/err"; then
+          --policy rebalancer,static,kubelet,autonuma --json "${cfg[@]}" >"$tmp/out.json" 2>"$tmp/err"; then
           echo "| $m | $k | $s | error: $(tr '\n' ' ' <"$tmp/err" | cut -c1-160) | | | | | | |" >>"$tmp/$(basename "$b").rows"
           continue
         fi

@@ -399,6 +399,11 @@ pub struct ControllerConfig {
     pub migration_cost_per_gib: f64,
     /// Horizon over which a move's saving is counted.
     pub horizon_ms: u64,
+    /// Admission sees a node's measured load beyond its books once it has lasted this many
+    /// control periods (the node's lowest pressure over them, `Allocator::overuse`): it then
+    /// orders the shared pools that fit. 0 (the default: in the simulator's table every value
+    /// tried lost more runs than it won, BENCHMARKS.md): admission balances by requests only.
+    pub admission_load_periods: u32,
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
@@ -447,6 +452,7 @@ impl Default for ControllerConfig {
             staged_migration: true,
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
+            admission_load_periods: 0,
             move_exclusive: false,
             overload_busy: 0.9,
             autonuma: AutoNuma::Warn,

@@ -129,6 +129,21 @@ impl ControllerState {
         self.rounds += 1;
     }
 
+    /// Each node's pressure at its lowest over the last `periods` periods kept (fewer when
+    /// fewer were observed): the load that has lasted that long. Empty for 0.
+    pub fn lasting_pressure(&self, periods: usize) -> BTreeMap<u32, f64> {
+        if periods == 0 {
+            return BTreeMap::new();
+        }
+        self.node_pressure
+            .iter()
+            .filter_map(|(&n, h)| {
+                let low = h.iter().rev().take(periods).copied().reduce(f64::min)?;
+                Some((n, low))
+            })
+            .collect()
+    }
+
     /// A move was applied and migrated `bytes`: cooldown starts (a staged move is continued
     /// without one), history restarts, counters grow.
     pub fn record_move(&mut self, mv: &Move, bytes: u64, now_ms: u64) {

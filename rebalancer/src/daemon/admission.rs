@@ -234,11 +234,12 @@ impl Admission {
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
             let before = sh.state.allocator.clone();
-            match sh
-                .state
-                .allocator
-                .admit_member(&sh.topo, &sh.cfg.placement, req.member)
-            {
+            match sh.state.allocator.admit_member_seeing(
+                &sh.topo,
+                &sh.cfg.placement,
+                req.member,
+                &sh.overuse,
+            ) {
                 Ok(p) => (p, dry_run, before),
                 Err(rejection) => {
                     let fence = (!dry_run).then(|| exclusive_and_pool(sh));
@@ -351,7 +352,11 @@ impl Admission {
             }
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
-            match sh.state.allocator.admit(&sh.topo, &sh.cfg.placement, pod) {
+            match sh
+                .state
+                .allocator
+                .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
+            {
                 Ok(p) => (p, dry_run),
                 Err(rejection) => {
                     let fence = match req.bind {
@@ -1150,6 +1155,83 @@ pub(crate) mod tests {
             ),
         )
         .unwrap();
+    }
+
+    /// A round's observations reach admission (`Shared::observe`, as the engine's round calls
+    /// it): a Burstable pod the requests would send to node 0 goes to node 1 once node 0 is
+    /// measured running well beyond what was charged there.
+    #[test]
+    fn admission_sees_the_load_a_round_measured() {
+        use crate::controller::{NodeObs, Observations};
+        let dir = tempfile::tempdir().unwrap();
+        let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
+        config_file(&file, &state, &CpuSet::new());
+        let mut cfg = Config::load(Some(&file)).unwrap();
+        assert_eq!(cfg.controller.admission_load_periods, 0, "off by default");
+        cfg.controller.admission_load_periods = 1;
+        // node 0 = CPUs 0-3,8-11, node 1 = 4-7,12-15
+        let topo = TopologyBuilder::default().build();
+        let d = Daemon::new(
+            Shared::fresh(topo.clone(), cfg.clone()).unwrap(),
+            Metrics::default(),
+        );
+        let adm = Admission::new(
+            d.clone(),
+            Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))),
+        );
+        let admit = |uid: &str| {
+            let p = pod(uid, 500, 0, false);
+            let r = adm.admit(AdmitRequest {
+                pod: &p,
+                bind: None,
+                durability: Durability::Durable,
+                since: Instant::now(),
+            });
+            r.unwrap().placements[0].cpus.to_string()
+        };
+        assert_eq!(admit("a"), "0-3,8-11");
+        assert_eq!(admit("b"), "4-7,12-15");
+        // node 0 busy 6 CPUs' worth (500m charged), node 1 half a CPU (500m charged)
+        let node = |busy| NodeObs {
+            cpu_busy: busy,
+            ..Default::default()
+        };
+        let obs = Observations {
+            nodes: [(0, node(0.75)), (1, node(0.0625))].into_iter().collect(),
+            ..Default::default()
+        };
+        d.lock().observe(&obs, &cfg.controller);
+        let want: BTreeMap<u32, u64> = [(0, 5500)].into_iter().collect();
+        assert_eq!(d.lock().overuse.by_node, want);
+        // off (the default), a round measures nothing for admission
+        let mut off = cfg.controller.clone();
+        off.admission_load_periods = 0;
+        let mut probe = Shared::fresh(topo.clone(), cfg.clone()).unwrap();
+        probe.observe(&obs, &off);
+        assert!(probe.overuse.by_node.is_empty());
+        // by requests alone (a tie) the next pod would go to node 0
+        let mut plain = d.lock().state.allocator.clone();
+        let c = pod("c", 500, 0, false);
+        let by_requests = plain.admit(&topo, &cfg.placement, &c).unwrap();
+        assert_eq!(by_requests[0].cpus.to_string(), "0-3,8-11");
+        assert_eq!(admit("c"), "4-7,12-15");
+    }
+
+    /// What admission counts as lasting load: each node's lowest pressure over the last
+    /// `admission_load_periods` periods (fewer when fewer were seen); none when off.
+    #[test]
+    fn lasting_pressure_is_the_lowest_of_the_last_periods() {
+        use crate::controller::ControllerState;
+        let mut st = ControllerState::default();
+        st.node_pressure
+            .insert(0, [0.2, 1.5, 1.2, 1.4].into_iter().collect());
+        st.node_pressure.insert(1, [0.9].into_iter().collect());
+        let got = |n| st.lasting_pressure(n);
+        let want = |v: &[(u32, f64)]| v.iter().copied().collect::<BTreeMap<u32, f64>>();
+        assert_eq!(got(0), want(&[]));
+        assert_eq!(got(1), want(&[(0, 1.4), (1, 0.9)]));
+        assert_eq!(got(3), want(&[(0, 1.2), (1, 0.9)]));
+        assert_eq!(got(64), want(&[(0, 0.2), (1, 0.9)]));
     }
 
     /// A pod admitted one container at a time whose only container has gone (a crash loop, or

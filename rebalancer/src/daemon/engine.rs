@@ -696,7 +696,7 @@ impl Engine {
         // The planner runs on a copy of the controller's state, outside the lock.
         let ctl = {
             let mut s = d.lock();
-            s.state.controller.observe(&obs, cfg.controller.ewma_alpha);
+            s.observe(&obs, &cfg.controller);
             s.state.controller.clone()
         };
         let mut plan_cfg = cfg.controller.clone();

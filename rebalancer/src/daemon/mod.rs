@@ -74,6 +74,9 @@ pub struct Shared {
     pub sources: Vec<serde_json::Value>,
     /// The last round's observations, for `top`.
     pub last_obs: Option<crate::controller::Observations>,
+    /// The load the last round measured beyond the books (`Allocator::overuse`): orders the
+    /// shared pools admission chooses between. Not checkpointed; empty until a round ran.
+    pub overuse: crate::placement::admission::Overuse,
     /// Orders checkpoint writes (see [`CheckpointWriter`]).
     pub ckpt: Arc<CheckpointWriter>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
@@ -97,6 +100,7 @@ impl Shared {
             decisions: Default::default(),
             sources: Vec::new(),
             last_obs: None,
+            overuse: Default::default(),
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
@@ -106,6 +110,19 @@ impl Shared {
     }
 
     /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
+    /// A round's observations: folded into the controller's state, and what they show beyond
+    /// the books kept for admission (`overuse`), taken before the round's moves are booked so
+    /// a workload moved off a node keeps its overuse there until the next round measures it.
+    pub fn observe(
+        &mut self,
+        obs: &crate::controller::Observations,
+        cfg: &crate::config::ControllerConfig,
+    ) {
+        self.state.controller.observe(obs, cfg.ewma_alpha);
+        let lasting = (self.state.controller).lasting_pressure(cfg.admission_load_periods as usize);
+        self.overuse = self.state.allocator.overuse(&self.topo, &lasting);
+    }
+
     pub fn fresh(
         topo: Topology,
         cfg: Config,

@@ -20,6 +20,7 @@ use crate::placement::memory::{
 };
 use crate::placement::merge::{self, MergeOptions};
 use crate::placement::numa_info::NumaInfo;
+pub use crate::placement::shared::Overuse;
 use crate::placement::shared::{spread, Charges, SharedPools};
 use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
@@ -402,17 +403,59 @@ impl Allocator {
         crate::placement::memory_case::check_restored(&self.memory, &fresh, &assignments)
     }
 
-    /// Admits `pod` or refuses it; on refusal the state is unchanged.
+    /// Admits `pod` or refuses it; on refusal the state is unchanged. Balances by requests
+    /// only (nothing measured): [`Allocator::admit_seeing`] with [`Overuse::NONE`].
     pub fn admit(
         &mut self,
         topo: &Topology,
         cfg: &PlacementConfig,
         pod: &Pod,
     ) -> Result<Vec<ContainerPlacement>, Rejection> {
+        self.admit_seeing(topo, cfg, pod, Overuse::NONE)
+    }
+
+    /// As [`Allocator::admit`], with the load measured beyond the requests (`overuse`, see
+    /// [`Allocator::overuse`]) ordering the shared pools that fit: among the nodes the rules
+    /// leave open and whose charges can carry the request, the one less loaded in fact comes
+    /// first. It never decides a fit, a hint, exclusive CPUs or memory.
+    pub fn admit_seeing(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        pod: &Pod,
+        overuse: &Overuse,
+    ) -> Result<Vec<ContainerPlacement>, Rejection> {
         let mut next = self.clone();
-        let placements = next.admit_inner(topo, cfg, pod)?;
+        let placements = next.admit_inner(topo, cfg, pod, overuse)?;
         *self = next;
         Ok(placements)
+    }
+
+    /// What the machine measured beyond the books: per node, `pressure` (runnable demand per
+    /// CPU of the node, as `controller::NodeObs::pressure` gives it: running plus waiting,
+    /// else the busy share) × its online CPUs, less what is booked there now (its shared
+    /// charges, 1000 per exclusive CPU), where positive. Taken right after an observation and
+    /// before the round's moves are booked, so a workload moved off a node keeps its overuse
+    /// there until the next measurement shows the node relieved. Nodes without a number, or
+    /// with one that is not finite, have none.
+    pub fn overuse(&self, topo: &Topology, pressure: &BTreeMap<u32, f64>) -> Overuse {
+        let view = CpuView::new(topo);
+        let excl = self.exclusive_cpus();
+        let mut by_node = BTreeMap::new();
+        for (n, cpus) in &view.nodes {
+            let Some(&p) = pressure.get(n) else { continue };
+            if !p.is_finite() || p <= 0.0 || cpus.is_empty() {
+                continue;
+            }
+            let measured = (p.min(64.0) * cpus.len() as f64 * 1000.0) as u64;
+            let charged: u64 = cpus.iter().filter_map(|c| self.shared_load.get(&c)).sum();
+            let booked = charged + cpus.intersection(&excl).len() as u64 * 1000;
+            let over = measured.saturating_sub(booked);
+            if over > 0 {
+                by_node.insert(*n, over);
+            }
+        }
+        Overuse { by_node }
     }
 
     /// Releases a pod; `false` when it was not admitted.
@@ -445,6 +488,7 @@ impl Allocator {
         topo: &Topology,
         cfg: &PlacementConfig,
         pod: &Pod,
+        overuse: &Overuse,
     ) -> Result<Vec<ContainerPlacement>, Rejection> {
         pod.validate()
             .map_err(|d| Rejection::new(R::InvalidPod, d))?;
@@ -485,7 +529,9 @@ impl Allocator {
                 Some(h) => h,
                 None => self.hint_for(topo, cfg, &view, qos, &[c], None)?,
             };
-            let a = self.allocate(topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse)?;
+            let a = self.allocate(
+                topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse, overuse,
+            )?;
             if kind == ContainerKind::App {
                 out.push(a.placement.clone());
             }
@@ -701,6 +747,7 @@ impl Allocator {
         kind: ContainerKind,
         hint: TopologyHint,
         reuse: &mut Reuse,
+        overuse: &Overuse,
     ) -> Result<AdmittedContainer, Rejection> {
         let affinity = hint.affinity;
         let shared = self.shared_pool(view);
@@ -800,6 +847,7 @@ impl Allocator {
                     load: &self.shared_load,
                     overcommit_ratio: cfg.overcommit_ratio,
                     cluster_affinity: cfg.topology_cluster_affinity,
+                    overuse,
                 };
                 let millis = c.cpu_request();
                 let cpus = if qos == Qos::BestEffort {
@@ -887,6 +935,7 @@ impl Allocator {
             load: &self.shared_load,
             overcommit_ratio: ratio,
             cluster_affinity: false,
+            overuse: Overuse::NONE,
         };
         for (n, cpus) in &view.nodes {
             let (load, cap) = (pools.load_of(cpus), pools.capacity_of(cpus));

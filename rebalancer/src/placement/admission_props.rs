@@ -246,6 +246,7 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
         load: &a.shared_load,
         overcommit_ratio: c.overcommit_ratio,
         cluster_affinity: false,
+        overuse: crate::placement::shared::Overuse::NONE,
     };
     for (id, cpus) in &view.nodes {
         if pools.load_of(cpus) > pools.capacity_of(cpus) {
@@ -388,5 +389,70 @@ proptest! {
             a.release(&format!("pod{p}"));
         }
         prop_assert!(a == Allocator::new(&t, &c).unwrap(), "every pod gone restores the empty state");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// Measured overuse only orders the shared pools that fit: from the same state, a pod
+    /// admitted by requests alone is admitted seeing any overuse too, with the same affinity,
+    /// exclusive CPUs, Memory Manager memory and devices for every container; a refusal
+    /// changes nothing; the invariants hold along a sequence admitted seeing the overuse.
+    #[test]
+    fn measured_overuse_never_overrides_a_fit_or_a_policy_rule(
+        c in config(),
+        ops in prop::collection::vec(op(), 1..28),
+        over in prop::collection::btree_map(0u32..8, 0u64..40_000, 0..8),
+    ) {
+        let t = epyc();
+        let overuse = crate::placement::shared::Overuse { by_node: over };
+        let mut a = Allocator::new(&t, &c).unwrap();
+        let mut live: Vec<String> = Vec::new();
+        for (i, o) in ops.iter().enumerate() {
+            match o {
+                Op::Admit(s) => {
+                    let uid = format!("p{i}");
+                    let p = make_pod(&uid, s);
+                    let mut plain = a.clone();
+                    let by_requests = plain.admit(&t, &c, &p);
+                    let before = a.clone();
+                    let seeing = a.admit_seeing(&t, &c, &p, &overuse);
+                    match (&by_requests, &seeing) {
+                        (Ok(p0), Ok(p1)) => {
+                            prop_assert_eq!(p0.len(), p1.len());
+                            for (x, y) in p0.iter().zip(p1) {
+                                prop_assert_eq!(x.exclusive, y.exclusive);
+                                prop_assert_eq!(x.affinity, y.affinity);
+                                prop_assert_eq!(&x.devices, &y.devices);
+                                if x.exclusive {
+                                    prop_assert_eq!(&x.cpus, &y.cpus);
+                                    prop_assert_eq!(&x.mems, &y.mems);
+                                }
+                            }
+                            let memory = |al: &Allocator| -> Vec<_> {
+                                al.pods[&uid].containers.iter().map(|c| c.memory.clone()).collect()
+                            };
+                            prop_assert_eq!(memory(&plain), memory(&a));
+                            live.push(uid);
+                        }
+                        (Ok(_), Err(e)) => {
+                            prop_assert!(false, "admitted by requests, refused seeing {:?}: {:?}", overuse, e);
+                        }
+                        (Err(_), Ok(_)) => live.push(uid),
+                        (Err(_), Err(_)) => prop_assert!(a == before, "a refused pod changed the state"),
+                    }
+                }
+                Op::Release(k) => {
+                    if !live.is_empty() {
+                        let uid = live.remove(k % live.len());
+                        prop_assert!(a.release(&uid));
+                    }
+                }
+            }
+            if let Err(e) = invariants(&t, &c, &a) {
+                prop_assert!(false, "after op {} ({:?}) with {:?}: {}", i, o, c, e);
+            }
+        }
     }
 }

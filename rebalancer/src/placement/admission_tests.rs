@@ -735,3 +735,98 @@ fn topology_cluster_affinity_on_a_kunpeng_like_machine() {
     assert_eq!(run(true), ["4-7|0|x", "1-3|0|x", "24-27|1|s"]);
     assert_eq!(run(false), ["1-4|0|x", "5-7|0|x", "24-47|1|s"]);
 }
+
+/// Load measured beyond the books: what each node ran (and waited to run) above its shared
+/// charges and its exclusive CPUs.
+#[test]
+fn overuse_is_the_measured_load_beyond_the_books() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let burst = |millis| Container {
+        name: "c".into(),
+        cpu_request_millis: millis,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    assert_eq!(
+        show(&a.admit(&t, &c, &pod("b", vec![burst(1000)]))),
+        "0-7,64-71|0|s"
+    );
+    assert_eq!(
+        show(&a.admit(&t, &c, &pod("g", vec![guaranteed("c", 2000, G)]))),
+        "0,64|0|x"
+    );
+    // node 0: 0.5 per CPU × 16 CPUs = 8000m, booked 1000m + 2 exclusive CPUs; node 1 under its
+    // books (nothing booked, nothing over); node 2 not a number; node 3 1000m over nothing
+    let pressure: BTreeMap<u32, f64> = [(0, 0.5), (1, 0.0), (2, f64::NAN), (3, 0.0625)]
+        .into_iter()
+        .collect();
+    let got = a.overuse(&t, &pressure);
+    let want: BTreeMap<u32, u64> = [(0, 5000), (3, 1000)].into_iter().collect();
+    assert_eq!(got.by_node, want);
+    // measured under the books: nothing over
+    let low: BTreeMap<u32, f64> = [(0, 0.1)].into_iter().collect();
+    assert!(a.overuse(&t, &low).by_node.is_empty());
+}
+
+/// Among the nodes that fit and that the rules leave open, the measured load decides; the
+/// kubelet-exact parts (hints, exclusive CPUs, Memory Manager memory) never see it.
+#[test]
+fn admission_sees_measured_load_only_among_the_choices_the_rules_leave() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let base = Allocator::new(&t, &c).unwrap();
+    let burst = Container {
+        name: "c".into(),
+        cpu_request_millis: 500,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    let b = pod("b", vec![burst]);
+    // nodes 0-2 seen busy: a Burstable pod goes to the first idle node, not to node 0
+    let busy = Overuse {
+        by_node: [(0, 6000), (1, 3000), (2, 500)].into_iter().collect(),
+    };
+    assert_eq!(show(&base.clone().admit(&t, &c, &b)), "0-7,64-71|0|s");
+    assert_eq!(
+        show(&base.clone().admit_seeing(&t, &c, &b, &busy)),
+        "24-31,88-95|3|s"
+    );
+    // every other node seen busier than node 1: it is the one
+    let all_but_1 = Overuse {
+        by_node: (0..8).filter(|&n| n != 1).map(|n| (n, 2000)).collect(),
+    };
+    assert_eq!(
+        show(&base.clone().admit_seeing(&t, &c, &b, &all_but_1)),
+        "8-15,72-79|1|s"
+    );
+    // exclusive CPUs, hints and memory are the same whatever is measured: whole pods compared
+    for p in [
+        pod("g", vec![guaranteed("c", 4000, G)]),
+        // fractional Guaranteed: Memory Manager memory on node 0 (kubelet's lowest mask), its
+        // shared CPUs confined there however busy node 0 is seen
+        pod("f", vec![guaranteed("c", 1500, G)]),
+    ] {
+        let (mut plain, mut seeing) = (base.clone(), base.clone());
+        let overloaded = Overuse {
+            by_node: [(0, 100_000)].into_iter().collect(),
+        };
+        let r1 = plain.admit(&t, &c, &p);
+        let r2 = seeing.admit_seeing(&t, &c, &p, &overloaded);
+        assert_eq!(show(&r1), show(&r2), "pod {}", p.uid);
+        assert_eq!(plain, seeing, "pod {}", p.uid);
+    }
+    // single-numa-node: the affinity and the node that fits stay as they are
+    let snn = cfg(TopologyPolicy::SingleNumaNode);
+    let f = pod("f", vec![guaranteed("c", 1500, G)]);
+    let seen = base.clone().admit_seeing(
+        &t,
+        &snn,
+        &f,
+        &Overuse {
+            by_node: [(0, 100_000)].into_iter().collect(),
+        },
+    );
+    assert_eq!(show(&seen), "0-7,64-71|0|s");
+}

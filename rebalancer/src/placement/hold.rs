@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     exclusive_cpus, memory_managed, memory_request, AdmittedPod, Allocator, Container,
-    ContainerKind, ContainerPlacement, Rejection, Reuse, R,
+    ContainerKind, ContainerPlacement, Overuse, Rejection, Reuse, R,
 };
 use crate::config::{PlacementConfig, TopologyPolicy};
 use crate::cpuset::CpuSet;
@@ -109,8 +109,20 @@ impl Allocator {
         cfg: &PlacementConfig,
         m: PodMember<'_>,
     ) -> Result<ContainerPlacement, Rejection> {
+        self.admit_member_seeing(topo, cfg, m, Overuse::NONE)
+    }
+
+    /// As [`Allocator::admit_member`], the measured `overuse` ordering the shared pools that
+    /// fit (see [`Allocator::admit_seeing`]).
+    pub fn admit_member_seeing(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        m: PodMember<'_>,
+        overuse: &Overuse,
+    ) -> Result<ContainerPlacement, Rejection> {
         let mut next = self.clone();
-        let p = next.admit_member_inner(topo, cfg, m)?;
+        let p = next.admit_member_inner(topo, cfg, m, overuse)?;
         *self = next;
         Ok(p)
     }
@@ -120,6 +132,7 @@ impl Allocator {
         topo: &Topology,
         cfg: &PlacementConfig,
         m: PodMember<'_>,
+        overuse: &Overuse,
     ) -> Result<ContainerPlacement, Rejection> {
         let c = m.container;
         let one = Pod {
@@ -239,6 +252,7 @@ impl Allocator {
             ContainerKind::App,
             hold.hint,
             &mut reuse,
+            overuse,
         )?;
         // A container beyond the pod's totals (wrong or missing totals) may not fit the pod's
         // affinity: restricted and single-numa-node refuse it, as kubelet's admission would

@@ -11,6 +11,11 @@
 //!
 //! Requests are charged as millicores spread over the chosen CPUs; a node may be charged up to
 //! `overcommit_ratio` × 1000 × its shared CPUs. BestEffort gets the whole shared pool.
+//!
+//! What *fits* is decided by the charges alone (requests, as kubelet's admission counts them);
+//! which of the pools that fit comes *first* also counts the [`Overuse`] the daemon last
+//! measured (tasks running and waiting beyond what was charged on a node): among nodes that
+//! can carry a request, the one that is really less loaded gets it.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +26,22 @@ use crate::placement::NodeMask;
 /// Millicores charged per CPU.
 pub type Charges = BTreeMap<u32, u64>;
 
+/// Load measured beyond the books: per node, the millicores its tasks ran or waited to run
+/// above what was booked there (shared charges plus 1000 per exclusive CPU) at the last
+/// measurement (`Allocator::overuse`). Not persisted: a fresh daemon has measured nothing, and
+/// admission then orders by the charges alone. Empty = nothing measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overuse {
+    pub by_node: BTreeMap<u32, u64>,
+}
+
+impl Overuse {
+    /// Nothing measured: admission balances by requests only.
+    pub const NONE: &'static Overuse = &Overuse {
+        by_node: BTreeMap::new(),
+    };
+}
+
 /// A view of the shared pool: CPUs not reserved and not exclusive, and their current charges.
 pub struct SharedPools<'a> {
     pub view: &'a CpuView,
@@ -29,6 +50,8 @@ pub struct SharedPools<'a> {
     pub overcommit_ratio: f64,
     /// TAP topology-cluster-affinity (see the module header).
     pub cluster_affinity: bool,
+    /// Measured load beyond the charges: orders the pools that fit, never decides a fit.
+    pub overuse: &'a Overuse,
 }
 
 /// Spreads `millis` over `cpus` (ascending ids get the remainder first).
@@ -51,6 +74,25 @@ impl SharedPools<'_> {
         cpus.iter().filter_map(|c| self.load.get(&c)).sum()
     }
 
+    /// Millicores charged on `cpus` plus their part of the measured [`Overuse`] (each node's
+    /// overuse shared over its shared CPUs): what orders the pools that fit.
+    pub fn seen_load_of(&self, cpus: &CpuSet) -> u64 {
+        let mut over = 0u128;
+        for (n, &o) in &self.overuse.by_node {
+            let Some(node) = self.view.nodes.get(n) else {
+                continue;
+            };
+            let node_shared = node.intersection(&self.shared).len() as u128;
+            if node_shared == 0 || o == 0 {
+                continue;
+            }
+            let part = cpus.intersection(node).intersection(&self.shared).len() as u128;
+            over += u128::from(o) * part / node_shared;
+        }
+        self.load_of(cpus)
+            .saturating_add(u64::try_from(over).unwrap_or(u64::MAX))
+    }
+
     /// Most millicores `cpus`' shared CPUs may carry.
     pub fn capacity_of(&self, cpus: &CpuSet) -> u64 {
         (cpus.intersection(&self.shared).len() as f64 * 1000.0 * self.overcommit_ratio) as u64
@@ -70,12 +112,14 @@ impl SharedPools<'_> {
         })
     }
 
-    fn node_ratio_key(&self, n: u32) -> (u128, u128) {
+    fn node_ratio_key(&self, n: u32, seen: bool) -> (u128, u128) {
         let cpus = &self.view.nodes[&n];
-        (
-            self.load_of(cpus) as u128,
-            self.capacity_of(cpus).max(1) as u128,
-        )
+        let load = if seen {
+            self.seen_load_of(cpus)
+        } else {
+            self.load_of(cpus)
+        };
+        (load as u128, self.capacity_of(cpus).max(1) as u128)
     }
 
     fn eligible(&self, cpus: &CpuSet, millis: u64, affinity: Option<NodeMask>) -> bool {
@@ -86,9 +130,20 @@ impl SharedPools<'_> {
             && self.fits(&spread(&sh, millis))
     }
 
-    /// TAP numa-aware: shared CPUs of whole nodes, least-allocated (charge / capacity) first,
-    /// as few nodes as fit. `None` when nothing fits.
+    /// TAP numa-aware: shared CPUs of whole nodes, least-allocated ((charge + measured
+    /// overuse) / capacity) first, as few nodes as fit (by the charges). `None` when nothing
+    /// fits. The measured order never refuses what the charges' order admits: when no prefix
+    /// of it fits (a node full by its charges taken first into a multi-node pool), the
+    /// charges' order is tried.
     pub fn numa_aware(&self, millis: u64, affinity: Option<NodeMask>) -> Option<CpuSet> {
+        self.numa_aware_by(millis, affinity, true).or_else(|| {
+            (!self.overuse.by_node.is_empty())
+                .then(|| self.numa_aware_by(millis, affinity, false))
+                .flatten()
+        })
+    }
+
+    fn numa_aware_by(&self, millis: u64, affinity: Option<NodeMask>, seen: bool) -> Option<CpuSet> {
         let mut nodes: Vec<u32> = self
             .view
             .nodes
@@ -99,7 +154,8 @@ impl SharedPools<'_> {
             .map(|(id, _)| *id)
             .collect();
         nodes.sort_by(|a, b| {
-            let ((la, ca), (lb, cb)) = (self.node_ratio_key(*a), self.node_ratio_key(*b));
+            let (la, ca) = self.node_ratio_key(*a, seen);
+            let (lb, cb) = self.node_ratio_key(*b, seen);
             // least allocated, then most free millicores, then lowest id
             let free = |l: u128, c: u128| c.saturating_sub(l);
             (la * cb)
@@ -139,8 +195,14 @@ impl SharedPools<'_> {
             .filter(|c| !c.is_empty())
             .collect();
         clusters.sort_by(|a, b| {
-            let (la, ca) = (self.load_of(a) as u128, self.capacity_of(a).max(1) as u128);
-            let (lb, cb) = (self.load_of(b) as u128, self.capacity_of(b).max(1) as u128);
+            let (la, ca) = (
+                self.seen_load_of(a) as u128,
+                self.capacity_of(a).max(1) as u128,
+            );
+            let (lb, cb) = (
+                self.seen_load_of(b) as u128,
+                self.capacity_of(b).max(1) as u128,
+            );
             (la * cb).cmp(&(lb * ca)).then(a.first().cmp(&b.first()))
         });
         let mut cpus = CpuSet::new();
@@ -171,8 +233,14 @@ impl SharedPools<'_> {
             .filter(|p| !p.is_empty())
             .collect();
         pools.sort_by(|a, b| {
-            let (la, ca) = (self.load_of(a) as u128, self.capacity_of(a).max(1) as u128);
-            let (lb, cb) = (self.load_of(b) as u128, self.capacity_of(b).max(1) as u128);
+            let (la, ca) = (
+                self.seen_load_of(a) as u128,
+                self.capacity_of(a).max(1) as u128,
+            );
+            let (lb, cb) = (
+                self.seen_load_of(b) as u128,
+                self.capacity_of(b).max(1) as u128,
+            );
             a.len()
                 .cmp(&b.len())
                 .then((la * cb).cmp(&(lb * ca)))
@@ -216,6 +284,7 @@ mod tests {
             load,
             overcommit_ratio: ratio,
             cluster_affinity: false,
+            overuse: Overuse::NONE,
         };
         let _ = f(&p);
     }
@@ -271,6 +340,7 @@ mod tests {
             load: &load,
             overcommit_ratio: 1.0,
             cluster_affinity: on,
+            overuse: Overuse::NONE,
         };
         let show = |s: Option<CpuSet>| s.map_or("none".to_string(), |s| s.to_string());
         (
@@ -300,6 +370,75 @@ mod tests {
         // exclusive CPUs 1-3 split cluster 0-3: node 1 has the most free millicores
         c(&[], "0,4-15", true, 2000, "8-11", "4-7");
         c(&[], "0,4-15", true, 1000, "8-11", "0");
+    }
+
+    /// The measured overuse orders the pools that fit and nothing else: it sends a request to
+    /// the node that is less loaded in fact, never to one whose charges cannot carry it, never
+    /// outside the affinity, and never turns a fit into a refusal.
+    #[test]
+    fn measured_overuse_orders_the_pools_that_fit_and_never_decides_a_fit() {
+        // machine: node0 = 0-3,8-11 (L3 0-1,8-9 and 2-3,10-11), node1 = 4-7,12-15
+        let t = TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 2,
+            cores_per_node: 4,
+            threads_per_core: 2,
+            cores_per_l3: 2,
+            ..Default::default()
+        }
+        .build();
+        let v = CpuView::new(&t);
+        let show = |s: Option<CpuSet>| s.map_or("none".to_string(), |s| s.to_string());
+        // (numa-aware, topology-aware) for `millis` within `aff`
+        let run = |load: &[(u32, u64)], over: &[(u32, u64)], millis, aff: Option<NodeMask>| {
+            let load: Charges = load.iter().copied().collect();
+            let overuse = Overuse {
+                by_node: over.iter().copied().collect(),
+            };
+            let p = SharedPools {
+                view: &v,
+                shared: CpuSet::parse("0-15").unwrap(),
+                load: &load,
+                overcommit_ratio: 1.0,
+                cluster_affinity: false,
+                overuse: &overuse,
+            };
+            (
+                show(p.numa_aware(millis, aff)),
+                show(p.topology_aware(millis, aff)),
+            )
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        let node0 = NodeMask::from_ids([0]);
+        // the tie (no charges) goes to node 0 by requests, to node 1 once node 0 is seen busy
+        assert_eq!(run(&[], &[], 500, None), pair("0-3,8-11", "0-1,8-9"));
+        assert_eq!(
+            run(&[], &[(0, 3000)], 500, None),
+            pair("4-7,12-15", "4-5,12-13")
+        );
+        // by requests node 1 (no charge) comes first; seen 4000m over, node 0 (3000m) does
+        assert_eq!(run(&[(0, 3000)], &[], 500, None).0, "4-7,12-15");
+        assert_eq!(run(&[(0, 3000)], &[(1, 4000)], 500, None).0, "0-3,8-11");
+        // node 0 is seen less loaded but is full by its charges (7800m of 8000m): neither it
+        // nor a pool starting with it can carry 500m, so the charges' order answers (node 1)
+        assert_eq!(
+            run(&[(0, 7800)], &[(1, 20_000)], 500, None),
+            pair("4-7,12-15", "4-5,12-13")
+        );
+        // the affinity holds however loaded its nodes are seen
+        assert_eq!(
+            run(&[], &[(0, 20_000)], 500, node0),
+            pair("0-3,8-11", "0-1,8-9")
+        );
+        // what the charges refuse stays refused
+        assert_eq!(
+            run(&[(0, 7000)], &[(1, 50_000)], 9000, None),
+            pair("none", "none")
+        );
+        assert_eq!(
+            run(&[(4, 8000)], &[(0, 50_000)], 9000, None),
+            pair("none", "none")
+        );
     }
 
     #[test]

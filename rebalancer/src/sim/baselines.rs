@@ -286,6 +286,10 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
     let obs = observations(w);
     let ccfg = &w.cfg.controller;
     w.state.observe(&obs, ccfg.ewma_alpha);
+    // As the daemon's round: what admission sees beyond the books, measured before the moves
+    // are booked (a moved workload's overuse stays on its old node until measured again).
+    let lasting = (w.state).lasting_pressure(ccfg.admission_load_periods as usize);
+    w.overuse = w.alloc.overuse(w.topo, &lasting);
     let plan = controller::plan(w.topo, &obs, &w.state, ccfg, now_ms);
     let online = w.topo.online_cpus();
     let budget = ccfg.migration_budget_mib.saturating_mul(1 << 20);

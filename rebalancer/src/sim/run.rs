@@ -18,7 +18,7 @@ use super::workload::{Task, Workload};
 use crate::config::{ControllerConfig, PlacementConfig, TopologyPolicy};
 use crate::controller::{Constraints, ControllerState};
 use crate::cpuset::CpuSet;
-use crate::placement::admission::{AdmittedContainer, Allocator};
+use crate::placement::admission::{AdmittedContainer, Allocator, Overuse};
 use crate::topology::Topology;
 
 /// Everything a run needs besides the trace and the machine.
@@ -140,6 +140,10 @@ pub(super) struct World<'a> {
     pub runnable_acc: BTreeMap<u32, f64>,
     pub acc_steps: u64,
     pub state: ControllerState,
+    /// What the last planner round measured beyond the books (`Allocator::overuse`), which
+    /// orders the shared pools admission chooses between, as in the daemon. Only the
+    /// Rebalancer measures: under the other policies it stays empty (requests only).
+    pub overuse: Overuse,
     pub stats: Stats,
     /// Shared containers get the whole shared pool (kubelet-like policies).
     pub kubelet_like: bool,
@@ -207,6 +211,7 @@ impl<'a> World<'a> {
             runnable_acc: BTreeMap::new(),
             acc_steps: 0,
             state: ControllerState::default(),
+            overuse: Overuse::default(),
             stats: Stats {
                 slices: vec![(0.0, 0.0); cfg.timeline_points.max(1)],
                 ..Default::default()
@@ -436,7 +441,10 @@ impl<'a> World<'a> {
             if task.arrive_s < t || task.arrive_s >= t + step_s {
                 continue;
             }
-            match self.alloc.admit(self.topo, &self.cfg.placement, &task.pod) {
+            match self
+                .alloc
+                .admit_seeing(self.topo, &self.cfg.placement, &task.pod, &self.overuse)
+            {
                 Ok(placements) => {
                     let ac = &self.alloc.pods[task.uid()].containers[0];
                     let p = &placements[0];
