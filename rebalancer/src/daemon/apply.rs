@@ -213,13 +213,23 @@ impl CgroupWriter for Noting<'_> {
     ) -> Result<u64, controller::CgroupWriteError> {
         self.w.move_pages(cg, toward, max_bytes)
     }
+    fn migrate_pages(
+        &mut self,
+        cg: &str,
+        toward: &crate::cpuset::CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, controller::CgroupWriteError> {
+        self.w.migrate_pages(cg, toward, max_bytes)
+    }
     fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
         self.w.settle(cg)
     }
 }
 
-/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]).
-const PREMIGRATE_STEP: u64 = 64 << 20;
+/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]): the writer
+/// looks for a re-pin or a stop between steps. The writer's page walk resumes from step to
+/// step (`pages::Walk`), so a smaller step costs no more queries.
+const PREMIGRATE_STEP: u64 = 16 << 20;
 
 /// One move: the books check, the writes up to cpuset.cpus and their record under
 /// `Daemon::order`; then (with `premigrate`) the cgroup's pages moved toward the target by
@@ -317,7 +327,7 @@ fn apply_one(
                         return Err(controller::cut_short(mv, w, rest));
                     }
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
-                    match w.move_pages(&mv.cgroup, &mv.to_mems, step) {
+                    match w.migrate_pages(&mv.cgroup, &mv.to_mems, step) {
                         Ok(0) => break,
                         Ok(n) => moved = moved.saturating_add(n),
                         Err(e) => {
