@@ -717,6 +717,40 @@ garbage line
     }
 
     #[test]
+    fn node_masks_for_migrate_pages() {
+        let (w, maxnode) = node_mask(&CpuSet::parse("0,2,65").unwrap());
+        assert_eq!(w, vec![0b101, 0b10]);
+        assert_eq!(maxnode, 129, "the kernel reads maxnode - 1 bits");
+        assert_eq!(node_mask(&CpuSet::new()), (vec![0], 65));
+    }
+
+    /// On any machine: our own memory is all on allowed nodes, so the kernel's walk has
+    /// nothing to move, and a pid no longer in the cgroup is never touched.
+    #[test]
+    fn whole_process_moves_move_nothing_already_in_place() {
+        let v = vec![1u8; 8 << 20];
+        let all = CpuSet::parse(
+            std::fs::read_to_string("/sys/devices/system/node/online")
+                .unwrap_or_else(|_| "0".into())
+                .trim(),
+        )
+        .unwrap();
+        let me = std::process::id();
+        let mut w = Walk::default();
+        let n = w
+            .step_whole("cg", &all, 1 << 30, || Ok(vec![me]), || Ok(vec![me]))
+            .unwrap();
+        assert_eq!(n, 0);
+        let mut w = Walk::default();
+        let n = w
+            .step_whole("cg", &all, 1 << 30, || Ok(vec![me]), || Ok(vec![me + 1]))
+            .unwrap();
+        assert_eq!(n, 0);
+        assert_eq!(pages_off(me, &all).unwrap().map(|(n, _)| n), Some(0));
+        drop(v);
+    }
+
+    #[test]
     fn arrived_pages_are_those_on_a_target_or_busy() {
         let to = CpuSet::parse("0-1").unwrap();
         let st = [

@@ -31,9 +31,10 @@
 //! cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
 //! (`cpuset_migrate_mm_wq`) and each `cpuset.mems` writer waits for the whole queue, so
 //! concurrent narrowing writes would cost the sum of the migrations: when several moves run at
-//! once, each writer first moves its own cgroup's pages toward the target with move_pages(2)
-//! (at most the move's bytes, `PREMIGRATE_STEP` at a time) and the narrowing write finds
-//! little left. A move that runs alone goes straight to its narrowing write: the kernel's
+//! once, each writer first moves its own cgroup's memory toward the target itself with
+//! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
+//! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call) and the
+//! narrowing write finds little left. A move that runs alone goes straight to its narrowing write: the kernel's
 //! migration (one pass over the mm, in its worker) was the faster path in vm-bench's guest.
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
@@ -296,8 +297,8 @@ fn apply_one(
             // cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
             // (`cpuset_migrate_mm_wq`) and each mems writer waits for the whole queue:
             // concurrent narrowing writes cost the sum of their migrations. So each writer
-            // first moves its own cgroup's pages (move_pages(2), at most the move's bytes,
-            // PREMIGRATE_STEP at a time; the widened mems already allow the target) and the
+            // first moves its own cgroup's memory (migrate_pages(2), whole processes, at
+            // least PREMIGRATE_STEP a call; the widened mems already allow the target) and the
             // narrowing write finds little left. A failure here is not one of the move: the
             // mems write migrates the rest. Between steps the cgroup's cpus are read: when
             // someone else wrote them meanwhile (the operator re-pinned the workload), the
