@@ -3,11 +3,13 @@
 //!
 //! `/proc/<pid>/numa_maps` tells which mappings hold pages on which nodes ([`parse_numa_maps`],
 //! pure); `/proc/<pid>/maps` gives their ends ([`parse_maps`]). Each candidate mapping is walked
-//! in 2 MiB-aligned chunks of 512 pages: one move_pages call asks where each page is, one moves
-//! those on other nodes (one target node per chunk, round-robin), one asks again and counts the
-//! pages that arrived. A transparent huge page is 2 MiB-aligned, so it lies in one chunk and is
-//! counted whole; the walk stops while at least a chunk of budget is left, so it never moves
-//! more than the budget. Hugetlb mappings are left alone (their pages move when mems narrow).
+//! in 2 MiB-aligned chunks of 512 pages ([`Walk`]): one move_pages call asks where the pages of
+//! several chunks are, one per chunk moves those on other nodes (one target node per chunk,
+//! round-robin), and its status array counts the pages that arrived. A transparent huge page is
+//! 2 MiB-aligned, so it lies in one chunk and is counted whole; chunks are taken only while
+//! their pages fit the budget left, so a walk never moves more than the budget. A [`Walk`]
+//! resumes where its last call stopped, so a writer moving a cgroup's pages a step at a time
+//! reads each process's numa_maps once per pass and queries each chunk once. Hugetlb mappings are left alone (their pages move when mems narrow).
 //! Pages shared with processes outside the request are not moved by the kernel and not counted.
 
 use std::collections::BTreeMap;
@@ -115,116 +117,440 @@ pub fn query_nodes(pid: u32, addrs: &[u64]) -> std::io::Result<Vec<libc::c_int>>
     Ok(status)
 }
 
-/// Moves at most `max_pages` of `pid`'s pages that are on nodes outside `toward` to `toward`;
-/// returns the pages moved. A process that exited meanwhile has moved 0.
-pub fn move_process_pages(pid: u32, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {
-    match Pinned::open(pid) {
-        Some(p) => move_pinned_pages(&p, toward, max_pages),
-        None => Ok(0),
-    }
-}
-
-/// [`move_process_pages`] on a pinned process: stops as soon as it has exited, so its pid,
-/// reused by another process, is never the target of a later call.
-fn move_pinned_pages(p: &Pinned, toward: &CpuSet, max_pages: u64) -> std::io::Result<u64> {
-    let pid = p.pid;
-    let targets: Vec<libc::c_int> = toward.iter().map(|n| n as libc::c_int).collect();
-    if targets.is_empty() || max_pages < CHUNK {
-        return Ok(0);
-    }
-    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}"));
-    let (numa, maps) = match (read("numa_maps"), read("maps")) {
-        (Ok(n), Ok(m)) => (parse_numa_maps(&n), parse_maps(&m)),
-        (Err(e), _) | (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        (Err(e), _) | (_, Err(e)) => return Err(e),
-    };
-    let mut moved = 0u64;
-    let mut rr = 0usize;
-    for m in numa
-        .iter()
-        .filter(|m| !m.hugetlb && m.pages.iter().any(|(n, p)| *p > 0 && !toward.contains(*n)))
-    {
-        let Some(&end) = maps.get(&m.start) else {
-            continue;
-        };
-        for (a, b) in chunks(m.start, end) {
-            if max_pages - moved < CHUNK {
-                return Ok(moved);
-            }
-            if !p.alive() {
-                return Ok(moved);
-            }
-            let addrs: Vec<u64> = (a..b).step_by(PAGE as usize).collect();
-            let mut status = vec![0; addrs.len()];
-            match move_pages(pid, &addrs, None, &mut status) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
-                Err(e) => return Err(e),
-            }
-            let off = |s: libc::c_int| s >= 0 && !toward.contains(s as u32);
-            let pick: Vec<u64> = addrs
-                .iter()
-                .zip(&status)
-                .filter(|(_, s)| off(**s))
-                .map(|(a, _)| *a)
-                .collect();
-            if pick.is_empty() {
-                continue;
-            }
-            // One node per chunk: the pages of a huge page must not be sent to two nodes.
-            let nodes = vec![targets[rr % targets.len()]; pick.len()];
-            rr = rr.wrapping_add(1);
-            let mut st = vec![0; pick.len()];
-            if !p.alive() {
-                return Ok(moved);
-            }
-            match move_pages(pid, &pick, Some(&nodes), &mut st) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
-                // Some pages could not be moved (busy, shared …): count what arrived below.
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
-            match move_pages(pid, &pick, None, &mut st) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
-                Err(e) => return Err(e),
-            }
-            moved += st
-                .iter()
-                .filter(|&&s| s >= 0 && toward.contains(s as u32))
-                .count() as u64;
-        }
-    }
-    Ok(moved)
-}
-
 /// Moves at most `max_bytes` of the pages of `pids` off nodes outside `toward`; returns the
 /// bytes moved. `members` re-reads the cgroup's processes: pids are pinned (pidfd) a batch at a
 /// time, and only those still members after the pin are moved, so a pid that exited and was
-/// reused by a process elsewhere after `pids` was read is never touched.
+/// reused by a process elsewhere after `pids` was read is never touched. One whole pass (see
+/// [`Walk`] for the resuming form).
 pub fn move_pids_pages(
     pids: &[u32],
     toward: &CpuSet,
     max_bytes: u64,
     members: impl Fn() -> std::io::Result<Vec<u32>>,
 ) -> std::io::Result<u64> {
-    let mut left = max_bytes / PAGE;
-    // A batch bounds the pidfds held at once.
-    'batches: for batch in pids.chunks(64) {
-        let pinned: Vec<Pinned> = batch.iter().filter_map(|&p| Pinned::open(p)).collect();
-        if pinned.is_empty() {
-            continue;
+    let mut walk = Walk::default();
+    walk.step("", toward, max_bytes, || Ok(pids.to_vec()), members)
+}
+
+/// 2 MiB chunks per query call of a [`Walk`].
+const BATCH_CHUNKS: usize = 8;
+
+/// A cgroup's page walk that resumes where the last call stopped: the writer of a move calls
+/// [`Walk::step`] again and again with a step of budget (so it can look for a re-pin or a stop
+/// between steps), and each call goes on from the process and address where the one before
+/// stopped, rather than reading every process's numa_maps and querying every chunk again from
+/// the start. A pass reads the cgroup's processes once and each process's `numa_maps`/`maps`
+/// once; only the mappings that then held pages elsewhere are walked. When a pass ends the next
+/// call starts a new one (pages that could not move, or memory mapped meanwhile); a whole pass
+/// that moves nothing returns 0.
+///
+/// Per batch of up to [`BATCH_CHUNKS`] 2 MiB chunks: one query call (where each page is; cheap:
+/// no LRU drain), then per chunk one move call for its pages elsewhere, to one target node
+/// (round-robin over `toward`: a huge page is never sent to two nodes; and the 6.1 kernel
+/// gives up the rest of a call at the first page it fails to migrate). Chunks are taken whole
+/// while their pages fit the budget left, so a step never moves more than its budget. The move
+/// call's status array says where each page went: a page now on a target node counts as moved,
+/// and so does one reported busy (-EBUSY: the kernel reports the tail pages of a huge page it
+/// has just isolated that way, and counting a page that did not move errs toward the budget).
+#[derive(Default)]
+pub struct Walk {
+    /// The cgroup and target this walk is for; another pair starts afresh.
+    key: Option<(String, CpuSet)>,
+    /// The pass's pids not yet pinned.
+    pids: std::collections::VecDeque<u32>,
+    /// Pinned pids that were members after the pin, not yet walked.
+    pinned: std::collections::VecDeque<Pinned>,
+    /// The process being walked and its ranges left (start, end).
+    cur: Option<(Pinned, std::collections::VecDeque<(u64, u64)>)>,
+    in_pass: bool,
+    rr: usize,
+}
+
+impl Walk {
+    /// Moves at most `max_bytes` of the cgroup's pages off nodes outside `toward`, resuming the
+    /// walk (see the type's doc); returns the bytes moved. `pids` lists the cgroup's processes
+    /// when a pass starts; `members` re-reads them after a batch is pinned.
+    pub fn step(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+        pids: impl FnOnce() -> std::io::Result<Vec<u32>>,
+        members: impl Fn() -> std::io::Result<Vec<u32>>,
+    ) -> std::io::Result<u64> {
+        let key = (cgroup.to_string(), toward.clone());
+        if self.key.as_ref() != Some(&key) {
+            *self = Walk {
+                key: Some(key),
+                ..Walk::default()
+            };
         }
-        let now: std::collections::BTreeSet<u32> = members()?.into_iter().collect();
-        for p in pinned.iter().filter(|p| now.contains(&p.pid)) {
-            left -= move_pinned_pages(p, toward, left)?.min(left);
-            if left < CHUNK {
-                break 'batches;
+        let targets: Vec<libc::c_int> = toward.iter().map(|n| n as libc::c_int).collect();
+        let max_pages = max_bytes / PAGE;
+        if targets.is_empty() || max_pages < CHUNK {
+            return Ok(0);
+        }
+        let mut pids = Some(pids);
+        let mut fresh = false;
+        let mut moved = 0u64;
+        loop {
+            if !self.in_pass {
+                let Some(list) = pids.take() else {
+                    // A second pass in one call: only after one that moved nothing, and a
+                    // new pass that moves nothing ends the call.
+                    return Ok(moved * PAGE);
+                };
+                self.pids = list()?.into();
+                self.pinned.clear();
+                self.cur = None;
+                self.in_pass = true;
+                fresh = true;
+            }
+            if max_pages - moved < CHUNK {
+                return Ok(moved * PAGE);
+            }
+            if self.cur.is_none() && !self.next_process(toward, &members)? {
+                // The pass is over. A call that resumed a pass and moved nothing in it looks
+                // once more from the start (pages that failed, memory mapped meanwhile); a
+                // fresh pass that moved nothing has nothing left to move: 0.
+                self.in_pass = false;
+                if fresh || moved > 0 {
+                    return Ok(moved * PAGE);
+                }
+                continue;
+            }
+            let n = self.batch(toward, &targets, max_pages - moved)?;
+            moved += n;
+        }
+    }
+
+    /// Makes the next member process current (its ranges read); false when the pass has none
+    /// left.
+    fn next_process(
+        &mut self,
+        toward: &CpuSet,
+        members: &impl Fn() -> std::io::Result<Vec<u32>>,
+    ) -> std::io::Result<bool> {
+        while let Some(p) = self.next_pinned(members)? {
+            let Some(ranges) = ranges_off(p.pid, toward)? else {
+                continue; // exited
+            };
+            if !ranges.is_empty() {
+                self.cur = Some((p, ranges));
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The pass's next process, pinned, a member after the pin, alive; `None` when the pass
+    /// has none left.
+    fn next_pinned(
+        &mut self,
+        members: &impl Fn() -> std::io::Result<Vec<u32>>,
+    ) -> std::io::Result<Option<Pinned>> {
+        loop {
+            if self.pinned.is_empty() {
+                if self.pids.is_empty() {
+                    return Ok(None);
+                }
+                // A batch bounds the pidfds held at once.
+                let n = self.pids.len().min(64);
+                let batch: Vec<Pinned> = self.pids.drain(..n).filter_map(Pinned::open).collect();
+                if batch.is_empty() {
+                    continue;
+                }
+                let now: std::collections::BTreeSet<u32> = members()?.into_iter().collect();
+                self.pinned = batch.into_iter().filter(|p| now.contains(&p.pid)).collect();
+                continue;
+            }
+            let p = self.pinned.pop_front().expect("not empty");
+            if p.alive() {
+                return Ok(Some(p));
             }
         }
     }
-    Ok((max_bytes / PAGE - left) * PAGE)
+
+    /// Like [`Walk::step`], but each process's pages are moved whole by the kernel's own walk
+    /// of its mm (migrate_pages(2): every node outside `toward` → `toward`, the same walk a
+    /// narrowing `cpuset.mems` write makes, in this thread instead of the kernel's one ordered
+    /// cpuset workqueue), processes one after the other until at least `max_bytes` moved: a
+    /// process is never cut, so this is for a move whose bytes are all budgeted (not a stage).
+    /// Returns the bytes moved (each process's pages off `toward` before less after, from its
+    /// numa_maps).
+    pub fn step_whole(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+        pids: impl FnOnce() -> std::io::Result<Vec<u32>>,
+        members: impl Fn() -> std::io::Result<Vec<u32>>,
+    ) -> std::io::Result<u64> {
+        let key = (format!("whole:{cgroup}"), toward.clone());
+        if self.key.as_ref() != Some(&key) {
+            *self = Walk {
+                key: Some(key),
+                ..Walk::default()
+            };
+        }
+        if toward.is_empty() || max_bytes == 0 {
+            return Ok(0);
+        }
+        let mut pids = Some(pids);
+        let mut fresh = false;
+        let mut moved = 0u64;
+        loop {
+            if !self.in_pass {
+                let Some(list) = pids.take() else {
+                    return Ok(moved * PAGE);
+                };
+                self.pids = list()?.into();
+                self.pinned.clear();
+                self.cur = None;
+                self.in_pass = true;
+                fresh = true;
+            }
+            if moved * PAGE >= max_bytes {
+                return Ok(moved * PAGE);
+            }
+            let Some(p) = self.next_pinned(&members)? else {
+                self.in_pass = false;
+                if fresh || moved > 0 {
+                    return Ok(moved * PAGE);
+                }
+                continue;
+            };
+            let Some((before, from)) = pages_off(p.pid, toward)? else {
+                continue;
+            };
+            if before == 0 || from.is_empty() || !p.alive() {
+                continue;
+            }
+            match migrate_pages(p.pid, &from, toward) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) => return Err(e),
+            }
+            let after = pages_off(p.pid, toward)?.map_or(0, |(n, _)| n);
+            moved += before.saturating_sub(after);
+        }
+    }
+
+    /// One batch of the current process: returns the pages moved (at most `left`). Drops the
+    /// process when its ranges are done or it exited.
+    fn batch(
+        &mut self,
+        toward: &CpuSet,
+        targets: &[libc::c_int],
+        left: u64,
+    ) -> std::io::Result<u64> {
+        // The process stays pinned (its pidfd open) until its last call: it is put back below
+        // while it has ranges left.
+        let Some((p, mut ranges)) = self.cur.take() else {
+            return Ok(0);
+        };
+        let pid = p.pid;
+        if !p.alive() {
+            return Ok(0);
+        }
+        let chunks_of = front_chunks(&ranges, BATCH_CHUNKS);
+        let addrs: Vec<u64> = chunks_of
+            .iter()
+            .flat_map(|&(a, b)| (a..b).step_by(PAGE as usize))
+            .collect();
+        let mut status = vec![0; addrs.len()];
+        match move_pages(pid, &addrs, None, &mut status) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(0),
+            Err(e) => return Err(e),
+        }
+        let (picks, upto) = take_chunks(
+            &chunks_of,
+            &addrs,
+            &status,
+            toward,
+            targets,
+            &mut self.rr,
+            left,
+        );
+        if let Some(to) = upto {
+            consume(&mut ranges, to);
+        }
+        // One move call per chunk: the kernel (6.1) gives up the rest of a call at the first
+        // page it fails to migrate, so a failure costs at most the rest of one chunk.
+        let mut moved = 0;
+        for (node, pick) in picks {
+            if !p.alive() {
+                return Ok(moved);
+            }
+            // Entries the kernel does not reach keep a value that counts as nothing.
+            let mut st = vec![libc::c_int::MIN; pick.len()];
+            let nodes = vec![node; pick.len()];
+            match move_pages(pid, &pick, Some(&nodes), &mut st) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(moved),
+                // Some pages could not be moved (busy, shared …): counted below.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+            moved += arrived(&st, toward);
+        }
+        if !ranges.is_empty() {
+            self.cur = Some((p, ranges));
+        }
+        Ok(moved)
+    }
+}
+
+/// `pid`'s pages on nodes outside `toward` (every mapping, from one read of its numa_maps) and
+/// those nodes; `None` when the process is gone.
+fn pages_off(pid: u32, toward: &CpuSet) -> std::io::Result<Option<(u64, CpuSet)>> {
+    let numa = match std::fs::read_to_string(format!("/proc/{pid}/numa_maps")) {
+        Ok(n) => parse_numa_maps(&n),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut from = CpuSet::new();
+    let mut off = 0u64;
+    for m in &numa {
+        for (&n, &p) in &m.pages {
+            if p > 0 && !toward.contains(n) {
+                off += p;
+                from.insert(n);
+            }
+        }
+    }
+    Ok(Some((off, from)))
+}
+
+/// A node mask for migrate_pages(2): 64-bit words and the `maxnode` to pass.
+fn node_mask(s: &CpuSet) -> (Vec<u64>, libc::c_ulong) {
+    let words = s.iter().max().map_or(1, |m| m as usize / 64 + 1);
+    let mut w = vec![0u64; words];
+    for n in s.iter() {
+        w[n as usize / 64] |= 1 << (n % 64);
+    }
+    // The kernel reads maxnode - 1 bits.
+    (w, (words * 64 + 1) as libc::c_ulong)
+}
+
+/// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm).
+/// Pages that could not be moved are not an error (the caller counts what moved).
+fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<()> {
+    let (mut old, n1) = node_mask(from);
+    let (mut new, n2) = node_mask(toward);
+    let words = old.len().max(new.len());
+    old.resize(words, 0);
+    new.resize(words, 0);
+    let maxnode = n1.max(n2);
+    // SAFETY: both masks have `words` 64-bit words, maxnode - 1 = words × 64 bits.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_migrate_pages,
+            pid as libc::c_int,
+            maxnode,
+            old.as_ptr(),
+            new.as_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Up to `n` 2 MiB-aligned chunks from the front of `ranges` (not consumed).
+fn front_chunks(ranges: &std::collections::VecDeque<(u64, u64)>, n: usize) -> Vec<(u64, u64)> {
+    ranges
+        .iter()
+        .flat_map(|&(a, b)| chunks(a, b))
+        .take(n)
+        .collect()
+}
+
+/// Of `chunks` (whose pages are `addrs`, where `status` says each page is), the pages on nodes
+/// outside `toward`, whole chunks while they fit `left`: per chunk with such pages, its target
+/// node (round-robin from `rr`: the pages of a huge page must not be sent to two nodes) and its
+/// pages; and the end of the last chunk taken (`None` when none fit).
+fn take_chunks(
+    chunks: &[(u64, u64)],
+    addrs: &[u64],
+    status: &[libc::c_int],
+    toward: &CpuSet,
+    targets: &[libc::c_int],
+    rr: &mut usize,
+    left: u64,
+) -> (Vec<(libc::c_int, Vec<u64>)>, Option<u64>) {
+    let off = |s: libc::c_int| s >= 0 && !toward.contains(s as u32);
+    let mut picks = Vec::new();
+    let mut taken = 0u64;
+    let mut upto = None;
+    let mut i = 0usize;
+    for &(a, b) in chunks {
+        let n = ((b - a) / PAGE) as usize;
+        let here: Vec<u64> = (i..(i + n).min(addrs.len()))
+            .filter(|&k| off(status[k]))
+            .map(|k| addrs[k])
+            .collect();
+        if taken + here.len() as u64 > left {
+            break;
+        }
+        taken += here.len() as u64;
+        if !here.is_empty() {
+            let node = targets[*rr % targets.len()];
+            *rr = rr.wrapping_add(1);
+            picks.push((node, here));
+        }
+        upto = Some(b);
+        i += n;
+    }
+    (picks, upto)
+}
+
+/// Drops `[.., to)` from the front of `ranges`.
+fn consume(ranges: &mut std::collections::VecDeque<(u64, u64)>, to: u64) {
+    while let Some(&(a, b)) = ranges.front() {
+        if b <= to {
+            ranges.pop_front();
+        } else {
+            if a < to {
+                ranges[0].0 = to;
+            }
+            break;
+        }
+    }
+}
+
+/// Pages a move call's status array reports arrived: on a node of `toward`, or busy (-EBUSY:
+/// how the kernel reports the tail pages of a huge page it has just isolated; counting a page
+/// that did not move errs toward the budget).
+fn arrived(status: &[libc::c_int], toward: &CpuSet) -> u64 {
+    status
+        .iter()
+        .filter(|&&s| (s >= 0 && toward.contains(s as u32)) || s == -libc::EBUSY)
+        .count() as u64
+}
+
+/// The ranges (start, end) of `pid`'s mappings that hold pages on nodes outside `toward` (not
+/// hugetlb), from one read of its numa_maps and maps; `None` when the process is gone.
+fn ranges_off(
+    pid: u32,
+    toward: &CpuSet,
+) -> std::io::Result<Option<std::collections::VecDeque<(u64, u64)>>> {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}"));
+    let (numa, maps) = match (read("numa_maps"), read("maps")) {
+        (Ok(n), Ok(m)) => (parse_numa_maps(&n), parse_maps(&m)),
+        (Err(e), _) | (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        (Err(e), _) | (_, Err(e)) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        (Err(e), _) | (_, Err(e)) => return Err(e),
+    };
+    Ok(Some(
+        numa.iter()
+            .filter(|m| !m.hugetlb && m.pages.iter().any(|(n, p)| *p > 0 && !toward.contains(*n)))
+            .filter_map(|m| maps.get(&m.start).map(|&end| (m.start, end)))
+            .collect(),
+    ))
 }
 
 /// A process pinned by a pidfd (Linux 5.3+): while it is open, the pid cannot name another
@@ -341,6 +667,109 @@ garbage line
         assert_eq!(top, vec![(u64::MAX - PAGE, u64::MAX)]);
     }
 
+    #[test]
+    fn a_batch_takes_whole_chunks_within_the_budget_and_resumes_after_them() {
+        let span = CHUNK * PAGE;
+        // Two mappings: 3 chunks (the first unaligned) and one.
+        let mut ranges: std::collections::VecDeque<(u64, u64)> =
+            [(span / 2, 3 * span), (10 * span, 11 * span)].into();
+        let front = front_chunks(&ranges, 3);
+        assert_eq!(
+            front,
+            vec![(span / 2, span), (span, 2 * span), (2 * span, 3 * span)]
+        );
+        let addrs: Vec<u64> = front
+            .iter()
+            .flat_map(|&(a, b)| (a..b).step_by(PAGE as usize))
+            .collect();
+        assert_eq!(addrs.len() as u64, CHUNK / 2 + 2 * CHUNK);
+        // Node 1 everywhere but: the second chunk already on node 0, one page of the first
+        // not present.
+        let mut status: Vec<libc::c_int> = vec![1; addrs.len()];
+        for s in &mut status[(CHUNK / 2) as usize..(CHUNK / 2 + CHUNK) as usize] {
+            *s = 0;
+        }
+        status[3] = -libc::ENOENT;
+        let to = CpuSet::parse("0").unwrap();
+        let mut rr = 0;
+        // Budget for the first chunk's off pages and the (empty) second, not for the third.
+        let (picks, upto) = take_chunks(&front, &addrs, &status, &to, &[0], &mut rr, CHUNK - 1);
+        assert_eq!(picks.len(), 1, "the second chunk has nothing to move");
+        assert_eq!((picks[0].0, picks[0].1.len() as u64), (0, CHUNK / 2 - 1));
+        assert!(!picks[0].1.contains(&addrs[3]), "not present: not picked");
+        assert_eq!(
+            upto,
+            Some(2 * span),
+            "the third chunk did not fit: it is next"
+        );
+        consume(&mut ranges, 2 * span);
+        assert_eq!(ranges.front(), Some(&(2 * span, 3 * span)));
+        consume(&mut ranges, 3 * span);
+        assert_eq!(ranges, [(10 * span, 11 * span)]);
+        // Two targets: one node per chunk, in turn.
+        let to2 = CpuSet::parse("0,2").unwrap();
+        let status = vec![1; addrs.len()];
+        let (picks, _) = take_chunks(&front, &addrs, &status, &to2, &[0, 2], &mut rr, u64::MAX);
+        let sizes: Vec<usize> = picks.iter().map(|(_, p)| p.len()).collect();
+        assert_eq!(sizes, [CHUNK as usize / 2, CHUNK as usize, CHUNK as usize]);
+        assert_ne!(picks[0].0, picks[1].0);
+        assert_ne!(picks[1].0, picks[2].0);
+    }
+
+    #[test]
+    fn node_masks_for_migrate_pages() {
+        let (w, maxnode) = node_mask(&CpuSet::parse("0,2,65").unwrap());
+        assert_eq!(w, vec![0b101, 0b10]);
+        assert_eq!(maxnode, 129, "the kernel reads maxnode - 1 bits");
+        assert_eq!(node_mask(&CpuSet::new()), (vec![0], 65));
+    }
+
+    /// On any machine: our own memory is all on allowed nodes, so the kernel's walk has
+    /// nothing to move, and a pid no longer in the cgroup is never touched.
+    #[test]
+    fn whole_process_moves_move_nothing_already_in_place() {
+        let v = vec![1u8; 8 << 20];
+        let all = CpuSet::parse(
+            std::fs::read_to_string("/sys/devices/system/node/online")
+                .unwrap_or_else(|_| "0".into())
+                .trim(),
+        )
+        .unwrap();
+        let me = std::process::id();
+        let mut w = Walk::default();
+        let n = w
+            .step_whole("cg", &all, 1 << 30, || Ok(vec![me]), || Ok(vec![me]))
+            .unwrap();
+        assert_eq!(n, 0);
+        let mut w = Walk::default();
+        let n = w
+            .step_whole("cg", &all, 1 << 30, || Ok(vec![me]), || Ok(vec![me + 1]))
+            .unwrap();
+        assert_eq!(n, 0);
+        assert_eq!(pages_off(me, &all).unwrap().map(|(n, _)| n), Some(0));
+        drop(v);
+    }
+
+    #[test]
+    fn arrived_pages_are_those_on_a_target_or_busy() {
+        let to = CpuSet::parse("0-1").unwrap();
+        let st = [
+            0,
+            1,
+            2,
+            -libc::EBUSY,
+            -libc::ENOENT,
+            -libc::EACCES,
+            0,
+            libc::c_int::MIN,
+        ];
+        assert_eq!(
+            arrived(&st, &to),
+            4,
+            "not reached by the kernel: not counted"
+        );
+    }
+
     /// On any machine: our own pages are all on allowed nodes, so asking to move them to every
     /// node there is moves nothing, and the budget floor stops the walk.
     #[test]
@@ -353,8 +782,12 @@ garbage line
         )
         .unwrap();
         let me = std::process::id();
-        assert_eq!(move_process_pages(me, &all, 1 << 20).unwrap(), 0);
-        assert_eq!(move_process_pages(me, &all, CHUNK - 1).unwrap(), 0);
+        let members = || Ok(vec![me]);
+        assert_eq!(move_pids_pages(&[me], &all, 1 << 30, members).unwrap(), 0);
+        assert_eq!(
+            move_pids_pages(&[me], &all, (CHUNK - 1) * PAGE, members).unwrap(),
+            0
+        );
         assert_eq!(
             move_pids_pages(&[u32::MAX - 1], &all, 1 << 30, || Ok(vec![])).unwrap(),
             0

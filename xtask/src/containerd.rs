@@ -99,7 +99,7 @@ pub fn install() -> Result<()> {
 
 /// apt options for a private source list (bookworm and trixie): its own lists and cache, so
 /// the host's apt configuration and state stay as they are. Runs `apt-get update` on it.
-fn private_apt(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn private_apt(dir: &Path) -> Result<Vec<String>> {
     let apt = dir.join("apt");
     for d in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(apt.join(d))?;

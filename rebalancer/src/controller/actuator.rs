@@ -127,6 +127,19 @@ pub trait CgroupWriter {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError>;
+    /// Moves the cgroup's pages that are on nodes outside `toward` to `toward` by the kernel's
+    /// own walk of each process's memory (migrate_pages(2)), whole processes one after the
+    /// other until at least `max_bytes` moved; returns the bytes moved (0: nothing left). For
+    /// a move whose bytes are all budgeted (a writer's pages ahead of its narrowing mems write),
+    /// never for a stage. Default: [`CgroupWriter::move_pages`] (the fakes).
+    fn migrate_pages(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        self.move_pages(cgroup, toward, max_bytes)
+    }
     /// Waits until the writes made so far are in force, for a writer whose writes someone
     /// else applies later (the container runtime, in NRI mode); [`finish`] calls it before
     /// reading a move back. Never called with the daemon's allocator lock held.

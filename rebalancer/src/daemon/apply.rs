@@ -31,9 +31,10 @@
 //! cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
 //! (`cpuset_migrate_mm_wq`) and each `cpuset.mems` writer waits for the whole queue, so
 //! concurrent narrowing writes would cost the sum of the migrations: when several moves run at
-//! once, each writer first moves its own cgroup's pages toward the target with move_pages(2)
-//! (at most the move's bytes, `PREMIGRATE_STEP` at a time) and the narrowing write finds
-//! little left. A move that runs alone goes straight to its narrowing write: the kernel's
+//! once, each writer first moves its own cgroup's memory toward the target itself with
+//! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
+//! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call) and the
+//! narrowing write finds little left. A move that runs alone goes straight to its narrowing write: the kernel's
 //! migration (one pass over the mm, in its worker) was the faster path in vm-bench's guest.
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
@@ -213,13 +214,23 @@ impl CgroupWriter for Noting<'_> {
     ) -> Result<u64, controller::CgroupWriteError> {
         self.w.move_pages(cg, toward, max_bytes)
     }
+    fn migrate_pages(
+        &mut self,
+        cg: &str,
+        toward: &crate::cpuset::CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, controller::CgroupWriteError> {
+        self.w.migrate_pages(cg, toward, max_bytes)
+    }
     fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
         self.w.settle(cg)
     }
 }
 
-/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]).
-const PREMIGRATE_STEP: u64 = 64 << 20;
+/// A writer's page moves ahead of the mems write, per call (see [`apply_one`]): the writer
+/// looks for a re-pin or a stop between steps. The writer's page walk resumes from step to
+/// step (`pages::Walk`), so a smaller step costs no more queries.
+const PREMIGRATE_STEP: u64 = 16 << 20;
 
 /// One move: the books check, the writes up to cpuset.cpus and their record under
 /// `Daemon::order`; then (with `premigrate`) the cgroup's pages moved toward the target by
@@ -286,8 +297,8 @@ fn apply_one(
             // cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
             // (`cpuset_migrate_mm_wq`) and each mems writer waits for the whole queue:
             // concurrent narrowing writes cost the sum of their migrations. So each writer
-            // first moves its own cgroup's pages (move_pages(2), at most the move's bytes,
-            // PREMIGRATE_STEP at a time; the widened mems already allow the target) and the
+            // first moves its own cgroup's memory (migrate_pages(2), whole processes, at
+            // least PREMIGRATE_STEP a call; the widened mems already allow the target) and the
             // narrowing write finds little left. A failure here is not one of the move: the
             // mems write migrates the rest. Between steps the cgroup's cpus are read: when
             // someone else wrote them meanwhile (the operator re-pinned the workload), the
@@ -318,7 +329,7 @@ fn apply_one(
                         return Err(controller::cut_short(mv, w, rest));
                     }
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
-                    match w.move_pages(&mv.cgroup, &mv.to_mems, step) {
+                    match w.migrate_pages(&mv.cgroup, &mv.to_mems, step) {
                         Ok(0) => break,
                         Ok(n) => moved = moved.saturating_add(n),
                         Err(e) => {

@@ -100,6 +100,8 @@ impl Gate {
 pub(crate) struct SharedFake {
     pub fake: Arc<Mutex<FakeCgroups>>,
     gate: Option<Arc<Gate>>,
+    /// Calls of (move_pages, migrate_pages) so far, over every thread's writer.
+    calls: Arc<Mutex<(u32, u32)>>,
 }
 
 impl CgroupWriter for SharedFake {
@@ -125,9 +127,18 @@ impl CgroupWriter for SharedFake {
         self.fake.lock().unwrap().set_memory_migrate(cg, on)
     }
     fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+        self.calls.lock().unwrap().0 += 1;
         if let Some(g) = &self.gate {
             g.arrive();
         }
+        self.fake.lock().unwrap().move_pages(cg, to, max)
+    }
+    fn migrate_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+        self.calls.lock().unwrap().1 += 1;
+        if let Some(g) = &self.gate {
+            g.arrive();
+        }
+        // As if the cgroup were many small processes, each moved whole.
         self.fake.lock().unwrap().move_pages(cg, to, max)
     }
 }
@@ -138,7 +149,11 @@ impl SharedFake {
     }
 
     pub(crate) fn over(fake: Arc<Mutex<FakeCgroups>>) -> SharedFake {
-        SharedFake { fake, gate: None }
+        SharedFake {
+            fake,
+            gate: None,
+            calls: Arc::default(),
+        }
     }
 
     pub(crate) fn factory(&self) -> WriterFactory {
@@ -229,6 +244,12 @@ fn moves_of_a_round_migrate_at_the_same_time() {
     let done = a.wait();
     assert!(gate.met(), "the four page moves never overlapped");
     assert_eq!(done.applied, 4, "{done:?}");
+    let (move_calls, migrate_calls) = *w.calls.lock().unwrap();
+    assert!(
+        move_calls == 0 && migrate_calls >= 4,
+        "the writers move whole processes by the kernel's walk (migrate_pages), not by \
+         move_pages: {move_calls} / {migrate_calls}"
+    );
     let f = w.fake.lock().unwrap();
     for m in &moves {
         assert_eq!(f.mems(&m.cgroup), Some(&m.to_mems));

@@ -238,16 +238,53 @@ impl CgroupWriter for RealWriter<'_> {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        let pids = self
-            .0
-            .procs(Controller::Cpuset, cg)
-            .map_err(|e| wrap(cg, CgroupFile::Pages, e))?;
-        let members = || {
-            self.0
-                .procs(Controller::Cpuset, cg)
-                .map_err(|e| std::io::Error::other(e.to_string()))
+        self.move_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
+    }
+    fn migrate_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        self.migrate_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
+    }
+}
+
+impl RealWriter<'_> {
+    /// [`CgroupWriter::move_pages`] continuing `walk` (see [`crate::pages::Walk`]): a writer
+    /// that moves a cgroup's pages a step at a time resumes where its last step stopped.
+    pub fn move_pages_resuming(
+        &self,
+        walk: &mut crate::pages::Walk,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        let procs = || {
+            self.0.procs(Controller::Cpuset, cg).map_err(|e| match e {
+                CgroupError::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            })
         };
-        crate::pages::move_pids_pages(&pids, toward, max_bytes, members)
+        walk.step(cg, toward, max_bytes, procs, procs)
+            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
+    }
+
+    /// [`CgroupWriter::migrate_pages`] continuing `walk` (see [`crate::pages::Walk::step_whole`]).
+    pub fn migrate_pages_resuming(
+        &self,
+        walk: &mut crate::pages::Walk,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        let procs = || {
+            self.0.procs(Controller::Cpuset, cg).map_err(|e| match e {
+                CgroupError::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            })
+        };
+        walk.step_whole(cg, toward, max_bytes, procs, procs)
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
     }
 }
@@ -259,6 +296,8 @@ impl CgroupWriter for RealWriter<'_> {
 pub struct OwnedWriter {
     pub cgroups: Cgroups,
     pub runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
+    /// The page walk of this thread's move, resumed from step to step.
+    pub walk: crate::pages::Walk,
 }
 
 impl OwnedWriter {
@@ -299,7 +338,16 @@ impl CgroupWriter for OwnedWriter {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        self.with(|w| w.move_pages(cg, toward, max_bytes))
+        // Page moves are the daemon's own in both modes (the runtime is told nothing of them).
+        RealWriter(&self.cgroups).move_pages_resuming(&mut self.walk, cg, toward, max_bytes)
+    }
+    fn migrate_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        RealWriter(&self.cgroups).migrate_pages_resuming(&mut self.walk, cg, toward, max_bytes)
     }
     fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
         self.with(|w| w.settle(cg))
@@ -596,6 +644,7 @@ impl Engine {
                     Box::new(OwnedWriter {
                         cgroups: cgroups.clone(),
                         runtime: runtime.clone(),
+                        walk: Default::default(),
                     })
                 }),
             )

@@ -618,6 +618,14 @@ impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
     ) -> Result<u64, CgroupWriteError> {
         self.real.move_pages(cg, toward, max_bytes)
     }
+    fn migrate_pages(
+        &mut self,
+        cg: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        self.real.migrate_pages(cg, toward, max_bytes)
+    }
 }
 
 /// The admission service's [`CpusetWriter`] for the threads other than the plugin's in NRI

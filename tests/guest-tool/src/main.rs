@@ -12,7 +12,9 @@
 //!   local — next to the share of all its pages that are.
 //! - `mkcg`: make a cgroup as a container runtime does and time the daemon's cpuset write.
 //! - `latency`: admission and `/healthz` latency of a running daemon, request by request.
+//! - `migrate`: move another process's memory to a node by one method and report the rate.
 mod latency;
+mod migrate;
 mod mkcg;
 mod numa;
 
@@ -83,6 +85,23 @@ enum Cmd {
         /// How long to wait for cpuset.cpus to be written (ms).
         #[arg(long, default_value_t = 5000)]
         wait_ms: u64,
+    },
+    /// Move a process's memory to one node (move_pages(2) in batches, or migrate_pages(2))
+    /// and print the pages moved per second.
+    Migrate {
+        #[arg(long)]
+        pid: i32,
+        #[arg(long)]
+        to_node: u32,
+        /// move-pages or migrate-pages.
+        #[arg(long, default_value = "move-pages")]
+        method: String,
+        /// Pages per move_pages call.
+        #[arg(long, default_value_t = 512)]
+        batch_pages: u64,
+        /// Query where the pages are before and after each move_pages call.
+        #[arg(long)]
+        query: bool,
     },
     /// Time admissions over the socket and /healthz over TCP, request by request.
     Latency {
@@ -178,6 +197,13 @@ fn run(cmd: Cmd) -> Result<()> {
         }
         Cmd::Hotset(a) => hotset(a),
         Cmd::Mkcg { dir, set, wait_ms } => mkcg::mkcg(&dir, &set, wait_ms),
+        Cmd::Migrate {
+            pid,
+            to_node,
+            method,
+            batch_pages,
+            query,
+        } => migrate::run(pid, to_node, &method, batch_pages, query),
         Cmd::Latency {
             socket,
             healthz,

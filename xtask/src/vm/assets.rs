@@ -1,5 +1,6 @@
 //! What a guest boot needs, made idempotently: Debian packages (QEMU, busybox-static, cpio), the
-//! Debian cloud kernel (downloaded once, cached under target/vm/kernel), the musl target, static
+//! Debian cloud kernel (downloaded once, cached under target/vm/kernel; `--kernel-suite trixie`
+//! under target/vm/kernel-trixie), the musl target, static
 //! binaries of rebalancer and the guest tool, and one initramfs per topology.
 use std::{
     fs,
@@ -43,12 +44,22 @@ pub(super) fn stdout_of(c: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// The concrete kernel package behind the `linux-image-cloud-amd64` metapackage.
-fn kernel_package() -> Result<String> {
+/// Debian suites whose cloud kernel a guest can boot (`--kernel-suite`): bookworm (the host's
+/// release, 6.1, the default) and trixie (6.12, fetched through the private apt source list of
+/// `containerd.rs`).
+pub const KERNEL_SUITES: &[&str] = &["bookworm", "trixie"];
+
+/// The concrete kernel package behind the `linux-image-cloud-amd64` metapackage of `suite`
+/// (`apt` options: the host's apt for bookworm, the private source list for trixie).
+fn kernel_package(apt: &[String], suite: &str) -> Result<String> {
+    let meta = if suite == "bookworm" {
+        "linux-image-cloud-amd64".to_string()
+    } else {
+        format!("linux-image-cloud-amd64/{suite}")
+    };
     let find = || -> Result<Option<String>> {
-        let deps =
-            stdout_of(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]))
-                .unwrap_or_default();
+        let deps = stdout_of(Command::new("apt-cache").args(apt).args(["depends", &meta]))
+            .unwrap_or_default();
         Ok(deps.lines().find_map(|l| {
             l.trim()
                 .strip_prefix("Depends: ")
@@ -59,24 +70,47 @@ fn kernel_package() -> Result<String> {
     if let Some(p) = find()? {
         return Ok(p);
     }
-    sh(Command::new("apt-get").args(["update", "-q"]))?;
-    find()?.context("apt-cache knows no package behind linux-image-cloud-amd64")
+    sh(Command::new("apt-get").args(apt).args(["update", "-q"]))?;
+    find()?.with_context(|| format!("apt-cache knows no package behind {meta}"))
 }
 
-/// A vmlinuz from Debian's cloud kernel, cached as target/vm/kernel/vmlinuz.
-fn kernel() -> Result<PathBuf> {
-    let dir = vm_dir().join("kernel");
+/// A vmlinuz from Debian's cloud kernel of `suite`, cached as target/vm/kernel/vmlinuz
+/// (bookworm) or target/vm/kernel-<suite>/vmlinuz.
+pub fn kernel(suite: &str) -> Result<PathBuf> {
+    if !KERNEL_SUITES.contains(&suite) {
+        bail!(
+            "unknown kernel suite {suite:?}; known: {}",
+            KERNEL_SUITES.join(", ")
+        );
+    }
+    let dir = if suite == "bookworm" {
+        vm_dir().join("kernel")
+    } else {
+        vm_dir().join(format!("kernel-{suite}"))
+    };
     let vmlinuz = dir.join("vmlinuz");
     if vmlinuz.exists() {
         return Ok(vmlinuz);
     }
-    let pkg = kernel_package()?;
+    fs::create_dir_all(&dir)?;
+    let apt = if suite == "bookworm" {
+        Vec::new()
+    } else {
+        crate::containerd::private_apt(&dir)?
+    };
+    let pkg = kernel_package(&apt, suite)?;
     let dl = dir.join("download");
     let _ = fs::remove_dir_all(&dl);
     fs::create_dir_all(&dl)?;
+    let spec = if suite == "bookworm" {
+        pkg.clone()
+    } else {
+        format!("{pkg}/{suite}")
+    };
     sh(Command::new("apt-get")
+        .args(&apt)
         .current_dir(&dl)
-        .args(["download", &pkg]))?;
+        .args(["download", &spec]))?;
     let deb = fs::read_dir(&dl)?
         .flatten()
         .map(|e| e.path())
@@ -95,7 +129,7 @@ fn kernel() -> Result<PathBuf> {
     fs::copy(&image, &vmlinuz)?;
     fs::write(dir.join("package"), format!("{pkg}\n"))?;
     fs::remove_dir_all(&dl)?;
-    eprintln!("vm: cached kernel {pkg} as {}", vmlinuz.display());
+    eprintln!("vm: cached kernel {pkg} ({suite}) as {}", vmlinuz.display());
     Ok(vmlinuz)
 }
 
@@ -107,12 +141,13 @@ fn musl_target() -> Result<()> {
     Ok(())
 }
 
-/// Installs prerequisites, fetches the kernel and builds the static guest binaries (the
-/// rebalancer binary only when `rebalancer_bin` is not given).
-pub fn prepare(rebalancer_bin: Option<&Path>) -> Result<Assets> {
+/// Installs prerequisites, fetches the kernel of `kernel_suite` (see [`KERNEL_SUITES`]) and
+/// builds the static guest binaries (the rebalancer binary only when `rebalancer_bin` is not
+/// given).
+pub fn prepare(rebalancer_bin: Option<&Path>, kernel_suite: &str) -> Result<Assets> {
     setup::apt(&["qemu-system-x86", "busybox-static", "cpio"])?;
     musl_target()?;
-    let kernel = kernel()?;
+    let kernel = kernel(kernel_suite)?;
     eprintln!("vm: building static (musl) binaries");
     let mut c = cargo();
     c.args(["build", "--release", "--target", MUSL]);

@@ -71,6 +71,9 @@ pub struct VmBenchArgs {
     /// `baseline` in the same boots: before/after against the same AutoNUMA runs.
     #[arg(long, value_name = "PATH")]
     pub baseline_bin: Option<PathBuf>,
+    /// Debian suite of the guest's cloud kernel: bookworm (6.1, the default) or trixie (6.12).
+    #[arg(long, value_name = "SUITE", default_value = "bookworm")]
+    pub kernel_suite: String,
 }
 
 /// One `sample` line: aggregate pages of the workload at time `t` (s since the pins).
@@ -514,7 +517,7 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
     if a.boots == 0 {
         bail!("--boots must be at least 1");
     }
-    let assets = assets::prepare(a.rebalancer_bin.as_deref())?;
+    let assets = assets::prepare(a.rebalancer_bin.as_deref(), &a.kernel_suite)?;
     let baseline = a
         .baseline_bin
         .as_ref()

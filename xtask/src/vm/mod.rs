@@ -26,7 +26,7 @@ use scenario::Scenario;
 use topology::VmTopology;
 use verdict::{Status, Verdict};
 
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct VmTestArgs {
     /// Topology to boot (repeatable; default: all of 2node, 4node-asym, memonly).
     #[arg(long, value_name = "NAME")]
@@ -51,6 +51,24 @@ pub struct VmTestArgs {
     /// List the topologies and scenarios, then exit.
     #[arg(long)]
     pub list: bool,
+    /// Debian suite of the guest's cloud kernel: bookworm (6.1, the default) or trixie (6.12).
+    #[arg(long, value_name = "SUITE", default_value = "bookworm")]
+    pub kernel_suite: String,
+}
+
+impl Default for VmTestArgs {
+    fn default() -> Self {
+        VmTestArgs {
+            topology: Vec::new(),
+            scenario: Vec::new(),
+            keep: false,
+            timeout: None,
+            rebalancer_bin: None,
+            node_mem_mib: None,
+            list: false,
+            kernel_suite: "bookworm".into(),
+        }
+    }
 }
 
 fn list() {
@@ -207,7 +225,7 @@ pub fn vm_test(a: &VmTestArgs) -> Result<()> {
     }
     let (topos, scenarios) = select(a)?;
     let t0 = std::time::Instant::now();
-    let assets = assets::prepare(a.rebalancer_bin.as_deref())?;
+    let assets = assets::prepare(a.rebalancer_bin.as_deref(), &a.kernel_suite)?;
     let prep = t0.elapsed().as_secs_f64();
     let mut outcomes = Vec::new();
     for t in &topos {

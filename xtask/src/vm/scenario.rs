@@ -117,6 +117,14 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "migrate-rate",
+        about: "pages/s of each migration path (cpuset.mems, move_pages batches, migrate_pages) for a running / stopped / frozen hog",
+        timeout_s: 1500,
+        default: false,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "selftest-fail",
         about: "harness self-test: always FAILs, so `vm-test --scenario selftest-fail` must fail",
         timeout_s: 10,
