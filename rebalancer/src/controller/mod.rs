@@ -30,6 +30,8 @@ mod actuator_tests;
 mod migration_tests;
 #[cfg(test)]
 mod planner_tests;
+#[cfg(test)]
+mod scale_tests;
 
 pub use actuator::{
     abandon, apply, begin, cut_short, finish, Applied, ApplyError, Begun, CgroupFile,
