@@ -128,9 +128,15 @@ pub fn plan(
         moves,
         decisions: evals
             .into_iter()
-            .map(|e| Decision {
-                considered: e.options.into_iter().map(|o| o.considered).collect(),
-                ..e.decision
+            .map(|e| {
+                // A fresh Vec, not an in-place collect (which would shrink the options'
+                // buffer by a realloc and a second copy).
+                let mut considered = Vec::with_capacity(e.options.len());
+                considered.extend(e.options.into_iter().map(|o| o.considered));
+                Decision {
+                    considered,
+                    ..e.decision
+                }
             })
             .collect(),
     }
