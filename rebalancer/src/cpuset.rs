@@ -12,9 +12,26 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const MAX_ID: u32 = 1 << 16;
 
 /// A set of CPU (or node) ids. Invariant: no trailing zero words, so `==` is set equality.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Default)]
 pub struct CpuSet {
     words: Vec<u64>,
+}
+
+// Word by word, not the slice `==` (a `memcmp` call): these sets are a few words, and the
+// planner compares tens of thousands of node sets per round.
+impl PartialEq for CpuSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.words.len() == other.words.len()
+            && self.words.iter().zip(&other.words).all(|(a, b)| a == b)
+    }
+}
+
+impl Eq for CpuSet {}
+
+impl std::hash::Hash for CpuSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.words.hash(state);
+    }
 }
 
 /// Why a cpulist could not be parsed.

@@ -30,6 +30,8 @@ mod actuator_tests;
 mod migration_tests;
 #[cfg(test)]
 mod planner_tests;
+#[cfg(test)]
+mod scale_tests;
 
 pub use actuator::{
     abandon, apply, begin, cut_short, finish, Applied, ApplyError, Begun, CgroupFile,
@@ -68,6 +70,19 @@ pub struct CgroupState {
     pub periods: u64,
 }
 
+impl CgroupState {
+    /// Milliseconds of cooldown left at `now_ms` for a cgroup with this state whose
+    /// cpuset.cpus is now `cpus` (see [`ControllerState::cooldown_remaining`]).
+    pub fn cooldown_remaining(&self, cpus: &CpuSet, now_ms: u64, cooldown_ms: u64) -> Option<u64> {
+        let last = self.last_move_ms?;
+        if self.last_cpus.as_ref().is_some_and(|c| c != cpus) {
+            return None;
+        }
+        let until = last.saturating_add(cooldown_ms);
+        (now_ms < until).then(|| until - now_ms)
+    }
+}
+
 /// Where a staged move is going, and how much was left to move when its last stage ran.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Staging {
@@ -104,10 +119,24 @@ impl ControllerState {
         } else {
             1.0
         };
-        let mut seen = std::collections::BTreeSet::new();
-        for cg in &obs.cgroups {
-            seen.insert(cg.id.as_str());
-            let st = self.cgroups.entry(cg.id.clone()).or_default();
+        // One ordered walk over the observations (sorted by id, stable: a duplicated id is
+        // folded in the order observed) and the old state (a BTreeMap, in id order), instead
+        // of a lookup by string per cgroup: the state keeps its keys, only new ones are cloned.
+        let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
+        cgs.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
+        let mut kept: Vec<(String, CgroupState)> = Vec::with_capacity(cgs.len());
+        for cg in cgs {
+            if kept.last().is_none_or(|(id, _)| *id != cg.id) {
+                while old.next_if(|(id, _)| *id < cg.id).is_some() {}
+                let entry = old
+                    .next_if(|(id, _)| *id == cg.id)
+                    .unwrap_or_else(|| (cg.id.clone(), CgroupState::default()));
+                kept.push(entry);
+            }
+            let Some((_, st)) = kept.last_mut() else {
+                continue;
+            };
             st.periods = st.periods.saturating_add(1);
             if let Some((s, ev)) = locality::instant(cg) {
                 if st.smoothed.is_none() {
@@ -117,7 +146,9 @@ impl ControllerState {
                 *st.smoothed_from.entry(ev).or_default() += 1;
             }
         }
-        self.cgroups.retain(|id, _| seen.contains(id.as_str()));
+        drop(old);
+        // Sorted and unique: the map is built in one pass.
+        self.cgroups = kept.into_iter().collect();
         for (&n, o) in &obs.nodes {
             let h = self.node_pressure.entry(n).or_default();
             h.push_back(o.pressure());
@@ -194,12 +225,8 @@ impl ControllerState {
         now_ms: u64,
         cooldown_ms: u64,
     ) -> Option<u64> {
-        let st = self.cgroups.get(cgroup)?;
-        let last = st.last_move_ms?;
-        if st.last_cpus.as_ref().is_some_and(|c| c != cpus) {
-            return None;
-        }
-        let until = last.saturating_add(cooldown_ms);
-        (now_ms < until).then(|| until - now_ms)
+        self.cgroups
+            .get(cgroup)?
+            .cooldown_remaining(cpus, now_ms, cooldown_ms)
     }
 }

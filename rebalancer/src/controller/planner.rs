@@ -14,7 +14,7 @@ use super::locality;
 use super::observe::{CgroupObs, Observations};
 use super::plan_types::{Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
 use super::target::{Projection, TargetOption};
-use super::ControllerState;
+use super::{CgroupState, ControllerState};
 use crate::config::ControllerConfig;
 use crate::topology::Topology;
 
@@ -29,13 +29,15 @@ pub fn plan(
     let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
     cgs.sort_by(|a, b| a.id.cmp(&b.id));
     cgs.dedup_by(|a, b| a.id == b.id);
+    // Each cgroup's state, by one ordered walk of both (no string lookup per cgroup).
+    let sts = states_of(&cgs, state);
 
     let mut proj = Projection::new(topo, obs, state, cfg);
     // Staged moves under way go first: finishing what was started.
     let mut moves = Vec::new();
     let mut continued: Vec<Option<Outcome>> = vec![None; cgs.len()];
     for (i, cg) in cgs.iter().enumerate() {
-        match continue_stage(&mut proj, cg, state) {
+        match continue_stage(&mut proj, cg, sts[i]) {
             Some(Ok(mv)) => {
                 continued[i] = Some(Outcome::Moved {
                     to_nodes: mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone(),
@@ -49,10 +51,11 @@ pub fn plan(
     let mut evals: Vec<Eval> = cgs
         .iter()
         .zip(&continued)
-        .map(|(cg, cont)| match cont {
-            None => evaluate(&proj, obs, cg, state, cfg, now_ms),
+        .zip(&sts)
+        .map(|((cg, cont), &st)| match cont {
+            None => evaluate(&proj, obs, cg, st, cfg, now_ms),
             Some(outcome) => {
-                let mut e = evaluate(&proj, obs, cg, state, cfg, now_ms);
+                let mut e = evaluate(&proj, obs, cg, st, cfg, now_ms);
                 e.decision.outcome = outcome.clone();
                 e.options.clear();
                 e.chosen = None;
@@ -75,7 +78,7 @@ pub fn plan(
             continue;
         }
         if proj.dirty {
-            evals[i] = evaluate(&proj, obs, cgs[i], state, cfg, now_ms);
+            evals[i] = evaluate(&proj, obs, cgs[i], sts[i], cfg, now_ms);
         }
         let eval = &mut evals[i];
         if eval.chosen.is_none() {
@@ -125,12 +128,31 @@ pub fn plan(
         moves,
         decisions: evals
             .into_iter()
-            .map(|e| Decision {
-                considered: e.options.into_iter().map(|o| o.considered).collect(),
-                ..e.decision
+            .map(|e| {
+                // A fresh Vec, not an in-place collect (which would shrink the options'
+                // buffer by a realloc and a second copy).
+                let mut considered = Vec::with_capacity(e.options.len());
+                considered.extend(e.options.into_iter().map(|o| o.considered));
+                Decision {
+                    considered,
+                    ..e.decision
+                }
             })
             .collect(),
     }
+}
+
+/// The state of each of `cgs` (sorted by id, unique), walking the state's map in step.
+fn states_of<'s>(cgs: &[&CgroupObs], state: &'s ControllerState) -> Vec<Option<&'s CgroupState>> {
+    let mut it = state.cgroups.iter().peekable();
+    cgs.iter()
+        .map(|cg| {
+            while it.next_if(|(id, _)| id.as_str() < cg.id.as_str()).is_some() {}
+            it.peek()
+                .filter(|(id, _)| id.as_str() == cg.id.as_str())
+                .map(|&(_, st)| st)
+        })
+        .collect()
 }
 
 struct Eval {
@@ -151,25 +173,19 @@ fn evaluate(
     proj: &Projection<'_>,
     obs: &Observations,
     cg: &CgroupObs,
-    state: &ControllerState,
+    st: Option<&CgroupState>,
     cfg: &ControllerConfig,
     now_ms: u64,
 ) -> Eval {
     let inst = locality::instant(cg);
-    let smoothed = state
-        .cgroups
-        .get(&cg.id)
-        .and_then(|s| s.smoothed)
-        .or(inst.map(|(s, _)| s));
+    let smoothed = st.and_then(|s| s.smoothed).or(inst.map(|(s, _)| s));
     let trigger = proj.trigger(cg, smoothed, cfg);
     let decision = Decision {
         cgroup: cg.id.clone(),
         locality: inst.map(|(s, _)| s),
         evidence: inst.map(|(_, e)| e),
         smoothed,
-        smoothed_from: state
-            .cgroups
-            .get(&cg.id)
+        smoothed_from: st
             .filter(|s| s.smoothed.is_some())
             .map(|s| s.smoothed_from.clone())
             .unwrap_or_default(),
@@ -210,8 +226,8 @@ fn evaluate(
         .allowed_nodes
         .as_ref()
         .is_some_and(|a| !cg.mems.is_subset(a));
-    if let Some(remaining_ms) = state
-        .cooldown_remaining(&cg.id, &cg.cpus, now_ms, cfg.cooldown_ms)
+    if let Some(remaining_ms) = st
+        .and_then(|s| s.cooldown_remaining(&cg.cpus, now_ms, cfg.cooldown_ms))
         .filter(|_| !misplaced)
     {
         return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
@@ -219,13 +235,9 @@ fn evaluate(
     // `considered` is filled from `options` when the plan is finished.
     // What a move saves is counted for as long as the workload has lived so far (its expected
     // remaining life), at most the horizon; a cgroup the state has not seen yet gets the horizon.
-    let lived_ms = state
-        .cgroups
-        .get(&cg.id)
-        .filter(|s| s.periods > 0)
-        .map_or(cfg.horizon_ms, |s| {
-            (s.periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
-        });
+    let lived_ms = st.filter(|s| s.periods > 0).map_or(cfg.horizon_ms, |s| {
+        (s.periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
+    });
     let options = proj.options(obs, cg, &trigger, smoothed, cfg, lived_ms);
     let (outcome, chosen) = match choose(&options, cfg, proj.budget_left) {
         Ok(k) => (Outcome::Healthy, Some(k)),
@@ -245,9 +257,9 @@ fn evaluate(
 fn continue_stage(
     proj: &mut Projection<'_>,
     cg: &CgroupObs,
-    state: &ControllerState,
+    st: Option<&CgroupState>,
 ) -> Option<Result<Move, Skip>> {
-    let sg = state.cgroups.get(&cg.id)?.staging.as_ref()?;
+    let sg = st?.staging.as_ref()?;
     if cg.constraints.moving {
         return Some(Err(Skip::InFlight));
     }

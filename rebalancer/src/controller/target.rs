@@ -20,20 +20,30 @@ use crate::topology::Topology;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The machine as this round's accepted moves leave it.
+/// The machine as this round's accepted moves leave it. Per-node values are arrays indexed
+/// by the node's position in `topo.nodes` (see [`NodeIndex`]): the planner reads them for
+/// every option of every candidate. A node id outside the topology reads as no CPUs, no free
+/// memory, full and without demand; what is recorded for one is never read.
 pub(super) struct Projection<'t> {
     topo: &'t Topology,
     reserved: CpuSet,
-    free: BTreeMap<u32, u64>,
-    free_huge: BTreeMap<u32, u64>,
-    busy: BTreeMap<u32, f64>,
+    index: NodeIndex,
+    free: Vec<u64>,
+    free_huge: Vec<u64>,
+    busy: Vec<f64>,
     /// Runnable demand per node, in CPUs (running + waiting; may exceed the node's CPUs).
-    demand: BTreeMap<u32, f64>,
-    ncpus: BTreeMap<u32, usize>,
+    demand: Vec<f64>,
+    ncpus: Vec<usize>,
+    /// Whether the node's run-queue demand was measured (`NodeObs::runnable`).
+    measured: Vec<bool>,
     /// CPUs held exclusively by some workload.
     excl_held: CpuSet,
-    /// Shared pool per node with CPUs: node CPUs − reserved − exclusively held.
-    pool: BTreeMap<u32, CpuSet>,
+    /// Shared pool per node with CPUs: node CPUs − reserved − exclusively held (`None` for a
+    /// node without CPUs), and its size.
+    pool: Vec<Option<CpuSet>>,
+    pool_len: Vec<usize>,
+    /// Ids of the nodes with CPUs, ascending.
+    cpu_nodes: Vec<u32>,
     /// Per node with CPUs: the other nodes with CPUs, nearest first (distance, id).
     nearest: BTreeMap<u32, Vec<u32>>,
     /// Length of the observed period, ns (rates per second).
@@ -41,7 +51,7 @@ pub(super) struct Projection<'t> {
     /// Per node, how long it has been overloaded (pressure ≥ `overload_busy`) without a break,
     /// this period included, at most the horizon: how long the relief of a move off it is
     /// counted (what has lasted that long is expected to last about as long again).
-    overload_ms: BTreeMap<u32, u64>,
+    overload_ms: Vec<u64>,
     pub budget_left: u64,
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
@@ -66,18 +76,20 @@ impl<'t> Projection<'t> {
         state: &ControllerState,
         cfg: &ControllerConfig,
     ) -> Self {
-        let mut free = BTreeMap::new();
-        let mut free_huge = BTreeMap::new();
-        let mut busy = BTreeMap::new();
-        let mut demand = BTreeMap::new();
-        let mut ncpus = BTreeMap::new();
+        let index = NodeIndex::new(topo);
+        let k = topo.nodes.len();
+        let (mut free, mut free_huge) = (vec![0; k], vec![0; k]);
+        let (mut busy, mut demand) = (vec![1.0; k], vec![0.0; k]);
+        let (mut ncpus, mut measured) = (vec![0; k], vec![false; k]);
         for n in &topo.nodes {
+            let Some(i) = index.get(n.id) else { continue };
             let o = obs.nodes.get(&n.id);
-            free.insert(n.id, o.map_or(0, |o| o.free_bytes));
-            free_huge.insert(n.id, o.map_or(0, |o| o.free_hugepage_bytes));
-            busy.insert(n.id, o.map_or(1.0, NodeObs::busy));
-            demand.insert(n.id, o.map_or(1.0, NodeObs::pressure) * n.cpus.len() as f64);
-            ncpus.insert(n.id, n.cpus.len());
+            free[i] = o.map_or(0, |o| o.free_bytes);
+            free_huge[i] = o.map_or(0, |o| o.free_hugepage_bytes);
+            busy[i] = o.map_or(1.0, NodeObs::busy);
+            demand[i] = o.map_or(1.0, NodeObs::pressure) * n.cpus.len() as f64;
+            ncpus[i] = n.cpus.len();
+            measured[i] = o.is_some_and(|o| o.runnable.is_some());
         }
         // The node's runnable demand is at least what the managed cgroups ran there.
         let mut managed: BTreeMap<u32, f64> = BTreeMap::new();
@@ -87,8 +99,8 @@ impl<'t> Projection<'t> {
             }
         }
         for (n, m) in managed {
-            if let Some(d) = demand.get_mut(&n) {
-                *d = d.max(m);
+            if let Some(i) = index.get(n) {
+                demand[i] = demand[i].max(m);
             }
         }
         let excl_held = obs
@@ -96,12 +108,14 @@ impl<'t> Projection<'t> {
             .iter()
             .filter(|c| c.constraints.exclusive)
             .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus));
-        let cpu_nodes: Vec<u32> = topo
+        let mut cpu_nodes: Vec<u32> = topo
             .nodes
             .iter()
             .filter(|n| !n.cpus.is_empty())
             .map(|n| n.id)
             .collect();
+        cpu_nodes.sort_unstable();
+        cpu_nodes.dedup();
         let nearest = cpu_nodes
             .iter()
             .map(|&s| {
@@ -110,22 +124,27 @@ impl<'t> Projection<'t> {
                 (s, others)
             })
             .collect();
-        let overload_ms = topo
-            .nodes
-            .iter()
-            .map(|n| (n.id, overload_ms(obs, state, cfg, n.id)))
-            .collect();
+        let mut overload = vec![0; k];
+        for n in &topo.nodes {
+            if let Some(i) = index.get(n.id) {
+                overload[i] = overload_ms(obs, state, cfg, n.id);
+            }
+        }
         let mut p = Projection {
-            overload_ms,
+            overload_ms: overload,
             topo,
             reserved: obs.reserved_cpus.clone(),
+            index,
             free,
             free_huge,
             busy,
             demand,
             ncpus,
+            measured,
             excl_held,
-            pool: BTreeMap::new(),
+            pool: Vec::new(),
+            pool_len: Vec::new(),
+            cpu_nodes,
             nearest,
             period_ns: obs.period_ns,
             budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
@@ -138,17 +157,53 @@ impl<'t> Projection<'t> {
 
     fn refresh_pools(&mut self) {
         let taken = self.reserved.union(&self.excl_held);
-        self.pool = self
-            .topo
-            .nodes
-            .iter()
-            .filter(|n| !n.cpus.is_empty())
-            .map(|n| (n.id, n.cpus.difference(&taken)))
-            .collect();
+        let k = self.topo.nodes.len();
+        self.pool = vec![None; k];
+        self.pool_len = vec![0; k];
+        for n in self.topo.nodes.iter().filter(|n| !n.cpus.is_empty()) {
+            if let Some(i) = self.index.get(n.id) {
+                let p = n.cpus.difference(&taken);
+                self.pool_len[i] = p.len();
+                self.pool[i] = Some(p);
+            }
+        }
+    }
+
+    /// The shared pool of `node`, when it has CPUs.
+    fn pool(&self, node: u32) -> Option<&CpuSet> {
+        self.index.get(node).and_then(|i| self.pool[i].as_ref())
+    }
+
+    fn pool_len(&self, node: u32) -> usize {
+        self.index.get(node).map_or(0, |i| self.pool_len[i])
+    }
+
+    fn ncpus(&self, node: u32) -> usize {
+        self.index.get(node).map_or(0, |i| self.ncpus[i])
+    }
+
+    fn demand(&self, node: u32) -> f64 {
+        self.index.get(node).map_or(0.0, |i| self.demand[i])
+    }
+
+    fn free(&self, node: u32) -> u64 {
+        self.index.get(node).map_or(0, |i| self.free[i])
+    }
+
+    fn free_huge(&self, node: u32) -> u64 {
+        self.index.get(node).map_or(0, |i| self.free_huge[i])
+    }
+
+    /// Whether the run-queue demand of `node` was measured.
+    fn measured(&self, obs: &Observations, node: u32) -> bool {
+        match self.index.get(node) {
+            Some(i) => self.measured[i],
+            None => obs.nodes.get(&node).is_some_and(|o| o.runnable.is_some()),
+        }
     }
 
     pub fn busy(&self, node: u32) -> f64 {
-        self.busy.get(&node).copied().unwrap_or(1.0)
+        self.index.get(node).map_or(1.0, |i| self.busy[i])
     }
 
     fn demand_on(obs: &Observations, cg: &CgroupObs, node: u32) -> f64 {
@@ -176,8 +231,8 @@ impl<'t> Projection<'t> {
             if hot_ns > 0
                 && hot_ns.saturating_mul(2) >= total
                 && self
-                    .pool
-                    .keys()
+                    .cpu_nodes
+                    .iter()
                     .any(|&n| self.busy(n) < cfg.overload_busy && self.allowed(cg, n))
             {
                 let nodes = cg
@@ -277,7 +332,7 @@ impl<'t> Projection<'t> {
                     .node(n)
                     .map_or(0, |node| node.cpus.intersection(&cg.cpus).len());
             }
-            let pool = self.pool.get(&n).map_or(0, |p| p.len());
+            let pool = self.pool_len(n);
             let own = if own_excl.is_empty() {
                 0
             } else {
@@ -349,7 +404,7 @@ impl<'t> Projection<'t> {
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
         for (n, share) in cpu_after(obs, cg, &t) {
-            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
+            let ncpu = self.ncpus(n).max(1) as f64;
             let added = ((demand * share - Self::demand_on(obs, cg, n)) / ncpu).max(0.0);
             let busy_after = self.busy(n) + added;
             dst_busy = dst_busy.max(busy_after);
@@ -365,11 +420,7 @@ impl<'t> Projection<'t> {
             .constraints
             .exclusive
             .then(|| self.pick_cores(&t, need_cpus, own_excl));
-        let pool_len: usize = t
-            .iter()
-            .filter_map(|n| self.pool.get(&n))
-            .map(|p| p.len())
-            .sum();
+        let pool_len: usize = t.iter().map(|n| self.pool_len(n)).sum();
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
         let keep_cpus = picked.is_none()
@@ -386,7 +437,7 @@ impl<'t> Projection<'t> {
         let measured = t
             .iter()
             .chain(cg.cpu_ns_per_node.keys().copied())
-            .all(|n| obs.nodes.get(&n).is_some_and(|o| o.runnable.is_some()));
+            .all(|n| self.measured(obs, n));
         let (relief, relief_ms) = match trigger {
             Trigger::Overloaded { nodes } => {
                 let relief = if measured {
@@ -411,7 +462,7 @@ impl<'t> Projection<'t> {
                 // lived): what has lasted that long is expected to last about as long again.
                 let lasted = nodes
                     .iter()
-                    .map(|n| self.overload_ms.get(&n).copied().unwrap_or(0))
+                    .map(|n| self.index.get(n).map_or(0, |i| self.overload_ms[i]))
                     .min()
                     .unwrap_or(0);
                 (relief, lasted.min(lived_ms).min(horizon_ms))
@@ -454,8 +505,10 @@ impl<'t> Projection<'t> {
         } else {
             delta * horizon_s
         };
-        let free = sat_sum(t.iter().filter_map(|n| self.free.get(&n)));
-        let free_huge = sat_sum(t.iter().filter_map(|n| self.free_huge.get(&n)));
+        let free = t.iter().fold(0u64, |a, n| a.saturating_add(self.free(n)));
+        let free_huge = t
+            .iter()
+            .fold(0u64, |a, n| a.saturating_add(self.free_huge(n)));
         let pre = if t.len() as u32 > max_nodes {
             Some(Rejection::TooManyNodes {
                 need: t.len() as u32,
@@ -511,8 +564,8 @@ impl<'t> Projection<'t> {
         let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
         let mut delta = 0.0;
         let mut node = |n: u32, own_after: f64| {
-            let c = self.ncpus.get(&n).copied().unwrap_or(0) as f64;
-            let d0 = self.demand.get(&n).copied().unwrap_or(0.0);
+            let c = self.ncpus(n) as f64;
+            let d0 = self.demand(n);
             let d1 = (d0 - Self::demand_on(obs, cg, n) + own_after).max(0.0);
             delta += stretched(d1, c) - stretched(d0, c);
         };
@@ -566,7 +619,7 @@ impl<'t> Projection<'t> {
 
     fn pool_of(&self, t: &CpuSet) -> CpuSet {
         t.iter()
-            .filter_map(|n| self.pool.get(&n))
+            .filter_map(|n| self.pool(n))
             .fold(CpuSet::new(), |a, p| a.union(p))
     }
 
@@ -624,36 +677,34 @@ impl<'t> Projection<'t> {
         let mut huge_out = 0u64;
         for (&n, &b) in &cg.mem_bytes_per_node {
             if !t.contains(n) {
-                let f = self.free.entry(n).or_default();
-                *f = f.saturating_add(b);
+                if let Some(i) = self.index.get(n) {
+                    self.free[i] = self.free[i].saturating_add(b);
+                }
                 normal_out = normal_out.saturating_add(b);
             }
         }
         for (&n, &b) in &cg.hugepage_bytes_per_node {
             if !t.contains(n) {
-                let f = self.free_huge.entry(n).or_default();
-                *f = f.saturating_add(b);
+                if let Some(i) = self.index.get(n) {
+                    self.free_huge[i] = self.free_huge[i].saturating_add(b);
+                }
                 huge_out = huge_out.saturating_add(b);
             }
         }
         let demand = obs.cpu_demand(cg);
         for &n in cg.cpu_ns_per_node.keys() {
-            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
-            if let Some(b) = self.busy.get_mut(&n) {
-                *b = (*b - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
-            }
-            if let Some(d) = self.demand.get_mut(&n) {
-                *d = (*d - Self::demand_on(obs, cg, n)).max(0.0);
-            }
+            let Some(i) = self.index.get(n) else { continue };
+            let ncpu = self.ncpus[i].max(1) as f64;
+            self.busy[i] = (self.busy[i] - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
+            self.demand[i] = (self.demand[i] - Self::demand_on(obs, cg, n)).max(0.0);
         }
         for (n, share) in cpu_after(obs, cg, t) {
-            let ncpu = self.ncpus.get(&n).copied().unwrap_or(0).max(1) as f64;
-            *self.busy.entry(n).or_default() += demand * share / ncpu;
-            *self.demand.entry(n).or_default() += demand * share;
-            let f = self.free.entry(n).or_default();
-            *f = f.saturating_sub((normal_out as f64 * share) as u64);
-            let h = self.free_huge.entry(n).or_default();
-            *h = h.saturating_sub((huge_out as f64 * share) as u64);
+            let Some(i) = self.index.get(n) else { continue };
+            let ncpu = self.ncpus[i].max(1) as f64;
+            self.busy[i] += demand * share / ncpu;
+            self.demand[i] += demand * share;
+            self.free[i] = self.free[i].saturating_sub((normal_out as f64 * share) as u64);
+            self.free_huge[i] = self.free_huge[i].saturating_sub((huge_out as f64 * share) as u64);
         }
         if cg.constraints.exclusive {
             let to = self.to_cpus(cg, opt);
@@ -672,8 +723,9 @@ impl<'t> Projection<'t> {
     pub fn accept_pages(&mut self, toward: &CpuSet, bytes: u64) {
         let k = toward.len().max(1) as u64;
         for n in toward.iter() {
-            let f = self.free.entry(n).or_default();
-            *f = f.saturating_sub(bytes / k);
+            if let Some(i) = self.index.get(n) {
+                self.free[i] = self.free[i].saturating_sub(bytes / k);
+            }
         }
         self.budget_left = self.budget_left.saturating_sub(bytes);
         self.moves_left = self.moves_left.saturating_sub(1);
@@ -692,6 +744,63 @@ impl<'t> Projection<'t> {
                     .topo
                     .node(node)
                     .is_some_and(|n| !n.cpus.is_disjoint(&cg.cpus)))
+    }
+}
+
+/// Node id → position in `topo.nodes` (the last one, should an id repeat): a table indexed by
+/// id for the small ids machines have, a sorted list otherwise.
+struct NodeIndex {
+    dense: Vec<u32>,
+    sparse: Vec<(u32, usize)>,
+}
+
+impl NodeIndex {
+    const DENSE_MAX: u32 = 4096;
+    const NONE: u32 = u32::MAX;
+
+    fn new(topo: &Topology) -> Self {
+        let max = topo.nodes.iter().map(|n| n.id).max();
+        if max.is_some_and(|m| m < Self::DENSE_MAX) {
+            let mut dense = vec![Self::NONE; max.map_or(0, |m| m as usize + 1)];
+            for (i, n) in topo.nodes.iter().enumerate() {
+                dense[n.id as usize] = i as u32;
+            }
+            return NodeIndex {
+                dense,
+                sparse: Vec::new(),
+            };
+        }
+        let mut sparse: Vec<(u32, usize)> = Vec::with_capacity(topo.nodes.len());
+        for (i, n) in topo.nodes.iter().enumerate() {
+            sparse.push((n.id, i));
+        }
+        // Stable: of a repeated id, the last position stays last and is kept.
+        sparse.sort_by_key(|e| e.0);
+        let mut uniq: Vec<(u32, usize)> = Vec::with_capacity(sparse.len());
+        for e in sparse {
+            match uniq.last_mut() {
+                Some(l) if l.0 == e.0 => *l = e,
+                _ => uniq.push(e),
+            }
+        }
+        NodeIndex {
+            dense: Vec::new(),
+            sparse: uniq,
+        }
+    }
+
+    #[inline]
+    fn get(&self, id: u32) -> Option<usize> {
+        if self.sparse.is_empty() {
+            return match self.dense.get(id as usize) {
+                Some(&i) if i != Self::NONE => Some(i as usize),
+                _ => None,
+            };
+        }
+        self.sparse
+            .binary_search_by_key(&id, |e| e.0)
+            .ok()
+            .map(|k| self.sparse[k].1)
     }
 }
 
