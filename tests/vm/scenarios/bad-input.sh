@@ -25,7 +25,19 @@ for d in "$(pod_slice guaranteed $G1)/cri-containerd-$(cid 21).scope" "$(pod_sli
     out=$(guest-tool mkcg --dir "$CG/$d")
     [ "$(kv written_us "$out")" != none ] || fail "no cpuset written for $d ($out)"
 done
-sleep 1   # the first control round has run
+# The placements above start event rounds and their follow-ups (daemon/trigger.rs: a follow-up
+# 1 s after an event round, rounds at least 1 s apart). With a 60 s period nothing else starts
+# one, so wait until no round has run for 3 s: from then on any round, decision or counter that
+# changes was caused by the bad input below.
+rounds() { rebalancer status --json | tr -d ' \n' | sed -n 's/.*"rounds":\([0-9]*\).*/\1/p'; }
+last=$(rounds); still=0; i=0
+while [ $still -lt 6 ]; do
+    i=$((i + 1)); [ $i -lt 120 ] || fail "rounds never went quiet after the placements (rounds $(rounds))"
+    sleep 0.5
+    now=$(rounds)
+    if [ -n "$now" ] && [ "$now" = "$last" ]; then still=$((still + 1)); else still=0; last=$now; fi
+done
+echo "# rounds quiet at $last before the bad input"
 cpuset_snapshot > /tmp/bi-before.txt
 rebalancer status --json > /tmp/bi-status-before.json || fail "status did not answer"
 
