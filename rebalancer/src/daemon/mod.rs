@@ -109,20 +109,26 @@ impl Shared {
         }
     }
 
-    /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
     /// A round's observations: folded into the controller's state, and what they show beyond
     /// the books kept for admission (`overuse`), taken before the round's moves are booked so
     /// a workload moved off a node keeps its overuse there until the next round measures it.
+    /// With load-aware admission off (`admission_load_periods` 0) there is no overuse to
+    /// compute: it is cleared, so a reload that turns it off applies at the next round.
     pub fn observe(
         &mut self,
         obs: &crate::controller::Observations,
         cfg: &crate::config::ControllerConfig,
     ) {
         self.state.controller.observe(obs, cfg.ewma_alpha);
+        if cfg.admission_load_periods == 0 {
+            self.overuse = Default::default();
+            return;
+        }
         let lasting = (self.state.controller).lasting_pressure(cfg.admission_load_periods as usize);
         self.overuse = self.state.allocator.overuse(&self.topo, &lasting);
     }
 
+    /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
     pub fn fresh(
         topo: Topology,
         cfg: Config,
