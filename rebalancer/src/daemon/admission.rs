@@ -809,6 +809,33 @@ impl Admission {
         out
     }
 
+    /// A kubelet pod's container without kubelet's CPUs (`kubelet::cpu_assigned` Some(false)),
+    /// as the watcher sees it: its cpus fenced off the exclusive CPUs (`fence_cpus`), its mems
+    /// left to kubelet; not booked (kubelet booked its memory), so a later exclusive admission
+    /// does not shrink it, as for a rejected container. The cpus written, if any.
+    pub fn fence_unassigned(&self, cg: &str) -> Option<CpuSet> {
+        let _order = self.order();
+        let (excl, pool) = {
+            let s = self.daemon.lock();
+            if s.cfg.daemon.dry_run {
+                return None;
+            }
+            exclusive_and_pool(&s)
+        };
+        let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
+        match self.write_noted(&CpusetChange {
+            cgroup: cg.into(),
+            cpus: cpus.clone(),
+            mems: None,
+        }) {
+            Ok(()) => Some(cpus),
+            Err(e) => {
+                tracing::warn!(cgroup = %cg, error = %e, "fencing a kubelet pod's container off the exclusive CPUs failed");
+                None
+            }
+        }
+    }
+
     /// A container we could not admit still never runs on another container's exclusive CPUs:
     /// when its cpuset overlaps them it gets the shared pool instead (unaccounted, as kubelet's
     /// shared pool would run it). Call with `order` held.
@@ -831,8 +858,25 @@ impl Admission {
     }
 }
 
+/// The cpus that keep a container now on `current` off the exclusive CPUs `excl`: None when
+/// it is already off them; else what it has outside them, or the shared `pool` when nothing is
+/// left (None too when the pool is empty: never an empty cpuset).
+pub fn fence_cpus(current: &CpuSet, excl: &CpuSet, pool: &CpuSet) -> Option<CpuSet> {
+    if current.is_disjoint(excl) {
+        return None;
+    }
+    let rest = current.difference(excl);
+    if !rest.is_empty() {
+        Some(rest)
+    } else if !pool.is_empty() {
+        Some(pool.clone())
+    } else {
+        None
+    }
+}
+
 /// The exclusive CPUs and the shared pool now.
-fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
+pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
     (
         s.state.allocator.exclusive_cpus(),
         s.state.allocator.shared_pool(&CpuView::new(&s.topo)),

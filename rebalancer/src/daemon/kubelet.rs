@@ -808,6 +808,26 @@ fn install(
     refused
 }
 
+/// Whether kubelet's static CPU Manager gave `pod_uid`'s container `name` exclusive CPUs
+/// (`name` None, for a caller that cannot tell a cgroup's container, as the watcher: any
+/// container of the pod). None when the pod is not kubelet's. `Some(false)`: the pod is
+/// kubelet's (a Memory Manager entry, or CPUs for another of its containers) but this
+/// container runs on no CPU of kubelet's own: it must still not run on the exclusive CPUs
+/// (REVIEW4 R9), so its cpus are fenced off them (`admission::fence_cpus`), its mems left to
+/// kubelet.
+pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Option<bool> {
+    let p = s
+        .state
+        .allocator
+        .pods
+        .get(&format!("{KEY_PREFIX}{pod_uid}"))?;
+    Some(
+        p.containers
+            .iter()
+            .any(|c| c.placement.exclusive && name.is_none_or(|n| c.placement.container == n)),
+    )
+}
+
 /// Whether `pod_uid` is a pod whose assignments were adopted from kubelet.
 pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
     s.state

@@ -174,6 +174,35 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
     assert!(s.kubelet.errors.is_empty());
 }
 
+/// REVIEW4 R9: which of a kubelet pod's containers kubelet gave CPUs. A container with a
+/// CPU entry is kubelet's; another container of that pod, and every container of a pod with
+/// only Memory Manager entries, is not (its cpus are fenced off the exclusive CPUs).
+#[test]
+fn a_kubelet_pods_containers_without_kubelet_cpus_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(CPU_FILE),
+        cpu_static("0,3-7", &[(POD, "cgroup1-0", "1-2")]),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join(MEMORY_FILE), MEM_STATIC).unwrap();
+    let mut s = shared(dir.path());
+    adopt(&mut s, &Metrics::default());
+    assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+    assert_eq!(cpu_assigned(&s, POD, Some("cgroup1-0")), Some(true));
+    assert_eq!(cpu_assigned(&s, POD, Some("sidecar")), Some(false));
+    assert_eq!(
+        cpu_assigned(&s, POD, None),
+        Some(true),
+        "some container has CPUs"
+    );
+    // Memory Manager only: kubelet's pod, no kubelet CPUs for any container
+    assert_eq!(cpu_assigned(&s, "pod", Some("container1")), Some(false));
+    assert_eq!(cpu_assigned(&s, "pod", None), Some(false));
+    assert_eq!(cpu_assigned(&s, "not-kubelets", None), None);
+    assert_eq!(cpu_assigned(&s, "not-kubelets", Some("x")), None);
+}
+
 #[test]
 fn a_bad_file_adopts_nothing_of_its_own_and_loses_nothing_else() {
     let dir = tempfile::tempdir().unwrap();

@@ -322,6 +322,16 @@ impl CpusetWriter for NriWriter {
     }
 }
 
+/// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
+enum Kubelets {
+    /// Not a kubelet pod's: the plugin admits it.
+    No,
+    /// kubelet's: with kubelet CPUs (or in a dry run) left as kubelet made it (None); without
+    /// them, its cpus fenced off the exclusive CPUs (REVIEW4 R9: `admission::fence_cpus`), its
+    /// mems left to kubelet — the cpus to give, None when it is already off them.
+    Theirs(Option<CpuSet>),
+}
+
 /// The plugin's policy over the admission service.
 pub struct Policy {
     admission: Admission,
@@ -374,15 +384,35 @@ impl Policy {
         &self.admission.daemon
     }
 
-    /// A container of a pod kubelet's static managers placed (`daemon::kubelet`): left as
-    /// kubelet made it.
-    fn kubelet_owned(&self, r: &Request) -> bool {
+    /// Whether `c` is a container of a pod kubelet's static managers placed
+    /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
+    fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.split('/').next().unwrap_or_default();
-        let owned = super::kubelet::owns_pod(&self.d().lock(), uid);
-        if owned {
-            tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+        let s = self.d().lock();
+        match super::kubelet::cpu_assigned(&s, uid, Some(&c.name)) {
+            None => Kubelets::No,
+            Some(true) => {
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+                Kubelets::Theirs(None)
+            }
+            Some(false) => {
+                if s.cfg.daemon.dry_run {
+                    return Kubelets::Theirs(None);
+                }
+                let given = c
+                    .linux
+                    .as_ref()
+                    .and_then(|l| l.resources.as_ref())
+                    .and_then(|r| r.cpu.as_ref())
+                    .and_then(|cpu| CpuSet::parse(&cpu.cpus).ok())
+                    .filter(|c| !c.is_empty());
+                let current = given.unwrap_or_else(|| s.topo.online_cpus());
+                let (excl, pool) = super::admission::exclusive_and_pool(&s);
+                let fenced = super::admission::fence_cpus(&current, &excl, &pool);
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
+                Kubelets::Theirs(fenced)
+            }
         }
-        owned
     }
 
     /// The runtime's container id of a placed container's cgroup (a map lookup: a shrink
@@ -723,7 +753,11 @@ impl Handler for Policy {
                     continue;
                 }
             };
-            if !running || self.kubelet_owned(&r) {
+            if !running {
+                continue;
+            }
+            if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
+                updates.extend(fenced.map(|cpus| update(&c.id, &cpus, None)));
                 continue;
             }
             live.push(r.cgroup.clone());
@@ -852,13 +886,20 @@ impl Handler for Policy {
         // kubelet writes its state file at admission, before CreateContainer: a changed file
         // is read again first (REVIEW4 R2), and the shared containers it shrank ride this answer
         let refreshed = self.admission.refresh_kubelet();
-        if self.kubelet_owned(&r) {
+        if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
             let update = if refreshed {
                 self.drain(None, true).1
             } else {
                 Vec::new()
             };
             return Ok(api::CreateContainerResponse {
+                adjust: fenced.map(|cpus| api::ContainerAdjustment {
+                    linux: Some(api::LinuxContainerAdjustment {
+                        resources: Some(cpu_resources(Some(&cpus), None)),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 update,
                 ..Default::default()
             });
@@ -1234,7 +1275,9 @@ mod tests {
         kp.uid = kube_uid.into();
         kp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{kube_uid}");
         run_pod(&mut p, &kp);
-        let r = create(&mut p, &kp, &ctr("f", &kp, 100_000, 1024, 1 << 20)).unwrap();
+        let mut kc = ctr("f", &kp, 100_000, 1024, 1 << 20);
+        kc.name = "app".into();
+        let r = create(&mut p, &kp, &kc).unwrap();
         assert!(r.adjust.is_none(), "{r:?}");
         assert!(super::super::kubelet::owns_pod(&p.d().lock(), kube_uid));
         assert_eq!(r.update.len(), 1, "{:?}", r.update);
@@ -1565,7 +1608,8 @@ mod tests {
         kp.uid = kube_uid.into();
         kp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{kube_uid}");
         run_pod(&mut p, &kp);
-        let kc = ctr("f", &kp, 100_000, 1024, 1 << 20);
+        let mut kc = ctr("f", &kp, 100_000, 1024, 1 << 20);
+        kc.name = "app".into();
         assert!(
             request(&kp, &kc).unwrap().is_some(),
             "a Kubernetes container"
@@ -1648,6 +1692,110 @@ mod tests {
                 .is_empty(),
             "the scenario moves an unpinned container"
         );
+    }
+
+    /// REVIEW4 R9: a container of a kubelet pod that kubelet gave no CPUs (a sidecar on
+    /// kubelet's default set, or any container when CPU Manager is `none` and only the Memory
+    /// Manager has entries) is neither admitted nor left on the exclusive CPUs: its cpus are
+    /// fenced off kubelet's and ours, its mems left to kubelet; kubelet's own container keeps
+    /// what kubelet gave it.
+    #[test]
+    fn a_kubelet_pods_container_without_kubelet_cpus_is_fenced_off_the_exclusive_cpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+            policy_name: "static".into(),
+            default_cpu_set: "1-3".into(),
+            entries: Some(
+                [(
+                    kube_uid.to_string(),
+                    [("app".to_string(), "0".to_string())].into(),
+                )]
+                .into(),
+            ),
+            checksum: 0,
+        };
+        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        std::fs::write(
+            dir.path().join("cpu_manager_state"),
+            format!(
+                r#"{{"policyName":"static","defaultCpuSet":"1-3","entries":{{"{kube_uid}":{{"app":"0"}}}},"checksum":{}}}"#,
+                c.checksum
+            ),
+        )
+        .unwrap();
+        {
+            let mut s = p.d().lock();
+            s.cfg.kubernetes.kubelet_state_dir = dir.path().to_path_buf();
+            let m = p.d().metrics.clone();
+            crate::daemon::kubelet::adopt(&mut s, &m);
+            assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
+        }
+        // one exclusive CPU of ours
+        let mut gp = pod("a", "");
+        gp.uid = "0000000a-1b4a-4c6d-9e8f-7a6b5c4d3e2f".into();
+        gp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{}", gp.uid);
+        run_pod(&mut p, &gp);
+        let ours =
+            adjusted_cpus(&create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 1 << 20)).unwrap());
+        let excl = p.d().lock().state.allocator.exclusive_cpus();
+        assert!(excl.contains(0) && ours.is_subset(&excl), "{excl}");
+        let mut kp = pod("k", "");
+        kp.uid = kube_uid.into();
+        kp.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{kube_uid}");
+        run_pod(&mut p, &kp);
+        // kubelet's container: as kubelet made it
+        let mut app = ctr("f", &kp, 100_000, 1024, 1 << 20);
+        app.name = "app".into();
+        assert!(create(&mut p, &kp, &app).unwrap().adjust.is_none());
+        // its sidecar on kubelet's default set 1-3, which has our CPU: fenced to the rest
+        let mut side = ctr("e", &kp, 50_000, 512, 1 << 20);
+        side.name = "side".into();
+        let cpu = side
+            .linux
+            .as_mut()
+            .unwrap()
+            .resources
+            .as_mut()
+            .unwrap()
+            .cpu
+            .as_mut()
+            .unwrap();
+        cpu.cpus = "1-3".into();
+        let fenced = adjusted_cpus(&create(&mut p, &kp, &side).unwrap());
+        let want = CpuSet::parse("1-3").unwrap().difference(&excl);
+        assert!(!want.is_empty());
+        assert_eq!(fenced, want);
+        // no cpuset from the runtime (CPU Manager none): every online CPU but the exclusive ones
+        let mut bare = ctr("d", &kp, 50_000, 512, 1 << 20);
+        bare.name = "bare".into();
+        let fenced = adjusted_cpus(&create(&mut p, &kp, &bare).unwrap());
+        let online = p.d().lock().topo.online_cpus();
+        assert_eq!(fenced, online.difference(&excl));
+        // neither is admitted or bound: kubelet booked the pod
+        assert!(!p
+            .d()
+            .lock()
+            .state
+            .bindings
+            .keys()
+            .any(|cg| cg.contains(kube_uid)));
+        // already off the exclusive CPUs: no adjustment
+        let mut off = ctr("b", &kp, 50_000, 512, 1 << 20);
+        off.name = "off".into();
+        let cpu = off
+            .linux
+            .as_mut()
+            .unwrap()
+            .resources
+            .as_mut()
+            .unwrap()
+            .cpu
+            .as_mut()
+            .unwrap();
+        cpu.cpus = fenced.to_string();
+        assert!(create(&mut p, &kp, &off).unwrap().adjust.is_none());
     }
 
     /// The unsolicited-updates decision at Configure: `auto` follows the version rule for the

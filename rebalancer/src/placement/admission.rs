@@ -917,7 +917,13 @@ impl Allocator {
         ratio: f64,
     ) -> Result<(), Rejection> {
         for (uid, p) in &self.pods {
-            for c in p.containers.iter().filter(|c| !c.placement.exclusive) {
+            // A container booked without CPUs (kubelet's Memory Manager entries,
+            // `daemon::kubelet`) has no shared CPU to lose.
+            for c in p
+                .containers
+                .iter()
+                .filter(|c| !c.placement.exclusive && !c.placement.cpus.is_empty())
+            {
                 if c.placement.cpus.is_disjoint(shared_after) {
                     return Err(Rejection::new(
                         R::InsufficientCpu,

@@ -206,9 +206,18 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     if !kubernetes {
         return WatchOutcome::Ignored;
     }
-    if super::super::kubelet::owns_pod(&adm.daemon.lock(), &pod_uid) {
-        // kubelet's static managers placed it (adopted from their state files): theirs
-        tracing::info!(cgroup = %rel, pod = %pod_uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+    let kubelets = super::super::kubelet::cpu_assigned(&adm.daemon.lock(), &pod_uid, None);
+    if let Some(cpus) = kubelets {
+        // kubelet's static managers placed the pod (adopted from their state files). A cgroup
+        // does not say which container it is: with kubelet CPUs for any of them, all are left
+        // as kubelet made them; with none (Memory Manager entries only), each is fenced off the
+        // exclusive CPUs, its mems kubelet's.
+        if cpus {
+            tracing::info!(cgroup = %rel, pod = %pod_uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+        } else {
+            let fenced = adm.fence_unassigned(&rel);
+            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's Memory Manager placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
+        }
         return WatchOutcome::Ignored;
     }
     // Through the API (its requests are known) or already bound: nothing to wait for. Limits

@@ -593,3 +593,76 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
         }
     }
 }
+
+/// REVIEW4 R9, the watcher's side: a pod with only kubelet Memory Manager entries (CPU Manager
+/// `none`, or a non-integer Guaranteed pod) is kubelet's, but kubelet gave none of its
+/// containers CPUs: each is fenced off the exclusive CPUs (its mems left to kubelet), not
+/// admitted; a pod with kubelet CPUs for one of its containers is left alone, since a cgroup
+/// does not say which container it is.
+#[test]
+fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
+    use crate::daemon::kubelet::{fnv1a32, spew_memory, MemoryCheckpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cg");
+    let kdir = dir.path().join("kubelet");
+    std::fs::create_dir_all(&kdir).unwrap();
+    let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+    let text = r#"{"policyName":"static","machineState":{"0":{"numberOfAssignments":0,"memoryMap":{"memory":{"total":2048,"systemReserved":512,"allocatable":1536,"reserved":512,"free":1024}},"cells":[]}},"entries":{"UID":{"app":[{"numaAffinity":[0],"type":"memory","size":512}]}},"checksum":0}"#
+        .replace("UID", kube_uid);
+    let c: MemoryCheckpoint = serde_json::from_str(&text).unwrap();
+    let sum = fnv1a32(&spew_memory(&c).unwrap());
+    std::fs::write(
+        kdir.join("memory_manager_state"),
+        text.replace("\"checksum\":0", &format!("\"checksum\":{sum}")),
+    )
+    .unwrap();
+    let (adm, cg) = fake_with(&root, |c| c.kubernetes.kubelet_state_dir = kdir.clone());
+    {
+        let mut s = adm.daemon.lock();
+        let m = adm.daemon.metrics.clone();
+        crate::daemon::kubelet::adopt(&mut s, &m);
+        assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
+        assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
+        assert!(s.state.allocator.exclusive_cpus().is_empty());
+    }
+    // one exclusive CPU of ours
+    let us = UID.replace('-', "_");
+    let g = container(
+        &root,
+        &format!("kubepods.slice/kubepods-pod{us}.slice"),
+        "a",
+    );
+    guaranteed_limits(&root.join(&g));
+    let o = on_created(&adm, &cg, &g, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let ours = CpuSet::parse(cpus).unwrap();
+    assert_eq!(ours.len(), 1);
+    // kubelet's memory-managed pod: its container keeps off our CPU, and is not admitted
+    let ku = kube_uid.replace('-', "_");
+    let k = container(
+        &root,
+        &format!("kubepods.slice/kubepods-pod{ku}.slice"),
+        "c",
+    );
+    guaranteed_limits(&root.join(&k));
+    // as the kernel shows a new cgroup: every CPU, the one exclusive to us included
+    put(&root, &format!("{k}/cpuset.cpus.effective"), "0-3\n");
+    assert_eq!(
+        on_created(&adm, &cg, &k, Instant::now()),
+        WatchOutcome::Ignored
+    );
+    assert_eq!(
+        cg.cpus(&k).unwrap(),
+        CpuSet::parse("0-3").unwrap().difference(&ours)
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(&k).join("cpuset.mems")).unwrap(),
+        "",
+        "mems left to kubelet"
+    );
+    let s = adm.daemon.lock();
+    assert!(!s.state.bindings.contains_key(&k));
+    assert_eq!(s.state.allocator.exclusive_cpus(), ours);
+}
