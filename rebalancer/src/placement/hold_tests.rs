@@ -289,3 +289,61 @@ fn memory_beyond_the_totals_grows_what_the_pod_books_and_shrinks_back() {
     assert_eq!(a.pods["p"].cpu_request_millis, 2000);
     a.admit(&t, &c, &q).unwrap();
 }
+
+/// REVIEW5 F6: a checkpoint from before `members` restores holds without them. Upgraded, the
+/// pod's booking stands for its live containers, so the next container's hugepages grow the
+/// booking (without the upgrade they would fit inside it and go unbooked).
+#[test]
+fn a_hold_from_an_older_checkpoint_still_grows_with_its_next_container() {
+    let t = epyc();
+    let c = PlacementConfig {
+        memory_manager_policy: crate::config::MemoryManagerPolicy::None,
+        ..cfg(TopologyPolicy::Restricted)
+    };
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let huge = |name: &str| Container {
+        hugepages_1gi_bytes: 8 * G,
+        ..guaranteed(name, 1000, G)
+    };
+    let totals = guaranteed("pod", 2000, 2 * G);
+    a.admit_member(&t, &c, member("p", &totals, &huge("a")))
+        .unwrap();
+    let booked = |a: &Allocator| {
+        a.pods["p"]
+            .memory_request
+            .get(&MemoryResource::Hugepages1Gi)
+            .copied()
+    };
+    assert_eq!(booked(&a), Some(8 * G));
+    // as an older checkpoint restores it: no members
+    let old: Allocator = {
+        let mut o = a.clone();
+        o.pods
+            .get_mut("p")
+            .unwrap()
+            .hold
+            .as_mut()
+            .unwrap()
+            .members
+            .clear();
+        serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap()
+    };
+    let mut stale = old.clone();
+    stale
+        .admit_member(&t, &c, member("p", &totals, &huge("b")))
+        .unwrap();
+    assert_eq!(
+        booked(&stale),
+        Some(8 * G),
+        "the bug: 16 GiB in use, 8 booked"
+    );
+    let mut up = old;
+    assert_eq!(up.upgrade_restored_holds(), 1);
+    assert_eq!(up.upgrade_restored_holds(), 0, "once");
+    up.admit_member(&t, &c, member("p", &totals, &huge("b")))
+        .unwrap();
+    assert_eq!(booked(&up), Some(16 * G));
+    // b goes: back to what a needs; the restored part stays until the pod goes
+    assert!(up.remove_member(&t, &c, "p", "b"));
+    assert_eq!(booked(&up), Some(8 * G));
+}
