@@ -265,10 +265,12 @@ impl SharedPools<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::TopologyBuilder;
+    use crate::topology::{Topology, TopologyBuilder};
 
-    fn pools(load: &Charges, shared: &str, ratio: f64, f: impl FnOnce(&SharedPools) -> String) {
-        let t = TopologyBuilder {
+    /// 2 nodes x 4 cores x 2 threads, an L3 per 2 cores: node0 = 0-3,8-11 (L3 0-1,8-9 and
+    /// 2-3,10-11), node1 = 4-7,12-15.
+    fn small_smt() -> Topology {
+        TopologyBuilder {
             sockets: 1,
             nodes_per_socket: 2,
             cores_per_node: 4,
@@ -276,7 +278,11 @@ mod tests {
             cores_per_l3: 2,
             ..Default::default()
         }
-        .build();
+        .build()
+    }
+
+    fn pools(load: &Charges, shared: &str, ratio: f64, f: impl FnOnce(&SharedPools) -> String) {
+        let t = small_smt();
         let v = CpuView::new(&t);
         let p = SharedPools {
             view: &v,
@@ -378,15 +384,7 @@ mod tests {
     #[test]
     fn measured_overuse_orders_the_pools_that_fit_and_never_decides_a_fit() {
         // machine: node0 = 0-3,8-11 (L3 0-1,8-9 and 2-3,10-11), node1 = 4-7,12-15
-        let t = TopologyBuilder {
-            sockets: 1,
-            nodes_per_socket: 2,
-            cores_per_node: 4,
-            threads_per_core: 2,
-            cores_per_l3: 2,
-            ..Default::default()
-        }
-        .build();
+        let t = small_smt();
         let v = CpuView::new(&t);
         let show = |s: Option<CpuSet>| s.map_or("none".to_string(), |s| s.to_string());
         // (numa-aware, topology-aware) for `millis` within `aff`

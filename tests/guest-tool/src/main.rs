@@ -258,7 +258,7 @@ fn hotset(a: HotsetArgs) -> Result<()> {
         println!(
             "HOTSET t={:.1} truth={truth:.4} resident={resident:.4} pgmigrate={}",
             t0.elapsed().as_secs_f64(),
-            pgmigrate()
+            migrate::pgmigrate()
         );
     }
     Ok(())
@@ -467,17 +467,6 @@ impl Buffer {
     }
 }
 
-/// Pages migrated system-wide so far (/proc/vmstat pgmigrate_success; 4 KiB units).
-fn pgmigrate() -> u64 {
-    std::fs::read_to_string("/proc/vmstat")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("pgmigrate_success ")?.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: unmapping what new() mapped.
@@ -513,7 +502,7 @@ fn hog(a: HogArgs) -> Result<()> {
     let hist = buf.placement()?;
     let pages = (a.mib << 20) / PAGE;
     let on_from = numa::locality(&hist, &[a.from_node]);
-    let migrated0 = pgmigrate();
+    let migrated0 = migrate::pgmigrate();
     println!(
         "{}",
         json!({"event": "allocated", "mib": a.mib, "pages": pages, "seconds": alloc_s,
@@ -544,7 +533,7 @@ fn hog(a: HogArgs) -> Result<()> {
             .filter(|(n, _)| **n != a.from_node)
             .map(|(_, p)| p)
             .sum();
-        let migrated = pgmigrate().saturating_sub(migrated0);
+        let migrated = migrate::pgmigrate().saturating_sub(migrated0);
         let t = t0.elapsed().as_secs_f64();
         println!(
             "{}",

@@ -17,7 +17,8 @@ use anyhow::{bail, Context, Result};
 const PAGE: u64 = 4096;
 const MPOL_MF_MOVE: libc::c_int = 1 << 1;
 
-fn pgmigrate() -> u64 {
+/// Pages migrated system-wide so far (/proc/vmstat pgmigrate_success; 4 KiB units).
+pub fn pgmigrate() -> u64 {
     std::fs::read_to_string("/proc/vmstat")
         .ok()
         .and_then(|t| {
