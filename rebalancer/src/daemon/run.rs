@@ -43,13 +43,6 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
             fresh()
         }
         Ok(Some(mut p)) => {
-            let upgraded = p.allocator.upgrade_restored_holds();
-            if upgraded > 0 {
-                tracing::info!(
-                    upgraded,
-                    "pod holds from an older checkpoint: their bookings stand for their live containers"
-                );
-            }
             let clamped = p.controller.clamp_times(super::boot_ms());
             if clamped > 0 {
                 tracing::warn!(

@@ -99,30 +99,7 @@ fn live_millis(pod: &AdmittedPod) -> u64 {
         .sum()
 }
 
-/// The member standing for what a checkpoint from before `members` existed booked for the
-/// pod's containers then live (not a container name: those are DNS labels).
-pub const RESTORED_MEMBER: &str = "<restored>";
-
 impl Allocator {
-    /// A checkpoint from before `PodHold::members` (REVIEW5 F6): a hold with live containers
-    /// but no members would count only the next container against the booking, so growth past
-    /// the totals would go unbooked. What the pod books now stands as one member,
-    /// [`RESTORED_MEMBER`], that later containers add to; it goes with the pod (the booking
-    /// errs high, never low, until then). The holds upgraded.
-    pub fn upgrade_restored_holds(&mut self) -> usize {
-        let mut n = 0;
-        for p in self.pods.values_mut() {
-            let booked = p.memory_request.clone();
-            if let Some(h) = p.hold.as_mut() {
-                if h.members.is_empty() && !p.containers.is_empty() && !booked.is_empty() {
-                    h.members.insert(RESTORED_MEMBER.into(), booked);
-                    n += 1;
-                }
-            }
-        }
-        n
-    }
-
     /// Admits one container of a pod under pod scope (see the module doc), or refuses it; on
     /// refusal the state is unchanged. The first container's refusal refuses the pod (nothing
     /// is held); a later one's refuses only that container.
