@@ -621,12 +621,23 @@ fn containers_are_placed_at_creation_through_nri() {
 
     // Daemon restart: Synchronize adopts from the checkpoint, no double allocation.
     let excl_before = d.status()["exclusive_cpus"].clone();
+    // the log is appended across restarts: this run's Synchronize is one more line
+    let syncs = |d: &common::Daemon| {
+        d.log_text()
+            .matches("synchronized with the runtime")
+            .count()
+    };
+    let synced_before = syncs(&d);
     d.signal_and_wait(libc::SIGTERM);
     d.restart();
     wait_for("the plugin to re-register", Duration::from_secs(20), || {
         connected(&d)
     });
-    assert!(d.log_text().contains("synchronized with the runtime"));
+    wait_for(
+        "the runtime's Synchronize after the restart",
+        Duration::from_secs(20),
+        || syncs(&d) > synced_before,
+    );
     assert_eq!(
         d.status()["pods"],
         before,

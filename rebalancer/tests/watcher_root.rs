@@ -70,7 +70,8 @@ fn start_daemon_with(dir: &Path, kubernetes_root: &str, extra: &str) -> Child {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(dir.join("s.sock")).is_err() {
+    // up once the API answers (the socket is bound early, served after start-up)
+    while !answers(&dir.join("s.sock")) {
         assert!(Instant::now() < deadline, "daemon did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -284,6 +285,16 @@ fn v1_limit(
         }
     }
     std::fs::write(ctl_root.join(rel).join(file), value).is_ok()
+}
+
+/// Whether the daemon on `sock` answers `status`.
+fn answers(sock: &Path) -> bool {
+    Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+        .args(["status", "--json", "--socket"])
+        .arg(sock)
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn status(sock: &Path) -> serde_json::Value {

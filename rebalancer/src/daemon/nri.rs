@@ -388,27 +388,37 @@ impl Policy {
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
     fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.split('/').next().unwrap_or_default();
-        let s = self.d().lock();
-        match super::kubelet::cpu_assigned(&s, uid, Some(&c.name)) {
+        let given = c
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref())
+            .and_then(|cpu| CpuSet::parse(&cpu.cpus).ok());
+        let (assigned, fenced) = {
+            let s = self.d().lock();
+            let assigned = super::kubelet::cpu_assigned(&s, uid, Some(&c.name));
+            let fenced = (assigned == Some(false) && !s.cfg.daemon.dry_run)
+                .then(|| {
+                    // only CPUs online now (a spec's set from before a hotplug would make the
+                    // runtime's cpuset write fail); no set, or none online: every online CPU
+                    let online = s.topo.online_cpus();
+                    let current = given
+                        .map(|g| g.intersection(&online))
+                        .filter(|g| !g.is_empty())
+                        .unwrap_or(online);
+                    let (excl, pool) = super::admission::exclusive_and_pool(&s);
+                    super::admission::fence_cpus(&current, &excl, &pool)
+                })
+                .flatten();
+            (assigned, fenced)
+        };
+        match assigned {
             None => Kubelets::No,
             Some(true) => {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
                 Kubelets::Theirs(None)
             }
             Some(false) => {
-                if s.cfg.daemon.dry_run {
-                    return Kubelets::Theirs(None);
-                }
-                let given = c
-                    .linux
-                    .as_ref()
-                    .and_then(|l| l.resources.as_ref())
-                    .and_then(|r| r.cpu.as_ref())
-                    .and_then(|cpu| CpuSet::parse(&cpu.cpus).ok())
-                    .filter(|c| !c.is_empty());
-                let current = given.unwrap_or_else(|| s.topo.online_cpus());
-                let (excl, pool) = super::admission::exclusive_and_pool(&s);
-                let fenced = super::admission::fence_cpus(&current, &excl, &pool);
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
                 Kubelets::Theirs(fenced)
             }

@@ -143,17 +143,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         .as_deref()
         .map(socket::group_id)
         .transpose()?;
+    // Bound now (a second daemon on the socket fails here, before touching anything), served
+    // once start-up is over (below): a client that connects meanwhile waits in the backlog and
+    // its first answer already shows the start-up reconcile's state.
     let listener = socket::bind(&cfg.server.socket, gid)?;
-    let api_task = socket::spawn(
-        listener,
-        super::api::router(admission.clone()),
-        socket::Access { allowed_gid: gid },
-        cfg.server.requests_per_second,
-        limits,
-        metrics.clone(),
-        cancel.clone(),
-    );
-    tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
 
     // Only once nothing can fail at start any more: an early error must not leave it off.
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
@@ -200,6 +193,16 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             let _ = rounds_tx.send(RoundCmd::Reload);
         })
     };
+    let api_task = socket::spawn(
+        listener,
+        super::api::router(admission.clone()),
+        socket::Access { allowed_gid: gid },
+        cfg.server.requests_per_second,
+        limits,
+        metrics.clone(),
+        cancel.clone(),
+    );
+    tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
     let mut health_tick = tokio::time::interval(Duration::from_millis(500));
     let mut failure: Option<String> = None;
     loop {

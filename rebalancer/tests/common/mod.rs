@@ -288,7 +288,9 @@ impl Daemon {
         let child = cmd.spawn().unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+        // up once the API answers: the socket is bound early and served after start-up
+        // (reconcile, watcher, rounds), so an answer shows start-up's state
+        while !answers(&self.socket) {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("daemon exited at start ({st}):\n{}", self.log_text());
             }
@@ -411,6 +413,25 @@ pub fn cpu_secs_of(pid: i32) -> Option<f64> {
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// Whether the daemon's API on `socket` answers a status request (within 10 s).
+pub fn answers(socket: &std::path::Path) -> bool {
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    if write!(
+        s,
+        "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200")
 }
 
 fn http(mut s: impl Read + Write, path: &str) -> String {

@@ -42,10 +42,18 @@ exclusive() {
     [ "$MEMS" = "$nodes" ] || fail "$1: exclusive CPUs $CPUS on node $nodes but mems=$MEMS"
 }
 # shared NAME DIR: its live cpuset is non-empty, avoids every exclusive CPU, mems cover its nodes.
+# The shrink of the shared containers is written just after the new exclusive container's
+# cpuset (daemon/admission.rs), which is what `make` waited for: allow it 5 s to land.
 shared() {
-    c=$(cat "$2/cpuset.cpus"); m=$(cat "$2/cpuset.mems")
+    i=0
+    while :; do
+        c=$(cat "$2/cpuset.cpus"); m=$(cat "$2/cpuset.mems")
+        excl=$(status_field exclusive_cpus)
+        [ -z "$(common "$c" "$excl")" ] && break
+        i=$((i + 1)); [ $i -lt 50 ] || break
+        sleep 0.1
+    done
     [ -n "$c" ] && [ -n "$m" ] || fail "$1: empty cpuset (cpus=$c mems=$m)"
-    excl=$(status_field exclusive_cpus)
     [ -z "$(common "$c" "$excl")" ] || fail "$1: shared container has cpus=$c, overlapping exclusive CPUs $excl"
     [ -z "$(minus "$(nodes_of "$c")" "$m")" ] || fail "$1: cpus=$c on nodes $(nodes_of "$c") but mems=$m"
 }

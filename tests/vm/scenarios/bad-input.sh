@@ -12,7 +12,8 @@ S=bad-input
 need_subcommand $S admit "issue 6, admission API" || exit 0
 LOG=/tmp/bi-daemon.log
 fail() { daemon_fail $S $LOG "$*"; }
-good_conf() { kube_conf /tmp/bi.toml /tmp/bi-state 60000; }
+# An hour's period: no period round can fall between the two snapshots, however slow the guest.
+good_conf() { kube_conf /tmp/bi.toml /tmp/bi-state 3600000; }
 good_conf
 kdir kubepods.slice/kubepods-besteffort.slice || fail "cannot make the kubepods cgroups"
 start_daemon /tmp/bi.toml $LOG || fail "the daemon did not start"
@@ -26,7 +27,7 @@ for d in "$(pod_slice guaranteed $G1)/cri-containerd-$(cid 21).scope" "$(pod_sli
     [ "$(kv written_us "$out")" != none ] || fail "no cpuset written for $d ($out)"
 done
 # The placements above start event rounds and their follow-ups (daemon/trigger.rs: a follow-up
-# 1 s after an event round, rounds at least 1 s apart). With a 60 s period nothing else starts
+# 1 s after an event round, rounds at least 1 s apart). With an hour's period nothing else starts
 # one, so wait until no round has run for 3 s: from then on any round, decision or counter that
 # changes was caused by the bad input below.
 rounds() { rebalancer status --json | tr -d ' \n' | sed -n 's/.*"rounds":\([0-9]*\).*/\1/p'; }

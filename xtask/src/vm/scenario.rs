@@ -103,7 +103,7 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "bad-input",
         about: "malformed API requests and config leave the daemon and cpusets intact",
-        timeout_s: 60,
+        timeout_s: 120,
         default: true,
         topologies: &["2node"],
         host_judge: None,

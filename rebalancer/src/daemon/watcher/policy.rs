@@ -206,6 +206,9 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     if !kubernetes {
         return WatchOutcome::Ignored;
     }
+    // kubelet writes its state files at pod admission, before the runtime makes the
+    // containers: a changed file is read first (a stat when unchanged), as NRI does
+    adm.refresh_kubelet();
     let kubelets = super::super::kubelet::cpu_assigned(&adm.daemon.lock(), &pod_uid, None);
     if let Some(cpus) = kubelets {
         // kubelet's static managers placed the pod (adopted from their state files). A cgroup
