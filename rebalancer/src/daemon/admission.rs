@@ -811,15 +811,17 @@ impl Admission {
 
     /// A kubelet pod's container without kubelet's CPUs (`kubelet::cpu_assigned` Some(false)),
     /// as the watcher sees it: its cpus fenced off the exclusive CPUs (`fence_cpus`), its mems
-    /// left to kubelet; not booked (kubelet booked its memory), so a later exclusive admission
-    /// does not shrink it, as for a rejected container. The cpus written, if any.
-    pub fn fence_unassigned(&self, cg: &str) -> Option<CpuSet> {
+    /// left to kubelet; not booked (kubelet booked its memory) but remembered in
+    /// `Shared::fenced`, so the exclusive CPUs admitted later are fenced off it too
+    /// (`shared_changes`). The cpus written, if any.
+    pub fn fence_unassigned(&self, cg: &str, pod_uid: &str) -> Option<CpuSet> {
         let _order = self.order();
         let (excl, pool) = {
-            let s = self.daemon.lock();
+            let mut s = self.daemon.lock();
             if s.cfg.daemon.dry_run {
                 return None;
             }
+            s.fenced.insert(cg.into(), pod_uid.into());
             exclusive_and_pool(&s)
         };
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
@@ -889,8 +891,39 @@ pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
 /// containers whose live cpus (`live`, read without the state lock) differ from that; one whose
 /// pool is all exclusive keeps what it has (never an empty cpuset).
 pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
-    let want = shared_bound(&d.lock());
+    let (want, fenced, excl, pool) = {
+        let mut s = d.lock();
+        // fenced containers of pods kubelet no longer holds are no longer ours to fence
+        let gone: Vec<String> = (s.fenced.iter())
+            .filter(|(_, uid)| super::kubelet::cpu_assigned(&s, uid, None).is_none())
+            .map(|(cg, _)| cg.clone())
+            .collect();
+        for cg in gone {
+            s.fenced.remove(&cg);
+        }
+        let (excl, pool) = exclusive_and_pool(&s);
+        let fenced: Vec<String> = s.fenced.keys().cloned().collect();
+        (shared_bound(&s), fenced, excl, pool)
+    };
     let mut out = Vec::new();
+    // kubelet's containers without kubelet CPUs: kept off the exclusive CPUs as they change
+    let mut vanished = Vec::new();
+    for cg in fenced {
+        match live(&cg) {
+            Some(l) => out.extend(fence_cpus(&l, &excl, &pool).map(|cpus| CpusetChange {
+                cgroup: cg,
+                cpus,
+                mems: None,
+            })),
+            None => vanished.push(cg),
+        }
+    }
+    if !vanished.is_empty() {
+        let mut s = d.lock();
+        for cg in &vanished {
+            s.fenced.remove(cg);
+        }
+    }
     for (cg, cpus) in want {
         if cpus.is_empty() {
             tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");

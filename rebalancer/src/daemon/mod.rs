@@ -77,6 +77,11 @@ pub struct Shared {
     /// The load the last round measured beyond the books (`Allocator::overuse`): orders the
     /// shared pools admission chooses between. Not checkpointed; empty until a round ran.
     pub overuse: crate::placement::admission::Overuse,
+    /// Containers of kubelet pods without kubelet CPUs, fenced off the exclusive CPUs (cgroup →
+    /// pod uid; `admission::fence_cpus`): fenced again whenever the shared containers follow
+    /// the books (`admission::shared_changes`). Not checkpointed: the start-up reconcile and
+    /// NRI's Synchronize fence them again.
+    pub fenced: BTreeMap<String, String>,
     /// Orders checkpoint writes (see [`CheckpointWriter`]).
     pub ckpt: Arc<CheckpointWriter>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
@@ -101,6 +106,7 @@ impl Shared {
             sources: Vec::new(),
             last_obs: None,
             overuse: Default::default(),
+            fenced: Default::default(),
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,

@@ -394,24 +394,33 @@ impl Policy {
             .and_then(|l| l.resources.as_ref())
             .and_then(|r| r.cpu.as_ref())
             .and_then(|cpu| CpuSet::parse(&cpu.cpus).ok());
-        let (assigned, fenced) = {
-            let s = self.d().lock();
+        // (kubelet's answer, the cpus to fence to, what it runs on once the answer applies)
+        let (assigned, fenced, runs) = {
+            let mut s = self.d().lock();
             let assigned = super::kubelet::cpu_assigned(&s, uid, Some(&c.name));
-            let fenced = (assigned == Some(false) && !s.cfg.daemon.dry_run)
-                .then(|| {
-                    // only CPUs online now (a spec's set from before a hotplug would make the
-                    // runtime's cpuset write fail); no set, or none online: every online CPU
-                    let online = s.topo.online_cpus();
-                    let current = given
-                        .map(|g| g.intersection(&online))
-                        .filter(|g| !g.is_empty())
-                        .unwrap_or(online);
-                    let (excl, pool) = super::admission::exclusive_and_pool(&s);
-                    super::admission::fence_cpus(&current, &excl, &pool)
-                })
-                .flatten();
-            (assigned, fenced)
+            if assigned != Some(false) || s.cfg.daemon.dry_run {
+                (assigned, None, None)
+            } else {
+                // fenced again as exclusive CPUs come (`admission::shared_changes`)
+                s.fenced.insert(r.cgroup.clone(), uid.to_string());
+                // only CPUs online now (a spec's set from before a hotplug would make the
+                // runtime's cpuset write fail); no set, or none online: every online CPU
+                let online = s.topo.online_cpus();
+                let current = (given.as_ref())
+                    .map(|g| g.intersection(&online))
+                    .filter(|g| !g.is_empty())
+                    .unwrap_or(online);
+                let (excl, pool) = super::admission::exclusive_and_pool(&s);
+                let fenced = super::admission::fence_cpus(&current, &excl, &pool);
+                let runs = fenced.clone().unwrap_or(current);
+                (assigned, fenced, Some(runs))
+            }
         };
+        // its cgroup may not exist yet (the runtime makes it after this hook): what it will
+        // run on is where the next fence starts from
+        if let Some(cpus) = &runs {
+            self.runtime.note_given(&r.cgroup, cpus, None);
+        }
         match assigned {
             None => Kubelets::No,
             Some(true) => {
@@ -982,6 +991,8 @@ impl Handler for Policy {
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
                 }
+                // kubelet's containers of the pod that were fenced: gone with it
+                self.d().lock().fenced.retain(|_, uid| *uid != pod.uid);
                 let ids: Vec<String> = self
                     .containers
                     .iter()
@@ -1806,6 +1817,31 @@ mod tests {
             .unwrap();
         cpu.cpus = fenced.to_string();
         assert!(create(&mut p, &kp, &off).unwrap().adjust.is_none());
+        // REVIEW7 A1: an exclusive CPU admitted after them is fenced off them too
+        let mut g2 = pod("9", "");
+        g2.uid = "00000009-1b4a-4c6d-9e8f-7a6b5c4d3e2f".into();
+        g2.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{}", g2.uid);
+        run_pod(&mut p, &g2);
+        let later =
+            adjusted_cpus(&create(&mut p, &g2, &ctr("9", &g2, 100_000, 1024, 1 << 20)).unwrap());
+        assert_eq!(later.len(), 1);
+        for k in [&side, &bare, &off] {
+            let cg = request(&kp, k).unwrap().unwrap().cgroup;
+            let runs = p.runtime.given(&cg).and_then(|g| g.cpus).unwrap();
+            assert!(
+                runs.is_disjoint(&later) && !runs.is_empty(),
+                "{} runs on {runs}, {later} is exclusive now",
+                k.name
+            );
+        }
+        // the sandbox gone: nothing of it is fenced any more
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RemovePodSandbox as i32,
+            pod: Some(kp.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(p.d().lock().fenced.is_empty());
     }
 
     /// The unsolicited-updates decision at Configure: `auto` follows the version rule for the

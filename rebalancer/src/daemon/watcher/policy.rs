@@ -218,7 +218,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         if cpus {
             tracing::info!(cgroup = %rel, pod = %pod_uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
         } else {
-            let fenced = adm.fence_unassigned(&rel);
+            let fenced = adm.fence_unassigned(&rel, &pod_uid);
             tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's Memory Manager placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
         }
         return WatchOutcome::Ignored;

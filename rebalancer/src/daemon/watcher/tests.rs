@@ -662,7 +662,36 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         "",
         "mems left to kubelet"
     );
-    let s = adm.daemon.lock();
-    assert!(!s.state.bindings.contains_key(&k));
-    assert_eq!(s.state.allocator.exclusive_cpus(), ours);
+    {
+        let s = adm.daemon.lock();
+        assert!(!s.state.bindings.contains_key(&k));
+        assert_eq!(s.state.allocator.exclusive_cpus(), ours);
+    }
+    // REVIEW7 A1: an exclusive CPU admitted after it is fenced off it too
+    let us2 = UID.replace('-', "_").replace('8', "7");
+    let g2 = container(
+        &root,
+        &format!("kubepods.slice/kubepods-pod{us2}.slice"),
+        "d",
+    );
+    guaranteed_limits(&root.join(&g2));
+    let o = on_created(&adm, &cg, &g2, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let later = CpuSet::parse(cpus).unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!(
+        cg.cpus(&k).unwrap(),
+        CpuSet::parse("0-3")
+            .unwrap()
+            .difference(&ours)
+            .difference(&later)
+    );
+    // its cgroup gone: forgotten at the next shrink
+    std::fs::remove_dir_all(root.join(&k)).unwrap();
+    let _ = crate::daemon::admission::shared_changes(&adm.daemon, |c| {
+        crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter(cg.clone()), c)
+    });
+    assert!(adm.daemon.lock().fenced.is_empty());
 }
