@@ -97,8 +97,9 @@ impl CpuSet {
 
     pub fn insert(&mut self, id: u32) {
         let (w, b) = ((id / 64) as usize, id % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
+        // Grown by push, not `resize` (a generic extend: slow for the one word a node set needs).
+        while self.words.len() <= w {
+            self.words.push(0);
         }
         self.words[w] |= 1 << b;
     }

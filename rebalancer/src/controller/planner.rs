@@ -132,7 +132,13 @@ pub fn plan(
     }
     Plan {
         moves,
-        decisions: evals.into_iter().map(|e| e.decision).collect(),
+        // A fresh Vec, not an in-place collect (which would shrink the evals' buffer to the
+        // decisions' size by a realloc and a second copy).
+        decisions: {
+            let mut decisions = Vec::with_capacity(evals.len());
+            decisions.extend(evals.into_iter().map(|e| e.decision));
+            decisions
+        },
     }
 }
 

@@ -516,10 +516,10 @@ impl<'t> Projection<'t> {
 
         // CPU share per target node after the move (and its demand there now), once: the
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
-        let mut shares: Shares = t
-            .iter()
-            .map(|n| (n, 0.0, Self::demand_on(obs, cg, n)))
-            .collect();
+        let mut shares = Shares::new();
+        for n in t.iter() {
+            shares.push((n, 0.0, Self::demand_on(obs, cg, n)));
+        }
         let on_t: f64 = shares.iter().map(|s| s.2).sum();
         let k = t.len().max(1) as f64;
         for s in &mut shares {
