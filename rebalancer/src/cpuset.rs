@@ -2,11 +2,14 @@
 //!
 //! The kernel writes CPU and node sets as "cpulists" (`0-3,8,10-11`, empty for none), used by
 //! sysfs (`node0/cpulist`, `thread_siblings_list`) and cgroupfs (`cpuset.cpus`, `cpuset.mems`).
-//! The set is a growable bitset; it serialises to JSON as a sorted array of integers.
+//! The set is a growable bitset, its first two words inline (no heap allocation for ids below
+//! 128: every node set, and the CPU sets of small machines — the planner builds tens of
+//! thousands of node sets per round); it serialises to JSON as a sorted array of integers.
 
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
 
 /// Largest id accepted from a cpulist (the kernel's NR_CPUS ceiling is 8192).
 pub const MAX_ID: u32 = 1 << 16;
@@ -14,7 +17,7 @@ pub const MAX_ID: u32 = 1 << 16;
 /// A set of CPU (or node) ids. Invariant: no trailing zero words, so `==` is set equality.
 #[derive(Clone, Default)]
 pub struct CpuSet {
-    words: Vec<u64>,
+    words: SmallVec<[u64; 2]>,
 }
 
 // Word by word, not the slice `==` (a `memcmp` call): these sets are a few words, and the
@@ -94,8 +97,9 @@ impl CpuSet {
 
     pub fn insert(&mut self, id: u32) {
         let (w, b) = ((id / 64) as usize, id % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
+        // Grown by push, not `resize` (a generic extend: slow for the one word a node set needs).
+        while self.words.len() <= w {
+            self.words.push(0);
         }
         self.words[w] |= 1 << b;
     }

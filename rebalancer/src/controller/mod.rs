@@ -71,6 +71,19 @@ pub struct CgroupState {
 }
 
 impl CgroupState {
+    /// Folds one period's observation of the cgroup in: one more period lived, the smoothed
+    /// score and what it rests on.
+    fn fold(&mut self, cg: &CgroupObs, alpha: f64) {
+        self.periods = self.periods.saturating_add(1);
+        if let Some((s, ev)) = locality::instant(cg) {
+            if self.smoothed.is_none() {
+                self.smoothed_from.clear();
+            }
+            self.smoothed = Some(locality::ewma(self.smoothed, s, alpha));
+            *self.smoothed_from.entry(ev).or_default() += 1;
+        }
+    }
+
     /// Milliseconds of cooldown left at `now_ms` for a cgroup with this state whose
     /// cpuset.cpus is now `cpus` (see [`ControllerState::cooldown_remaining`]).
     pub fn cooldown_remaining(&self, cpus: &CpuSet, now_ms: u64, cooldown_ms: u64) -> Option<u64> {
@@ -123,32 +136,38 @@ impl ControllerState {
         // folded in the order observed) and the old state (a BTreeMap, in id order), instead
         // of a lookup by string per cgroup: the state keeps its keys, only new ones are cloned.
         let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
-        cgs.sort_by(|a, b| a.id.cmp(&b.id));
-        let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
-        let mut kept: Vec<(String, CgroupState)> = Vec::with_capacity(cgs.len());
-        for cg in cgs {
-            if kept.last().is_none_or(|(id, _)| *id != cg.id) {
-                while old.next_if(|(id, _)| *id < cg.id).is_some() {}
-                let entry = old
-                    .next_if(|(id, _)| *id == cg.id)
-                    .unwrap_or_else(|| (cg.id.clone(), CgroupState::default()));
-                kept.push(entry);
-            }
-            let Some((_, st)) = kept.last_mut() else {
-                continue;
-            };
-            st.periods = st.periods.saturating_add(1);
-            if let Some((s, ev)) = locality::instant(cg) {
-                if st.smoothed.is_none() {
-                    st.smoothed_from.clear();
-                }
-                st.smoothed = Some(locality::ewma(st.smoothed, s, alpha));
-                *st.smoothed_from.entry(ev).or_default() += 1;
-            }
+        let unique = cgs.windows(2).all(|w| w[0].id < w[1].id);
+        if !unique {
+            cgs.sort_by(|a, b| a.id.cmp(&b.id));
         }
-        drop(old);
-        // Sorted and unique: the map is built in one pass.
-        self.cgroups = kept.into_iter().collect();
+        // The steady state: the same cgroups as last period, updated in place (no rebuild).
+        let same = unique
+            && self.cgroups.len() == cgs.len()
+            && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.id);
+        if same {
+            for ((_, st), cg) in self.cgroups.iter_mut().zip(cgs) {
+                st.fold(cg, alpha);
+            }
+        } else {
+            let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
+            let mut kept: Vec<(String, CgroupState)> = Vec::with_capacity(cgs.len());
+            for cg in cgs {
+                if kept.last().is_none_or(|(id, _)| *id != cg.id) {
+                    while old.next_if(|(id, _)| *id < cg.id).is_some() {}
+                    let entry = old
+                        .next_if(|(id, _)| *id == cg.id)
+                        .unwrap_or_else(|| (cg.id.clone(), CgroupState::default()));
+                    kept.push(entry);
+                }
+                let Some((_, st)) = kept.last_mut() else {
+                    continue;
+                };
+                st.fold(cg, alpha);
+            }
+            drop(old);
+            // Sorted and unique: the map is built in one pass.
+            self.cgroups = kept.into_iter().collect();
+        }
         for (&n, o) in &obs.nodes {
             let h = self.node_pressure.entry(n).or_default();
             h.push_back(o.pressure());

@@ -12,8 +12,10 @@ use std::cmp::Ordering;
 
 use super::locality;
 use super::observe::{CgroupObs, Observations};
-use super::plan_types::{Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
-use super::target::{Projection, TargetOption};
+use super::plan_types::{
+    Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger,
+};
+use super::target::{Picks, Projection};
 use super::{CgroupState, ControllerState};
 use crate::config::ControllerConfig;
 use crate::topology::Topology;
@@ -27,8 +29,11 @@ pub fn plan(
     now_ms: u64,
 ) -> Plan {
     let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
-    cgs.sort_by(|a, b| a.id.cmp(&b.id));
-    cgs.dedup_by(|a, b| a.id == b.id);
+    // Usually already sorted and unique (one comparison per cgroup to see it).
+    if !cgs.windows(2).all(|w| w[0].id < w[1].id) {
+        cgs.sort_by(|a, b| a.id.cmp(&b.id));
+        cgs.dedup_by(|a, b| a.id == b.id);
+    }
     // Each cgroup's state, by one ordered walk of both (no string lookup per cgroup).
     let sts = states_of(&cgs, state);
 
@@ -57,7 +62,8 @@ pub fn plan(
             Some(outcome) => {
                 let mut e = evaluate(&proj, obs, cg, st, cfg, now_ms);
                 e.decision.outcome = outcome.clone();
-                e.options.clear();
+                e.decision.considered.clear();
+                e.picks.clear();
                 e.chosen = None;
                 e
             }
@@ -84,12 +90,12 @@ pub fn plan(
         if eval.chosen.is_none() {
             continue;
         }
-        match choose(&eval.options, cfg, proj.budget_left) {
+        match choose(&eval.decision.considered, cfg, proj.budget_left) {
             Ok(k) => {
-                let opt = &eval.options[k];
+                let opt = eval.picks.option(&eval.decision.considered, k);
                 let cg = cgs[i];
                 let to_cpus = proj.to_cpus(cg, opt);
-                let c = &opt.considered;
+                let c = opt.considered;
                 // Over the budget left: the first stage (see `Stage`) takes what is left.
                 let stage = (c.bytes_to_migrate > proj.budget_left).then(|| Stage {
                     toward: c.nodes.clone(),
@@ -126,19 +132,13 @@ pub fn plan(
     }
     Plan {
         moves,
-        decisions: evals
-            .into_iter()
-            .map(|e| {
-                // A fresh Vec, not an in-place collect (which would shrink the options'
-                // buffer by a realloc and a second copy).
-                let mut considered = Vec::with_capacity(e.options.len());
-                considered.extend(e.options.into_iter().map(|o| o.considered));
-                Decision {
-                    considered,
-                    ..e.decision
-                }
-            })
-            .collect(),
+        // A fresh Vec, not an in-place collect (which would shrink the evals' buffer to the
+        // decisions' size by a realloc and a second copy).
+        decisions: {
+            let mut decisions = Vec::with_capacity(evals.len());
+            decisions.extend(evals.into_iter().map(|e| e.decision));
+            decisions
+        },
     }
 }
 
@@ -147,17 +147,24 @@ fn states_of<'s>(cgs: &[&CgroupObs], state: &'s ControllerState) -> Vec<Option<&
     let mut it = state.cgroups.iter().peekable();
     cgs.iter()
         .map(|cg| {
-            while it.next_if(|(id, _)| id.as_str() < cg.id.as_str()).is_some() {}
-            it.peek()
-                .filter(|(id, _)| id.as_str() == cg.id.as_str())
-                .map(|&(_, st)| st)
+            // One comparison per step.
+            while let Some(&(id, st)) = it.peek() {
+                match id.as_str().cmp(cg.id.as_str()) {
+                    Ordering::Less => _ = it.next(),
+                    Ordering::Equal => return Some(st),
+                    Ordering::Greater => return None,
+                }
+            }
+            None
         })
         .collect()
 }
 
+/// A decision in the making: its options are priced straight into `decision.considered`,
+/// with what turning each into a move needs in `picks`.
 struct Eval {
     decision: Decision,
-    options: Vec<TargetOption>,
+    picks: Picks,
     /// Index of the option chosen with the whole remaining budget, for a candidate.
     chosen: Option<usize>,
 }
@@ -165,7 +172,7 @@ struct Eval {
 impl Eval {
     fn chosen_net(&self) -> f64 {
         self.chosen
-            .map_or(f64::NEG_INFINITY, |k| self.options[k].considered.net)
+            .map_or(f64::NEG_INFINITY, |k| self.decision.considered[k].net)
     }
 }
 
@@ -200,7 +207,7 @@ fn evaluate(
             outcome,
             ..decision
         },
-        options: Vec::new(),
+        picks: Picks::default(),
         chosen: None,
     };
     let Some(trigger) = trigger else {
@@ -232,22 +239,21 @@ fn evaluate(
     {
         return eval(Outcome::Skipped(Skip::Cooldown { remaining_ms }));
     }
-    // `considered` is filled from `options` when the plan is finished.
     // What a move saves is counted for as long as the workload has lived so far (its expected
     // remaining life), at most the horizon; a cgroup the state has not seen yet gets the horizon.
     let lived_ms = st.filter(|s| s.periods > 0).map_or(cfg.horizon_ms, |s| {
         (s.periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
     });
-    let options = proj.options(obs, cg, &trigger, smoothed, cfg, lived_ms);
-    let (outcome, chosen) = match choose(&options, cfg, proj.budget_left) {
+    let (considered, picks) = proj.options(obs, cg, &trigger, smoothed, cfg, lived_ms);
+    let (outcome, chosen) = match choose(&considered, cfg, proj.budget_left) {
         Ok(k) => (Outcome::Healthy, Some(k)),
         Err(skip) => (Outcome::Skipped(skip), None),
     };
-    Eval {
-        options,
-        chosen,
-        ..eval(outcome)
-    }
+    let mut e = eval(outcome);
+    e.decision.considered = considered;
+    e.picks = picks;
+    e.chosen = chosen;
+    e
 }
 
 /// The next round of a staged move of `cg` (see [`Stage`]), when one is under way and still
@@ -331,14 +337,14 @@ fn continue_stage(
 /// most net first, then fewer bytes, fewer nodes, lower node ids. With staged migration on,
 /// the best acceptable option over the budget when at least a quarter of the round's budget
 /// is left (its first stage takes that). Otherwise the reason.
-fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
+fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
     let feasible: Vec<usize> = (0..options.len())
-        .filter(|&k| options[k].considered.rejected.is_none())
+        .filter(|&k| options[k].rejected.is_none())
         .collect();
     if feasible.is_empty() {
         let here = options
             .iter()
-            .any(|o| o.considered.rejected == Some(Rejection::Unchanged));
+            .any(|o| o.rejected == Some(Rejection::Unchanged));
         return Err(if here {
             Skip::NoBetterTarget
         } else {
@@ -349,14 +355,14 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
         .iter()
         .copied()
         .filter(|&k| {
-            let c = &options[k].considered;
+            let c = &options[k];
             c.gain >= cfg.min_gain && c.net > 0.0
         })
         .collect();
     if acceptable.is_empty() {
         let best = feasible
             .iter()
-            .map(|&k| &options[k].considered)
+            .map(|&k| &options[k])
             .max_by(|a, b| a.gain.total_cmp(&b.gain));
         return Err(match best {
             Some(c) if c.gain < cfg.min_gain => Skip::BelowMinGain { gain: c.gain },
@@ -388,7 +394,7 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
         });
     }
     let rank = |a: &usize, b: &usize| -> Ordering {
-        let (x, y) = (&options[*a].considered, &options[*b].considered);
+        let (x, y) = (&options[*a], &options[*b]);
         y.net
             .total_cmp(&x.net)
             .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
@@ -398,7 +404,7 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
     let within = acceptable
         .iter()
         .copied()
-        .filter(|&k| options[k].considered.bytes_to_migrate <= budget)
+        .filter(|&k| options[k].bytes_to_migrate <= budget)
         .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
@@ -409,7 +415,7 @@ fn choose(options: &[TargetOption], cfg: &ControllerConfig, budget: u64) -> Resu
     within.or_else(staged).ok_or_else(|| Skip::Budget {
         need: acceptable
             .iter()
-            .map(|&k| options[k].considered.bytes_to_migrate)
+            .map(|&k| options[k].bytes_to_migrate)
             .min()
             .unwrap_or(0),
         remaining: budget,

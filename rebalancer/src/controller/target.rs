@@ -15,6 +15,8 @@ use super::observe::{CgroupObs, NodeObs, Observations};
 use super::plan_types::{Considered, Rejection, Trigger};
 use super::ControllerState;
 use crate::config::ControllerConfig;
+use smallvec::SmallVec;
+
 use crate::cpuset::CpuSet;
 use crate::topology::Topology;
 
@@ -58,16 +60,67 @@ pub(super) struct Projection<'t> {
     pub dirty: bool,
 }
 
-/// One option with what is needed to turn it into a move and to update the projection.
+/// Per option, what turning it into a move needs besides its [`Considered`].
 #[derive(Clone, Debug)]
-pub(super) struct TargetOption {
-    pub considered: Considered,
+pub(super) struct Pick {
     /// The cpuset to write: picked whole cores for exclusive CPUs; `None` for a shared
     /// workload, whose cpuset is the target's shared pool (see [`Projection::to_cpus`]).
     picked: Option<CpuSet>,
     /// The cgroup keeps its current (narrower) shared cpuset on the same nodes.
     keep_cpus: bool,
 }
+
+/// A candidate's [`Pick`]s, index for index with its decision's `considered`.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Picks(Vec<Pick>);
+
+impl Picks {
+    /// Option `k` of `considered` (the list these picks were priced with).
+    pub fn option<'a>(&'a self, considered: &'a [Considered], k: usize) -> TargetOption<'a> {
+        TargetOption {
+            considered: &considered[k],
+            pick: &self.0[k],
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One option with what is needed to turn it into a move and to update the projection.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TargetOption<'a> {
+    pub considered: &'a Considered,
+    pick: &'a Pick,
+}
+
+/// What pricing one candidate's options needs that does not depend on the option: computed
+/// once per candidate, not for each of its (up to one per node) options.
+struct Fixed<'a> {
+    trigger: &'a Trigger,
+    before: Option<f64>,
+    need_cpus: u32,
+    max_nodes: u32,
+    own_excl: CpuSet,
+    demand: f64,
+    remote_weight: f64,
+    lived_ms: u64,
+    normal_total: u64,
+    huge_total: u64,
+    /// Whether the run-queue demand of every node the cgroup ran on was measured.
+    sources_measured: bool,
+    /// Overload trigger: the busy share of the nodes it runs on, by its CPU time there.
+    src_busy: f64,
+    /// Overload trigger: how long its overloaded nodes have been so (the shortest).
+    lasted_ms: u64,
+    /// Nodes its CPUs span (0 when it has no cross-node migrations: not needed then).
+    cpu_nodes: usize,
+    horizon_ms: u64,
+}
+
+/// `cpu_after` of one option: (node, share after, demand there now), inline for ≤ 4 nodes.
+type Shares = SmallVec<[(u32, f64, f64); 4]>;
 
 impl<'t> Projection<'t> {
     pub fn new(
@@ -91,16 +144,19 @@ impl<'t> Projection<'t> {
             ncpus[i] = n.cpus.len();
             measured[i] = o.is_some_and(|o| o.runnable.is_some());
         }
-        // The node's runnable demand is at least what the managed cgroups ran there.
-        let mut managed: BTreeMap<u32, f64> = BTreeMap::new();
+        // The node's runnable demand is at least what the managed cgroups ran there (per
+        // node position; `None` where none ran).
+        let mut managed: Vec<Option<f64>> = vec![None; k];
         for cg in &obs.cgroups {
-            for &n in cg.cpu_ns_per_node.keys() {
-                *managed.entry(n).or_default() += Self::demand_on(obs, cg, n);
+            for (&n, &ns) in &cg.cpu_ns_per_node {
+                if let Some(i) = index.get(n) {
+                    *managed[i].get_or_insert(0.0) += Self::ns_demand(obs, ns);
+                }
             }
         }
-        for (n, m) in managed {
-            if let Some(i) = index.get(n) {
-                demand[i] = demand[i].max(m);
+        for (d, m) in demand.iter_mut().zip(managed) {
+            if let Some(m) = m {
+                *d = d.max(m);
             }
         }
         let excl_held = obs
@@ -207,10 +263,15 @@ impl<'t> Projection<'t> {
     }
 
     fn demand_on(obs: &Observations, cg: &CgroupObs, node: u32) -> f64 {
+        Self::ns_demand(obs, cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0))
+    }
+
+    /// CPUs' worth of `ns` on-CPU nanoseconds over the period.
+    fn ns_demand(obs: &Observations, ns: u64) -> f64 {
         if obs.period_ns == 0 {
             return 0.0;
         }
-        cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0) as f64 / obs.period_ns as f64
+        ns as f64 / obs.period_ns as f64
     }
 
     /// The trigger that makes `cg` a candidate, if any.
@@ -279,13 +340,12 @@ impl<'t> Projection<'t> {
     /// Cross-node migrations per second a move to `nodes` avoids: all of them when its CPUs
     /// end on one node, none when they keep spanning as many nodes (`keep_cpus`: the CPUs stay),
     /// in proportion in between (the migrations are taken to spread evenly over node pairs
-    /// crossed).
-    fn migrations_avoided(&self, cg: &CgroupObs, nodes: usize, keep_cpus: bool) -> f64 {
+    /// crossed). `now`: the nodes its CPUs span today (`cpu_nodes`, once per candidate).
+    fn migrations_avoided(&self, cg: &CgroupObs, now: usize, nodes: usize, keep_cpus: bool) -> f64 {
         let rate = self.cross_node_rate(cg);
         if rate <= 0.0 || keep_cpus {
             return 0.0;
         }
-        let now = self.cpu_nodes(cg);
         if now < 2 || nodes >= now {
             return 0.0;
         }
@@ -293,7 +353,8 @@ impl<'t> Projection<'t> {
         rate * (1.0 - left)
     }
 
-    /// Every distinct target option for `cg`, priced and checked.
+    /// Every distinct target option for `cg`, priced and checked: what the decision records
+    /// (`considered`, in seed order) and, per option, what turning it into a move needs.
     pub fn options(
         &self,
         obs: &Observations,
@@ -302,7 +363,7 @@ impl<'t> Projection<'t> {
         before: Option<f64>,
         cfg: &ControllerConfig,
         lived_ms: u64,
-    ) -> Vec<TargetOption> {
+    ) -> (Vec<Considered>, Picks) {
         let c = &cg.constraints;
         let demand = obs.cpu_demand(cg);
         let own_excl = if c.exclusive {
@@ -342,7 +403,7 @@ impl<'t> Projection<'t> {
             };
             pool + own
         };
-        let mut sets: Vec<CpuSet> = Vec::new();
+        let mut sets: Vec<CpuSet> = Vec::with_capacity(self.nearest.len());
         for (&seed, nearest) in &self.nearest {
             if !self.allowed(cg, seed) {
                 continue;
@@ -359,53 +420,117 @@ impl<'t> Projection<'t> {
                     cap += capacity(n);
                 }
             }
-            if !sets.contains(&t) {
+            // Every set holds its own seed and the seeds are distinct, so a single node set
+            // is new; only a grown one can repeat an earlier set.
+            if t.len() == 1 || !sets.contains(&t) {
                 sets.push(t);
             }
         }
-        // Per candidate, not per option: what a locality point is worth for it.
-        let weight = self.remote_weight(cg);
-        sets.into_iter()
-            .map(|t| {
-                self.price(
-                    obs, cg, trigger, before, cfg, t, need_cpus, max_nodes, &own_excl, demand,
-                    weight, lived_ms,
-                )
-            })
-            .collect()
+        let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
+        let fixed = Fixed {
+            need_cpus,
+            max_nodes,
+            own_excl,
+            demand,
+            ..fixed
+        };
+        let mut considered = Vec::with_capacity(sets.len());
+        let mut picks = Vec::with_capacity(sets.len());
+        for t in sets {
+            let (c, p) = self.price(obs, cg, cfg, &fixed, t);
+            considered.push(c);
+            picks.push(p);
+        }
+        (considered, Picks(picks))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// What pricing `cg`'s options needs that no option changes (`need_cpus`, `max_nodes`,
+    /// `own_excl` and `demand` are filled by the caller).
+    fn fixed<'a>(
+        &self,
+        obs: &Observations,
+        cg: &CgroupObs,
+        trigger: &'a Trigger,
+        before: Option<f64>,
+        cfg: &ControllerConfig,
+        lived_ms: u64,
+    ) -> Fixed<'a> {
+        let (src_busy, lasted_ms) = match trigger {
+            Trigger::Overloaded { nodes } => {
+                // No run-queue measure: the busy share it leaves (see `price`).
+                let total = cg.total_cpu_ns().max(1) as f64;
+                let src: f64 = cg
+                    .cpu_ns_per_node
+                    .iter()
+                    .map(|(&n, &ns)| ns as f64 / total * self.busy(n))
+                    .sum();
+                let lasted = nodes
+                    .iter()
+                    .map(|n| self.index.get(n).map_or(0, |i| self.overload_ms[i]))
+                    .min()
+                    .unwrap_or(0);
+                (src, lasted)
+            }
+            Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
+        };
+        Fixed {
+            trigger,
+            before,
+            need_cpus: 0,
+            max_nodes: 0,
+            own_excl: CpuSet::new(),
+            demand: 0.0,
+            // Per candidate, not per option: what a locality point is worth for it.
+            remote_weight: self.remote_weight(cg),
+            lived_ms,
+            normal_total: sat_sum(cg.mem_bytes_per_node.values()),
+            huge_total: sat_sum(cg.hugepage_bytes_per_node.values()),
+            sources_measured: cg.cpu_ns_per_node.keys().all(|&n| self.measured(obs, n)),
+            src_busy,
+            lasted_ms,
+            cpu_nodes: if self.cross_node_rate(cg) > 0.0 {
+                self.cpu_nodes(cg)
+            } else {
+                0
+            },
+            horizon_ms: cfg.horizon_ms,
+        }
+    }
+
+    /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate).
     fn price(
         &self,
         obs: &Observations,
         cg: &CgroupObs,
-        trigger: &Trigger,
-        before: Option<f64>,
         cfg: &ControllerConfig,
+        fx: &Fixed<'_>,
         t: CpuSet,
-        need_cpus: u32,
-        max_nodes: u32,
-        own_excl: &CpuSet,
-        demand: f64,
-        remote_weight: f64,
-        lived_ms: u64,
-    ) -> TargetOption {
+    ) -> (Considered, Pick) {
+        let demand = fx.demand;
         let after = locality::expected_after(cg, &t);
-        let normal_total = sat_sum(cg.mem_bytes_per_node.values());
-        let huge_total = sat_sum(cg.hugepage_bytes_per_node.values());
         let normal_in = sat_sum(t.iter().filter_map(|n| cg.mem_bytes_per_node.get(&n)));
         let huge_in = sat_sum(t.iter().filter_map(|n| cg.hugepage_bytes_per_node.get(&n)));
-        let normal_need = normal_total.saturating_sub(normal_in);
-        let huge_need = huge_total.saturating_sub(huge_in);
+        let normal_need = fx.normal_total.saturating_sub(normal_in);
+        let huge_need = fx.huge_total.saturating_sub(huge_in);
         let bytes = normal_need.saturating_add(huge_need);
 
-        // CPU share per target node after the move, and the load it adds there.
+        // CPU share per target node after the move (and its demand there now), once: the
+        // demand first (one lookup per node), then the shares from it as `cpu_after` does.
+        let mut shares = Shares::new();
+        for n in t.iter() {
+            shares.push((n, 0.0, Self::demand_on(obs, cg, n)));
+        }
+        let on_t: f64 = shares.iter().map(|s| s.2).sum();
+        let k = t.len().max(1) as f64;
+        for s in &mut shares {
+            s.1 = if on_t > 0.0 { s.2 / on_t } else { 1.0 / k };
+        }
+        // The load it adds there.
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
-        for (n, share) in cpu_after(obs, cg, &t) {
+        for &(n, share, own) in &shares {
             let ncpu = self.ncpus(n).max(1) as f64;
-            let added = ((demand * share - Self::demand_on(obs, cg, n)) / ncpu).max(0.0);
+            let added = ((demand * share - own) / ncpu).max(0.0);
             let busy_after = self.busy(n) + added;
             dst_busy = dst_busy.max(busy_after);
             if added > 1e-12 && busy_after > cfg.overload_busy && rejected.is_none() {
@@ -419,27 +544,24 @@ impl<'t> Projection<'t> {
         let picked = cg
             .constraints
             .exclusive
-            .then(|| self.pick_cores(&t, need_cpus, own_excl));
+            .then(|| self.pick_cores(&t, fx.need_cpus, &fx.own_excl));
         let pool_len: usize = t.iter().map(|n| self.pool_len(n)).sum();
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
             && (cg.constraints.keep_cpus || (t == cg.mems && cg.cpus.is_subset(&self.pool_of(&t))));
-        let horizon_ms = cfg.horizon_ms;
+        let horizon_ms = fx.horizon_ms;
         // The contention the move adds (> 0) or takes away (< 0), CPUs; none when the threads
         // keep their CPUs (the operator's, or the same nodes' narrower cpuset).
         let delta = if keep_cpus {
             0.0
         } else {
-            self.contention_delta(obs, cg, &t, demand)
+            self.contention_delta(obs, cg, &t, &shares, demand)
         };
-        let measured = t
-            .iter()
-            .chain(cg.cpu_ns_per_node.keys().copied())
-            .all(|n| self.measured(obs, n));
-        let (relief, relief_ms) = match trigger {
-            Trigger::Overloaded { nodes } => {
+        let measured = fx.sources_measured && t.iter().all(|n| self.measured(obs, n));
+        let (relief, relief_ms) = match fx.trigger {
+            Trigger::Overloaded { .. } => {
                 let relief = if measured {
                     // The contention model's own answer: the CPU time every task on the
                     // sources stops waiting, less what the targets start to, per CPU moved.
@@ -450,29 +572,18 @@ impl<'t> Projection<'t> {
                     }
                 } else {
                     // No run-queue measure: the busy share it leaves minus the one it joins.
-                    let total = cg.total_cpu_ns().max(1) as f64;
-                    let src: f64 = cg
-                        .cpu_ns_per_node
-                        .iter()
-                        .map(|(&n, &ns)| ns as f64 / total * self.busy(n))
-                        .sum();
-                    src - dst_busy
+                    fx.src_busy - dst_busy
                 };
                 // Counted for as long as the overload has lasted so far (and the workload has
                 // lived): what has lasted that long is expected to last about as long again.
-                let lasted = nodes
-                    .iter()
-                    .map(|n| self.index.get(n).map_or(0, |i| self.overload_ms[i]))
-                    .min()
-                    .unwrap_or(0);
-                (relief, lasted.min(lived_ms).min(horizon_ms))
+                (relief, fx.lasted_ms.min(fx.lived_ms).min(horizon_ms))
             }
             Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
         };
 
-        let locality_gain = after - before.unwrap_or(after);
+        let locality_gain = after - fx.before.unwrap_or(after);
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
-        let avoided = self.migrations_avoided(cg, t.len(), keep_cpus);
+        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, t.len(), keep_cpus);
         let migration_points = if demand > 0.0 {
             avoided * cfg.cross_node_migration_cost_us * 1e-6 / demand
         } else {
@@ -483,9 +594,9 @@ impl<'t> Projection<'t> {
         // avoided are CPU time already). What the move saves is counted for as long as the
         // workload has lived so far, the relief as long as the overload has lasted; what it
         // costs (migration, contention added) in full.
-        let priced = locality_gain * remote_weight + migration_points;
+        let priced = locality_gain * fx.remote_weight + migration_points;
         let horizon_s = horizon_ms as f64 / 1000.0;
-        let lived_ms = lived_ms.min(horizon_ms);
+        let lived_ms = fx.lived_ms.min(horizon_ms);
         let saving = priced * demand * lived_ms as f64 / 1000.0
             + relief * demand * relief_ms as f64 / 1000.0;
         let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
@@ -509,6 +620,7 @@ impl<'t> Projection<'t> {
         let free_huge = t
             .iter()
             .fold(0u64, |a, n| a.saturating_add(self.free_huge(n)));
+        let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
         let pre = if t.len() as u32 > max_nodes {
             Some(Rejection::TooManyNodes {
                 need: t.len() as u32,
@@ -534,8 +646,8 @@ impl<'t> Projection<'t> {
         } else {
             None
         };
-        TargetOption {
-            considered: Considered {
+        (
+            Considered {
                 nodes: t,
                 locality_after: after,
                 bytes_to_migrate: bytes,
@@ -550,30 +662,36 @@ impl<'t> Projection<'t> {
                 net: saving - cost - contention,
                 rejected: pre.or(rejected),
             },
-            picked,
-            keep_cpus,
-        }
+            Pick { picked, keep_cpus },
+        )
     }
 
     /// CPUs' worth of slowdown the move of `cg` to `t` adds machine-wide through CPU
     /// contention (negative: takes away). A node with runnable demand D on C CPUs does
     /// D × max(1, D / C) CPU-time of work per unit of useful work (every runnable task is
     /// stretched by D / C once D > C); the move takes the workload's demand off its current
-    /// nodes and puts it on `t` as `cpu_after` spreads it.
-    fn contention_delta(&self, obs: &Observations, cg: &CgroupObs, t: &CpuSet, demand: f64) -> f64 {
+    /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`).
+    fn contention_delta(
+        &self,
+        obs: &Observations,
+        cg: &CgroupObs,
+        t: &CpuSet,
+        shares: &[(u32, f64, f64)],
+        demand: f64,
+    ) -> f64 {
         let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
         let mut delta = 0.0;
-        let mut node = |n: u32, own_after: f64| {
+        let mut node = |n: u32, own_now: f64, own_after: f64| {
             let c = self.ncpus(n) as f64;
             let d0 = self.demand(n);
-            let d1 = (d0 - Self::demand_on(obs, cg, n) + own_after).max(0.0);
+            let d1 = (d0 - own_now + own_after).max(0.0);
             delta += stretched(d1, c) - stretched(d0, c);
         };
-        for (n, share) in cpu_after(obs, cg, t) {
-            node(n, demand * share);
+        for &(n, share, own) in shares {
+            node(n, own, demand * share);
         }
         for &n in cg.cpu_ns_per_node.keys().filter(|&&n| !t.contains(n)) {
-            node(n, 0.0);
+            node(n, Self::demand_on(obs, cg, n), 0.0);
         }
         // Below a millionth of a CPU it is rounding, not contention.
         if delta.abs() > 1e-6 {
@@ -624,10 +742,10 @@ impl<'t> Projection<'t> {
     }
 
     /// The cpuset a chosen option writes.
-    pub fn to_cpus(&self, cg: &CgroupObs, opt: &TargetOption) -> CpuSet {
-        match &opt.picked {
+    pub fn to_cpus(&self, cg: &CgroupObs, opt: TargetOption<'_>) -> CpuSet {
+        match &opt.pick.picked {
             Some(p) => p.clone(),
-            None if opt.keep_cpus => cg.cpus.clone(),
+            None if opt.pick.keep_cpus => cg.cpus.clone(),
             None => self.pool_of(&opt.considered.nodes),
         }
     }
@@ -671,7 +789,7 @@ impl<'t> Projection<'t> {
     }
 
     /// Records an accepted move: memory, hugepages, load, exclusive CPUs, budget, count.
-    pub fn accept(&mut self, obs: &Observations, cg: &CgroupObs, opt: &TargetOption) {
+    pub fn accept(&mut self, obs: &Observations, cg: &CgroupObs, opt: TargetOption<'_>) {
         let t = &opt.considered.nodes;
         let mut normal_out = 0u64;
         let mut huge_out = 0u64;
@@ -698,7 +816,7 @@ impl<'t> Projection<'t> {
             self.busy[i] = (self.busy[i] - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
             self.demand[i] = (self.demand[i] - Self::demand_on(obs, cg, n)).max(0.0);
         }
-        for (n, share) in cpu_after(obs, cg, t) {
+        for (n, share, _) in cpu_after(obs, cg, t) {
             let Some(i) = self.index.get(n) else { continue };
             let ncpu = self.ncpus[i].max(1) as f64;
             self.busy[i] += demand * share / ncpu;
@@ -828,20 +946,17 @@ fn sat_sum<'a>(it: impl Iterator<Item = &'a u64>) -> u64 {
 }
 
 /// CPU share per target node after a move (sums to 1): today's time on those nodes,
-/// renormalised, or uniform when it has none there.
+/// renormalised, or uniform when it has none there; with the demand it has there today.
 fn cpu_after<'a>(
     obs: &'a Observations,
     cg: &'a CgroupObs,
     t: &'a CpuSet,
-) -> impl Iterator<Item = (u32, f64)> + 'a {
+) -> impl Iterator<Item = (u32, f64, f64)> + 'a {
     let on_t: f64 = t.iter().map(|n| Projection::demand_on(obs, cg, n)).sum();
     let k = t.len().max(1) as f64;
     t.iter().map(move |n| {
-        let share = if on_t > 0.0 {
-            Projection::demand_on(obs, cg, n) / on_t
-        } else {
-            1.0 / k
-        };
-        (n, share)
+        let own = Projection::demand_on(obs, cg, n);
+        let share = if on_t > 0.0 { own / on_t } else { 1.0 / k };
+        (n, share, own)
     })
 }
