@@ -34,6 +34,14 @@ pub struct SimulateArgs {
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Diagnostics: list every move of the Rebalancer with what the planner priced (saving,
+    /// cost, contention, horizons) and the workload's age and remaining life in the trace.
+    #[arg(long)]
+    pub moves: bool,
+    /// Diagnostics: for each workload the Rebalancer moved, run it again with that workload
+    /// never moved, and print how much the slowdown changes (> 0: its moves cost overall).
+    #[arg(long)]
+    pub attribute: bool,
 }
 
 pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
@@ -58,6 +66,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     let sc = SimConfig {
         placement: cfg.placement,
         controller: cfg.controller,
+        log_moves: a.moves || a.attribute,
         ..SimConfig::default()
     };
     let mut policies = if a.policy.is_empty() {
@@ -81,7 +90,74 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", sim::table(&report));
     }
+    if a.moves || a.attribute {
+        diagnose(&topo, &name, &trace, &sc, &report, a.attribute)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Rebalancer's moves (and, with `attribute`, each moved workload's share of the
+/// slowdown: the run again with it never moved), on stderr.
+fn diagnose(
+    topo: &crate::topology::Topology,
+    name: &str,
+    trace: &Workload,
+    sc: &SimConfig,
+    report: &sim::Report,
+    attribute: bool,
+) -> anyhow::Result<()> {
+    let Some(r) = report
+        .policies
+        .iter()
+        .find(|p| p.policy == Policy::Rebalancer)
+    else {
+        bail!("--moves / --attribute need the rebalancer policy");
+    };
+    eprintln!("\nRebalancer moves (slowdown {}):", r.slowdown);
+    eprintln!("| t s | cgroup | trigger | mems | staged | MiB | age s | left s | gain | relief | horizon / relief ms | saving | cost | contention | net | realized relief |");
+    eprintln!("|---:|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    for m in &r.move_log {
+        let p = m.priced.as_ref();
+        let f = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
+        eprintln!(
+            "| {} | {} | {} | {} → {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+            m.t_s,
+            m.cgroup,
+            m.trigger,
+            m.from_mems,
+            m.to_mems,
+            m.staged,
+            m.bytes as f64 / (1u64 << 20) as f64,
+            m.age_s,
+            m.left_s.map_or("end".into(), |x| format!("{x:.0}")),
+            f(p.map(|c| c.gain)),
+            f(p.map(|c| c.relief)),
+            p.map_or("-".into(), |c| format!("{} / {}", c.horizon_ms, c.relief_horizon_ms)),
+            f(p.map(|c| c.saving)),
+            f(p.map(|c| c.cost)),
+            f(p.map(|c| c.contention)),
+            f(p.map(|c| c.net)),
+            m.realized_relief,
+        );
+    }
+    if !attribute {
+        return Ok(());
+    }
+    let moved: std::collections::BTreeSet<&str> =
+        r.move_log.iter().map(|m| m.cgroup.as_str()).collect();
+    eprintln!("\nEach moved workload never moved (Δ = slowdown with its moves − without):");
+    eprintln!("| cgroup | moves | slowdown without | moves without | Δ |");
+    eprintln!("|---|---:|---:|---:|---:|");
+    for c in moved {
+        let mut one = sc.clone();
+        one.log_moves = false;
+        one.frozen = [c.to_string()].into();
+        let without = sim::simulate(topo, name, trace, &one, &[Policy::Rebalancer])?;
+        let (s, k) = (without.policies[0].slowdown, without.policies[0].moves);
+        let n = r.move_log.iter().filter(|m| m.cgroup == c).count();
+        eprintln!("| {c} | {n} | {s} | {k} | {:+.4} |", r.slowdown - s);
+    }
+    Ok(())
 }
 
 /// A directory as given, or a fixture name looked up under tests/fixtures/sysfs (from the

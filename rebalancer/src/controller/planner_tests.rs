@@ -1047,3 +1047,55 @@ fn a_relief_move_that_does_not_pay_for_itself_is_skipped_as_short_horizon() {
     assert_eq!(c.relief_horizon_ms, 60_000, "{c:#?}");
     assert!(c.net > 0.0, "{c:#?}");
 }
+
+/// Relief is counted for as long as the source's overload has lasted; over that same window the
+/// target may go back to the load it had. `a` (2 CPUs) runs on node 0, whose run queue has
+/// wanted 1.2× its 8 CPUs for 12 periods; nodes 1–3 wanted 1.5× until this period, when they
+/// dropped to 0.1. Priced against this period alone the move takes 3.92 CPUs of stretched work
+/// off node 0 (9.6 × 9.6/8 − 7.6) and adds its own 2 to an idle target: 1.92 CPUs of relief.
+/// At the targets' peak of the window (12 → 14 CPUs on 8: 14 × 14/8 − 12 × 12/8 = 6.5 more)
+/// it makes the machine slower: no relief, not moved. Once the targets' room has lasted the
+/// horizon, the same move is made, priced at 1.92 / 2 per CPU.
+#[test]
+fn relief_is_priced_at_the_targets_peak_over_the_window_it_is_counted_for() {
+    let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
+    let mut obs = world(vec![a]);
+    let set_load = |obs: &mut Observations, target: f64| {
+        for (&n, o) in obs.nodes.iter_mut() {
+            let r = if n == 0 { 1.2 } else { target };
+            o.cpu_busy = r.min(1.0);
+            o.runnable = Some(r);
+        }
+    };
+    let mut state = ControllerState::default();
+    set_load(&mut obs, 1.5);
+    for _ in 0..11 {
+        state.observe(&obs, 0.5);
+    }
+    set_load(&mut obs, 0.1);
+    state.observe(&obs, 0.5);
+    let p = plan(&machine(), &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    assert!(p.moves.is_empty(), "{p:#?}");
+    assert!(
+        matches!(d.trigger, Some(Trigger::Overloaded { .. })),
+        "{d:#?}"
+    );
+    for c in d.considered.iter().filter(|c| !c.nodes.contains(0)) {
+        assert_eq!(c.relief, 0.0, "{c:#?}");
+    }
+    assert_eq!(kind(&d.outcome), "skip:below-min-gain", "{d:#?}");
+
+    // The targets' room has now lasted the whole horizon (60 periods): the move pays.
+    for _ in 0..60 {
+        state.observe(&obs, 0.5);
+    }
+    let p = plan(&machine(), &obs, &state, &cfg(), 0);
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    let d = p.decision("a").unwrap();
+    let Outcome::Moved { to_nodes } = &d.outcome else {
+        panic!("{d:#?}")
+    };
+    let c = d.considered.iter().find(|c| &c.nodes == to_nodes).unwrap();
+    assert!((c.relief - 1.92 / 2.0).abs() < 1e-6, "{c:#?}");
+}

@@ -308,9 +308,9 @@ const GOLDEN: &[(&str, u64, u64)] = &[
     ("mixed-8n-2-default", 0xe3ff881f463f5c62, 0x5ad26378d0546e5d),
     ("mixed-8n-2-wide", 0xc22a0844c6a1ec7e, 0x72c5d47695326d31),
     ("mixed-8n-2-tight", 0xc22a0844c6a1ec7e, 0xd84b343045da84f8),
-    ("mixed-8n-3-default", 0x075021edc02f5999, 0xc8ac432721115f4c),
-    ("mixed-8n-3-wide", 0xaa5e28978e0f7aea, 0x860c155118dfe83b),
-    ("mixed-8n-3-tight", 0xaa5e28978e0f7aea, 0x54e0a69d9a0ddfdc),
+    ("mixed-8n-3-default", 0x075021edc02f5999, 0xfb5aefe5c6c8c947),
+    ("mixed-8n-3-wide", 0xaa5e28978e0f7aea, 0x052daabd9935b275),
+    ("mixed-8n-3-tight", 0xaa5e28978e0f7aea, 0x56d8c53a1c048fa7),
     (
         "mixed-32n-1-default",
         0x666fe398767411c6,
@@ -321,17 +321,17 @@ const GOLDEN: &[(&str, u64, u64)] = &[
     (
         "mixed-32n-2-default",
         0xb9253377edbf086f,
-        0x4c50a9db545ca731,
+        0xbbc34af71adc02da,
     ),
-    ("mixed-32n-2-wide", 0x219c41bc0a629cde, 0x6b752ce822154e7e),
-    ("mixed-32n-2-tight", 0x219c41bc0a629cde, 0xfe1b6cf52fc61cfc),
+    ("mixed-32n-2-wide", 0x219c41bc0a629cde, 0x330e7a0a7ead3b27),
+    ("mixed-32n-2-tight", 0x219c41bc0a629cde, 0xcf854799b8a9e5a0),
     (
         "mixed-32n-3-default",
         0xf9e38f3128dd7b3e,
-        0xe5743e20a3d21116,
+        0x97bea96e24cd8393,
     ),
-    ("mixed-32n-3-wide", 0xc96f6f1bc05db5f2, 0x24dc4c8705831447),
-    ("mixed-32n-3-tight", 0xc96f6f1bc05db5f2, 0x50fb99d694fd80d5),
+    ("mixed-32n-3-wide", 0xc96f6f1bc05db5f2, 0xb69005edbbed202a),
+    ("mixed-32n-3-tight", 0xc96f6f1bc05db5f2, 0x4947bb2fde4f159e),
 ];
 
 fn want(name: &str) -> (u64, u64) {

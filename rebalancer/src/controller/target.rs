@@ -54,6 +54,9 @@ pub(super) struct Projection<'t> {
     /// this period included, at most the horizon: how long the relief of a move off it is
     /// counted (what has lasted that long is expected to last about as long again).
     overload_ms: Vec<u64>,
+    /// Per node, `peak[i][k]` = the highest pressure of the last k + 1 periods (newest first;
+    /// empty without a history): the load a target may go back to within a window.
+    peak: Vec<Vec<f64>>,
     pub budget_left: u64,
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
@@ -181,13 +184,26 @@ impl<'t> Projection<'t> {
             })
             .collect();
         let mut overload = vec![0; k];
+        let mut peak = vec![Vec::new(); k];
         for n in &topo.nodes {
             if let Some(i) = index.get(n.id) {
                 overload[i] = overload_ms(obs, state, cfg, n.id);
+                if let Some(h) = state.node_pressure.get(&n.id) {
+                    let mut hi = f64::NEG_INFINITY;
+                    peak[i] = h
+                        .iter()
+                        .rev()
+                        .map(|&p| {
+                            hi = hi.max(p);
+                            hi
+                        })
+                        .collect();
+                }
             }
         }
         let mut p = Projection {
             overload_ms: overload,
+            peak,
             topo,
             reserved: obs.reserved_cpus.clone(),
             index,
@@ -248,6 +264,24 @@ impl<'t> Projection<'t> {
 
     fn free_huge(&self, node: u32) -> u64 {
         self.index.get(node).map_or(0, |i| self.free_huge[i])
+    }
+
+    /// Runnable demand of `node` at its highest over the last `window_ms` (this round's moves
+    /// included): the load a target may go back to within the window a relief is counted for.
+    fn peak_demand(&self, node: u32, window_ms: u64) -> f64 {
+        let Some(i) = self.index.get(node) else {
+            return 0.0;
+        };
+        let period_ms = (self.period_ns / 1_000_000).max(1);
+        let r = &self.peak[i];
+        if r.is_empty() {
+            return self.demand[i];
+        }
+        let k = (window_ms.div_ceil(period_ms) as usize).clamp(1, r.len());
+        // This period's demand as this round's moves left it, raised by how much higher the
+        // node's pressure was at its peak than now.
+        let raise = (r[k - 1] - r[0]).max(0.0) * self.ncpus[i] as f64;
+        self.demand[i] + raise
     }
 
     /// Whether the run-queue demand of `node` was measured.
@@ -560,8 +594,24 @@ impl<'t> Projection<'t> {
             self.contention_delta(obs, cg, &t, &shares, demand)
         };
         let measured = fx.sources_measured && t.iter().all(|n| self.measured(obs, n));
+        let mut delta = delta;
         let (relief, relief_ms) = match fx.trigger {
             Trigger::Overloaded { .. } => {
+                // Counted for as long as the overload has lasted so far (and the workload has
+                // lived): what has lasted that long is expected to last about as long again.
+                let lasted = fx.lasted_ms.min(fx.lived_ms).min(horizon_ms);
+                if measured && !keep_cpus {
+                    // Over that same window a target may go back to the load it had: a node
+                    // it joins is priced at its peak of the window, not at this period (one
+                    // quiet period on a node that is usually busy is no room to move into).
+                    delta = self.contention_delta_by(obs, cg, &t, &shares, demand, |n| {
+                        if cg.cpu_ns_per_node.contains_key(&n) {
+                            self.demand(n)
+                        } else {
+                            self.peak_demand(n, lasted)
+                        }
+                    });
+                }
                 let relief = if measured {
                     // The contention model's own answer: the CPU time every task on the
                     // sources stops waiting, less what the targets start to, per CPU moved.
@@ -574,9 +624,7 @@ impl<'t> Projection<'t> {
                     // No run-queue measure: the busy share it leaves minus the one it joins.
                     fx.src_busy - dst_busy
                 };
-                // Counted for as long as the overload has lasted so far (and the workload has
-                // lived): what has lasted that long is expected to last about as long again.
-                (relief, fx.lasted_ms.min(fx.lived_ms).min(horizon_ms))
+                (relief, lasted)
             }
             Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
         };
@@ -679,11 +727,24 @@ impl<'t> Projection<'t> {
         shares: &[(u32, f64, f64)],
         demand: f64,
     ) -> f64 {
+        self.contention_delta_by(obs, cg, t, shares, demand, |n| self.demand(n))
+    }
+
+    /// [`Projection::contention_delta`] with each node's demand before the move from `d`.
+    fn contention_delta_by(
+        &self,
+        obs: &Observations,
+        cg: &CgroupObs,
+        t: &CpuSet,
+        shares: &[(u32, f64, f64)],
+        demand: f64,
+        d: impl Fn(u32) -> f64,
+    ) -> f64 {
         let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
         let mut delta = 0.0;
         let mut node = |n: u32, own_now: f64, own_after: f64| {
             let c = self.ncpus(n) as f64;
-            let d0 = self.demand(n);
+            let d0 = d(n);
             let d1 = (d0 - own_now + own_after).max(0.0);
             delta += stretched(d1, c) - stretched(d0, c);
         };

@@ -241,6 +241,8 @@ pub(super) fn observations(w: &World<'_>) -> Observations {
         .map(|(u, l)| {
             let huge = w.task(l).hugepages;
             let mem = l.mem.clone();
+            let mut constraints = l.constraints.clone();
+            constraints.pinned |= w.cfg.frozen.contains(u);
             CgroupObs {
                 id: u.clone(),
                 cpu_ns_per_node: l.cpu_ns_acc.clone(),
@@ -249,7 +251,7 @@ pub(super) fn observations(w: &World<'_>) -> Observations {
                 hugepage_bytes_per_node: if huge { mem } else { BTreeMap::new() },
                 cpus: l.cpus.clone(),
                 mems: l.mems.clone(),
-                constraints: l.constraints.clone(),
+                constraints,
                 ..Default::default()
             }
         })
@@ -279,6 +281,52 @@ pub(super) fn observations(w: &World<'_>) -> Observations {
         nodes,
         reserved_cpus: w.alloc.reserved_cpus.clone(),
     }
+}
+
+/// Records `mv` (diagnostics): what the planner priced for the option it chose, the
+/// workload's age and the rest of its life in the trace.
+fn log_move(w: &mut World<'_>, plan: &controller::Plan, mv: &controller::Move, now_ms: u64) {
+    let l = &w.live[&mv.cgroup];
+    let task = w.task(l);
+    let now_s = now_ms as f64 / 1000.0;
+    let toward = mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward);
+    let priced = plan
+        .decisions
+        .iter()
+        .find(|d| d.cgroup == mv.cgroup)
+        .and_then(|d| d.considered.iter().find(|c| &c.nodes == toward))
+        .cloned();
+    let trigger = format!("{:?}", mv.reason);
+    let rec = super::run::MoveRecord {
+        t_s: now_s,
+        cgroup: mv.cgroup.clone(),
+        trigger: trigger
+            .split(|c: char| !c.is_alphanumeric())
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        from_mems: mv.from_mems.to_string(),
+        to_mems: mv.to_mems.to_string(),
+        staged: mv.stage.is_some(),
+        bytes: mv.bytes_to_migrate,
+        age_s: now_s - task.arrive_s as f64,
+        left_s: task.leave_s.map(|x| x as f64 - now_s),
+        priced,
+        realized_relief: 0.0,
+    };
+    w.stats.move_log.push(rec);
+    let horizon = rec_horizon(&w.stats.move_log[w.stats.move_log.len() - 1], w.cfg);
+    let before = w.live[&mv.cgroup].threads.clone();
+    let k = w.stats.move_log.len() - 1;
+    w.stats.tracking.push((k, before, now_ms + horizon));
+}
+
+/// How long a logged move's relief is counted: the relief horizon it was priced with, else the
+/// config's horizon.
+fn rec_horizon(r: &super::run::MoveRecord, cfg: &super::run::SimConfig) -> u64 {
+    r.priced.as_ref().map_or(cfg.controller.horizon_ms, |c| {
+        c.relief_horizon_ms.max(c.horizon_ms)
+    })
 }
 
 /// One controller round: observe, plan with the real planner, apply its moves.
@@ -315,6 +363,9 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
         if !ok {
             w.stats.violations += 1;
             continue;
+        }
+        if w.cfg.log_moves {
+            log_move(w, &plan, mv, now_ms);
         }
         let excl = w.live[&mv.cgroup].constraints.exclusive;
         let threads = w.threads_for(&mv.to_cpus, excl);

@@ -30,6 +30,11 @@ pub struct SimConfig {
     pub controller: ControllerConfig,
     /// Points of the remote-fraction timeline.
     pub timeline_points: usize,
+    /// Diagnostics: record every move the Rebalancer makes in `PolicyReport::move_log`.
+    pub log_moves: bool,
+    /// Diagnostics (a counterfactual): workloads the Rebalancer's planner sees as pinned, so
+    /// it never moves them — the run "as if these had not been moved".
+    pub frozen: std::collections::BTreeSet<String>,
 }
 
 impl Default for SimConfig {
@@ -40,6 +45,8 @@ impl Default for SimConfig {
             placement: PlacementConfig::default(),
             controller: ControllerConfig::default(),
             timeline_points: 10,
+            log_moves: false,
+            frozen: Default::default(),
         }
     }
 }
@@ -92,6 +99,33 @@ pub struct PolicyReport {
     pub planner_skips: BTreeMap<String, u64>,
     /// Moves the simulator refused (empty cpuset, reserved or unknown CPUs): should be 0.
     pub invariant_violations: u64,
+    /// Every move made, with what the planner priced (`SimConfig::log_moves` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub move_log: Vec<MoveRecord>,
+}
+
+/// One move of the Rebalancer as the planner priced it, with what the trace knows it would
+/// not: how long the workload had left to live (diagnostics, `SimConfig::log_moves`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MoveRecord {
+    pub t_s: f64,
+    pub cgroup: String,
+    pub trigger: String,
+    pub from_mems: String,
+    pub to_mems: String,
+    pub staged: bool,
+    pub bytes: u64,
+    /// The workload's age at the move and the rest of its life (`None`: to the end of the run).
+    pub age_s: f64,
+    pub left_s: Option<f64>,
+    /// The chosen option's figures (`None` for a continued stage, which is not re-priced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priced: Option<crate::controller::Considered>,
+    /// First-order realized contention saving, CPU-s, over the planner's horizon (or the
+    /// workload's life): at every step after the move, the CPU time every task loses to
+    /// contention (Σ D × max(1, D / C)) had this workload's demand stayed spread as before the
+    /// move, less as it is — the rest of the trajectory held as it was.
+    pub realized_relief: f64,
 }
 
 /// One live workload in the simulated machine.
@@ -168,6 +202,9 @@ pub(super) struct Stats {
     pub planner_rounds: u64,
     pub skips: BTreeMap<String, u64>,
     pub violations: u64,
+    pub move_log: Vec<MoveRecord>,
+    /// Moves whose realized relief is being counted: log index, thread shares before, until.
+    pub tracking: Vec<(usize, BTreeMap<u32, f64>, u64)>,
 }
 
 fn hugepage_bytes(node: &crate::topology::Node) -> u64 {
@@ -624,6 +661,37 @@ impl<'a> World<'a> {
             *self.runnable_acc.entry(n).or_default() += busy;
         }
         self.acc_steps += 1;
+        let now_ms = t * 1000;
+        let stretched = |d: f64, c: usize| {
+            if c > 0 {
+                d * (d / c as f64).max(1.0)
+            } else {
+                0.0
+            }
+        };
+        let mut tracking = std::mem::take(&mut self.stats.tracking);
+        tracking.retain(|(k, before, until)| {
+            let Some(l) = self.live.get(&self.stats.move_log[*k].cgroup) else {
+                return false;
+            };
+            let d = self.demand_of(l);
+            let mut cf = demand.clone();
+            for (&n, &s) in &l.threads {
+                *cf.entry(n).or_default() -= d * s;
+            }
+            for (&n, &s) in before {
+                *cf.entry(n).or_default() += d * s;
+            }
+            let mut gain = 0.0;
+            for (&n, &c) in &self.ncpus {
+                let a = demand.get(&n).copied().unwrap_or(0.0);
+                let b = cf.get(&n).copied().unwrap_or(0.0).max(0.0);
+                gain += stretched(b, c) - stretched(a, c);
+            }
+            self.stats.move_log[*k].realized_relief += gain * step_s;
+            now_ms < *until
+        });
+        self.stats.tracking = tracking;
         self.demand = demand;
     }
 
@@ -652,6 +720,7 @@ impl<'a> World<'a> {
             planner_rounds: s.planner_rounds,
             planner_skips: s.skips.clone(),
             invariant_violations: s.violations,
+            move_log: s.move_log.clone(),
         }
     }
 }

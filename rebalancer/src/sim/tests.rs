@@ -250,3 +250,67 @@ fn thread_spreading_workload_is_consolidated_and_stops_crossing_nodes() {
     assert!(reb.slowdown < st.slowdown, "{reb:?} vs {st:?}");
     assert_eq!(quiet[0].cross_node_migrations, 0);
 }
+
+/// The diagnostics: `log_moves` records each move with the option the planner priced, and a
+/// `frozen` workload is never moved (the counterfactual `simulate --attribute` runs); with it
+/// frozen, the Rebalancer is the Static run.
+#[test]
+fn moves_are_logged_and_a_frozen_workload_is_never_moved() {
+    let mut be = task("be", 0, vec![phase(0, 2.0, 0.6)], GIB / 2);
+    be.pod.containers[0] = Container {
+        name: "main".into(),
+        ..Default::default()
+    };
+    let trace = Workload {
+        name: "spread".into(),
+        seed: 0,
+        duration_s: 120,
+        machine: Default::default(),
+        tasks: vec![be],
+    };
+    let logged = SimConfig {
+        log_moves: true,
+        ..SimConfig::default()
+    };
+    let r = simulate(
+        &machine(),
+        "synthetic",
+        &trace,
+        &logged,
+        &[Policy::Rebalancer],
+    )
+    .unwrap();
+    let reb = &r.policies[0];
+    assert!(reb.moves >= 1, "{reb:?}");
+    assert_eq!(reb.move_log.len() as u64, reb.moves, "{reb:?}");
+    let first = &reb.move_log[0];
+    assert_eq!(first.cgroup, "be");
+    let priced = first.priced.as_ref().expect("a new move is priced");
+    assert!(priced.net > 0.0, "{priced:?}");
+    // Not logged unless asked.
+    let plain = simulate(
+        &machine(),
+        "synthetic",
+        &trace,
+        &SimConfig::default(),
+        &[Policy::Rebalancer],
+    )
+    .unwrap();
+    assert!(plain.policies[0].move_log.is_empty());
+    assert_eq!(plain.policies[0].slowdown, reb.slowdown);
+
+    let frozen = SimConfig {
+        frozen: ["be".to_string()].into(),
+        ..SimConfig::default()
+    };
+    let r = simulate(
+        &machine(),
+        "synthetic",
+        &trace,
+        &frozen,
+        &[Policy::Rebalancer, Policy::Static],
+    )
+    .unwrap();
+    assert_eq!(r.policies[0].moves, 0, "{:?}", r.policies[0]);
+    assert_eq!(r.policies[0].slowdown, r.policies[1].slowdown);
+}
