@@ -532,3 +532,53 @@ fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown
         "the move's cooldown survives the stop"
     );
 }
+
+/// A checkpoint taken mid-admission (the pod booked, its cgroup not yet bound) and a kill
+/// before the next one: at the restart the unbound container admission is released — its
+/// exclusive CPU free again — while a bound one and a pod admitted whole through the API (bare
+/// uid, waiting for its container) are kept.
+#[test]
+fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart() {
+    use crate::placement::pod::{Container, Pod};
+    let state = tempfile::tempdir().unwrap();
+    let topo = two_nodes();
+    let d = daemon(topo.clone(), state.path(), None);
+    let pod = |uid: &str| Pod {
+        uid: uid.into(),
+        containers: vec![Container {
+            name: "c".into(),
+            cpu_request_millis: 1000,
+            cpu_limit_millis: 1000,
+            memory_bytes: 64 << 20,
+            memory_limit_bytes: 64 << 20,
+            ..Default::default()
+        }],
+        init_containers: Vec::new(),
+    };
+    {
+        let mut s = d.lock();
+        let sh = &mut *s;
+        for uid in ["p1/aaaaaaaaaaaa", "p2/bbbbbbbbbbbb", "api-pod"] {
+            sh.state
+                .allocator
+                .admit(&sh.topo, &sh.cfg.placement, &pod(uid))
+                .unwrap();
+        }
+        // only p1's cgroup was bound when the checkpoint was taken
+        sh.state.bindings.insert(
+            "kubepods/podp1/aaaa".into(),
+            super::Binding {
+                pod_uid: "p1/aaaaaaaaaaaa".into(),
+                container: "c".into(),
+            },
+        );
+        assert_eq!(sh.state.allocator.exclusive_cpus().len(), 3);
+    }
+    d.checkpoint().unwrap();
+    let cfg = d.lock().cfg.clone();
+    drop(d);
+    let restored = super::run::restore(&cfg, &topo).unwrap();
+    let keys: Vec<&str> = restored.allocator.pods.keys().map(|k| k.as_str()).collect();
+    assert_eq!(keys, ["api-pod", "p1/aaaaaaaaaaaa"]);
+    assert_eq!(restored.allocator.exclusive_cpus().len(), 2);
+}

@@ -43,6 +43,13 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
             fresh()
         }
         Ok(Some(mut p)) => {
+            let orphans = release_unbound_containers(&mut p);
+            if orphans > 0 {
+                tracing::warn!(
+                    orphans,
+                    "checkpoint held container admissions without their cgroup (written mid-admission); released"
+                );
+            }
             let clamped = p.controller.clamp_times(super::boot_ms());
             if clamped > 0 {
                 tracing::warn!(
@@ -64,6 +71,25 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
             fresh()
         }
     }
+}
+
+/// A container admission (key `<pod uid>/<container>`, from the watcher or NRI) is bound to
+/// its cgroup as soon as its cpuset is written; a checkpoint taken between the two (the
+/// checkpointer does not wait for an admission to finish) holds it unbound, and nothing would
+/// ever release it: released here, so its CPUs and memory are not lost. Pods admitted whole
+/// (the API's bare uids, pod-scope holds, `kubelet:` adoptions) legitimately wait unbound.
+/// Returns how many were released.
+pub(crate) fn release_unbound_containers(p: &mut Persisted) -> usize {
+    let bound: std::collections::BTreeSet<&str> =
+        p.bindings.values().map(|b| b.pod_uid.as_str()).collect();
+    let orphans: Vec<String> = (p.allocator.pods.keys())
+        .filter(|k| k.contains('/') && !bound.contains(k.as_str()))
+        .cloned()
+        .collect();
+    for k in &orphans {
+        p.allocator.release(k);
+    }
+    orphans.len()
 }
 
 pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> anyhow::Result<()> {
