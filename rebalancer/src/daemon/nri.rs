@@ -1585,6 +1585,40 @@ mod tests {
         assert_eq!(s.state.allocator.exclusive_cpus(), x);
     }
 
+    /// kubelet's pod in kubelet_cpus' tests: its container "app" on CPU 0.
+    const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+
+    /// kubelet's static CPU Manager state in `dir` (its format and checksum): [`KUBE_UID`]'s
+    /// container "app" on CPU 0, the default set 1-3; adopted by `p`'s daemon.
+    fn kubelets_cpu_zero(p: &Policy, dir: &std::path::Path) {
+        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+            policy_name: "static".into(),
+            default_cpu_set: "1-3".into(),
+            entries: Some(
+                [(
+                    KUBE_UID.to_string(),
+                    [("app".to_string(), "0".to_string())].into(),
+                )]
+                .into(),
+            ),
+            checksum: 0,
+        };
+        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        std::fs::write(
+            dir.join("cpu_manager_state"),
+            format!(
+                r#"{{"policyName":"static","defaultCpuSet":"1-3","entries":{{"{KUBE_UID}":{{"app":"0"}}}},"checksum":{}}}"#,
+                c.checksum
+            ),
+        )
+        .unwrap();
+        let mut s = p.d().lock();
+        s.cfg.kubernetes.kubelet_state_dir = dir.to_path_buf();
+        let m = p.d().metrics.clone();
+        crate::daemon::kubelet::adopt(&mut s, &m);
+        assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
+    }
+
     /// Coexistence with kubelet's static CPU Manager: CPU 0 is kubelet's (its state file, in
     /// kubelet's format). Its pod's container is left as kubelet made it (no adjustment, no
     /// allocation); the other Guaranteed containers take every other CPU but never CPU 0; and
@@ -1594,35 +1628,8 @@ mod tests {
     fn kubelets_static_cpus_are_never_handed_out_and_its_containers_never_planned() {
         let dir = tempfile::tempdir().unwrap();
         let mut p = policy(dir.path());
-        let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
-            policy_name: "static".into(),
-            default_cpu_set: "1-3".into(),
-            entries: Some(
-                [(
-                    kube_uid.to_string(),
-                    [("app".to_string(), "0".to_string())].into(),
-                )]
-                .into(),
-            ),
-            checksum: 0,
-        };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
-        std::fs::write(
-            dir.path().join("cpu_manager_state"),
-            format!(
-                r#"{{"policyName":"static","defaultCpuSet":"1-3","entries":{{"{kube_uid}":{{"app":"0"}}}},"checksum":{}}}"#,
-                c.checksum
-            ),
-        )
-        .unwrap();
-        {
-            let mut s = p.d().lock();
-            s.cfg.kubernetes.kubelet_state_dir = dir.path().to_path_buf();
-            let m = p.d().metrics.clone();
-            crate::daemon::kubelet::adopt(&mut s, &m);
-            assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
-        }
+        let kube_uid = KUBE_UID;
+        kubelets_cpu_zero(&p, dir.path());
         let zero = CpuSet::parse("0").unwrap();
         // kubelet's pod: its container is kubelet's
         let mut kp = pod("k", "");
@@ -1724,35 +1731,8 @@ mod tests {
     fn a_kubelet_pods_container_without_kubelet_cpus_is_fenced_off_the_exclusive_cpus() {
         let dir = tempfile::tempdir().unwrap();
         let mut p = policy(dir.path());
-        let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
-            policy_name: "static".into(),
-            default_cpu_set: "1-3".into(),
-            entries: Some(
-                [(
-                    kube_uid.to_string(),
-                    [("app".to_string(), "0".to_string())].into(),
-                )]
-                .into(),
-            ),
-            checksum: 0,
-        };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
-        std::fs::write(
-            dir.path().join("cpu_manager_state"),
-            format!(
-                r#"{{"policyName":"static","defaultCpuSet":"1-3","entries":{{"{kube_uid}":{{"app":"0"}}}},"checksum":{}}}"#,
-                c.checksum
-            ),
-        )
-        .unwrap();
-        {
-            let mut s = p.d().lock();
-            s.cfg.kubernetes.kubelet_state_dir = dir.path().to_path_buf();
-            let m = p.d().metrics.clone();
-            crate::daemon::kubelet::adopt(&mut s, &m);
-            assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
-        }
+        let kube_uid = KUBE_UID;
+        kubelets_cpu_zero(&p, dir.path());
         // one exclusive CPU of ours
         let mut gp = pod("a", "");
         gp.uid = "0000000a-1b4a-4c6d-9e8f-7a6b5c4d3e2f".into();
