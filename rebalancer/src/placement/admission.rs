@@ -516,7 +516,7 @@ impl Allocator {
             TopologyScope::Pod => {
                 let reqs: Vec<&Container> = pod.containers.iter().collect();
                 let effective = Demand::of_pod(cfg, qos, pod);
-                Some(self.hint_for(topo, cfg, &view, qos, &reqs, Some(&effective))?)
+                Some(self.hint_for(topo, cfg, &view, qos, &reqs, Some(&effective), None)?)
             }
             TopologyScope::Container => None,
         };
@@ -527,7 +527,9 @@ impl Allocator {
         for (c, kind) in pod.in_order() {
             let hint = match pod_hint {
                 Some(h) => h,
-                None => self.hint_for(topo, cfg, &view, qos, &[c], None)?,
+                None => {
+                    self.hint_for(topo, cfg, &view, qos, &[c], None, Some((&pod.uid, &reuse)))?
+                }
             };
             let a = self.allocate(
                 topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse, overuse,
@@ -596,6 +598,9 @@ impl Allocator {
 
     /// Collects the providers' hints for `containers` (one container, or the whole pod in pod
     /// scope), merges them and applies the policy's admission rule and the tie-break strategy.
+    /// `reuse`: the pod (uid) and what its init containers left to reuse, which the CPU and
+    /// memory hints count as kubelet's do (container scope).
+    #[allow(clippy::too_many_arguments)]
     fn hint_for(
         &self,
         topo: &Topology,
@@ -604,6 +609,7 @@ impl Allocator {
         qos: Qos,
         containers: &[&Container],
         effective: Option<&Demand>,
+        reuse: Option<(&str, &Reuse)>,
     ) -> Result<TopologyHint, Rejection> {
         if cfg.policy == TopologyPolicy::None {
             return Ok(TopologyHint::new(None, false));
@@ -615,6 +621,7 @@ impl Allocator {
             let h = cpu::exclusive_hints(
                 view,
                 &self.exclusive_pool(view, cfg.overcommit_ratio),
+                reuse.map_or(&CpuSet::new(), |(_, r)| &r.cpus),
                 exclusive as usize,
                 cfg.align_by_socket,
             );
@@ -623,7 +630,9 @@ impl Allocator {
         let mem = demand.memory.clone();
         let mem_hints: ProviderHints = self
             .memory
-            .hints(&mem)
+            .hints(&mem, &|m, r| {
+                reuse.map_or(0, |(uid, x)| reusable_on(&x.memory, uid, m, r))
+            })
             .map(|m| m.into_iter().map(|(k, v)| (k, Some(v))).collect());
         let mut by_resource = BTreeMap::new();
         let mut addresses = Vec::new();

@@ -843,12 +843,15 @@ pub fn candidate_masks(nodes: NodeMask, fits: &dyn Fn(NodeMask) -> bool) -> Vec<
     out
 }
 
-/// kubelet's `generateCPUTopologyHints`: a hint for every node mask whose available CPUs can
-/// hold `request`; preferred when its width is the minimal width that could hold the request
-/// on an empty machine (or, with align-by-socket, when it is socket-aligned at that width).
+/// kubelet's `generateCPUTopologyHints`: a hint for every node mask whose available CPUs,
+/// with the pod's `reusable` ones (its init containers' CPUs, kubelet's `cpusToReuse`), can
+/// hold `request`; a mask missing a node of a reusable CPU is no hint at all, as in kubelet.
+/// Preferred when its width is the minimal width that could hold the request on an empty
+/// machine (or, with align-by-socket, when it is socket-aligned at that width).
 pub fn exclusive_hints(
     v: &CpuView,
     available: &CpuSet,
+    reusable: &CpuSet,
     request: usize,
     align_by_socket: bool,
 ) -> Vec<TopologyHint> {
@@ -863,8 +866,12 @@ pub fn exclusive_hints(
         .unwrap_or(all.count());
     let nodes_per_socket = v.nodes.len() / v.sockets.len().max(1);
     let mut hints = Vec::new();
+    let free = available.difference(reusable);
     for m in masks {
-        if v.cpus_of_mask(m).intersection(available).len() < request {
+        let in_mask = v.cpus_of_mask(m);
+        if !reusable.difference(&in_mask).is_empty()
+            || in_mask.intersection(&free).len() + reusable.len() < request
+        {
             continue;
         }
         // kubelet's isHintSocketAligned: spans exactly the minimal number of sockets.

@@ -177,14 +177,20 @@ fn prefer_align_by_uncorecache() {
 }
 
 fn hints(v: &CpuView, avail: &str, n: usize, by_socket: bool) -> String {
-    exclusive_hints(v, &CpuSet::parse(avail).unwrap(), n, by_socket)
-        .iter()
-        .map(|h| {
-            let ids: Vec<String> = h.affinity.unwrap().ids().map(|i| i.to_string()).collect();
-            format!("{}{}", ids.join(""), if h.preferred { "P" } else { "" })
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    exclusive_hints(
+        v,
+        &CpuSet::parse(avail).unwrap(),
+        &CpuSet::new(),
+        n,
+        by_socket,
+    )
+    .iter()
+    .map(|h| {
+        let ids: Vec<String> = h.affinity.unwrap().ids().map(|i| i.to_string()).collect();
+        format!("{}{}", ids.join(""), if h.preferred { "P" } else { "" })
+    })
+    .collect::<Vec<_>>()
+    .join(" ")
 }
 
 #[test]

@@ -152,7 +152,7 @@ impl Allocator {
             // The pod's QoS is its totals' (the doors shape them by the pod's QoS class).
             let qos = whole.qos();
             let (cpu_total, mem_total) = self.check_capacity(&view, &whole)?;
-            let hint = self.hint_for(topo, cfg, &view, qos, &[&totals], None)?;
+            let hint = self.hint_for(topo, cfg, &view, qos, &[&totals], None, None)?;
             self.pods.insert(
                 m.pod_uid.to_string(),
                 AdmittedPod {

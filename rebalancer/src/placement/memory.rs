@@ -397,12 +397,17 @@ impl MemoryState {
                 .any(|n| n.assignments > 0 && (n.cells.count() == 1 || n.cells != mask))
     }
 
-    /// kubelet's `calculateHints` without reuse, over the masks admission considers.
-    pub fn hints(&self, req: &MemoryRequest) -> Option<BTreeMap<String, Vec<TopologyHint>>> {
+    /// kubelet's `calculateHints` over the masks admission considers, with the pod's
+    /// `reusable` init-container memory per mask (none for a pod's first container).
+    pub fn hints(
+        &self,
+        req: &MemoryRequest,
+        reusable: &dyn Fn(NodeMask, MemoryResource) -> u64,
+    ) -> Option<BTreeMap<String, Vec<TopologyHint>>> {
         if req.is_empty() {
             return None;
         }
-        Some(self.calculate_hints(req, &|_, _| 0, false))
+        Some(self.calculate_hints(req, reusable, false))
     }
 
     /// kubelet's `calculateHints`: for every node mask (kubelet's order: single nodes, then
@@ -489,9 +494,10 @@ impl MemoryState {
     /// (kubelet's `Allocate` up to the state update): with no affinity the best of all hints
     /// (`getDefaultHint`), refused when the Topology Manager's hint was preferred and that one
     /// is not; a group whose free memory does not cover the request extended to the best hint
-    /// containing it (`extendTopologyManagerHint`), with the same preference rule; then the
-    /// request must fit and the group rules hold (`isAffinityViolatingNUMAAllocations`).
-    /// `reusable` is the pod's reusable init-container memory per mask.
+    /// containing it (`extendTopologyManagerHint`, whose hints count free plus reusable
+    /// memory), with the same preference rule; then the group rules hold
+    /// (`isAffinityViolatingNUMAAllocations`). `reusable` is the pod's reusable init-container
+    /// memory per mask.
     pub fn choose_kubelet(
         &self,
         req: &MemoryRequest,
@@ -544,10 +550,10 @@ impl MemoryState {
             if !ext.preferred && best.preferred {
                 return Err(MemoryError::ExtendedNotPreferred);
             }
+            // kubelet takes the extended hint as it is: `calculateHints` counted free plus
+            // reusable memory, so a mask the pod's init containers make room in is kept
+            // (no second check of the free memory alone, which refused exactly those).
             mask = ext.affinity.unwrap_or_default();
-        }
-        if !self.satisfies(mask, req) {
-            return Err(MemoryError::CannotExtend(mask));
         }
         if self.violates(mask) {
             return Err(MemoryError::Violation(mask));

@@ -42,7 +42,7 @@ fn mask(ids: &[u32]) -> NodeMask {
 }
 
 fn show_hints(s: &MemoryState, r: &MemoryRequest) -> String {
-    let Some(h) = s.hints(r) else {
+    let Some(h) = s.hints(r, &|_, _| 0) else {
         return "nil".into();
     };
     let lists: Vec<&Vec<TopologyHint>> = h.values().collect();
