@@ -69,11 +69,17 @@ impl MergeOptions {
             .unwrap_or(DEFAULT_MAX_ALLOWABLE_NUMA_NODES)
     }
 
-    /// The checks kubelet makes on its options before merging anything: the option value is at
-    /// least 8, and distances are readable for every node when closest-NUMA is used. (kubelet
-    /// also refuses machines with more nodes than `max_allowable`; we do not — callers that want
-    /// kubelet's refusal compare `numa.nodes.len()` with [`MergeOptions::max_allowable`].)
+    /// The checks kubelet makes on its options before merging anything (none under policy
+    /// `none`: kubelet's `NewManager` returns before reading them): the option value is at
+    /// least 8; with closest-NUMA, a distance row for every node (`NewNUMAInfo`, for every
+    /// other policy, single-numa-node too though it never uses them), and rows long enough to
+    /// average over every mask where `fit` uses them. (kubelet also refuses machines with more
+    /// nodes than `max_allowable`; we do not — callers that want kubelet's refusal compare
+    /// `numa.nodes.len()` with [`MergeOptions::max_allowable`].)
     pub fn check(&self, policy: MergePolicy, numa: &NumaInfo) -> Result<(), OptionsError> {
+        if policy == MergePolicy::None {
+            return Ok(());
+        }
         if let Some(m) = self.max_allowable_numa_nodes {
             if m < DEFAULT_MAX_ALLOWABLE_NUMA_NODES {
                 return Err(OptionsError::MaxAllowableTooSmall(m));
@@ -81,6 +87,8 @@ impl MergeOptions {
         }
         if uses_closest(policy, self) {
             numa.check_distances()?;
+        } else if self.prefer_closest_numa {
+            numa.check_rows()?;
         }
         Ok(())
     }

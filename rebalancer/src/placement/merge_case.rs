@@ -485,9 +485,27 @@ mod tests {
                 Err(("distances", "node 1 has 1 entries")),
             ),
             (
-                "closest unused by single-numa-node",
+                "closest without distances under single-numa-node: kubelet refuses it too",
                 with(base("single-numa-node"), "options", closest.clone()),
+                Err(("distances", "no distance row for node 0")),
+            ),
+            (
+                "closest unused by single-numa-node: a short row is fine",
+                with(
+                    with(base("single-numa-node"), "options", closest.clone()),
+                    "distances",
+                    json!({"0": [10], "1": [11]}),
+                ),
                 Ok(r#"{"affinity":null,"preferred":true,"admit":true}"#),
+            ),
+            (
+                "policy none reads no option, as kubelet",
+                with(
+                    base("none"),
+                    "options",
+                    json!({"max_allowable_numa_nodes": 2, "prefer_closest_numa": true}),
+                ),
+                Ok(r#"{"affinity":null,"preferred":false,"admit":true}"#),
             ),
             (
                 "distances key not an id",

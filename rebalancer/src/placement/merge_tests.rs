@@ -605,7 +605,14 @@ fn options_are_checked_like_kubelet() {
         closest.check(R, &numa),
         Err(OptionsError::Distances(_))
     ));
-    assert_eq!(closest.check(SNN, &numa), Ok(()));
+    // kubelet's NewNUMAInfo reads the rows under every policy but none
+    assert!(matches!(
+        closest.check(SNN, &numa),
+        Err(OptionsError::Distances(_))
+    ));
+    assert_eq!(closest.check(SNN, &four_with_distances()), Ok(()));
+    assert_eq!(closest.check(NONE, &numa), Ok(()));
+    assert_eq!(small.check(NONE, &numa), Ok(()));
     assert_eq!(closest.check(BE, &four_with_distances()), Ok(()));
     assert_eq!(closest.max_allowable(), 8);
 }

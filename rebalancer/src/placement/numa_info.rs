@@ -49,17 +49,23 @@ impl NumaInfo {
         .unwrap_or_default()
     }
 
+    /// kubelet's `NewNUMAInfo` with closest-NUMA: a distance row for every node.
+    pub fn check_rows(&self) -> Result<(), NumaInfoError> {
+        match self.nodes.iter().find(|n| !self.distances.contains_key(n)) {
+            Some(&node) => Err(NumaInfoError::MissingRow { node }),
+            None => Ok(()),
+        }
+    }
+
     /// Checks that `avg()` can be computed for every mask of machine nodes: a row per node, each
     /// long enough to index every node id.
     pub fn check_distances(&self) -> Result<(), NumaInfoError> {
+        self.check_rows()?;
         let Some(&max) = self.nodes.iter().max() else {
             return Ok(());
         };
         for &n in &self.nodes {
-            let row = self
-                .distances
-                .get(&n)
-                .ok_or(NumaInfoError::MissingRow { node: n })?;
+            let row = &self.distances[&n];
             if row.len() <= max as usize {
                 return Err(NumaInfoError::ShortRow {
                     node: n,
