@@ -40,6 +40,75 @@ impl Evidence {
     }
 }
 
+impl Evidence {
+    /// Every kind, in the order of `Ord` (the order `EvidenceCounts` serialises them in).
+    pub const ALL: [Evidence; 4] = [
+        Evidence::HintingFaults,
+        Evidence::Pmu,
+        Evidence::WrittenPages,
+        Evidence::ShareModel,
+    ];
+}
+
+/// Periods counted per kind of evidence (what a smoothed score rests on): one counter per
+/// kind, inline, so the planner's per-cgroup decision copies it without a heap allocation.
+/// Serialised as the map of the kinds counted (`{"share-model": 3}`), in `Evidence` order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvidenceCounts([u32; 4]);
+
+impl EvidenceCounts {
+    /// Periods counted for `ev`, `None` when none were.
+    pub fn get(&self, ev: &Evidence) -> Option<&u32> {
+        Some(&self.0[*ev as usize]).filter(|&&c| c > 0)
+    }
+
+    /// One more period of `ev`.
+    pub fn add(&mut self, ev: Evidence) {
+        let c = &mut self.0[ev as usize];
+        *c = c.saturating_add(1);
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = [0; 4];
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&c| c == 0)
+    }
+
+    /// The kinds counted, with their periods, in `Evidence` order.
+    pub fn iter(&self) -> impl Iterator<Item = (Evidence, u32)> + '_ {
+        Evidence::ALL
+            .into_iter()
+            .map(|e| (e, self.0[e as usize]))
+            .filter(|&(_, c)| c > 0)
+    }
+}
+
+impl FromIterator<(Evidence, u32)> for EvidenceCounts {
+    fn from_iter<I: IntoIterator<Item = (Evidence, u32)>>(it: I) -> Self {
+        let mut out = EvidenceCounts::default();
+        for (e, c) in it {
+            out.0[e as usize] = c;
+        }
+        out
+    }
+}
+
+impl Serialize for EvidenceCounts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for EvidenceCounts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(BTreeMap::<Evidence, u32>::deserialize(d)?
+            .into_iter()
+            .collect())
+    }
+}
+
 /// The instant locality of a cgroup in 0..=1, or `None` when the period holds no evidence
 /// (no CPU time, or no memory and no fault/PMU counts).
 pub fn instant(cg: &CgroupObs) -> Option<(f64, Evidence)> {
@@ -244,6 +313,26 @@ mod tests {
             .into_iter()
             .collect();
         check(&c, Some((0.875, Evidence::ShareModel)));
+    }
+
+    /// Serialised as the map it replaced: only the kinds counted, in `Evidence` order.
+    #[test]
+    fn evidence_counts_serialise_as_a_map() {
+        let mut c = EvidenceCounts::default();
+        assert!(c.is_empty());
+        assert_eq!(serde_json::to_string(&c).unwrap(), "{}");
+        c.add(Evidence::ShareModel);
+        c.add(Evidence::ShareModel);
+        c.add(Evidence::HintingFaults);
+        let want = BTreeMap::from([(Evidence::HintingFaults, 1u32), (Evidence::ShareModel, 2)]);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(json, serde_json::to_string(&want).unwrap());
+        assert_eq!(json, r#"{"hinting-faults":1,"share-model":2}"#);
+        assert_eq!(serde_json::from_str::<EvidenceCounts>(&json).unwrap(), c);
+        assert_eq!(c.get(&Evidence::ShareModel), Some(&2));
+        assert_eq!(c.get(&Evidence::Pmu), None);
+        c.clear();
+        assert!(c.is_empty());
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub use actuator::{
 };
 #[cfg(test)]
 pub use fake::{FakeCgroups, FakeFailure};
-pub use locality::Evidence;
+pub use locality::{Evidence, EvidenceCounts};
 pub use observe::{CgroupObs, Constraints, NodeObs, Observations};
 pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
 pub use planner::plan;
@@ -62,8 +62,8 @@ pub struct CgroupState {
     pub staging: Option<Staging>,
     /// Periods of each kind of evidence folded into `smoothed` since it (re)started: what the
     /// smoothed score rests on (shown by `explain`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub smoothed_from: BTreeMap<Evidence, u32>,
+    #[serde(default, skip_serializing_if = "EvidenceCounts::is_empty")]
+    pub smoothed_from: EvidenceCounts,
     /// Periods the cgroup has been observed: how long it has lived so far, which is as long
     /// as the planner counts what a move of it would save (its expected remaining life).
     #[serde(default)]
@@ -80,7 +80,7 @@ impl CgroupState {
                 self.smoothed_from.clear();
             }
             self.smoothed = Some(locality::ewma(self.smoothed, s, alpha));
-            *self.smoothed_from.entry(ev).or_default() += 1;
+            self.smoothed_from.add(ev);
         }
     }
 

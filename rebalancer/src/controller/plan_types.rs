@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::locality::Evidence;
+use super::locality::{Evidence, EvidenceCounts};
 use crate::cpuset::CpuSet;
 
 /// One round's result.
@@ -228,8 +228,8 @@ pub struct Decision {
     pub smoothed: Option<f64>,
     /// Periods of each evidence the smoothed score was built from (empty when it is this
     /// period's score alone, before the controller state has any).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub smoothed_from: std::collections::BTreeMap<Evidence, u32>,
+    #[serde(default, skip_serializing_if = "EvidenceCounts::is_empty")]
+    pub smoothed_from: EvidenceCounts,
     /// CPUs' worth of demand this period.
     pub cpu_demand: f64,
     pub memory_bytes: u64,

@@ -75,7 +75,8 @@ pub fn plan(
         .collect();
     proposals.sort_by(|&a, &b| {
         let (na, nb) = (evals[a].chosen_net(), evals[b].chosen_net());
-        nb.total_cmp(&na).then_with(|| cgs[a].id.cmp(&cgs[b].id))
+        // `cgs` is sorted by id and unique: index order is id order (no string compare).
+        nb.total_cmp(&na).then(a.cmp(&b))
     });
 
     for i in proposals {
@@ -194,7 +195,7 @@ fn evaluate(
         smoothed,
         smoothed_from: st
             .filter(|s| s.smoothed.is_some())
-            .map(|s| s.smoothed_from.clone())
+            .map(|s| s.smoothed_from)
             .unwrap_or_default(),
         cpu_demand: obs.cpu_demand(cg),
         memory_bytes: cg.total_mem(),

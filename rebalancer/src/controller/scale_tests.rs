@@ -197,8 +197,9 @@ fn mixed(topo: &Topology, n: usize, seed: u64) -> (Observations, ControllerState
             st.periods = r.below(30);
             if r.chance(80) {
                 st.smoothed = Some(r.below(1000) as f64 / 1000.0);
-                st.smoothed_from
-                    .insert(locality::Evidence::ShareModel, 1 + r.below(9) as u32);
+                st.smoothed_from = [(locality::Evidence::ShareModel, 1 + r.below(9) as u32)]
+                    .into_iter()
+                    .collect();
             }
             if r.chance(20) {
                 st.last_move_ms = Some(r.below(200_000));

@@ -120,6 +120,20 @@ struct Fixed<'a> {
     /// Nodes its CPUs span (0 when it has no cross-node migrations: not needed then).
     cpu_nodes: usize,
     horizon_ms: u64,
+    /// The cgroup's per-node values as short lists in node order (a linear scan of a few
+    /// entries on the stack instead of a map lookup per option): CPU demand (CPUs) of every
+    /// node in its CPU time map, memory and hugepage bytes.
+    cpu: Entries<f64>,
+    mem: Entries<u64>,
+    huge: Entries<u64>,
+}
+
+/// A cgroup's per-node values (node, value), ascending node ids, inline for ≤ 4 nodes.
+type Entries<T> = SmallVec<[(u32, T); 4]>;
+
+/// The value of `node` in `e`, if it has one.
+fn entry<T: Copy>(e: &[(u32, T)], node: u32) -> Option<T> {
+    e.iter().find(|x| x.0 == node).map(|x| x.1)
 }
 
 /// `cpu_after` of one option: (node, share after, demand there now), inline for ≤ 4 nodes.
@@ -419,6 +433,14 @@ impl<'t> Projection<'t> {
         } else {
             c.max_nodes.unwrap_or(u32::MAX).max(1)
         };
+        let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
+        let fixed = Fixed {
+            need_cpus,
+            max_nodes,
+            own_excl,
+            demand,
+            ..fixed
+        };
         let capacity = |n: u32| -> usize {
             if c.keep_cpus {
                 // The operator's CPUs stay: what the node offers is the part of them on it.
@@ -428,16 +450,18 @@ impl<'t> Projection<'t> {
                     .map_or(0, |node| node.cpus.intersection(&cg.cpus).len());
             }
             let pool = self.pool_len(n);
-            let own = if own_excl.is_empty() {
+            let own = if fixed.own_excl.is_empty() {
                 0
             } else {
                 self.topo
                     .node(n)
-                    .map_or(0, |node| node.cpus.intersection(&own_excl).len())
+                    .map_or(0, |node| node.cpus.intersection(&fixed.own_excl).len())
             };
             pool + own
         };
-        let mut sets: Vec<CpuSet> = Vec::with_capacity(self.nearest.len());
+        // Each distinct set is priced as soon as it is grown (in seed order).
+        let mut considered: Vec<Considered> = Vec::with_capacity(self.nearest.len());
+        let mut picks = Vec::with_capacity(self.nearest.len());
         for (&seed, nearest) in &self.nearest {
             if !self.allowed(cg, seed) {
                 continue;
@@ -456,24 +480,11 @@ impl<'t> Projection<'t> {
             }
             // Every set holds its own seed and the seeds are distinct, so a single node set
             // is new; only a grown one can repeat an earlier set.
-            if t.len() == 1 || !sets.contains(&t) {
-                sets.push(t);
+            if t.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
+                let (c, p) = self.price(obs, cg, cfg, &fixed, t);
+                considered.push(c);
+                picks.push(p);
             }
-        }
-        let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
-        let fixed = Fixed {
-            need_cpus,
-            max_nodes,
-            own_excl,
-            demand,
-            ..fixed
-        };
-        let mut considered = Vec::with_capacity(sets.len());
-        let mut picks = Vec::with_capacity(sets.len());
-        for t in sets {
-            let (c, p) = self.price(obs, cg, cfg, &fixed, t);
-            considered.push(c);
-            picks.push(p);
         }
         (considered, Picks(picks))
     }
@@ -528,6 +539,21 @@ impl<'t> Projection<'t> {
                 0
             },
             horizon_ms: cfg.horizon_ms,
+            cpu: cg
+                .cpu_ns_per_node
+                .iter()
+                .map(|(&n, &ns)| (n, Self::ns_demand(obs, ns)))
+                .collect(),
+            mem: cg
+                .mem_bytes_per_node
+                .iter()
+                .map(|(&n, &b)| (n, b))
+                .collect(),
+            huge: cg
+                .hugepage_bytes_per_node
+                .iter()
+                .map(|(&n, &b)| (n, b))
+                .collect(),
         }
     }
 
@@ -542,8 +568,14 @@ impl<'t> Projection<'t> {
     ) -> (Considered, Pick) {
         let demand = fx.demand;
         let after = locality::expected_after(cg, &t);
-        let normal_in = sat_sum(t.iter().filter_map(|n| cg.mem_bytes_per_node.get(&n)));
-        let huge_in = sat_sum(t.iter().filter_map(|n| cg.hugepage_bytes_per_node.get(&n)));
+        let normal_in = t
+            .iter()
+            .filter_map(|n| entry(&fx.mem, n))
+            .fold(0u64, u64::saturating_add);
+        let huge_in = t
+            .iter()
+            .filter_map(|n| entry(&fx.huge, n))
+            .fold(0u64, u64::saturating_add);
         let normal_need = fx.normal_total.saturating_sub(normal_in);
         let huge_need = fx.huge_total.saturating_sub(huge_in);
         let bytes = normal_need.saturating_add(huge_need);
@@ -552,7 +584,7 @@ impl<'t> Projection<'t> {
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
         let mut shares = Shares::new();
         for n in t.iter() {
-            shares.push((n, 0.0, Self::demand_on(obs, cg, n)));
+            shares.push((n, 0.0, entry(&fx.cpu, n).unwrap_or(0.0)));
         }
         let on_t: f64 = shares.iter().map(|s| s.2).sum();
         let k = t.len().max(1) as f64;
@@ -582,16 +614,19 @@ impl<'t> Projection<'t> {
         let pool_len: usize = t.iter().map(|n| self.pool_len(n)).sum();
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
+        // The target's pool, built (or borrowed) once, and only for the nodes it is on.
+        let same_nodes = t == cg.mems;
+        let pool_t = same_nodes.then(|| self.pool_ref(&t));
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
-            && (cg.constraints.keep_cpus || (t == cg.mems && cg.cpus.is_subset(&self.pool_of(&t))));
+            && (cg.constraints.keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus.is_subset(p)));
         let horizon_ms = fx.horizon_ms;
         // The contention the move adds (> 0) or takes away (< 0), CPUs; none when the threads
         // keep their CPUs (the operator's, or the same nodes' narrower cpuset).
         let delta = if keep_cpus {
             0.0
         } else {
-            self.contention_delta(obs, cg, &t, &shares, demand)
+            self.contention_delta(&fx.cpu, &t, &shares, demand)
         };
         let measured = fx.sources_measured && t.iter().all(|n| self.measured(obs, n));
         let mut delta = delta;
@@ -604,8 +639,8 @@ impl<'t> Projection<'t> {
                     // Over that same window a target may go back to the load it had: a node
                     // it joins is priced at its peak of the window, not at this period (one
                     // quiet period on a node that is usually busy is no room to move into).
-                    delta = self.contention_delta_by(obs, cg, &t, &shares, demand, |n| {
-                        if cg.cpu_ns_per_node.contains_key(&n) {
+                    delta = self.contention_delta_by(&fx.cpu, &t, &shares, demand, |n| {
+                        if entry(&fx.cpu, n).is_some() {
                             self.demand(n)
                         } else {
                             self.peak_demand(n, lasted)
@@ -653,10 +688,10 @@ impl<'t> Projection<'t> {
             None if keep_cpus => cg.cpus.len(),
             None => pool_len,
         };
-        let unchanged = t == cg.mems
+        let unchanged = same_nodes
             && match &picked {
                 Some(p) => *p == cg.cpus,
-                None => keep_cpus || cg.cpus == self.pool_of(&t),
+                None => keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus == **p),
             };
         // The operator's CPUs stay: the threads run where they ran, only memory moves.
         let contention = if keep_cpus || delta <= 1e-6 {
@@ -721,20 +756,18 @@ impl<'t> Projection<'t> {
     /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`).
     fn contention_delta(
         &self,
-        obs: &Observations,
-        cg: &CgroupObs,
+        cpu: &[(u32, f64)],
         t: &CpuSet,
         shares: &[(u32, f64, f64)],
         demand: f64,
     ) -> f64 {
-        self.contention_delta_by(obs, cg, t, shares, demand, |n| self.demand(n))
+        self.contention_delta_by(cpu, t, shares, demand, |n| self.demand(n))
     }
 
     /// [`Projection::contention_delta`] with each node's demand before the move from `d`.
     fn contention_delta_by(
         &self,
-        obs: &Observations,
-        cg: &CgroupObs,
+        cpu: &[(u32, f64)],
         t: &CpuSet,
         shares: &[(u32, f64, f64)],
         demand: f64,
@@ -751,8 +784,8 @@ impl<'t> Projection<'t> {
         for &(n, share, own) in shares {
             node(n, own, demand * share);
         }
-        for &n in cg.cpu_ns_per_node.keys().filter(|&&n| !t.contains(n)) {
-            node(n, Self::demand_on(obs, cg, n), 0.0);
+        for &(n, own) in cpu.iter().filter(|e| !t.contains(e.0)) {
+            node(n, own, 0.0);
         }
         // Below a millionth of a CPU it is rounding, not contention.
         if delta.abs() > 1e-6 {
@@ -774,12 +807,14 @@ impl<'t> Projection<'t> {
             return 1.0;
         }
         let (mut w, mut wd) = (0.0, 0.0);
-        let mem_nodes: std::collections::BTreeSet<u32> = cg
+        let mut mem_nodes: SmallVec<[u32; 8]> = cg
             .mem_bytes_per_node
             .keys()
             .chain(cg.hugepage_bytes_per_node.keys())
             .copied()
             .collect();
+        mem_nodes.sort_unstable();
+        mem_nodes.dedup();
         for (&c, &ns) in &cg.cpu_ns_per_node {
             for &m in &mem_nodes {
                 if m == c {
@@ -794,6 +829,18 @@ impl<'t> Projection<'t> {
             return 1.0;
         }
         ((wd / w - 10.0) / 11.0).max(0.0)
+    }
+
+    /// [`Projection::pool_of`], borrowed for one node (no copy of a node's CPU set).
+    fn pool_ref(&self, t: &CpuSet) -> std::borrow::Cow<'_, CpuSet> {
+        match t
+            .first()
+            .filter(|_| t.len() == 1)
+            .and_then(|n| self.pool(n))
+        {
+            Some(p) => std::borrow::Cow::Borrowed(p),
+            None => std::borrow::Cow::Owned(self.pool_of(t)),
+        }
     }
 
     fn pool_of(&self, t: &CpuSet) -> CpuSet {

@@ -252,7 +252,7 @@ fn faults_one_period_pmu_the_next_share_model_the_third() {
     assert!(approx(d2.locality, 0.75), "{d2:?}");
     assert!(approx(d2.smoothed, alpha * 0.75 + (1.0 - alpha) * 0.25));
     assert_eq!(
-        d2.smoothed_from,
+        d2.smoothed_from.iter().collect::<BTreeMap<_, _>>(),
         BTreeMap::from([(Evidence::HintingFaults, 1), (Evidence::Pmu, 1)])
     );
     // Then nothing but CPU time and memory: half the memory is local.
