@@ -627,6 +627,7 @@ impl Engine {
         tracing::debug!("round start");
         self.refresh_topology(adm);
         adm.refresh_kubelet();
+        adm.refence();
         let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
             (
