@@ -16,18 +16,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{Daemon, KubeTree};
+use common::{wait_for, Daemon, KubeTree};
 
 const NOBODY: u32 = 65534;
-
-/// Waits for `cond` (polled every 50 ms) up to `secs`.
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn bindings(d: &Daemon) -> Vec<String> {
     d.status()["bindings"]
@@ -442,13 +433,11 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
         .unwrap()
         .0
         .to_path_buf();
-    // Only this test's daemon runs now (serial), and the hook also needs the cgroup name.
-    unsafe { std::env::set_var("REBALANCER_TEST_HOOKS", "1") };
+    // The daemon runs with REBALANCER_TEST_HOOKS=1 (common::Daemon); the hook needs the name.
     let mut d = Daemon::start(
         "",
         "[ebpf]\nenabled = false\n[controller]\nperiod_ms = 500\n",
     );
-    unsafe { std::env::remove_var("REBALANCER_TEST_HOOKS") };
     assert_eq!(
         get_tcp(d.metrics_port, "/healthz", Duration::from_secs(2)).unwrap(),
         (200, "ok\n".into())
