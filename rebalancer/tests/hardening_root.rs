@@ -158,18 +158,44 @@ impl Drop for UserCgroup {
     }
 }
 
-/// The final checkpoint is on disk: the log says so and the file was renamed into place after
-/// `since` (the stop signal), so the line cannot stand for a write that did not happen.
-fn final_checkpoint_written(d: &Daemon, since: std::time::SystemTime) {
+/// The moment of a stop signal, on the clock of file times: a marker's mtime (file times come
+/// from the kernel's coarse clock, up to a tick behind `SystemTime::now()`), and the inode of the
+/// checkpoint then on disk (a write renames a new file into place: another inode).
+struct StopMark {
+    time: std::time::SystemTime,
+    ino: Option<u64>,
+}
+
+fn stop_mark(d: &Daemon) -> StopMark {
+    use std::os::unix::fs::MetadataExt;
+    let mark = d.state_dir.join("test-stop-mark");
+    std::fs::write(&mark, b"").unwrap();
+    let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
+    StopMark {
+        time: std::fs::metadata(&mark).unwrap().modified().unwrap(),
+        ino: std::fs::metadata(file).ok().map(|m| m.ino()),
+    }
+}
+
+/// The final checkpoint is on disk: the log says so and a new file was renamed into place after
+/// the stop signal ([`stop_mark`]), so the line cannot stand for a write that did not happen.
+fn final_checkpoint_written(d: &Daemon, since: StopMark) {
+    use std::os::unix::fs::MetadataExt;
     let log = d.log_text();
     assert!(log.contains("final checkpoint written"), "{log}");
     let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
-    let mtime = std::fs::metadata(&file)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mtime = meta.modified().unwrap();
     assert!(
-        mtime >= since,
-        "{} last written {mtime:?}, before the stop at {since:?}",
+        mtime >= since.time,
+        "{} last written {mtime:?}, before the stop at {:?}",
+        file.display(),
+        since.time
+    );
+    assert_ne!(
+        Some(meta.ino()),
+        since.ino,
+        "{}: the file on disk at the stop is still there",
         file.display()
     );
 }
@@ -403,7 +429,7 @@ fn held_half_sent_requests_starve_nothing_and_sigterm_ends_within_5s() {
     assert!(evicted >= 800.0, "{evicted}");
 
     // SIGTERM with the connections still held.
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     let (st, took) = signal_within(&mut d, libc::SIGTERM, Duration::from_secs(5));
     println!("SIGTERM -> exit {st} in {:.1} ms", took.as_secs_f64() * 1e3);
     assert!(st.success(), "{st}\n{}", d.log_text());
@@ -466,7 +492,7 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
         "{m}"
     );
     // Signal 0 sends nothing: this only waits for the daemon's own exit.
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     let (st, took) = signal_within(&mut d, 0, Duration::from_secs(15));
     let _ = std::fs::remove_dir(&kill);
     println!(
@@ -634,7 +660,7 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
         "its cpuset was written\n{}",
         d.log_text()
     );
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     assert!(
         d.signal_and_wait(libc::SIGTERM).success(),
         "{}",
