@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_invariants, Daemon, KubeTree};
+use common::{assert_invariants, wait_for, Daemon, KubeTree};
 use rebalancer::{
     cgroup::Controller,
     checkpoint,
@@ -251,23 +251,28 @@ fn now_secs() -> f64 {
     (d.as_secs() % 86_400) as f64 + f64::from(d.subsec_micros()) / 1e6
 }
 
-/// Sends `sig` while a round runs: polls the debug log until its last round line is
-/// "round start", then signals. Returns the exit status and whether the log proves the signal
-/// landed mid-round (a round started before it and finished after it).
+/// Sends `sig` while a round runs: holds the next round right after its start (the debug
+/// build's test hook: `<state_dir>/test-hold-round`), waits for the hook's log line, signals,
+/// and lets the round go on once the daemon has logged the signal (SIGTERM) or died (SIGKILL).
+/// Returns the exit status and whether the log proves the signal landed mid-round (a round
+/// started before it and finished after it).
 fn signal_mid_round(d: &mut Daemon, sig: i32) -> (std::process::ExitStatus, bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let sent = loop {
-        let log = d.log_text();
-        let last = log
-            .lines()
-            .rev()
-            .find(|l| l.contains("round start") || l.contains("round done"));
-        if last.is_some_and(|l| l.contains("round start")) || Instant::now() > deadline {
-            break now_secs();
-        }
-        std::thread::sleep(Duration::from_micros(300));
-    };
-    let st = d.signal_and_wait(sig);
+    const HELD: &str = "test hook: round held";
+    let hold = d.state_dir.join("test-hold-round");
+    let held = d.log_text().matches(HELD).count();
+    std::fs::write(&hold, b"").unwrap();
+    wait_for(20, "a round held by the test hook", || {
+        d.log_text().matches(HELD).count() > held
+    });
+    let sent = now_secs();
+    d.signal(sig);
+    if sig == libc::SIGTERM {
+        wait_for(20, "the SIGTERM logged", || {
+            d.log_text().contains("SIGTERM received, stopping")
+        });
+    }
+    std::fs::remove_file(&hold).unwrap();
+    let st = d.wait_exit(sig);
     let log = d.log_text();
     let lines: Vec<&str> = log.lines().collect();
     let mid = lines.iter().enumerate().any(|(i, l)| {
@@ -324,11 +329,11 @@ fn no_half_applied_move(tree: &KubeTree, cp: &Persisted) {
     }
 }
 
-/// Fault (f): SIGTERM while a round runs (the debug log's "round start" is watched for; the
-/// log then shows whether the signal landed between a round's start and its end): the daemon
+/// Fault (f): SIGTERM while a round runs (held by the test hook; the log then shows that the
+/// signal landed between a round's start and its end): the daemon
 /// exits 0 after the round in progress, says it stopped cleanly, leaves a checkpoint that loads
-/// and matches the live cgroups, and no move is half-applied. Four daemons, four signals; at
-/// least one must be proven mid-round.
+/// and matches the live cgroups, and no move is half-applied. Four daemons, four signals, each
+/// sent while a round is held by the test hook, so each must be proven mid-round.
 #[test]
 fn sigterm_mid_round_exits_cleanly_with_a_consistent_checkpoint() {
     let _serial = common::serial();
@@ -337,13 +342,11 @@ fn sigterm_mid_round_exits_cleanly_with_a_consistent_checkpoint() {
     };
     let mut tree = KubeTree::new(cg, "term");
     containers(&mut tree, 60, "f");
-    let mut landed = 0;
     for attempt in 0..4 {
         let (mut d, round_s) = busy_daemon(&tree);
         let before = d.status();
         let t = Instant::now();
         let (st, mid) = signal_mid_round(&mut d, libc::SIGTERM);
-        landed += usize::from(mid);
         println!(
             "attempt {attempt}: SIGTERM (mean round {:.1} ms) {} mid-round: exit {st} after {:.1} ms",
             round_s * 1e3,
@@ -352,13 +355,16 @@ fn sigterm_mid_round_exits_cleanly_with_a_consistent_checkpoint() {
         );
         assert!(st.success(), "exit status {st}");
         let log = d.log_text();
+        assert!(
+            mid,
+            "attempt {attempt}: the SIGTERM did not land mid-round:\n{log}"
+        );
         assert!(log.contains("SIGTERM received, stopping"), "{log}");
         assert!(log.contains("rebalancer stopped cleanly"), "{log}");
         let cp = d.checkpoint().expect("a checkpoint was written");
         no_half_applied_move(&tree, &cp);
         assert_invariants(&tree, &before, Some(&cp), BUDGET_MIB);
     }
-    assert!(landed > 0, "no SIGTERM landed mid-round in 4 attempts");
 }
 
 /// Fault (g): kill -9 while a round runs (as in (f)), then containers come and go while the
@@ -381,6 +387,7 @@ fn kill_9_mid_round_then_restart_reconciles_with_invariants_intact() {
         round_s * 1e3,
         if mid { "landed" } else { "did not land" }
     );
+    assert!(mid, "the kill -9 did not land mid-round:\n{}", d.log_text());
     // While it is down: 10 containers exit, 5 new ones start.
     for c in tree.live_containers().into_iter().take(10) {
         tree.rmdir(&c).unwrap();

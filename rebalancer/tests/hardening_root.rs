@@ -16,18 +16,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{Daemon, KubeTree};
+use common::{wait_for, Daemon, KubeTree};
 
 const NOBODY: u32 = 65534;
-
-/// Waits for `cond` (polled every 50 ms) up to `secs`.
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn bindings(d: &Daemon) -> Vec<String> {
     d.status()["bindings"]
@@ -167,18 +158,44 @@ impl Drop for UserCgroup {
     }
 }
 
-/// The final checkpoint is on disk: the log says so and the file was renamed into place after
-/// `since` (the stop signal), so the line cannot stand for a write that did not happen.
-fn final_checkpoint_written(d: &Daemon, since: std::time::SystemTime) {
+/// The moment of a stop signal, on the clock of file times: a marker's mtime (file times come
+/// from the kernel's coarse clock, up to a tick behind `SystemTime::now()`), and the inode of the
+/// checkpoint then on disk (a write renames a new file into place: another inode).
+struct StopMark {
+    time: std::time::SystemTime,
+    ino: Option<u64>,
+}
+
+fn stop_mark(d: &Daemon) -> StopMark {
+    use std::os::unix::fs::MetadataExt;
+    let mark = d.state_dir.join("test-stop-mark");
+    std::fs::write(&mark, b"").unwrap();
+    let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
+    StopMark {
+        time: std::fs::metadata(&mark).unwrap().modified().unwrap(),
+        ino: std::fs::metadata(file).ok().map(|m| m.ino()),
+    }
+}
+
+/// The final checkpoint is on disk: the log says so and a new file was renamed into place after
+/// the stop signal ([`stop_mark`]), so the line cannot stand for a write that did not happen.
+fn final_checkpoint_written(d: &Daemon, since: StopMark) {
+    use std::os::unix::fs::MetadataExt;
     let log = d.log_text();
     assert!(log.contains("final checkpoint written"), "{log}");
     let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
-    let mtime = std::fs::metadata(&file)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mtime = meta.modified().unwrap();
     assert!(
-        mtime >= since,
-        "{} last written {mtime:?}, before the stop at {since:?}",
+        mtime >= since.time,
+        "{} last written {mtime:?}, before the stop at {:?}",
+        file.display(),
+        since.time
+    );
+    assert_ne!(
+        Some(meta.ino()),
+        since.ino,
+        "{}: the file on disk at the stop is still there",
         file.display()
     );
 }
@@ -412,7 +429,7 @@ fn held_half_sent_requests_starve_nothing_and_sigterm_ends_within_5s() {
     assert!(evicted >= 800.0, "{evicted}");
 
     // SIGTERM with the connections still held.
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     let (st, took) = signal_within(&mut d, libc::SIGTERM, Duration::from_secs(5));
     println!("SIGTERM -> exit {st} in {:.1} ms", took.as_secs_f64() * 1e3);
     assert!(st.success(), "{st}\n{}", d.log_text());
@@ -442,13 +459,11 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
         .unwrap()
         .0
         .to_path_buf();
-    // Only this test's daemon runs now (serial), and the hook also needs the cgroup name.
-    unsafe { std::env::set_var("REBALANCER_TEST_HOOKS", "1") };
+    // The daemon runs with REBALANCER_TEST_HOOKS=1 (common::Daemon); the hook needs the name.
     let mut d = Daemon::start(
         "",
         "[ebpf]\nenabled = false\n[controller]\nperiod_ms = 500\n",
     );
-    unsafe { std::env::remove_var("REBALANCER_TEST_HOOKS") };
     assert_eq!(
         get_tcp(d.metrics_port, "/healthz", Duration::from_secs(2)).unwrap(),
         (200, "ok\n".into())
@@ -477,7 +492,7 @@ fn a_killed_watcher_shows_in_healthz_and_a_metric_then_the_daemon_exits_non_zero
         "{m}"
     );
     // Signal 0 sends nothing: this only waits for the daemon's own exit.
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     let (st, took) = signal_within(&mut d, 0, Duration::from_secs(15));
     let _ = std::fs::remove_dir(&kill);
     println!(
@@ -645,7 +660,7 @@ fn the_daemon_works_with_only_the_five_granted_capabilities() {
         "its cpuset was written\n{}",
         d.log_text()
     );
-    let stop = std::time::SystemTime::now();
+    let stop = stop_mark(&d);
     assert!(
         d.signal_and_wait(libc::SIGTERM).success(),
         "{}",

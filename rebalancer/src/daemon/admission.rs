@@ -809,8 +809,9 @@ impl Admission {
         out
     }
 
-    /// A kubelet pod's container without kubelet's CPUs (`kubelet::cpu_assigned` Some(false)),
-    /// as the watcher sees it: its cpus fenced off the exclusive CPUs (`fence_cpus`), its mems
+    /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
+    /// cgroup is): its cpus fenced off the exclusive CPUs but the pod's own kubelet CPUs
+    /// (`fence_of`, `fence_cpus`: a container kubelet gave CPUs is within those, no write), its mems
     /// left to kubelet; not booked (kubelet booked its memory) but remembered in
     /// `Shared::fenced`, so the exclusive CPUs admitted later are fenced off it too
     /// (`shared_changes`). The cpus written, if any.
@@ -822,8 +823,11 @@ impl Admission {
                 return None;
             }
             s.fenced.insert(cg.into(), pod_uid.into());
-            exclusive_and_pool(&s)
+            fence_of(&s, pod_uid)
         };
+        // The runtime writes the container's cpuset after this (REVIEW7 A3): a round soon
+        // fences it again (`refence`), at the latest the next period's.
+        self.daemon.rounds.wake(super::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
         match self.write_noted(&CpusetChange {
             cgroup: cg.into(),
@@ -836,6 +840,34 @@ impl Admission {
                 None
             }
         }
+    }
+
+    /// kubelet's containers without kubelet CPUs fenced again as they are now (REVIEW7 A3): the
+    /// watcher fences one at mkdir, but the runtime writes the spec's cpuset after that (and on
+    /// cgroup v1 a fresh cpuset cgroup is empty until the runtime copies its parent's into it,
+    /// so the fence at mkdir has nothing to fence). Each control round calls this, so such a
+    /// write is undone within one period. The changes written.
+    pub fn refence(&self) -> Vec<CpusetChange> {
+        if self.daemon.lock().fenced.is_empty() {
+            return Vec::new();
+        }
+        let _order = self.order();
+        if self.daemon.lock().cfg.daemon.dry_run {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for change in fenced_changes(&self.daemon, &|cg: &str| self.writer.cpus(cg)) {
+            match self.write_noted(&change) {
+                Ok(()) => {
+                    tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "kubelet pod's container without kubelet CPUs fenced off the exclusive CPUs again (its cpuset was rewritten)");
+                    out.push(change);
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %change.cgroup, error = %e, "fencing a kubelet pod's container off the exclusive CPUs failed");
+                }
+            }
+        }
+        out
     }
 
     /// A container we could not admit still never runs on another container's exclusive CPUs:
@@ -877,6 +909,16 @@ pub fn fence_cpus(current: &CpuSet, excl: &CpuSet, pool: &CpuSet) -> Option<CpuS
     }
 }
 
+/// What a container of kubelet's pod `pod_uid` is fenced off, and the pool it falls back on:
+/// the exclusive CPUs but the pod's own kubelet CPUs (REVIEW7 A4). A cgroup does not say which
+/// container it is, so every container of the pod is fenced: one kubelet gave CPUs runs on a
+/// subset of the pod's own, which this leaves it (`fence_cpus` None: no write); a sidecar on
+/// kubelet's shared pool is kept off every other exclusive CPU.
+fn fence_of(s: &Shared, pod_uid: &str) -> (CpuSet, CpuSet) {
+    let (excl, pool) = exclusive_and_pool(s);
+    (excl.difference(&super::kubelet::pod_cpus(s, pod_uid)), pool)
+}
+
 /// The exclusive CPUs and the shared pool now.
 pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
     (
@@ -891,7 +933,29 @@ pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
 /// containers whose live cpus (`live`, read without the state lock) differ from that; one whose
 /// pool is all exclusive keeps what it has (never an empty cpuset).
 pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
-    let (want, fenced, excl, pool) = {
+    let want = shared_bound(&d.lock());
+    let mut out = fenced_changes(d, &live);
+    for (cg, cpus) in want {
+        if cpus.is_empty() {
+            tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
+            continue;
+        }
+        if live(&cg).is_some_and(|l| l != cpus) {
+            out.push(CpusetChange {
+                cgroup: cg,
+                cpus,
+                mems: None,
+            });
+        }
+    }
+    out
+}
+
+/// The changes that keep kubelet's containers without kubelet CPUs (`Shared::fenced`) off the
+/// exclusive CPUs as they are now (`live`); forgets those whose pod kubelet no longer holds and
+/// those whose cgroup is gone.
+fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
+    let fenced = {
         let mut s = d.lock();
         // fenced containers of pods kubelet no longer holds are no longer ours to fence
         let gone: Vec<String> = (s.fenced.iter())
@@ -901,14 +965,15 @@ pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<
         for cg in gone {
             s.fenced.remove(&cg);
         }
-        let (excl, pool) = exclusive_and_pool(&s);
-        let fenced: Vec<String> = s.fenced.keys().cloned().collect();
-        (shared_bound(&s), fenced, excl, pool)
+        let fenced: Vec<(String, (CpuSet, CpuSet))> = (s.fenced.iter())
+            .map(|(cg, uid)| (cg.clone(), fence_of(&s, uid)))
+            .collect();
+        fenced
     };
     let mut out = Vec::new();
     // kubelet's containers without kubelet CPUs: kept off the exclusive CPUs as they change
     let mut vanished = Vec::new();
-    for cg in fenced {
+    for (cg, (excl, pool)) in fenced {
         match live(&cg) {
             Some(l) => out.extend(fence_cpus(&l, &excl, &pool).map(|cpus| CpusetChange {
                 cgroup: cg,
@@ -922,19 +987,6 @@ pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<
         let mut s = d.lock();
         for cg in &vanished {
             s.fenced.remove(cg);
-        }
-    }
-    for (cg, cpus) in want {
-        if cpus.is_empty() {
-            tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
-            continue;
-        }
-        if live(&cg).is_some_and(|l| l != cpus) {
-            out.push(CpusetChange {
-                cgroup: cg,
-                cpus,
-                mems: None,
-            });
         }
     }
     out

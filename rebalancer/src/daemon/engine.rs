@@ -625,8 +625,10 @@ impl Engine {
         let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
+        test_hook_hold_round(adm);
         self.refresh_topology(adm);
         adm.refresh_kubelet();
+        adm.refence();
         let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
             (
@@ -966,6 +968,32 @@ pub fn node_free_bytes(node_dir: &Path, node: u32) -> Option<u64> {
     sysfs::parse_meminfo(&p, &text)
         .ok()
         .map(|(_, free_kb)| free_kb.saturating_mul(1024))
+}
+
+/// Debug builds only, and only with `REBALANCER_TEST_HOOKS=1` in the environment: while
+/// `<state_dir>/test-hold-round` exists (at most 30 s), a round waits right after its start
+/// (logging "test hook: round held"), so the root tests can signal a daemon mid-round without
+/// racing its rounds (`tests/faults_root.rs`). Release builds compile it to nothing.
+fn test_hook_hold_round(adm: &Admission) {
+    if !cfg!(debug_assertions) || std::env::var_os("REBALANCER_TEST_HOOKS").is_none_or(|v| v != "1")
+    {
+        return;
+    }
+    let hold = adm
+        .daemon
+        .lock()
+        .cfg
+        .daemon
+        .state_dir
+        .join("test-hold-round");
+    if !hold.exists() {
+        return;
+    }
+    tracing::info!("test hook: round held");
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    while hold.exists() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 #[cfg(test)]

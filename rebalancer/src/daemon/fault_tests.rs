@@ -427,7 +427,8 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
         st.cooldown_remaining("pod/c", &set("4-7"), now, cooldown)
             .expect("still cooling down")
     };
-    let before = left(&d.lock().state.controller, first.now_ms());
+    let t_before = first.now_ms();
+    let before = left(&d.lock().state.controller, t_before);
     d.checkpoint().unwrap();
     let cfg = d.lock().cfg.clone();
     drop((d, first));
@@ -436,10 +437,17 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     let second = engine();
     let restored = super::run::restore(&cfg, &topo).unwrap();
-    let after = left(&restored.controller, second.now_ms());
-    assert!(
-        after <= before.saturating_sub(200) && before - after < 200 + 1_000,
-        "cooldown left {before} ms before the restart, {after} ms after it (cooldown {cooldown} ms)"
+    let t_after = second.now_ms();
+    let after = left(&restored.controller, t_after);
+    // Exactly the boot-clock time between the two readings went by (however long the
+    // checkpoint's fsync and the restore took), and at least the 200 ms slept.
+    let elapsed = i128::from(t_after) - i128::from(t_before);
+    assert!(elapsed >= 200, "{elapsed} ms between the readings");
+    assert_eq!(
+        i128::from(before) - i128::from(after),
+        elapsed,
+        "cooldown left {before} ms before the restart, {after} ms after it, {elapsed} ms apart \
+         on the boot clock (cooldown {cooldown} ms)"
     );
     assert!(after <= cooldown - 500, "{after} of {cooldown}");
 

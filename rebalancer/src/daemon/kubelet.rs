@@ -828,6 +828,24 @@ pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Opt
     )
 }
 
+/// The CPUs kubelet's static CPU Manager gave `pod_uid`'s containers (empty when it gave none,
+/// or when the pod is not kubelet's). A container of the pod that kubelet gave CPUs runs on
+/// these; one it gave none (a sidecar) on kubelet's shared pool.
+pub fn pod_cpus(s: &super::Shared, pod_uid: &str) -> CpuSet {
+    let mut out = CpuSet::new();
+    if let Some(p) = s
+        .state
+        .allocator
+        .pods
+        .get(&format!("{KEY_PREFIX}{pod_uid}"))
+    {
+        for c in p.containers.iter().filter(|c| c.placement.exclusive) {
+            out.union_with(&c.placement.cpus);
+        }
+    }
+    out
+}
+
 /// Whether `pod_uid` is a pod whose assignments were adopted from kubelet.
 pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
     s.state

@@ -25,6 +25,7 @@ use crate::placement::shared::{spread, Charges, SharedPools};
 use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
 
+use crate::placement::pod::RESERVED_UID_PREFIX;
 pub use crate::placement::pod::{
     Container, ContainerPlacement, Pod, Qos, Rejection, RejectionReason,
 };
@@ -284,7 +285,7 @@ impl Allocator {
             .pods
             .iter()
             // kubelet's own placements (adopted from its state files) are kubelet's to fix
-            .filter(|(uid, _)| !uid.starts_with("kubelet:"))
+            .filter(|(uid, _)| !uid.starts_with(RESERVED_UID_PREFIX))
             .flat_map(|(uid, p)| {
                 p.containers
                     .iter()
@@ -926,12 +927,15 @@ impl Allocator {
         ratio: f64,
     ) -> Result<(), Rejection> {
         for (uid, p) in &self.pods {
-            // A container booked without CPUs (kubelet's Memory Manager entries,
-            // `daemon::kubelet`) has no shared CPU to lose.
+            // kubelet's Memory Manager entries without CPUs (`daemon::kubelet`, pods under the
+            // reserved uid prefix) run on kubelet's shared pool, not ours: no shared CPU of ours
+            // to lose. Any other shared container without CPUs is refused an exclusive CPU
+            // below (it has none left), never skipped.
+            let kubelets = uid.starts_with(RESERVED_UID_PREFIX);
             for c in p
                 .containers
                 .iter()
-                .filter(|c| !c.placement.exclusive && !c.placement.cpus.is_empty())
+                .filter(|c| !(c.placement.exclusive || kubelets && c.placement.cpus.is_empty()))
             {
                 if c.placement.cpus.is_disjoint(shared_after) {
                     return Err(Rejection::new(

@@ -848,3 +848,34 @@ fn admission_sees_measured_load_only_among_the_choices_the_rules_leave() {
     );
     assert_eq!(show(&seen), "0-7,64-71|0|s");
 }
+
+/// REVIEW7 A7: the starvation guard skips kubelet's Memory Manager entries without CPUs (pods
+/// under the reserved uid prefix) and nothing else: a shared container of ours booked without
+/// CPUs (no path does so today) makes an exclusive admission refused, not silently allowed.
+#[test]
+fn the_starvation_guard_skips_only_kubelets_entries_without_cpus() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let burst = Container {
+        name: "c".into(),
+        cpu_request_millis: 500,
+        memory_bytes: G,
+        ..Default::default()
+    };
+    for (uid, refused) in [("b", true), ("kubelet:b", false)] {
+        let mut a = Allocator::new(&t, &c).unwrap();
+        a.admit(&t, &c, &pod("b", vec![burst.clone()])).unwrap();
+        let mut p = a.pods.remove("b").unwrap();
+        p.containers[0].placement.cpus = CpuSet::new();
+        a.pods.insert(uid.into(), p);
+        let g = a.admit(&t, &c, &pod("g", vec![guaranteed("c", 1000, G)]));
+        match g {
+            Err(e) if refused => {
+                assert_eq!(e.reason, R::InsufficientCpu, "{uid}: {e}");
+                assert!(e.to_string().contains("without a CPU"), "{uid}: {e}");
+            }
+            Ok(_) if !refused => {}
+            other => panic!("{uid}: {}", show(&other)),
+        }
+    }
+}

@@ -22,6 +22,15 @@ use rebalancer::{
     daemon::Persisted,
 };
 
+/// Waits for `cond` (polled every 50 ms) up to `secs`.
+pub fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Serialises the tests of one binary that start a daemon.
@@ -278,6 +287,8 @@ impl Daemon {
         cmd.args(["run", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "rebalancer=debug")
+            // debug builds' test hooks (named cgroups, files in the state dir), inert otherwise
+            .env("REBALANCER_TEST_HOOKS", "1")
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(f) = self.pre_exec {
@@ -320,8 +331,19 @@ impl Daemon {
 
     /// Sends `sig` and waits (up to 20 s) for the exit; returns the exit status.
     pub fn signal_and_wait(&mut self, sig: i32) -> std::process::ExitStatus {
-        let mut c = self.child.take().unwrap();
+        self.signal(sig);
+        self.wait_exit(sig)
+    }
+
+    /// Sends `sig` to the running daemon.
+    pub fn signal(&self, sig: i32) {
+        let c = self.child.as_ref().unwrap();
         unsafe { libc::kill(c.id() as i32, sig) };
+    }
+
+    /// Waits (up to 20 s) for the exit after `sig` was sent; returns the exit status.
+    pub fn wait_exit(&mut self, sig: i32) -> std::process::ExitStatus {
+        let mut c = self.child.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = c.try_wait().unwrap() {

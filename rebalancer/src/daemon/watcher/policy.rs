@@ -211,14 +211,16 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     adm.refresh_kubelet();
     let kubelets = super::super::kubelet::cpu_assigned(&adm.daemon.lock(), &pod_uid, None);
     if let Some(cpus) = kubelets {
-        // kubelet's static managers placed the pod (adopted from their state files). A cgroup
-        // does not say which container it is: with kubelet CPUs for any of them, all are left
-        // as kubelet made them; with none (Memory Manager entries only), each is fenced off the
-        // exclusive CPUs, its mems kubelet's.
+        // kubelet's static managers placed the pod (adopted from their state files); its mems
+        // are kubelet's. A cgroup does not say which container it is, so each is fenced off
+        // the exclusive CPUs but the pod's own kubelet CPUs (REVIEW7 A4): a container kubelet
+        // gave CPUs runs within the pod's own and is left as it is, a sidecar on kubelet's
+        // shared pool keeps off the other exclusive CPUs. Again at each round (`refence`):
+        // the runtime writes the cpuset after this.
+        let fenced = adm.fence_unassigned(&rel, &pod_uid);
         if cpus {
-            tracing::info!(cgroup = %rel, pod = %pod_uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
+            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's static CPU / Memory Manager placed; cpus kept off the exclusive CPUs but the pod's own");
         } else {
-            let fenced = adm.fence_unassigned(&rel, &pod_uid);
             tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's Memory Manager placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
         }
         return WatchOutcome::Ignored;

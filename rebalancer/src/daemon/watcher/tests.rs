@@ -10,7 +10,11 @@ use crate::{
     cpuset::CpuSet,
     daemon::{writer::CgroupCpusetWriter, Daemon, Shared},
 };
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 const UID: &str = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
 
@@ -599,16 +603,17 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
 /// containers CPUs: each is fenced off the exclusive CPUs (its mems left to kubelet), not
 /// admitted; a pod with kubelet CPUs for one of its containers is left alone, since a cgroup
 /// does not say which container it is.
-#[test]
-fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
+/// A fake hierarchy with kubelet's memory_manager_state holding one pod (`KUBE_UID`, a 512 MiB
+/// Memory Manager entry for its container "app", no CPUs), adopted.
+const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
+
+fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
     use crate::daemon::kubelet::{fnv1a32, spew_memory, MemoryCheckpoint};
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("cg");
-    let kdir = dir.path().join("kubelet");
+    let root = dir.join("cg");
+    let kdir = dir.join("kubelet");
     std::fs::create_dir_all(&kdir).unwrap();
-    let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
     let text = r#"{"policyName":"static","machineState":{"0":{"numberOfAssignments":0,"memoryMap":{"memory":{"total":2048,"systemReserved":512,"allocatable":1536,"reserved":512,"free":1024}},"cells":[]}},"entries":{"UID":{"app":[{"numaAffinity":[0],"type":"memory","size":512}]}},"checksum":0}"#
-        .replace("UID", kube_uid);
+        .replace("UID", KUBE_UID);
     let c: MemoryCheckpoint = serde_json::from_str(&text).unwrap();
     let sum = fnv1a32(&spew_memory(&c).unwrap());
     std::fs::write(
@@ -625,6 +630,14 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         assert_eq!(s.kubelet.adopted.len(), 1, "{:?}", s.kubelet);
         assert!(s.state.allocator.exclusive_cpus().is_empty());
     }
+    (adm, cg, root)
+}
+
+#[test]
+fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let (adm, cg, root) = kubelet_memory_pod(dir.path());
+    let kube_uid = KUBE_UID;
     // one exclusive CPU of ours
     let us = UID.replace('-', "_");
     let g = container(
@@ -688,10 +701,100 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
             .difference(&ours)
             .difference(&later)
     );
+    // REVIEW7 A3: the runtime writes the spec's cpuset after the fence at mkdir (kubelet's
+    // default set: every CPU); the next round's `refence` fences it again.
+    let fence = CpuSet::parse("0-3")
+        .unwrap()
+        .difference(&ours)
+        .difference(&later);
+    put(&root, &format!("{k}/cpuset.cpus"), "0-3\n");
+    put(&root, &format!("{k}/cpuset.cpus.effective"), "0-3\n");
+    let again = adm.refence();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(cg.cpus(&k).unwrap(), fence);
+    assert!(adm.refence().is_empty(), "nothing to do once fenced");
+    // and cgroup v1's shape: a fresh cpuset cgroup is empty (effective too) until the runtime
+    // copies its parent's into it, so the fence at mkdir writes nothing; the next round does
+    let k2 = container(
+        &root,
+        &format!("kubepods.slice/kubepods-pod{ku}.slice"),
+        "e",
+    );
+    guaranteed_limits(&root.join(&k2));
+    put(&root, &format!("{k2}/cpuset.cpus.effective"), "");
+    assert_eq!(
+        on_created(&adm, &cg, &k2, Instant::now()),
+        WatchOutcome::Ignored
+    );
+    assert!(cg.cpus(&k2).unwrap().is_empty(), "nothing to fence yet");
+    put(&root, &format!("{k2}/cpuset.cpus"), "0-3\n");
+    put(&root, &format!("{k2}/cpuset.cpus.effective"), "0-3\n");
+    assert_eq!(adm.refence().len(), 1);
+    assert_eq!(cg.cpus(&k2).unwrap(), fence);
+    std::fs::remove_dir_all(root.join(&k2)).unwrap();
     // its cgroup gone: forgotten at the next shrink
     std::fs::remove_dir_all(root.join(&k)).unwrap();
     let _ = crate::daemon::admission::shared_changes(&adm.daemon, |c| {
         crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter(cg.clone()), c)
     });
     assert!(adm.daemon.lock().fenced.is_empty());
+}
+
+/// REVIEW7 A4: a pod kubelet's CPU Manager gave CPUs to one container: every container of it
+/// is fenced off the exclusive CPUs but the pod's own (a cgroup does not say which container
+/// it is). The container kubelet gave CPUs is within the pod's own and is not written; a
+/// sidecar on every CPU keeps off ours.
+#[test]
+fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (adm, cg, root) = kubelet_memory_pod(dir.path());
+    {
+        // as an adopted cpu_manager_state entry gives it: CPU 3 exclusive to "app"
+        let mut s = adm.daemon.lock();
+        let p = (s.state.allocator.pods)
+            .get_mut(&format!("kubelet:{KUBE_UID}"))
+            .unwrap();
+        p.containers[0].placement.exclusive = true;
+        p.containers[0].placement.cpus = CpuSet::parse("3").unwrap();
+    }
+    let us = UID.replace('-', "_");
+    let g = container(
+        &root,
+        &format!("kubepods.slice/kubepods-pod{us}.slice"),
+        "a",
+    );
+    guaranteed_limits(&root.join(&g));
+    let o = on_created(&adm, &cg, &g, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let ours = CpuSet::parse(cpus).unwrap();
+    assert_eq!(ours.len(), 1);
+    assert!(!ours.contains(3), "{ours}");
+    let ku = KUBE_UID.replace('-', "_");
+    let pod = format!("kubepods.slice/kubepods-pod{ku}.slice");
+    // kubelet's app container, as the runtime made it: on the pod's own CPU
+    let app = container(&root, &pod, "c");
+    guaranteed_limits(&root.join(&app));
+    put(&root, &format!("{app}/cpuset.cpus"), "3\n");
+    put(&root, &format!("{app}/cpuset.cpus.effective"), "3\n");
+    assert_eq!(
+        on_created(&adm, &cg, &app, Instant::now()),
+        WatchOutcome::Ignored
+    );
+    assert_eq!(cg.cpus(&app).unwrap(), CpuSet::parse("3").unwrap());
+    // its sidecar on every CPU (ours included): fenced off ours
+    let side = container(&root, &pod, "d");
+    guaranteed_limits(&root.join(&side));
+    put(&root, &format!("{side}/cpuset.cpus.effective"), "0-3\n");
+    assert_eq!(
+        on_created(&adm, &cg, &side, Instant::now()),
+        WatchOutcome::Ignored
+    );
+    assert_eq!(
+        cg.cpus(&side).unwrap(),
+        CpuSet::parse("0-3").unwrap().difference(&ours)
+    );
+    assert!(adm.refence().is_empty(), "both as they should be");
+    assert_eq!(cg.cpus(&app).unwrap(), CpuSet::parse("3").unwrap());
 }
