@@ -601,8 +601,7 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
 /// REVIEW4 R9, the watcher's side: a pod with only kubelet Memory Manager entries (CPU Manager
 /// `none`, or a non-integer Guaranteed pod) is kubelet's, but kubelet gave none of its
 /// containers CPUs: each is fenced off the exclusive CPUs (its mems left to kubelet), not
-/// admitted; a pod with kubelet CPUs for one of its containers is left alone, since a cgroup
-/// does not say which container it is.
+/// admitted (a pod with kubelet CPUs: see the sidecar test below).
 /// A fake hierarchy with kubelet's memory_manager_state holding one pod (`KUBE_UID`, a 512 MiB
 /// Memory Manager entry for its container "app", no CPUs), adopted.
 const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
@@ -633,25 +632,27 @@ fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
     (adm, cg, root)
 }
 
+/// A Guaranteed container of our pod `pod_uid` admitted through the watcher: its exclusive CPU.
+fn admit_exclusive(adm: &Admission, cg: &Cgroups, root: &Path, pod_uid: &str, id: &str) -> CpuSet {
+    let u = pod_uid.replace('-', "_");
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{u}.slice"), id);
+    guaranteed_limits(&root.join(&g));
+    let o = on_created(adm, cg, &g, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let got = CpuSet::parse(cpus).unwrap();
+    assert_eq!(got.len(), 1);
+    got
+}
+
 #[test]
 fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     let dir = tempfile::tempdir().unwrap();
     let (adm, cg, root) = kubelet_memory_pod(dir.path());
     let kube_uid = KUBE_UID;
     // one exclusive CPU of ours
-    let us = UID.replace('-', "_");
-    let g = container(
-        &root,
-        &format!("kubepods.slice/kubepods-pod{us}.slice"),
-        "a",
-    );
-    guaranteed_limits(&root.join(&g));
-    let o = on_created(&adm, &cg, &g, Instant::now());
-    let WatchOutcome::Admitted { cpus, .. } = &o else {
-        panic!("{o:?}")
-    };
-    let ours = CpuSet::parse(cpus).unwrap();
-    assert_eq!(ours.len(), 1);
+    let ours = admit_exclusive(&adm, &cg, &root, UID, "a");
     // kubelet's memory-managed pod: its container keeps off our CPU, and is not admitted
     let ku = kube_uid.replace('-', "_");
     let k = container(
@@ -681,19 +682,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         assert_eq!(s.state.allocator.exclusive_cpus(), ours);
     }
     // REVIEW7 A1: an exclusive CPU admitted after it is fenced off it too
-    let us2 = UID.replace('-', "_").replace('8', "7");
-    let g2 = container(
-        &root,
-        &format!("kubepods.slice/kubepods-pod{us2}.slice"),
-        "d",
-    );
-    guaranteed_limits(&root.join(&g2));
-    let o = on_created(&adm, &cg, &g2, Instant::now());
-    let WatchOutcome::Admitted { cpus, .. } = &o else {
-        panic!("{o:?}")
-    };
-    let later = CpuSet::parse(cpus).unwrap();
-    assert_eq!(later.len(), 1);
+    let later = admit_exclusive(&adm, &cg, &root, &UID.replace('8', "7"), "d");
     assert_eq!(
         cg.cpus(&k).unwrap(),
         CpuSet::parse("0-3")
@@ -757,19 +746,7 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
         p.containers[0].placement.exclusive = true;
         p.containers[0].placement.cpus = CpuSet::parse("3").unwrap();
     }
-    let us = UID.replace('-', "_");
-    let g = container(
-        &root,
-        &format!("kubepods.slice/kubepods-pod{us}.slice"),
-        "a",
-    );
-    guaranteed_limits(&root.join(&g));
-    let o = on_created(&adm, &cg, &g, Instant::now());
-    let WatchOutcome::Admitted { cpus, .. } = &o else {
-        panic!("{o:?}")
-    };
-    let ours = CpuSet::parse(cpus).unwrap();
-    assert_eq!(ours.len(), 1);
+    let ours = admit_exclusive(&adm, &cg, &root, UID, "a");
     assert!(!ours.contains(3), "{ours}");
     let ku = KUBE_UID.replace('-', "_");
     let pod = format!("kubepods.slice/kubepods-pod{ku}.slice");
