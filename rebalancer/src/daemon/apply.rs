@@ -46,7 +46,9 @@
 //! A stop of the daemon ([`Daemon::request_stop`]) is checked before each move (the moves left
 //! wait for the next start) and between a writer's page steps, where the move is cut short
 //! (`controller::cut_short`: cpus moved, mems left widened, "stopped"): no narrowing write
-//! migrates the rest past the shutdown bound. A move's books are checkpointed once its cpus are
+//! migrates the rest past the shutdown bound. A page step is one whole process's
+//! `migrate_pages(2)` call where several moves run at once, so a stop waits for that process.
+//! A move's books are checkpointed once its cpus are
 //! recorded and again once it is applied, so the books and its cooldown survive the stop.
 //!
 //! A panic in a move (a bug) fails that move only ("panic"; the thread goes on with a new
