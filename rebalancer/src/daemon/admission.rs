@@ -847,23 +847,48 @@ impl Admission {
     /// cgroup v1 a fresh cpuset cgroup is empty until the runtime copies its parent's into it,
     /// so the fence at mkdir has nothing to fence). Each control round calls this, so such a
     /// write is undone within one period. The changes written.
+    ///
+    /// The live cpusets are read first without `order` (admissions do not wait on a round's
+    /// reads of every fenced cgroup); only when some need a write is `order` taken and they are
+    /// read again under it, so the fence is computed from the books admissions leave.
     pub fn refence(&self) -> Vec<CpusetChange> {
-        if self.daemon.lock().fenced.is_empty() {
+        {
+            let s = self.daemon.lock();
+            if s.fenced.is_empty() || s.cfg.daemon.dry_run {
+                return Vec::new();
+            }
+        }
+        let live = |cg: &str| self.writer.cpus(cg);
+        if fenced_changes(&self.daemon, &live).is_empty() {
             return Vec::new();
         }
         let _order = self.order();
-        if self.daemon.lock().cfg.daemon.dry_run {
-            return Vec::new();
-        }
         let mut out = Vec::new();
-        for change in fenced_changes(&self.daemon, &|cg: &str| self.writer.cpus(cg)) {
-            match self.write_noted(&change) {
+        for change in fenced_changes(&self.daemon, &live) {
+            let result = self.write_noted(&change);
+            let failures = {
+                let mut s = self.daemon.lock();
+                match &result {
+                    Ok(()) => s.fence_failures.remove(&change.cgroup).map(|_| 0),
+                    Err(_) => {
+                        let n = s.fence_failures.entry(change.cgroup.clone()).or_default();
+                        *n += 1;
+                        Some(*n)
+                    }
+                }
+            };
+            match result {
                 Ok(()) => {
                     tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "kubelet pod's container without kubelet CPUs fenced off the exclusive CPUs again (its cpuset was rewritten)");
                     out.push(change);
                 }
                 Err(e) => {
-                    tracing::warn!(cgroup = %change.cgroup, error = %e, "fencing a kubelet pod's container off the exclusive CPUs failed");
+                    let n = failures.unwrap_or(1);
+                    if n.is_power_of_two() {
+                        tracing::warn!(cgroup = %change.cgroup, error = %e, failures = n, "fencing a kubelet pod's container off the exclusive CPUs failed (retried every round; logged at the 1st, 2nd, 4th, ... failure)");
+                    } else {
+                        tracing::debug!(cgroup = %change.cgroup, error = %e, failures = n, "fencing a kubelet pod's container off the exclusive CPUs failed again");
+                    }
                 }
             }
         }
@@ -964,6 +989,7 @@ fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<Cpu
             .collect();
         for cg in gone {
             s.fenced.remove(&cg);
+            s.fence_failures.remove(&cg);
         }
         let fenced: Vec<(String, (CpuSet, CpuSet))> = (s.fenced.iter())
             .map(|(cg, uid)| (cg.clone(), fence_of(&s, uid)))
@@ -987,6 +1013,7 @@ fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<Cpu
         let mut s = d.lock();
         for cg in &vanished {
             s.fenced.remove(cg);
+            s.fence_failures.remove(cg);
         }
     }
     out

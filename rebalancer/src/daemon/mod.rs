@@ -82,6 +82,10 @@ pub struct Shared {
     /// the books (`admission::shared_changes`). Not checkpointed: the start-up reconcile and
     /// NRI's Synchronize fence them again.
     pub fenced: BTreeMap<String, String>,
+    /// Fenced containers whose re-fence write failed, with the consecutive failures (a v1
+    /// cpuset with a child, a parent without the CPUs): retried each round, logged at the 1st,
+    /// 2nd, 4th, 8th, … failure so one stuck cgroup does not flood the log.
+    pub fence_failures: BTreeMap<String, u32>,
     /// Orders checkpoint writes (see [`CheckpointWriter`]).
     pub ckpt: Arc<CheckpointWriter>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
@@ -107,6 +111,7 @@ impl Shared {
             last_obs: None,
             overuse: Default::default(),
             fenced: Default::default(),
+            fence_failures: Default::default(),
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
