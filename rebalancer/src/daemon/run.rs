@@ -50,6 +50,13 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
                     "checkpoint held container admissions without their cgroup (written mid-admission); released"
                 );
             }
+            let repaired = p.allocator.repair_empty_shared(topo);
+            if !repaired.is_empty() {
+                tracing::warn!(
+                    containers = ?repaired,
+                    "checkpoint held shared containers without CPUs; given the shared pool"
+                );
+            }
             let clamped = p.controller.clamp_times(super::boot_ms());
             if clamped > 0 {
                 tracing::warn!(

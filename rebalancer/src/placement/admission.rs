@@ -281,17 +281,24 @@ impl Allocator {
     /// from the online CPUs every time.
     pub fn replace_offline(&mut self, topo: &Topology, cfg: &PlacementConfig) -> Vec<Replaced> {
         let view = CpuView::new(topo);
+        let online = &view.online;
         let hit: Vec<(String, usize)> = self
             .pods
             .iter()
             // kubelet's own placements (adopted from its state files) are kubelet's to fix
             .filter(|(uid, _)| !uid.starts_with(RESERVED_UID_PREFIX))
             .flat_map(|(uid, p)| {
+                // Once a pod's later containers are placed its regular init containers have
+                // run to completion: their CPUs live on only in the containers that reuse
+                // them, so an init container gets no replacement ahead of those.
+                let inits_done = p.containers.iter().any(|c| c.kind != ContainerKind::Init);
                 p.containers
                     .iter()
                     .enumerate()
-                    .filter(|(_, c)| {
-                        c.placement.exclusive && !c.placement.cpus.is_subset(&view.online)
+                    .filter(move |(_, c)| {
+                        c.placement.exclusive
+                            && !c.placement.cpus.is_subset(online)
+                            && !(inits_done && c.kind == ContainerKind::Init)
                     })
                     .map(|(i, _)| (uid.clone(), i))
                     .collect::<Vec<_>>()
@@ -402,6 +409,28 @@ impl Allocator {
             }
         }
         crate::placement::memory_case::check_restored(&self.memory, &fresh, &assignments)
+    }
+
+    /// A restored shared container of ours with no CPUs recorded (a hand-edited, torn or
+    /// foreign checkpoint: admission never records one) is given the shared pool again, so one
+    /// bad record cannot make the starvation guard refuse every exclusive admission for as long
+    /// as that container lives. kubelet's CPU-less entries are left as they are (they run on
+    /// kubelet's pool). Returns the repaired `<pod uid>/<container>` names.
+    pub fn repair_empty_shared(&mut self, topo: &Topology) -> Vec<String> {
+        let pool = self.shared_pool(&CpuView::new(topo));
+        let mut out = Vec::new();
+        for (uid, p) in self.pods.iter_mut() {
+            if uid.starts_with(RESERVED_UID_PREFIX) {
+                continue;
+            }
+            for c in p.containers.iter_mut() {
+                if !c.placement.exclusive && c.placement.cpus.is_empty() && !pool.is_empty() {
+                    c.placement.cpus = pool.clone();
+                    out.push(format!("{uid}/{}", c.placement.container));
+                }
+            }
+        }
+        out
     }
 
     /// Admits `pod` or refuses it; on refusal the state is unchanged. Balances by requests
@@ -1108,8 +1137,10 @@ fn tie_fn<'a>(
 }
 
 /// `mem` moved to the nodes of `mask` on `state`: the new state and allocation, or None when
-/// those nodes' blocks cannot take all of it (a Guaranteed block would be short) or the move
-/// would split a NUMA group.
+/// those nodes' blocks cannot take all of it (a Guaranteed block would be short), the move
+/// would split a NUMA group, or the container holds memory it did not book itself (reused
+/// from its pod's init containers, whose booking stays where it is: re-booking only its own
+/// part would run the rest booked nowhere on the new nodes).
 pub fn rebook_memory(
     mut state: MemoryState,
     mem: &MemoryAllocation,
@@ -1118,6 +1149,9 @@ pub fn rebook_memory(
     let mut req = MemoryRequest::new();
     for &(_, r, t) in &mem.taken {
         *req.entry(r).or_default() += t;
+    }
+    if (mem.requested.iter()).any(|(r, &want)| want > req.get(r).copied().unwrap_or(0)) {
+        return None;
     }
     state.release(mem);
     // a move never breaks a NUMA group (kubelet's rule: a node serves one group)

@@ -400,6 +400,96 @@ fn a_replacement_short_of_cpus_keeps_what_is_online() {
     assert_eq!(a.current_cpus("g", "c").unwrap(), r[0].cpus);
 }
 
+/// Hotplug takes a CPU an app container reuses from its pod's init container: the app, the one
+/// running, gets the replacement; the init container (done once the app is placed) none.
+#[test]
+fn an_offline_cpu_reused_from_an_init_container_is_replaced_for_the_app() {
+    let t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 1,
+        cores_per_node: 4,
+        threads_per_core: 1,
+        memory_per_node_bytes: 16 * G,
+        ..Default::default()
+    }
+    .build();
+    let c = cfg(TopologyPolicy::None);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let p = Pod {
+        uid: "p".into(),
+        containers: vec![guaranteed("a", 2000, G)],
+        init_containers: vec![guaranteed("i", 2000, G)],
+    };
+    let app = a.admit(&t, &c, &p).unwrap()[0].clone();
+    let init = a.pods["p"].containers[0].placement.clone();
+    assert_eq!(app.cpus, init.cpus, "the app reuses the init's CPUs");
+    let mut b = guaranteed("b", 500, G);
+    b.cpu_limit_millis = 0;
+    a.admit(&t, &c, &pod("b", vec![b])).unwrap();
+    // One of them goes offline; the pool can spare one CPU and keep one shared.
+    let lost = CpuSet::from_iter([app.cpus.first().unwrap()]);
+    let t1 = offline(&t, &lost);
+    let r = a.replace_offline(&t1, &c);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].container, "a", "{r:?}");
+    assert_eq!(r[0].added.len(), 1, "the app is made whole: {r:?}");
+    assert_eq!(a.current_cpus("p", "a").unwrap().len(), 2);
+}
+
+/// A checkpoint with a shared container of ours whose CPUs are empty (no path of ours writes
+/// one) would make the starvation guard refuse every exclusive admission; restore repairs it.
+#[test]
+fn a_restored_shared_container_without_cpus_gets_the_shared_pool() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::BestEffort);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let mut b = guaranteed("b", 500, G);
+    b.cpu_limit_millis = 0;
+    a.admit(&t, &c, &pod("b", vec![b])).unwrap();
+    a.pods.get_mut("b").unwrap().containers[0].placement.cpus = CpuSet::new();
+    let mut torn = a.clone();
+    let g = pod("g", vec![guaranteed("c", 2000, G)]);
+    let e = torn.admit(&t, &c, &g).unwrap_err();
+    assert_eq!(e.reason, RejectionReason::InsufficientCpu, "{e}");
+    assert_eq!(a.repair_empty_shared(&t), vec!["b/b".to_string()]);
+    assert!(!a.current_cpus("b", "b").unwrap().is_empty());
+    assert!(a.repair_empty_shared(&t).is_empty(), "nothing more to do");
+    let placed = a.admit(&t, &c, &g).unwrap();
+    assert!(placed[0].exclusive);
+}
+
+/// A move re-books a Memory Manager container's memory on its new nodes; one that holds
+/// memory reused from its init container (booked by the init, not by itself) is not re-booked.
+#[test]
+fn memory_reused_from_an_init_container_is_not_re_booked_by_a_move() {
+    let t = epyc();
+    let c = cfg(TopologyPolicy::Restricted);
+    let mut a = Allocator::new(&t, &c).unwrap();
+    let p = Pod {
+        uid: "p".into(),
+        containers: vec![guaranteed("a", 1000, 8 * G)],
+        init_containers: vec![guaranteed("i", 1000, 12 * G)],
+    };
+    a.admit(&t, &c, &p).unwrap();
+    a.admit(&t, &c, &pod("q", vec![guaranteed("c", 1000, 2 * G)]))
+        .unwrap();
+    let mem = |uid: &str, name: &str| {
+        (a.pods[uid].containers.iter())
+            .find(|x| x.placement.container == name)
+            .and_then(|x| x.memory.clone())
+            .unwrap()
+    };
+    let (app, own) = (mem("p", "a"), mem("q", "c"));
+    assert_eq!(app.nodes, NodeMask::single(0), "{app:?}");
+    let other = NodeMask::single(1);
+    assert!(
+        rebook_memory(a.memory.clone(), &app, other).is_none(),
+        "{app:?}"
+    );
+    let (_, moved) = rebook_memory(a.memory.clone(), &own, other).expect("its own booking moves");
+    assert_eq!(moved.nodes, other);
+}
+
 #[test]
 fn a_restored_state_is_checked_against_the_machine_like_kubelet_start() {
     let t = epyc();
