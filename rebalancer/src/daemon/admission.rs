@@ -859,10 +859,17 @@ impl Admission {
             }
         }
         let live = |cg: &str| self.writer.cpus(cg);
-        if fenced_changes(&self.daemon, &live).is_empty() {
+        let wanted = fenced_changes(&self.daemon, &live);
+        // a cgroup fenced as it should be (whoever fixed it) starts its failure count afresh
+        (self.daemon.lock().fence_failures).retain(|cg, _| wanted.iter().any(|c| c.cgroup == *cg));
+        if wanted.is_empty() {
             return Vec::new();
         }
         let _order = self.order();
+        // a reload may have turned dry-run on while the first pass ran without `order`
+        if self.daemon.lock().cfg.daemon.dry_run {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for change in fenced_changes(&self.daemon, &live) {
             let result = self.write_noted(&change);

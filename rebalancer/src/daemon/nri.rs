@@ -992,7 +992,14 @@ impl Handler for Policy {
                     self.pods.remove(&pod.id);
                 }
                 // kubelet's containers of the pod that were fenced: gone with it
-                self.d().lock().fenced.retain(|_, uid| *uid != pod.uid);
+                {
+                    let mut s = self.d().lock();
+                    s.fenced.retain(|_, uid| *uid != pod.uid);
+                    let fenced = std::mem::take(&mut s.fence_failures);
+                    s.fence_failures = (fenced.into_iter())
+                        .filter(|(cg, _)| s.fenced.contains_key(cg))
+                        .collect();
+                }
                 let ids: Vec<String> = self
                     .containers
                     .iter()

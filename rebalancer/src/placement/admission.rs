@@ -282,28 +282,26 @@ impl Allocator {
     pub fn replace_offline(&mut self, topo: &Topology, cfg: &PlacementConfig) -> Vec<Replaced> {
         let view = CpuView::new(topo);
         let online = &view.online;
-        let hit: Vec<(String, usize)> = self
+        let hit: Vec<(bool, String, usize)> = self
             .pods
             .iter()
             // kubelet's own placements (adopted from its state files) are kubelet's to fix
             .filter(|(uid, _)| !uid.starts_with(RESERVED_UID_PREFIX))
             .flat_map(|(uid, p)| {
-                // Once a pod's later containers are placed its regular init containers have
-                // run to completion: their CPUs live on only in the containers that reuse
-                // them, so an init container gets no replacement ahead of those.
-                let inits_done = p.containers.iter().any(|c| c.kind != ContainerKind::Init);
                 p.containers
                     .iter()
                     .enumerate()
-                    .filter(move |(_, c)| {
-                        c.placement.exclusive
-                            && !c.placement.cpus.is_subset(online)
-                            && !(inits_done && c.kind == ContainerKind::Init)
-                    })
-                    .map(|(i, _)| (uid.clone(), i))
+                    .filter(|(_, c)| c.placement.exclusive && !c.placement.cpus.is_subset(online))
+                    .map(|(i, c)| (c.kind == ContainerKind::Init, uid.clone(), i))
                     .collect::<Vec<_>>()
             })
             .collect();
+        // Regular init containers last: they run to completion before the pod's other
+        // containers start, and the CPUs they held live on in the containers that reuse them,
+        // so those (the ones that keep running) are made whole first.
+        let mut hit = hit;
+        hit.sort_by_key(|&(init, _, _)| init);
+        let hit: Vec<(String, usize)> = hit.into_iter().map(|(_, uid, i)| (uid, i)).collect();
         let mut out = Vec::new();
         for (uid, i) in hit {
             let placement = &self.pods[&uid].containers[i].placement;
