@@ -127,6 +127,24 @@ start_daemon() {
     kill -0 "$DAEMON" 2>/dev/null || return 1
     DAEMON_UP=$(since "$_t")
 }
+# first_round LOG PID MAX_S: waits (polling every 0.1 s, at most MAX_S s) until the daemon PID,
+# run with RUST_LOG=rebalancer=debug into LOG, has logged its first "round start". Sets ROUND0 to
+# the uptime at which it was seen. Returns 1 when the daemon exited or MAX_S passed.
+first_round() {
+    _t=$(uptime_s)
+    until grep -q 'round start' "$1"; do
+        kill -0 "$2" 2>/dev/null || return 1
+        fgt "$(since "$_t")" "$3" && return 1
+        sleep 0.1
+    done
+    ROUND0=$(uptime_s)
+}
+# rounds_of LOG: the "round done" lines of LOG as "queued in_flight", one per round, with a line
+# "applied CGROUP STAGED_TOWARD" where a move was applied (in log order).
+rounds_of() {
+    sed -n -e 's/.*round done .* queued=\([0-9]*\) in_flight=\([0-9]*\).*/round \1 \2/p' \
+        -e 's/.*move applied cgroup=\([^ ]*\) .* staged_toward=\([^ ]*\) .*/applied \1 \2/p' "$1"
+}
 # status_field KEY: a flat array field of `rebalancer status --json` as a cpulist
 # (e.g. exclusive_cpus [1,2] → 1,2).
 status_field() { rebalancer status --json | tr -d ' \n' | sed -n "s/.*\"$1\":\[\([0-9,]*\)\].*/\1/p"; }

@@ -54,7 +54,7 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "rebalance",
         about: "with the daemon and numa_balancing=0, a remote process ends >= 95% local",
-        timeout_s: 180,
+        timeout_s: 240,
         default: true,
         topologies: &[],
         host_judge: None,
@@ -63,7 +63,7 @@ pub const ALL: &[Scenario] = &[
         name: "staged",
         about:
             "4x more remote memory than the round budget: moved in stages, never past the budget",
-        timeout_s: 150,
+        timeout_s: 270,
         default: true,
         topologies: &[],
         host_judge: None,
