@@ -10,7 +10,7 @@
 
 use std::cmp::Ordering;
 
-use super::locality;
+use super::locality::{Evidence, Scores};
 use super::observe::{CgroupObs, Observations};
 use super::plan_types::{
     Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger,
@@ -20,6 +20,9 @@ use super::{CgroupState, ControllerState};
 use crate::config::ControllerConfig;
 use crate::topology::Topology;
 
+/// A cgroup's instant score this period and its evidence (see `locality::instant`).
+type Instant = Option<(f64, Evidence)>;
+
 /// Plans one round. `now_ms` is on the same clock as the state's last-move times.
 pub fn plan(
     topo: &Topology,
@@ -28,12 +31,36 @@ pub fn plan(
     cfg: &ControllerConfig,
     now_ms: u64,
 ) -> Plan {
-    let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
+    plan_scored(topo, obs, &Scores::of(obs), state, cfg, now_ms)
+}
+
+/// [`plan`] with the period's instant scores already computed: `scores` are `obs`'s, as
+/// `ControllerState::observe_scored(obs, ..)` returned them (scores of other observations
+/// would be other decisions; scores that cannot be `obs`'s, of another length, are ignored
+/// and computed again).
+pub fn plan_scored(
+    topo: &Topology,
+    obs: &Observations,
+    scores: &Scores,
+    state: &ControllerState,
+    cfg: &ControllerConfig,
+    now_ms: u64,
+) -> Plan {
+    let own;
+    let scores = if scores.fits(obs) {
+        scores
+    } else {
+        own = Scores::of(obs);
+        &own
+    };
+    let mut pairs: Vec<(&CgroupObs, Instant)> =
+        obs.cgroups.iter().zip(scores.0.iter().copied()).collect();
     // Usually already sorted and unique (one comparison per cgroup to see it).
-    if !cgs.windows(2).all(|w| w[0].id < w[1].id) {
-        cgs.sort_by(|a, b| a.id.cmp(&b.id));
-        cgs.dedup_by(|a, b| a.id == b.id);
+    if !pairs.windows(2).all(|w| w[0].0.id < w[1].0.id) {
+        pairs.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        pairs.dedup_by(|a, b| a.0.id == b.0.id);
     }
+    let (cgs, insts): (Vec<&CgroupObs>, Vec<Instant>) = pairs.into_iter().unzip();
     // Each cgroup's state, by one ordered walk of both (no string lookup per cgroup).
     let sts = states_of(&cgs, state);
 
@@ -55,12 +82,13 @@ pub fn plan(
     }
     let mut evals: Vec<Eval> = cgs
         .iter()
+        .zip(&insts)
         .zip(&continued)
         .zip(&sts)
-        .map(|((cg, cont), &st)| match cont {
-            None => evaluate(&proj, obs, cg, st, cfg, now_ms),
+        .map(|(((cg, &inst), cont), &st)| match cont {
+            None => evaluate(&proj, obs, cg, inst, st, cfg, now_ms),
             Some(outcome) => {
-                let mut e = evaluate(&proj, obs, cg, st, cfg, now_ms);
+                let mut e = evaluate(&proj, obs, cg, inst, st, cfg, now_ms);
                 e.decision.outcome = outcome.clone();
                 e.decision.considered.clear();
                 e.picks.clear();
@@ -85,7 +113,7 @@ pub fn plan(
             continue;
         }
         if proj.dirty {
-            evals[i] = evaluate(&proj, obs, cgs[i], sts[i], cfg, now_ms);
+            evals[i] = evaluate(&proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
         }
         let eval = &mut evals[i];
         if eval.chosen.is_none() {
@@ -181,11 +209,11 @@ fn evaluate(
     proj: &Projection<'_>,
     obs: &Observations,
     cg: &CgroupObs,
+    inst: Instant,
     st: Option<&CgroupState>,
     cfg: &ControllerConfig,
     now_ms: u64,
 ) -> Eval {
-    let inst = locality::instant(cg);
     let smoothed = st.and_then(|s| s.smoothed).or(inst.map(|(s, _)| s));
     let trigger = proj.trigger(cg, smoothed, cfg);
     let decision = Decision {
@@ -339,10 +367,9 @@ fn continue_stage(
 /// the best acceptable option over the budget when at least a quarter of the round's budget
 /// is left (its first stage takes that). Otherwise the reason.
 fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
-    let feasible: Vec<usize> = (0..options.len())
-        .filter(|&k| options[k].rejected.is_none())
-        .collect();
-    if feasible.is_empty() {
+    // Index walks, no lists: this runs for every candidate (and again for each proposal).
+    let feasible = || (0..options.len()).filter(|&k| options[k].rejected.is_none());
+    if feasible().next().is_none() {
         let here = options
             .iter()
             .any(|o| o.rejected == Some(Rejection::Unchanged));
@@ -352,18 +379,15 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             Skip::NoFeasibleTarget
         });
     }
-    let acceptable: Vec<usize> = feasible
-        .iter()
-        .copied()
-        .filter(|&k| {
+    let acceptable = || {
+        feasible().filter(|&k| {
             let c = &options[k];
             c.gain >= cfg.min_gain && c.net > 0.0
         })
-        .collect();
-    if acceptable.is_empty() {
-        let best = feasible
-            .iter()
-            .map(|&k| &options[k])
+    };
+    if acceptable().next().is_none() {
+        let best = feasible()
+            .map(|k| &options[k])
             .max_by(|a, b| a.gain.total_cmp(&b.gain));
         return Err(match best {
             Some(c) if c.gain < cfg.min_gain => Skip::BelowMinGain { gain: c.gain },
@@ -402,21 +426,18 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             .then(x.nodes.len().cmp(&y.nodes.len()))
             .then_with(|| x.nodes.iter().cmp(y.nodes.iter()))
     };
-    let within = acceptable
-        .iter()
-        .copied()
+    let within = acceptable()
         .filter(|&k| options[k].bytes_to_migrate <= budget)
         .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
         (cfg.staged_migration && budget > 0 && budget >= full / 4)
-            .then(|| acceptable.iter().copied().min_by(rank))
+            .then(|| acceptable().min_by(rank))
             .flatten()
     };
     within.or_else(staged).ok_or_else(|| Skip::Budget {
-        need: acceptable
-            .iter()
-            .map(|&k| options[k].bytes_to_migrate)
+        need: acceptable()
+            .map(|k| options[k].bytes_to_migrate)
             .min()
             .unwrap_or(0),
         remaining: budget,
