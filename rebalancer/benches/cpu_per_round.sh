@@ -10,7 +10,7 @@
 set -euo pipefail
 bin=$1; name=$2; filt=$3; secs=${4:-4}
 # The round's planner entry: `plan_scored` where the bench calls it, else (older builds) `plan`.
-addr=0x$(nm "$bin" | grep ' T _ZN10rebalancer10controller7planner11plan_scored17h' | awk '{print $1}')
+addr=0x$(nm "$bin" | { grep ' T _ZN10rebalancer10controller7planner11plan_scored17h' || true; } | awk '{print $1}')
 if [ "$addr" = 0x ]; then
     addr=0x$(nm "$bin" | grep ' T _ZN10rebalancer10controller7planner4plan17h' | awk '{print $1}')
 fi

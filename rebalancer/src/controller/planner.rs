@@ -67,61 +67,71 @@ pub fn plan_scored(
     let mut proj = Projection::new(topo, obs, state, cfg);
     // Staged moves under way go first: finishing what was started.
     let mut moves = Vec::new();
-    let mut continued: Vec<Option<Outcome>> = vec![None; cgs.len()];
+    // (index, outcome) of the cgroups whose stage was continued, in index order.
+    let mut continued: Vec<(usize, Outcome)> = Vec::new();
     for (i, cg) in cgs.iter().enumerate() {
         match continue_stage(&mut proj, cg, sts[i]) {
             Some(Ok(mv)) => {
-                continued[i] = Some(Outcome::Moved {
-                    to_nodes: mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone(),
-                });
+                let to_nodes = mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone();
+                continued.push((i, Outcome::Moved { to_nodes }));
                 moves.push(mv);
             }
-            Some(Err(skip)) => continued[i] = Some(Outcome::Skipped(skip)),
+            Some(Err(skip)) => continued.push((i, Outcome::Skipped(skip))),
             None => {}
         }
     }
-    let mut evals: Vec<Eval> = cgs
-        .iter()
-        .zip(&insts)
-        .zip(&continued)
-        .zip(&sts)
-        .map(|(((cg, &inst), cont), &st)| match cont {
-            None => evaluate(&proj, obs, cg, inst, st, cfg, now_ms),
-            Some(outcome) => {
-                let mut e = evaluate(&proj, obs, cg, inst, st, cfg, now_ms);
-                e.decision.outcome = outcome.clone();
-                e.decision.considered.clear();
-                e.picks.clear();
-                e.chosen = None;
-                e
+    // The decisions are built in place (one per cgroup, in id order); what a candidate's
+    // move needs besides its decision is kept aside, for the candidates alone.
+    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
+    let mut proposals: Vec<Proposal> = Vec::new();
+    let mut continued = continued.into_iter().peekable();
+    for (i, (cg, &inst)) in cgs.iter().zip(&insts).enumerate() {
+        let e = evaluate(&proj, obs, cg, inst, sts[i], cfg, now_ms);
+        match continued.next_if(|c| c.0 == i) {
+            None => {
+                if let Some(chosen) = e.chosen {
+                    proposals.push(Proposal {
+                        i,
+                        picks: e.picks,
+                        chosen,
+                    });
+                }
+                decisions.push(e.decision);
             }
-        })
-        .collect();
+            Some((_, outcome)) => {
+                let mut d = e.decision;
+                d.outcome = outcome;
+                d.considered.clear();
+                decisions.push(d);
+            }
+        }
+    }
 
-    let mut proposals: Vec<usize> = (0..evals.len())
-        .filter(|&i| evals[i].chosen.is_some())
-        .collect();
-    proposals.sort_by(|&a, &b| {
-        let (na, nb) = (evals[a].chosen_net(), evals[b].chosen_net());
+    let net = |p: &Proposal| decisions[p.i].considered[p.chosen].net;
+    proposals.sort_by(|a, b| {
         // `cgs` is sorted by id and unique: index order is id order (no string compare).
-        nb.total_cmp(&na).then(a.cmp(&b))
+        net(b).total_cmp(&net(a)).then(a.i.cmp(&b.i))
     });
 
-    for i in proposals {
+    for mut p in proposals {
+        let i = p.i;
         if proj.moves_left == 0 {
-            evals[i].decision.outcome = Outcome::Skipped(Skip::MaxMoves);
+            decisions[i].outcome = Outcome::Skipped(Skip::MaxMoves);
             continue;
         }
         if proj.dirty {
-            evals[i] = evaluate(&proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+            let e = evaluate(&proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+            decisions[i] = e.decision;
+            p.picks = e.picks;
+            match e.chosen {
+                Some(k) => p.chosen = k,
+                None => continue,
+            }
         }
-        let eval = &mut evals[i];
-        if eval.chosen.is_none() {
-            continue;
-        }
-        match choose(&eval.decision.considered, cfg, proj.budget_left) {
+        let decision = &mut decisions[i];
+        match choose(&decision.considered, cfg, proj.budget_left) {
             Ok(k) => {
-                let opt = eval.picks.option(&eval.decision.considered, k);
+                let opt = p.picks.option(&decision.considered, k);
                 let cg = cgs[i];
                 let to_cpus = proj.to_cpus(cg, opt);
                 let c = opt.considered;
@@ -135,40 +145,36 @@ pub fn plan_scored(
                     None => (c.nodes.clone(), c.bytes_to_migrate),
                 };
                 proj.accept(obs, cg, opt);
-                eval.decision.outcome = Outcome::Moved {
-                    to_nodes: c.nodes.clone(),
-                };
-                moves.push(Move {
+                let mv = Move {
                     cgroup: cg.id.clone(),
                     from_cpus: cg.cpus.clone(),
                     to_cpus,
                     from_mems: cg.mems.clone(),
                     to_mems,
                     bytes_to_migrate: bytes,
-                    reason: eval
-                        .decision
-                        .trigger
-                        .clone()
-                        .unwrap_or(Trigger::PoorLocality),
-                    locality_before: eval.decision.smoothed.unwrap_or(c.locality_after),
+                    reason: decision.trigger.clone().unwrap_or(Trigger::PoorLocality),
+                    locality_before: decision.smoothed.unwrap_or(c.locality_after),
                     locality_after: c.locality_after,
                     net: c.net,
                     stage,
-                });
+                };
+                decision.outcome = Outcome::Moved {
+                    to_nodes: c.nodes.clone(),
+                };
+                moves.push(mv);
             }
-            Err(skip) => eval.decision.outcome = Outcome::Skipped(skip),
+            Err(skip) => decision.outcome = Outcome::Skipped(skip),
         }
     }
-    Plan {
-        moves,
-        // A fresh Vec, not an in-place collect (which would shrink the evals' buffer to the
-        // decisions' size by a realloc and a second copy).
-        decisions: {
-            let mut decisions = Vec::with_capacity(evals.len());
-            decisions.extend(evals.into_iter().map(|e| e.decision));
-            decisions
-        },
-    }
+    Plan { moves, decisions }
+}
+
+/// A candidate with an option chosen: its index (in id order), what turning its options
+/// into a move needs, and the option chosen with the whole remaining budget.
+struct Proposal {
+    i: usize,
+    picks: Picks,
+    chosen: usize,
 }
 
 /// The state of each of `cgs` (sorted by id, unique), walking the state's map in step.
@@ -196,13 +202,6 @@ struct Eval {
     picks: Picks,
     /// Index of the option chosen with the whole remaining budget, for a candidate.
     chosen: Option<usize>,
-}
-
-impl Eval {
-    fn chosen_net(&self) -> f64 {
-        self.chosen
-            .map_or(f64::NEG_INFINITY, |k| self.decision.considered[k].net)
-    }
 }
 
 fn evaluate(

@@ -85,11 +85,6 @@ impl Picks {
             keep_cpus: self.keep_cpus[k],
         }
     }
-
-    pub fn clear(&mut self) {
-        self.keep_cpus.clear();
-        self.picked.clear();
-    }
 }
 
 /// One option with what is needed to turn it into a move and to update the projection.
@@ -478,11 +473,7 @@ impl<'t> Projection<'t> {
             // Every set holds its own seed and the seeds are distinct, so a single node set
             // is new; only a grown one can repeat an earlier set.
             if t.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
-                let (c, picked, keep_cpus) = self.price(obs, cg, cfg, &fixed, t);
-                considered.push(c);
-                picks.keep_cpus.push(keep_cpus);
-                // Some for every option of an exclusive workload, None for every other's.
-                picks.picked.extend(picked);
+                self.price(obs, cg, cfg, &fixed, t, &mut considered, &mut picks);
             }
         }
         (considered, picks)
@@ -556,9 +547,10 @@ impl<'t> Projection<'t> {
         }
     }
 
-    /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate):
-    /// its [`Considered`], the whole cores picked for exclusive CPUs, and whether the cgroup
-    /// keeps its current CPUs (see [`Picks`]).
+    /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate) into
+    /// `considered`, and into `picks` the whole cores picked for exclusive CPUs and whether
+    /// the cgroup keeps its current CPUs.
+    #[allow(clippy::too_many_arguments)]
     fn price(
         &self,
         obs: &Observations,
@@ -566,7 +558,9 @@ impl<'t> Projection<'t> {
         cfg: &ControllerConfig,
         fx: &Fixed<'_>,
         t: CpuSet,
-    ) -> (Considered, Option<CpuSet>, bool) {
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
         let demand = fx.demand;
         // The set's nodes (ascending, as `t.iter()`) with their positions, walked once: every
         // per-node value below is read by position, not looked up again.
@@ -743,25 +737,25 @@ impl<'t> Projection<'t> {
         } else {
             None
         };
-        (
-            Considered {
-                nodes: t,
-                locality_after: after,
-                bytes_to_migrate: bytes,
-                gain,
-                relief,
-                horizon_ms: lived_ms,
-                relief_horizon_ms: relief_ms,
-                migrations_avoided_per_s: avoided,
-                saving,
-                cost,
-                contention,
-                net: saving - cost - contention,
-                rejected: pre.or(rejected),
-            },
-            picked,
-            keep_cpus,
-        )
+        picks.keep_cpus.push(keep_cpus);
+        // Some for every option of an exclusive workload, None for every other's.
+        picks.picked.extend(picked);
+        // Written in place (a round prices tens of thousands of these).
+        considered.push(Considered {
+            nodes: t,
+            locality_after: after,
+            bytes_to_migrate: bytes,
+            gain,
+            relief,
+            horizon_ms: lived_ms,
+            relief_horizon_ms: relief_ms,
+            migrations_avoided_per_s: avoided,
+            saving,
+            cost,
+            contention,
+            net: saving - cost - contention,
+            rejected: pre.or(rejected),
+        });
     }
 
     /// CPUs' worth of slowdown the move of `cg` to `t` adds machine-wide through CPU
