@@ -4,12 +4,16 @@
 #   BIN    a built planner_scale bench binary (cargo bench -p rebalancer --bench planner_scale --no-run)
 #   NAME   a name for the uprobe (one per binary)
 #   FILTER a criterion filter, e.g. 'planner_round/32n/10000$'
-# A uprobe on controller::plan counts the rounds; cpu-clock samples (1 ms each) whose stack
+# A uprobe on controller::plan_scored (or plan) counts the rounds; cpu-clock samples (1 ms each) whose stack
 # is inside criterion's Bencher::iter (state clone + observe + plan + the plan's drop) give the
 # CPU time spent in them. CPU ms per round = those samples / rounds.
 set -euo pipefail
 bin=$1; name=$2; filt=$3; secs=${4:-4}
-addr=0x$(nm "$bin" | grep ' T _ZN10rebalancer10controller7planner4plan17h' | awk '{print $1}')
+# The round's planner entry: `plan_scored` where the bench calls it, else (older builds) `plan`.
+addr=0x$(nm "$bin" | { grep ' T _ZN10rebalancer10controller7planner11plan_scored17h' || true; } | awk '{print $1}')
+if [ "$addr" = 0x ]; then
+    addr=0x$(nm "$bin" | grep ' T _ZN10rebalancer10controller7planner4plan17h' | awk '{print $1}')
+fi
 read -r off vaddr <<<"$(readelf -lW "$bin" | awk '/LOAD/ && / R E / {print $2, $3}')"
 fo=$(printf '0x%x' $((addr - vaddr + off)))
 perf probe -q -x "$bin" -a "$name=$fo" 2>/dev/null || true

@@ -1,7 +1,8 @@
 //! Control-loop cost at scale, on synthetic machines of 2, 8 and 32 nodes (16 cores × 2
 //! threads per node) with 100 / 1,000 / 10,000 managed cgroups:
-//! - `planner_round`: `ControllerState::observe` + one `controller::plan` (a fifth of the
-//!   cgroups are candidates: poor locality, memory split over two nodes);
+//! - `planner_round`: `ControllerState::observe_scored` + one `controller::plan_scored` (a
+//!   fifth of the cgroups are candidates: poor locality, memory split over two nodes), the
+//!   pair the daemon's round runs;
 //! - `observe_build`: folding raw eBPF map contents (`ebpf::sample::fold`, what the daemon
 //!   does after the map read) into samples, and building the `Observations` from them;
 //! - `state_memory` (printed once, not timed): heap bytes held by the controller state, the
@@ -119,8 +120,10 @@ fn planner_round(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
                     let mut st = state.clone();
-                    st.observe(black_box(&obs), cfg.ewma_alpha);
-                    controller::plan(&topo, &obs, &st, &cfg, 60_000)
+                    // As the daemon's round does (`daemon::engine`): the scores observe
+                    // folded in are the planner's.
+                    let scores = st.observe_scored(black_box(&obs), cfg.ewma_alpha);
+                    controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000)
                 })
             });
         }

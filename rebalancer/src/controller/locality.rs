@@ -109,6 +109,24 @@ impl<'de> Deserialize<'de> for EvidenceCounts {
     }
 }
 
+/// One period's instant score of every observed cgroup ([`instant`]), index for index with
+/// `Observations::cgroups`: what `ControllerState::observe_scored` folded in, handed to
+/// `plan_scored` so the round computes each cgroup's score once, not twice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Scores(pub(super) Vec<Option<(f64, Evidence)>>);
+
+impl Scores {
+    /// The instant score of each of `obs`'s cgroups, in their order.
+    pub fn of(obs: &super::Observations) -> Self {
+        Scores(obs.cgroups.iter().map(instant).collect())
+    }
+
+    /// Whether these can be `obs`'s scores (one per cgroup).
+    pub fn fits(&self, obs: &super::Observations) -> bool {
+        self.0.len() == obs.cgroups.len()
+    }
+}
+
 /// The instant locality of a cgroup in 0..=1, or `None` when the period holds no evidence
 /// (no CPU time, or no memory and no fault/PMU counts).
 pub fn instant(cg: &CgroupObs) -> Option<(f64, Evidence)> {

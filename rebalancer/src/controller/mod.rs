@@ -39,10 +39,10 @@ pub use actuator::{
 };
 #[cfg(test)]
 pub use fake::{FakeCgroups, FakeFailure};
-pub use locality::{Evidence, EvidenceCounts};
+pub use locality::{Evidence, EvidenceCounts, Scores};
 pub use observe::{CgroupObs, Constraints, NodeObs, Observations};
 pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
-pub use planner::plan;
+pub use planner::{plan, plan_scored};
 
 /// What the controller remembers about one cgroup between rounds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -73,9 +73,9 @@ pub struct CgroupState {
 impl CgroupState {
     /// Folds one period's observation of the cgroup in: one more period lived, the smoothed
     /// score and what it rests on.
-    fn fold(&mut self, cg: &CgroupObs, alpha: f64) {
+    fn fold(&mut self, inst: Option<(f64, Evidence)>, alpha: f64) {
         self.periods = self.periods.saturating_add(1);
-        if let Some((s, ev)) = locality::instant(cg) {
+        if let Some((s, ev)) = inst {
             if self.smoothed.is_none() {
                 self.smoothed_from.clear();
             }
@@ -127,6 +127,13 @@ pub const PRESSURE_HISTORY: usize = 64;
 impl ControllerState {
     /// Folds one period into the smoothed scores and forgets cgroups no longer observed.
     pub fn observe(&mut self, obs: &Observations, alpha: f64) {
+        self.observe_scored(obs, alpha);
+    }
+
+    /// [`ControllerState::observe`], returning the period's instant scores it folded in, for
+    /// [`planner::plan_scored`] (which then does not compute them again).
+    pub fn observe_scored(&mut self, obs: &Observations, alpha: f64) -> Scores {
+        let scores = Scores::of(obs);
         let alpha = if alpha.is_finite() {
             alpha.clamp(0.0, 1.0)
         } else {
@@ -135,23 +142,24 @@ impl ControllerState {
         // One ordered walk over the observations (sorted by id, stable: a duplicated id is
         // folded in the order observed) and the old state (a BTreeMap, in id order), instead
         // of a lookup by string per cgroup: the state keeps its keys, only new ones are cloned.
-        let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
-        let unique = cgs.windows(2).all(|w| w[0].id < w[1].id);
+        let mut cgs: Vec<(&CgroupObs, Option<(f64, Evidence)>)> =
+            obs.cgroups.iter().zip(scores.0.iter().copied()).collect();
+        let unique = cgs.windows(2).all(|w| w[0].0.id < w[1].0.id);
         if !unique {
-            cgs.sort_by(|a, b| a.id.cmp(&b.id));
+            cgs.sort_by(|a, b| a.0.id.cmp(&b.0.id));
         }
         // The steady state: the same cgroups as last period, updated in place (no rebuild).
         let same = unique
             && self.cgroups.len() == cgs.len()
-            && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.id);
+            && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
         if same {
-            for ((_, st), cg) in self.cgroups.iter_mut().zip(cgs) {
-                st.fold(cg, alpha);
+            for ((_, st), (_, inst)) in self.cgroups.iter_mut().zip(cgs) {
+                st.fold(inst, alpha);
             }
         } else {
             let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
             let mut kept: Vec<(String, CgroupState)> = Vec::with_capacity(cgs.len());
-            for cg in cgs {
+            for (cg, inst) in cgs {
                 if kept.last().is_none_or(|(id, _)| *id != cg.id) {
                     while old.next_if(|(id, _)| *id < cg.id).is_some() {}
                     let entry = old
@@ -162,7 +170,7 @@ impl ControllerState {
                 let Some((_, st)) = kept.last_mut() else {
                     continue;
                 };
-                st.fold(cg, alpha);
+                st.fold(inst, alpha);
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.
@@ -177,6 +185,7 @@ impl ControllerState {
         }
         self.node_pressure.retain(|n, _| obs.nodes.contains_key(n));
         self.rounds += 1;
+        scores
     }
 
     /// Each node's pressure at its lowest over the last `periods` periods kept (fewer when

@@ -10,7 +10,7 @@
 
 use std::cmp::Ordering;
 
-use super::locality;
+use super::locality::{Evidence, Scores};
 use super::observe::{CgroupObs, Observations};
 use super::plan_types::{
     Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger,
@@ -20,6 +20,9 @@ use super::{CgroupState, ControllerState};
 use crate::config::ControllerConfig;
 use crate::topology::Topology;
 
+/// A cgroup's instant score this period and its evidence (see `locality::instant`).
+type Instant = Option<(f64, Evidence)>;
+
 /// Plans one round. `now_ms` is on the same clock as the state's last-move times.
 pub fn plan(
     topo: &Topology,
@@ -28,72 +31,107 @@ pub fn plan(
     cfg: &ControllerConfig,
     now_ms: u64,
 ) -> Plan {
-    let mut cgs: Vec<&CgroupObs> = obs.cgroups.iter().collect();
+    plan_scored(topo, obs, &Scores::of(obs), state, cfg, now_ms)
+}
+
+/// [`plan`] with the period's instant scores already computed: `scores` are `obs`'s, as
+/// `ControllerState::observe_scored(obs, ..)` returned them (scores of other observations
+/// would be other decisions; scores that cannot be `obs`'s, of another length, are ignored
+/// and computed again).
+pub fn plan_scored(
+    topo: &Topology,
+    obs: &Observations,
+    scores: &Scores,
+    state: &ControllerState,
+    cfg: &ControllerConfig,
+    now_ms: u64,
+) -> Plan {
+    let own;
+    let scores = if scores.fits(obs) {
+        scores
+    } else {
+        own = Scores::of(obs);
+        &own
+    };
+    let mut pairs: Vec<(&CgroupObs, Instant)> =
+        obs.cgroups.iter().zip(scores.0.iter().copied()).collect();
     // Usually already sorted and unique (one comparison per cgroup to see it).
-    if !cgs.windows(2).all(|w| w[0].id < w[1].id) {
-        cgs.sort_by(|a, b| a.id.cmp(&b.id));
-        cgs.dedup_by(|a, b| a.id == b.id);
+    if !pairs.windows(2).all(|w| w[0].0.id < w[1].0.id) {
+        pairs.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        pairs.dedup_by(|a, b| a.0.id == b.0.id);
     }
+    let (cgs, insts): (Vec<&CgroupObs>, Vec<Instant>) = pairs.into_iter().unzip();
     // Each cgroup's state, by one ordered walk of both (no string lookup per cgroup).
     let sts = states_of(&cgs, state);
 
     let mut proj = Projection::new(topo, obs, state, cfg);
     // Staged moves under way go first: finishing what was started.
     let mut moves = Vec::new();
-    let mut continued: Vec<Option<Outcome>> = vec![None; cgs.len()];
+    // (index, outcome) of the cgroups whose stage was continued, in index order.
+    let mut continued: Vec<(usize, Outcome)> = Vec::new();
     for (i, cg) in cgs.iter().enumerate() {
         match continue_stage(&mut proj, cg, sts[i]) {
             Some(Ok(mv)) => {
-                continued[i] = Some(Outcome::Moved {
-                    to_nodes: mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone(),
-                });
+                let to_nodes = mv.stage.as_ref().map_or(&mv.to_mems, |s| &s.toward).clone();
+                continued.push((i, Outcome::Moved { to_nodes }));
                 moves.push(mv);
             }
-            Some(Err(skip)) => continued[i] = Some(Outcome::Skipped(skip)),
+            Some(Err(skip)) => continued.push((i, Outcome::Skipped(skip))),
             None => {}
         }
     }
-    let mut evals: Vec<Eval> = cgs
-        .iter()
-        .zip(&continued)
-        .zip(&sts)
-        .map(|((cg, cont), &st)| match cont {
-            None => evaluate(&proj, obs, cg, st, cfg, now_ms),
-            Some(outcome) => {
-                let mut e = evaluate(&proj, obs, cg, st, cfg, now_ms);
-                e.decision.outcome = outcome.clone();
-                e.decision.considered.clear();
-                e.picks.clear();
-                e.chosen = None;
-                e
+    // The decisions are built in place (one per cgroup, in id order); what a candidate's
+    // move needs besides its decision is kept aside, for the candidates alone.
+    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
+    let mut proposals: Vec<Proposal> = Vec::new();
+    let mut continued = continued.into_iter().peekable();
+    for (i, (cg, &inst)) in cgs.iter().zip(&insts).enumerate() {
+        let e = evaluate(&proj, obs, cg, inst, sts[i], cfg, now_ms);
+        match continued.next_if(|c| c.0 == i) {
+            None => {
+                if let Some(chosen) = e.chosen {
+                    proposals.push(Proposal {
+                        i,
+                        picks: e.picks,
+                        chosen,
+                    });
+                }
+                decisions.push(e.decision);
             }
-        })
-        .collect();
+            Some((_, outcome)) => {
+                let mut d = e.decision;
+                d.outcome = outcome;
+                d.considered.clear();
+                decisions.push(d);
+            }
+        }
+    }
 
-    let mut proposals: Vec<usize> = (0..evals.len())
-        .filter(|&i| evals[i].chosen.is_some())
-        .collect();
-    proposals.sort_by(|&a, &b| {
-        let (na, nb) = (evals[a].chosen_net(), evals[b].chosen_net());
+    let net = |p: &Proposal| decisions[p.i].considered[p.chosen].net;
+    proposals.sort_by(|a, b| {
         // `cgs` is sorted by id and unique: index order is id order (no string compare).
-        nb.total_cmp(&na).then(a.cmp(&b))
+        net(b).total_cmp(&net(a)).then(a.i.cmp(&b.i))
     });
 
-    for i in proposals {
+    for mut p in proposals {
+        let i = p.i;
         if proj.moves_left == 0 {
-            evals[i].decision.outcome = Outcome::Skipped(Skip::MaxMoves);
+            decisions[i].outcome = Outcome::Skipped(Skip::MaxMoves);
             continue;
         }
         if proj.dirty {
-            evals[i] = evaluate(&proj, obs, cgs[i], sts[i], cfg, now_ms);
+            let e = evaluate(&proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+            decisions[i] = e.decision;
+            p.picks = e.picks;
+            match e.chosen {
+                Some(k) => p.chosen = k,
+                None => continue,
+            }
         }
-        let eval = &mut evals[i];
-        if eval.chosen.is_none() {
-            continue;
-        }
-        match choose(&eval.decision.considered, cfg, proj.budget_left) {
+        let decision = &mut decisions[i];
+        match choose(&decision.considered, cfg, proj.budget_left) {
             Ok(k) => {
-                let opt = eval.picks.option(&eval.decision.considered, k);
+                let opt = p.picks.option(&decision.considered, k);
                 let cg = cgs[i];
                 let to_cpus = proj.to_cpus(cg, opt);
                 let c = opt.considered;
@@ -107,40 +145,36 @@ pub fn plan(
                     None => (c.nodes.clone(), c.bytes_to_migrate),
                 };
                 proj.accept(obs, cg, opt);
-                eval.decision.outcome = Outcome::Moved {
-                    to_nodes: c.nodes.clone(),
-                };
-                moves.push(Move {
+                let mv = Move {
                     cgroup: cg.id.clone(),
                     from_cpus: cg.cpus.clone(),
                     to_cpus,
                     from_mems: cg.mems.clone(),
                     to_mems,
                     bytes_to_migrate: bytes,
-                    reason: eval
-                        .decision
-                        .trigger
-                        .clone()
-                        .unwrap_or(Trigger::PoorLocality),
-                    locality_before: eval.decision.smoothed.unwrap_or(c.locality_after),
+                    reason: decision.trigger.clone().unwrap_or(Trigger::PoorLocality),
+                    locality_before: decision.smoothed.unwrap_or(c.locality_after),
                     locality_after: c.locality_after,
                     net: c.net,
                     stage,
-                });
+                };
+                decision.outcome = Outcome::Moved {
+                    to_nodes: c.nodes.clone(),
+                };
+                moves.push(mv);
             }
-            Err(skip) => eval.decision.outcome = Outcome::Skipped(skip),
+            Err(skip) => decision.outcome = Outcome::Skipped(skip),
         }
     }
-    Plan {
-        moves,
-        // A fresh Vec, not an in-place collect (which would shrink the evals' buffer to the
-        // decisions' size by a realloc and a second copy).
-        decisions: {
-            let mut decisions = Vec::with_capacity(evals.len());
-            decisions.extend(evals.into_iter().map(|e| e.decision));
-            decisions
-        },
-    }
+    Plan { moves, decisions }
+}
+
+/// A candidate with an option chosen: its index (in id order), what turning its options
+/// into a move needs, and the option chosen with the whole remaining budget.
+struct Proposal {
+    i: usize,
+    picks: Picks,
+    chosen: usize,
 }
 
 /// The state of each of `cgs` (sorted by id, unique), walking the state's map in step.
@@ -170,22 +204,15 @@ struct Eval {
     chosen: Option<usize>,
 }
 
-impl Eval {
-    fn chosen_net(&self) -> f64 {
-        self.chosen
-            .map_or(f64::NEG_INFINITY, |k| self.decision.considered[k].net)
-    }
-}
-
 fn evaluate(
     proj: &Projection<'_>,
     obs: &Observations,
     cg: &CgroupObs,
+    inst: Instant,
     st: Option<&CgroupState>,
     cfg: &ControllerConfig,
     now_ms: u64,
 ) -> Eval {
-    let inst = locality::instant(cg);
     let smoothed = st.and_then(|s| s.smoothed).or(inst.map(|(s, _)| s));
     let trigger = proj.trigger(cg, smoothed, cfg);
     let decision = Decision {
@@ -339,10 +366,9 @@ fn continue_stage(
 /// the best acceptable option over the budget when at least a quarter of the round's budget
 /// is left (its first stage takes that). Otherwise the reason.
 fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
-    let feasible: Vec<usize> = (0..options.len())
-        .filter(|&k| options[k].rejected.is_none())
-        .collect();
-    if feasible.is_empty() {
+    // Index walks, no lists: this runs for every candidate (and again for each proposal).
+    let feasible = || (0..options.len()).filter(|&k| options[k].rejected.is_none());
+    if feasible().next().is_none() {
         let here = options
             .iter()
             .any(|o| o.rejected == Some(Rejection::Unchanged));
@@ -352,18 +378,15 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             Skip::NoFeasibleTarget
         });
     }
-    let acceptable: Vec<usize> = feasible
-        .iter()
-        .copied()
-        .filter(|&k| {
+    let acceptable = || {
+        feasible().filter(|&k| {
             let c = &options[k];
             c.gain >= cfg.min_gain && c.net > 0.0
         })
-        .collect();
-    if acceptable.is_empty() {
-        let best = feasible
-            .iter()
-            .map(|&k| &options[k])
+    };
+    if acceptable().next().is_none() {
+        let best = feasible()
+            .map(|k| &options[k])
             .max_by(|a, b| a.gain.total_cmp(&b.gain));
         return Err(match best {
             Some(c) if c.gain < cfg.min_gain => Skip::BelowMinGain { gain: c.gain },
@@ -402,21 +425,18 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             .then(x.nodes.len().cmp(&y.nodes.len()))
             .then_with(|| x.nodes.iter().cmp(y.nodes.iter()))
     };
-    let within = acceptable
-        .iter()
-        .copied()
+    let within = acceptable()
         .filter(|&k| options[k].bytes_to_migrate <= budget)
         .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
         (cfg.staged_migration && budget > 0 && budget >= full / 4)
-            .then(|| acceptable.iter().copied().min_by(rank))
+            .then(|| acceptable().min_by(rank))
             .flatten()
     };
     within.or_else(staged).ok_or_else(|| Skip::Budget {
-        need: acceptable
-            .iter()
-            .map(|&k| options[k].bytes_to_migrate)
+        need: acceptable()
+            .map(|k| options[k].bytes_to_migrate)
             .min()
             .unwrap_or(0),
         remaining: budget,

@@ -266,15 +266,29 @@ fn digest<T: serde::Serialize>(v: &T) -> u64 {
     })
 }
 
-/// One round as the daemon runs it: observe into the state, plan on the result.
+/// One round as the daemon runs it: observe into the state, plan on the result with the
+/// scores observe folded in; `plan`, which scores the observations itself, decides the same.
 fn round(
     topo: &Topology,
     obs: &Observations,
     mut state: ControllerState,
     cfg: &ControllerConfig,
 ) -> (ControllerState, Plan) {
-    state.observe(obs, cfg.ewma_alpha);
-    let plan = plan(topo, obs, &state, cfg, 120_000);
+    let scores = state.observe_scored(obs, cfg.ewma_alpha);
+    let plan = plan_scored(topo, obs, &scores, &state, cfg, 120_000);
+    let unscored = super::plan(topo, obs, &state, cfg, 120_000);
+    assert_eq!(
+        digest(&plan),
+        digest(&unscored),
+        "plan_scored and plan differ"
+    );
+    // Scores that cannot be these observations' are not used.
+    let other = plan_scored(topo, obs, &Scores::default(), &state, cfg, 120_000);
+    assert_eq!(
+        digest(&plan),
+        digest(&other),
+        "plan_scored used foreign scores"
+    );
     (state, plan)
 }
 

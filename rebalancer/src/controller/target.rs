@@ -63,31 +63,27 @@ pub(super) struct Projection<'t> {
     pub dirty: bool,
 }
 
-/// Per option, what turning it into a move needs besides its [`Considered`].
-#[derive(Clone, Debug)]
-pub(super) struct Pick {
-    /// The cpuset to write: picked whole cores for exclusive CPUs; `None` for a shared
-    /// workload, whose cpuset is the target's shared pool (see [`Projection::to_cpus`]).
-    picked: Option<CpuSet>,
-    /// The cgroup keeps its current (narrower) shared cpuset on the same nodes.
-    keep_cpus: bool,
-}
-
-/// A candidate's [`Pick`]s, index for index with its decision's `considered`.
+/// Per option of a candidate, what turning it into a move needs besides its [`Considered`],
+/// index for index with its decision's `considered`. Plain lists (no per-option value that
+/// needs a drop): a round prices tens of thousands of options.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Picks(Vec<Pick>);
+pub(super) struct Picks {
+    /// The cgroup keeps its current (narrower) shared cpuset on the same nodes.
+    keep_cpus: Vec<bool>,
+    /// The cpuset to write for exclusive CPUs: picked whole cores, one per option. Empty for
+    /// a shared workload, whose cpuset is the target's shared pool (see
+    /// [`Projection::to_cpus`]).
+    picked: Vec<CpuSet>,
+}
 
 impl Picks {
     /// Option `k` of `considered` (the list these picks were priced with).
     pub fn option<'a>(&'a self, considered: &'a [Considered], k: usize) -> TargetOption<'a> {
         TargetOption {
             considered: &considered[k],
-            pick: &self.0[k],
+            picked: self.picked.get(k),
+            keep_cpus: self.keep_cpus[k],
         }
-    }
-
-    pub fn clear(&mut self) {
-        self.0.clear();
     }
 }
 
@@ -95,7 +91,8 @@ impl Picks {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TargetOption<'a> {
     pub considered: &'a Considered,
-    pick: &'a Pick,
+    picked: Option<&'a CpuSet>,
+    keep_cpus: bool,
 }
 
 /// What pricing one candidate's options needs that does not depend on the option: computed
@@ -270,14 +267,6 @@ impl<'t> Projection<'t> {
 
     fn demand(&self, node: u32) -> f64 {
         self.index.get(node).map_or(0.0, |i| self.demand[i])
-    }
-
-    fn free(&self, node: u32) -> u64 {
-        self.index.get(node).map_or(0, |i| self.free[i])
-    }
-
-    fn free_huge(&self, node: u32) -> u64 {
-        self.index.get(node).map_or(0, |i| self.free_huge[i])
     }
 
     /// Runnable demand of `node` at its highest over the last `window_ms` (this round's moves
@@ -461,7 +450,10 @@ impl<'t> Projection<'t> {
         };
         // Each distinct set is priced as soon as it is grown (in seed order).
         let mut considered: Vec<Considered> = Vec::with_capacity(self.nearest.len());
-        let mut picks = Vec::with_capacity(self.nearest.len());
+        let mut picks = Picks {
+            keep_cpus: Vec::with_capacity(self.nearest.len()),
+            picked: Vec::new(),
+        };
         for (&seed, nearest) in &self.nearest {
             if !self.allowed(cg, seed) {
                 continue;
@@ -481,12 +473,10 @@ impl<'t> Projection<'t> {
             // Every set holds its own seed and the seeds are distinct, so a single node set
             // is new; only a grown one can repeat an earlier set.
             if t.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
-                let (c, p) = self.price(obs, cg, cfg, &fixed, t);
-                considered.push(c);
-                picks.push(p);
+                self.price(obs, cg, cfg, &fixed, t, &mut considered, &mut picks);
             }
         }
-        (considered, Picks(picks))
+        (considered, picks)
     }
 
     /// What pricing `cg`'s options needs that no option changes (`need_cpus`, `max_nodes`,
@@ -557,7 +547,10 @@ impl<'t> Projection<'t> {
         }
     }
 
-    /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate).
+    /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate) into
+    /// `considered`, and into `picks` the whole cores picked for exclusive CPUs and whether
+    /// the cgroup keeps its current CPUs.
+    #[allow(clippy::too_many_arguments)]
     fn price(
         &self,
         obs: &Observations,
@@ -565,16 +558,22 @@ impl<'t> Projection<'t> {
         cfg: &ControllerConfig,
         fx: &Fixed<'_>,
         t: CpuSet,
-    ) -> (Considered, Pick) {
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
         let demand = fx.demand;
+        // The set's nodes (ascending, as `t.iter()`) with their positions, walked once: every
+        // per-node value below is read by position, not looked up again.
+        let tn: SmallVec<[(u32, Option<usize>); 4]> =
+            t.iter().map(|n| (n, self.index.get(n))).collect();
         let after = locality::expected_after(cg, &t);
-        let normal_in = t
+        let normal_in = tn
             .iter()
-            .filter_map(|n| entry(&fx.mem, n))
+            .filter_map(|&(n, _)| entry(&fx.mem, n))
             .fold(0u64, u64::saturating_add);
-        let huge_in = t
+        let huge_in = tn
             .iter()
-            .filter_map(|n| entry(&fx.huge, n))
+            .filter_map(|&(n, _)| entry(&fx.huge, n))
             .fold(0u64, u64::saturating_add);
         let normal_need = fx.normal_total.saturating_sub(normal_in);
         let huge_need = fx.huge_total.saturating_sub(huge_in);
@@ -583,21 +582,21 @@ impl<'t> Projection<'t> {
         // CPU share per target node after the move (and its demand there now), once: the
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
         let mut shares = Shares::new();
-        for n in t.iter() {
+        for &(n, _) in &tn {
             shares.push((n, 0.0, entry(&fx.cpu, n).unwrap_or(0.0)));
         }
         let on_t: f64 = shares.iter().map(|s| s.2).sum();
-        let k = t.len().max(1) as f64;
+        let k = tn.len().max(1) as f64;
         for s in &mut shares {
             s.1 = if on_t > 0.0 { s.2 / on_t } else { 1.0 / k };
         }
         // The load it adds there.
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
-        for &(n, share, own) in &shares {
-            let ncpu = self.ncpus(n).max(1) as f64;
+        for (&(n, share, own), &(_, i)) in shares.iter().zip(&tn) {
+            let ncpu = i.map_or(0, |i| self.ncpus[i]).max(1) as f64;
             let added = ((demand * share - own) / ncpu).max(0.0);
-            let busy_after = self.busy(n) + added;
+            let busy_after = i.map_or(1.0, |i| self.busy[i]) + added;
             dst_busy = dst_busy.max(busy_after);
             if added > 1e-12 && busy_after > cfg.overload_busy && rejected.is_none() {
                 rejected = Some(Rejection::Overloaded {
@@ -611,7 +610,10 @@ impl<'t> Projection<'t> {
             .constraints
             .exclusive
             .then(|| self.pick_cores(&t, fx.need_cpus, &fx.own_excl));
-        let pool_len: usize = t.iter().map(|n| self.pool_len(n)).sum();
+        let pool_len: usize = tn
+            .iter()
+            .map(|&(_, i)| i.map_or(0, |i| self.pool_len[i]))
+            .sum();
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
         // The target's pool, built (or borrowed) once, and only for the nodes it is on.
@@ -628,7 +630,11 @@ impl<'t> Projection<'t> {
         } else {
             self.contention_delta(&fx.cpu, &t, &shares, demand)
         };
-        let measured = fx.sources_measured && t.iter().all(|n| self.measured(obs, n));
+        let measured = fx.sources_measured
+            && tn.iter().all(|&(n, i)| match i {
+                Some(i) => self.measured[i],
+                None => self.measured(obs, n),
+            });
         let mut delta = delta;
         let (relief, relief_ms) = match fx.trigger {
             Trigger::Overloaded { .. } => {
@@ -666,7 +672,7 @@ impl<'t> Projection<'t> {
 
         let locality_gain = after - fx.before.unwrap_or(after);
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
-        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, t.len(), keep_cpus);
+        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, tn.len(), keep_cpus);
         let migration_points = if demand > 0.0 {
             avoided * cfg.cross_node_migration_cost_us * 1e-6 / demand
         } else {
@@ -699,14 +705,16 @@ impl<'t> Projection<'t> {
         } else {
             delta * horizon_s
         };
-        let free = t.iter().fold(0u64, |a, n| a.saturating_add(self.free(n)));
-        let free_huge = t
-            .iter()
-            .fold(0u64, |a, n| a.saturating_add(self.free_huge(n)));
+        let free = tn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free[i]))
+        });
+        let free_huge = tn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
+        });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
-        let pre = if t.len() as u32 > max_nodes {
+        let pre = if tn.len() as u32 > max_nodes {
             Some(Rejection::TooManyNodes {
-                need: t.len() as u32,
+                need: tn.len() as u32,
                 max: max_nodes,
             })
         } else if n_cpus < need_cpus as usize || n_cpus == 0 {
@@ -729,24 +737,25 @@ impl<'t> Projection<'t> {
         } else {
             None
         };
-        (
-            Considered {
-                nodes: t,
-                locality_after: after,
-                bytes_to_migrate: bytes,
-                gain,
-                relief,
-                horizon_ms: lived_ms,
-                relief_horizon_ms: relief_ms,
-                migrations_avoided_per_s: avoided,
-                saving,
-                cost,
-                contention,
-                net: saving - cost - contention,
-                rejected: pre.or(rejected),
-            },
-            Pick { picked, keep_cpus },
-        )
+        picks.keep_cpus.push(keep_cpus);
+        // Some for every option of an exclusive workload, None for every other's.
+        picks.picked.extend(picked);
+        // Written in place (a round prices tens of thousands of these).
+        considered.push(Considered {
+            nodes: t,
+            locality_after: after,
+            bytes_to_migrate: bytes,
+            gain,
+            relief,
+            horizon_ms: lived_ms,
+            relief_horizon_ms: relief_ms,
+            migrations_avoided_per_s: avoided,
+            saving,
+            cost,
+            contention,
+            net: saving - cost - contention,
+            rejected: pre.or(rejected),
+        });
     }
 
     /// CPUs' worth of slowdown the move of `cg` to `t` adds machine-wide through CPU
@@ -851,9 +860,9 @@ impl<'t> Projection<'t> {
 
     /// The cpuset a chosen option writes.
     pub fn to_cpus(&self, cg: &CgroupObs, opt: TargetOption<'_>) -> CpuSet {
-        match &opt.pick.picked {
+        match opt.picked {
             Some(p) => p.clone(),
-            None if opt.pick.keep_cpus => cg.cpus.clone(),
+            None if opt.keep_cpus => cg.cpus.clone(),
             None => self.pool_of(&opt.considered.nodes),
         }
     }

@@ -745,16 +745,16 @@ impl Engine {
 
         let now_ms = self.now_ms();
         // The planner runs on a copy of the controller's state, outside the lock.
-        let ctl = {
+        let (scores, ctl) = {
             let mut s = d.lock();
-            s.observe(&obs, &cfg.controller);
-            s.state.controller.clone()
+            let scores = s.observe(&obs, &cfg.controller);
+            (scores, s.state.controller.clone())
         };
         let mut plan_cfg = cfg.controller.clone();
         plan_cfg.migration_budget_mib = plan_cfg
             .migration_budget_mib
             .saturating_sub(budget_used.div_ceil(1 << 20));
-        let plan = controller::plan(&topo, &obs, &ctl, &plan_cfg, now_ms);
+        let plan = controller::plan_scored(&topo, &obs, &scores, &ctl, &plan_cfg, now_ms);
 
         // Handed to the writer threads; the round does not wait for their migrations.
         let queued = match &mut self.applier {

@@ -129,14 +129,15 @@ impl Shared {
         &mut self,
         obs: &crate::controller::Observations,
         cfg: &crate::config::ControllerConfig,
-    ) {
-        self.state.controller.observe(obs, cfg.ewma_alpha);
+    ) -> crate::controller::Scores {
+        let scores = self.state.controller.observe_scored(obs, cfg.ewma_alpha);
         if cfg.admission_load_periods == 0 {
             self.overuse = Default::default();
-            return;
+            return scores;
         }
         let lasting = (self.state.controller).lasting_pressure(cfg.admission_load_periods as usize);
         self.overuse = self.state.allocator.overuse(&self.topo, &lasting);
+        scores
     }
 
     /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
