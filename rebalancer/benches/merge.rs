@@ -1,5 +1,6 @@
 //! Hint-merge time at 4, 8, 16 and 64 NUMA nodes with 4 providers of realistic hints (target:
-//! 64 nodes × 4 providers under 10 ms).
+//! 64 nodes × 4 providers under 10 ms): `merge` (the branch-and-bound search), `merge_reachable`
+//! (the previous engine: the set of reachable masks) and, up to 8 nodes, `merge_enumerate`.
 //!
 //! The machine has sockets of up to 8 nodes. Each provider offers what a kubelet-style provider
 //! would for a request it can place on one node of its free set: a preferred single-node hint per
@@ -16,7 +17,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rebalancer::placement::merge::{
-    merge, merge_enumerate, MergeOptions, MergePolicy, ProviderHints,
+    merge, merge_enumerate, merge_reachable, MergeOptions, MergePolicy, ProviderHints,
 };
 use rebalancer::placement::numa_info::NumaInfo;
 use rebalancer::placement::{NodeMask, TopologyHint};
@@ -105,6 +106,13 @@ fn bench(c: &mut Criterion) {
                 BenchmarkId::new(format!("best-effort/{label}"), nodes),
                 &ps,
                 |b, ps| b.iter(|| merge(MergePolicy::BestEffort, &opts, &numa, black_box(ps))),
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("reachable/{label}"), nodes),
+                &ps,
+                |b, ps| {
+                    b.iter(|| merge_reachable(MergePolicy::BestEffort, &opts, &numa, black_box(ps)))
+                },
             );
             if nodes <= 8 {
                 g.bench_with_input(

@@ -857,7 +857,18 @@ pub fn exclusive_hints(
 ) -> Vec<TopologyHint> {
     let all = v.node_mask();
     let total = |m: NodeMask| v.cpus_of_mask(m).len();
-    let masks = candidate_masks(all, &|m| total(m) >= request);
+    let mut masks = candidate_masks(all, &|m| total(m) >= request);
+    // Past FULL_ENUMERATION_NODES the candidates stop at the narrowest width + 1, which may drop
+    // every mask holding all the nodes of the reusable CPUs (then no hint but all-nodes).
+    // kubelet, enumerating every mask, offers the narrowest of them: those nodes themselves.
+    let reuse_nodes = v.nodes_of(reusable);
+    if !reuse_nodes.is_empty() && !masks.contains(&reuse_nodes) {
+        let at = masks
+            .iter()
+            .position(|m| m.count() > reuse_nodes.count())
+            .unwrap_or(masks.len());
+        masks.insert(at, reuse_nodes);
+    }
     let min_width = masks
         .iter()
         .filter(|m| total(**m) >= request)

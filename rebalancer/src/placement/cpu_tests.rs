@@ -223,6 +223,39 @@ fn hints_for_every_mask_preferred_at_minimal_width() {
     );
 }
 
+/// REVIEW9 F6: on 16 nodes (pruned candidates: widths 1-2 and all nodes) a pod reusing CPUs of
+/// nodes 0, 5 and 9 gets kubelet's narrowest reusing hint {0,5,9}, not only all-nodes.
+#[test]
+fn reusable_cpus_past_twelve_nodes_keep_their_nodes_mask() {
+    let v = CpuView::new(
+        &TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 16,
+            cores_per_node: 2,
+            threads_per_core: 1,
+            ..Default::default()
+        }
+        .build(),
+    );
+    let reusable: CpuSet = [0, 5, 9]
+        .iter()
+        .map(|&n| v.nodes[&n].first().unwrap())
+        .collect();
+    let all = v.node_mask();
+    let got = exclusive_hints(&v, &v.online, &reusable, 1, false);
+    let want = vec![
+        TopologyHint::new(NodeMask::from_ids([0, 5, 9]), false),
+        TopologyHint::new(Some(all), false),
+    ];
+    assert_eq!(got, want);
+    // Without reuse nothing changes: every single node is a preferred hint.
+    let plain = exclusive_hints(&v, &v.online, &CpuSet::new(), 1, false);
+    assert_eq!(plain.iter().filter(|h| h.preferred).count(), 16);
+    assert!(!plain
+        .iter()
+        .any(|h| h.affinity == NodeMask::from_ids([0, 5, 9])));
+}
+
 /// 1 socket, 2 nodes of 8 single-thread cores, CPU clusters of 4 cores (Kunpeng-like):
 /// node0 = 0-7 (clusters 0-3, 4-7), node1 = 8-15 (clusters 8-11, 12-15).
 fn clustered(cores_per_cluster: u32) -> CpuView {

@@ -4,8 +4,9 @@
 //!
 //! Two engines compute the same result:
 //! - [`merge_enumerate`] walks the cartesian product of the hint lists literally, as kubelet does
-//!   (exponential: the reference, used by the property test);
-//! - [`merge`] is polynomial in practice and gives an identical result. Why it is exact:
+//!   (exponential: the reference, used by the property tests);
+//! - [`merge`] gives an identical result without the product, fast beyond 8 nodes. Why it is
+//!   exact:
 //!   1. `compare` is a *total order* on non-empty merged hints (preferred first; among preferred,
 //!      `fit`; among non-preferred, count == bnp first, then counts below bnp widest first, then
 //!      counts above bnp narrowest first, `fit` within a count). `fit` itself orders by (count,
@@ -17,9 +18,9 @@
 //!      list offers as a preferred hint (or covers with a preferred none-affinity hint), plus `ALL`
 //!      when every list has a preferred none-affinity hint. Checked in O(hints × lists).
 //!   3. If one of those is non-empty it beats every non-preferred result. Otherwise every
-//!      non-empty combination is non-preferred and only its mask matters: the set of reachable
-//!      masks is built list by list (AND with each distinct mask of the list, dropping empty masks,
-//!      which can only stay empty), deduplicated at every step.
+//!      non-empty combination is non-preferred and only its mask matters: the best AND of one
+//!      mask per list is found by the branch-and-bound of `merge_search` (its header has the
+//!      proof), in memory linear in the hints.
 //!
 //! Resource order inside a provider is the map's order (`BTreeMap`: by name); by 1. it does not
 //! change the result, and the property test checks that too.
@@ -27,6 +28,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::mask::{NodeMask, TopologyHint};
+use super::merge_search::{self, Within};
 use super::numa_info::{narrowest_cmp, NumaInfo};
 pub use crate::config::TopologyPolicy as MergePolicy;
 
@@ -121,7 +123,7 @@ pub fn merge(
     numa: &NumaInfo,
     providers: &[ProviderHints],
 ) -> TopologyHint {
-    merge_with(policy, opts, numa, providers, false)
+    merge_with(policy, opts, numa, providers, Engine::Search)
 }
 
 /// The merged hint by plain enumeration of the cartesian product (kubelet's algorithm; the
@@ -132,7 +134,31 @@ pub fn merge_enumerate(
     numa: &NumaInfo,
     providers: &[ProviderHints],
 ) -> TopologyHint {
-    merge_with(policy, opts, numa, providers, true)
+    merge_with(policy, opts, numa, providers, Engine::Enumerate)
+}
+
+/// The merged hint by the previous fast engine: the preferred check, then the set of reachable
+/// masks built list by list (exact, but up to 2^N masks of work per list with kubelet-shaped
+/// hints). A reference: tests compare it with [`merge`] beyond 8 nodes, where the enumeration is
+/// too slow, and the bench measures both.
+pub fn merge_reachable(
+    policy: MergePolicy,
+    opts: &MergeOptions,
+    numa: &NumaInfo,
+    providers: &[ProviderHints],
+) -> TopologyHint {
+    merge_with(policy, opts, numa, providers, Engine::Reach)
+}
+
+/// Which engine [`merge_with`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    /// The cartesian product (kubelet's algorithm).
+    Enumerate,
+    /// The preferred check, then the branch-and-bound search.
+    Search,
+    /// The preferred check, then the reachable-set engine.
+    Reach,
 }
 
 /// Merge and admit: what the admission code calls for one set of provider hints.
@@ -228,7 +254,7 @@ fn merge_with(
     opts: &MergeOptions,
     numa: &NumaInfo,
     providers: &[ProviderHints],
-    enumerate: bool,
+    engine: Engine,
 ) -> TopologyHint {
     if policy == MergePolicy::None {
         return TopologyHint::new(None, false);
@@ -243,10 +269,9 @@ fn merge_with(
         bnp: best_non_preferred_count(&lists),
         closest: uses_closest(policy, opts),
     };
-    let hint = if enumerate {
-        merger.best_enumerated(&lists)
-    } else {
-        merger.best_pruned(&lists)
+    let hint = match engine {
+        Engine::Enumerate => merger.best_enumerated(&lists),
+        _ => merger.best_pruned(&lists, engine),
     };
     if policy == MergePolicy::SingleNumaNode && hint.affinity == Some(merger.all) {
         return TopologyHint::new(None, hint.preferred);
@@ -366,15 +391,20 @@ impl Merger<'_> {
     }
 
     /// The fast engine (see the module header for why it equals `best_enumerated`).
-    fn best_pruned(&self, lists: &[Vec<TopologyHint>]) -> TopologyHint {
+    fn best_pruned(&self, lists: &[Vec<TopologyHint>], engine: Engine) -> TopologyHint {
         if lists.iter().any(Vec::is_empty) {
             return self.fallback();
         }
         if let Some(best) = self.best_preferred(lists) {
             return best;
         }
-        self.best_non_preferred(lists)
-            .unwrap_or_else(|| self.fallback())
+        let masks = self.distinct_masks(lists);
+        let best = if engine == Engine::Reach {
+            masks.and_then(|m| self.best_reachable(m))
+        } else {
+            masks.and_then(|m| self.best_non_preferred(&m))
+        };
+        best.unwrap_or_else(|| self.fallback())
     }
 
     /// The best non-empty preferred merged hint, if any.
@@ -409,25 +439,40 @@ impl Merger<'_> {
         best
     }
 
-    /// The best non-empty merged mask, ignoring preference (called when no preferred result
-    /// exists, so every non-empty result is non-preferred).
-    fn best_non_preferred(&self, lists: &[Vec<TopologyHint>]) -> Option<TopologyHint> {
-        let mut per_list: Vec<Vec<NodeMask>> = Vec::with_capacity(lists.len());
-        for l in lists {
-            let mut seen = HashSet::new();
-            let masks: Vec<NodeMask> = l
-                .iter()
-                .map(|h| h.affinity.map_or(self.all, |a| a.and(self.all)))
-                .filter(|m| !m.is_empty() && seen.insert(*m))
-                .collect();
-            if masks.is_empty() {
-                return None;
-            }
-            per_list.push(masks);
-        }
+    /// Every list's distinct non-empty masks within ALL (none-affinity = ALL); `None` when a
+    /// list has none, or ALL is empty: then every merged mask is empty.
+    fn distinct_masks(&self, lists: &[Vec<TopologyHint>]) -> Option<Vec<Vec<NodeMask>>> {
         if self.all.is_empty() {
             return None;
         }
+        lists
+            .iter()
+            .map(|l| {
+                let mut seen = HashSet::new();
+                let masks: Vec<NodeMask> = l
+                    .iter()
+                    .map(|h| h.affinity.map_or(self.all, |a| a.and(self.all)))
+                    .filter(|m| !m.is_empty() && seen.insert(*m))
+                    .collect();
+                (!masks.is_empty()).then_some(masks)
+            })
+            .collect()
+    }
+
+    /// The best non-empty merged mask, ignoring preference (called when no preferred result
+    /// exists, so every non-empty result is non-preferred).
+    fn best_non_preferred(&self, per_list: &[Vec<NodeMask>]) -> Option<TopologyHint> {
+        let within = if self.closest {
+            Within::Closest(self.numa)
+        } else {
+            Within::Narrowest
+        };
+        merge_search::best_mask(per_list, self.all, self.bnp, within)
+            .map(|m| TopologyHint::new(Some(m), false))
+    }
+
+    /// The previous engine, kept as a reference: the set of reachable masks, list by list.
+    fn best_reachable(&self, mut per_list: Vec<Vec<NodeMask>>) -> Option<TopologyHint> {
         // Lists with a single mask first keep the reachable set small; a list whose only mask
         // is ALL changes nothing.
         per_list.retain(|l| l.as_slice() != [self.all]);

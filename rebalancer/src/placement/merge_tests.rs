@@ -711,3 +711,307 @@ proptest! {
         prop_assert_eq!(merge_enumerate(policy, &opts, &numa, &reversed), slow);
     }
 }
+
+// ---- The branch-and-bound search (merge_search) against the enumeration and the old engine ----
+
+/// Deterministic pseudo-random numbers for the large fixed cases (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A random mask of `width` distinct nodes out of `0..nodes`.
+fn random_mask(rng: &mut Rng, nodes: u32, width: u32) -> NodeMask {
+    let mut ids: Vec<u32> = (0..nodes).collect();
+    for i in 0..width as usize {
+        let j = i + rng.below((ids.len() - i) as u64) as usize;
+        ids.swap(i, j);
+    }
+    NodeMask::from_ids(ids[..width as usize].iter().copied()).unwrap()
+}
+
+/// `lists` providers of `hints` random non-preferred masks of nodes/2 ..= 7·nodes/8 nodes each
+/// (REVIEW8's wide case).
+fn wide_case(seed: u64, nodes: u32, lists: usize, hints: usize) -> Vec<ProviderHints> {
+    let mut rng = Rng(seed);
+    (0..lists)
+        .map(|_| {
+            one((0..hints)
+                .map(|_| {
+                    let w = nodes / 2 + rng.below(u64::from(nodes * 3 / 8) + 1) as u32;
+                    TopologyHint::new(Some(random_mask(&mut rng, nodes, w)), false)
+                })
+                .collect())
+        })
+        .collect()
+}
+
+/// REVIEW8's kubelet-shaped case: CPU and memory list every mask of two or more nodes (preferred:
+/// the pairs inside nodes 0..5), a device on the last node lists every mask containing it
+/// (preferred: that node alone). No mask is preferred by all three.
+fn kubelet_shaped(nodes: u32) -> Vec<ProviderHints> {
+    let last = nodes - 1;
+    let every = |keep: &dyn Fn(NodeMask) -> bool, pref: &dyn Fn(NodeMask) -> bool| {
+        (1u128..1 << nodes)
+            .map(NodeMask)
+            .filter(|m| keep(*m))
+            .map(|m| TopologyHint::new(Some(m), pref(m)))
+            .collect::<Vec<_>>()
+    };
+    let cpu = every(&|m| m.count() >= 2, &|m| m.count() == 2 && m.0 < 1 << 6);
+    let gpu = every(&|m| m.contains(last), &|m| m == NodeMask::single(last));
+    vec![one(cpu.clone()), one(cpu), one(gpu)]
+}
+
+/// Two sockets of `nodes / 2`: own distance 10, `near` inside the first socket, `near2` inside
+/// the second, 21 across.
+fn two_sockets(nodes: u32, near: u64, near2: u64) -> NumaInfo {
+    let half = nodes / 2;
+    let d = |i: u32, j: u32| match (i == j, i < half, j < half) {
+        (true, _, _) => 10,
+        (_, true, true) => near,
+        (_, false, false) => near2,
+        _ => 21,
+    };
+    NumaInfo::new(
+        (0..nodes).collect(),
+        (0..nodes)
+            .map(|i| (i, (0..nodes).map(|j| d(i, j)).collect()))
+            .collect(),
+    )
+}
+
+fn opts(closest: bool) -> MergeOptions {
+    MergeOptions {
+        prefer_closest_numa: closest,
+        max_allowable_numa_nodes: Some(128),
+    }
+}
+
+#[test]
+fn kubelet_shaped_hints_at_16_nodes() {
+    let providers = kubelet_shaped(16);
+    let numa = machine(16);
+    // bnp = 2 (CPU's narrowest); {0,1} = {0,1,15} ∧ {0,1} ∧ {0,1} is the narrowest mask of two
+    // nodes, and no preferred result exists.
+    let d = decide(BE, &opts(false), &numa, &providers);
+    assert_eq!(d.hint, h(&[0, 1], false));
+    assert!(d.admit);
+    assert!(!decide(R, &opts(false), &numa, &providers).admit);
+    // Closest: the second socket's pairs are closer (11 against 12): its narrowest pair.
+    let numa = two_sockets(16, 12, 11);
+    assert_eq!(merge(BE, &opts(true), &numa, &providers), h(&[8, 9], false));
+}
+
+#[test]
+fn kubelet_shaped_hints_match_the_old_engine_at_9_and_10_nodes() {
+    for nodes in [9, 10] {
+        let providers = kubelet_shaped(nodes);
+        for (numa, closest) in [
+            (machine(nodes), false),
+            (two_sockets(nodes, 12, 11), true),
+            (two_sockets(nodes, 11, 11), true),
+        ] {
+            let o = opts(closest);
+            let old = merge_reachable(BE, &o, &numa, &providers);
+            assert_eq!(merge(BE, &o, &numa, &providers), old, "{nodes} nodes");
+        }
+    }
+}
+
+/// The result of [`wide_case`]`(64, 64, 8, 8)` by kubelet's enumeration (16.7 million combinations;
+/// `wide_64_node_result_is_kubelets` recomputes it).
+const WIDE64: &[u32] = &[
+    2, 3, 11, 12, 14, 17, 20, 23, 25, 29, 35, 36, 41, 44, 46, 47, 51, 60, 63,
+];
+
+#[test]
+fn wide_random_hints_at_64_nodes() {
+    let providers = wide_case(64, 64, 8, 8);
+    let numa = machine(64);
+    assert_eq!(merge(BE, &opts(false), &numa, &providers), h(WIDE64, false));
+    // REVIEW8's larger shape (20 lists of 12) finishes too; its result has no oracle here, but
+    // it must be a reachable mask: contained in one hint of every list.
+    let big = wide_case(65, 64, 20, 12);
+    let got = merge(BE, &opts(false), &numa, &big).affinity.unwrap();
+    assert!(!got.is_empty());
+    for p in &big {
+        let list = p
+            .as_ref()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .as_ref()
+            .unwrap();
+        assert!(list.iter().any(|h| got.is_subset_of(h.affinity.unwrap())));
+    }
+}
+
+#[test]
+#[ignore = "16.7 million combinations: run with -- --ignored"]
+fn wide_64_node_result_is_kubelets() {
+    let providers = wide_case(64, 64, 8, 8);
+    assert_eq!(
+        merge_enumerate(BE, &opts(false), &machine(64), &providers),
+        h(WIDE64, false)
+    );
+}
+
+/// Machine node ids: 1 to 8 ids out of 0..12, moved up by 0, 60 or 116 (ids up to 127).
+fn arb_machine_ids() -> impl Strategy<Value = Vec<u32>> {
+    (
+        prop::sample::subsequence((0u32..12).collect::<Vec<_>>(), 1..=8),
+        prop::sample::select(vec![0u32, 60, 116]),
+    )
+        .prop_map(|(ids, base)| ids.into_iter().map(|i| i + base).collect())
+}
+
+/// Distances for every id of `0..=max`: small values with many equal means, values around the
+/// exact-sum limit (2^20), or huge ones (kubelet's f64 sums round).
+fn arb_distances(max: u32) -> impl Strategy<Value = BTreeMap<u32, Vec<u64>>> {
+    let n = (max + 1) as usize;
+    prop_oneof![
+        prop::collection::vec(prop::sample::select(vec![10u64, 11, 12, 20, 21]), n * n),
+        prop::collection::vec(
+            prop::sample::select(vec![1u64 << 20, (1 << 20) + 1, (1 << 21) + 3, 10]),
+            n * n
+        ),
+        prop::collection::vec(
+            prop::sample::select(vec![
+                (1u64 << 53) + 1,
+                (1 << 60) + 7,
+                100_000_000_000_000_007
+            ]),
+            n * n
+        ),
+    ]
+    .prop_map(move |d| {
+        (0..n)
+            .map(|i| (i as u32, d[i * n..i * n + n].to_vec()))
+            .collect()
+    })
+}
+
+/// A hint over the machine `ids`: no affinity, an empty mask, or machine nodes plus sometimes a
+/// node off the machine; preferred one time in five (so most cases reach the search).
+fn arb_hint_on(ids: Vec<u32>) -> impl Strategy<Value = TopologyHint> {
+    let n = ids.len();
+    (
+        prop_oneof![
+            1 => Just(None),
+            1 => Just(Some(vec![])),
+            10 => prop::sample::subsequence(ids.clone(), 1..=n).prop_map(Some),
+            1 => (prop::sample::subsequence(ids, 0..=n), 0u32..128).prop_map(|(mut v, x)| {
+                v.push(x);
+                Some(v)
+            }),
+        ],
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(a, p)| TopologyHint::new(a.map(|v| NodeMask::from_ids(v).unwrap()), p))
+}
+
+/// 1 to 4 hints, one maybe repeated.
+fn arb_hints_on(ids: Vec<u32>) -> impl Strategy<Value = Vec<TopologyHint>> {
+    (
+        prop::collection::vec(arb_hint_on(ids), 1..=4),
+        prop::collection::vec(any::<prop::sample::Index>(), 0..=1),
+    )
+        .prop_map(|(mut hs, dups)| {
+            for d in dups {
+                hs.push(hs[d.index(hs.len())]);
+            }
+            hs
+        })
+}
+
+fn arb_providers_on(ids: Vec<u32>) -> impl Strategy<Value = Vec<ProviderHints>> {
+    let list = prop_oneof![
+        1 => Just(None),
+        1 => Just(Some(vec![])),
+        10 => arb_hints_on(ids).prop_map(Some),
+    ];
+    let provider = prop_oneof![
+        1 => Just(None),
+        1 => Just(Some(BTreeMap::new())),
+        10 => prop::collection::vec(list, 1..=2).prop_map(|ls| {
+            Some(ls.into_iter().enumerate().map(|(i, l)| (format!("r{i}"), l)).collect())
+        }),
+    ];
+    prop::collection::vec(provider, 0..=3)
+}
+
+fn arb_case() -> impl Strategy<Value = (MergePolicy, bool, NumaInfo, Vec<ProviderHints>)> {
+    arb_machine_ids().prop_flat_map(|ids| {
+        let max = *ids.iter().max().unwrap();
+        (
+            arb_policy(),
+            any::<bool>(),
+            arb_distances(max),
+            arb_providers_on(ids.clone()),
+        )
+            .prop_map(move |(policy, closest, d, ps)| {
+                (policy, closest, NumaInfo::new(ids.clone(), d), ps)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// 1 to 8 machine nodes with ids up to 127, mostly non-preferred hints (duplicates, empty
+    /// masks, nodes off the machine, no-affinity hints, nil and empty lists and providers),
+    /// distances with ties or rounding, every policy.
+    #[test]
+    fn search_equals_enumeration((policy, closest, numa, providers) in arb_case()) {
+        let o = opts(closest);
+        let slow = merge_enumerate(policy, &o, &numa, &providers);
+        prop_assert_eq!(merge(policy, &o, &numa, &providers), slow);
+        prop_assert_eq!(merge_reachable(policy, &o, &numa, &providers), slow);
+    }
+}
+
+/// 9 to 14 nodes, 2 to 5 lists of up to 12 wide hints (too many combinations to enumerate): the
+/// search against the old reachable-set engine.
+fn arb_wide_case() -> impl Strategy<Value = (u32, bool, u64, Vec<ProviderHints>)> {
+    (9u32..=14, any::<bool>(), 11u64..=21).prop_flat_map(|(nodes, closest, near)| {
+        let hint = (1u128..1 << nodes, prop::bool::weighted(0.1))
+            .prop_map(|(m, p)| TopologyHint::new(Some(NodeMask(m)), p));
+        let list = prop::collection::vec(hint, 1..=12).prop_map(one);
+        (
+            Just(nodes),
+            Just(closest),
+            Just(near),
+            prop::collection::vec(list, 2..=5),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn search_equals_the_old_engine_beyond_8_nodes(
+        (nodes, closest, near, providers) in arb_wide_case(),
+        policy in prop_oneof![Just(BE), Just(R), Just(SNN)],
+    ) {
+        let numa = two_sockets(nodes, near, 11);
+        let o = opts(closest);
+        prop_assert_eq!(
+            merge(policy, &o, &numa, &providers),
+            merge_reachable(policy, &o, &numa, &providers)
+        );
+    }
+}

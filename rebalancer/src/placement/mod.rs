@@ -3,6 +3,7 @@
 pub mod mask;
 pub mod merge;
 pub mod merge_case;
+mod merge_search;
 pub mod numa_info;
 
 pub use mask::{NodeMask, TopologyHint};
