@@ -99,6 +99,63 @@ impl CgroupObs {
             .fold(0u64, |a, &b| a.saturating_add(b))
     }
 
+    /// CPU time where its threads may run now: the period's time on nodes outside `runnable`
+    /// (the nodes of its cpuset ∩ its threads' affinity) was spent before an operator's re-pin,
+    /// a thread's own `sched_setaffinity` or a move, and says nothing about where the
+    /// workload runs from now on. That time is counted on `runnable` instead, in proportion to
+    /// the time already there (evenly when none was), so the first round after a re-pin sees
+    /// the workload where it now runs instead of waiting a period for its CPU time to follow.
+    /// The total is kept (the workload's demand did not change). Returns whether anything was
+    /// moved. An empty `runnable` (nothing known) changes nothing.
+    pub fn project_cpu_to(&mut self, runnable: &CpuSet) -> bool {
+        if runnable.is_empty() {
+            return false;
+        }
+        let stale: u64 = self
+            .cpu_ns_per_node
+            .iter()
+            .filter(|(n, _)| !runnable.contains(**n))
+            .fold(0u64, |a, (_, &v)| a.saturating_add(v));
+        if stale == 0 {
+            return false;
+        }
+        self.cpu_ns_per_node.retain(|n, _| runnable.contains(*n));
+        let here: u64 = self
+            .cpu_ns_per_node
+            .values()
+            .fold(0u64, |a, &v| a.saturating_add(v));
+        // Shares of `stale` per runnable node; the remainder of the integer split goes to the
+        // first ones, so the total is exact.
+        let weights: Vec<(u32, u64)> = if here > 0 {
+            self.cpu_ns_per_node.iter().map(|(&n, &v)| (n, v)).collect()
+        } else {
+            runnable.iter().map(|n| (n, 1)).collect()
+        };
+        let wsum: u128 = weights.iter().map(|(_, w)| u128::from(*w)).sum();
+        let mut given = 0u64;
+        let mut shares: Vec<(u32, u64)> = weights
+            .iter()
+            .map(|&(n, w)| {
+                let s = (u128::from(stale) * u128::from(w) / wsum) as u64;
+                given += s;
+                (n, s)
+            })
+            .collect();
+        let mut rest = stale - given;
+        for (_, s) in shares.iter_mut() {
+            if rest == 0 {
+                break;
+            }
+            *s += 1;
+            rest -= 1;
+        }
+        for (n, s) in shares {
+            let e = self.cpu_ns_per_node.entry(n).or_default();
+            *e = e.saturating_add(s);
+        }
+        true
+    }
+
     /// Nodes holding any of its memory or running any of its CPU time.
     pub fn touched_nodes(&self) -> CpuSet {
         self.cpu_ns_per_node
@@ -167,5 +224,59 @@ impl Observations {
             return 0.0;
         }
         cg.total_cpu_ns() as f64 / self.period_ns as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cg(cpu: &[(u32, u64)]) -> CgroupObs {
+        CgroupObs {
+            cpu_ns_per_node: cpu.iter().copied().collect(),
+            ..Default::default()
+        }
+    }
+
+    fn set(ids: &[u32]) -> CpuSet {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn cpu_time_outside_where_threads_may_run_is_counted_where_they_may() {
+        // Re-pinned from node 1 to node 0: all its time counts on node 0.
+        let mut c = cg(&[(1, 900), (0, 100)]);
+        assert!(c.project_cpu_to(&set(&[0])));
+        assert_eq!(c.cpu_ns_per_node, [(0, 1000)].into_iter().collect());
+        // Moved to nodes 2 and 3 where it has not run yet: evenly, the total exact.
+        let mut c = cg(&[(1, 1001)]);
+        assert!(c.project_cpu_to(&set(&[2, 3])));
+        assert_eq!(c.cpu_ns_per_node, [(2, 501), (3, 500)].into_iter().collect());
+        // Some time already on the runnable nodes: in proportion to it.
+        let mut c = cg(&[(0, 300), (1, 100), (2, 400)]);
+        assert!(c.project_cpu_to(&set(&[0, 1])));
+        assert_eq!(c.cpu_ns_per_node, [(0, 600), (1, 200)].into_iter().collect());
+        // Nothing stale, or nothing known: unchanged.
+        let mut c = cg(&[(0, 300), (1, 100)]);
+        assert!(!c.project_cpu_to(&set(&[0, 1, 2])));
+        assert!(!c.project_cpu_to(&CpuSet::new()));
+        assert_eq!(c.cpu_ns_per_node, [(0, 300), (1, 100)].into_iter().collect());
+        // Large values do not overflow the split.
+        let mut c = cg(&[(0, u64::MAX / 2), (1, u64::MAX / 2)]);
+        assert!(c.project_cpu_to(&set(&[0])));
+        assert_eq!(c.total_cpu_ns(), u64::MAX / 2 * 2);
+    }
+
+    /// A workload re-pinned away from its memory scores as remote in the first round after
+    /// the pin, not one period later.
+    #[test]
+    fn a_re_pinned_workload_scores_remote_at_once() {
+        let mut c = cg(&[(1, 950), (0, 50)]);
+        c.mem_bytes_per_node = [(1, 1 << 30)].into_iter().collect();
+        let before = crate::controller::locality::instant(&c).unwrap().0;
+        assert!(before > 0.9, "{before}");
+        c.project_cpu_to(&set(&[0]));
+        let after = crate::controller::locality::instant(&c).unwrap().0;
+        assert!(after < 0.01, "{after}");
     }
 }

@@ -715,6 +715,17 @@ impl Engine {
                     ..Default::default()
                 };
                 delta.access().fill(&mut o);
+                // Where its threads may run now (cpuset ∩ their affinity): CPU time spent
+                // elsewhere this period predates a re-pin or a move and is counted there.
+                let mut runnable: CpuSet = o
+                    .cpus
+                    .iter()
+                    .filter_map(|cpu| topo.node_of_cpu(cpu))
+                    .collect();
+                if let Some(allowed) = &o.constraints.allowed_nodes {
+                    runnable = runnable.intersection(allowed);
+                }
+                o.project_cpu_to(&runnable);
                 if cfg.controller.written_pages {
                     let proc_root = self.proc_root.clone();
                     let pids = self
