@@ -251,16 +251,25 @@ mod tests {
         // Moved to nodes 2 and 3 where it has not run yet: evenly, the total exact.
         let mut c = cg(&[(1, 1001)]);
         assert!(c.project_cpu_to(&set(&[2, 3])));
-        assert_eq!(c.cpu_ns_per_node, [(2, 501), (3, 500)].into_iter().collect());
+        assert_eq!(
+            c.cpu_ns_per_node,
+            [(2, 501), (3, 500)].into_iter().collect()
+        );
         // Some time already on the runnable nodes: in proportion to it.
         let mut c = cg(&[(0, 300), (1, 100), (2, 400)]);
         assert!(c.project_cpu_to(&set(&[0, 1])));
-        assert_eq!(c.cpu_ns_per_node, [(0, 600), (1, 200)].into_iter().collect());
+        assert_eq!(
+            c.cpu_ns_per_node,
+            [(0, 600), (1, 200)].into_iter().collect()
+        );
         // Nothing stale, or nothing known: unchanged.
         let mut c = cg(&[(0, 300), (1, 100)]);
         assert!(!c.project_cpu_to(&set(&[0, 1, 2])));
         assert!(!c.project_cpu_to(&CpuSet::new()));
-        assert_eq!(c.cpu_ns_per_node, [(0, 300), (1, 100)].into_iter().collect());
+        assert_eq!(
+            c.cpu_ns_per_node,
+            [(0, 300), (1, 100)].into_iter().collect()
+        );
         // Large values do not overflow the split.
         let mut c = cg(&[(0, u64::MAX / 2), (1, u64::MAX / 2)]);
         assert!(c.project_cpu_to(&set(&[0])));
