@@ -387,6 +387,11 @@ pub struct ControllerConfig {
     /// Writer threads applying moves at the same time (1 = one after the other). A round hands
     /// its moves to them and does not wait for their migrations.
     pub apply_threads: u32,
+    /// Nice value of the writer threads while they migrate a workload's pages (-20..=19). A
+    /// workload pays its migration either way (AutoNUMA migrates in the faulting task, which
+    /// waits for it); ahead of the workloads' own threads the migration ends sooner and the
+    /// workload runs local sooner. 0 = the daemon's own priority.
+    pub apply_nice: i32,
     /// An operator's write to a managed cgroup's cpuset.cpus, or a new container's placement,
     /// starts a round this long after the last event of a burst (at most 4× after the first),
     /// so one round sees the whole burst; 0 = rounds on the period only.
@@ -448,6 +453,7 @@ impl Default for ControllerConfig {
             migration_budget_mib: 1024,
             max_moves_per_round: 4,
             apply_threads: 4,
+            apply_nice: default_apply_nice(),
             event_settle_ms: 200,
             staged_migration: true,
             migration_cost_per_gib: 1.0,
@@ -573,6 +579,12 @@ impl Config {
             return Err(bad(
                 "controller.apply_threads",
                 "must be between 1 and 64".into(),
+            ));
+        }
+        if !(-20..=19).contains(&self.controller.apply_nice) {
+            return Err(bad(
+                "controller.apply_nice",
+                "must be between -20 and 19".into(),
             ));
         }
         if self.controller.event_settle_ms > 10_000 {
@@ -706,6 +718,10 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
         .map_or(before.len(), |i| before.len() - i - 1)
         + 1;
     (line, column)
+}
+
+fn default_apply_nice() -> i32 {
+    -10
 }
 
 #[cfg(test)]

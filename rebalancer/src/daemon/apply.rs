@@ -34,8 +34,11 @@
 //! once, each writer first moves its own cgroup's memory toward the target itself with
 //! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
 //! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call) and the
-//! narrowing write finds little left. A move that runs alone goes straight to its narrowing write: the kernel's
-//! migration (one pass over the mm, in its worker) was the faster path in vm-bench's guest.
+//! narrowing write finds little left. The writers run at `controller.apply_nice` (-10: the
+//! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
+//! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
+//! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
+//! its narrowing write: the kernel's migration (one pass over the mm, in its worker).
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
 //! finished toward a target they no longer want, and a failed move's undo never overwrites
@@ -883,6 +886,9 @@ impl Drop for Applier {
 /// own writer, until the applier is closed and nothing is queued, or the daemon stops.
 fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
     let mut w = writer();
+    let mut nice = Nice::default();
+    // Read with no queue lock held (the daemon's lock is never taken under it).
+    let mut want_nice = d.lock().cfg.controller.apply_nice;
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if d.stopping() && !q.waiting.is_empty() {
@@ -900,11 +906,15 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                 // pass over the mm in its worker) is the faster path — vm-bench's TCG guest
                 // showed move_pages from the daemon's threads slower than it even when
                 // serialised (BENCHMARKS, "Parallel moves and event-driven rounds").
-                let premigrate = q.limit > 1
-                    && (q.premigrate_alone || !(q.running.is_empty() && q.waiting.is_empty()));
+                // A writer ahead of the workloads (`apply_nice` < 0) moves the pages itself
+                // even alone: the kernel's worker runs at the normal priority.
+                let premigrate = want_nice < 0
+                    || (q.limit > 1
+                        && (q.premigrate_alone || !(q.running.is_empty() && q.waiting.is_empty())));
                 job.started = Some(Instant::now());
                 q.running.push(job.clone());
                 drop(q);
+                nice.set(want_nice);
                 // A panic in a move (a bug) ends that move, not the thread: it leaves
                 // `running` as failed, and the writer is made anew (its state is unknown).
                 let o = match catch_unwind(AssertUnwindSafe(|| {
@@ -935,6 +945,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         Outcome::Failed("panic")
                     }
                 };
+                want_nice = d.lock().cfg.controller.apply_nice;
                 q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
                 q.end(&job, o);
                 pool.cv.notify_all();
@@ -982,5 +993,34 @@ fn trigger_name(t: &controller::Trigger) -> String {
         controller::Trigger::PoorLocality => "poor-locality".into(),
         controller::Trigger::Overloaded { .. } => "overloaded".into(),
         controller::Trigger::Migrating { .. } => "migrating".into(),
+    }
+}
+
+/// The nice value of the calling writer thread (`controller.apply_nice`, followed on reload).
+/// `setpriority(PRIO_PROCESS, tid)` sets one thread's value on Linux. Without CAP_SYS_NICE a
+/// negative value is refused: logged once per daemon, and the thread keeps the daemon's
+/// priority.
+#[derive(Default)]
+struct Nice {
+    now: Option<i32>,
+}
+
+static NICE_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Nice {
+    fn set(&mut self, want: i32) {
+        if self.now == Some(want) {
+            return;
+        }
+        // SAFETY: plain syscalls on the calling thread with integer arguments.
+        let r = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, want)
+        };
+        if r == 0 {
+            self.now = Some(want);
+        } else if !NICE_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(nice = want, error = %std::io::Error::last_os_error(), "cannot set the writer threads' nice value (controller.apply_nice); they keep the daemon's");
+        }
     }
 }

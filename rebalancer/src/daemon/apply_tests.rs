@@ -102,6 +102,17 @@ pub(crate) struct SharedFake {
     gate: Option<Arc<Gate>>,
     /// Calls of (move_pages, migrate_pages) so far, over every thread's writer.
     calls: Arc<Mutex<(u32, u32)>>,
+    /// The nice value of the thread of each mems write and page move, in call order.
+    nices: Arc<Mutex<Vec<i32>>>,
+}
+
+/// The calling thread's nice value.
+fn thread_nice() -> i32 {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::getpriority(libc::PRIO_PROCESS, tid)
+    }
 }
 
 impl CgroupWriter for SharedFake {
@@ -115,6 +126,7 @@ impl CgroupWriter for SharedFake {
         self.fake.lock().unwrap().write_cpus(cg, cpus)
     }
     fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.nices.lock().unwrap().push(thread_nice());
         self.fake.lock().unwrap().write_mems(cg, mems)
     }
     fn needs_memory_migrate(&self) -> bool {
@@ -135,6 +147,7 @@ impl CgroupWriter for SharedFake {
     }
     fn migrate_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
         self.calls.lock().unwrap().1 += 1;
+        self.nices.lock().unwrap().push(thread_nice());
         if let Some(g) = &self.gate {
             g.arrive();
         }
@@ -153,6 +166,7 @@ impl SharedFake {
             fake,
             gate: None,
             calls: Arc::default(),
+            nices: Arc::default(),
         }
     }
 
@@ -823,6 +837,8 @@ fn a_move_alone_migrates_through_the_kernel() {
         ..SharedFake::new(fake)
     };
     let (_dir, d) = daemon(4, 1024);
+    // At the workloads' priority (0), a lone move goes by its mems write.
+    d.lock().cfg.controller.apply_nice = 0;
     let mut a = Applier::new(d.clone(), w.factory());
     a.submit(
         &[mv("a", ("0-3", "0-3"), ("0-1", "1"), 100 * MIB)],
@@ -998,4 +1014,54 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
     s.sort();
     s.dedup();
     assert_eq!(s, vec!["a".to_string(), "b".to_string()]);
+}
+
+/// The writer threads migrate at `controller.apply_nice`; ahead of the workloads (a negative
+/// value) a writer moves even a lone move's pages itself (the kernel's worker for a narrowing
+/// mems write runs at the normal priority); at 0 or above a lone move goes by its mems write.
+/// Without the privilege for a negative value the move is applied all the same, at the
+/// daemon's priority.
+#[test]
+fn writers_migrate_at_their_nice_value() {
+    let lone = |nice: i32| {
+        let cgs = [("a", "0-3", "0-1")];
+        let mut fake = fake_of(&cgs);
+        fake.set_memory("a", &[(0, 100 * MIB), (1, 100 * MIB)]);
+        let w = SharedFake::new(fake);
+        let (_dir, d) = daemon(4, 1024);
+        d.lock().cfg.controller.apply_nice = nice;
+        let mut a = Applier::new(d.clone(), w.factory());
+        let moves = [mv("a", ("0-3", "0-3"), ("0-1", "0"), 100 * MIB)];
+        assert_eq!(a.submit(&moves, 1000, false).queued, 1);
+        let done = a.wait();
+        assert_eq!(done.applied, 1, "{done:?}");
+        let f = w.fake.lock().unwrap();
+        assert_eq!(f.mems("a"), Some(&set("0")));
+        check_history(&cgs, &f, &[]);
+        let calls = *w.calls.lock().unwrap();
+        let nices = w.nices.lock().unwrap().clone();
+        (calls.1, nices)
+    };
+    // Any thread may lower its own priority.
+    let (migrate_calls, nices) = lone(7);
+    assert_eq!(
+        migrate_calls, 0,
+        "alone at nice 7: the narrowing mems write migrates"
+    );
+    assert!(
+        !nices.is_empty() && nices.iter().all(|&n| n == 7),
+        "{nices:?}"
+    );
+    let (migrate_calls, nices) = lone(-3);
+    assert!(
+        migrate_calls >= 1,
+        "ahead of the workloads the writer moves the pages itself"
+    );
+    // SAFETY: no arguments.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(nices.iter().all(|&n| n == -3), "{nices:?}");
+    } else {
+        eprintln!("not root: nice -3 refused, the move applied at the daemon's priority");
+        assert!(nices.iter().all(|&n| n >= 0), "{nices:?}");
+    }
 }
