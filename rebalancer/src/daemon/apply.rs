@@ -296,9 +296,13 @@ fn apply_one(
             tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move's cpus failed");
         }
     }
+    // How long the move's page moves and its narrowing write took (logged with the move: a
+    // migration that runs long after its pages are local shows here).
+    let (mut premigrate_ms, mut finish_ms) = (0u128, 0u128);
     let result = begun.and_then(|b| match b {
         controller::Begun::DryRun(a) => Ok(a),
         controller::Begun::CpusMoved(rest) => {
+            let started = Instant::now();
             // cgroup v2 migrates every cgroup's memory on one ordered kernel workqueue
             // (`cpuset_migrate_mm_wq`) and each mems writer waits for the whole queue:
             // concurrent narrowing writes cost the sum of their migrations. So each writer
@@ -344,12 +348,15 @@ fn apply_one(
                     }
                 }
             }
+            premigrate_ms = started.elapsed().as_millis();
             let hub = d.rounds.clone();
             let cg = mv.cgroup.clone();
             let rest = rest
                 .keep_cpus_on_failure()
                 .accepting_cpus(Box::new(move |c| hub.is_own(&cg, c)));
+            let finishing = Instant::now();
             let r = controller::finish(mv, w, rest);
+            finish_ms = finishing.elapsed().as_millis();
             if let Err(e) = &r {
                 if !matches!(
                     e,
@@ -368,7 +375,8 @@ fn apply_one(
             let staged = mv.stage.as_ref().map(|s| s.toward.to_string());
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
                 moved = done.moved_bytes, staged_toward = ?staged,
-                before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(), "move applied");
+                before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(),
+                premigrate_ms, finish_ms, "move applied");
             if let Some(e) = &done.pages_error {
                 tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
             }
