@@ -468,3 +468,47 @@ fn mixed_rounds_decide_as_before() {
         );
     }
 }
+
+/// The first evaluation split over threads decides exactly as on one: every mixed round (all
+/// three configs) and a bench round, planned on 1, 2, 3 and 7 threads (more threads than
+/// the machine has CPUs still run, and a chunk count that does not divide the cgroups).
+#[test]
+fn rounds_on_several_threads_decide_as_on_one() {
+    let cfgs = [
+        ControllerConfig::default(),
+        ControllerConfig {
+            move_exclusive: true,
+            migration_budget_mib: 4096,
+            max_moves_per_round: 12,
+            ..ControllerConfig::default()
+        },
+    ];
+    for nodes in [2u32, 8, 32] {
+        let topo = machine(nodes);
+        let mut cases = vec![{
+            let obs = bench_obs(&topo, 1_001);
+            let mut state = ControllerState::default();
+            state.observe(&obs, ControllerConfig::default().ewma_alpha);
+            (obs, state)
+        }];
+        cases.extend((1..=2u64).map(|seed| mixed(&topo, 601, seed * 7919 + u64::from(nodes))));
+        for (obs, state) in &cases {
+            for cfg in &cfgs {
+                let mut st = state.clone();
+                let scores = st.observe_scored(obs, cfg.ewma_alpha);
+                let one = planner::plan_with(&topo, obs, &scores, &st, cfg, 120_000, Some(1));
+                assert!(!one.decisions.is_empty());
+                for threads in [2, 3, 7] {
+                    let many =
+                        planner::plan_with(&topo, obs, &scores, &st, cfg, 120_000, Some(threads));
+                    assert_eq!(
+                        digest(&one),
+                        digest(&many),
+                        "{nodes}n, {threads} threads: a different plan"
+                    );
+                    assert_eq!(one, many);
+                }
+            }
+        }
+    }
+}
