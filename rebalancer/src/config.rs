@@ -390,7 +390,8 @@ pub struct ControllerConfig {
     /// Nice value of the writer threads while they migrate a workload's pages (-20..=19). A
     /// workload pays its migration either way (AutoNUMA migrates in the faulting task, which
     /// waits for it); ahead of the workloads' own threads the migration ends sooner and the
-    /// workload runs local sooner. 0 = the daemon's own priority.
+    /// workload runs local sooner. Absolute: 0 = the normal priority. Nice orders threads
+    /// within one CPU cgroup only (pods in another get CPU by their cgroup's `cpu.weight`).
     pub apply_nice: i32,
     /// An operator's write to a managed cgroup's cpuset.cpus, or a new container's placement,
     /// starts a round this long after the last event of a burst (at most 4× after the first),

@@ -100,8 +100,8 @@ impl CgroupObs {
     }
 
     /// CPU time where its threads may run now: the period's time on nodes outside `runnable`
-    /// (the nodes of its cpuset ∩ its threads' affinity) was spent before an operator's re-pin,
-    /// a thread's own `sched_setaffinity` or a move, and says nothing about where the
+    /// (the nodes of its cpuset) was spent before an operator's re-pin or a move, and says
+    /// nothing about where the
     /// workload runs from now on. That time is counted on `runnable` instead, in proportion to
     /// the time already there (evenly when none was), so the first round after a re-pin sees
     /// the workload where it now runs instead of waiting a period for its CPU time to follow.

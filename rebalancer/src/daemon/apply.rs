@@ -894,9 +894,12 @@ impl Drop for Applier {
 /// own writer, until the applier is closed and nothing is queued, or the daemon stops.
 fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
     let mut w = writer();
-    let mut nice = Nice::default();
-    // Read with no queue lock held (the daemon's lock is never taken under it).
-    let mut want_nice = d.lock().cfg.controller.apply_nice;
+    // Restored when this function returns: it may run on the rounds thread (`work_inline`).
+    let mut nice = Nice::new();
+    // Read with no queue lock held (the daemon's lock is never taken under it), and set
+    // before a move is picked: whether a lone move is premigrated follows the value the
+    // thread has, not the one asked for (a refused -10 leaves the normal priority).
+    nice.set(d.lock().cfg.controller.apply_nice);
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if d.stopping() && !q.waiting.is_empty() {
@@ -916,13 +919,12 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                 // serialised (BENCHMARKS, "Parallel moves and event-driven rounds").
                 // A writer ahead of the workloads (`apply_nice` < 0) moves the pages itself
                 // even alone: the kernel's worker runs at the normal priority.
-                let premigrate = want_nice < 0
+                let premigrate = nice.ahead()
                     || (q.limit > 1
                         && (q.premigrate_alone || !(q.running.is_empty() && q.waiting.is_empty())));
                 job.started = Some(Instant::now());
                 q.running.push(job.clone());
                 drop(q);
-                nice.set(want_nice);
                 // A panic in a move (a bug) ends that move, not the thread: it leaves
                 // `running` as failed, and the writer is made anew (its state is unknown).
                 let o = match catch_unwind(AssertUnwindSafe(|| {
@@ -953,7 +955,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         Outcome::Failed("panic")
                     }
                 };
-                want_nice = d.lock().cfg.controller.apply_nice;
+                nice.set(d.lock().cfg.controller.apply_nice);
                 q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
                 q.end(&job, o);
                 pool.cv.notify_all();
@@ -1005,30 +1007,100 @@ fn trigger_name(t: &controller::Trigger) -> String {
 }
 
 /// The nice value of the calling writer thread (`controller.apply_nice`, followed on reload).
-/// `setpriority(PRIO_PROCESS, tid)` sets one thread's value on Linux. Without CAP_SYS_NICE a
-/// negative value is refused: logged once per daemon, and the thread keeps the daemon's
-/// priority.
-#[derive(Default)]
+/// `setpriority(PRIO_PROCESS, tid)` sets one thread's value on Linux. The value is absolute;
+/// the thread's value when this was made is restored when it is dropped (the function may
+/// run on the rounds thread, whose later threads would inherit it). A refused value (a
+/// negative one without CAP_SYS_NICE) is logged — once per value asked — and the thread
+/// keeps the value it has.
 struct Nice {
+    /// The thread's value when made (None: unknown, nothing restored).
+    base: Option<i32>,
     now: Option<i32>,
 }
 
-static NICE_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static NICE_REFUSED: std::sync::Mutex<Option<i32>> = std::sync::Mutex::new(None);
+
+fn thread_nice(tid: libc::id_t) -> Option<i32> {
+    // getpriority may return -1 as a value: errno tells.
+    // SAFETY: plain syscalls on the calling thread with integer arguments.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let v = libc::getpriority(libc::PRIO_PROCESS, tid);
+        (*libc::__errno_location() == 0).then_some(v)
+    }
+}
+
+fn gettid() -> libc::id_t {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t }
+}
 
 impl Nice {
+    fn new() -> Nice {
+        let base = thread_nice(gettid());
+        Nice { base, now: base }
+    }
+
+    /// Whether the thread runs ahead of the workloads (a negative value it has).
+    fn ahead(&self) -> bool {
+        self.now.is_some_and(|n| n < 0)
+    }
+
     fn set(&mut self, want: i32) {
         if self.now == Some(want) {
             return;
         }
-        // SAFETY: plain syscalls on the calling thread with integer arguments.
-        let r = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, want)
-        };
+        // SAFETY: a plain syscall on the calling thread with integer arguments.
+        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, gettid(), want) };
         if r == 0 {
             self.now = Some(want);
-        } else if !NICE_REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(nice = want, error = %std::io::Error::last_os_error(), "cannot set the writer threads' nice value (controller.apply_nice); they keep the daemon's");
+            return;
         }
+        let e = std::io::Error::last_os_error();
+        let mut last = NICE_REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != Some(want) {
+            *last = Some(want);
+            tracing::warn!(nice = want, now = ?self.now, error = %e, "cannot set the writer threads' nice value (controller.apply_nice); they keep the value they have");
+        }
+    }
+}
+
+impl Drop for Nice {
+    fn drop(&mut self) {
+        if let Some(base) = self.base {
+            if self.now != Some(base) {
+                // SAFETY: as in `set`. Raising a value back is always allowed; lowering it
+                // back (a positive apply_nice) may be refused without CAP_SYS_NICE.
+                let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, gettid(), base) };
+                if r != 0 {
+                    tracing::warn!(nice = base, error = %std::io::Error::last_os_error(), "cannot restore a thread's nice value after its moves");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod nice_tests {
+    use super::{gettid, thread_nice, Nice};
+
+    /// A writer's nice value is the thread's only while its work runs: the value it had is
+    /// restored when the work ends (the rounds thread runs it when no writer can start, and
+    /// the threads it starts later inherit its value). Raising the value needs no privilege.
+    #[test]
+    fn a_threads_nice_value_is_restored_when_its_work_ends() {
+        std::thread::spawn(|| {
+            let base = thread_nice(gettid()).expect("getpriority of this thread");
+            {
+                let mut n = Nice::new();
+                assert!(!n.ahead() || base < 0);
+                n.set(base + 3);
+                assert_eq!(thread_nice(gettid()), Some(base + 3));
+                assert!(!n.ahead(), "a positive value is not ahead of the workloads");
+            }
+            assert_eq!(thread_nice(gettid()), Some(base), "restored on drop");
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -715,16 +715,16 @@ impl Engine {
                     ..Default::default()
                 };
                 delta.access().fill(&mut o);
-                // Where its threads may run now (cpuset ∩ their affinity): CPU time spent
-                // elsewhere this period predates a re-pin or a move and is counted there.
-                let mut runnable: CpuSet = o
+                // Where its threads may run now (the nodes of its cpuset, which bounds every
+                // thread): CPU time spent elsewhere this period predates a re-pin or a move
+                // and is counted there. Not the threads' affinity (read from each process's
+                // main thread only, it would move its workers' time too) nor admission's
+                // allowed nodes (where it may be placed, not where it runs).
+                let runnable: CpuSet = o
                     .cpus
                     .iter()
                     .filter_map(|cpu| topo.node_of_cpu(cpu))
                     .collect();
-                if let Some(allowed) = &o.constraints.allowed_nodes {
-                    runnable = runnable.intersection(allowed);
-                }
                 o.project_cpu_to(&runnable);
                 if cfg.controller.written_pages {
                     let proc_root = self.proc_root.clone();
