@@ -160,10 +160,13 @@ impl Drop for UserCgroup {
 
 /// The moment of a stop signal, on the clock of file times: a marker's mtime (file times come
 /// from the kernel's coarse clock, up to a tick behind `SystemTime::now()`), and the inode of the
-/// checkpoint then on disk (a write renames a new file into place: another inode).
+/// checkpoint then on disk (a write renames a new file into place: another inode). The old file
+/// is held open: a free inode number is reused by the file system (ext4 does at once), so after
+/// two writes the newest file could carry the number the stop saw; an open file keeps it taken.
 struct StopMark {
     time: std::time::SystemTime,
     ino: Option<u64>,
+    _held: Option<std::fs::File>,
 }
 
 fn stop_mark(d: &Daemon) -> StopMark {
@@ -171,9 +174,11 @@ fn stop_mark(d: &Daemon) -> StopMark {
     let mark = d.state_dir.join("test-stop-mark");
     std::fs::write(&mark, b"").unwrap();
     let file = d.state_dir.join(rebalancer::checkpoint::FILE_NAME);
+    let held = std::fs::File::open(file).ok();
     StopMark {
         time: std::fs::metadata(&mark).unwrap().modified().unwrap(),
-        ino: std::fs::metadata(file).ok().map(|m| m.ino()),
+        ino: held.as_ref().map(|f| f.metadata().unwrap().ino()),
+        _held: held,
     }
 }
 
