@@ -104,7 +104,8 @@ pub enum Rejection {
         need: u64,
         free: u64,
     },
-    /// Would push this node past `overload_busy`.
+    /// Would push this node past `overload_busy` (a relief move may, when it takes contention
+    /// away and leaves the node less pressed than its source: `Projection::balances`).
     Overloaded {
         node: u32,
         busy_after: f64,

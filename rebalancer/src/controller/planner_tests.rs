@@ -1099,3 +1099,112 @@ fn relief_is_priced_at_the_targets_peak_over_the_window_it_is_counted_for() {
     let c = d.considered.iter().find(|c| &c.nodes == to_nodes).unwrap();
     assert!((c.relief - 1.92 / 2.0).abs() < 1e-6, "{c:#?}");
 }
+
+/// `machine()` with node 1 cut to 2 cores (4 CPUs): nodes of unequal size.
+fn machine_small_node1() -> Topology {
+    let mut t = machine();
+    let keep = t.nodes[1].cpus.iter().take(2).collect::<Vec<_>>();
+    let cut: Vec<u32> = t.nodes[1]
+        .cpus
+        .iter()
+        .filter(|c| {
+            let core = t.cpu(*c).unwrap().core;
+            !keep.iter().any(|k| t.cpu(*k).unwrap().core == core)
+        })
+        .collect();
+    t.nodes[1].cpus = t.nodes[1]
+        .cpus
+        .difference(&cut.iter().copied().collect::<CpuSet>());
+    t.cpus.retain(|c| !cut.contains(&c.id));
+    assert_eq!(t.nodes[1].cpus.len(), 4, "{:?}", t.nodes[1].cpus);
+    t
+}
+
+/// A relief move may take its target past `overload_busy` when it takes contention away and
+/// leaves the target less pressed than the node it leaves: `a` (4 CPUs) on node 0, whose run
+/// queue has wanted 2× its 8 CPUs for the whole horizon; nodes 1–3 want 0.6× theirs. Moved to
+/// one of them it leaves 1.1× there and 1.5× on node 0 (16 × 2 − 12 × 1.5 = 14 CPUs of
+/// stretched work less, 8.8 × 1.1 − 4.8 = 4.88 more): made, where the threshold alone used to
+/// keep it on the hottest node. With the source at 1.0× the same target would end more pressed
+/// than the source was: rejected as before.
+#[test]
+fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
+    let run = |src: f64| {
+        let a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
+        let mut obs = world(vec![a]);
+        for (&n, o) in obs.nodes.iter_mut() {
+            let r = if n == 0 { src } else { 0.6 };
+            o.cpu_busy = r.min(1.0);
+            o.runnable = Some(r);
+        }
+        let mut state = ControllerState::default();
+        for _ in 0..61 {
+            state.observe(&obs, 0.5);
+        }
+        plan(&machine(), &obs, &state, &cfg(), 0)
+    };
+    let p = run(2.0);
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    let d = p.decision("a").unwrap();
+    let Outcome::Moved { to_nodes } = &d.outcome else {
+        panic!("{d:#?}")
+    };
+    assert!(to_nodes.len() == 1 && !to_nodes.contains(0), "{d:#?}");
+    let c = d.considered.iter().find(|c| &c.nodes == to_nodes).unwrap();
+    assert!(c.rejected.is_none() && c.net > 0.0, "{c:#?}");
+    assert!((c.relief - (14.0 - 4.88) / 4.0).abs() < 1e-6, "{c:#?}");
+
+    let p = run(1.0);
+    assert!(p.moves.is_empty(), "{p:#?}");
+    let d = p.decision("a").unwrap();
+    for c in d
+        .considered
+        .iter()
+        .filter(|c| c.nodes.len() == 1 && !c.nodes.contains(0))
+    {
+        assert!(
+            matches!(c.rejected, Some(Rejection::Overloaded { .. })),
+            "{c:#?}"
+        );
+    }
+}
+
+/// On nodes of unequal size a move can take contention away and still leave its target as
+/// pressed as the source: node 0 (8 CPUs) at 1.25×, node 1 (4 CPUs) below it, nodes 2–3 at
+/// 1.25× too; `a` (2 CPUs) leaves node 0 at 1.0×. Node 1 at 0.75× would end at 1.25× (the
+/// source's pressure) although the machine's stretched work falls by 1.25 CPUs: not moved, or
+/// node 1 and node 0 would trade it back and forth. At 0.625× it ends at 1.125×: moved.
+#[test]
+fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
+    let run = |n1: f64| {
+        let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
+        let mut obs = world(vec![a]);
+        for (&n, o) in obs.nodes.iter_mut() {
+            let r = if n == 1 { n1 } else { 1.25 };
+            o.cpu_busy = r.min(1.0);
+            o.runnable = Some(r);
+        }
+        let mut state = ControllerState::default();
+        for _ in 0..61 {
+            state.observe(&obs, 0.5);
+        }
+        plan(&machine_small_node1(), &obs, &state, &cfg(), 0)
+    };
+    let p = run(0.75);
+    assert!(p.moves.is_empty(), "{p:#?}");
+    let d = p.decision("a").unwrap();
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert!(
+        matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
+        "{c:#?}"
+    );
+    assert!(c.relief > 0.0, "the machine's contention falls: {c:#?}");
+
+    let p = run(0.625);
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    let d = p.decision("a").unwrap();
+    assert!(
+        matches!(&d.outcome, Outcome::Moved { to_nodes } if *to_nodes == set("1")),
+        "{d:#?}"
+    );
+}

@@ -645,13 +645,21 @@ impl<'t> Projection<'t> {
                     // Over that same window a target may go back to the load it had: a node
                     // it joins is priced at its peak of the window, not at this period (one
                     // quiet period on a node that is usually busy is no room to move into).
-                    delta = self.contention_delta_by(&fx.cpu, &t, &shares, demand, |n| {
+                    let before = |n| {
                         if entry(&fx.cpu, n).is_some() {
                             self.demand(n)
                         } else {
                             self.peak_demand(n, lasted)
                         }
-                    });
+                    };
+                    delta = self.contention_delta_by(&fx.cpu, &t, &shares, demand, before);
+                    // Past `overload_busy` is no reason to stay where it is worse.
+                    if delta < 0.0
+                        && matches!(rejected, Some(Rejection::Overloaded { .. }))
+                        && self.balances(&fx.cpu, &t, &shares, demand, before)
+                    {
+                        rejected = None;
+                    }
                 }
                 let relief = if measured {
                     // The contention model's own answer: the CPU time every task on the
@@ -771,6 +779,31 @@ impl<'t> Projection<'t> {
         demand: f64,
     ) -> f64 {
         self.contention_delta_by(cpu, t, shares, demand, |n| self.demand(n))
+    }
+
+    /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
+    /// same `d`) may push its targets past `overload_busy`: every target node, at its demand
+    /// `d` plus what the move adds, is less pressed (runnable demand per CPU) than the most
+    /// pressed node the workload leaves is now. The target is then still the lesser of the
+    /// two loads, so the reverse move could not pass this test on the same loads (no trading
+    /// the workload back and forth), and the machine's stretched work is lower.
+    fn balances(
+        &self,
+        cpu: &[(u32, f64)],
+        t: &CpuSet,
+        shares: &[(u32, f64, f64)],
+        demand: f64,
+        d: impl Fn(u32) -> f64,
+    ) -> bool {
+        let pressure = |n: u32, dem: f64| dem / self.ncpus(n).max(1) as f64;
+        let source = cpu
+            .iter()
+            .filter(|e| !t.contains(e.0) && e.1 > 0.0)
+            .map(|&(n, _)| pressure(n, self.demand(n)))
+            .fold(0.0, f64::max);
+        shares.iter().all(|&(n, share, own)| {
+            self.ncpus(n) > 0 && pressure(n, (d(n) - own + demand * share).max(0.0)) < source
+        })
     }
 
     /// [`Projection::contention_delta`] with each node's demand before the move from `d`.
