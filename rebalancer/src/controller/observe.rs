@@ -179,7 +179,8 @@ pub struct NodeObs {
     pub free_hugepage_bytes: u64,
     /// CPUs' worth of runnable demand per CPU of the node (running + waiting on the run
     /// queue), ≥ `cpu_busy`; above 1 the node's tasks wait for a CPU. `None`: not measured
-    /// (the planner then takes `cpu_busy`).
+    /// (the planner then takes `cpu_busy`). The simulator measures it; the daemon does not yet
+    /// (`Engine::node_obs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runnable: Option<f64>,
 }
@@ -192,6 +193,12 @@ impl NodeObs {
         } else {
             1.0
         }
+    }
+
+    /// Whether the run queue was measured: a finite, non-negative `runnable` (anything else
+    /// reads as not measured, and [`NodeObs::pressure`] falls back to the busy share).
+    pub fn runnable_measured(&self) -> bool {
+        self.runnable.is_some_and(|r| r.is_finite() && r >= 0.0)
     }
 
     /// Runnable demand per CPU where measured (at least the busy share, at most 64), else the

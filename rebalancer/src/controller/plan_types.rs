@@ -104,8 +104,9 @@ pub enum Rejection {
         need: u64,
         free: u64,
     },
-    /// Would push this node past `overload_busy` (a relief move may, when it takes contention
-    /// away and leaves the node less pressed than its source: `Projection::balances`).
+    /// Would push this node past `overload_busy` (a shared-CPU relief move may, with run queues
+    /// measured, when it takes contention away and leaves the node less pressed than the most
+    /// pressed node it leaves: `Projection::balances`).
     Overloaded {
         node: u32,
         busy_after: f64,

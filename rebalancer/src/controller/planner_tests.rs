@@ -1208,3 +1208,53 @@ fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
         "{d:#?}"
     );
 }
+
+/// The exception past `overload_busy` needs a real run-queue reading on every node it prices,
+/// and is not for whole cores: the same move as in
+/// `a_relief_move_may_pass_overload_busy_into_a_less_pressed_node` stays rejected when the
+/// targets' readings are not finite, and for an exclusive workload (its cores leave the
+/// target's shared pool, which per-node pressure does not see).
+#[test]
+fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
+    let run = |target: f64, excl: bool| {
+        let mut a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
+        if excl {
+            a = exclusive(a);
+        }
+        let mut obs = world(vec![a]);
+        for (&n, o) in obs.nodes.iter_mut() {
+            let r = if n == 0 { 2.0 } else { target };
+            o.cpu_busy = if n == 0 { 1.0 } else { 0.6 };
+            o.runnable = Some(r);
+        }
+        let mut state = ControllerState::default();
+        for _ in 0..61 {
+            state.observe(&obs, 0.5);
+        }
+        let cfg = ControllerConfig {
+            move_exclusive: true,
+            ..cfg()
+        };
+        plan(&machine(), &obs, &state, &cfg, 0)
+    };
+    assert_eq!(run(0.6, false).moves.len(), 1, "the control");
+    for (target, excl) in [
+        (f64::NAN, false),
+        (f64::INFINITY, false),
+        (-1.0, false),
+        (0.6, true),
+    ] {
+        let p = run(target, excl);
+        assert!(p.moves.is_empty(), "{target} {excl}: {p:#?}");
+        let d = p.decision("a").unwrap();
+        for c in d.considered.iter().filter(|c| !c.nodes.contains(0)) {
+            assert!(
+                matches!(
+                    c.rejected,
+                    Some(Rejection::Overloaded { .. }) | Some(Rejection::NoCpus { .. })
+                ),
+                "{target} {excl}: {c:#?}"
+            );
+        }
+    }
+}

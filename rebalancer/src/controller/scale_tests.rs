@@ -321,7 +321,7 @@ const GOLDEN: &[(&str, u64, u64)] = &[
     ("mixed-8n-1-wide", 0x28bc657f03cf3f17, 0x69351741da08efa9),
     ("mixed-8n-1-tight", 0x28bc657f03cf3f17, 0xbb291f01758a9c00),
     ("mixed-8n-2-default", 0xe3ff881f463f5c62, 0x4a2d0e2714855c7f),
-    ("mixed-8n-2-wide", 0xc22a0844c6a1ec7e, 0x8579c6c0383c6d7c),
+    ("mixed-8n-2-wide", 0xc22a0844c6a1ec7e, 0x7019797b45c42f42),
     ("mixed-8n-2-tight", 0xc22a0844c6a1ec7e, 0xb29d357feeadb388),
     ("mixed-8n-3-default", 0x075021edc02f5999, 0xd67e9f2d680a3883),
     ("mixed-8n-3-wide", 0xaa5e28978e0f7aea, 0x40a2a3ecd6d9be35),
@@ -331,21 +331,21 @@ const GOLDEN: &[(&str, u64, u64)] = &[
         0x666fe398767411c6,
         0x2802d0961f06d05f,
     ),
-    ("mixed-32n-1-wide", 0xae3f631c66e905d4, 0x3f0b79a945a885f5),
+    ("mixed-32n-1-wide", 0xae3f631c66e905d4, 0xaec4ea4b3cc8d36d),
     ("mixed-32n-1-tight", 0xae3f631c66e905d4, 0x575b9db5b113509e),
     (
         "mixed-32n-2-default",
         0xb9253377edbf086f,
         0x848f74b6bf3cc83c,
     ),
-    ("mixed-32n-2-wide", 0x219c41bc0a629cde, 0xf99aaa7956ed7dc0),
+    ("mixed-32n-2-wide", 0x219c41bc0a629cde, 0xae656a99d6f90e9a),
     ("mixed-32n-2-tight", 0x219c41bc0a629cde, 0x132dabab219c00c9),
     (
         "mixed-32n-3-default",
         0xf9e38f3128dd7b3e,
         0x01006a7e2b10a3bd,
     ),
-    ("mixed-32n-3-wide", 0xc96f6f1bc05db5f2, 0x3af35dbddb5c3e9f),
+    ("mixed-32n-3-wide", 0xc96f6f1bc05db5f2, 0x564de31a2d68cce8),
     ("mixed-32n-3-tight", 0xc96f6f1bc05db5f2, 0x1a74c4f5f2cdc238),
 ];
 

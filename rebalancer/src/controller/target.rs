@@ -156,7 +156,7 @@ impl<'t> Projection<'t> {
             busy[i] = o.map_or(1.0, NodeObs::busy);
             demand[i] = o.map_or(1.0, NodeObs::pressure) * n.cpus.len() as f64;
             ncpus[i] = n.cpus.len();
-            measured[i] = o.is_some_and(|o| o.runnable.is_some());
+            measured[i] = o.is_some_and(NodeObs::runnable_measured);
         }
         // The node's runnable demand is at least what the managed cgroups ran there (per
         // node position; `None` where none ran).
@@ -291,7 +291,7 @@ impl<'t> Projection<'t> {
     fn measured(&self, obs: &Observations, node: u32) -> bool {
         match self.index.get(node) {
             Some(i) => self.measured[i],
-            None => obs.nodes.get(&node).is_some_and(|o| o.runnable.is_some()),
+            None => obs.nodes.get(&node).is_some_and(NodeObs::runnable_measured),
         }
     }
 
@@ -653,8 +653,11 @@ impl<'t> Projection<'t> {
                         }
                     };
                     delta = self.contention_delta_by(&fx.cpu, &t, &shares, demand, before);
-                    // Past `overload_busy` is no reason to stay where it is worse.
+                    // Past `overload_busy` is no reason to stay where it is worse. Not for
+                    // whole cores (exclusive): they leave the target's shared pool, which
+                    // per-node pressure does not see.
                     if delta < 0.0
+                        && picked.is_none()
                         && matches!(rejected, Some(Rejection::Overloaded { .. }))
                         && self.balances(&fx.cpu, &t, &shares, demand, before)
                     {
