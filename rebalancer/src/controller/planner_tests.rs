@@ -1100,6 +1100,28 @@ fn relief_is_priced_at_the_targets_peak_over_the_window_it_is_counted_for() {
     assert!((c.relief - 1.92 / 2.0).abs() < 1e-6, "{c:#?}");
 }
 
+/// One round on `topo` after the horizon (61 periods) of the same loads: node n's run queue at
+/// `runnable(n)` per CPU, its busy share that capped at 1 (or `busy(n)` where given).
+fn plan_after_horizon(
+    topo: &Topology,
+    a: CgroupObs,
+    runnable: impl Fn(u32) -> f64,
+    busy: impl Fn(u32) -> Option<f64>,
+    cfg: &ControllerConfig,
+) -> Plan {
+    let mut obs = world(vec![a]);
+    for (&n, o) in obs.nodes.iter_mut() {
+        let r = runnable(n);
+        o.cpu_busy = busy(n).unwrap_or(r.min(1.0));
+        o.runnable = Some(r);
+    }
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&obs, 0.5);
+    }
+    plan(topo, &obs, &state, cfg, 0)
+}
+
 /// `machine()` with node 1 cut to 2 cores (4 CPUs): nodes of unequal size.
 fn machine_small_node1() -> Topology {
     let mut t = machine();
@@ -1131,17 +1153,8 @@ fn machine_small_node1() -> Topology {
 fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
     let run = |src: f64| {
         let a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
-        let mut obs = world(vec![a]);
-        for (&n, o) in obs.nodes.iter_mut() {
-            let r = if n == 0 { src } else { 0.6 };
-            o.cpu_busy = r.min(1.0);
-            o.runnable = Some(r);
-        }
-        let mut state = ControllerState::default();
-        for _ in 0..61 {
-            state.observe(&obs, 0.5);
-        }
-        plan(&machine(), &obs, &state, &cfg(), 0)
+        let load = |n| if n == 0 { src } else { 0.6 };
+        plan_after_horizon(&machine(), a, load, |_| None, &cfg())
     };
     let p = run(2.0);
     assert_eq!(p.moves.len(), 1, "{p:#?}");
@@ -1178,17 +1191,8 @@ fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
 fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
     let run = |n1: f64| {
         let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
-        let mut obs = world(vec![a]);
-        for (&n, o) in obs.nodes.iter_mut() {
-            let r = if n == 1 { n1 } else { 1.25 };
-            o.cpu_busy = r.min(1.0);
-            o.runnable = Some(r);
-        }
-        let mut state = ControllerState::default();
-        for _ in 0..61 {
-            state.observe(&obs, 0.5);
-        }
-        plan(&machine_small_node1(), &obs, &state, &cfg(), 0)
+        let load = |n| if n == 1 { n1 } else { 1.25 };
+        plan_after_horizon(&machine_small_node1(), a, load, |_| None, &cfg())
     };
     let p = run(0.75);
     assert!(p.moves.is_empty(), "{p:#?}");
@@ -1221,21 +1225,13 @@ fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
         if excl {
             a = exclusive(a);
         }
-        let mut obs = world(vec![a]);
-        for (&n, o) in obs.nodes.iter_mut() {
-            let r = if n == 0 { 2.0 } else { target };
-            o.cpu_busy = if n == 0 { 1.0 } else { 0.6 };
-            o.runnable = Some(r);
-        }
-        let mut state = ControllerState::default();
-        for _ in 0..61 {
-            state.observe(&obs, 0.5);
-        }
+        let load = |n| if n == 0 { 2.0 } else { target };
+        let busy = |n| Some(if n == 0 { 1.0 } else { 0.6 });
         let cfg = ControllerConfig {
             move_exclusive: true,
             ..cfg()
         };
-        plan(&machine(), &obs, &state, &cfg, 0)
+        plan_after_horizon(&machine(), a, load, busy, &cfg)
     };
     assert_eq!(run(0.6, false).moves.len(), 1, "the control");
     for (target, excl) in [
