@@ -338,11 +338,7 @@ domain0 00000003 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
         let t0 = std::time::Instant::now();
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
-            s.spawn(|| {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            });
+            s.spawn(|| while !stop.load(std::sync::atomic::Ordering::Relaxed) {});
             std::thread::sleep(std::time::Duration::from_millis(200));
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
