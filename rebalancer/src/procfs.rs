@@ -1,10 +1,8 @@
-//! Readers of /proc (root passed in): per-CPU busy time from `/proc/stat`, per-CPU run-queue
-//! time from `/proc/schedstat`, and per task the CPUs it may run on (`Cpus_allowed_list`) and
-//! the CPU it last ran on (`stat` field 39).
+//! Readers of /proc (root passed in): per-CPU busy time from `/proc/stat`, and per task the CPUs
+//! it may run on (`Cpus_allowed_list`) and the CPU it last ran on (`stat` field 39).
 //!
-//! These serve the controller's node CPU-busy and run-queue figures, its "never fight the
-//! operator's affinity" rule, and the no-eBPF fallback for where a cgroup's threads run.
-//! Parsers are pure functions.
+//! These serve the controller's node CPU-busy figures, its "never fight the operator's affinity"
+//! rule, and the no-eBPF fallback for where a cgroup's threads run. Parsers are pure functions.
 
 use std::{
     collections::BTreeMap,
@@ -109,95 +107,6 @@ pub fn busy_between(
         .collect()
 }
 
-/// Time tasks ran on one CPU and time they waited on its run queue, ns since boot
-/// (/proc/schedstat's `rq_cpu_time` and `run_delay`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunQueue {
-    pub run_ns: u64,
-    pub wait_ns: u64,
-}
-
-/// Parses /proc/schedstat (CONFIG_SCHEDSTATS), versions 15–17, whose `cpuN` lines carry nine
-/// counters, the 7th the time tasks ran there and the 8th the time they waited
-/// (Documentation/scheduler/sched-stats.rst). Another version is an error: its fields may mean
-/// something else.
-pub fn parse_schedstat(text: &str) -> Result<BTreeMap<u32, RunQueue>, String> {
-    let version = text
-        .lines()
-        .find_map(|l| l.strip_prefix("version "))
-        .ok_or("no version line")?;
-    let version: u32 = version
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad version {version:?}"))?;
-    if !(15..=17).contains(&version) {
-        return Err(format!("version {version} is not one of 15-17"));
-    }
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("cpu") else {
-            continue;
-        };
-        let mut it = rest.split_ascii_whitespace();
-        let cpu: u32 = match it.next().map(str::parse) {
-            Some(Ok(c)) => c,
-            _ => return Err(format!("bad cpu line {line:?}")),
-        };
-        let f: Vec<u64> = it
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|_| format!("bad counter in {line:?}"))?;
-        if f.len() < 9 {
-            return Err(format!("{} counters in {line:?}, want 9", f.len()));
-        }
-        out.insert(
-            cpu,
-            RunQueue {
-                run_ns: f[6],
-                wait_ns: f[7],
-            },
-        );
-    }
-    if out.is_empty() {
-        return Err("no cpu line".into());
-    }
-    Ok(out)
-}
-
-pub fn read_schedstat(proc_root: &Path) -> Result<BTreeMap<u32, RunQueue>, ProcError> {
-    let path = proc_root.join("schedstat");
-    let text = std::fs::read_to_string(&path).map_err(|source| ProcError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    parse_schedstat(&text).map_err(|message| ProcError::Malformed { path, message })
-}
-
-/// Runnable demand per CPU of `cpus` between two readings `wall_ns` apart: the time their
-/// tasks ran plus the time they waited, over the time the CPUs had (1 = every CPU busy and no
-/// one waiting; above 1 tasks wait). `None` without a reading for any of them, or no time.
-pub fn runnable_between(
-    before: &BTreeMap<u32, RunQueue>,
-    after: &BTreeMap<u32, RunQueue>,
-    cpus: impl IntoIterator<Item = u32>,
-    wall_ns: u64,
-) -> Option<f64> {
-    if wall_ns == 0 {
-        return None;
-    }
-    let (mut ns, mut n) = (0u64, 0u64);
-    for c in cpus {
-        let (Some(b), Some(a)) = (before.get(&c), after.get(&c)) else {
-            continue;
-        };
-        ns = ns
-            .saturating_add(a.run_ns.saturating_sub(b.run_ns))
-            .saturating_add(a.wait_ns.saturating_sub(b.wait_ns));
-        n += 1;
-    }
-    (n > 0).then(|| ns as f64 / (wall_ns as f64 * n as f64))
-}
-
 /// `Cpus_allowed_list` of a /proc/<pid>/status text.
 pub fn parse_cpus_allowed(status: &str) -> Option<CpuSet> {
     status
@@ -281,95 +190,6 @@ mod tests {
     use super::*;
 
     const STAT: &str = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 60 0 20 400 20 0 0 0 0 0\ncpu1 40 0 30 400 30 0 0 0 0 0\nintr 1 2 3\nctxt 99\n";
-
-    /// A version-15 /proc/schedstat as Linux 6.1 prints it (domain lines after each cpu line).
-    const SCHEDSTAT: &str = "version 15\ntimestamp 4295117\n\
-cpu0 0 0 4417 1730 2376 1465 2140021548 380431290 2687\n\
-domain0 00000003 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n\
-cpu1 0 0 3391 1329 1830 1197 1703371200 212088519 2062\n\
-domain0 00000003 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
-
-    #[test]
-    fn schedstat_gives_run_and_wait_time_per_cpu() {
-        let m = parse_schedstat(SCHEDSTAT).unwrap();
-        assert_eq!(m.len(), 2);
-        assert_eq!(
-            m[&0],
-            RunQueue {
-                run_ns: 2140021548,
-                wait_ns: 380431290
-            }
-        );
-        assert_eq!(m[&1].wait_ns, 212088519);
-        for bad in [
-            "",
-            "cpu0 0 0 1 1 1 1 5 6 7\n",
-            "version 14\ncpu0 0 0 1 1 1 1 5 6 7\n",
-            "version 18\ncpu0 0 0 1 1 1 1 5 6 7\n",
-            "version 15\ncpu0 0 0 1 1 1 1 5 6\n",
-            "version 15\ncpu0 0 0 1 1 1 1 5 x 7\n",
-            "version 15\ncpuX 0 0 1 1 1 1 5 6 7\n",
-            "version 15\ntimestamp 1\n",
-        ] {
-            assert!(parse_schedstat(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    /// This machine's own /proc/schedstat, read twice 200 ms apart while a thread spins: a
-    /// runnable figure for every CPU, finite, at most 64. Kernels without CONFIG_SCHEDSTATS
-    /// have no such file (the daemon then prices contention by the busy share): skipped, with
-    /// the reason printed.
-    #[test]
-    fn this_kernels_schedstat_gives_a_runnable_figure() {
-        let root = Path::new("/proc");
-        let a = match read_schedstat(root) {
-            Ok(a) => a,
-            Err(ProcError::Io { path, source })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                println!(
-                    "SKIP: {} absent (kernel without CONFIG_SCHEDSTATS)",
-                    path.display()
-                );
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
-        let t0 = std::time::Instant::now();
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| while !stop.load(std::sync::atomic::Ordering::Relaxed) {});
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        });
-        let b = read_schedstat(root).unwrap();
-        let wall = t0.elapsed().as_nanos() as u64;
-        let r = runnable_between(&a, &b, a.keys().copied(), wall).unwrap();
-        assert!(r.is_finite() && r > 0.0 && r <= 64.0, "{r}");
-    }
-
-    /// Two CPUs over 1 s: one ran 1 s and its queue held 1.5 s of waiting (2.5 runnable), the
-    /// other ran 0.5 s (0.5): 1.5 per CPU. CPUs missing from either reading are left out.
-    #[test]
-    fn runnable_per_cpu_is_run_plus_wait_over_the_cpus_time() {
-        let rq = |run_ns, wait_ns| RunQueue { run_ns, wait_ns };
-        let a: BTreeMap<u32, RunQueue> = [(0, rq(10, 20)), (1, rq(5, 5)), (2, rq(0, 0))].into();
-        let b: BTreeMap<u32, RunQueue> = [
-            (0, rq(10 + 1_000_000_000, 20 + 1_500_000_000)),
-            (1, rq(5 + 500_000_000, 5)),
-            (3, rq(9, 9)),
-        ]
-        .into();
-        let r = runnable_between(&a, &b, [0, 1], 1_000_000_000).unwrap();
-        assert!((r - 1.5).abs() < 1e-12, "{r}");
-        let r = runnable_between(&a, &b, [0, 1, 2, 3], 1_000_000_000).unwrap();
-        assert!((r - 1.5).abs() < 1e-12, "{r}");
-        assert_eq!(runnable_between(&a, &b, [2, 3], 1_000_000_000), None);
-        assert_eq!(runnable_between(&a, &b, [0], 0), None);
-        // A counter that went back (a CPU replugged) counts as nothing, not as a wrap.
-        let r = runnable_between(&b, &a, [0, 1], 1_000_000_000).unwrap();
-        assert_eq!(r, 0.0);
-    }
 
     /// Fuzzing finding (target `procfs`): utime + stime, and the /proc/stat sums, overflowed
     /// u64 and panicked on a hostile or corrupt stat text; now the line is refused.

@@ -360,10 +360,6 @@ pub struct Engine {
     pub cpu_source: Box<dyn CpuTimeSource>,
     proc_root: PathBuf,
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
-    /// The last /proc/schedstat reading and when it was taken (run-queue pressure per node),
-    /// and whether its absence was logged.
-    prev_schedstat: Option<(Instant, BTreeMap<u32, procfs::RunQueue>)>,
-    schedstat_logged: bool,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -393,8 +389,6 @@ impl Engine {
             cpu_source,
             proc_root: proc_root.to_path_buf(),
             prev_stat: None,
-            prev_schedstat: None,
-            schedstat_logged: false,
             prev: BTreeMap::new(),
             last_round: None,
             topo_fingerprint: None,
@@ -507,25 +501,6 @@ impl Engine {
             _ => BTreeMap::new(),
         };
         self.prev_stat = stat;
-        // Run-queue pressure per node (running + waiting per CPU) where the kernel keeps
-        // schedstats; without it the planner prices contention by the busy share.
-        let now = Instant::now();
-        let rq = match procfs::read_schedstat(&self.proc_root) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                if !self.schedstat_logged {
-                    self.schedstat_logged = true;
-                    tracing::info!(error = %e, "no run-queue figures (CONFIG_SCHEDSTATS): CPU contention is priced by the busy share");
-                }
-                None
-            }
-        };
-        let prev_rq = std::mem::replace(&mut self.prev_schedstat, rq.map(|r| (now, r)));
-        let runnable = |cpus: &CpuSet| {
-            let ((t0, a), (t1, b)) = (prev_rq.as_ref()?, self.prev_schedstat.as_ref()?);
-            let wall = u64::try_from(t1.duration_since(*t0).as_nanos()).ok()?;
-            procfs::runnable_between(a, b, cpus.iter(), wall)
-        };
         let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
         topo.nodes
             .iter()
@@ -554,7 +529,7 @@ impl Engine {
                         cpu_busy,
                         free_bytes: free,
                         free_hugepage_bytes: free_hp,
-                        runnable: runnable(&n.cpus),
+                        runnable: None,
                     },
                 )
             })
