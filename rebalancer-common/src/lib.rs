@@ -27,6 +27,17 @@ pub const SWITCH_FLUSH_NS: u64 = 1_000_000;
 /// `ProgConfig::flags` bit: the task_struct offsets (from kernel BTF) are valid.
 pub const CFG_TASK_OFFSETS: u32 = 1;
 
+/// `ProgConfig::flags` bit: the run-queue offsets (`task_struct.se.cfs_rq`, `cfs_rq.rq`,
+/// `rq.nr_running`, from kernel BTF) are valid: each cpu-clock sample reads its CPU's run
+/// queue length into `RUNQ`.
+pub const CFG_RUNQ_OFFSETS: u32 = 2;
+
+/// Slots of the per-CPU `RUNQ` array: cpu-clock samples that read the run queue, and the sum
+/// of the lengths they read (tasks running or waiting on that CPU, all scheduling classes).
+pub const RUNQ_SAMPLES: u32 = 0;
+pub const RUNQ_SUM: u32 = 1;
+pub const RUNQ_SLOTS: u32 = 2;
+
 /// Key of per-(cgroup, NUMA node) maps: a cgroup v2 id and a node id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -109,7 +120,12 @@ pub struct ProgConfig {
     pub kernfs_node_id_off: u32,
     /// task_struct → CPU the task is on (`thread_info.cpu` or `cpu`).
     pub task_cpu_off: u32,
-    pub _pad: u32,
+    /// task_struct → the cfs_rq its entity is queued on (`se.cfs_rq`).
+    pub task_se_cfs_rq_off: u32,
+    /// cfs_rq → the CPU's run queue (`rq`, with CONFIG_FAIR_GROUP_SCHED).
+    pub cfs_rq_rq_off: u32,
+    /// rq → tasks on the run queue, running or waiting (`nr_running`).
+    pub rq_nr_running_off: u32,
 }
 
 /// Indices of the per-CPU `STATS` array, used by both sides.
@@ -133,11 +149,13 @@ pub enum Stat {
     /// A bpf_probe_read_kernel of the task's cgroup chain failed.
     TaskReadFailed,
     LocalSamples,
+    /// A cpu-clock sample could not read its CPU's run queue (`task->se.cfs_rq->rq`).
+    RunqReadFailed,
 }
 
 impl Stat {
     /// Number of slots of the `STATS` array.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 13;
     /// Every stat, in index order.
     pub const ALL: [Stat; Stat::COUNT as usize] = [
         Stat::SwitchEvents,
@@ -152,6 +170,7 @@ impl Stat {
         Stat::BadConfig,
         Stat::TaskReadFailed,
         Stat::LocalSamples,
+        Stat::RunqReadFailed,
     ];
 
     /// snake_case name for logs and JSON.
@@ -169,6 +188,7 @@ impl Stat {
             Stat::BadConfig => "bad_config",
             Stat::TaskReadFailed => "task_read_failed",
             Stat::LocalSamples => "local_samples",
+            Stat::RunqReadFailed => "runq_read_failed",
         }
     }
 }
@@ -177,8 +197,8 @@ const _: () = assert!(core::mem::size_of::<CgNodeKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgReasonKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgEvents>() == 72);
 const _: () = assert!(core::mem::size_of::<SwitchState>() == 24);
-const _: () = assert!(core::mem::size_of::<ProgConfig>() == 80);
-const _: () = assert!(Stat::LocalSamples as u32 + 1 == Stat::COUNT);
+const _: () = assert!(core::mem::size_of::<ProgConfig>() == 88);
+const _: () = assert!(Stat::RunqReadFailed as u32 + 1 == Stat::COUNT);
 
 #[cfg(feature = "user")]
 mod pod {

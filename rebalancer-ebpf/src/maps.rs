@@ -5,6 +5,7 @@ use aya_ebpf::{
 };
 use rebalancer_common::{
     CgEvents, CgNodeKey, CgReasonKey, ProgConfig, Stat, SwitchState, CG_MAP_ENTRIES, MAX_CPUS,
+    RUNQ_SLOTS,
 };
 
 /// On-CPU nanoseconds per (cgroup id, node). Userspace may resize it at load time.
@@ -28,6 +29,9 @@ pub static CPU_NODE: Array<u32> = Array::with_max_entries(MAX_CPUS, 0);
 /// Offsets and periods, filled by userspace.
 #[map]
 pub static CONFIG: Array<ProgConfig> = Array::with_max_entries(1, 0);
+/// Run-queue length of each CPU as the cpu-clock samples read it (`RUNQ_SAMPLES`, `RUNQ_SUM`).
+#[map]
+pub static RUNQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(RUNQ_SLOTS, 0);
 /// Program statistics, indexed by `Stat`.
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);

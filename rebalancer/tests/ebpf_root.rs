@@ -313,3 +313,110 @@ fn cross_node_migrations_with_a_two_node_cpu_map() {
     assert!(d.cross_node_migrations >= 5, "{d:?}");
     assert!(d.cross_node_migrations <= d.migrations, "{d:?}");
 }
+
+/// Spinning children pinned to one CPU (killed and reaped on drop).
+struct Spinners(Vec<std::process::Child>);
+impl Spinners {
+    fn on_cpu(n: usize, cpu: usize) -> Spinners {
+        let v = (0..n)
+            .map(|_| {
+                let c = Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .expect("spawn spinner");
+                set_affinity(c.id() as i32, cpu);
+                c
+            })
+            .collect();
+        Spinners(v)
+    }
+}
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The run queue the cpu-clock samples read, on this kernel: four spinners pinned to CPU 0
+/// keep at least four tasks on its queue at every sample, so CPU 0 reads ≥ 3.5 on average and
+/// the node holding it ≥ 3.5 / its CPUs — where the busy share cannot go past 1.0 — and no read
+/// fails. In exact mode the cpu-clock sampler does not run: the source is reported skipped and
+/// no reading is taken. A kernel whose BTF lacks the offsets skips, printing why.
+#[test]
+fn the_cpu_clock_samples_read_the_run_queue() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let st = statuses
+        .iter()
+        .find(|s| s.name == "runq:cpu_clock")
+        .expect("runq status");
+    if !st.available {
+        assert!(
+            st.reason.contains("BTF offsets"),
+            "run queue not read for another reason than the kernel's BTF: {st:?}"
+        );
+        eprintln!("SKIP: {}", st.reason);
+        return;
+    }
+    let spin = Spinners::on_cpu(4, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = sampler.runq().expect("RUNQ map");
+    std::thread::sleep(Duration::from_millis(1500));
+    let now = sampler.runq().expect("RUNQ map");
+    drop(spin);
+    let (b, n) = (before[&0], now[&0]);
+    let readings = n.readings - b.readings;
+    assert!(readings >= 10, "CPU 0 took {readings} readings in 1.5 s");
+    let cpu0 = (n.sum - b.sum) as f64 / readings as f64;
+    assert!(
+        (3.5..64.0).contains(&cpu0),
+        "CPU 0 read {cpu0} tasks on average with four spinners pinned to it"
+    );
+    let cpu_node: std::collections::BTreeMap<u32, u32> = topo
+        .nodes
+        .iter()
+        .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
+        .collect();
+    let node = cpu_node[&0];
+    let ncpus = topo.nodes.iter().find(|n| n.id == node).unwrap().cpus.len() as f64;
+    let per_node = rebalancer::ebpf::runq::runnable_between(&before, &now, &cpu_node);
+    let got = per_node
+        .get(&node)
+        .copied()
+        .expect("node of CPU 0 measured");
+    assert!(
+        got >= 3.5 / ncpus,
+        "node {node} read {got} per CPU ({ncpus} CPUs, CPU 0 alone {cpu0})"
+    );
+    let failed = sampler
+        .stats()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == "runq_read_failed")
+        .map(|(_, v)| v);
+    assert_eq!(failed, Some(0), "run-queue reads failed");
+    drop(sampler);
+
+    let exact = EbpfConfig {
+        on_cpu_source: OnCpuSource::Exact,
+        ..EbpfConfig::default()
+    };
+    let (sampler, statuses) = Sampler::start(&topo, &exact);
+    let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let st = statuses
+        .iter()
+        .find(|s| s.name == "runq:cpu_clock")
+        .unwrap();
+    assert!(!st.available && st.reason.contains("exact"), "{st:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    let r = sampler.runq().expect("RUNQ map");
+    assert!(r.values().all(|c| c.readings == 0), "{r:?}");
+}

@@ -46,6 +46,9 @@ struct Report<'a> {
     seconds: f64,
     sources: &'a [SourceStatus],
     cgroups: Vec<Row<'a>>,
+    /// Tasks running or waiting per CPU of each node over the window, from the run-queue
+    /// lengths the cpu-clock samples read (nodes without enough readings are absent).
+    runnable_per_cpu: BTreeMap<u32, f64>,
     stats: BTreeMap<&'static str, u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     programs: Vec<ProgStat>,
@@ -106,6 +109,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<ExitCode> {
         wanted.push(md.ino());
     }
     let before = sampler.read()?;
+    let runq_before = sampler.runq().unwrap_or_default();
     let start = std::time::Instant::now();
     eprintln!(
         "sampling for {} (sources: {})",
@@ -123,7 +127,14 @@ pub fn run(a: SampleArgs) -> anyhow::Result<ExitCode> {
     );
     wait(a.seconds);
     let now = sampler.read()?;
+    let runq_now = sampler.runq().unwrap_or_default();
     let secs = start.elapsed().as_secs_f64();
+    let cpu_node: BTreeMap<u32, u32> = topo
+        .nodes
+        .iter()
+        .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
+        .collect();
+    let runnable_per_cpu = crate::ebpf::runq::runnable_between(&runq_before, &runq_now, &cpu_node);
     let delta = crate::ebpf::delta_all(&now, &before);
     let mut rows: Vec<Row> = delta
         .iter()
@@ -145,6 +156,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<ExitCode> {
         seconds: secs,
         sources: &sources,
         cgroups: rows,
+        runnable_per_cpu,
         stats,
         programs,
     };
@@ -186,6 +198,14 @@ fn print_table(r: &Report, topo: &Topology) {
             row.path.unwrap_or("?")
         );
     }
+    let rq: Vec<String> = nodes
+        .iter()
+        .map(|n| match r.runnable_per_cpu.get(n) {
+            Some(x) => format!("n{n}={x:.2}"),
+            None => format!("n{n}=-"),
+        })
+        .collect();
+    println!("runnable per CPU: {}", rq.join(" "));
     let st: Vec<String> = r.stats.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("{:.2} s; stats: {}", r.seconds, st.join(" "));
     for p in &r.programs {

@@ -179,8 +179,8 @@ pub struct NodeObs {
     pub free_hugepage_bytes: u64,
     /// CPUs' worth of runnable demand per CPU of the node (running + waiting on the run
     /// queue), ≥ `cpu_busy`; above 1 the node's tasks wait for a CPU. `None`: not measured
-    /// (the planner then takes `cpu_busy`). The simulator measures it; the daemon does not yet
-    /// (`Engine::node_obs`).
+    /// (the planner then takes `cpu_busy`). The simulator measures it; the daemon reads it from
+    /// the run-queue lengths its eBPF cpu-clock samples read (`ebpf::runq`), where they run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runnable: Option<f64>,
 }

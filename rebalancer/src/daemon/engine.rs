@@ -50,6 +50,10 @@ pub trait CpuTimeSource: Send {
     fn take_pmu_drop(&mut self) -> Option<String> {
         None
     }
+    /// Cumulative run-queue counters per CPU (see [`crate::ebpf::runq`]); None without them.
+    fn runq(&self) -> Option<BTreeMap<u32, crate::ebpf::runq::RunqCount>> {
+        None
+    }
 }
 
 /// The eBPF samplers. Their cgroup ids are cgroup v2 ids. Where the cpuset hierarchy is v2
@@ -106,6 +110,10 @@ impl CpuTimeSource for EbpfCpuTime {
 
     fn take_pmu_drop(&mut self) -> Option<String> {
         self.sampler.take_pmu_drop()
+    }
+
+    fn runq(&self) -> Option<BTreeMap<u32, crate::ebpf::runq::RunqCount>> {
+        self.sampler.runq()
     }
 }
 
@@ -360,6 +368,8 @@ pub struct Engine {
     pub cpu_source: Box<dyn CpuTimeSource>,
     proc_root: PathBuf,
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
+    /// Run-queue counters at the last round (empty without them).
+    prev_runq: BTreeMap<u32, crate::ebpf::runq::RunqCount>,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -389,6 +399,7 @@ impl Engine {
             cpu_source,
             proc_root: proc_root.to_path_buf(),
             prev_stat: None,
+            prev_runq: BTreeMap::new(),
             prev: BTreeMap::new(),
             last_round: None,
             topo_fingerprint: None,
@@ -501,6 +512,16 @@ impl Engine {
             _ => BTreeMap::new(),
         };
         self.prev_stat = stat;
+        // Run queues measured over the same interval (nodes without enough readings: None,
+        // and the planner takes the busy share).
+        let runq_now = self.cpu_source.runq().unwrap_or_default();
+        let cpu_node: BTreeMap<u32, u32> = topo
+            .nodes
+            .iter()
+            .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
+            .collect();
+        let runnable = crate::ebpf::runq::runnable_between(&self.prev_runq, &runq_now, &cpu_node);
+        self.prev_runq = runq_now;
         let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
         topo.nodes
             .iter()
@@ -529,7 +550,7 @@ impl Engine {
                         cpu_busy,
                         free_bytes: free,
                         free_hugepage_bytes: free_hp,
-                        runnable: None,
+                        runnable: runnable.get(&n.id).copied(),
                     },
                 )
             })
@@ -837,6 +858,14 @@ impl Engine {
                 node: id.to_string(),
             };
             d.metrics.node_cpu_busy.get_or_create(&l).set(n.cpu_busy);
+            match n.runnable {
+                Some(r) => {
+                    d.metrics.node_runnable.get_or_create(&l).set(r);
+                }
+                None => {
+                    d.metrics.node_runnable.remove(&l);
+                }
+            }
             d.metrics
                 .node_memory_free
                 .get_or_create(&l)

@@ -232,6 +232,17 @@ pub fn task_offsets(btf: &Btf) -> Result<[u32; 5], BtfError> {
     ])
 }
 
+/// The offsets the cpu-clock sampler reads its CPU's run-queue length through, in
+/// `ProgConfig` order: `task_struct.se.cfs_rq`, `cfs_rq.rq`, `rq.nr_running`. `cfs_rq.rq`
+/// exists only with CONFIG_FAIR_GROUP_SCHED (every distribution kernel with cgroups has it).
+pub fn runq_offsets(btf: &Btf) -> Result<[u32; 3], BtfError> {
+    Ok([
+        btf.offset_of("task_struct.se.cfs_rq")?,
+        btf.offset_of("cfs_rq.rq")?,
+        btf.offset_of("rq.nr_running")?,
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use rebalancer_common::{ProgConfig, CFG_TASK_OFFSETS, MAX_CPUS};
+use rebalancer_common::{ProgConfig, CFG_RUNQ_OFFSETS, CFG_TASK_OFFSETS, MAX_CPUS};
 
 use super::{
     btf,
@@ -32,9 +32,10 @@ use crate::{
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rebalancer"));
 
 /// Source names, in report order.
-pub const SOURCES: [&str; 9] = [
+pub const SOURCES: [&str; 10] = [
     "on_cpu:cpu_clock",
     "on_cpu:sched_switch",
+    "runq:cpu_clock",
     "sched_migrate_task",
     "sched_move_numa",
     "sched_swap_numa",
@@ -125,6 +126,18 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             Err("not selected (ebpf.on_cpu_source = \"exact\")".into()),
         );
     }
+    // Run queues: read by the cpu-clock sampler, when it runs and the offsets were found.
+    let runq = match (sampled, res.get("on_cpu:cpu_clock")) {
+        (false, _) => Err("read by the cpu-clock sampler, not selected (ebpf.on_cpu_source = \"exact\"): node pressure is the busy share".into()),
+        (true, Some(Err(e))) => Err(format!("the cpu-clock sampler did not attach: {e}")),
+        _ if pc.flags & CFG_RUNQ_OFFSETS == 0 => Err(
+            "no kernel BTF offsets for task_struct.se.cfs_rq → cfs_rq.rq → rq.nr_running: node pressure is the busy share".into(),
+        ),
+        _ => Ok(format!(
+            "each cpu-clock sample reads its CPU's rq->nr_running (every {period_ns} ns per CPU)"
+        )),
+    };
+    res.insert("runq:cpu_clock", runq);
     if exact {
         let r = attach_raw_tp(&mut ebpf, "sched_switch", "sched_switch");
         res.insert(
@@ -292,18 +305,36 @@ fn prog_config(
         }
     }
     match std::fs::read("/sys/kernel/btf/vmlinux") {
-        Ok(data) => match btf::Btf::parse(&data).and_then(|b| btf::task_offsets(&b)) {
-            Ok(o) => {
-                [
-                    pc.task_cgroups_off,
-                    pc.css_set_dfl_cgrp_off,
-                    pc.cgroup_kn_off,
-                    pc.kernfs_node_id_off,
-                    pc.task_cpu_off,
-                ] = o;
-                pc.flags |= CFG_TASK_OFFSETS;
+        Ok(data) => match btf::Btf::parse(&data) {
+            Ok(b) => {
+                match btf::task_offsets(&b) {
+                    Ok(o) => {
+                        [
+                            pc.task_cgroups_off,
+                            pc.css_set_dfl_cgrp_off,
+                            pc.cgroup_kn_off,
+                            pc.kernfs_node_id_off,
+                            pc.task_cpu_off,
+                        ] = o;
+                        pc.flags |= CFG_TASK_OFFSETS;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kernel BTF: task_struct offsets not found")
+                    }
+                }
+                match btf::runq_offsets(&b) {
+                    Ok(o) => {
+                        [
+                            pc.task_se_cfs_rq_off,
+                            pc.cfs_rq_rq_off,
+                            pc.rq_nr_running_off,
+                        ] = o;
+                        pc.flags |= CFG_RUNQ_OFFSETS;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "kernel BTF: run-queue offsets not found"),
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "kernel BTF: task_struct offsets not found"),
+            Err(e) => tracing::warn!(error = %e, "kernel BTF unreadable"),
         },
         Err(e) => tracing::warn!(error = %e, "no kernel BTF at /sys/kernel/btf/vmlinux"),
     }

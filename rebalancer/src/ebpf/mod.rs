@@ -10,6 +10,7 @@
 //! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
 //!   ids to paths, deletes entries of vanished cgroups.
 //! - `steal`: takes hypervisor steal time out of on-CPU time (both sources count wall time).
+//! - `runq`: run-queue pressure per node from the run-queue lengths the cpu-clock samples read.
 //!
 //! Without eBPF (not root, old kernel, `ebpf.enabled = false`, or built with
 //! `REBALANCER_NO_EBPF=1`) [`Sampler::start`] returns no sampler and every source as skipped
@@ -23,6 +24,7 @@ pub mod btf;
 pub mod loader;
 pub mod pmu;
 pub mod probe;
+pub mod runq;
 pub mod sample;
 pub mod steal;
 pub mod tracefs;

@@ -618,6 +618,21 @@ impl Sampler {
         Ok(())
     }
 
+    /// The run-queue counters of each CPU (cumulative since the sampler started; see
+    /// [`super::runq`]). `None` when the map cannot be read; CPUs whose sampler never read its
+    /// run queue (no offsets, exact mode) have zero readings.
+    pub fn runq(&self) -> Option<BTreeMap<u32, super::runq::RunqCount>> {
+        let a: PerCpuArray<&MapData, u64> = self.map("RUNQ").ok()?;
+        let readings = a.get(&rebalancer_common::RUNQ_SAMPLES, 0).ok()?;
+        let sums = a.get(&rebalancer_common::RUNQ_SUM, 0).ok()?;
+        Some(
+            (0u32..)
+                .zip(readings.iter().zip(sums.iter()))
+                .map(|(cpu, (&readings, &sum))| (cpu, super::runq::RunqCount { readings, sum }))
+                .collect(),
+        )
+    }
+
     /// Program statistics (`Stat`), summed over CPUs.
     pub fn stats(&self) -> Result<Vec<(&'static str, u64)>, EbpfError> {
         let a: PerCpuArray<&MapData, u64> = self.map("STATS")?;

@@ -83,6 +83,8 @@ pub struct Metrics {
     pub admission_duration: Histogram,
     pub round_duration: Histogram,
     pub node_cpu_busy: Family<NodeLabel, FGauge>,
+    /// Tasks running or waiting per CPU of a node over the last period (absent: not measured).
+    pub node_runnable: Family<NodeLabel, FGauge>,
     pub node_memory_free: Family<NodeLabel, Gauge>,
     pub node_hugepages_free: Family<HugepageLabel, Gauge>,
     pub ebpf_source_available: Family<SourceLabel, Gauge>,
@@ -139,6 +141,7 @@ impl Metrics {
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
             ]),
             node_cpu_busy: Family::default(),
+            node_runnable: Family::default(),
             node_memory_free: Family::default(),
             node_hugepages_free: Family::default(),
             ebpf_source_available: Family::default(),
@@ -243,6 +246,13 @@ impl Metrics {
             "node_cpu_busy_ratio",
             "Fraction of a node's CPU time busy in the last period",
             m.node_cpu_busy.clone(),
+        );
+        r.register(
+            "node_runnable_per_cpu",
+            "Tasks running or waiting per CPU of a node in the last period, from the run queue \
+             the eBPF cpu-clock samples read (absent where not measured: the planner then \
+             takes the busy share)",
+            m.node_runnable.clone(),
         );
         r.register_with_unit(
             "node_memory_free",

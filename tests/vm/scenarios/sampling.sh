@@ -1,6 +1,8 @@
 # Scenario sampling (host-judged): `rebalancer sample --json` for a cgroup spanning every CPU
 # node shows on-CPU time on each of them and cross-node migrations; once its cpuset pins it to
-# the first CPU node, time on that node only and no cross-node migrations.
+# the first CPU node, time on that node only and no cross-node migrations. The same samples'
+# `runnable_per_cpu` (run queues the cpu-clock samples read) is judged as `sampling-runq`: a
+# spinner or more per CPU spanning, all of them on the first node's CPUs once pinned.
 . /vm/lib.sh
 . /vm/topology.env
 need_subcommand sampling sample "issue 4" || exit 0

@@ -299,7 +299,74 @@ pub fn sampling(s: &Section, topo: &VmTopology) -> Vec<Verdict> {
     };
     let mut all = bad;
     all.extend(detail);
-    vec![Verdict::new(NAME, status, all.join("; "))]
+    vec![
+        Verdict::new(NAME, status, all.join("; ")),
+        sampling_runq(s, topo),
+    ]
+}
+
+/// The run-queue reading of the same two samples (`runnable_per_cpu`): spanning, every CPU
+/// node holds at least one spinner per CPU (≥ 0.75 per CPU); pinned, the first CPU node holds
+/// all `ncpus` spinners on its CPUs (≥ 0.75 × ncpus / its CPUs: above 1 where the busy share
+/// cannot go) and the other CPU nodes none of them (≤ 0.5). The guest kernel's BTF must let the
+/// cpu-clock sampler read its run queue (`runq:cpu_clock` available).
+fn sampling_runq(s: &Section, topo: &VmTopology) -> Verdict {
+    const NAME: &str = "sampling-runq";
+    let cpu_nodes = topo.cpu_nodes();
+    let pin = cpu_nodes[0];
+    let ncpus = topo.ncpus() as f64;
+    let pin_cpus = topo.nodes[pin as usize].cpus.len().max(1) as f64;
+    let mut bad = Vec::new();
+    let mut detail = Vec::new();
+    for key in ["span", "pinned"] {
+        let Some((text, 0)) = s.data(key) else {
+            bad.push(format!("{key}: no sample"));
+            continue;
+        };
+        let Ok(json) = serde_json::from_str::<Value>(&text) else {
+            bad.push(format!("{key}: not JSON"));
+            continue;
+        };
+        let runq = json["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == "runq:cpu_clock");
+        if let Some(r) = runq.filter(|r| r["available"] != true) {
+            bad.push(format!("{key}: run queue not read: {}", r["reason"]));
+            continue;
+        }
+        let per: BTreeMap<u32, f64> = json["runnable_per_cpu"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.parse().ok()?, v.as_f64()?)))
+            .collect();
+        detail.push(format!("{key}: runnable per CPU {per:?}"));
+        for &n in &cpu_nodes {
+            let Some(&r) = per.get(&n) else {
+                bad.push(format!("{key}: node {n} not measured"));
+                continue;
+            };
+            let (lo, hi) = match (key, n == pin) {
+                ("span", _) => (0.75, f64::INFINITY),
+                (_, true) => (0.75 * ncpus / pin_cpus, f64::INFINITY),
+                _ => (0.0, 0.5),
+            };
+            if !(lo..=hi).contains(&r) {
+                bad.push(format!(
+                    "{key}: node {n} read {r:.2} per CPU, wanted {lo:.2}..={hi}"
+                ));
+            }
+        }
+    }
+    let status = if bad.is_empty() {
+        Status::Pass
+    } else {
+        Status::Fail
+    };
+    bad.extend(detail);
+    Verdict::new(NAME, status, bad.join("; "))
 }
 
 #[cfg(test)]
@@ -386,6 +453,49 @@ node=1 cpus=2-3 memtotal_kb=500000 distance=21,10";
             {"cgroup_id": 9, "path": "/vmtest-span", "cpu_ns": cpu, "cross_node_migrations": mig}
         ]})
         .to_string()
+    }
+
+    fn runq_json(per: &[(u32, f64)], available: bool) -> String {
+        let per: serde_json::Map<String, Value> = per
+            .iter()
+            .map(|(n, v)| (n.to_string(), Value::from(*v)))
+            .collect();
+        serde_json::json!({"seconds": 3.0, "cgroups": [],
+            "sources": [{"name": "runq:cpu_clock", "available": available, "reason": "r"}],
+            "runnable_per_cpu": per})
+        .to_string()
+    }
+
+    #[test]
+    fn sampling_runq_judge() {
+        // 2node: 2 CPUs per node, 4 in all; pinned, node 0 holds 4 spinners on 2 CPUs (2.0)
+        let t = by_name("2node").unwrap();
+        let check = |span: String, pinned: String, want: Status| {
+            let body = format!(
+                "{}\n{}",
+                block("span", 0, &span),
+                block("pinned", 0, &pinned)
+            );
+            let v = sampling(&section(&body), &t);
+            assert_eq!(v[1].name, "sampling-runq");
+            assert_eq!(v[1].status, want, "{v:?}");
+        };
+        let span = || runq_json(&[(0, 1.2), (1, 1.1)], true);
+        check(span(), runq_json(&[(0, 2.0), (1, 0.1)], true), Status::Pass);
+        // the busy share's ceiling (1.0) on the pinned node is not a run queue
+        check(span(), runq_json(&[(0, 1.0), (1, 0.1)], true), Status::Fail);
+        check(span(), runq_json(&[(0, 2.0), (1, 0.9)], true), Status::Fail);
+        check(
+            runq_json(&[(0, 1.2), (1, 0.2)], true),
+            runq_json(&[(0, 2.0), (1, 0.0)], true),
+            Status::Fail,
+        );
+        check(span(), runq_json(&[(0, 2.0)], true), Status::Fail);
+        check(
+            span(),
+            runq_json(&[(0, 2.0), (1, 0.0)], false),
+            Status::Fail,
+        );
     }
 
     fn check_sampling(span: String, pinned: String, want: Status) {

@@ -45,7 +45,7 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "sampling",
-        about: "`rebalancer sample`: per-node CPU time and cross-node migrations, none once pinned",
+        about: "`rebalancer sample`: per-node CPU time, cross-node migrations and run queues, none once pinned",
         timeout_s: 90,
         default: true,
         topologies: &[],
