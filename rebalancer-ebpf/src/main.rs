@@ -2,7 +2,8 @@
 //! modules below; every map is per-CPU (summed and diffed, saturating, in userspace).
 //!
 //! - `on_cpu_sample` (perf_event, software cpu-clock at `ebpf.sample_hz` per CPU): on-CPU time
-//!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate.
+//!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate —
+//!   and each CPU's run-queue length (`RUNQ`); `on_cpu_sample_norunq` without the latter.
 //! - `sched_switch` (raw tracepoint): exact on-CPU time per (cgroup id, node) — the option.
 //! - `sched_migrate_task` (raw tracepoint, the migrating task's cgroup read through task_struct
 //!   offsets taken from kernel BTF) or `sched_migrate_task_tp` (classic tracepoint fallback
@@ -35,7 +36,14 @@ fn done(r: Result<(), i64>) -> u32 {
 
 #[perf_event]
 pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
-    done(oncpu::try_on_cpu_sample(&ctx))
+    done(oncpu::try_on_cpu_sample(&ctx, true))
+}
+
+/// `on_cpu_sample` without the run-queue read (no bpf_probe_read_kernel: kernels before 5.5
+/// refuse the helper, and would lose the on-CPU time with it).
+#[perf_event]
+pub fn on_cpu_sample_norunq(ctx: PerfEventContext) -> u32 {
+    done(oncpu::try_on_cpu_sample(&ctx, false))
 }
 
 /// A raw tracepoint: no trace record is formatted before the program runs (the classic

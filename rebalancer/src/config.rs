@@ -207,6 +207,9 @@ pub struct EbpfConfig {
     pub sample_hz: u32,
     /// On-CPU time source: the cpu-clock sampler (cheap) or exact sched_switch accounting.
     pub on_cpu_source: OnCpuSource,
+    /// Each cpu-clock sample also reads its CPU's run-queue length, so the planner sees tasks
+    /// waiting for a CPU, not only the busy share (`ebpf::runq`). Off: the busy share alone.
+    pub run_queue: bool,
 }
 
 /// How on-CPU time per (cgroup, node) is measured.
@@ -227,6 +230,7 @@ impl Default for EbpfConfig {
             pmu_local_raw_event: None,
             sample_hz: 99,
             on_cpu_source: OnCpuSource::Sampled,
+            run_queue: true,
         }
     }
 }

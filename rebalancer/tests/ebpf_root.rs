@@ -342,8 +342,8 @@ impl Drop for Spinners {
 
 /// The run queue the cpu-clock samples read, on this kernel: four spinners pinned to CPU 0
 /// keep at least four tasks on its queue at every sample, so CPU 0 reads ≥ 3.5 on average and
-/// the node holding it ≥ 3.5 / its CPUs — where the busy share cannot go past 1.0 — and no read
-/// fails. In exact mode the cpu-clock sampler does not run: the source is reported skipped and
+/// the node holding it ≥ 3.5 / its CPUs — where the busy share cannot go past 1.0 — while CPU 1,
+/// sampled about as often, reads at least 2 fewer, and no read fails. In exact mode the cpu-clock sampler does not run: the source is reported skipped and
 /// no reading is taken. A kernel whose BTF lacks the offsets skips, printing why.
 #[test]
 fn the_cpu_clock_samples_read_the_run_queue() {
@@ -372,13 +372,27 @@ fn the_cpu_clock_samples_read_the_run_queue() {
     std::thread::sleep(Duration::from_millis(1500));
     let now = sampler.runq().expect("RUNQ map");
     drop(spin);
-    let (b, n) = (before[&0], now[&0]);
-    let readings = n.readings - b.readings;
+    let mean = |cpu: u32| {
+        let (b, n) = (before[&cpu], now[&cpu]);
+        let readings = n.readings - b.readings;
+        (readings, (n.sum - b.sum) as f64 / readings.max(1) as f64)
+    };
+    let (readings, cpu0) = mean(0);
     assert!(readings >= 10, "CPU 0 took {readings} readings in 1.5 s");
-    let cpu0 = (n.sum - b.sum) as f64 / readings as f64;
     assert!(
         (3.5..64.0).contains(&cpu0),
         "CPU 0 read {cpu0} tasks on average with four spinners pinned to it"
+    );
+    // Another CPU: sampled as often whether busy or idle (the samples are a time average),
+    // and each reads its own queue, without the four spinners.
+    let (readings1, cpu1) = mean(1);
+    assert!(
+        readings1 * 2 >= readings,
+        "CPU 1 took {readings1} readings against CPU 0's {readings}: idle samples lost?"
+    );
+    assert!(
+        cpu0 - cpu1 >= 2.0,
+        "CPU 1 read {cpu1} against CPU 0's {cpu0}: not its own run queue?"
     );
     let cpu_node: std::collections::BTreeMap<u32, u32> = topo
         .nodes
@@ -405,18 +419,38 @@ fn the_cpu_clock_samples_read_the_run_queue() {
     assert_eq!(failed, Some(0), "run-queue reads failed");
     drop(sampler);
 
+    // Exact mode (no cpu-clock sampler) and the run queue turned off (the sampler without the
+    // read, as on a kernel that refuses it): reported skipped, no reading taken, and with it
+    // off the cpu-clock samples still run.
     let exact = EbpfConfig {
         on_cpu_source: OnCpuSource::Exact,
         ..EbpfConfig::default()
     };
-    let (sampler, statuses) = Sampler::start(&topo, &exact);
-    let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
-    let st = statuses
-        .iter()
-        .find(|s| s.name == "runq:cpu_clock")
-        .unwrap();
-    assert!(!st.available && st.reason.contains("exact"), "{st:?}");
-    std::thread::sleep(Duration::from_millis(200));
-    let r = sampler.runq().expect("RUNQ map");
-    assert!(r.values().all(|c| c.readings == 0), "{r:?}");
+    let off = EbpfConfig {
+        run_queue: false,
+        ..EbpfConfig::default()
+    };
+    for (cfg, why) in [(exact, "exact"), (off, "run_queue = false")] {
+        let (sampler, statuses) = Sampler::start(&topo, &cfg);
+        let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+        let st = statuses
+            .iter()
+            .find(|s| s.name == "runq:cpu_clock")
+            .unwrap();
+        assert!(!st.available && st.reason.contains(why), "{st:?}");
+        let clock = |s: &Sampler| {
+            s.stats()
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| *k == "clock_samples")
+                .map_or(0, |(_, v)| v)
+        };
+        let c0 = clock(&sampler);
+        std::thread::sleep(Duration::from_millis(300));
+        let r = sampler.runq().expect("RUNQ map");
+        assert!(r.values().all(|c| c.readings == 0), "{why}: {r:?}");
+        if !cfg.run_queue {
+            assert!(clock(&sampler) > c0, "{why}: the cpu-clock sampler stopped");
+        }
+    }
 }

@@ -185,7 +185,22 @@ pub struct NodeObs {
     pub runnable: Option<f64>,
 }
 
+/// Below this busy share a node's run queue is too thin to scale demand by (noise).
+const MIN_STRETCH_BUSY: f64 = 0.05;
+
 impl NodeObs {
+    /// How many times the CPU time its tasks received they wanted to run: runnable / busy
+    /// where the run queue was measured (tasks waiting behind the running ones), within
+    /// 1..=64; 1 where it was not, or where the node is nearly idle. The kernel reports CPU
+    /// time received, the run queue counts the waiting too: this puts both in one unit.
+    pub fn wait_stretch(&self) -> f64 {
+        let b = self.busy();
+        if !self.runnable_measured() || b < MIN_STRETCH_BUSY {
+            return 1.0;
+        }
+        (self.pressure() / b).clamp(1.0, 64.0)
+    }
+
     /// The busy share, sane: within 0..=1, and 1 (full) when not a number.
     pub fn busy(&self) -> f64 {
         if self.cpu_busy.is_finite() {
@@ -225,12 +240,32 @@ pub struct Observations {
 }
 
 impl Observations {
-    /// CPU demand of a cgroup in CPUs (1.0 = one CPU fully busy).
+    /// CPU demand of a cgroup in CPUs (1.0 = one CPU fully busy): the CPU time it received.
     pub fn cpu_demand(&self, cg: &CgroupObs) -> f64 {
         if self.period_ns == 0 {
             return 0.0;
         }
         cg.total_cpu_ns() as f64 / self.period_ns as f64
+    }
+
+    /// CPUs' worth of run-queue demand `cg` puts on `node`: the CPU time it received there,
+    /// times how much more its tasks wanted ([`NodeObs::wait_stretch`]). On a node whose queue
+    /// holds twice its CPUs a task gets half the time it wants, so taking the workload off
+    /// frees twice what it ran, and it asks as much of the node it joins.
+    pub fn wanted_on(&self, cg: &CgroupObs, node: u32) -> f64 {
+        if self.period_ns == 0 {
+            return 0.0;
+        }
+        let ns = cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0);
+        ns as f64 / self.period_ns as f64 * self.nodes.get(&node).map_or(1.0, NodeObs::wait_stretch)
+    }
+
+    /// [`Observations::wanted_on`] summed over the nodes `cg` ran on.
+    pub fn wanted_demand(&self, cg: &CgroupObs) -> f64 {
+        cg.cpu_ns_per_node
+            .keys()
+            .map(|&n| self.wanted_on(cg, n))
+            .sum()
     }
 }
 

@@ -999,7 +999,8 @@ fn a_move_into_a_crowded_run_queue_is_skipped_as_slower_after() {
 /// has lasted the whole horizon (60 periods), the same move pays and is made.
 #[test]
 fn a_relief_move_that_does_not_pay_for_itself_is_skipped_as_short_horizon() {
-    let a = cg("a", &[(0, 2.0)], &[(0, 16 * 1024)], "0-3,16-19", "0");
+    // It wants 2 CPUs and runs 1: its node's queue holds twice the CPUs.
+    let a = cg("a", &[(0, 1.0)], &[(0, 16 * 1024)], "0-3,16-19", "0");
     let mut obs = world(vec![a]);
     for (&n, o) in obs.nodes.iter_mut() {
         let (busy, runnable) = if n == 0 { (1.0, 2.0) } else { (0.1, 0.1) };
@@ -1058,7 +1059,8 @@ fn a_relief_move_that_does_not_pay_for_itself_is_skipped_as_short_horizon() {
 /// horizon, the same move is made, priced at 1.92 / 2 per CPU.
 #[test]
 fn relief_is_priced_at_the_targets_peak_over_the_window_it_is_counted_for() {
-    let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
+    // It wants 2 CPUs and runs 2 / 1.2 of them.
+    let a = cg("a", &[(0, 2.0 / 1.2)], &[(0, 16)], "0-3,16-19", "0");
     let mut obs = world(vec![a]);
     let set_load = |obs: &mut Observations, target: f64| {
         for (&n, o) in obs.nodes.iter_mut() {
@@ -1152,7 +1154,14 @@ fn machine_small_node1() -> Topology {
 #[test]
 fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
     let run = |src: f64| {
-        let a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
+        // It wants 4 CPUs and, on a node whose queue holds `src` per CPU, runs 4 / src.
+        let a = cg(
+            "a",
+            &[(0, 4.0 / src.max(1.0))],
+            &[(0, 16)],
+            "0-3,16-19",
+            "0",
+        );
         let load = |n| if n == 0 { src } else { 0.6 };
         plan_after_horizon(&machine(), a, load, |_| None, &cfg())
     };
@@ -1190,7 +1199,8 @@ fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
 #[test]
 fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
     let run = |n1: f64| {
-        let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
+        // It wants 2 CPUs and runs 2 / 1.25 of them.
+        let a = cg("a", &[(0, 1.6)], &[(0, 16)], "0-3,16-19", "0");
         let load = |n| if n == 1 { n1 } else { 1.25 };
         plan_after_horizon(&machine_small_node1(), a, load, |_| None, &cfg())
     };
@@ -1221,7 +1231,8 @@ fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
 #[test]
 fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
     let run = |target: f64, excl: bool| {
-        let mut a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
+        // As there: it wants 4 CPUs and runs 2.
+        let mut a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
         if excl {
             a = exclusive(a);
         }
@@ -1252,5 +1263,30 @@ fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
                 "{target} {excl}: {c:#?}"
             );
         }
+    }
+}
+
+/// The kernel reports the CPU time a workload received; the run queue counts its waiting too.
+/// `a` has 12 busy threads on node 0 (8 CPUs) beside 4 other tasks: the queue holds 16 (2.0
+/// per CPU) and `a` receives 6 CPUs. Moved alone to a node holding 4 it would put 16 there and
+/// leave 4: the machine's stretched work stays 36, no relief — priced by the 6 CPUs it
+/// received, the same move would look like 16 → 10 and 4 → 10, and the next round would see
+/// it waiting on its new node and move it back. It may go only where its 12 wanted CPUs fit
+/// without a queue as long: two nodes.
+#[test]
+fn a_workload_on_a_queued_node_is_priced_at_what_it_wants_not_what_it_got() {
+    let a = cg("a", &[(0, 6.0)], &[(0, 16)], "0-3,16-19", "0");
+    let load = |n| if n == 0 { 2.0 } else { 0.5 };
+    let p = plan_after_horizon(&machine(), a, load, |_| None, &cfg());
+    let d = p.decision("a").unwrap();
+    for c in d
+        .considered
+        .iter()
+        .filter(|c| c.nodes.len() == 1 && !c.nodes.contains(0))
+    {
+        assert!(c.relief <= 1e-9, "one node cannot take it: {c:#?}");
+    }
+    if let Outcome::Moved { to_nodes } = &d.outcome {
+        assert!(to_nodes.len() >= 2, "{d:#?}");
     }
 }

@@ -299,8 +299,9 @@ impl<'t> Projection<'t> {
         self.index.get(node).map_or(1.0, |i| self.busy[i])
     }
 
+    /// Run-queue demand `cg` puts on `node` ([`Observations::wanted_on`]).
     fn demand_on(obs: &Observations, cg: &CgroupObs, node: u32) -> f64 {
-        Self::ns_demand(obs, cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0))
+        obs.wanted_on(cg, node)
     }
 
     /// CPUs' worth of `ns` on-CPU nanoseconds over the period.
@@ -402,7 +403,7 @@ impl<'t> Projection<'t> {
         lived_ms: u64,
     ) -> (Vec<Considered>, Picks) {
         let c = &cg.constraints;
-        let demand = obs.cpu_demand(cg);
+        let demand = obs.wanted_demand(cg);
         let own_excl = if c.exclusive {
             cg.cpus.clone()
         } else {
@@ -531,8 +532,8 @@ impl<'t> Projection<'t> {
             horizon_ms: cfg.horizon_ms,
             cpu: cg
                 .cpu_ns_per_node
-                .iter()
-                .map(|(&n, &ns)| (n, Self::ns_demand(obs, ns)))
+                .keys()
+                .map(|&n| (n, Self::demand_on(obs, cg, n)))
                 .collect(),
             mem: cg
                 .mem_bytes_per_node
@@ -962,11 +963,12 @@ impl<'t> Projection<'t> {
                 huge_out = huge_out.saturating_add(b);
             }
         }
-        let demand = obs.cpu_demand(cg);
-        for &n in cg.cpu_ns_per_node.keys() {
+        let demand = obs.wanted_demand(cg);
+        for (&n, &ns) in &cg.cpu_ns_per_node {
             let Some(i) = self.index.get(n) else { continue };
             let ncpu = self.ncpus[i].max(1) as f64;
-            self.busy[i] = (self.busy[i] - Self::demand_on(obs, cg, n) / ncpu).max(0.0);
+            // The CPU time it ran leaves the busy share; what it wanted, the run queue.
+            self.busy[i] = (self.busy[i] - Self::ns_demand(obs, ns) / ncpu).max(0.0);
             self.demand[i] = (self.demand[i] - Self::demand_on(obs, cg, n)).max(0.0);
         }
         for (n, share, _) in cpu_after(obs, cg, t) {

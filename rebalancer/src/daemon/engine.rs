@@ -368,8 +368,8 @@ pub struct Engine {
     pub cpu_source: Box<dyn CpuTimeSource>,
     proc_root: PathBuf,
     prev_stat: Option<BTreeMap<u32, procfs::CpuTimes>>,
-    /// Run-queue counters at the last round (empty without them).
-    prev_runq: BTreeMap<u32, crate::ebpf::runq::RunqCount>,
+    /// The run-queue counters' window (see [`crate::ebpf::runq::RunqWindow`]).
+    runq: crate::ebpf::runq::RunqWindow,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -399,7 +399,7 @@ impl Engine {
             cpu_source,
             proc_root: proc_root.to_path_buf(),
             prev_stat: None,
-            prev_runq: BTreeMap::new(),
+            runq: Default::default(),
             prev: BTreeMap::new(),
             last_round: None,
             topo_fingerprint: None,
@@ -520,8 +520,7 @@ impl Engine {
             .iter()
             .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
             .collect();
-        let runnable = crate::ebpf::runq::runnable_between(&self.prev_runq, &runq_now, &cpu_node);
-        self.prev_runq = runq_now;
+        let runnable = self.runq.update(runq_now, &cpu_node);
         let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
         topo.nodes
             .iter()

@@ -582,8 +582,11 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     if new.server != s.cfg.server
         || new.daemon.state_dir != s.cfg.daemon.state_dir
         || new.daemon.sysfs_root != s.cfg.daemon.sysfs_root
+        || new.ebpf != s.cfg.ebpf
     {
-        tracing::warn!("server / state_dir / sysfs_root changes take effect at the next restart");
+        tracing::warn!(
+            "server / state_dir / sysfs_root / ebpf changes take effect at the next restart (the samplers are loaded once)"
+        );
     }
     s.cfg.controller = new.controller;
     // Dry-run off on a reload would start writing cgroupfs under an operator who asked for

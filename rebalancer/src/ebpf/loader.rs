@@ -108,14 +108,40 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     let period_ns = pc.sample_period_ns;
     let sampled = both_on_cpu || cfg.on_cpu_source == OnCpuSource::Sampled;
     let exact = both_on_cpu || cfg.on_cpu_source == OnCpuSource::Exact;
+    // Why the run queue is not read although the sampler runs (its program did not load).
+    let mut runq_lost = None;
     if sampled {
-        let r = attach_perf(
-            &mut ebpf,
-            "on_cpu_sample",
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            period_ns,
-            &online,
-        );
+        let clock = || PerfEventConfig::Software(SoftwareEvent::CpuClock);
+        let mut r = if cfg.run_queue {
+            attach_perf(&mut ebpf, "on_cpu_sample", clock(), period_ns, &online)
+        } else {
+            runq_lost =
+                Some("off (ebpf.run_queue = false): node pressure is the busy share".into());
+            attach_perf(
+                &mut ebpf,
+                "on_cpu_sample_norunq",
+                clock(),
+                period_ns,
+                &online,
+            )
+        };
+        if let (true, Err(e)) = (cfg.run_queue, &r) {
+            // Without the run-queue read (kernels that refuse bpf_probe_read_kernel here).
+            detach_all(&mut ebpf, "on_cpu_sample");
+            let plain = attach_perf(
+                &mut ebpf,
+                "on_cpu_sample_norunq",
+                clock(),
+                period_ns,
+                &online,
+            );
+            if plain.is_ok() {
+                runq_lost = Some(format!(
+                    "the cpu-clock program with the run-queue read failed ({e}); sampling without it: node pressure is the busy share"
+                ));
+                r = plain;
+            }
+        }
         res.insert(
             "on_cpu:cpu_clock",
             r.map(|()| format!("software cpu-clock every {period_ns} ns per CPU")),
@@ -128,6 +154,7 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     }
     // Run queues: read by the cpu-clock sampler, when it runs and the offsets were found.
     let runq = match (sampled, res.get("on_cpu:cpu_clock")) {
+        _ if runq_lost.is_some() => Err(runq_lost.unwrap_or_default()),
         (false, _) => Err("read by the cpu-clock sampler, not selected (ebpf.on_cpu_source = \"exact\"): node pressure is the busy share".into()),
         (true, Some(Err(e))) => Err(format!("the cpu-clock sampler did not attach: {e}")),
         _ if pc.flags & CFG_RUNQ_OFFSETS == 0 => Err(

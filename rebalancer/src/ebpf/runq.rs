@@ -20,21 +20,23 @@ pub struct RunqCount {
     pub sum: u64,
 }
 
-/// Readings per CPU in an interval below which a node is not measured (a sampler that just
-/// started, a round right after the previous one).
+/// Readings a CPU must have taken in an interval to count (a sampler that just started, a
+/// round right after the previous one, a CPU onlined after the sampler attached).
 pub const MIN_READINGS_PER_CPU: u64 = 4;
 
+/// Rounds a node's last measured value stands in for rounds too short to measure it.
+pub const CARRY_ROUNDS: u32 = 2;
+
 /// Runnable demand per CPU of each node between two readings of the counters (`cpu_node`:
-/// the node of each CPU). A node is measured when at least half of its CPUs have counters in
-/// both readings that did not go backwards (a reloaded sampler restarts them) and those CPUs
-/// took [`MIN_READINGS_PER_CPU`] readings each on average; the others are left out (the
-/// planner then takes the busy share). Saturating, never NaN.
+/// the node of each CPU). A CPU counts when its counters are in both readings, did not go
+/// backwards (a reloaded sampler restarts them) and took [`MIN_READINGS_PER_CPU`] readings;
+/// a node is measured when at least half of its CPUs count. Saturating, never NaN.
 pub fn runnable_between(
     before: &BTreeMap<u32, RunqCount>,
     now: &BTreeMap<u32, RunqCount>,
     cpu_node: &BTreeMap<u32, u32>,
 ) -> BTreeMap<u32, f64> {
-    // node → (CPUs, CPUs with a usable delta, Δreadings, Δsum)
+    // node → (CPUs, CPUs that count, Δreadings, Δsum)
     let mut acc: BTreeMap<u32, (u64, u64, u64, u64)> = BTreeMap::new();
     for (&cpu, &node) in cpu_node {
         let a = acc.entry(node).or_default();
@@ -45,16 +47,68 @@ pub fn runnable_between(
         if n.readings < b.readings || n.sum < b.sum {
             continue;
         }
+        let readings = n.readings - b.readings;
+        if readings < MIN_READINGS_PER_CPU {
+            continue;
+        }
         a.1 += 1;
-        a.2 = a.2.saturating_add(n.readings - b.readings);
+        a.2 = a.2.saturating_add(readings);
         a.3 = a.3.saturating_add(n.sum - b.sum);
     }
     acc.into_iter()
-        .filter(|&(_, (cpus, used, readings, _))| {
-            used > 0 && used * 2 >= cpus && readings >= used.saturating_mul(MIN_READINGS_PER_CPU)
-        })
+        .filter(|&(_, (cpus, used, _, _))| used > 0 && used * 2 >= cpus)
         .map(|(node, (_, _, readings, sum))| (node, sum as f64 / readings as f64))
         .collect()
+}
+
+/// The daemon's window over the counters, round after round.
+#[derive(Clone, Debug, Default)]
+pub struct RunqWindow {
+    /// The counters when the window opened.
+    start: BTreeMap<u32, RunqCount>,
+    /// Each node's last measured value and the rounds it has stood in since.
+    last: BTreeMap<u32, (f64, u32)>,
+}
+
+impl RunqWindow {
+    /// Run-queue pressure per node since the window opened, given the counters `now`. A round
+    /// too soon after the last to measure any node (too few readings) leaves the window open,
+    /// so the next round covers the longer interval, and a node's last measured value stands
+    /// in for up to [`CARRY_ROUNDS`] such rounds: the planner's pressure history does not flip
+    /// between the run queue and the busy share with the spacing of rounds. Counters that went
+    /// backwards, or a first call, open a new window.
+    pub fn update(
+        &mut self,
+        now: BTreeMap<u32, RunqCount>,
+        cpu_node: &BTreeMap<u32, u32>,
+    ) -> BTreeMap<u32, f64> {
+        let got = runnable_between(&self.start, &now, cpu_node);
+        let went_back = now.iter().any(|(c, n)| {
+            self.start
+                .get(c)
+                .is_some_and(|b| n.readings < b.readings || n.sum < b.sum)
+        });
+        if !got.is_empty() || self.start.is_empty() || went_back {
+            self.start = now;
+        }
+        let mut out = got.clone();
+        self.last.retain(|n, (v, carried)| {
+            if let Some(&g) = got.get(n) {
+                (*v, *carried) = (g, 0);
+                return true;
+            }
+            if *carried >= CARRY_ROUNDS {
+                return false;
+            }
+            *carried += 1;
+            out.insert(*n, *v);
+            true
+        });
+        for (n, v) in got {
+            self.last.entry(n).or_insert((v, 0));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -89,8 +143,13 @@ mod tests {
     #[test]
     fn a_node_without_enough_readings_is_not_measured() {
         let before = counts(&[(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)]);
-        // node 0: 7 readings over 2 CPUs (< 4 each); node 1: only CPU 2 read (half: enough)
-        let now = counts(&[(0, 4, 4), (1, 3, 3), (2, 10, 20)]);
+        // node 0: CPU 1 took 3 readings (< 4), CPU 0 alone is half the node: measured by it;
+        // node 1: CPU 2 read, CPU 3 none (a CPU without a sampler): half, measured
+        let now = counts(&[(0, 4, 4), (1, 3, 30), (2, 10, 20), (3, 0, 0)]);
+        let got = runnable_between(&before, &now, &two_nodes());
+        assert_eq!(got, [(0, 1.0), (1, 2.0)].into_iter().collect());
+        // both CPUs of node 0 short: not measured
+        let now = counts(&[(0, 3, 3), (1, 3, 3), (2, 10, 20)]);
         let got = runnable_between(&before, &now, &two_nodes());
         assert_eq!(got, [(1, 2.0)].into_iter().collect());
         // nothing before (the sampler's first round): nothing measured
@@ -121,5 +180,34 @@ mod tests {
             got[&0].is_finite() && (got[&0] - 1.0).abs() < 1e-9,
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn a_short_round_keeps_the_window_open_and_carries_the_last_value() {
+        let map = two_nodes();
+        let c = |r: u64, s: u64| counts(&[(0, r, s), (1, r, s), (2, r, 2 * s), (3, r, 2 * s)]);
+        let mut w = RunqWindow::default();
+        assert!(
+            w.update(c(100, 100), &map).is_empty(),
+            "the first call opens the window"
+        );
+        let full = [(0, 1.0), (1, 2.0)].into_iter().collect::<BTreeMap<_, _>>();
+        assert_eq!(w.update(c(200, 200), &map), full);
+        // two rounds in a row too short to measure: the last values stand in
+        assert_eq!(w.update(c(202, 210), &map), full);
+        assert_eq!(w.update(c(203, 220), &map), full);
+        // the window stayed open at 200: 6 readings since, node 0 read 30 / 6 = 5.0
+        assert_eq!(
+            w.update(c(206, 230), &map),
+            [(0, 5.0), (1, 10.0)].into_iter().collect()
+        );
+        // the stand-in lasts CARRY_ROUNDS rounds, not for ever
+        for _ in 0..CARRY_ROUNDS {
+            assert_eq!(w.update(c(206, 230), &map).len(), 2);
+        }
+        assert!(w.update(c(206, 230), &map).is_empty());
+        // counters that went back (a reloaded sampler) open a new window
+        assert!(w.update(c(5, 5), &map).is_empty());
+        assert_eq!(w.update(c(105, 105), &map), full);
     }
 }

@@ -651,8 +651,14 @@ impl<'a> World<'a> {
             if d > 0.0 && l.threads.values().filter(|&&s| s > 1e-9).count() > 1 {
                 l.migrations_acc += rate * step_s;
             }
+            // What the kernel reports: the CPU time received, the demand shrunk by the
+            // node's contention (the run queue, `runnable_acc`, counts the waiting).
             for (&n, &s) in &l.threads {
-                *l.cpu_ns_acc.entry(n).or_default() += (d * s * step_ns as f64) as u64;
+                let stretch = CostModel::contention(
+                    demand.get(&n).copied().unwrap_or(0.0),
+                    self.ncpus.get(&n).copied().unwrap_or(1),
+                );
+                *l.cpu_ns_acc.entry(n).or_default() += (d * s * step_ns as f64 / stretch) as u64;
             }
         }
         for (&n, &c) in &self.ncpus {
