@@ -1195,7 +1195,9 @@ fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
 /// pressed as the source: node 0 (8 CPUs) at 1.25×, node 1 (4 CPUs) below it, nodes 2–3 at
 /// 1.25× too; `a` (2 CPUs) leaves node 0 at 1.0×. Node 1 at 0.75× would end at 1.25× (the
 /// source's pressure) although the machine's stretched work falls by 1.25 CPUs: not moved, or
-/// node 1 and node 0 would trade it back and forth. At 0.625× it ends at 1.125×: moved.
+/// node 1 and node 0 would trade it back and forth. At 0.625× it would end at 1.125×, less
+/// than node 0 now but more than node 0 after (1.0×): not moved either (were its demand
+/// misjudged, the next round could see the mirror image). At 0.5× it ends at 1.0×: moved.
 #[test]
 fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
     let run = |n1: f64| {
@@ -1204,17 +1206,22 @@ fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
         let load = |n| if n == 1 { n1 } else { 1.25 };
         plan_after_horizon(&machine_small_node1(), a, load, |_| None, &cfg())
     };
-    let p = run(0.75);
-    assert!(p.moves.is_empty(), "{p:#?}");
-    let d = p.decision("a").unwrap();
-    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
-    assert!(
-        matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
-        "{c:#?}"
-    );
-    assert!(c.relief > 0.0, "the machine's contention falls: {c:#?}");
+    for n1 in [0.75, 0.625] {
+        let p = run(n1);
+        assert!(p.moves.is_empty(), "{n1}: {p:#?}");
+        let d = p.decision("a").unwrap();
+        let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+        assert!(
+            matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
+            "{n1}: {c:#?}"
+        );
+        assert!(
+            c.relief > 0.0,
+            "{n1}: the machine's contention falls: {c:#?}"
+        );
+    }
 
-    let p = run(0.625);
+    let p = run(0.5);
     assert_eq!(p.moves.len(), 1, "{p:#?}");
     let d = p.decision("a").unwrap();
     assert!(
@@ -1267,25 +1274,65 @@ fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
 }
 
 /// The kernel reports the CPU time a workload received; the run queue counts its waiting too.
-/// `a` has 12 busy threads on node 0 (8 CPUs) beside 4 other tasks: the queue holds 16 (2.0
-/// per CPU) and `a` receives 6 CPUs. Moved alone to a node holding 4 it would put 16 there and
-/// leave 4: the machine's stretched work stays 36, no relief — priced by the 6 CPUs it
-/// received, the same move would look like 16 → 10 and 4 → 10, and the next round would see
-/// it waiting on its new node and move it back. It may go only where its 12 wanted CPUs fit
-/// without a queue as long: two nodes.
+/// On nodes of 12 CPUs, `a` has 12 busy threads on node 0 beside 12 other tasks: the queue
+/// holds 24 (2.0 per CPU) and `a` receives 6 CPUs. Moved alone to a node holding 12 it would put
+/// 24 there and leave 12: the machine's stretched work stays the same, no relief — priced by
+/// the 6 CPUs it received, the same move would look like 24 → 18 and 12 → 18, and the next
+/// round would see it waiting on its new node and move it back. No single node is an option
+/// worth taking; if it moves, it is spread over more than one.
 #[test]
 fn a_workload_on_a_queued_node_is_priced_at_what_it_wants_not_what_it_got() {
-    let a = cg("a", &[(0, 6.0)], &[(0, 16)], "0-3,16-19", "0");
-    let load = |n| if n == 0 { 2.0 } else { 0.5 };
-    let p = plan_after_horizon(&machine(), a, load, |_| None, &cfg());
+    let topo = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 4,
+        cores_per_node: 6,
+        threads_per_core: 2,
+        ..Default::default()
+    }
+    .build();
+    let node0 = topo.nodes[0].cpus.to_string();
+    let a = cg("a", &[(0, 6.0)], &[(0, 16)], &node0, "0");
+    // The other nodes: a queue as long as their CPUs, in bursts (busy 0.8).
+    let load = |n| if n == 0 { 2.0 } else { 1.0 };
+    let busy = |n| (n != 0).then_some(0.8);
+    let p = plan_after_horizon(&topo, a, load, busy, &cfg());
     let d = p.decision("a").unwrap();
-    for c in d
+    let single: Vec<_> = d
         .considered
         .iter()
         .filter(|c| c.nodes.len() == 1 && !c.nodes.contains(0))
-    {
+        .collect();
+    assert!(
+        !single.is_empty(),
+        "single-node options were priced: {d:#?}"
+    );
+    for c in single {
         assert!(c.relief <= 1e-9, "one node cannot take it: {c:#?}");
     }
+    if let Outcome::Moved { to_nodes } = &d.outcome {
+        assert!(to_nodes.len() >= 2, "{d:#?}");
+    }
+}
+
+/// A node's runnable / busy is an average: cgroups share a node by weight, not by thread, so a
+/// workload's own want can be misjudged. `a` (12 busy threads) shares node 0 with 4 tasks of
+/// another cgroup of equal weight: the queue holds 16 (2.0 per CPU), `a` receives 4 CPUs and is
+/// priced at 8. Into node 1 (4 tasks) the move looks like 16 → 8 and 4 → 12: less contention,
+/// and node 1 (1.5 per CPU) less pressed than node 0 is now (2.0) — but more than node 0 would
+/// be after (1.0), so the next round would see the mirror image and move it back. Past
+/// `overload_busy` a target must end no more pressed than the node left behind.
+#[test]
+fn past_overload_busy_a_target_must_not_end_more_pressed_than_the_node_it_leaves() {
+    let a = cg("a", &[(0, 4.0)], &[(0, 16)], "0-3,16-19", "0");
+    let load = |n| if n == 0 { 2.0 } else { 0.5 };
+    let p = plan_after_horizon(&machine(), a, load, |_| None, &cfg());
+    let d = p.decision("a").unwrap();
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert!(c.relief > 0.0, "priced as less contention: {c:#?}");
+    assert!(
+        matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
+        "{c:#?}"
+    );
     if let Outcome::Moved { to_nodes } = &d.outcome {
         assert!(to_nodes.len() >= 2, "{d:#?}");
     }

@@ -403,7 +403,10 @@ impl<'t> Projection<'t> {
         lived_ms: u64,
     ) -> (Vec<Considered>, Picks) {
         let c = &cg.constraints;
+        // Priced at what it wants; sized by what it ran (a workload waiting on a queued node
+        // is not asking for more CPUs than it has: it is asking for them uncontended).
         let demand = obs.wanted_demand(cg);
+        let ran = obs.cpu_demand(cg);
         let own_excl = if c.exclusive {
             cg.cpus.clone()
         } else {
@@ -416,7 +419,7 @@ impl<'t> Projection<'t> {
                 cg.cpus.len().max(1) as u32
             }
         } else {
-            (demand.ceil() as u32).max(1)
+            (ran.ceil() as u32).max(1)
         };
         let max_nodes = if c.single_numa_node {
             1
@@ -788,9 +791,12 @@ impl<'t> Projection<'t> {
     /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
     /// same `d`) may push its targets past `overload_busy`: every target node, at its demand
     /// `d` plus what the move adds, is less pressed (runnable demand per CPU) than the most
-    /// pressed node the workload leaves is now. The target is then still the lesser of the
-    /// two loads, so the reverse move could not pass this test on the same loads (no trading
-    /// the workload back and forth), and the machine's stretched work is lower.
+    /// pressed node the workload leaves is now, and no more pressed than that node will be
+    /// once the workload has left it. The target is then still the lesser of the two loads
+    /// after the move too, so the reverse move could not pass this test next round (no
+    /// trading the workload back and forth, even where its demand is misjudged: a node's
+    /// runnable / busy is an average over its cgroups, which share by weight, not by thread),
+    /// and the machine's stretched work is lower.
     fn balances(
         &self,
         cpu: &[(u32, f64)],
@@ -800,13 +806,16 @@ impl<'t> Projection<'t> {
         d: impl Fn(u32) -> f64,
     ) -> bool {
         let pressure = |n: u32, dem: f64| dem / self.ncpus(n).max(1) as f64;
-        let source = cpu
-            .iter()
-            .filter(|e| !t.contains(e.0) && e.1 > 0.0)
+        let left = || cpu.iter().filter(|e| !t.contains(e.0) && e.1 > 0.0);
+        let source = left()
             .map(|&(n, _)| pressure(n, self.demand(n)))
             .fold(0.0, f64::max);
+        let source_after = left()
+            .map(|&(n, own)| pressure(n, (self.demand(n) - own).max(0.0)))
+            .fold(0.0, f64::max);
         shares.iter().all(|&(n, share, own)| {
-            self.ncpus(n) > 0 && pressure(n, (d(n) - own + demand * share).max(0.0)) < source
+            let after = pressure(n, (d(n) - own + demand * share).max(0.0));
+            self.ncpus(n) > 0 && after < source && after <= source_after
         })
     }
 
@@ -967,9 +976,15 @@ impl<'t> Projection<'t> {
         for (&n, &ns) in &cg.cpu_ns_per_node {
             let Some(i) = self.index.get(n) else { continue };
             let ncpu = self.ncpus[i].max(1) as f64;
-            // The CPU time it ran leaves the busy share; what it wanted, the run queue.
-            self.busy[i] = (self.busy[i] - Self::ns_demand(obs, ns) / ncpu).max(0.0);
+            // What it wanted leaves the run queue. The busy share: where the queue was
+            // measured, the tasks left fill the CPUs up to their queue; elsewhere the CPU time
+            // it ran leaves it.
             self.demand[i] = (self.demand[i] - Self::demand_on(obs, cg, n)).max(0.0);
+            self.busy[i] = if self.measured[i] {
+                (self.demand[i] / ncpu).min(self.busy[i])
+            } else {
+                (self.busy[i] - Self::ns_demand(obs, ns) / ncpu).max(0.0)
+            };
         }
         for (n, share, _) in cpu_after(obs, cg, t) {
             let Some(i) = self.index.get(n) else { continue };

@@ -512,29 +512,34 @@ impl Engine {
             _ => BTreeMap::new(),
         };
         self.prev_stat = stat;
-        // Run queues measured over the same interval (nodes without enough readings: None,
-        // and the planner takes the busy share).
+        let node_busy = |n: &crate::topology::Node| {
+            let cpus: Vec<f64> = n
+                .cpus
+                .iter()
+                .filter_map(|c| busy.get(&c).copied())
+                .collect();
+            if cpus.is_empty() {
+                0.0
+            } else {
+                cpus.iter().sum::<f64>() / cpus.len() as f64
+            }
+        };
+        let busy_by_node: BTreeMap<u32, f64> =
+            topo.nodes.iter().map(|n| (n.id, node_busy(n))).collect();
+        // Run queues over the window since the last round that measured them (nodes without
+        // enough readings: None, and the planner takes the busy share).
         let runq_now = self.cpu_source.runq().unwrap_or_default();
         let cpu_node: BTreeMap<u32, u32> = topo
             .nodes
             .iter()
             .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
             .collect();
-        let runnable = self.runq.update(runq_now, &cpu_node);
+        let runnable = self.runq.update(runq_now, &cpu_node, &busy_by_node);
         let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
         topo.nodes
             .iter()
             .map(|n| {
-                let cpus: Vec<f64> = n
-                    .cpus
-                    .iter()
-                    .filter_map(|c| busy.get(&c).copied())
-                    .collect();
-                let cpu_busy = if cpus.is_empty() {
-                    0.0
-                } else {
-                    cpus.iter().sum::<f64>() / cpus.len() as f64
-                };
+                let cpu_busy = busy_by_node.get(&n.id).copied().unwrap_or(0.0);
                 let free = node_free_bytes(&node_dir, n.id).unwrap_or(n.memory_free_bytes);
                 let free_hp: u64 = n
                     .hugepages

@@ -126,20 +126,34 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             )
         };
         if let (true, Err(e)) = (cfg.run_queue, &r) {
-            // Without the run-queue read (kernels that refuse bpf_probe_read_kernel here).
-            detach_all(&mut ebpf, "on_cpu_sample");
-            let plain = attach_perf(
-                &mut ebpf,
-                "on_cpu_sample_norunq",
-                clock(),
-                period_ns,
-                &online,
-            );
-            if plain.is_ok() {
-                runq_lost = Some(format!(
-                    "the cpu-clock program with the run-queue read failed ({e}); sampling without it: node pressure is the busy share"
-                ));
-                r = plain;
+            if perf_loaded(&ebpf, "on_cpu_sample") {
+                // Loaded but not attached (perf_event_open): the program without the read
+                // would fail the same way. Unload what attached.
+                detach_all(&mut ebpf, "on_cpu_sample");
+            } else {
+                // The verifier refused it (kernels without bpf_probe_read_kernel here):
+                // sample without the run-queue read.
+                let plain = attach_perf(
+                    &mut ebpf,
+                    "on_cpu_sample_norunq",
+                    clock(),
+                    period_ns,
+                    &online,
+                );
+                match plain {
+                    Ok(()) => {
+                        runq_lost = Some(format!(
+                            "the cpu-clock program with the run-queue read did not load ({e}); sampling without it: node pressure is the busy share"
+                        ));
+                        r = Ok(());
+                    }
+                    Err(e2) => {
+                        if perf_loaded(&ebpf, "on_cpu_sample_norunq") {
+                            detach_all(&mut ebpf, "on_cpu_sample_norunq");
+                        }
+                        r = Err(format!("{e}; without the run-queue read: {e2}"));
+                    }
+                }
             }
         }
         res.insert(
@@ -517,6 +531,13 @@ fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// Whether a perf_event program is loaded in the kernel (its verifier accepted it).
+fn perf_loaded(ebpf: &Ebpf, prog: &str) -> bool {
+    ebpf.program(prog)
+        .and_then(|p| <&PerfEvent>::try_from(p).ok())
+        .is_some_and(|p| p.fd().is_ok())
 }
 
 /// Unloads a perf_event program (its perf links go with it).

@@ -66,21 +66,25 @@ pub fn runnable_between(
 pub struct RunqWindow {
     /// The counters when the window opened.
     start: BTreeMap<u32, RunqCount>,
-    /// Each node's last measured value and the rounds it has stood in since.
-    last: BTreeMap<u32, (f64, u32)>,
+    /// Each node's last measured value, its busy share then, and the rounds it has stood in
+    /// since.
+    last: BTreeMap<u32, (f64, f64, u32)>,
 }
 
 impl RunqWindow {
     /// Run-queue pressure per node since the window opened, given the counters `now`. A round
     /// too soon after the last to measure any node (too few readings) leaves the window open,
     /// so the next round covers the longer interval, and a node's last measured value stands
-    /// in for up to [`CARRY_ROUNDS`] such rounds: the planner's pressure history does not flip
-    /// between the run queue and the busy share with the spacing of rounds. Counters that went
-    /// backwards, or a first call, open a new window.
+    /// in for up to [`CARRY_ROUNDS`] such rounds, scaled by how the node's busy share (`busy`,
+    /// this round's) changed since — its queue per running task is what is carried, so a node
+    /// that emptied meanwhile does not read as queued: the planner's pressure history does not
+    /// flip between the run queue and the busy share with the spacing of rounds. Counters that
+    /// went backwards, or a first call, open a new window.
     pub fn update(
         &mut self,
         now: BTreeMap<u32, RunqCount>,
         cpu_node: &BTreeMap<u32, u32>,
+        busy: &BTreeMap<u32, f64>,
     ) -> BTreeMap<u32, f64> {
         let got = runnable_between(&self.start, &now, cpu_node);
         let went_back = now.iter().any(|(c, n)| {
@@ -91,21 +95,28 @@ impl RunqWindow {
         if !got.is_empty() || self.start.is_empty() || went_back {
             self.start = now;
         }
+        let busy_of = |n: &u32| busy.get(n).copied().filter(|b| b.is_finite());
         let mut out = got.clone();
-        self.last.retain(|n, (v, carried)| {
+        self.last.retain(|n, (v, then, carried)| {
             if let Some(&g) = got.get(n) {
-                (*v, *carried) = (g, 0);
+                (*v, *then, *carried) = (g, busy_of(n).unwrap_or(f64::NAN), 0);
                 return true;
             }
             if *carried >= CARRY_ROUNDS {
                 return false;
             }
             *carried += 1;
-            out.insert(*n, *v);
+            let carried_value = match busy_of(n) {
+                Some(b) if *then >= 0.05 => (*v * b / *then).max(b),
+                _ => *v,
+            };
+            out.insert(*n, carried_value);
             true
         });
         for (n, v) in got {
-            self.last.entry(n).or_insert((v, 0));
+            self.last
+                .entry(n)
+                .or_insert((v, busy_of(&n).unwrap_or(f64::NAN), 0));
         }
         out
     }
@@ -187,27 +198,45 @@ mod tests {
         let map = two_nodes();
         let c = |r: u64, s: u64| counts(&[(0, r, s), (1, r, s), (2, r, 2 * s), (3, r, 2 * s)]);
         let mut w = RunqWindow::default();
+        let busy: BTreeMap<u32, f64> = [(0, 1.0), (1, 1.0)].into_iter().collect();
         assert!(
-            w.update(c(100, 100), &map).is_empty(),
+            w.update(c(100, 100), &map, &busy).is_empty(),
             "the first call opens the window"
         );
         let full = [(0, 1.0), (1, 2.0)].into_iter().collect::<BTreeMap<_, _>>();
-        assert_eq!(w.update(c(200, 200), &map), full);
+        assert_eq!(w.update(c(200, 200), &map, &busy), full);
         // two rounds in a row too short to measure: the last values stand in
-        assert_eq!(w.update(c(202, 210), &map), full);
-        assert_eq!(w.update(c(203, 220), &map), full);
+        assert_eq!(w.update(c(202, 210), &map, &busy), full);
+        assert_eq!(w.update(c(203, 220), &map, &busy), full);
         // the window stayed open at 200: 6 readings since, node 0 read 30 / 6 = 5.0
         assert_eq!(
-            w.update(c(206, 230), &map),
+            w.update(c(206, 230), &map, &busy),
             [(0, 5.0), (1, 10.0)].into_iter().collect()
         );
         // the stand-in lasts CARRY_ROUNDS rounds, not for ever
         for _ in 0..CARRY_ROUNDS {
-            assert_eq!(w.update(c(206, 230), &map).len(), 2);
+            assert_eq!(w.update(c(206, 230), &map, &busy).len(), 2);
         }
-        assert!(w.update(c(206, 230), &map).is_empty());
+        assert!(w.update(c(206, 230), &map, &busy).is_empty());
         // counters that went back (a reloaded sampler) open a new window
-        assert!(w.update(c(5, 5), &map).is_empty());
-        assert_eq!(w.update(c(105, 105), &map), full);
+        assert!(w.update(c(5, 5), &map, &busy).is_empty());
+        assert_eq!(w.update(c(105, 105), &map, &busy), full);
+    }
+
+    #[test]
+    fn a_carried_value_follows_the_busy_share() {
+        let map = two_nodes();
+        let c = |r: u64, s: u64| counts(&[(0, r, s), (1, r, s), (2, r, s), (3, r, s)]);
+        let at = |b0: f64| -> BTreeMap<u32, f64> { [(0, b0), (1, 1.0)].into_iter().collect() };
+        let mut w = RunqWindow::default();
+        w.update(c(0, 0), &map, &at(1.0));
+        let both = [(0, 2.0), (1, 2.0)].into_iter().collect::<BTreeMap<_, _>>();
+        assert_eq!(w.update(c(100, 200), &map, &at(1.0)), both);
+        // node 0 emptied to a tenth busy during a short round: its queue scales down with it,
+        // never below the busy share; node 1 unchanged
+        let got = w.update(c(101, 202), &map, &at(0.1));
+        assert!((got[&0] - 0.2).abs() < 1e-12 && got[&1] == 2.0, "{got:?}");
+        // no busy share known: the value as it was
+        assert_eq!(w.update(c(102, 204), &map, &BTreeMap::new()), both);
     }
 }
