@@ -36,14 +36,14 @@ fn done(r: Result<(), i64>) -> u32 {
 
 #[perf_event]
 pub fn on_cpu_sample(ctx: PerfEventContext) -> u32 {
-    done(oncpu::try_on_cpu_sample(&ctx, true))
+    done(oncpu::try_on_cpu_sample::<true>(&ctx))
 }
 
 /// `on_cpu_sample` without the run-queue read (no bpf_probe_read_kernel: kernels before 5.5
 /// refuse the helper, and would lose the on-CPU time with it).
 #[perf_event]
 pub fn on_cpu_sample_norunq(ctx: PerfEventContext) -> u32 {
-    done(oncpu::try_on_cpu_sample(&ctx, false))
+    done(oncpu::try_on_cpu_sample::<false>(&ctx))
 }
 
 /// A raw tracepoint: no trace record is formatted before the program runs (the classic

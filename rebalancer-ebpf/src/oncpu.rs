@@ -78,10 +78,11 @@ fn sample_runq(cfg: &ProgConfig) {
 
 /// One cpu-clock sample: the interrupted task (current) ran `sample_period_ns` on this node,
 /// and this CPU's run queue held what `runq_len` reads.
-pub fn try_on_cpu_sample(_ctx: &PerfEventContext, runq: bool) -> Result<(), i64> {
+#[inline(always)]
+pub fn try_on_cpu_sample<const RUNQ: bool>(_ctx: &PerfEventContext) -> Result<(), i64> {
     bump(Stat::ClockSamples);
     let cfg = config()?;
-    if runq {
+    if RUNQ {
         sample_runq(cfg);
     }
     let pid = bpf_get_current_pid_tgid() as u32;

@@ -17,6 +17,14 @@ use rebalancer::{
     ebpf::{probe, Sampler},
 };
 
+/// Tests that load CPUs with children take turns: four spinners pinned to CPU 0 would thin
+/// out another test's samples of its own child and widen its error.
+static CPU_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    CPU_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn skip_reason() -> Option<String> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -184,6 +192,7 @@ fn check_mode(mode: OnCpuSource) {
 
 #[test]
 fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
+    let _turn = cpu_turn();
     if let Some(why) = skip_reason() {
         eprintln!("SKIP: {why}");
         return;
@@ -282,6 +291,7 @@ fn read_10k_cgroups_timing() {
 /// cgroup (every one of its migrations here is CPU 0 <-> CPU 1).
 #[test]
 fn cross_node_migrations_with_a_two_node_cpu_map() {
+    let _turn = cpu_turn();
     if let Some(why) = skip_reason() {
         eprintln!("SKIP: {why}");
         return;
@@ -347,6 +357,7 @@ impl Drop for Spinners {
 /// no reading is taken. A kernel whose BTF lacks the offsets skips, printing why.
 #[test]
 fn the_cpu_clock_samples_read_the_run_queue() {
+    let _turn = cpu_turn();
     if let Some(why) = skip_reason() {
         eprintln!("SKIP: {why}");
         return;
@@ -394,11 +405,7 @@ fn the_cpu_clock_samples_read_the_run_queue() {
         cpu0 - cpu1 >= 2.0,
         "CPU 1 read {cpu1} against CPU 0's {cpu0}: not its own run queue?"
     );
-    let cpu_node: std::collections::BTreeMap<u32, u32> = topo
-        .nodes
-        .iter()
-        .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
-        .collect();
+    let cpu_node = topo.cpu_node_map();
     let node = cpu_node[&0];
     let ncpus = topo.nodes.iter().find(|n| n.id == node).unwrap().cpus.len() as f64;
     let per_node = rebalancer::ebpf::runq::runnable_between(&before, &now, &cpu_node);

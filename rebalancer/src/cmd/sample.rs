@@ -129,11 +129,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<ExitCode> {
     let now = sampler.read()?;
     let runq_now = sampler.runq().unwrap_or_default();
     let secs = start.elapsed().as_secs_f64();
-    let cpu_node: BTreeMap<u32, u32> = topo
-        .nodes
-        .iter()
-        .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
-        .collect();
+    let cpu_node = topo.cpu_node_map();
     let runnable_per_cpu = crate::ebpf::runq::runnable_between(&runq_before, &runq_now, &cpu_node);
     let delta = crate::ebpf::delta_all(&now, &before);
     let mut rows: Vec<Row> = delta

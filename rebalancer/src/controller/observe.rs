@@ -64,6 +64,12 @@ pub struct CgroupObs {
     /// `crate::written`); empty when not measured.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub written_bytes_per_node: BTreeMap<u32, u64>,
+    /// Nanoseconds its tasks waited on each node's run queues during the period, where this
+    /// cgroup's own wait was measured (the simulator knows it; the daemon does not measure it
+    /// yet and leaves it empty). With it, what the workload wants is exact
+    /// ([`Observations::wanted_exact`]); without, it is estimated from its node's queue.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub wait_ns_per_node: BTreeMap<u32, u64>,
     /// Current cpuset.cpus / cpuset.mems.
     pub cpus: CpuSet,
     pub mems: CpuSet,
@@ -248,16 +254,30 @@ impl Observations {
         cg.total_cpu_ns() as f64 / self.period_ns as f64
     }
 
-    /// CPUs' worth of run-queue demand `cg` puts on `node`: the CPU time it received there,
-    /// times how much more its tasks wanted ([`NodeObs::wait_stretch`]). On a node whose queue
-    /// holds twice its CPUs a task gets half the time it wants, so taking the workload off
-    /// frees twice what it ran, and it asks as much of the node it joins.
+    /// CPUs' worth of run-queue demand `cg` puts on `node`: the CPU time it received there plus
+    /// the time its tasks waited, where its own wait was measured; else the time received
+    /// times how much more its node's tasks wanted on average ([`NodeObs::wait_stretch`]). On
+    /// a node whose queue holds twice its CPUs a task gets half the time it wants, so taking
+    /// the workload off frees twice what it ran, and it asks as much of the node it joins. The
+    /// average misjudges a workload whose share differs from its node's (cgroups share by
+    /// weight, not by thread): only [`Observations::wanted_exact`] figures may decide a move
+    /// into a queue.
     pub fn wanted_on(&self, cg: &CgroupObs, node: u32) -> f64 {
         if self.period_ns == 0 {
             return 0.0;
         }
-        let ns = cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0);
-        ns as f64 / self.period_ns as f64 * self.nodes.get(&node).map_or(1.0, NodeObs::wait_stretch)
+        let ns = cg.cpu_ns_per_node.get(&node).copied().unwrap_or(0) as f64;
+        if self.wanted_exact(cg) {
+            let wait = cg.wait_ns_per_node.get(&node).copied().unwrap_or(0) as f64;
+            return (ns + wait) / self.period_ns as f64;
+        }
+        ns / self.period_ns as f64 * self.nodes.get(&node).map_or(1.0, NodeObs::wait_stretch)
+    }
+
+    /// Whether `cg`'s own wait on the run queues was measured (`CgroupObs::wait_ns_per_node`),
+    /// so [`Observations::wanted_on`] is what it wants, not an estimate from its node.
+    pub fn wanted_exact(&self, cg: &CgroupObs) -> bool {
+        !cg.wait_ns_per_node.is_empty()
     }
 
     /// [`Observations::wanted_on`] summed over the nodes `cg` ran on.

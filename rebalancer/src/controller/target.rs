@@ -110,6 +110,8 @@ struct Fixed<'a> {
     huge_total: u64,
     /// Whether the run-queue demand of every node the cgroup ran on was measured.
     sources_measured: bool,
+    /// Whether the cgroup's own wait was measured (`Observations::wanted_exact`).
+    wanted_exact: bool,
     /// Overload trigger: the busy share of the nodes it runs on, by its CPU time there.
     src_busy: f64,
     /// Overload trigger: how long its overloaded nodes have been so (the shortest).
@@ -403,10 +405,15 @@ impl<'t> Projection<'t> {
         lived_ms: u64,
     ) -> (Vec<Considered>, Picks) {
         let c = &cg.constraints;
-        // Priced at what it wants; sized by what it ran (a workload waiting on a queued node
-        // is not asking for more CPUs than it has: it is asking for them uncontended).
+        // Priced at what it wants; sized by it too where that is its own measure, else by
+        // what it ran (its node's average would misjudge it, and a single-node workload asked
+        // to fit a guess larger than any node would be stranded).
         let demand = obs.wanted_demand(cg);
-        let ran = obs.cpu_demand(cg);
+        let ran = if obs.wanted_exact(cg) {
+            demand
+        } else {
+            obs.cpu_demand(cg)
+        };
         let own_excl = if c.exclusive {
             cg.cpus.clone()
         } else {
@@ -525,6 +532,7 @@ impl<'t> Projection<'t> {
             normal_total: sat_sum(cg.mem_bytes_per_node.values()),
             huge_total: sat_sum(cg.hugepage_bytes_per_node.values()),
             sources_measured: cg.cpu_ns_per_node.keys().all(|&n| self.measured(obs, n)),
+            wanted_exact: obs.wanted_exact(cg),
             src_busy,
             lasted_ms,
             cpu_nodes: if self.cross_node_rate(cg) > 0.0 {
@@ -661,6 +669,7 @@ impl<'t> Projection<'t> {
                     // whole cores (exclusive): they leave the target's shared pool, which
                     // per-node pressure does not see.
                     if delta < 0.0
+                        && fx.wanted_exact
                         && picked.is_none()
                         && matches!(rejected, Some(Rejection::Overloaded { .. }))
                         && self.balances(&fx.cpu, &t, &shares, demand, before)
@@ -791,12 +800,13 @@ impl<'t> Projection<'t> {
     /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
     /// same `d`) may push its targets past `overload_busy`: every target node, at its demand
     /// `d` plus what the move adds, is less pressed (runnable demand per CPU) than the most
-    /// pressed node the workload leaves is now, and no more pressed than that node will be
-    /// once the workload has left it. The target is then still the lesser of the two loads
-    /// after the move too, so the reverse move could not pass this test next round (no
-    /// trading the workload back and forth, even where its demand is misjudged: a node's
-    /// runnable / busy is an average over its cgroups, which share by weight, not by thread),
-    /// and the machine's stretched work is lower.
+    /// pressed node the workload leaves is now. The target is then still the lesser of the
+    /// two loads, so the reverse move could not pass this test on the same loads (no trading
+    /// the workload back and forth), and the machine's stretched work is lower. Only for a
+    /// workload whose own wait was measured (`Observations::wanted_exact`, checked by the
+    /// caller): priced from its node's average queue, a workload that gets less than its
+    /// neighbours (cgroups share by weight, not by thread) would be misjudged, and the next
+    /// round could see the mirror image and move it back.
     fn balances(
         &self,
         cpu: &[(u32, f64)],
@@ -806,16 +816,13 @@ impl<'t> Projection<'t> {
         d: impl Fn(u32) -> f64,
     ) -> bool {
         let pressure = |n: u32, dem: f64| dem / self.ncpus(n).max(1) as f64;
-        let left = || cpu.iter().filter(|e| !t.contains(e.0) && e.1 > 0.0);
-        let source = left()
+        let source = cpu
+            .iter()
+            .filter(|e| !t.contains(e.0) && e.1 > 0.0)
             .map(|&(n, _)| pressure(n, self.demand(n)))
             .fold(0.0, f64::max);
-        let source_after = left()
-            .map(|&(n, own)| pressure(n, (self.demand(n) - own).max(0.0)))
-            .fold(0.0, f64::max);
         shares.iter().all(|&(n, share, own)| {
-            let after = pressure(n, (d(n) - own + demand * share).max(0.0));
-            self.ncpus(n) > 0 && after < source && after <= source_after
+            self.ncpus(n) > 0 && pressure(n, (d(n) - own + demand * share).max(0.0)) < source
         })
     }
 

@@ -529,11 +529,7 @@ impl Engine {
         // Run queues over the window since the last round that measured them (nodes without
         // enough readings: None, and the planner takes the busy share).
         let runq_now = self.cpu_source.runq().unwrap_or_default();
-        let cpu_node: BTreeMap<u32, u32> = topo
-            .nodes
-            .iter()
-            .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
-            .collect();
+        let cpu_node = topo.cpu_node_map();
         let runnable = self.runq.update(runq_now, &cpu_node, &busy_by_node);
         let node_dir = cfg.daemon.sysfs_root.join("devices/system/node");
         topo.nodes

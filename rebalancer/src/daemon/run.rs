@@ -566,7 +566,7 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
 /// controller section (period included: the round thread reads it before each wait) and
 /// dry-run on apply at once (dry-run off only at a restart: `--dry-run` stays in force); the placement section applies when its reservations can be applied
 /// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
-/// that need a restart (listeners, state dir, sysfs root) are reported as such.
+/// that need a restart (listeners, state dir, sysfs root, the eBPF samplers) are reported as such.
 pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
         Ok(c) => c,

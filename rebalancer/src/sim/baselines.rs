@@ -246,6 +246,7 @@ pub(super) fn observations(w: &World<'_>) -> Observations {
             CgroupObs {
                 id: u.clone(),
                 cpu_ns_per_node: l.cpu_ns_acc.clone(),
+                wait_ns_per_node: l.wait_ns_acc.clone(),
                 cross_node_migrations: l.migrations_acc.round() as u64,
                 mem_bytes_per_node: if huge { BTreeMap::new() } else { mem.clone() },
                 hugepage_bytes_per_node: if huge { mem } else { BTreeMap::new() },
@@ -405,6 +406,7 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
     }
     for l in w.live.values_mut() {
         l.cpu_ns_acc.clear();
+        l.wait_ns_acc.clear();
         l.migrations_acc = 0.0;
     }
     w.busy_acc.clear();

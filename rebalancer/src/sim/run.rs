@@ -144,6 +144,8 @@ pub(super) struct Live {
     pub phase: usize,
     /// CPU ns per node since the last planner round.
     pub cpu_ns_acc: BTreeMap<u32, u64>,
+    /// Ns its threads waited on each node's run queue since the last planner round.
+    pub wait_ns_acc: BTreeMap<u32, u64>,
     /// Cross-node scheduler migrations since the last planner round.
     pub migrations_acc: f64,
     /// mems before the last move (to count reversals).
@@ -507,6 +509,7 @@ impl<'a> World<'a> {
                         device_node,
                         phase: 0,
                         cpu_ns_acc: BTreeMap::new(),
+                        wait_ns_acc: BTreeMap::new(),
                         migrations_acc: 0.0,
                         prev_mems: None,
                     };
@@ -658,7 +661,11 @@ impl<'a> World<'a> {
                     demand.get(&n).copied().unwrap_or(0.0),
                     self.ncpus.get(&n).copied().unwrap_or(1),
                 );
-                *l.cpu_ns_acc.entry(n).or_default() += (d * s * step_ns as f64 / stretch) as u64;
+                let want = d * s * step_ns as f64;
+                let got = want / stretch;
+                *l.cpu_ns_acc.entry(n).or_default() += got as u64;
+                // Its own wait, as a per-task account (schedstat's run_delay) would give it.
+                *l.wait_ns_acc.entry(n).or_default() += (want - got) as u64;
             }
         }
         for (&n, &c) in &self.ncpus {

@@ -137,6 +137,14 @@ impl Topology {
     pub fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
         self.cpu(cpu).and_then(|c| c.node)
     }
+
+    /// The node of each CPU of a node (CPU → node).
+    pub fn cpu_node_map(&self) -> BTreeMap<u32, u32> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.cpus.iter().map(move |c| (c, n.id)))
+            .collect()
+    }
 }
 
 /// Builds synthetic, regular machines: `sockets × nodes_per_socket` nodes, each with
