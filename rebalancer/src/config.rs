@@ -417,9 +417,10 @@ pub struct ControllerConfig {
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
-    /// and no move may push a node past it — except, where run queues are measured (the eBPF
-    /// cpu-clock sampler, `ebpf::runq`), a relief move that takes contention away and leaves
-    /// the node less pressed (runnable per CPU) than the most pressed node it leaves.
+    /// and no move may push a node past it — except a relief move that takes contention away
+    /// and leaves the node less pressed (runnable per CPU) than the most pressed node it
+    /// leaves, where run queues (`ebpf::runq`) and the workload's own wait are measured (the
+    /// simulator; the daemon does not measure the wait yet, so there no move passes it).
     pub overload_busy: f64,
     /// What to do about kernel AutoNUMA (kernel.numa_balancing) when it is on.
     pub autonuma: AutoNuma,

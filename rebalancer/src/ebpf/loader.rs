@@ -112,50 +112,34 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     let mut runq_lost = None;
     if sampled {
         let clock = || PerfEventConfig::Software(SoftwareEvent::CpuClock);
-        let mut r = if cfg.run_queue {
-            attach_perf(&mut ebpf, "on_cpu_sample", clock(), period_ns, &online)
-        } else {
+        let attach =
+            |ebpf: &mut Ebpf, prog: &str| attach_perf_why(ebpf, prog, clock(), period_ns, &online);
+        let r = if !cfg.run_queue {
             runq_lost =
                 Some("off (ebpf.run_queue = false): node pressure is the busy share".into());
-            attach_perf(
-                &mut ebpf,
-                "on_cpu_sample_norunq",
-                clock(),
-                period_ns,
-                &online,
-            )
-        };
-        if let (true, Err(e)) = (cfg.run_queue, &r) {
-            if perf_loaded(&ebpf, "on_cpu_sample") {
-                // Loaded but not attached (perf_event_open): the program without the read
-                // would fail the same way. Unload what attached.
-                detach_all(&mut ebpf, "on_cpu_sample");
-            } else {
+            attach(&mut ebpf, "on_cpu_sample_norunq").map_err(PerfFailed::into_string)
+        } else {
+            match attach(&mut ebpf, "on_cpu_sample") {
+                Ok(()) => Ok(()),
+                // Loaded, but a perf event would not open: the program without the read
+                // would fail the same way.
+                Err(PerfFailed::Attach(e)) => Err(e),
                 // The verifier refused it (kernels without bpf_probe_read_kernel here):
                 // sample without the run-queue read.
-                let plain = attach_perf(
-                    &mut ebpf,
-                    "on_cpu_sample_norunq",
-                    clock(),
-                    period_ns,
-                    &online,
-                );
-                match plain {
+                Err(PerfFailed::Load(e)) => match attach(&mut ebpf, "on_cpu_sample_norunq") {
                     Ok(()) => {
                         runq_lost = Some(format!(
                             "the cpu-clock program with the run-queue read did not load ({e}); sampling without it: node pressure is the busy share"
                         ));
-                        r = Ok(());
+                        Ok(())
                     }
-                    Err(e2) => {
-                        if perf_loaded(&ebpf, "on_cpu_sample_norunq") {
-                            detach_all(&mut ebpf, "on_cpu_sample_norunq");
-                        }
-                        r = Err(format!("{e}; without the run-queue read: {e2}"));
-                    }
-                }
+                    Err(e2) => Err(format!(
+                        "{e}; without the run-queue read: {}",
+                        e2.into_string()
+                    )),
+                },
             }
-        }
+        };
         res.insert(
             "on_cpu:cpu_clock",
             r.map(|()| format!("software cpu-clock every {period_ns} ns per CPU")),
@@ -507,7 +491,6 @@ fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<()
         pmu::LOCAL_PERIOD,
         cpus,
     ) {
-        detach_all(ebpf, "local_mem_sample"); // CPUs attached before the one that failed
         return Err(format!(
             "local-DRAM event {} ({}): {e}",
             pair.local.describe(),
@@ -523,7 +506,6 @@ fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<()
     );
     if let Err(e) = remote {
         detach_all(ebpf, "local_mem_sample");
-        detach_all(ebpf, "remote_mem_sample");
         return Err(format!(
             "remote-DRAM event {} ({}): {e}; the local one is detached again (no ratio from one side)",
             pair.remote.describe(),
@@ -531,13 +513,6 @@ fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<()
         ));
     }
     Ok(())
-}
-
-/// Whether a perf_event program is loaded in the kernel (its verifier accepted it).
-fn perf_loaded(ebpf: &Ebpf, prog: &str) -> bool {
-    ebpf.program(prog)
-        .and_then(|p| <&PerfEvent>::try_from(p).ok())
-        .is_some_and(|p| p.fd().is_ok())
 }
 
 /// Unloads a perf_event program (its perf links go with it).
@@ -551,6 +526,21 @@ fn detach_all(ebpf: &mut Ebpf, prog: &str) {
     }
 }
 
+/// Why a perf_event program is not attached: the kernel refused to load it, or it loaded and
+/// a perf event could not be opened on some CPU (it is unloaded again: all CPUs or none).
+enum PerfFailed {
+    Load(String),
+    Attach(String),
+}
+
+impl PerfFailed {
+    fn into_string(self) -> String {
+        match self {
+            PerfFailed::Load(e) | PerfFailed::Attach(e) => e,
+        }
+    }
+}
+
 fn attach_perf(
     ebpf: &mut Ebpf,
     prog: &str,
@@ -558,23 +548,44 @@ fn attach_perf(
     period: u64,
     cpus: &[u32],
 ) -> Result<(), String> {
+    attach_perf_why(ebpf, prog, config, period, cpus).map_err(PerfFailed::into_string)
+}
+
+/// Loads `prog` and attaches it on every CPU of `cpus`, or leaves it unloaded.
+fn attach_perf_why(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    config: PerfEventConfig,
+    period: u64,
+    cpus: &[u32],
+) -> Result<(), PerfFailed> {
     let p: &mut PerfEvent = ebpf
         .program_mut(prog)
-        .ok_or_else(|| format!("program {prog} missing"))?
+        .ok_or_else(|| PerfFailed::Load(format!("program {prog} missing")))?
         .try_into()
-        .map_err(|e| format!("{prog}: {e}"))?;
-    p.load().map_err(|e| load_failed(prog, &e))?;
-    if cpus.is_empty() {
-        return Err("no online CPUs in the topology".into());
+        .map_err(|e| PerfFailed::Load(format!("{prog}: {e}")))?;
+    p.load()
+        .map_err(|e| PerfFailed::Load(load_failed(prog, &e)))?;
+    let attached = if cpus.is_empty() {
+        Err("no online CPUs in the topology".to_string())
+    } else {
+        cpus.iter().try_for_each(|&cpu| {
+            p.attach(
+                config,
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(period),
+                false,
+            )
+            .map(|_| ())
+            .map_err(|e| format!("perf_event_open on CPU {cpu}: {}", error_chain(&e)))
+        })
+    };
+    // All or nothing: a program attached to some CPUs only would sample part of the machine
+    // while its source reads as failed. Unloading takes its links with it.
+    if attached.is_err() {
+        if let Err(e) = p.unload() {
+            tracing::warn!(program = prog, error = %e, "unloading failed");
+        }
     }
-    for &cpu in cpus {
-        p.attach(
-            config,
-            PerfEventScope::AllProcessesOneCpu { cpu },
-            SamplePolicy::Period(period),
-            false,
-        )
-        .map_err(|e| format!("perf_event_open on CPU {cpu}: {}", error_chain(&e)))?;
-    }
-    Ok(())
+    attached.map_err(PerfFailed::Attach)
 }
