@@ -419,9 +419,13 @@ pub struct ControllerConfig {
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
     /// and no move may push a node past it — except a relief move that takes contention away
     /// and leaves the node less pressed (runnable per CPU) than the most pressed node it
-    /// leaves, where run queues (`ebpf::runq`) and the workload's own wait are measured (the
-    /// simulator; the daemon does not measure the wait yet, so there no move passes it).
+    /// leaves, where run queues (`ebpf::runq`) and the workload's own wait (`own_wait`) are
+    /// measured.
     pub overload_busy: f64,
+    /// Measure each workload's own wait on the run queues (`crate::runwait`: its threads'
+    /// `run_delay`, summed per cgroup each round), so its demand on a crowded node is what it
+    /// wants, not an estimate from its node's queue.
+    pub own_wait: bool,
     /// What to do about kernel AutoNUMA (kernel.numa_balancing) when it is on.
     pub autonuma: AutoNuma,
     /// CPU time one cross-node scheduler migration of a thread costs (its caches refilled
@@ -469,6 +473,7 @@ impl Default for ControllerConfig {
             admission_load_periods: 0,
             move_exclusive: false,
             overload_busy: 0.9,
+            own_wait: true,
             autonuma: AutoNuma::Warn,
             cross_node_migration_cost_us: 50.0,
             migration_trigger_per_s: 100.0,

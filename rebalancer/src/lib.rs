@@ -16,6 +16,7 @@ pub mod nri;
 pub mod pages;
 pub mod placement;
 pub mod procfs;
+pub mod runwait;
 pub mod serve;
 pub mod sim;
 pub mod topology;

@@ -208,3 +208,79 @@ fn real_readers_parse_this_kernel() {
         assert!(!cg.effective_mems("/").unwrap().is_empty());
     }
 }
+
+/// `Cgroups::nr_throttled` and `Cgroups::threads` on this kernel: a spinning process in a
+/// child cgroup whose *parent* has a CPU quota of 10% is throttled within a second; the child's
+/// own `cpu.stat` counts nothing (it has no limit), the reader counts its parent's periods.
+/// `threads` lists the spinner. Skips (printing why) when not root or without a CPU controller
+/// to limit (v2: `+cpu` not enabled at the root).
+#[test]
+fn throttling_by_an_ancestors_quota_is_counted() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: cannot detect cgroups");
+        return;
+    };
+    let Ok((root, version)) = cg
+        .hierarchy(Controller::Cpu)
+        .map(|(r, v)| (r.to_path_buf(), v))
+    else {
+        println!("SKIP: no CPU controller");
+        return;
+    };
+    if version == Version::V2
+        && !std::fs::read_to_string(root.join("cgroup.subtree_control"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "cpu")
+    {
+        println!("SKIP: cgroup v2 without +cpu in the root's subtree_control");
+        return;
+    }
+    let parent = format!("rebalancer-test-throttle-{}", std::process::id());
+    let child = format!("{parent}/w");
+    let _cleanup = Cleanup(vec![root.join(&parent), root.join(&child)]);
+    std::fs::create_dir(root.join(&parent)).unwrap();
+    match version {
+        Version::V2 => {
+            std::fs::write(root.join(&parent).join("cgroup.subtree_control"), "+cpu").unwrap();
+            std::fs::write(root.join(&parent).join("cpu.max"), "10000 100000").unwrap();
+        }
+        Version::V1 => {
+            std::fs::write(root.join(&parent).join("cpu.cfs_period_us"), "100000").unwrap();
+            std::fs::write(root.join(&parent).join("cpu.cfs_quota_us"), "10000").unwrap();
+        }
+    }
+    std::fs::create_dir(root.join(&child)).unwrap();
+    assert_eq!(cg.nr_throttled(&child), 0, "nothing ran yet");
+    let mut spin = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap();
+    let pid = spin.id();
+    std::fs::write(root.join(&child).join("cgroup.procs"), pid.to_string()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while cg.nr_throttled(&child) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let counted = cg.nr_throttled(&child);
+    let own = rebalancer::cgroup::files::parse_nr_throttled(
+        &std::fs::read_to_string(root.join(&child).join("cpu.stat")).unwrap(),
+    );
+    let threads = cg.threads(Controller::Cpu, &child);
+    let _ = spin.kill();
+    let _ = spin.wait();
+    assert!(
+        counted > 0,
+        "a spinner under a 10% quota was never throttled"
+    );
+    assert_eq!(own, 0, "the child has no limit of its own");
+    assert_eq!(threads.unwrap(), vec![pid], "the spinner's one thread");
+}

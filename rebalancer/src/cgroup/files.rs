@@ -175,6 +175,14 @@ pub fn parse_hugetlb_numa_stat(path: &Path, text: &str) -> Result<NodeBytes, Cgr
     node_values(path, &tokens[1..], 1)
 }
 
+/// `nr_throttled` of a `cpu.stat` (v1 and v2); 0 without the line.
+pub fn parse_nr_throttled(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `cgroup.procs` / `tasks`: one pid per line.
 pub fn parse_procs(path: &Path, text: &str) -> Result<Vec<u32>, CgroupError> {
     text.lines()

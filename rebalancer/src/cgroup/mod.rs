@@ -267,6 +267,22 @@ impl Cgroups {
         }
     }
 
+    /// Periods in which the CPU bandwidth limit (`cpu.max`, v1 CFS quota) of `rel` or of one
+    /// of its ancestors throttled it: `nr_throttled` of `cpu.stat`, summed from `rel` up to
+    /// (not including) the hierarchy's root. A level without the file or the line (no CPU
+    /// controller, no limit) counts 0; so does everything without a CPU hierarchy.
+    pub fn nr_throttled(&self, rel: &str) -> u64 {
+        let Ok((root, _)) = self.hierarchy(Controller::Cpu) else {
+            return 0;
+        };
+        let Ok(rel) = clean(rel) else { return 0 };
+        rel.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .filter_map(|a| fs::read_to_string(root.join(a).join("cpu.stat")).ok())
+            .map(|t| files::parse_nr_throttled(&t))
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// CPU weight on the v2 scale 1..10000 (v1 `cpu.shares` converted).
     pub fn cpu_weight(&self, rel: &str) -> Result<u64, CgroupError> {
         let (dir, v) = self.dir(Controller::Cpu, rel)?;
@@ -358,6 +374,17 @@ impl Cgroups {
     /// Processes (tgids) in `cgroup.procs` of the cgroup in controller `c`'s hierarchy.
     pub fn procs(&self, c: Controller, rel: &str) -> Result<Vec<u32>, CgroupError> {
         let p = self.dir(c, rel)?.0.join("cgroup.procs");
+        files::parse_procs(&p, &self.read(&p)?)
+    }
+
+    /// Threads (tids) of the cgroup in controller `c`'s hierarchy: `cgroup.threads` (v2, every
+    /// thread of its processes) or `tasks` (v1).
+    pub fn threads(&self, c: Controller, rel: &str) -> Result<Vec<u32>, CgroupError> {
+        let (dir, v) = self.dir(c, rel)?;
+        let p = dir.join(match v {
+            Version::V2 => "cgroup.threads",
+            Version::V1 => "tasks",
+        });
         files::parse_procs(&p, &self.read(&p)?)
     }
 

@@ -65,8 +65,8 @@ pub struct CgroupObs {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub written_bytes_per_node: BTreeMap<u32, u64>,
     /// Nanoseconds its tasks waited on each node's run queues during the period, where this
-    /// cgroup's own wait was measured (the simulator knows it; the daemon does not measure it
-    /// yet and leaves it empty). With it, what the workload wants is exact
+    /// cgroup's own wait was measured (the daemon: `crate::runwait`, its threads' run delays
+    /// split over the nodes it ran on; the simulator knows it); empty where not measured. With it, what the workload wants is exact
     /// ([`Observations::wanted_exact`]); without, it is estimated from its node's queue.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub wait_ns_per_node: BTreeMap<u32, u64>,

@@ -377,6 +377,11 @@ pub struct Engine {
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
     written: Option<Result<crate::written::Tracker, String>>,
+    /// Each workload's own run-queue wait (`controller.own_wait`): `None` until first
+    /// checked, then the tracker, or the reason this kernel cannot measure it.
+    own_wait: Option<Result<crate::runwait::Tracker, String>>,
+    /// Whether the thread budget of `runwait` was reported reached.
+    own_wait_truncated: bool,
     /// NRI mode: moves of the runtime's containers go through the runtime
     /// (`nri_updates::RuntimeMoveWriter`).
     runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
@@ -404,6 +409,8 @@ impl Engine {
             last_round: None,
             topo_fingerprint: None,
             written: None,
+            own_wait: None,
+            own_wait_truncated: false,
             runtime: None,
             applier: None,
             last_managed: Vec::new(),
@@ -441,6 +448,59 @@ impl Engine {
     /// restored from the checkpoint mean what they meant (see [`super::boot_ms`]).
     pub fn now_ms(&self) -> u64 {
         super::boot_ms()
+    }
+
+    /// Each of `managed`'s own wait on the run queues since the last round (`crate::runwait`)
+    /// when `controller.own_wait` is on and this kernel keeps run delays; the first call probes
+    /// and reports the source in `status` (with the reason, when it is absent).
+    fn own_waits(&mut self, d: &Daemon, on: bool, managed: &[String]) -> BTreeMap<String, u64> {
+        if !on {
+            // Turned off by a reload: the baselines would span the rounds it was off.
+            if let Some(Ok(t)) = &mut self.own_wait {
+                *t = Default::default();
+            }
+            return BTreeMap::new();
+        }
+        if self.own_wait.is_none() {
+            const NAME: &str = "own_wait:schedstat";
+            let probed = crate::runwait::probe(&self.proc_root);
+            let st = match &probed {
+                Ok(()) => crate::ebpf::SourceStatus::ok(
+                    NAME,
+                    "each workload's threads' run_delay (/proc/<tid>/schedstat), per round",
+                ),
+                Err(why) => {
+                    tracing::warn!(reason = %why, "controller.own_wait is on but this kernel keeps no run delays; a workload's demand on a crowded node is estimated from its node's queue and no move passes overload_busy");
+                    crate::ebpf::SourceStatus::skipped(NAME, why.clone())
+                }
+            };
+            d.metrics
+                .ebpf_source_available
+                .get_or_create(&crate::serve::metrics::SourceLabel {
+                    source: NAME.into(),
+                })
+                .set(probed.is_ok() as i64);
+            if let Ok(v) = serde_json::to_value(st) {
+                d.lock().sources.push(v);
+            }
+            self.own_wait = Some(probed.map(|()| Default::default()));
+        }
+        let Some(Ok(t)) = &mut self.own_wait else {
+            return BTreeMap::new();
+        };
+        let mut src = crate::runwait::Live {
+            cgroups: &self.cgroups,
+            proc_root: &self.proc_root,
+        };
+        let out = t.sample(managed, &mut src, crate::runwait::MAX_THREADS);
+        if t.truncated && !self.own_wait_truncated {
+            tracing::warn!(
+                max_threads = crate::runwait::MAX_THREADS,
+                "the managed cgroups hold more threads than one round reads for their own wait; those past it are estimated from their node's queue"
+            );
+        }
+        self.own_wait_truncated = t.truncated;
+        out
     }
 
     /// The written-pages tracker when `controller.written_pages` is on and this kernel tracks
@@ -688,6 +748,7 @@ impl Engine {
             });
         self.last_round = Some(Instant::now());
         let nodes = self.node_obs(&cfg, &topo);
+        let waits = self.own_waits(d, cfg.controller.own_wait, &managed);
 
         let mut obs = Observations {
             period_ns,
@@ -747,6 +808,9 @@ impl Engine {
                     .filter_map(|cpu| topo.node_of_cpu(cpu))
                     .collect();
                 o.project_cpu_to(&runnable);
+                if let Some(&wait) = waits.get(cg) {
+                    o.wait_ns_per_node = crate::runwait::split(wait, &o.cpu_ns_per_node, &runnable);
+                }
                 if cfg.controller.written_pages {
                     let proc_root = self.proc_root.clone();
                     let pids = self

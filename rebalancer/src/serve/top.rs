@@ -46,6 +46,10 @@ pub struct TopWorkload {
     pub cpu: f64,
     /// Share of its on-CPU time per node (sums to 1 when it ran).
     pub cpu_share: BTreeMap<u32, f64>,
+    /// Its threads' wait on the run queues over the period, in CPUs' worth (what it wanted
+    /// beyond what it got); None where not measured (`crate::runwait`).
+    #[serde(default)]
+    pub wait: Option<f64>,
     pub mem_bytes: u64,
     /// Share of its memory per node.
     pub mem_share: BTreeMap<u32, f64>,
@@ -109,6 +113,8 @@ pub fn build(input: TopInput<'_>, limit: usize) -> TopView {
                 mems: c.mems.clone(),
                 cpu: c.cpu_ns_per_node.values().sum::<u64>() as f64 / period_ns,
                 cpu_share: shares(&c.cpu_ns_per_node),
+                wait: (!c.wait_ns_per_node.is_empty())
+                    .then(|| c.wait_ns_per_node.values().sum::<u64>() as f64 / period_ns),
                 mem_bytes: c.mem_bytes_per_node.values().sum(),
                 mem_share: shares(&c.mem_bytes_per_node),
                 locality: decision.and_then(|d| d.smoothed.or(d.locality)),
@@ -195,8 +201,8 @@ pub fn render(v: &TopView, width: usize) -> String {
     let name_w = width.clamp(12, 60);
     let _ = write!(
         s,
-        "\n{:<name_w$} {:>6} {:>7} {:>6}",
-        "WORKLOAD", "CPU", "MEM", "LOCAL"
+        "\n{:<name_w$} {:>6} {:>6} {:>7} {:>6}",
+        "WORKLOAD", "CPU", "WAIT", "MEM", "LOCAL"
     );
     for n in &v.nodes {
         let _ = write!(s, " {:>9}", format!("n{}", n.id));
@@ -205,9 +211,10 @@ pub fn render(v: &TopView, width: usize) -> String {
     for w in &v.workloads {
         let _ = write!(
             s,
-            "{:<name_w$} {:>6.2} {:>7} {:>6}",
+            "{:<name_w$} {:>6.2} {:>6} {:>7} {:>6}",
             tail(&w.cgroup, name_w),
             w.cpu,
+            w.wait.map_or("-".to_string(), |x| format!("{x:.2}")),
             mib(w.mem_bytes),
             w.locality
                 .map_or("-".to_string(), |l| format!("{:.0}%", l * 100.0))
@@ -227,7 +234,7 @@ pub fn render(v: &TopView, width: usize) -> String {
     } else {
         let _ = writeln!(
             s,
-            "(per node: % of the workload's CPU time / % of its memory there; - for none)"
+            "(WAIT: CPUs' worth its threads waited on run queues, - where not measured; per node: % of the workload's CPU time / % of its memory there, - for none)"
         );
     }
     if v.hidden > 0 {
@@ -267,6 +274,7 @@ mod tests {
                 mems: CpuSet::parse("0").unwrap(),
                 cpu: 1.5,
                 cpu_share: [(0, 1.0)].into(),
+                wait: Some(0.25),
                 mem_bytes: 512 << 20,
                 mem_share: [(0, 0.75), (1, 0.25)].into(),
                 locality: Some(0.75),
@@ -285,7 +293,10 @@ mod tests {
         let row = lines.iter().find(|l| l.contains("abcdef")).unwrap();
         assert!(row.starts_with('…'), "long paths keep their tail: {row}");
         assert!(
-            row.contains("1.50") && row.contains("512M") && row.contains("75%"),
+            row.contains("1.50")
+                && row.contains("0.25")
+                && row.contains("512M")
+                && row.contains("75%"),
             "{row}"
         );
         // node 0: all of its CPU, three quarters of its memory; node 1: none / a quarter
