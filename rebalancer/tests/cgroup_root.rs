@@ -284,3 +284,35 @@ fn throttling_by_an_ancestors_quota_is_counted() {
     assert_eq!(own, 0, "the child has no limit of its own");
     assert_eq!(threads.unwrap(), vec![pid], "the spinner's one thread");
 }
+
+/// `Cgroups::threads` on a cgroup v2 hierarchy (`cgroup.threads`), wherever one is mounted —
+/// the unified mount beside v1 on a hybrid host too: a child moved into a fresh group is its
+/// one thread. Skips (printing why) when not root or without a cgroup2 mount.
+#[test]
+fn threads_of_a_v2_cgroup() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(v2) = rebalancer::ebpf::probe::cgroup2_mount(&mi) else {
+        println!("SKIP: no cgroup2 mount");
+        return;
+    };
+    let cg = Cgroups::new(rebalancer::cgroup::Mounts {
+        v2: Some(v2.clone()),
+        v1: Default::default(),
+    });
+    let rel = format!("rebalancer-test-threads-{}", std::process::id());
+    let _cleanup = Cleanup(vec![v2.join(&rel)]);
+    std::fs::create_dir(v2.join(&rel)).unwrap();
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id();
+    let moved = std::fs::write(v2.join(&rel).join("cgroup.procs"), pid.to_string());
+    let threads = cg.threads(Controller::Cpuset, &rel);
+    let _ = child.kill();
+    let _ = child.wait();
+    moved.unwrap();
+    assert_eq!(threads.unwrap(), vec![pid]);
+}
