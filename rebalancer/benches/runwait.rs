@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, hint::black_box, path::Path, sync::mpsc};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rebalancer::runwait::{run_delay, Tracker, WaitSource};
+use rebalancer::runwait::{read_task, Measured, Tracker, WaitSource};
 
 struct SelfThreads(Vec<u32>);
 
@@ -15,11 +15,11 @@ impl WaitSource for SelfThreads {
     fn threads(&mut self, _: &str) -> Option<Vec<u32>> {
         Some(self.0.clone())
     }
-    fn throttled(&mut self, _: &str) -> u64 {
-        0
+    fn throttling(&mut self, _: &str, _: &[u32]) -> Option<u64> {
+        Some(0)
     }
-    fn run_delay(&mut self, tid: u32) -> Option<u64> {
-        run_delay(Path::new("/proc"), tid)
+    fn task(&mut self, tid: u32) -> Option<(u64, u64)> {
+        read_task(Path::new("/proc"), tid)
     }
 }
 
@@ -48,10 +48,12 @@ fn bench(c: &mut Criterion) {
         let mut src = SelfThreads(tids().into_iter().take(n).collect());
         let managed = vec!["w".to_string()];
         let mut t = Tracker::default();
-        t.sample(&managed, &mut src, usize::MAX);
+        let mut now = 0;
+        t.sample(&managed, &mut src, usize::MAX, now);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
-                let out: BTreeMap<String, u64> = t.sample(&managed, &mut src, usize::MAX);
+                now += 1;
+                let out: BTreeMap<String, Measured> = t.sample(&managed, &mut src, usize::MAX, now);
                 black_box(out)
             })
         });

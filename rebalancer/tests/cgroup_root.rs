@@ -2,6 +2,8 @@
 //! and reads it back, and shows that invalid writes are refused (by us, or by the kernel with a
 //! mapped error) and change nothing. Skips with a printed reason when not root or without a
 //! cpuset controller. Cleans up (rmdir) even when an assertion fails.
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -209,10 +211,11 @@ fn real_readers_parse_this_kernel() {
     }
 }
 
-/// `Cgroups::nr_throttled` and `Cgroups::threads` on this kernel: a spinning process in a
-/// child cgroup whose *parent* has a CPU quota of 10% is throttled within a second; the child's
-/// own `cpu.stat` counts nothing (it has no limit), the reader counts its parent's periods.
-/// `threads` lists the spinner. Skips (printing why) when not root or without a CPU controller
+/// `Cgroups::throttling` and `Cgroups::threads` on this kernel: a spinning process in a child
+/// cgroup whose *parent* has a CPU quota of 10% is throttled within a second; the child's own
+/// `cpu.stat` counts nothing (it has no limit), the reader counts its parent's throttling —
+/// `nr_throttled` and the throttled time, each of which must grow. `threads` lists the
+/// spinner's two threads (its process alone would be one). Skips (printing why) when not root or without a CPU controller
 /// to limit (v2: `+cpu` not enabled at the root).
 #[test]
 fn throttling_by_an_ancestors_quota_is_counted() {
@@ -259,22 +262,20 @@ fn throttling_by_an_ancestors_quota_is_counted() {
         }
     }
     std::fs::create_dir(root.join(&child)).unwrap();
-    assert_eq!(cg.nr_throttled(&child), 0, "nothing ran yet");
-    let mut spin = Command::new("sh")
-        .args(["-c", "while :; do :; done"])
-        .spawn()
-        .unwrap();
+    assert_eq!(cg.throttling(&child), 0, "nothing ran yet");
+    let mut spin = common::spin_threads(2);
     let pid = spin.id();
     std::fs::write(root.join(&child).join("cgroup.procs"), pid.to_string()).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while cg.nr_throttled(&child) == 0 && std::time::Instant::now() < deadline {
+    while cg.throttling(&child) == 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let counted = cg.nr_throttled(&child);
-    let own = rebalancer::cgroup::files::parse_nr_throttled(
+    let counted = cg.throttling(&child);
+    let own = rebalancer::cgroup::files::parse_throttling(
         &std::fs::read_to_string(root.join(&child).join("cpu.stat")).unwrap(),
     );
     let threads = cg.threads(Controller::Cpu, &child);
+    let tids = common::tids_of(pid);
     let _ = spin.kill();
     let _ = spin.wait();
     assert!(
@@ -282,7 +283,10 @@ fn throttling_by_an_ancestors_quota_is_counted() {
         "a spinner under a 10% quota was never throttled"
     );
     assert_eq!(own, 0, "the child has no limit of its own");
-    assert_eq!(threads.unwrap(), vec![pid], "the spinner's one thread");
+    let mut threads = threads.unwrap();
+    threads.sort_unstable();
+    assert!(tids.len() >= 2, "the spinner has {tids:?}");
+    assert_eq!(threads, tids, "the spinner's threads");
 }
 
 /// `Cgroups::threads` on a cgroup v2 hierarchy (`cgroup.threads`), wherever one is mounted —
@@ -315,4 +319,10 @@ fn threads_of_a_v2_cgroup() {
     let _ = child.wait();
     moved.unwrap();
     assert_eq!(threads.unwrap(), vec![pid]);
+}
+
+/// Not a test: the spinning child of [`common::spin_threads`] (returns at once otherwise).
+#[test]
+fn spin_threads_child() {
+    common::spin_threads_entry();
 }

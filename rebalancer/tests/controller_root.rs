@@ -276,11 +276,13 @@ fn top_shows_a_busy_workload_on_its_node() {
 }
 
 /// A workload's own wait on the run queue, as the daemon measures it (`controller.own_wait`,
-/// `runwait`) and `top` shows it: four spinning processes in a cgroup whose cpuset is one CPU
-/// can run one at a time, so at every instant at least three of them wait — at least 3 CPUs'
-/// worth of wait per period, at most 4 (all of them, when something else holds the CPU), less
-/// the edges of a period. A sleeping process beside them adds nothing. The kernel must keep
-/// run delays (`/proc/self/schedstat`); without them the source must say so, and it skips.
+/// `runwait`) and `top` shows it: one process spinning in four threads in a cgroup whose
+/// cpuset is one CPU can run one thread at a time, so at every instant at least three wait —
+/// at least 3 CPUs' worth of wait per period, at most 4 (all of them, when something else
+/// holds the CPU), less the edges of a period. A sleeping process beside it adds nothing.
+/// Read by process, not thread, it would be unmeasured (its main thread alone does not run).
+/// With `own_wait = false` nothing is measured. The kernel must keep run delays
+/// (`/proc/self/schedstat`); without them it skips, printing why.
 #[test]
 fn top_shows_what_a_crowded_workload_waited() {
     let _serial = common::serial();
@@ -300,88 +302,96 @@ fn top_shows_what_a_crowded_workload_waited() {
         .collect();
     cg.write_cpus(&rel, &one)
         .expect("narrow the test cpuset to one CPU");
-    let spinners: Vec<KillOnDrop> = (0..4)
-        .map(|_| {
-            let c = Command::new("sh")
-                .args(["-c", "while :; do :; done"])
+    let spinner = KillOnDrop(common::spin_threads(4));
+    cg.add_proc(Controller::Cpuset, &rel, spinner.0.id())
+        .expect("join the cgroup");
+    for own_wait in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dry_run_config(
+            dir.path(),
+            &rel,
+            &format!("[ebpf]\nenabled = false\n[controller]\nperiod_ms = 1000\nevent_settle_ms = 0\nown_wait = {own_wait}\n"),
+        );
+        let daemon = KillOnDrop(
+            Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+                .args(["run", "--config"])
+                .arg(&cfg)
+                .stderr(Stdio::null())
                 .spawn()
+                .unwrap(),
+        );
+        let sock = dir.path().join("s.sock");
+        let view = || {
+            let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+                .args(["top", "--json", "--socket"])
+                .arg(&sock)
+                .output()
                 .unwrap();
-            cg.add_proc(Controller::Cpuset, &rel, c.id())
-                .expect("join the cgroup");
-            KillOnDrop(c)
-        })
-        .collect();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dry_run_config(
-        dir.path(),
-        &rel,
-        "[ebpf]\nenabled = false\n[controller]\nperiod_ms = 1000\nevent_settle_ms = 0\n",
-    );
-    let _daemon = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_rebalancer"))
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let sock = dir.path().join("s.sock");
-    let view = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
-            .args(["top", "--json", "--socket"])
+            out.status
+                .success()
+                .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+        };
+        // Rounds 1 and 2 are the CPU time's and the wait's baselines; from round 3 both
+        // measure.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut waits = Vec::new();
+        let mut last_round = 0;
+        while waits.len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "no rounds in 30 s");
+            if let Some(v) = view() {
+                let rounds = v["rounds"].as_u64().unwrap_or(0);
+                if rounds >= 3 && rounds != last_round {
+                    last_round = rounds;
+                    let w = v["workloads"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|w| w["cgroup"] == rel.as_str())
+                        .unwrap_or_else(|| panic!("{rel} not in {v}"))
+                        .clone();
+                    println!(
+                        "own_wait {own_wait}, round {rounds}: cpu {} wait {} (period {} s)",
+                        w["cpu"], w["wait"], v["period_s"]
+                    );
+                    waits.push(w["wait"].as_f64());
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !own_wait {
+            assert!(
+                waits.iter().all(Option::is_none),
+                "measured while off: {waits:?}"
+            );
+            continue;
+        }
+        let mut waits: Vec<f64> = waits
+            .into_iter()
+            .map(|w| w.expect("wait not measured"))
+            .collect();
+        waits.sort_by(f64::total_cmp);
+        let median = waits[1];
+        assert!(
+            (2.5..=4.5).contains(&median),
+            "4 threads on 1 CPU waited {median} CPUs' worth (rounds: {waits:?})"
+        );
+        // The source is reported available.
+        let status = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
+            .args(["status", "--json", "--socket"])
             .arg(&sock)
             .output()
             .unwrap();
-        out.status
-            .success()
-            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
-    };
-    // Rounds 1 and 2 are the CPU time's and the wait's baselines; from round 3 both measure.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut waits = Vec::new();
-    let mut last_round = 0;
-    while waits.len() < 3 {
-        assert!(std::time::Instant::now() < deadline, "no rounds in 30 s");
-        if let Some(v) = view() {
-            let rounds = v["rounds"].as_u64().unwrap_or(0);
-            if rounds >= 3 && rounds != last_round {
-                last_round = rounds;
-                let w = v["workloads"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|w| w["cgroup"] == rel.as_str())
-                    .unwrap_or_else(|| panic!("{rel} not in {v}"))
-                    .clone();
-                println!(
-                    "round {rounds}: cpu {} wait {} (period {} s)",
-                    w["cpu"], w["wait"], v["period_s"]
-                );
-                waits.push(
-                    w["wait"]
-                        .as_f64()
-                        .unwrap_or_else(|| panic!("wait not measured: {w}")),
-                );
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        let text = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            text.contains("own_wait:schedstat"),
+            "own_wait source not in status: {text}"
+        );
+        drop(daemon);
     }
-    waits.sort_by(f64::total_cmp);
-    let median = waits[1];
-    assert!(
-        (2.5..=4.5).contains(&median),
-        "4 spinners on 1 CPU waited {median} CPUs' worth (rounds: {waits:?})"
-    );
-    // The source is reported available.
-    let status = Command::new(env!("CARGO_BIN_EXE_rebalancer"))
-        .args(["status", "--json", "--socket"])
-        .arg(&sock)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
-    assert!(
-        text.contains("own_wait:schedstat"),
-        "own_wait source not in status: {text}"
-    );
-    drop(spinners);
+}
+
+/// Not a test: the spinning child of [`common::spin_threads`] (returns at once otherwise).
+#[test]
+fn spin_threads_child() {
+    common::spin_threads_entry();
 }

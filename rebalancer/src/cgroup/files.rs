@@ -175,12 +175,18 @@ pub fn parse_hugetlb_numa_stat(path: &Path, text: &str) -> Result<NodeBytes, Cgr
     node_values(path, &tokens[1..], 1)
 }
 
-/// `nr_throttled` of a `cpu.stat` (v1 and v2); 0 without the line.
-pub fn parse_nr_throttled(text: &str) -> u64 {
+/// How much a `cpu.stat` (v1 and v2) says its cgroup was throttled: `nr_throttled` (periods
+/// still throttled when the period timer fired) plus `throttled_usec` (v2) or `throttled_time`
+/// (v1, ns), which grows at every unthrottle — only its growth means anything; 0 without the
+/// lines (no CPU limit).
+pub fn parse_throttling(text: &str) -> u64 {
     text.lines()
-        .find_map(|l| l.strip_prefix("nr_throttled "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            matches!(k, "nr_throttled" | "throttled_usec" | "throttled_time")
+                .then(|| v.trim().parse::<u64>().ok())?
+        })
+        .fold(0u64, u64::wrapping_add)
 }
 
 /// `cgroup.procs` / `tasks`: one pid per line.

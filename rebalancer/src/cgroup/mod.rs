@@ -267,20 +267,22 @@ impl Cgroups {
         }
     }
 
-    /// Periods in which the CPU bandwidth limit (`cpu.max`, v1 CFS quota) of `rel` or of one
-    /// of its ancestors throttled it: `nr_throttled` of `cpu.stat`, summed from `rel` up to
-    /// (not including) the hierarchy's root. A level without the file or the line (no CPU
-    /// controller, no limit) counts 0; so does everything without a CPU hierarchy.
-    pub fn nr_throttled(&self, rel: &str) -> u64 {
+    /// How much the CPU bandwidth limit (`cpu.max`, v1 CFS quota) of `cpu_rel` (a cgroup of
+    /// the CPU controller's hierarchy) or of one of its ancestors throttled it
+    /// ([`files::parse_throttling`] of each `cpu.stat`, summed from `cpu_rel` up to, not
+    /// including, the hierarchy's root): only its growth means anything. A level without the
+    /// file or the lines (no CPU controller, no limit) counts 0; so does everything without a
+    /// CPU hierarchy.
+    pub fn throttling(&self, cpu_rel: &str) -> u64 {
         let Ok((root, _)) = self.hierarchy(Controller::Cpu) else {
             return 0;
         };
-        let Ok(rel) = clean(rel) else { return 0 };
+        let Ok(rel) = clean(cpu_rel) else { return 0 };
         rel.ancestors()
             .filter(|a| !a.as_os_str().is_empty())
             .filter_map(|a| fs::read_to_string(root.join(a).join("cpu.stat")).ok())
-            .map(|t| files::parse_nr_throttled(&t))
-            .fold(0u64, u64::saturating_add)
+            .map(|t| files::parse_throttling(&t))
+            .fold(0u64, u64::wrapping_add)
     }
 
     /// CPU weight on the v2 scale 1..10000 (v1 `cpu.shares` converted).

@@ -1364,3 +1364,47 @@ fn past_overload_busy_needs_the_workloads_own_wait() {
         }
     }
 }
+
+/// A measured want sizes CPUs, but never past what the workload can be given: an operator's
+/// pinned workload (`keep_cpus`) on 4 CPUs of node 1 that ran 4 and waited 1 more still has
+/// its memory follow its CPUs (sized by the want, 5 CPUs would fit nowhere in its 4); a
+/// single-node workload that wants 12 on nodes of 8 is still offered single nodes (sized to
+/// the largest, not stranded with only multi-node options it may not take).
+#[test]
+fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
+    let mut w = waited(cg("w", &[(1, 4.0)], &[(0, 512)], "4-7", "0"), &[(1, 1.0)]);
+    w.constraints.keep_cpus = true;
+    w.constraints.allowed_nodes = Some(set("1"));
+    check(Case {
+        name: "operator's 4 CPUs, wanting 5: memory follows",
+        obs: world(vec![w]),
+        state: ControllerState::default(),
+        cfg: cfg(),
+        now: 100_000,
+        moves: &[("w", "4-7", "1", 512)],
+        outcomes: &[("w", "moved")],
+    });
+
+    let mut s = waited(
+        cg("s", &[(0, 4.0)], &[(1, 64)], "0-3,16-19", "0-1"),
+        &[(0, 8.0)],
+    );
+    s.constraints.single_numa_node = true;
+    let p = plan(
+        &machine(),
+        &world(vec![s]),
+        &ControllerState::default(),
+        &cfg(),
+        100_000,
+    );
+    let d = p.decision("s").unwrap();
+    let singles: Vec<_> = d.considered.iter().filter(|c| c.nodes.len() == 1).collect();
+    assert!(!singles.is_empty(), "no single node offered: {d:#?}");
+    assert!(
+        singles.iter().all(|c| !matches!(
+            c.rejected,
+            Some(Rejection::NoCpus { .. } | Rejection::TooManyNodes { .. })
+        )),
+        "single nodes refused for size: {d:#?}"
+    );
+}

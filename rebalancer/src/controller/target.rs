@@ -419,19 +419,34 @@ impl<'t> Projection<'t> {
         } else {
             CpuSet::new()
         };
+        let max_nodes = if c.single_numa_node {
+            1
+        } else {
+            c.max_nodes.unwrap_or(u32::MAX).max(1)
+        };
+        let at_least = |x: f64| (x.ceil() as u32).max(1);
         let need_cpus: u32 = if c.exclusive {
             if c.exclusive_cpus > 0 {
                 c.exclusive_cpus
             } else {
                 cg.cpus.len().max(1) as u32
             }
+        } else if c.keep_cpus {
+            // The operator's CPUs stay whatever it wants: only its memory can follow them.
+            at_least(ran).min(cg.cpus.len().max(1) as u32)
+        } else if max_nodes == 1 {
+            // A want past the largest node it may use is no reason to strand a single-node
+            // workload: it asks for that node, never for less than it ran.
+            let largest = self
+                .nearest
+                .keys()
+                .filter(|&&n| self.allowed(cg, n))
+                .map(|&n| self.pool_len(n) as u32)
+                .max()
+                .unwrap_or(0);
+            at_least(ran).min(largest.max(at_least(obs.cpu_demand(cg))))
         } else {
-            (ran.ceil() as u32).max(1)
-        };
-        let max_nodes = if c.single_numa_node {
-            1
-        } else {
-            c.max_nodes.unwrap_or(u32::MAX).max(1)
+            at_least(ran)
         };
         let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
         let fixed = Fixed {

@@ -382,6 +382,8 @@ pub struct Engine {
     own_wait: Option<Result<crate::runwait::Tracker, String>>,
     /// Whether the thread budget of `runwait` was reported reached.
     own_wait_truncated: bool,
+    /// The monotonic clock of `runwait`'s intervals starts here.
+    epoch: Instant,
     /// NRI mode: moves of the runtime's containers go through the runtime
     /// (`nri_updates::RuntimeMoveWriter`).
     runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
@@ -411,6 +413,7 @@ impl Engine {
             written: None,
             own_wait: None,
             own_wait_truncated: false,
+            epoch: Instant::now(),
             runtime: None,
             applier: None,
             last_managed: Vec::new(),
@@ -453,7 +456,12 @@ impl Engine {
     /// Each of `managed`'s own wait on the run queues since the last round (`crate::runwait`)
     /// when `controller.own_wait` is on and this kernel keeps run delays; the first call probes
     /// and reports the source in `status` (with the reason, when it is absent).
-    fn own_waits(&mut self, d: &Daemon, on: bool, managed: &[String]) -> BTreeMap<String, u64> {
+    fn own_waits(
+        &mut self,
+        d: &Daemon,
+        on: bool,
+        managed: &[String],
+    ) -> BTreeMap<String, crate::runwait::Measured> {
         if !on {
             // Turned off by a reload: the baselines would span the rounds it was off.
             if let Some(Ok(t)) = &mut self.own_wait {
@@ -492,7 +500,8 @@ impl Engine {
             cgroups: &self.cgroups,
             proc_root: &self.proc_root,
         };
-        let out = t.sample(managed, &mut src, crate::runwait::MAX_THREADS);
+        let now_ns = self.epoch.elapsed().as_nanos() as u64;
+        let out = t.sample(managed, &mut src, crate::runwait::MAX_THREADS, now_ns);
         if t.truncated && !self.own_wait_truncated {
             tracing::warn!(
                 max_threads = crate::runwait::MAX_THREADS,
@@ -808,7 +817,10 @@ impl Engine {
                     .filter_map(|cpu| topo.node_of_cpu(cpu))
                     .collect();
                 o.project_cpu_to(&runnable);
-                if let Some(&wait) = waits.get(cg) {
+                if let Some(wait) = waits
+                    .get(cg)
+                    .and_then(|m| crate::runwait::wait_for_period(m, o.total_cpu_ns(), period_ns))
+                {
                     o.wait_ns_per_node = crate::runwait::split(wait, &o.cpu_ns_per_node, &runnable);
                 }
                 if cfg.controller.written_pages {

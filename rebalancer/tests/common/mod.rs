@@ -636,3 +636,49 @@ pub fn assert_invariants(
         }
     }
 }
+
+/// The environment variable that makes a test binary a spinning child (see [`spin_threads`]).
+const SPIN_THREADS: &str = "RB_TEST_SPIN_THREADS";
+
+/// A child process spinning in `n` threads until killed: this test binary run again with
+/// only its `spin_threads_child` test, which calls [`spin_threads_entry`]. (A process of one
+/// thread would not tell a reader of threads from a reader of processes.)
+pub fn spin_threads(n: usize) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "spin_threads_child", "--nocapture"])
+        .env(SPIN_THREADS, n.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn the spinning child")
+}
+
+/// The body of each binary's `spin_threads_child` test: spins in the number of threads the
+/// environment asks for (never returns), or returns at once in a normal test run.
+pub fn spin_threads_entry() {
+    let Some(n) = std::env::var(SPIN_THREADS)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    else {
+        return;
+    };
+    for _ in 1..n {
+        std::thread::spawn(|| loop {
+            std::hint::spin_loop()
+        });
+    }
+    loop {
+        std::hint::spin_loop()
+    }
+}
+
+/// The tids of process `pid` (`/proc/<pid>/task`), sorted.
+pub fn tids_of(pid: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
