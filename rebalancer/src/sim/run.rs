@@ -572,8 +572,13 @@ impl<'a> World<'a> {
             let l = self.live.get_mut(u).expect("listed");
             l.threads = th;
             let initial = std::mem::take(&mut l.pending_initial);
-            let grow = self.trace.tasks[l.task].phases[l.phase].grow_bytes_per_s as f64 * step_s;
-            self.touch(u, initial + grow as u64);
+            let task = &self.trace.tasks[l.task];
+            let grow = task.phases[l.phase].grow_bytes_per_s as f64 * step_s;
+            // A pod at its memory limit (every container limited: the pod's memcg) reclaims
+            // its own pages instead of growing.
+            let room =
+                memory_limit(&task.pod).map_or(u64::MAX, |lim| lim.saturating_sub(l.total_mem()));
+            self.touch(u, (initial + grow as u64).min(room));
         }
     }
 
@@ -781,6 +786,15 @@ pub(super) fn take_from(mem: &mut BTreeMap<u32, u64>, from: impl Fn(u32) -> bool
     mem.retain(|_, b| *b > 0);
 }
 
+/// The pod's memory limit when every container has one (its memcg's), else None.
+fn memory_limit(pod: &crate::placement::pod::Pod) -> Option<u64> {
+    pod.containers
+        .iter()
+        .map(|c| (c.memory_limit_bytes > 0).then_some(c.memory_limit_bytes))
+        .try_fold(0u64, |a, b| Some(a.saturating_add(b?)))
+        .filter(|&b| b > 0)
+}
+
 /// Why a run could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -829,6 +843,77 @@ pub fn run_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pod whose containers all have memory limits grows no further than their sum (its
+    /// memcg reclaims its own pages); one container without a limit lifts it.
+    #[test]
+    fn a_pod_grows_no_further_than_its_memory_limit() {
+        use crate::placement::pod::{Container, Pod};
+        const MIB: u64 = 1 << 20;
+        let topo = crate::topology::TopologyBuilder {
+            sockets: 1,
+            nodes_per_socket: 2,
+            cores_per_node: 2,
+            threads_per_core: 1,
+            memory_per_node_bytes: 8 << 30,
+            ..Default::default()
+        }
+        .build();
+        let limited = |limits: &[u64]| super::super::workload::Task {
+            pod: Pod {
+                uid: "p".into(),
+                containers: limits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| Container {
+                        name: format!("c{i}"),
+                        cpu_request_millis: 500,
+                        memory_bytes: 64 * MIB,
+                        memory_limit_bytes: l,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            arrive_s: 0,
+            leave_s: None,
+            initial_mem_bytes: 100 * MIB,
+            hugepages: false,
+            phases: vec![super::super::workload::Phase {
+                at_s: 0,
+                cpus: 1.0,
+                mem_intensity: 0.5,
+                io_intensity: 0.0,
+                grow_bytes_per_s: 50 * MIB,
+                cross_node_migrations_per_s: 0.0,
+            }],
+        };
+        assert_eq!(
+            memory_limit(&limited(&[128 * MIB, 128 * MIB]).pod),
+            Some(256 * MIB)
+        );
+        assert_eq!(memory_limit(&limited(&[128 * MIB, 0]).pod), None);
+        for (limits, most) in [
+            (vec![128 * MIB, 128 * MIB], 256 * MIB),
+            (vec![128 * MIB, 0], 100 * MIB + 20 * 50 * MIB),
+        ] {
+            let trace = Workload {
+                name: "grow".into(),
+                seed: 0,
+                duration_s: 20,
+                machine: Default::default(),
+                tasks: vec![limited(&limits)],
+            };
+            let cfg = SimConfig::default();
+            let mut w = World::new(&topo, &trace, &cfg, Policy::Static).unwrap();
+            w.arrive(0, 1);
+            for _ in 0..20 {
+                w.kernel(1.0);
+            }
+            let total: u64 = w.live.values().map(|l| l.total_mem()).sum();
+            assert_eq!(total, most, "limits {limits:?}");
+        }
+    }
 
     #[test]
     fn take_from_is_exact() {
