@@ -362,6 +362,20 @@ impl CgroupWriter for OwnedWriter {
     }
 }
 
+/// Reports a /proc source probed at its first use: `status` lists it (with the reason where it
+/// is absent) and /metrics says whether it is available.
+fn report_source(d: &Daemon, st: crate::ebpf::SourceStatus) {
+    d.metrics
+        .ebpf_source_available
+        .get_or_create(&crate::serve::metrics::SourceLabel {
+            source: st.name.clone(),
+        })
+        .set(st.available as i64);
+    if let Ok(v) = serde_json::to_value(st) {
+        d.lock().sources.push(v);
+    }
+}
+
 /// The control loop's long-lived I/O state.
 pub struct Engine {
     pub cgroups: Cgroups,
@@ -482,15 +496,7 @@ impl Engine {
                     crate::ebpf::SourceStatus::skipped(NAME, why.clone())
                 }
             };
-            d.metrics
-                .ebpf_source_available
-                .get_or_create(&crate::serve::metrics::SourceLabel {
-                    source: NAME.into(),
-                })
-                .set(probed.is_ok() as i64);
-            if let Ok(v) = serde_json::to_value(st) {
-                d.lock().sources.push(v);
-            }
+            report_source(d, st);
             self.own_wait = Some(probed.map(|()| Default::default()));
         }
         let Some(Ok(t)) = &mut self.own_wait else {
@@ -535,15 +541,7 @@ impl Engine {
                     crate::ebpf::SourceStatus::skipped(NAME, why.clone())
                 }
             };
-            d.metrics
-                .ebpf_source_available
-                .get_or_create(&crate::serve::metrics::SourceLabel {
-                    source: NAME.into(),
-                })
-                .set(probed.is_ok() as i64);
-            if let Ok(v) = serde_json::to_value(st) {
-                d.lock().sources.push(v);
-            }
+            report_source(d, st);
             self.written = Some(probed.map(|()| crate::written::Tracker::default()));
         }
         self.written.as_mut().and_then(|w| w.as_mut().ok())
