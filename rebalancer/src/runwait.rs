@@ -13,8 +13,9 @@
 //! both rounds ran less than [`MIN_COVERAGE`] of the cgroup's CPU time (short-lived threads or
 //! processes, failed reads) the cgroup is not measured that round, rather than measured as
 //! waiting nothing. A round in which a CPU limit throttled it (the `cpu.stat` counters of its
-//! CPU cgroup or an ancestor grew since the last read, or during this one) is not measured
-//! either: it waited on its quota, not on the node. `run_delay` is added when a waiting task
+//! CPU cgroup or an ancestor grew since the last round's reads began) is not measured either:
+//! it waited on its quota, not on the node. (A throttle that ends just before a round's reads
+//! and whose waiting threads run only after them still lands in the next round.) `run_delay` is added when a waiting task
 //! gets the CPU, so a long wait lands in one lump: no thread is counted more wait than the
 //! interval less what it ran. Still over-stated: on a VM, time the hypervisor took from a
 //! vCPU while a task was queued (steal) counts as wait. Cost: per cgroup a read of
@@ -190,10 +191,10 @@ impl Tracker {
                 self.truncated = true;
                 break;
             }
-            left -= tids.len();
             let Some(before) = src.throttling(&cg, &tids) else {
                 continue;
             };
+            left -= tids.len();
             let tasks: BTreeMap<u32, (u64, u64)> = tids
                 .iter()
                 .filter_map(|&t| Some((t, src.task(t)?)))
@@ -203,7 +204,9 @@ impl Tracker {
             };
             if let Some(last) = self.last.get(&cg) {
                 let interval_ns = now_ns.saturating_sub(last.at_ns);
-                if before == after && after == last.throttling && interval_ns > 0 {
+                // The counter never goes down: unchanged from the last round's start to
+                // this one's end, nothing throttled it in between.
+                if after == last.throttling && interval_ns > 0 {
                     let mut m = Measured {
                         interval_ns,
                         ..Default::default()
@@ -229,7 +232,9 @@ impl Tracker {
                 cg,
                 Last {
                     at_ns: now_ns,
-                    throttling: after,
+                    // From before the reads: a throttle that ends during them lands its
+                    // lumps of wait after them, in the next interval, which must not count.
+                    throttling: before,
                     tasks,
                 },
             );
@@ -441,15 +446,17 @@ mod tests {
             t.sample(&managed, &mut f, MAX_THREADS, 2 * S)["a"],
             m(300, 1, S)
         );
-        // Throttled while its threads were read (before 3, after 4): not measured, and the
-        // next round starts from "after".
+        // Throttled while its threads were read (before 3, after 4): not measured, nor the
+        // next round (its lumps of wait land after these reads), then measured again.
         f.throttling.insert("a".into(), vec![3, 4]);
         f.task.insert(1, (3, 900));
         assert!(t.sample(&managed, &mut f, MAX_THREADS, 3 * S).is_empty());
         f.task.insert(1, (4, 950));
+        assert!(t.sample(&managed, &mut f, MAX_THREADS, 4 * S).is_empty());
+        f.task.insert(1, (5, 960));
         assert_eq!(
-            t.sample(&managed, &mut f, MAX_THREADS, 4 * S)["a"],
-            m(50, 1, S)
+            t.sample(&managed, &mut f, MAX_THREADS, 5 * S)["a"],
+            m(10, 1, S)
         );
         // Where throttling cannot be known, nothing is measured.
         struct Unknown(Fake);
@@ -465,8 +472,8 @@ mod tests {
             }
         }
         let mut u = Unknown(f);
-        assert!(t.sample(&managed, &mut u, MAX_THREADS, 5 * S).is_empty());
         assert!(t.sample(&managed, &mut u, MAX_THREADS, 6 * S).is_empty());
+        assert!(t.sample(&managed, &mut u, MAX_THREADS, 7 * S).is_empty());
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn throttling_by_an_ancestors_quota_is_counted() {
     }
     std::fs::create_dir(root.join(&child)).unwrap();
     assert_eq!(cg.throttling(&child), 0, "nothing ran yet");
-    let mut spin = common::spin_threads(2);
+    let spin = common::spin_threads(2);
     let pid = spin.id();
     std::fs::write(root.join(&child).join("cgroup.procs"), pid.to_string()).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -276,8 +276,19 @@ fn throttling_by_an_ancestors_quota_is_counted() {
     );
     let threads = cg.threads(Controller::Cpu, &child);
     let tids = common::tids_of(pid);
-    let _ = spin.kill();
-    let _ = spin.wait();
+    let parent_stat = std::fs::read_to_string(root.join(&parent).join("cpu.stat")).unwrap();
+    drop(spin);
+    // Both of the parent's counters grew (each is part of what `throttling` sums).
+    let line = |k: &str| {
+        parent_stat
+            .lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+    };
+    assert!(line("nr_throttled ") > Some(0), "{parent_stat}");
+    assert!(
+        line("throttled_time ").or(line("throttled_usec ")) > Some(0),
+        "{parent_stat}"
+    );
     assert!(
         counted > 0,
         "a spinner under a 10% quota was never throttled"

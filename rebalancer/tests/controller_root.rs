@@ -302,8 +302,8 @@ fn top_shows_what_a_crowded_workload_waited() {
         .collect();
     cg.write_cpus(&rel, &one)
         .expect("narrow the test cpuset to one CPU");
-    let spinner = KillOnDrop(common::spin_threads(4));
-    cg.add_proc(Controller::Cpuset, &rel, spinner.0.id())
+    let spinner = common::spin_threads(4);
+    cg.add_proc(Controller::Cpuset, &rel, spinner.id())
         .expect("join the cgroup");
     for own_wait in [true, false] {
         let dir = tempfile::tempdir().unwrap();

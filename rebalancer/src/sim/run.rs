@@ -575,9 +575,13 @@ impl<'a> World<'a> {
             let task = &self.trace.tasks[l.task];
             let grow = task.phases[l.phase].grow_bytes_per_s as f64 * step_s;
             // A pod at its memory limit (every container limited: the pod's memcg) reclaims
-            // its own pages instead of growing.
-            let room =
-                memory_limit(&task.pod).map_or(u64::MAX, |lim| lim.saturating_sub(l.total_mem()));
+            // its own pages instead of growing. Hugetlb pages are not charged to the memcg
+            // (their bound is the pod's hugepage request).
+            let room = if task.hugepages {
+                u64::MAX
+            } else {
+                memory_limit(&task.pod).map_or(u64::MAX, |lim| lim.saturating_sub(l.total_mem()))
+            };
             self.touch(u, (initial + grow as u64).min(room));
         }
     }
@@ -786,13 +790,23 @@ pub(super) fn take_from(mem: &mut BTreeMap<u32, u64>, from: impl Fn(u32) -> bool
     mem.retain(|_, b| *b > 0);
 }
 
-/// The pod's memory limit when every container has one (its memcg's), else None.
+/// The pod's memory limit when every container, init containers too, has one (as kubelet
+/// sets the pod's memcg): the larger of its containers' sum and its largest init container.
 fn memory_limit(pod: &crate::placement::pod::Pod) -> Option<u64> {
-    pod.containers
+    let limit = |c: &crate::placement::pod::Container| {
+        (c.memory_limit_bytes > 0).then_some(c.memory_limit_bytes)
+    };
+    let app = pod
+        .containers
         .iter()
-        .map(|c| (c.memory_limit_bytes > 0).then_some(c.memory_limit_bytes))
-        .try_fold(0u64, |a, b| Some(a.saturating_add(b?)))
-        .filter(|&b| b > 0)
+        .map(limit)
+        .try_fold(0u64, |a, b| Some(a.saturating_add(b?)))?;
+    let init = pod
+        .init_containers
+        .iter()
+        .map(limit)
+        .try_fold(0u64, |a, b| Some(a.max(b?)))?;
+    Some(app.max(init)).filter(|&b| b > 0)
 }
 
 /// Why a run could not start.
@@ -856,6 +870,7 @@ mod tests {
             cores_per_node: 2,
             threads_per_core: 1,
             memory_per_node_bytes: 8 << 30,
+            hugepages_2m_per_node: 2048,
             ..Default::default()
         }
         .build();
@@ -893,16 +908,30 @@ mod tests {
             Some(256 * MIB)
         );
         assert_eq!(memory_limit(&limited(&[128 * MIB, 0]).pod), None);
-        for (limits, most) in [
-            (vec![128 * MIB, 128 * MIB], 256 * MIB),
-            (vec![128 * MIB, 0], 100 * MIB + 20 * 50 * MIB),
+        let mut with_init = limited(&[128 * MIB]).pod;
+        with_init.init_containers = vec![Container {
+            name: "init".into(),
+            memory_limit_bytes: 512 * MIB,
+            ..Default::default()
+        }];
+        assert_eq!(memory_limit(&with_init), Some(512 * MIB));
+        with_init.init_containers[0].memory_limit_bytes = 0;
+        assert_eq!(memory_limit(&with_init), None);
+        // (limits, hugetlb memory, most it holds after 20 s of 50 MiB/s from 100 MiB)
+        for (limits, huge, most) in [
+            (vec![128 * MIB, 128 * MIB], false, 256 * MIB),
+            (vec![128 * MIB, 0], false, 100 * MIB + 20 * 50 * MIB),
+            // Hugetlb pages are not the memcg's: no cap by the memory limit.
+            (vec![128 * MIB, 128 * MIB], true, 100 * MIB + 20 * 50 * MIB),
         ] {
+            let mut task = limited(&limits);
+            task.hugepages = huge;
             let trace = Workload {
                 name: "grow".into(),
                 seed: 0,
                 duration_s: 20,
                 machine: Default::default(),
-                tasks: vec![limited(&limits)],
+                tasks: vec![task],
             };
             let cfg = SimConfig::default();
             let mut w = World::new(&topo, &trace, &cfg, Policy::Static).unwrap();

@@ -637,30 +637,59 @@ pub fn assert_invariants(
     }
 }
 
-/// The environment variable that makes a test binary a spinning child (see [`spin_threads`]).
+/// The environment variable that makes a test binary a spinning child (see [`spin_threads`]):
+/// `<threads>:<parent pid>`.
 const SPIN_THREADS: &str = "RB_TEST_SPIN_THREADS";
 
-/// A child process spinning in `n` threads until killed: this test binary run again with
-/// only its `spin_threads_child` test, which calls [`spin_threads_entry`]. (A process of one
-/// thread would not tell a reader of threads from a reader of processes.)
-pub fn spin_threads(n: usize) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
+/// A child process spinning in `n` threads, killed when this is dropped (and by the kernel
+/// when the test process dies: `PR_SET_PDEATHSIG`): this test binary run again with only its
+/// `spin_threads_child` test, which calls [`spin_threads_entry`]. (A process of one thread
+/// would not tell a reader of threads from a reader of processes.)
+pub struct Spinner(Child);
+
+impl Spinner {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spin_threads(n: usize) -> Spinner {
+    let child = Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", "spin_threads_child", "--nocapture"])
-        .env(SPIN_THREADS, n.to_string())
+        .env(SPIN_THREADS, format!("{n}:{}", std::process::id()))
         .stdout(Stdio::null())
         .spawn()
-        .expect("spawn the spinning child")
+        .expect("spawn the spinning child");
+    let s = Spinner(child);
+    // Its spinning threads started (the harness's own threads come first).
+    wait_for(10, "the spinner's threads", || tids_of(s.id()).len() > n);
+    s
 }
 
 /// The body of each binary's `spin_threads_child` test: spins in the number of threads the
-/// environment asks for (never returns), or returns at once in a normal test run.
+/// environment asks for until its parent dies (never returns), or returns at once in a normal
+/// test run (the variable unset, or naming another parent).
 pub fn spin_threads_entry() {
-    let Some(n) = std::env::var(SPIN_THREADS)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    else {
+    let Some((n, parent)) = std::env::var(SPIN_THREADS).ok().and_then(|v| {
+        let (n, p) = v.split_once(':')?;
+        Some((n.parse::<usize>().ok()?, p.parse::<i32>().ok()?))
+    }) else {
         return;
     };
+    // SAFETY: prctl and getppid have no memory-safety preconditions.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            return;
+        }
+    }
     for _ in 1..n {
         std::thread::spawn(|| loop {
             std::hint::spin_loop()
