@@ -411,7 +411,23 @@ impl Cgroups {
                 Err(source) => return Err(CgroupError::Io { path: dir, source }),
             };
             out.push(format!("/{}", r.display()));
-            for e in rd.flatten() {
+            // An entry that cannot be read fails the walk: a partial list would read as
+            // cgroups gone.
+            for e in rd {
+                let e = match e {
+                    Ok(e) => e,
+                    // Removed while it was read: as above.
+                    Err(e)
+                        if r != first
+                            && matches!(
+                                e.raw_os_error(),
+                                Some(libc::ENOENT) | Some(libc::ENODEV)
+                            ) =>
+                    {
+                        break
+                    }
+                    Err(source) => return Err(CgroupError::Io { path: dir, source }),
+                };
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
                     stack.push(r.join(e.file_name()));
                 }

@@ -796,17 +796,35 @@ impl Admission {
     fn shrink_locked_order(&self, dry_run: bool) -> Vec<CpusetChange> {
         let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
         let mut out = Vec::new();
+        let mut failed = 0;
         for change in changes {
             if !dry_run {
                 if let Err(e) = self.write_noted(&change) {
-                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed");
+                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
+                    failed += 1;
                     continue;
                 }
                 tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
             }
             out.push(change);
         }
+        shrink_outcome(&self.daemon, failed);
         out
+    }
+
+    /// The shared containers set to their pool again when a write of an earlier attempt
+    /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
+    /// another's exclusive ones. Each round, from `refence`. The changes written.
+    fn reshrink(&self) -> Vec<CpusetChange> {
+        if self.daemon.lock().shrink_failures == 0 {
+            return Vec::new();
+        }
+        let _order = self.order();
+        let dry_run = self.daemon.lock().cfg.daemon.dry_run;
+        if dry_run {
+            return Vec::new();
+        }
+        self.shrink_locked_order(dry_run)
     }
 
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
@@ -852,6 +870,10 @@ impl Admission {
     /// reads of every fenced cgroup); only when some need a write is `order` taken and they are
     /// read again under it, so the fence is computed from the books admissions leave.
     pub fn refence(&self) -> Vec<CpusetChange> {
+        let reshrunk = self.reshrink();
+        if !reshrunk.is_empty() {
+            return reshrunk;
+        }
         {
             let s = self.daemon.lock();
             if s.fenced.is_empty() || s.cfg.daemon.dry_run {
@@ -921,6 +943,25 @@ impl Admission {
                 None
             }
         }
+    }
+}
+
+/// Records how an attempt to set the shared containers to their pool ended: `failed` writes
+/// (0: all written). While some fail, each round tries again (`Admission::refence`); the
+/// rounds in a row that failed are counted and warned of at the 1st, 2nd, 4th, … of them.
+pub(crate) fn shrink_outcome(d: &Daemon, failed: usize) {
+    let n = {
+        let mut s = d.lock();
+        s.shrink_failures = if failed == 0 {
+            0
+        } else {
+            s.shrink_failures.saturating_add(1)
+        };
+        s.shrink_failures
+    };
+    d.metrics.shared_pool_pending.set(failed as i64);
+    if n > 0 && n.is_power_of_two() {
+        tracing::warn!(containers = failed, attempts = n, "shared containers could not be set to their pool: they may run on exclusive CPUs until a retry succeeds (every round)");
     }
 }
 

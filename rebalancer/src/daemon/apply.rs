@@ -280,11 +280,7 @@ fn apply_one(
         if let Ok(controller::Begun::CpusMoved(_)) = &begun {
             if super::admission::record_cpus_locked_order(d, mv) {
                 // An exclusive container moved: the shared pool follows it.
-                for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-                    if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-                        tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
-                    }
-                }
+                shared_follow(d, w);
             }
         }
         begun
@@ -481,12 +477,21 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
 /// containers follow their pool. Call with `order` held.
 fn record_cpus(d: &Daemon, w: &mut dyn CgroupWriter, m: &Move) {
     if super::admission::record_cpus_locked_order(d, m) {
-        for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed");
-            }
+        shared_follow(d, w);
+    }
+}
+
+/// The shared containers set to their pool after an exclusive container's cpus changed; a
+/// failed write is retried every round (`admission::shrink_outcome`). Call with `order` held.
+fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
+    let mut failed = 0;
+    for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
+        if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+            tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
+            failed += 1;
         }
     }
+    super::admission::shrink_outcome(d, failed);
 }
 
 /// REVIEW2 P5: someone else wrote the cgroup's cpus (`found`) while its move migrated. The

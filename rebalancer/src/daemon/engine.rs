@@ -550,8 +550,12 @@ impl Engine {
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
     /// below a configured root. Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Vec<String> {
-        let Ok(all) = self.cgroups.walk(Controller::Cpuset, "") else {
-            return Vec::new();
+        let all = match self.cgroups.walk(Controller::Cpuset, "") {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot walk the cpuset hierarchy: this round manages nothing");
+                return Vec::new();
+            }
         };
         all.into_iter()
             .map(|p| p.trim_start_matches('/').to_string())

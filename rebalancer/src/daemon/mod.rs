@@ -86,6 +86,11 @@ pub struct Shared {
     /// cpuset with a child, a parent without the CPUs): retried each round, logged at the 1st,
     /// 2nd, 4th, 8th, … failure so one stuck cgroup does not flood the log.
     pub fence_failures: BTreeMap<String, u32>,
+    /// Consecutive rounds in which some bound shared container could not be set to its pool
+    /// (`admission::shared_changes`: a write failed after exclusive CPUs were taken, so it may
+    /// still run on them); 0 when the last attempt wrote all. Retried each round
+    /// (`Admission::refence`) while above 0.
+    pub shrink_failures: u32,
     /// Orders checkpoint writes (see [`CheckpointWriter`]).
     pub ckpt: Arc<CheckpointWriter>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
@@ -112,6 +117,7 @@ impl Shared {
             overuse: Default::default(),
             fenced: Default::default(),
             fence_failures: Default::default(),
+            shrink_failures: 0,
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::cgroup::kube::{classify, CgroupKind, Qos};
+use crate::cgroup::kube::{classify_in, CgroupKind, Qos};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
@@ -126,8 +126,14 @@ fn millis_from_shares(shares: u64) -> u64 {
 }
 
 /// The whole mapping from an NRI pod and container to an admission request. `Ok(None)`: not a
-/// Kubernetes container (its cgroup is not under kubepods) — left as the runtime makes it.
-pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Request>, String> {
+/// Kubernetes container (its cgroup is not under kubelet's cgroup root, `kube_root` as
+/// `cgroups.kubernetes_root`; None: `kubepods` or `kubepods.slice` at the top) — left as the
+/// runtime makes it.
+pub fn request(
+    pod: &api::PodSandbox,
+    c: &api::Container,
+    kube_root: Option<&str>,
+) -> Result<Option<Request>, String> {
     if c.id.is_empty() {
         return Err("container without an id".into());
     }
@@ -146,7 +152,7 @@ pub fn request(pod: &api::PodSandbox, c: &api::Container) -> Result<Option<Reque
         ));
     }
     let cgroup = cgroup_rel(path);
-    let CgroupKind::Container { pod_uid, qos, .. } = classify(&cgroup) else {
+    let CgroupKind::Container { pod_uid, qos, .. } = classify_in(&cgroup, kube_root, &[]) else {
         return Ok(None);
     };
     if !pod.uid.is_empty() && pod.uid != pod_uid {
@@ -755,6 +761,7 @@ impl Handler for Policy {
         let mut updates = Vec::new();
         let mut live = Vec::new();
         let mut adopt = Vec::new();
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
         for c in &req.containers {
             let running = matches!(
                 api::ContainerState::try_from(c.state),
@@ -764,7 +771,7 @@ impl Handler for Policy {
                 tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
                 continue;
             };
-            let r = match request(&pod, c) {
+            let r = match request(&pod, c, kube_root.as_deref()) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(e) => {
@@ -894,7 +901,8 @@ impl Handler for Policy {
                 c.id, c.name, pod.id
             ));
         }
-        let r = match request(pod, c) {
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        let r = match request(pod, c, kube_root.as_deref()) {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
@@ -1180,6 +1188,46 @@ mod tests {
         let cpu = r.adjust.as_ref().unwrap().linux.as_ref().unwrap();
         let cpu = cpu.resources.as_ref().unwrap().cpu.as_ref().unwrap();
         CpuSet::parse(&cpu.cpus).unwrap()
+    }
+
+    /// Under a kubelet `--cgroup-root` (`cgroups.kubernetes_root`), the runtime's containers
+    /// are admitted, in the systemd form too; a kubepods-looking path elsewhere is not.
+    #[test]
+    fn a_configured_kubelet_root_is_where_nri_admits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        // cgroupfs driver, kubelet --cgroup-root=/kubelet
+        let root = "/kubelet/kubepods";
+        p.d().lock().cfg.cgroups.kubernetes_root = Some(root.into());
+        let mut gp = pod("g", "");
+        gp.linux.as_mut().unwrap().cgroup_parent = format!("{root}/pod{UID}");
+        run_pod(&mut p, &gp);
+        let c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        assert!(request(&gp, &c, Some(root)).unwrap().is_some());
+        assert!(request(&gp, &c, None).unwrap().is_none());
+        let cpus = adjusted_cpus(&create(&mut p, &gp, &c).unwrap());
+        assert_eq!(cpus.len(), 1, "{cpus}");
+        // the default root: the same container is not Kubernetes', left as it is
+        let mut q = policy(dir.path());
+        run_pod(&mut q, &gp);
+        let r = create(&mut q, &gp, &c).unwrap();
+        assert!(r.adjust.is_none() && r.update.is_empty(), "{r:?}");
+        // systemd driver: kubelet-kubepods-pod<uid>.slice:cri-containerd:<id>
+        let root = "/kubelet.slice/kubelet-kubepods.slice";
+        let mut sc = ctr("b", &gp, 100_000, 1024, 1 << 20);
+        sc.linux.as_mut().unwrap().cgroups_path = format!(
+            "kubelet-kubepods-pod{}.slice:cri-containerd:{}",
+            UID.replace('-', "_"),
+            "b".repeat(64)
+        );
+        let r = request(&gp, &sc, Some(root)).unwrap().unwrap();
+        assert!(
+            r.cgroup
+                .starts_with("kubelet.slice/kubelet-kubepods.slice/"),
+            "{}",
+            r.cgroup
+        );
+        assert!(request(&gp, &sc, None).unwrap().is_none());
     }
 
     #[test]
@@ -1536,7 +1584,7 @@ mod tests {
         let hp = with_totals("h", "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", 1);
         run_pod(&mut p, &gp);
         run_pod(&mut p, &hp);
-        let r = request(&gp, &ctr("a", &gp, 100_000, 1024, 1 << 20))
+        let r = request(&gp, &ctr("a", &gp, 100_000, 1024, 1 << 20), None)
             .unwrap()
             .unwrap();
         assert_eq!(r.totals.as_ref().unwrap().cpu_limit_millis, 2000);
@@ -1646,7 +1694,7 @@ mod tests {
         let mut kc = ctr("f", &kp, 100_000, 1024, 1 << 20);
         kc.name = "app".into();
         assert!(
-            request(&kp, &kc).unwrap().is_some(),
+            request(&kp, &kc, None).unwrap().is_some(),
             "a Kubernetes container"
         );
         let r = create(&mut p, &kp, &kc).unwrap();
@@ -1678,7 +1726,7 @@ mod tests {
         assert!(create(&mut p, &gp, &ctr("d", &gp, 100_000, 1024, 1 << 20)).is_err());
         // never planned: the same pulled observation moves an unpinned container
         let s = p.d().lock();
-        let kube_cg = request(&kp, &kc).unwrap().unwrap().cgroup;
+        let kube_cg = request(&kp, &kc, None).unwrap().unwrap().cgroup;
         let obs_of =
             |id: &str, c: crate::controller::Constraints| crate::controller::Observations {
                 period_ns: 1_000_000_000,
@@ -1813,7 +1861,7 @@ mod tests {
             adjusted_cpus(&create(&mut p, &g2, &ctr("9", &g2, 100_000, 1024, 1 << 20)).unwrap());
         assert_eq!(later.len(), 1);
         for k in [&side, &bare, &off] {
-            let cg = request(&kp, k).unwrap().unwrap().cgroup;
+            let cg = request(&kp, k, None).unwrap().unwrap().cgroup;
             let runs = p.runtime.given(&cg).and_then(|g| g.cpus).unwrap();
             assert!(
                 runs.is_disjoint(&later) && !runs.is_empty(),

@@ -108,6 +108,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     // Then the instance lock: a second daemon on the same state changes nothing (not even
     // AutoNUMA) and names the first.
     let _instance = super::lock::acquire(&cfg.daemon.state_dir)?;
+    // Descriptors: the soft limit up to the hard one before anything opens them (the
+    // listeners' connection budgets are a share of it).
+    let nofile = serve::conn::raise_nofile();
+    tracing::debug!(nofile = ?nofile, "RLIMIT_NOFILE");
     let topo = sysfs::read(&cfg.daemon.sysfs_root)
         .with_context(|| format!("reading topology under {}", cfg.daemon.sysfs_root.display()))?;
     tracing::info!(

@@ -76,6 +76,33 @@ impl Limits {
     }
 }
 
+/// Raises the soft RLIMIT_NOFILE to the hard one (as systemd services may, and as every
+/// per-CPU perf event, writer pidfd and connection needs a descriptor); returns the soft limit
+/// in force after it. A failure leaves the limit as it was.
+pub fn raise_nofile() -> Option<usize> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `r`; setrlimit reads an initialised rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                tracing::debug!(
+                    soft = r.rlim_cur,
+                    hard = r.rlim_max,
+                    "raising RLIMIT_NOFILE failed"
+                );
+            }
+        }
+    }
+    nofile_soft()
+}
+
 /// The soft RLIMIT_NOFILE of this process.
 pub fn nofile_soft() -> Option<usize> {
     let mut r = libc::rlimit {

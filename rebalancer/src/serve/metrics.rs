@@ -117,6 +117,9 @@ pub struct Metrics {
     pub kubelet_state_errors: Family<ReasonLabel, Counter>,
     /// Containers whose kubelet static assignments are adopted.
     pub kubelet_adopted: Gauge,
+    /// Shared containers the last attempt could not set to their pool (still on CPUs that
+    /// became exclusive): retried every round.
+    pub shared_pool_pending: Gauge,
 }
 
 impl Metrics {
@@ -163,6 +166,7 @@ impl Metrics {
             nri_direct_writes: Family::default(),
             kubelet_state_errors: Family::default(),
             kubelet_adopted: Gauge::default(),
+            shared_pool_pending: Gauge::default(),
         };
         let component_up = Family::<ComponentLabel, Gauge>::default();
         r.register(
@@ -339,6 +343,11 @@ impl Metrics {
             "kubelet_adopted_containers",
             "Containers whose kubelet static CPU / Memory Manager assignments are adopted as exclusive",
             m.kubelet_adopted.clone(),
+        );
+        r.register(
+            "shared_pool_pending_containers",
+            "Shared containers whose cpuset the last attempt could not set to their pool (a failed write: they may still run on CPUs that became exclusive); retried every round",
+            m.shared_pool_pending.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

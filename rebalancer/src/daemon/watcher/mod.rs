@@ -58,23 +58,37 @@ fn checkpoint(adm: &Admission) {
     }
 }
 
-/// Admits what exists and is unknown, releases bindings whose cgroup vanished.
+/// Admits what exists and is unknown, releases bindings whose cgroup vanished. A hierarchy
+/// that cannot be walked whole (out of file descriptors, unmounted) releases nothing: an
+/// incomplete list would read as every container gone, and their CPUs would be handed out
+/// again while they run. It is tried again at the next overflow or restart.
 pub fn reconcile(adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
-    let live: Vec<String> = cgroups
-        .walk(Controller::Cpuset, "")
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| p.trim_matches('/').to_string())
-        .collect();
+    let live: std::collections::BTreeSet<String> = match cgroups.walk(Controller::Cpuset, "") {
+        Ok(all) => all
+            .into_iter()
+            .map(|p| p.trim_matches('/').to_string())
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot walk the cpuset hierarchy: nothing admitted or released until it can");
+            return Vec::new();
+        }
+    };
+    // A binding's cgroup is released only when it is really gone, asked once more: a
+    // directory the walk missed is not a container that exited.
     let gone: Vec<String> = adm
         .daemon
         .lock()
         .state
         .bindings
         .keys()
-        .filter(|k| !live.contains(k))
+        .filter(|k| !live.contains(k.as_str()))
         .cloned()
         .collect();
+    let gone: Vec<String> = gone
+        .into_iter()
+        .filter(|g| !cgroups.exists(Controller::Cpuset, g))
+        .collect();
+    let live: Vec<String> = live.into_iter().collect();
     let mut out: Vec<WatchOutcome> = gone.iter().map(|g| removed(adm, g)).collect();
     out.extend(policy::pods_gone(adm, &live));
     for rel in &live {
@@ -147,6 +161,11 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
                     overflow = true;
                     continue;
                 }
+                // The watch is gone (its directory removed, or the hierarchy unmounted).
+                if ev.mask.contains(EventMask::IGNORED) {
+                    watches.remove(&ev.wd);
+                    continue;
+                }
                 let (Some(parent), Some(name)) = (watches.get(&ev.wd).cloned(), ev.name) else { continue };
                 let rel = parent.join(name);
                 test_hook_kill(name);
@@ -173,17 +192,22 @@ pub fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::J
     })
 }
 
-/// Which directories of the hierarchy are watched: those on the path to a managed root
-/// (kubelet's cgroup root: `cgroups.kubernetes_root`, else `kubepods` and `kubepods.slice` at
-/// the top; and every `cgroups.roots` entry) and those below one. Nothing else can hold a
-/// managed cgroup, and a user's delegated subtree (any number of directories) must not use up
-/// the inotify watches the kubepods tree needs. Fixed at start: changed roots need a restart.
+/// Which directories of the hierarchy are watched: those on the path to kubelet's cgroup root
+/// (`cgroups.kubernetes_root`, else `kubepods` and `kubepods.slice` at the top), the root
+/// itself, its QoS tiers and its pods — the directories a container cgroup appears in or
+/// vanishes from. Not the containers' own directories nor anything below them: a container
+/// with write access to its cgroup may make any number of directories there, and they must
+/// not use up the inotify watches the pods need (nothing below a container is admitted). Not
+/// the configured `cgroups.roots` either: the watcher admits only Kubernetes containers, and
+/// the rounds find what runs under those roots. Fixed at start: changed roots need a restart.
 #[derive(Clone, Debug)]
 pub(crate) struct Scope {
     /// The hierarchy's directory.
     pub(crate) dir: PathBuf,
-    /// The managed roots, as path segments; None: everything (tests).
+    /// kubelet's cgroup root, as path segments; None: everything (tests).
     roots: Option<Vec<Vec<String>>>,
+    /// `cgroups.kubernetes_root` as configured (for `classify_in`).
+    kube_root: Option<String>,
 }
 
 impl Scope {
@@ -198,11 +222,11 @@ impl Scope {
             Some(k) => vec![segs(k)],
             None => vec![segs("kubepods"), segs("kubepods.slice")],
         };
-        roots.extend(cfg.roots.iter().map(|r| segs(r)));
         roots.retain(|r| !r.is_empty());
         Scope {
             dir,
             roots: Some(roots),
+            kube_root: cfg.kubernetes_root.clone(),
         }
     }
 
@@ -212,10 +236,12 @@ impl Scope {
         Scope {
             dir: dir.to_path_buf(),
             roots: None,
+            kube_root: None,
         }
     }
 
-    /// Whether `rel` (relative to the hierarchy) is on the path to or below a managed root.
+    /// Whether `rel` (relative to the hierarchy) is on the path to kubelet's root, or is that
+    /// root, a QoS tier or a pod below it.
     pub(crate) fn covers(&self, rel: &Path) -> bool {
         let Some(roots) = &self.roots else {
             return true;
@@ -225,9 +251,16 @@ impl Scope {
             .map(|c| c.to_string_lossy().to_string())
             .filter(|c| !c.is_empty() && c != "/")
             .collect();
-        roots
-            .iter()
-            .any(|r| r.starts_with(&segs) || segs.starts_with(r))
+        if roots.iter().any(|r| r.starts_with(&segs)) {
+            return true;
+        }
+        roots.iter().any(|r| segs.starts_with(r))
+            && matches!(
+                crate::cgroup::classify_in(&segs.join("/"), self.kube_root.as_deref(), &[]),
+                crate::cgroup::CgroupKind::Kubepods
+                    | crate::cgroup::CgroupKind::QosTier { .. }
+                    | crate::cgroup::CgroupKind::Pod { .. }
+            )
     }
 }
 
@@ -262,8 +295,10 @@ fn add_tree(
     for e in rd.flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) {
             let sub = rel.join(OsStr::new(&e.file_name()));
+            // Every directory below is reported (a container made before its pod's watch
+            // existed is admitted), but only the covered ones are watched.
+            found.push(sub.clone());
             if scope.covers(&sub) {
-                found.push(sub.clone());
                 add_tree(ino, watches, scope, &sub, mask, found, metrics);
             }
         }

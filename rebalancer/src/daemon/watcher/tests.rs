@@ -149,6 +149,83 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
     assert!(t.elapsed() < Duration::from_secs(1));
 }
 
+/// A writer that fails every write to one cgroup while told to (a v1 cpuset whose child
+/// holds CPUs the parent would drop: EBUSY).
+struct FailFor {
+    inner: CgroupCpusetWriter,
+    fail: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl crate::daemon::writer::CpusetWriter for FailFor {
+    fn write(
+        &self,
+        c: &crate::daemon::writer::CpusetChange,
+    ) -> Result<(), crate::daemon::writer::WriteError> {
+        if self.fail.lock().unwrap().as_deref() == Some(c.cgroup.as_str()) {
+            return Err(crate::daemon::writer::WriteError::Failed {
+                cgroup: c.cgroup.clone(),
+                message: "EBUSY (test)".into(),
+            });
+        }
+        self.inner.write(c)
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        self.inner.cpus(cgroup)
+    }
+}
+
+/// A shared container whose move off newly exclusive CPUs failed is moved off them at the
+/// next round (`refence`), and counted until then: it never stays on another container's
+/// exclusive CPUs.
+#[test]
+fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d0, cg) = fake(root);
+    let fail = Arc::new(std::sync::Mutex::new(None));
+    let d = Admission::new(
+        d0.daemon.clone(),
+        Arc::new(FailFor {
+            inner: CgroupCpusetWriter(cg.clone()),
+            fail: fail.clone(),
+        }),
+    );
+    let be = besteffort_container(root);
+    assert!(matches!(
+        on_created(&d, &cg, &be, Instant::now()),
+        WatchOutcome::Admitted { .. }
+    ));
+    *fail.lock().unwrap() = Some(be.clone());
+    let us = UID.replace('-', "_");
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    guaranteed_limits(&root.join(&g));
+    let o = on_created(&d, &cg, &g, Instant::now());
+    let WatchOutcome::Admitted { cpus, .. } = &o else {
+        panic!("{o:?}")
+    };
+    let gcpus = CpuSet::parse(cpus).unwrap();
+    // the write failed: still on the exclusive CPU, and counted
+    assert!(!cg.cpus(&be).unwrap().is_disjoint(&gcpus));
+    assert_eq!(d.daemon.lock().shrink_failures, 1);
+    assert_eq!(d.daemon.metrics.shared_pool_pending.get(), 1);
+    // a round while it still fails: counted again, nothing else changes
+    assert!(d.refence().is_empty());
+    assert_eq!(d.daemon.lock().shrink_failures, 2);
+    // the next round after the cause went: moved off
+    *fail.lock().unwrap() = None;
+    let changed = d.refence();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(
+        cg.cpus(&be).unwrap(),
+        CpuSet::parse("0-3").unwrap().difference(&gcpus)
+    );
+    assert_eq!(d.daemon.lock().shrink_failures, 0);
+    assert_eq!(d.daemon.metrics.shared_pool_pending.get(), 0);
+    // and no more retries
+    assert!(d.refence().is_empty());
+}
+
 /// CPU hotplug: a Guaranteed container's exclusive CPU goes offline; it gets another one
 /// written to its cgroup, the BestEffort container moves off that one, and nothing is
 /// empty.
@@ -430,20 +507,29 @@ fn pod_for_reads_a_guaranteed_containers_hugetlb_limits() {
 /// included (inotify watch exhaustion for the kubepods tree). Only the path to kubelet's root
 /// and the configured roots, and what is below them, are watched.
 #[test]
-fn the_watcher_watches_only_the_paths_to_and_below_the_managed_roots() {
+fn the_watcher_watches_only_the_paths_to_kubelets_root_its_tiers_and_pods() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
+    let kube = "kubelet.slice/kubelet-kubepods.slice";
+    let pod = format!(
+        "{kube}/kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{}.slice",
+        UID.replace('-', "_")
+    );
+    let ctr = format!("{pod}/cri-containerd-{}.scope", "c".repeat(64));
     for d in [
-        "kubelet.slice/kubelet-kubepods.slice/kubepods-besteffort.slice",
-        "kubelet.slice/other.slice",
-        "user.slice/user-1000.slice/user@1000.service/a/b/c",
-        "kubepods/burstable",
-        "batch/job1",
+        format!("{kube}/kubepods-besteffort.slice"),
+        "kubelet.slice/other.slice".into(),
+        "user.slice/user-1000.slice/user@1000.service/a/b/c".into(),
+        "kubepods/burstable".into(),
+        "batch/job1".into(),
+        // a container's own sub-cgroups, as many as it likes: never watched
+        format!("{ctr}/a/b"),
+        format!("{ctr}/x"),
     ] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     let cfg = crate::config::CgroupConfig {
-        kubernetes_root: Some("/kubelet.slice/kubelet-kubepods.slice".into()),
+        kubernetes_root: Some(format!("/{kube}")),
         roots: vec!["/batch".into()],
         ..Default::default()
     };
@@ -469,14 +555,47 @@ fn the_watcher_watches_only_the_paths_to_and_below_the_managed_roots() {
     assert_eq!(
         watched,
         [
-            "",
-            "batch",
-            "batch/job1",
-            "kubelet.slice",
-            "kubelet.slice/kubelet-kubepods.slice",
-            "kubelet.slice/kubelet-kubepods.slice/kubepods-besteffort.slice",
+            "".to_string(),
+            "kubelet.slice".into(),
+            kube.into(),
+            format!("{kube}/kubepods-besteffort.slice"),
+            pod.clone(),
         ]
     );
+    // The container that was already there is reported (to be admitted), nothing below it.
+    let found: Vec<String> = found
+        .iter()
+        .map(|p| p.to_string_lossy().to_string())
+        .collect();
+    assert!(found.contains(&ctr), "{found:?}");
+    assert!(
+        !found.iter().any(|f| f.starts_with(&format!("{ctr}/"))),
+        "{found:?}"
+    );
+}
+
+/// A hierarchy that cannot be walked (here: gone, as when unmounted) releases nothing: the
+/// admitted container keeps its binding and its CPUs stay allocated.
+#[test]
+fn a_hierarchy_that_cannot_be_walked_releases_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cg");
+    std::fs::create_dir(&root).unwrap();
+    let (adm, cg) = fake(&root);
+    let be = besteffort_container(&root);
+    assert!(matches!(
+        on_created(&adm, &cg, &be, Instant::now()),
+        WatchOutcome::Admitted { .. }
+    ));
+    assert!(adm.daemon.lock().state.bindings.contains_key(&be));
+    std::fs::rename(&root, dir.path().join("elsewhere")).unwrap();
+    assert!(reconcile(&adm, &cg).is_empty());
+    let s = adm.daemon.lock();
+    assert!(
+        s.state.bindings.contains_key(&be),
+        "released on a failed walk"
+    );
+    assert_eq!(s.state.allocator.pods.len(), 1);
 }
 
 /// Review item 1: running out of inotify watches (ENOSPC) is a component failure in
