@@ -349,6 +349,26 @@ pub struct Policy {
     /// What the runtime's containers were given, and the unsolicited updates to send (the
     /// shared pool growing after a RemoveContainer; the other threads' changes).
     runtime: Arc<Runtime>,
+    /// The `nri` health component (the plugin thread only): beaten while registered, so a
+    /// plugin not registered for [`NRI_MAX_UNREGISTERED`] (a runtime that refuses it, a socket
+    /// that never answers), or a thread that died, shows in /healthz.
+    health: Option<crate::health::Reporter>,
+}
+
+/// How long the plugin may go without being registered with the runtime before its health
+/// component counts as dead (a runtime restart takes seconds; past this, nothing is admitted).
+pub const NRI_MAX_UNREGISTERED: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Drop for Policy {
+    /// A plugin thread that ends (a panic included) leaves no one registered: the connected
+    /// flags say so, and updates are no longer queued for it.
+    fn drop(&mut self) {
+        if self.health.is_some() {
+            let _stale = self.runtime.set_connected(false);
+            self.d().metrics.nri_connected.set(0);
+            self.d().lock().nri_connected = false;
+        }
+    }
 }
 
 fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
@@ -378,6 +398,7 @@ impl Policy {
             pods: BTreeMap::new(),
             containers: BTreeMap::new(),
             runtime,
+            health: None,
         }
     }
 
@@ -1048,7 +1069,16 @@ impl Handler for Policy {
         self.rewrite(stale);
     }
 
+    fn alive(&mut self) {
+        if let Some(h) = &self.health {
+            h.beat();
+        }
+    }
+
     fn connection(&mut self, up: bool) {
+        if up {
+            self.alive();
+        }
         let stale = self.runtime.set_connected(up);
         self.rewrite(stale);
         self.d().metrics.nri_connected.set(i64::from(up));
@@ -1089,8 +1119,14 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nri".into())
         .spawn(move || {
+            let health = d.metrics.health.register("nri", Some(NRI_MAX_UNREGISTERED));
             let mut p = Policy::new(d, Some(cgroups), runtime);
+            p.health = Some(health);
             crate::nri::session::run(&opts, &mut p, &stop);
+            // Returns only when the daemon stops.
+            if let Some(h) = p.health.take() {
+                h.stopped();
+            }
         })
 }
 
@@ -1188,6 +1224,28 @@ mod tests {
         let cpu = r.adjust.as_ref().unwrap().linux.as_ref().unwrap();
         let cpu = cpu.resources.as_ref().unwrap().cpu.as_ref().unwrap();
         CpuSet::parse(&cpu.cpus).unwrap()
+    }
+
+    /// The plugin thread is a health component: alive while registered; a thread that ends
+    /// without being stopped (a panic in the policy) shows dead in /healthz and leaves the
+    /// connected flags down, so no update is queued for a plugin that is gone.
+    #[test]
+    fn the_plugin_thread_is_a_health_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let d = p.d().clone();
+        p.health = Some(d.metrics.health.register("nri", Some(NRI_MAX_UNREGISTERED)));
+        p.connection(true);
+        p.alive();
+        assert!(d.lock().nri_connected);
+        assert_eq!(d.metrics.nri_connected.get(), 1);
+        assert!(d.metrics.health.dead().is_empty());
+        drop(p);
+        assert!(!d.lock().nri_connected);
+        assert_eq!(d.metrics.nri_connected.get(), 0);
+        let dead = d.metrics.health.dead();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].component, "nri");
     }
 
     /// Under a kubelet `--cgroup-root` (`cgroups.kubernetes_root`), the runtime's containers

@@ -71,6 +71,9 @@ pub trait Handler {
     }
     /// The connection came up (registered) or went down.
     fn connection(&mut self, _up: bool) {}
+    /// Registered and serving: called at every turn of the session's loop (every message, and
+    /// at least every 25 ms while idle), for liveness.
+    fn alive(&mut self) {}
 }
 
 /// Why a session ended.
@@ -178,6 +181,9 @@ pub fn run_once(
     let result = loop {
         if stop.load(Ordering::Relaxed) {
             break Ok(());
+        }
+        if conn.registered {
+            h.alive();
         }
         match sock.read(&mut buf) {
             Ok(0) => break Err(SessionError::Closed),
