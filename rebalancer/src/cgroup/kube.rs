@@ -82,6 +82,15 @@ impl CgroupKind {
     }
 }
 
+/// Where kubelet's pods are: `kubernetes_root` (`cgroups.kubernetes_root`), else `kubepods`
+/// and `kubepods.slice` at the top of the hierarchy.
+pub fn kubernetes_roots(kubernetes_root: Option<&str>) -> Vec<String> {
+    match kubernetes_root {
+        Some(k) => vec![k.to_string()],
+        None => vec!["kubepods".into(), "kubepods.slice".into()],
+    }
+}
+
 /// Classifies a cgroup path (relative to the hierarchy root; a leading `/` is fine).
 pub fn classify(rel: &str) -> CgroupKind {
     classify_with_roots(rel, &[])

@@ -390,6 +390,40 @@ impl Cgroups {
         files::parse_procs(&p, &self.read(&p)?)
     }
 
+    /// Relative paths of every cgroup at or below one of `roots` (relative to the hierarchy;
+    /// a root that does not exist has none), without walking the rest of the hierarchy (a
+    /// user's delegated subtree may hold any number of cgroups). An error when the hierarchy
+    /// itself cannot be read (unmounted) or a root cannot be walked whole: a partial list
+    /// would read as cgroups gone.
+    pub fn walk_roots(&self, c: Controller, roots: &[String]) -> Result<Vec<String>, CgroupError> {
+        let (root, _) = self.hierarchy(c)?;
+        fs::read_dir(root).map_err(|source| CgroupError::Io {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        let mut out = Vec::new();
+        for r in roots {
+            let start = clean(r)?;
+            if start.as_os_str().is_empty() {
+                return self.walk(c, "");
+            }
+            match fs::symlink_metadata(root.join(&start)) {
+                Ok(m) if m.is_dir() => out.extend(self.walk(c, r)?),
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
+                Err(source) => {
+                    return Err(CgroupError::Io {
+                        path: root.join(&start),
+                        source,
+                    })
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     /// Relative paths of `rel` and every cgroup below it in controller `c`'s hierarchy.
     pub fn walk(&self, c: Controller, rel: &str) -> Result<Vec<String>, CgroupError> {
         let (root, _) = self.hierarchy(c)?;

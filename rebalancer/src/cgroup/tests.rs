@@ -356,3 +356,38 @@ fn hugetlb_limits_read_v1_and_v2_names() {
         HugetlbLimits::default()
     );
 }
+
+/// `walk_roots` lists what is at or below the roots (a missing root has nothing) and nothing
+/// of the rest of the hierarchy; a hierarchy that cannot be read is an error, not an empty
+/// list.
+#[test]
+fn walk_roots_walks_only_the_roots_and_fails_when_the_hierarchy_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cg");
+    let cg = fake_v2(&root);
+    for d in [
+        "kubepods.slice/kubepods-podx.slice/a",
+        "user.slice/user-1000.slice/u1/u2",
+        "batch/job",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let roots = [
+        "kubepods".to_string(),
+        "kubepods.slice".into(),
+        "/batch".into(),
+    ];
+    let got = cg.walk_roots(Controller::Cpuset, &roots).unwrap();
+    assert_eq!(
+        got,
+        [
+            "/batch",
+            "/batch/job",
+            "/kubepods.slice",
+            "/kubepods.slice/kubepods-podx.slice",
+            "/kubepods.slice/kubepods-podx.slice/a",
+        ]
+    );
+    std::fs::rename(&root, dir.path().join("unmounted")).unwrap();
+    assert!(cg.walk_roots(Controller::Cpuset, &roots).is_err());
+}

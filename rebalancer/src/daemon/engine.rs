@@ -550,7 +550,14 @@ impl Engine {
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
     /// below a configured root. Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Vec<String> {
-        let all = match self.cgroups.walk(Controller::Cpuset, "") {
+        // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
+        // delegated subtrees, any number of cgroups) is never managed, so never walked.
+        let mut roots = Vec::new();
+        if cfg.cgroups.kubernetes {
+            roots = crate::cgroup::kube::kubernetes_roots(cfg.cgroups.kubernetes_root.as_deref());
+        }
+        roots.extend(cfg.cgroups.roots.iter().cloned());
+        let all = match self.cgroups.walk_roots(Controller::Cpuset, &roots) {
             Ok(all) => all,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot walk the cpuset hierarchy: this round manages nothing");

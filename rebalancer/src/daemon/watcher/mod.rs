@@ -63,7 +63,13 @@ fn checkpoint(adm: &Admission) {
 /// incomplete list would read as every container gone, and their CPUs would be handed out
 /// again while they run. It is tried again at the next overflow or restart.
 pub fn reconcile(adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
-    let live: std::collections::BTreeSet<String> = match cgroups.walk(Controller::Cpuset, "") {
+    // Bindings and pods are only ever under kubelet's root: the rest is not walked.
+    let roots = crate::cgroup::kube::kubernetes_roots(
+        adm.daemon.lock().cfg.cgroups.kubernetes_root.as_deref(),
+    );
+    let live: std::collections::BTreeSet<String> = match cgroups
+        .walk_roots(Controller::Cpuset, &roots)
+    {
         Ok(all) => all
             .into_iter()
             .map(|p| p.trim_matches('/').to_string())
