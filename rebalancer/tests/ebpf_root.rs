@@ -463,3 +463,66 @@ fn the_cpu_clock_samples_read_the_run_queue() {
         }
     }
 }
+
+/// CPU hotplug, without taking a CPU of this machine offline: told that CPU 1 went offline,
+/// the sampler closes its cpu-clock event (CPU 1's run-queue readings stop), and told it came
+/// back, opens a new one (they move again) — the path the daemon takes when its topology is
+/// rebuilt (the guest scenario `hotplug` does it with a real offline/online). Skips without
+/// the run-queue offsets (the per-CPU readings are what is watched).
+#[test]
+fn sync_cpus_closes_and_reopens_a_cpus_perf_events() {
+    let _turn = cpu_turn();
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    if !statuses
+        .iter()
+        .any(|s| s.name == "runq:cpu_clock" && s.available)
+    {
+        eprintln!("SKIP: the run queue is not read here: {statuses:#?}");
+        return;
+    }
+    let readings = |s: &Sampler, cpu: u32| s.runq().expect("RUNQ map")[&cpu].readings;
+    let moved = |s: &Sampler, cpu: u32| {
+        let r0 = readings(s, cpu);
+        std::thread::sleep(Duration::from_millis(500));
+        readings(s, cpu) - r0
+    };
+    let all = topo.online_cpus();
+    assert_eq!(sampler.sampled_cpus(), all);
+    assert!(!sampler.cpus_pending());
+    assert!(moved(&sampler, 1) >= 10, "CPU 1 not sampled at start");
+
+    // Nothing changed: nothing opened or closed.
+    let r = sampler.sync_cpus(&topo);
+    assert!(r.attached.is_empty() && r.detached.is_empty(), "{r:?}");
+
+    let mut without1 = topo.clone();
+    for c in &mut without1.cpus {
+        if c.id == 1 {
+            c.online = false;
+        }
+    }
+    let r = sampler.sync_cpus(&without1);
+    assert_eq!(r.detached, vec![("on_cpu:cpu_clock", 1)], "{r:?}");
+    assert!(r.attached.is_empty() && r.failed.is_empty(), "{r:?}");
+    assert!(!sampler.sampled_cpus().contains(1));
+    assert!(!sampler.cpus_pending());
+    std::thread::sleep(Duration::from_millis(100)); // a sample under way when it closed
+    assert_eq!(
+        moved(&sampler, 1),
+        0,
+        "CPU 1 still sampled after its event was closed"
+    );
+    assert!(moved(&sampler, 0) >= 10, "CPU 0 lost its samples");
+
+    let r = sampler.sync_cpus(&topo);
+    assert_eq!(r.attached, vec![("on_cpu:cpu_clock", 1)], "{r:?}");
+    assert!(r.detached.is_empty() && r.failed.is_empty(), "{r:?}");
+    assert_eq!(sampler.sampled_cpus(), all);
+    assert!(moved(&sampler, 1) >= 10, "CPU 1 not sampled again");
+}

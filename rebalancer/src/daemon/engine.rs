@@ -54,6 +54,13 @@ pub trait CpuTimeSource: Send {
     fn runq(&self) -> Option<BTreeMap<u32, crate::ebpf::runq::RunqCount>> {
         None
     }
+    /// CPUs went online or offline (`topo` is the rebuilt topology), or [`Self::cpus_pending`]:
+    /// per-CPU sources follow (see [`crate::ebpf::Sampler::sync_cpus`]).
+    fn sync_cpus(&mut self, _topo: &Topology) {}
+    /// Some online CPU is not sampled yet (a failed attach to retry).
+    fn cpus_pending(&self) -> bool {
+        false
+    }
 }
 
 /// The eBPF samplers. Their cgroup ids are cgroup v2 ids. Where the cpuset hierarchy is v2
@@ -114,6 +121,14 @@ impl CpuTimeSource for EbpfCpuTime {
 
     fn runq(&self) -> Option<BTreeMap<u32, crate::ebpf::runq::RunqCount>> {
         self.sampler.runq()
+    }
+
+    fn sync_cpus(&mut self, topo: &Topology) {
+        self.sampler.sync_cpus(topo);
+    }
+
+    fn cpus_pending(&self) -> bool {
+        self.sampler.cpus_pending()
     }
 }
 
@@ -683,8 +698,9 @@ impl Engine {
     /// (a node taken offline, CPU hotplug): `cpu/online` and `node/online` are compared each
     /// round, and on a change the whole sysfs tree is read again and replaces the shared
     /// topology, so the planner only targets CPUs and nodes that exist. Returns true when the
-    /// topology was rebuilt. A tree that cannot be read keeps the old topology (and is tried
-    /// again next round).
+    /// topology was rebuilt (the round then has the CPU-time source follow it: the eBPF
+    /// sampler's per-CPU perf events and `CPU_NODE`). A tree that cannot be read keeps the old
+    /// topology (and is tried again next round).
     pub fn refresh_topology(&mut self, adm: &Admission) -> bool {
         let d = &adm.daemon;
         let root = d.lock().cfg.daemon.sysfs_root.clone();
@@ -719,13 +735,26 @@ impl Engine {
         true
     }
 
+    /// A round's topology check: [`Self::refresh_topology`], then, when the topology was
+    /// rebuilt or the CPU-time source still misses some online CPU, the source follows the
+    /// current topology (the eBPF sampler opens and closes per-CPU perf events: syscalls, made
+    /// with no lock held). Returns whether the topology was rebuilt.
+    pub fn follow_topology(&mut self, adm: &Admission) -> bool {
+        let changed = self.refresh_topology(adm);
+        if changed || self.cpu_source.cpus_pending() {
+            let topo = adm.daemon.lock().topo.clone();
+            self.cpu_source.sync_cpus(&topo);
+        }
+        changed
+    }
+
     /// Runs one round. Returns the number of moves handed to the writer threads.
     pub fn round(&mut self, adm: &Admission) -> usize {
         let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
         test_hook_hold_round(adm);
-        self.refresh_topology(adm);
+        self.follow_topology(adm);
         adm.refresh_kubelet();
         adm.refence();
         let (cfg, topo, reserved_cpus) = {

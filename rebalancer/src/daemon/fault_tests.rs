@@ -395,6 +395,83 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
     );
 }
 
+/// The CPU-time source of [`sampler_follows_cpu_hotplug`]: records the online CPUs of each
+/// topology it is told to follow, and says a CPU is pending while `pending` is set.
+struct FollowingSource {
+    syncs: std::sync::Arc<std::sync::Mutex<Vec<CpuSet>>>,
+    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl super::engine::CpuTimeSource for FollowingSource {
+    fn cumulative(
+        &mut self,
+        _: &Cgroups,
+        _: &[String],
+        _: &Topology,
+    ) -> std::collections::BTreeMap<String, crate::ebpf::Sample> {
+        Default::default()
+    }
+    fn name(&self) -> &'static str {
+        "following"
+    }
+    fn sync_cpus(&mut self, topo: &Topology) {
+        self.syncs.lock().unwrap().push(topo.online_cpus());
+    }
+    fn cpus_pending(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// CPU hotplug left the eBPF sampler blind on CPUs that came back online: the topology was
+/// rebuilt, but nothing told the sampler. A round's topology check now hands the rebuilt
+/// topology to the CPU-time source, and keeps doing so while the source misses a CPU (a failed
+/// attach to retry); otherwise it leaves the source alone.
+#[test]
+fn sampler_follows_cpu_hotplug() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
+    let root = tempfile::tempdir().unwrap();
+    copy_tree(&fixture, root.path());
+    let state = tempfile::tempdir().unwrap();
+    let before = sysfs::read(root.path()).unwrap();
+    let d = daemon(before.clone(), state.path(), Some(root.path()));
+    let syncs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut engine = Engine::new(
+        Cgroups::new(Mounts::default()),
+        Box::new(FollowingSource {
+            syncs: syncs.clone(),
+            pending: pending.clone(),
+        }),
+        Path::new("/proc"),
+    );
+    let adm = super::admission::Admission::new(
+        d.clone(),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+            Mounts::default(),
+        ))),
+    );
+    assert!(!engine.follow_topology(&adm));
+    assert!(!engine.follow_topology(&adm));
+    assert!(syncs.lock().unwrap().is_empty(), "nothing changed");
+
+    let (_, gone_cpus) = take_last_node_offline(root.path(), &before);
+    assert!(engine.follow_topology(&adm));
+    let after = d.lock().topo.online_cpus();
+    assert_eq!(*syncs.lock().unwrap(), vec![after.clone()]);
+    assert!(after.intersection(&gone_cpus).is_empty());
+
+    // A CPU the source could not attach: retried at every check until it is not pending.
+    pending.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(!engine.follow_topology(&adm));
+    assert!(!engine.follow_topology(&adm));
+    pending.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(!engine.follow_topology(&adm));
+    assert_eq!(
+        *syncs.lock().unwrap(),
+        vec![after.clone(), after.clone(), after]
+    );
+}
+
 /// Issue 13: the controller's times are on a clock that survives a restart. A move's cooldown
 /// started before the restart has, after it, what was left minus the time the restart took —
 /// not its whole length again (the old process-uptime clock restarted at 0, so every restored

@@ -1,8 +1,10 @@
 //! Loads the embedded eBPF object, fills `CONFIG` (tracepoint offsets from tracefs, task_struct
 //! offsets from BTF, periods) and `CPU_NODE` (from the topology), then loads and attaches each
 //! source, reporting it as available or skipped with the reason (the verifier log is logged in
-//! full when a program is refused).
-use std::collections::BTreeMap;
+//! full when a program is refused). Each perf_event program is attached on every online CPU or
+//! not at all; its per-CPU links are handed to `perfcpu::PerfCpus`, which keeps them in step
+//! with CPU hotplug afterwards (`write_cpu_node` refills `CPU_NODE` then).
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::{
     maps::Array,
@@ -19,6 +21,7 @@ use rebalancer_common::{ProgConfig, CFG_RUNQ_OFFSETS, CFG_TASK_OFFSETS, MAX_CPUS
 
 use super::{
     btf,
+    perfcpu::{PerfCpus, PerfGroup, PerfProg},
     pmu::{self, Event, EventPair, REMOTE_PERIOD},
     tracefs::{self, Tracefs},
     SourceStatus,
@@ -55,6 +58,8 @@ pub struct Loaded {
     pub pmu: Option<EventPair>,
     /// Period of the cpu-clock sampler (what one on-CPU sample credits).
     pub sample_period_ns: u64,
+    /// The attached perf_event programs' events per CPU.
+    pub perf: PerfCpus,
 }
 
 fn all_skipped(reason: &str) -> Loaded {
@@ -67,6 +72,7 @@ fn all_skipped(reason: &str) -> Loaded {
         reason_names: BTreeMap::new(),
         pmu: None,
         sample_period_ns: 0,
+        perf: PerfCpus::default(),
     }
 }
 
@@ -110,28 +116,30 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     let exact = both_on_cpu || cfg.on_cpu_source == OnCpuSource::Exact;
     // Why the run queue is not read although the sampler runs (its program did not load).
     let mut runq_lost = None;
+    let mut perf_groups = Vec::new();
     if sampled {
         let clock = || PerfEventConfig::Software(SoftwareEvent::CpuClock);
-        let attach =
-            |ebpf: &mut Ebpf, prog: &str| attach_perf_why(ebpf, prog, clock(), period_ns, &online);
+        let attach = |ebpf: &mut Ebpf, prog: &'static str| {
+            attach_perf_why(ebpf, prog, clock(), period_ns, &online)
+        };
         let r = if !cfg.run_queue {
             runq_lost =
                 Some("off (ebpf.run_queue = false): node pressure is the busy share".into());
             attach(&mut ebpf, "on_cpu_sample_norunq").map_err(PerfFailed::into_string)
         } else {
             match attach(&mut ebpf, "on_cpu_sample") {
-                Ok(()) => Ok(()),
+                Ok(p) => Ok(p),
                 // Loaded, but a perf event would not open: the program without the read
                 // would fail the same way.
                 Err(PerfFailed::Attach(e)) => Err(e),
                 // The verifier refused it (kernels without bpf_probe_read_kernel here):
                 // sample without the run-queue read.
                 Err(PerfFailed::Load(e)) => match attach(&mut ebpf, "on_cpu_sample_norunq") {
-                    Ok(()) => {
+                    Ok(p) => {
                         runq_lost = Some(format!(
                             "the cpu-clock program with the run-queue read did not load ({e}); sampling without it: node pressure is the busy share"
                         ));
-                        Ok(())
+                        Ok(p)
                     }
                     Err(e2) => Err(format!(
                         "{e}; without the run-queue read: {}",
@@ -140,10 +148,14 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
                 },
             }
         };
-        res.insert(
-            "on_cpu:cpu_clock",
-            r.map(|()| format!("software cpu-clock every {period_ns} ns per CPU")),
-        );
+        let r = r.map(|p| {
+            perf_groups.push(PerfGroup {
+                source: "on_cpu:cpu_clock",
+                progs: vec![p],
+            });
+            format!("software cpu-clock every {period_ns} ns per CPU")
+        });
+        res.insert("on_cpu:cpu_clock", r);
     } else {
         res.insert(
             "on_cpu:cpu_clock",
@@ -226,10 +238,16 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
         "dram_access:pmu",
         attached
             .as_ref()
-            .map(|()| pair.describe())
+            .map(|_| pair.describe())
             .map_err(|e| e.clone()),
     );
-    let pmu_pair = attached.ok().map(|()| pair);
+    let pmu_pair = attached.ok().map(|progs| {
+        perf_groups.push(PerfGroup {
+            source: "dram_access:pmu",
+            progs: progs.into(),
+        });
+        pair
+    });
 
     let statuses = SOURCES
         .iter()
@@ -246,6 +264,10 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
         reason_names,
         pmu: pmu_pair,
         sample_period_ns: period_ns,
+        perf: PerfCpus::new(
+            perf_groups,
+            online.iter().copied().collect::<BTreeSet<u32>>(),
+        ),
     }
 }
 
@@ -373,6 +395,12 @@ fn fill_maps(ebpf: &mut Ebpf, topo: &Topology, pc: &ProgConfig) -> Result<(), St
         .try_into()
         .map_err(|e| format!("CONFIG: {e}"))?;
     config.set(0, *pc, 0).map_err(|e| format!("CONFIG: {e}"))?;
+    write_cpu_node(ebpf, topo)
+}
+
+/// Writes `CPU_NODE` (CPU → node) for every CPU of `topo` with a node: at load, and again
+/// when CPUs went online or offline (the topology was rebuilt).
+pub(super) fn write_cpu_node(ebpf: &mut Ebpf, topo: &Topology) -> Result<(), String> {
     let mut cpu_node: Array<_, u32> = ebpf
         .map_mut("CPU_NODE")
         .ok_or("no CPU_NODE map")?
@@ -401,7 +429,7 @@ fn raise_memlock() {
 }
 
 /// `{e}` and its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -483,20 +511,27 @@ fn perf_config(e: Event) -> PerfEventConfig {
 /// Both DRAM events, or neither: a remote counter without the local one cannot give a ratio,
 /// so when the local side fails the remote program is not attached either (its links are
 /// dropped with the program when the remote side fails after the local one attached).
-fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<(), String> {
-    if let Err(e) = attach_perf(
+fn attach_pmu_pair(
+    ebpf: &mut Ebpf,
+    pair: &EventPair,
+    cpus: &[u32],
+) -> Result<[PerfProg; 2], String> {
+    let local = match attach_perf(
         ebpf,
         "local_mem_sample",
         perf_config(pair.local),
         pmu::LOCAL_PERIOD,
         cpus,
     ) {
-        return Err(format!(
-            "local-DRAM event {} ({}): {e}",
-            pair.local.describe(),
-            pair.why
-        ));
-    }
+        Ok(p) => p,
+        Err(e) => {
+            return Err(format!(
+                "local-DRAM event {} ({}): {e}",
+                pair.local.describe(),
+                pair.why
+            ))
+        }
+    };
     let remote = attach_perf(
         ebpf,
         "remote_mem_sample",
@@ -504,15 +539,17 @@ fn attach_pmu_pair(ebpf: &mut Ebpf, pair: &EventPair, cpus: &[u32]) -> Result<()
         REMOTE_PERIOD,
         cpus,
     );
-    if let Err(e) = remote {
-        detach_all(ebpf, "local_mem_sample");
-        return Err(format!(
-            "remote-DRAM event {} ({}): {e}; the local one is detached again (no ratio from one side)",
-            pair.remote.describe(),
-            pair.why
-        ));
+    match remote {
+        Ok(remote) => Ok([local, remote]),
+        Err(e) => {
+            detach_all(ebpf, "local_mem_sample");
+            Err(format!(
+                "remote-DRAM event {} ({}): {e}; the local one is detached again (no ratio from one side)",
+                pair.remote.describe(),
+                pair.why
+            ))
+        }
     }
-    Ok(())
 }
 
 /// Unloads a perf_event program (its perf links go with it).
@@ -543,22 +580,23 @@ impl PerfFailed {
 
 fn attach_perf(
     ebpf: &mut Ebpf,
-    prog: &str,
+    prog: &'static str,
     config: PerfEventConfig,
     period: u64,
     cpus: &[u32],
-) -> Result<(), String> {
+) -> Result<PerfProg, String> {
     attach_perf_why(ebpf, prog, config, period, cpus).map_err(PerfFailed::into_string)
 }
 
-/// Loads `prog` and attaches it on every CPU of `cpus`, or leaves it unloaded.
+/// Loads `prog` and attaches it on every CPU of `cpus` (its links per CPU returned), or leaves
+/// it unloaded.
 fn attach_perf_why(
     ebpf: &mut Ebpf,
-    prog: &str,
+    prog: &'static str,
     config: PerfEventConfig,
     period: u64,
     cpus: &[u32],
-) -> Result<(), PerfFailed> {
+) -> Result<PerfProg, PerfFailed> {
     let p: &mut PerfEvent = ebpf
         .program_mut(prog)
         .ok_or_else(|| PerfFailed::Load(format!("program {prog} missing")))?
@@ -569,16 +607,18 @@ fn attach_perf_why(
     let attached = if cpus.is_empty() {
         Err("no online CPUs in the topology".to_string())
     } else {
-        cpus.iter().try_for_each(|&cpu| {
-            p.attach(
-                config,
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Period(period),
-                false,
-            )
-            .map(|_| ())
-            .map_err(|e| format!("perf_event_open on CPU {cpu}: {}", error_chain(&e)))
-        })
+        cpus.iter()
+            .map(|&cpu| {
+                p.attach(
+                    config,
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period),
+                    false,
+                )
+                .map(|id| (cpu, id))
+                .map_err(|e| format!("perf_event_open on CPU {cpu}: {}", error_chain(&e)))
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
     };
     // All or nothing: a program attached to some CPUs only would sample part of the machine
     // while its source reads as failed. Unloading takes its links with it.
@@ -587,5 +627,7 @@ fn attach_perf_why(
             tracing::warn!(program = prog, error = %e, "unloading failed");
         }
     }
-    attached.map_err(PerfFailed::Attach)
+    attached
+        .map(|links| PerfProg::new(prog, config, period, links))
+        .map_err(PerfFailed::Attach)
 }

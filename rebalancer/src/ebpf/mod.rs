@@ -7,10 +7,22 @@
 //! - `tracefs`: format-file parsing (tracepoint field offsets differ between kernels).
 //! - `btf`: task_struct member offsets from kernel BTF for the raw migration tracepoint.
 //! - `loader`: loads the object, fills the config maps, attaches each source and reports it.
+//! - `perfcpu`: the perf_event programs' events per CPU, kept in step with CPU hotplug.
 //! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
 //!   ids to paths, deletes entries of vanished cgroups.
 //! - `steal`: takes hypervisor steal time out of on-CPU time (both sources count wall time).
 //! - `runq`: run-queue pressure per node from the run-queue lengths the cpu-clock samples read.
+//!
+//! CPU hotplug: the perf_event programs (cpu-clock sampler, DRAM pair) sample a CPU only through
+//! an event opened on it, and the kernel drops a CPU's events when it goes offline and does not
+//! bring them back when it returns. The daemon calls [`Sampler::sync_cpus`] with each rebuilt
+//! topology (and each round while a CPU still lacks its events): it rewrites `CPU_NODE`, closes
+//! the events of CPUs gone offline and opens them on CPUs (back) online, CPU by CPU — a CPU that
+//! fails is logged and retried, the others keep sampling. A CPU that went offline and back
+//! between two topology checks is found by its cpu-clock count standing still (`perfcpu`).
+//! Userspace per-CPU state tolerates CPUs coming and going: run-queue and steal readings skip
+//! CPUs absent from a reading or without enough samples, per-CPU maps are sized for every
+//! possible CPU.
 //!
 //! Without eBPF (not root, old kernel, `ebpf.enabled = false`, or built with
 //! `REBALANCER_NO_EBPF=1`) [`Sampler::start`] returns no sampler and every source as skipped
@@ -22,6 +34,7 @@ use serde::Serialize;
 pub mod batch;
 pub mod btf;
 pub mod loader;
+pub mod perfcpu;
 pub mod pmu;
 pub mod probe;
 pub mod runq;

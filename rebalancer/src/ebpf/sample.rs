@@ -17,6 +17,7 @@ use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
 use super::{
     loader,
+    perfcpu::{PerfCpus, SyncReport},
     pmu::{self, EventPair},
     probe,
     steal::{CpuReading, OnCpuClock, StealCorrection},
@@ -217,6 +218,13 @@ pub struct Sampler {
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
     steal: StealCorrection,
+    /// The perf_event programs' events per CPU (see [`Sampler::sync_cpus`]).
+    perf: PerfCpus,
+}
+
+/// Nodes of `topo` with CPUs.
+fn cpu_nodes(topo: &Topology) -> usize {
+    topo.nodes.iter().filter(|n| !n.cpus.is_empty()).count()
 }
 
 impl Sampler {
@@ -293,7 +301,7 @@ impl Sampler {
             .iter()
             .filter_map(|c| Some((c.id, c.node?)))
             .collect();
-        let cpu_nodes = topo.nodes.iter().filter(|n| !n.cpus.is_empty()).count();
+        let cpu_nodes = cpu_nodes(topo);
         let mut s = Sampler {
             ebpf,
             logger,
@@ -310,11 +318,52 @@ impl Sampler {
             stale: 0,
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
+            perf: loaded.perf,
         };
         // The first interval starts now (the reading needs the loaded STATS map).
         s.steal.reset(s.cpu_reading());
         s.refresh_paths();
         (Some(s), statuses)
+    }
+
+    /// Brings the sampler in step with a rebuilt topology (CPUs or nodes went online or
+    /// offline): `CPU_NODE` and the CPU → node map rewritten for its CPUs, the perf events of
+    /// CPUs no longer online closed, events opened on online CPUs without them (and on CPUs
+    /// found dead: see [`super::perfcpu`]). A CPU that fails is logged and tried again at the
+    /// next call ([`Sampler::cpus_pending`]); the others keep sampling.
+    pub fn sync_cpus(&mut self, topo: &Topology) -> SyncReport {
+        if let Err(e) = loader::write_cpu_node(&mut self.ebpf, topo) {
+            tracing::warn!(error = %e, "CPU_NODE not updated: migrations on the new CPUs are attributed to node 0");
+        }
+        // CPUs gone offline keep their node: exact mode's pending time of such a CPU is
+        // still folded.
+        for c in &topo.cpus {
+            if let Some(n) = c.node {
+                self.cpu_node.insert(c.id, n);
+            }
+        }
+        self.cpu_nodes = cpu_nodes(topo);
+        let online = topo.online_cpus().iter().collect();
+        let report = self.perf.sync(&mut self.ebpf, &online);
+        if !report.attached.is_empty() || !report.detached.is_empty() {
+            tracing::info!(
+                opened = ?report.attached,
+                closed = ?report.detached,
+                sampled_cpus = %self.sampled_cpus(),
+                "perf events follow the online CPUs"
+            );
+        }
+        report
+    }
+
+    /// Some online CPU still lacks its perf events (a failed open to retry), or was found dead.
+    pub fn cpus_pending(&self) -> bool {
+        self.perf.pending()
+    }
+
+    /// CPUs with every attached perf_event program's event.
+    pub fn sampled_cpus(&self) -> crate::cpuset::CpuSet {
+        self.perf.attached_cpus().into_iter().collect()
     }
 
     /// The cgroup v2 mount the ids refer to, if any.
@@ -344,6 +393,9 @@ impl Sampler {
         self.refresh_paths();
         let raw = self.read_raw()?;
         let reading = self.cpu_reading();
+        if let Some(r) = &reading {
+            self.perf.check_clock(&r.samples, std::time::Instant::now());
+        }
         let (deleted, stale) = if self.paths.is_empty() {
             (0, 0)
         } else {

@@ -109,6 +109,14 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "hotplug",
+        about: "a CPU taken offline and back online is sampled by the daemon's eBPF sampler again",
+        timeout_s: 300,
+        default: true,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "round-latency",
         about: "admission and /healthz latency while a round migrates 1 GiB (--node-mem-mib 1536)",
         timeout_s: 240,
