@@ -408,7 +408,16 @@ impl Cgroups {
                 return self.walk(c, "");
             }
             match fs::symlink_metadata(root.join(&start)) {
-                Ok(m) if m.is_dir() => out.extend(self.walk(c, r)?),
+                Ok(m) if m.is_dir() => match self.walk(c, r) {
+                    Ok(v) => out.extend(v),
+                    // Removed since it was looked at: a root that does not exist.
+                    Err(CgroupError::Io { source, .. })
+                        if matches!(
+                            source.raw_os_error(),
+                            Some(libc::ENOENT) | Some(libc::ENODEV)
+                        ) => {}
+                    Err(e) => return Err(e),
+                },
                 Ok(_) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
                 Err(source) => {
@@ -441,6 +450,13 @@ impl Cgroups {
                         && matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) =>
                 {
                     continue
+                }
+                // A directory below the start its owner closed (a tenant's `chmod 700` in its
+                // delegated cgroup; the daemon has no CAP_DAC_READ_SEARCH): listed, not
+                // descended into, so it cannot fail the walk of everyone else's.
+                Err(e) if r != first && e.raw_os_error() == Some(libc::EACCES) => {
+                    out.push(format!("/{}", r.display()));
+                    continue;
                 }
                 Err(source) => return Err(CgroupError::Io { path: dir, source }),
             };

@@ -564,7 +564,7 @@ impl Engine {
 
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
     /// below a configured root. Paths are relative, without a leading '/'.
-    pub fn managed(&self, cfg: &Config) -> Vec<String> {
+    pub fn managed(&self, cfg: &Config) -> Option<Vec<String>> {
         // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
         // delegated subtrees, any number of cgroups) is never managed, so never walked.
         let mut roots = Vec::new();
@@ -575,8 +575,8 @@ impl Engine {
         let all = match self.cgroups.walk_roots(Controller::Cpuset, &roots) {
             Ok(all) => all,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot walk the cpuset hierarchy: this round manages nothing");
-                return Vec::new();
+                tracing::warn!(error = %e, "cannot walk the cpuset hierarchy: this round is skipped");
+                return None;
             }
         };
         all.into_iter()
@@ -595,7 +595,8 @@ impl Engine {
                     _ => false,
                 }
             })
-            .collect()
+            .collect::<Vec<String>>()
+            .into()
     }
 
     fn node_obs(&mut self, cfg: &Config, topo: &Topology) -> BTreeMap<u32, NodeObs> {
@@ -765,7 +766,11 @@ impl Engine {
                 s.state.allocator.reserved_cpus.clone(),
             )
         };
-        let managed = self.managed(&cfg);
+        // A hierarchy that cannot be walked is no round: observing "no cgroups" would forget
+        // every cgroup's cooldown, staging and CPU-time baseline.
+        let Some(managed) = self.managed(&cfg) else {
+            return 0;
+        };
         let applier = self.applier.get_or_insert_with(|| {
             let (cgroups, runtime) = (self.cgroups.clone(), self.runtime.clone());
             super::apply::Applier::new(

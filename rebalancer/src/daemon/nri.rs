@@ -349,14 +349,16 @@ pub struct Policy {
     /// What the runtime's containers were given, and the unsolicited updates to send (the
     /// shared pool growing after a RemoveContainer; the other threads' changes).
     runtime: Arc<Runtime>,
-    /// The `nri` health component (the plugin thread only): beaten while registered, so a
-    /// plugin not registered for [`NRI_MAX_UNREGISTERED`] (a runtime that refuses it, a socket
-    /// that never answers), or a thread that died, shows in /healthz.
+    /// The `nri` health component (the plugin thread only): beaten while registered and while
+    /// no runtime listens, so a plugin a listening runtime does not register for
+    /// [`NRI_MAX_UNREGISTERED`] (refused, never answered), or a thread that died, shows in
+    /// /healthz.
     health: Option<crate::health::Reporter>,
 }
 
-/// How long the plugin may go without being registered with the runtime before its health
-/// component counts as dead (a runtime restart takes seconds; past this, nothing is admitted).
+/// How long the plugin may go without being registered with a runtime that accepts its
+/// connection before its health component counts as dead (a socket that is absent or refuses
+/// connections — the runtime stopped — is waited for without counting).
 pub const NRI_MAX_UNREGISTERED: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Drop for Policy {
@@ -1073,6 +1075,12 @@ impl Handler for Policy {
         if let Some(h) = &self.health {
             h.beat();
         }
+    }
+
+    fn runtime_absent(&mut self) {
+        // The runtime is stopped or restarting: nothing to admit through, nothing stuck. Only a
+        // runtime that accepts the connection and never registers the plugin counts as silence.
+        self.alive();
     }
 
     fn connection(&mut self, up: bool) {

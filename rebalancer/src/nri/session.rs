@@ -74,6 +74,9 @@ pub trait Handler {
     /// Registered and serving: called at every turn of the session's loop (every message, and
     /// at least every 25 ms while idle), for liveness.
     fn alive(&mut self) {}
+    /// No runtime listens on the socket (absent, or refusing connections): called at each
+    /// failed attempt, so waiting for a stopped runtime is not taken for a stuck plugin.
+    fn runtime_absent(&mut self) {}
 }
 
 /// Why a session ended.
@@ -385,6 +388,20 @@ pub fn run(opts: &Options, h: &mut dyn Handler, stop: &AtomicBool) {
         let t0 = Instant::now();
         match run_once(opts, h, stop) {
             Ok(()) => return,
+            // No runtime there (stopped, restarting): waiting for it is not a plugin failure.
+            Err(SessionError::Connect { err, .. })
+                if matches!(
+                    err.kind(),
+                    ErrorKind::NotFound | ErrorKind::ConnectionRefused
+                ) =>
+            {
+                h.runtime_absent();
+                let msg = format!("connecting to the NRI socket: {err}");
+                if msg != last_err {
+                    tracing::warn!(error = %msg, socket = %opts.socket.display(), "NRI runtime not there; reconnecting with backoff");
+                    last_err = msg;
+                }
+            }
             Err(e) => {
                 let msg = e.to_string();
                 if msg != last_err {
@@ -425,6 +442,7 @@ mod tests {
         timed_out: bool,
         down: bool,
         sent: bool,
+        absent: u32,
     }
 
     impl Handler for Plugin {
@@ -468,6 +486,34 @@ mod tests {
         fn connection(&mut self, up: bool) {
             self.down |= !up;
         }
+        fn runtime_absent(&mut self) {
+            self.absent += 1;
+        }
+    }
+
+    /// No runtime at the socket: each failed attempt tells the handler (its health waits for
+    /// the runtime rather than counting the silence), and nothing else is called.
+    #[test]
+    fn an_absent_runtime_is_told_to_the_handler_at_each_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            socket: dir.path().join("nri.sock"),
+            name: "t".into(),
+            index: "00".into(),
+            update_deadline: Duration::from_secs(1),
+        };
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let t = std::thread::spawn(move || {
+            let mut p = Plugin::default();
+            run(&opts, &mut p, &s2);
+            p
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        let p = t.join().unwrap();
+        assert!(p.absent >= 2, "{}", p.absent);
+        assert!(!p.down && !p.sent);
     }
 
     /// N3: a runtime that answers the registration but never the plugin's UpdateContainers

@@ -1,5 +1,5 @@
-//! The cgroup watcher: inotify on the cpuset hierarchy's managed roots (the Kubernetes kubepods
-//! tree and the configured roots), so a new container cgroup is admitted and its cpuset written
+//! The cgroup watcher: inotify on kubelet's cgroup tree in the cpuset hierarchy (its root, QoS
+//! tiers and pods: see [`Scope`]), so a new container cgroup is admitted and its cpuset written
 //! within milliseconds of its appearance, and a removed one is released — with any runtime
 //! (containerd, CRI-O, podman, systemd), without configuring the runtime.
 //!
