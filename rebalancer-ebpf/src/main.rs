@@ -1,5 +1,6 @@
 //! rebalancer's eBPF programs. Entry points are thin; logic lives in `try_*` functions in the
-//! modules below; every map is per-CPU (summed and diffed, saturating, in userspace).
+//! modules below; the per-cgroup counters are shared LRU maps updated with atomic adds (see
+//! `maps`), diffed (saturating) in userspace.
 //!
 //! - `on_cpu_sample` (perf_event, software cpu-clock at `ebpf.sample_hz` per CPU): on-CPU time
 //!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate —
@@ -15,6 +16,7 @@
 //!   events): sampled local and remote memory accesses.
 #![no_std]
 #![no_main]
+#![feature(asm_experimental_arch)]
 
 mod maps;
 mod memory;

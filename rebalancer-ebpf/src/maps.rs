@@ -1,25 +1,33 @@
 //! Maps shared by every program, and the small helpers that update them.
+//!
+//! The per-cgroup counters are shared LRU hash maps updated with atomic adds, not per-CPU
+//! maps: a per-CPU LRU map preallocates every entry's value on every *possible* CPU (16,384 ×
+//! 88 bytes × 256 CPUs is 369 MB, charged to the daemon's memory cgroup), while these take a
+//! few MB whatever the machine. An entry is created with `BPF_NOEXIST`; a program that loses
+//! the race to create it adds into the winner's entry, so no count is overwritten.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
 };
 use rebalancer_common::{
     CgEvents, CgNodeKey, CgReasonKey, ProgConfig, Stat, SwitchState, CG_MAP_ENTRIES, MAX_CPUS,
     RUNQ_SLOTS,
 };
 
+/// `BPF_NOEXIST` of `bpf_map_update_elem`.
+const BPF_NOEXIST: u64 = 1;
+
 /// On-CPU nanoseconds per (cgroup id, node). Userspace may resize it at load time.
 #[map]
-pub static CPU_TIME: LruPerCpuHashMap<CgNodeKey, u64> =
-    LruPerCpuHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+pub static CPU_TIME: LruHashMap<CgNodeKey, u64> = LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
 /// Event counters per (cgroup id, node).
 #[map]
-pub static EVENTS: LruPerCpuHashMap<CgNodeKey, CgEvents> =
-    LruPerCpuHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+pub static EVENTS: LruHashMap<CgNodeKey, CgEvents> =
+    LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
 /// Pages migrated per (cgroup id, migrate reason).
 #[map]
-pub static MIGRATE_REASONS: LruPerCpuHashMap<CgReasonKey, u64> =
-    LruPerCpuHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+pub static MIGRATE_REASONS: LruHashMap<CgReasonKey, u64> =
+    LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
 /// Exact-mode state of each CPU.
 #[map]
 pub static SWITCH_STATE: PerCpuArray<SwitchState> = PerCpuArray::with_max_entries(1, 0);
@@ -67,7 +75,62 @@ pub fn cpu_node(cpu: u32) -> Option<u32> {
     CPU_NODE.get(cpu).copied()
 }
 
-/// Adds `ns` to the on-CPU time of (cgroup, node): lookup, then insert only when missing.
+/// Adds `v` to the counter at `p` atomically (other CPUs add into the same entry): BPF's
+/// `lock xadd` (BPF_ATOMIC | BPF_ADD, in every eBPF kernel). core's atomics have no
+/// read-modify-write on this target (no CAS), hence the instruction itself.
+#[inline(always)]
+fn add(p: *mut u64, v: u64) {
+    if v != 0 {
+        // SAFETY: `p` points into a map value (8-byte aligned, alive while the program runs);
+        // the instruction writes only those 8 bytes.
+        unsafe {
+            core::arch::asm!(
+                "lock *(u64 *)({p} + 0) += {v}",
+                p = in(reg) p,
+                v = in(reg) v,
+                options(nostack)
+            )
+        };
+    }
+}
+
+/// Adds every field of `d` into the counters at `p`.
+#[inline(always)]
+fn add_events(p: *mut CgEvents, d: &CgEvents) {
+    // SAFETY: field pointers of a valid map value.
+    unsafe {
+        add(&raw mut (*p).migrations, d.migrations);
+        add(&raw mut (*p).cross_node_migrations, d.cross_node_migrations);
+        add(&raw mut (*p).numa_moves, d.numa_moves);
+        add(&raw mut (*p).numa_stuck, d.numa_stuck);
+        add(&raw mut (*p).pages_migrated, d.pages_migrated);
+        add(&raw mut (*p).local_faults, d.local_faults);
+        add(&raw mut (*p).remote_faults, d.remote_faults);
+        add(&raw mut (*p).remote_events, d.remote_events);
+        add(&raw mut (*p).local_events, d.local_events);
+    }
+}
+
+/// Adds `v` to the u64 counter of `key` in `map`, creating the entry when missing.
+macro_rules! add_to {
+    ($map:expr, $key:expr, $v:expr) => {{
+        let (key, v) = ($key, $v);
+        match $map.get_ptr_mut(&key) {
+            Some(p) => add(p, v),
+            None => {
+                if $map.insert(&key, &v, BPF_NOEXIST).is_err() {
+                    // Another CPU created it meanwhile (or the map is refusing): add into it.
+                    match $map.get_ptr_mut(&key) {
+                        Some(p) => add(p, v),
+                        None => bump(Stat::MapUpdateFailed),
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// Adds `ns` to the on-CPU time of (cgroup, node).
 #[inline(always)]
 pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
     let key = CgNodeKey {
@@ -75,17 +138,10 @@ pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
         node,
         _pad: 0,
     };
-    match CPU_TIME.get_ptr_mut(&key) {
-        Some(p) => unsafe { *p += ns },
-        None => {
-            if CPU_TIME.insert(&key, &ns, 0).is_err() {
-                bump(Stat::MapUpdateFailed);
-            }
-        }
-    }
+    add_to!(CPU_TIME, key, ns);
 }
 
-/// Applies `f` to the event counters of (cgroup, node), creating them when missing.
+/// Adds what `f` counts to the event counters of (cgroup, node), creating them when missing.
 #[inline(always)]
 pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
     let key = CgNodeKey {
@@ -93,13 +149,16 @@ pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
         node,
         _pad: 0,
     };
+    let mut d = CgEvents::default();
+    f(&mut d);
     match EVENTS.get_ptr_mut(&key) {
-        Some(p) => f(unsafe { &mut *p }),
+        Some(p) => add_events(p, &d),
         None => {
-            let mut v = CgEvents::default();
-            f(&mut v);
-            if EVENTS.insert(&key, &v, 0).is_err() {
-                bump(Stat::MapUpdateFailed);
+            if EVENTS.insert(&key, &d, BPF_NOEXIST).is_err() {
+                match EVENTS.get_ptr_mut(&key) {
+                    Some(p) => add_events(p, &d),
+                    None => bump(Stat::MapUpdateFailed),
+                }
             }
         }
     }
@@ -113,14 +172,7 @@ pub fn add_reason_pages(cgroup_id: u64, reason: u32, pages: u64) {
         reason,
         _pad: 0,
     };
-    match MIGRATE_REASONS.get_ptr_mut(&key) {
-        Some(p) => unsafe { *p += pages },
-        None => {
-            if MIGRATE_REASONS.insert(&key, &pages, 0).is_err() {
-                bump(Stat::MapUpdateFailed);
-            }
-        }
-    }
+    add_to!(MIGRATE_REASONS, key, pages);
 }
 
 /// NUMA node of the CPU this program runs on.

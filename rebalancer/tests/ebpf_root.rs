@@ -201,6 +201,33 @@ fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
     check_mode(OnCpuSource::Exact);
 }
 
+/// The per-cgroup maps are shared LRU hash maps (BPF_MAP_TYPE_LRU_HASH = 9), not per-CPU
+/// ones (LRU_PERCPU_HASH = 10): a per-CPU LRU map preallocates every entry on every possible
+/// CPU, 369 MB at 256 CPUs, more than the daemon's memory limit. Their memory (the kernel's
+/// `memlock`) stays within a bound that does not depend on the number of CPUs.
+#[test]
+fn per_cgroup_maps_do_not_grow_with_the_cpus() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let maps = sampler.map_footprint();
+    let names: Vec<&str> = maps.iter().map(|m| m.0).collect();
+    assert_eq!(names, ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"], "{maps:?}");
+    let per_entry_bound = 16 + std::mem::size_of::<rebalancer_common::CgEvents>() as u64 + 128;
+    for (name, map_type, memlock) in &maps {
+        assert_eq!(*map_type, 9, "{name} is a shared LRU hash map: {maps:?}");
+        assert!(
+            *memlock <= u64::from(rebalancer_common::CG_MAP_ENTRIES) * per_entry_bound,
+            "{name}: {memlock} bytes"
+        );
+    }
+    eprintln!("per-cgroup maps (name, type, memlock bytes): {maps:?}");
+}
+
 /// Reading 10,000 cgroups' entries (one CPU_TIME entry per node + one EVENTS entry each),
 /// filled from userspace: reports the time of one read (map iteration) and of the fold.
 #[test]

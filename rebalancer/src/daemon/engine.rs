@@ -33,13 +33,17 @@ use super::{admission::Admission, Daemon};
 
 /// Where per-node CPU time (and the kernel's migration / NUMA counters) of each cgroup come from.
 pub trait CpuTimeSource: Send {
-    /// Cumulative samples for each managed cgroup (keys are relative cgroup paths).
+    /// Cumulative samples of the managed cgroups this read found (keys are relative cgroup
+    /// paths). A cgroup left out was not read this time (its counts are not known to be 0):
+    /// the round carries its previous reading forward. None: the read failed as a whole, and
+    /// the round is skipped rather than seeing every cgroup idle and, next time, every count
+    /// since the start as one period's.
     fn cumulative(
         &mut self,
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
-    ) -> BTreeMap<String, Sample>;
+    ) -> Option<BTreeMap<String, Sample>>;
     fn name(&self) -> &'static str;
     /// Entries in the eBPF per-cgroup maps after the last read, and how many of them belong
     /// to cgroups already gone (None without eBPF).
@@ -71,6 +75,18 @@ pub trait CpuTimeSource: Send {
 pub struct EbpfCpuTime {
     pub sampler: crate::ebpf::Sampler,
     pub fallback: Option<ProcCpuTime>,
+    /// Every cgroup's CPU time from /proc, the other counters from eBPF: no on-CPU program
+    /// attached (both refused, or a CPU went offline during the first attach), and the maps
+    /// would read 0 CPU for every workload for good.
+    pub cpu_from_proc: Option<ProcCpuTime>,
+}
+
+/// Whether the eBPF sources that attached count CPU time (`on_cpu:*`): without one, CPU time
+/// must come from /proc (see [`EbpfCpuTime::cpu_from_proc`]).
+pub fn ebpf_counts_cpu(statuses: &[crate::ebpf::SourceStatus]) -> bool {
+    statuses
+        .iter()
+        .any(|s| s.available && s.name.starts_with("on_cpu:"))
 }
 
 impl CpuTimeSource for EbpfCpuTime {
@@ -79,12 +95,12 @@ impl CpuTimeSource for EbpfCpuTime {
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
-    ) -> BTreeMap<String, Sample> {
+    ) -> Option<BTreeMap<String, Sample>> {
         let all = match self.sampler.read() {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(error = %e, "reading the eBPF maps failed");
-                BTreeMap::new()
+                tracing::warn!(error = %e, "reading the eBPF maps failed: this round is skipped");
+                return None;
             }
         };
         let mut out = BTreeMap::new();
@@ -92,19 +108,30 @@ impl CpuTimeSource for EbpfCpuTime {
         for cg in managed {
             match cgroups.cgroup_id(cg) {
                 Ok(id) => {
-                    out.insert(cg.clone(), all.get(&id).cloned().unwrap_or_default());
+                    // No entry: not sampled yet, or its entries were evicted or its id not
+                    // resolved at this read; left out, not read as 0.
+                    if let Some(s) = all.get(&id) {
+                        out.insert(cg.clone(), s.clone());
+                    }
                 }
                 Err(_) => rest.push(cg.clone()),
             }
         }
-        if let Some(proc) = &mut self.fallback {
-            out.extend(proc.cumulative(cgroups, &rest, topo));
+        if let Some(proc) = &mut self.cpu_from_proc {
+            let found: Vec<String> = out.keys().cloned().collect();
+            let cpu = proc.cumulative(cgroups, &found, topo)?;
+            for (cg, s) in &mut out {
+                s.cpu_ns = cpu.get(cg).map(|c| c.cpu_ns.clone()).unwrap_or_default();
+            }
         }
-        out
+        if let Some(proc) = &mut self.fallback {
+            out.extend(proc.cumulative(cgroups, &rest, topo)?);
+        }
+        Some(out)
     }
 
     fn name(&self) -> &'static str {
-        if self.fallback.is_some() {
+        if self.fallback.is_some() || self.cpu_from_proc.is_some() {
             "ebpf+procfs"
         } else {
             "ebpf"
@@ -129,6 +156,23 @@ impl CpuTimeSource for EbpfCpuTime {
 
     fn cpus_pending(&self) -> bool {
         self.sampler.cpus_pending()
+    }
+}
+
+/// Gives each managed cgroup a read did not find its previous reading: a zero period now,
+/// and the right baseline for the next (a missing cgroup read as 0 would make its next period
+/// everything counted since the sampler started).
+pub fn carry_forward(
+    now: &mut BTreeMap<String, Sample>,
+    prev: &BTreeMap<String, Sample>,
+    managed: &[String],
+) {
+    for cg in managed {
+        if !now.contains_key(cg) {
+            if let Some(p) = prev.get(cg) {
+                now.insert(cg.clone(), p.clone());
+            }
+        }
     }
 }
 
@@ -158,7 +202,7 @@ impl CpuTimeSource for ProcCpuTime {
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
-    ) -> BTreeMap<String, Sample> {
+    ) -> Option<BTreeMap<String, Sample>> {
         let mut seen = BTreeSet::new();
         for cg in managed {
             let pids = cgroups.procs(Controller::Cpuset, cg).unwrap_or_default();
@@ -179,7 +223,7 @@ impl CpuTimeSource for ProcCpuTime {
         }
         self.last.retain(|k, _| seen.contains(k));
         self.totals.retain(|cg, _| managed.contains(cg));
-        self.totals.clone()
+        Some(self.totals.clone())
     }
 
     fn name(&self) -> &'static str {
@@ -789,7 +833,11 @@ impl Engine {
         // round's budget (a rate: event rounds get no fresh budget).
         let (moving, _) = applier.in_flight();
         let budget_used = applier.budget_used();
-        let cumulative = self.cpu_source.cumulative(&self.cgroups, &managed, &topo);
+        let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &managed, &topo)
+        else {
+            return 0;
+        };
+        carry_forward(&mut cumulative, &self.prev, &managed);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(d, &why);
         }

@@ -408,8 +408,8 @@ impl super::engine::CpuTimeSource for FollowingSource {
         _: &Cgroups,
         _: &[String],
         _: &Topology,
-    ) -> std::collections::BTreeMap<String, crate::ebpf::Sample> {
-        Default::default()
+    ) -> Option<std::collections::BTreeMap<String, crate::ebpf::Sample>> {
+        Some(Default::default())
     }
     fn name(&self) -> &'static str {
         "following"
@@ -666,4 +666,65 @@ fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart(
     let keys: Vec<&str> = restored.allocator.pods.keys().map(|k| k.as_str()).collect();
     assert_eq!(keys, ["api-pod", "p1/aaaaaaaaaaaa"]);
     assert_eq!(restored.allocator.exclusive_cpus().len(), 2);
+}
+
+/// helper-15: a read that missed a cgroup (its id not resolved at that read, or entries
+/// evicted) gave it 0, which became the baseline: the next period's CPU time was everything
+/// since the sampler started (10 s read as one 2 s period: 5 CPUs of demand that never was).
+/// A cgroup a read did not find now keeps its previous reading.
+#[test]
+fn a_cgroup_a_read_missed_keeps_its_baseline() {
+    let sample = |ns: u64| crate::ebpf::Sample {
+        cpu_ns: [(0u32, ns)].into_iter().collect(),
+        ..Default::default()
+    };
+    let managed = vec!["pod/a".to_string(), "pod/b".to_string()];
+    let mut prev: std::collections::BTreeMap<String, crate::ebpf::Sample> = Default::default();
+    let mut periods = Vec::new();
+    let reads: [&[(&str, u64)]; 3] = [
+        &[("pod/a", 10_000_000_000), ("pod/b", 5_000_000_000)],
+        &[("pod/b", 5_100_000_000)],
+        &[("pod/a", 10_100_000_000), ("pod/b", 5_200_000_000)],
+    ];
+    for read in reads {
+        let mut now: std::collections::BTreeMap<String, crate::ebpf::Sample> = read
+            .iter()
+            .map(|(cg, ns)| (cg.to_string(), sample(*ns)))
+            .collect();
+        super::engine::carry_forward(&mut now, &prev, &managed);
+        let a = now
+            .get("pod/a")
+            .cloned()
+            .unwrap_or_default()
+            .delta(prev.get("pod/a").unwrap_or(&Default::default()));
+        periods.push(a.total_cpu_ns());
+        prev = now;
+    }
+    assert_eq!(periods, [10_000_000_000, 0, 100_000_000]);
+}
+
+/// helper-15: with every on-CPU program refused (or a CPU offline during the first attach)
+/// and only the tracepoints attached, the daemon took CPU time from the eBPF maps, which
+/// then read 0 for every workload for good. CPU time now comes from /proc unless an `on_cpu:`
+/// source attached.
+#[test]
+fn without_an_on_cpu_program_cpu_time_comes_from_proc() {
+    let st = |name: &str, available: bool| crate::ebpf::SourceStatus {
+        name: name.into(),
+        available,
+        reason: String::new(),
+    };
+    let tracepoints_only = [
+        st("on_cpu:cpu_clock", false),
+        st("on_cpu:sched_switch", false),
+        st("sched_migrate_task", true),
+        st("mm_migrate_pages", true),
+    ];
+    assert!(!super::engine::ebpf_counts_cpu(&tracepoints_only));
+    let mut sampled = tracepoints_only.clone();
+    sampled[0].available = true;
+    assert!(super::engine::ebpf_counts_cpu(&sampled));
+    let mut exact = tracepoints_only;
+    exact[1].available = true;
+    assert!(super::engine::ebpf_counts_cpu(&exact));
 }

@@ -507,16 +507,22 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
         .hierarchy(crate::cgroup::Controller::Cpuset)
         .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
     let unified = cgroups.mounts().v2.is_some();
+    let cpu_from_proc = (sampler.is_some() && !engine::ebpf_counts_cpu(&statuses)).then(|| {
+        tracing::warn!("no eBPF on-CPU source attached: per-cgroup CPU time comes from /proc, the other counters from eBPF");
+        engine::ProcCpuTime::new("/proc".as_ref())
+    });
     match sampler {
         Some(sampler) if v2 => Box::new(engine::EbpfCpuTime {
             sampler,
             fallback: None,
+            cpu_from_proc,
         }),
         Some(sampler) if unified => {
             tracing::info!("cpuset is on cgroup v1 here and eBPF ids are v2 ids: cgroups with a twin in the unified hierarchy (as runc makes them) are read from eBPF, the others from /proc");
             Box::new(engine::EbpfCpuTime {
                 sampler,
                 fallback: Some(engine::ProcCpuTime::new("/proc".as_ref())),
+                cpu_from_proc,
             })
         }
         Some(_) => {

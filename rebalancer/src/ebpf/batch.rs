@@ -1,8 +1,10 @@
-//! Batched reads of per-CPU hash maps: `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+) through the map's
-//! fd, one syscall per chunk of entries instead of one get_next_key + one lookup per entry
-//! (aya 0.14 has no API for batch operations). [`read_percpu`] returns `Ok(None)` when the
-//! kernel does not know the command, so the caller falls back to aya's per-entry iteration.
-//! The decoding of the kernel's buffers is pure ([`decode`]) and unit-tested.
+//! Batched reads of hash maps: `BPF_MAP_LOOKUP_BATCH` (Linux 5.6+) through the map's fd, one
+//! syscall per chunk of entries instead of one get_next_key + one lookup per entry (aya 0.14
+//! has no API for batch operations). [`read_hash`] returns `Ok(None)` when the kernel does not
+//! know the command, so the caller falls back to aya's per-entry iteration, which can return a
+//! key twice (the kernel restarts from the first bucket when the current key was evicted):
+//! [`last_per_key`] keeps one value per key. The decoding of the kernel's buffers is pure
+//! ([`decode`]) and unit-tested.
 
 use std::{io, mem::size_of, os::fd::AsRawFd, os::fd::BorrowedFd};
 
@@ -29,49 +31,33 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Size of one CPU's slot of a per-CPU value: the kernel rounds each up to 8 bytes.
-pub const fn percpu_stride<V>() -> usize {
-    size_of::<V>().div_ceil(8) * 8
-}
-
-/// Decodes `n` keys and per-CPU values (`ncpus` slots of [`percpu_stride`] bytes each) from
-/// the kernel's buffers.
-pub fn decode<K: Pod, V: Pod>(
-    keys: &[u8],
-    values: &[u8],
-    n: usize,
-    ncpus: usize,
-) -> Vec<(K, Vec<V>)> {
-    let (ks, vs) = (size_of::<K>(), percpu_stride::<V>());
-    let n = n
-        .min(keys.len() / ks.max(1))
-        .min(values.len() / (vs * ncpus).max(1));
+/// Decodes `n` keys and values (`size_of::<V>()` bytes each, as the kernel copies a shared
+/// hash map's values) from the kernel's buffers.
+pub fn decode<K: Pod, V: Pod>(keys: &[u8], values: &[u8], n: usize) -> Vec<(K, V)> {
+    let (ks, vs) = (size_of::<K>(), size_of::<V>());
+    let n = n.min(keys.len() / ks.max(1)).min(values.len() / vs.max(1));
     (0..n)
         .map(|i| {
             // SAFETY: K and V are Pod (any bit pattern is valid); the reads are in bounds by
             // the `n` computed above and unaligned reads need no alignment.
             let k = unsafe { std::ptr::read_unaligned(keys[i * ks..].as_ptr().cast::<K>()) };
-            let vals = (0..ncpus)
-                .map(|c| {
-                    let off = (i * ncpus + c) * vs;
-                    unsafe { std::ptr::read_unaligned(values[off..].as_ptr().cast::<V>()) }
-                })
-                .collect();
-            (k, vals)
+            let v = unsafe { std::ptr::read_unaligned(values[i * vs..].as_ptr().cast::<V>()) };
+            (k, v)
         })
         .collect()
 }
 
-/// Entries of a per-CPU map: each key with its value on every possible CPU.
-pub type PerCpuEntries<K, V> = Vec<(K, Vec<V>)>;
+/// One entry per key, the last one read winning (a key read twice was read again after an
+/// eviction restarted the walk: the later value is the newer).
+pub fn last_per_key<K: Ord + Copy, V>(entries: Vec<(K, V)>) -> Vec<(K, V)> {
+    let last: std::collections::BTreeMap<K, V> = entries.into_iter().collect();
+    last.into_iter().collect()
+}
 
-/// Every entry of the per-CPU hash map behind `fd` (key type `K`, per-CPU value type `V`,
-/// `ncpus` = possible CPUs), by batches. `Ok(None)`: the kernel has no batch lookup for it.
-pub fn read_percpu<K: Pod, V: Pod>(
-    fd: BorrowedFd<'_>,
-    ncpus: usize,
-) -> io::Result<Option<PerCpuEntries<K, V>>> {
-    let (ks, vs) = (size_of::<K>(), percpu_stride::<V>() * ncpus.max(1));
+/// Every entry of the (shared, not per-CPU) hash map behind `fd`, by batches. `Ok(None)`: the
+/// kernel has no batch lookup for it.
+pub fn read_hash<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Option<Vec<(K, V)>>> {
+    let (ks, vs) = (size_of::<K>(), size_of::<V>());
     let mut chunk = CHUNK;
     let mut keys = vec![0u8; chunk * ks];
     let mut values = vec![0u8; chunk * vs];
@@ -108,7 +94,7 @@ pub fn read_percpu<K: Pod, V: Pod>(
         match err.as_ref().and_then(io::Error::raw_os_error) {
             None => {}
             Some(libc::ENOENT) => {
-                out.extend(decode::<K, V>(&keys, &values, n, ncpus));
+                out.extend(decode::<K, V>(&keys, &values, n));
                 return Ok(Some(out));
             }
             Some(libc::ENOSPC) if n == 0 && chunk < (1 << 22) => {
@@ -123,7 +109,7 @@ pub fn read_percpu<K: Pod, V: Pod>(
             }
             Some(_) => return Err(err.unwrap_or_else(|| io::Error::other("bpf"))),
         }
-        out.extend(decode::<K, V>(&keys, &values, n, ncpus));
+        out.extend(decode::<K, V>(&keys, &values, n));
         token_in = token_out;
         first = false;
     }
@@ -140,10 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn decodes_keys_and_padded_per_cpu_slots() {
-        assert_eq!(percpu_stride::<u64>(), 8);
-        assert_eq!(percpu_stride::<[u8; 12]>(), 16);
-        assert_eq!(percpu_stride::<CgEvents>() % 8, 0);
+    fn decodes_keys_and_values_and_never_reads_past_the_buffers() {
         let key = |id, node| CgNodeKey {
             cgroup_id: id,
             node,
@@ -151,27 +134,29 @@ mod tests {
         };
         let (k1, k2) = (key(7, 1), key(9, 0));
         let keys = [bytes(&k1), bytes(&k2), vec![0xff; size_of::<CgNodeKey>()]].concat();
-        // Two entries × 3 CPUs of u64, then garbage beyond `n`.
-        let values: Vec<u8> = [1u64, 2, 3, 10, 20, 30, 99, 99, 99]
+        let values: Vec<u8> = [1u64, 10, 99]
             .iter()
             .flat_map(|v| v.to_ne_bytes())
             .collect();
-        let got = decode::<CgNodeKey, u64>(&keys, &values, 2, 3);
-        assert_eq!(got.len(), 2);
-        assert_eq!((got[0].0.cgroup_id, got[0].0.node), (7, 1));
-        assert_eq!(got[0].1, vec![1, 2, 3]);
-        assert_eq!((got[1].0.cgroup_id, got[1].0.node), (9, 0));
-        assert_eq!(got[1].1, vec![10, 20, 30]);
+        let got = decode::<CgNodeKey, u64>(&keys, &values, 2);
+        assert_eq!(got, vec![(k1, 1), (k2, 10)]);
         // A count larger than the buffers is clamped, never read past them.
-        assert_eq!(decode::<CgNodeKey, u64>(&keys, &values, 100, 3).len(), 3);
-        assert_eq!(
-            decode::<CgNodeKey, u64>(&keys, &values[..47], 100, 3).len(),
-            1
-        );
-        // A 12-byte value occupies a 16-byte slot per CPU.
-        let v12: Vec<u8> = (0u8..32).collect();
-        let got = decode::<CgNodeKey, [u8; 12]>(&keys, &v12, 1, 2);
-        assert_eq!(got[0].1[0], core::array::from_fn(|i| i as u8));
-        assert_eq!(got[0].1[1], core::array::from_fn(|i| 16 + i as u8));
+        assert_eq!(decode::<CgNodeKey, u64>(&keys, &values, 100).len(), 3);
+        assert_eq!(decode::<CgNodeKey, u64>(&keys, &values[..15], 100).len(), 1);
+        // Values are packed at their own size (a shared map's value is not padded).
+        let ev = CgEvents {
+            migrations: 3,
+            local_events: 5,
+            ..CgEvents::default()
+        };
+        let evs = [bytes(&ev), bytes(&CgEvents::default())].concat();
+        let got = decode::<CgNodeKey, CgEvents>(&keys, &evs, 2);
+        assert_eq!(got, vec![(k1, ev), (k2, CgEvents::default())]);
+    }
+
+    #[test]
+    fn a_key_read_twice_is_counted_once_with_its_last_value() {
+        let got = last_per_key(vec![(3u64, 30u64), (1, 10), (3, 31), (2, 20), (1, 11)]);
+        assert_eq!(got, vec![(1, 11), (2, 20), (3, 31)]);
     }
 }

@@ -1,5 +1,6 @@
 //! eBPF sampling: the only module that imports aya. Probes sources, loads and attaches the
-//! embedded programs, and reads their per-CPU maps into per-cgroup samples.
+//! embedded programs, and reads their maps (shared LRU hash maps, atomic adds on the BPF side)
+//! into per-cgroup samples.
 //!
 //! - `probe`: kernel release, cgroup mode and v2 mount (from /proc/self/mountinfo).
 //! - `pmu`: the local / remote DRAM event pair per CPU family, and whether its counts are
@@ -21,7 +22,7 @@
 //! fails is logged and retried, the others keep sampling. A CPU that went offline and back
 //! between two topology checks is found by its cpu-clock count standing still (`perfcpu`).
 //! Userspace per-CPU state tolerates CPUs coming and going: run-queue and steal readings skip
-//! CPUs absent from a reading or without enough samples, per-CPU maps are sized for every
+//! CPUs absent from a reading or without enough samples, per-CPU arrays are sized for every
 //! possible CPU.
 //!
 //! Without eBPF (not root, old kernel, `ebpf.enabled = false`, or built with
@@ -96,7 +97,7 @@ impl SourceStatus {
 }
 
 /// What the kernel measured for one cgroup. [`Sampler::read`] returns cumulative values since
-/// the sampler started (per-CPU values summed); [`Sample::delta`] gives one period's worth.
+/// the sampler started; [`Sample::delta`] gives one period's worth.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Sample {
     /// On-CPU nanoseconds per NUMA node.

@@ -1,4 +1,4 @@
-//! [`Sampler`]: owns the loaded programs; each [`Sampler::read`] sums the per-CPU maps into a
+//! [`Sampler`]: owns the loaded programs; each [`Sampler::read`] folds the maps into a
 //! cumulative [`Sample`] per cgroup id, maps ids to cgroup v2 paths (id = inode of the cgroup's
 //! directory), deletes map entries of cgroups that no longer exist, and takes the hypervisor's
 //! steal time out of on-CPU time (`steal`). The folding is pure ([`fold`]) and unit-tested.
@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
 use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
@@ -34,8 +34,7 @@ pub struct ProgStat {
     pub run_count: u64,
 }
 
-/// Per-CPU map contents, each value already summed over CPUs (except `pending`, which is per
-/// CPU by nature).
+/// Map contents (`pending` is per CPU by nature; the per-cgroup maps are shared).
 #[derive(Clone, Debug, Default)]
 pub struct RawMaps {
     pub cpu_time: Vec<(CgNodeKey, u64)>,
@@ -48,25 +47,6 @@ pub struct RawMaps {
 /// Saturating sum of per-CPU counters.
 pub fn sum_u64(values: impl IntoIterator<Item = u64>) -> u64 {
     values.into_iter().fold(0, u64::saturating_add)
-}
-
-/// Field-wise saturating sum of per-CPU event counters.
-pub fn sum_events<'a>(values: impl IntoIterator<Item = &'a CgEvents>) -> CgEvents {
-    values
-        .into_iter()
-        .fold(CgEvents::default(), |a, b| CgEvents {
-            migrations: a.migrations.saturating_add(b.migrations),
-            cross_node_migrations: a
-                .cross_node_migrations
-                .saturating_add(b.cross_node_migrations),
-            numa_moves: a.numa_moves.saturating_add(b.numa_moves),
-            numa_stuck: a.numa_stuck.saturating_add(b.numa_stuck),
-            pages_migrated: a.pages_migrated.saturating_add(b.pages_migrated),
-            local_faults: a.local_faults.saturating_add(b.local_faults),
-            remote_faults: a.remote_faults.saturating_add(b.remote_faults),
-            remote_events: a.remote_events.saturating_add(b.remote_events),
-            local_events: a.local_events.saturating_add(b.local_events),
-        })
 }
 
 /// Folds map contents into one cumulative sample per cgroup id. `cpu_node` maps a CPU to its
@@ -455,7 +435,7 @@ impl Sampler {
     }
 
     /// Reads the maps without folding (for benchmarks): the hash maps by batches
-    /// (`batch::read_percpu`), or entry by entry where the kernel has no batch lookup.
+    /// (`batch::read_hash`), or entry by entry where the kernel has no batch lookup.
     pub fn read_raw(&self) -> Result<RawMaps, EbpfError> {
         self.read_raw_with(true)
     }
@@ -465,11 +445,7 @@ impl Sampler {
     pub fn read_raw_with(&self, batched: bool) -> Result<RawMaps, EbpfError> {
         // CPU_TIME before SWITCH_STATE: a flush between the two reads then loses a little
         // instead of counting twice.
-        let cpu_time = self
-            .read_percpu_hash::<CgNodeKey, u64>("CPU_TIME", batched)?
-            .into_iter()
-            .map(|(k, v)| (k, sum_u64(v)))
-            .collect();
+        let cpu_time = self.read_hash::<CgNodeKey, u64>("CPU_TIME", batched)?;
         let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
         let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
             map: "SWITCH_STATE",
@@ -480,16 +456,8 @@ impl Sampler {
             .enumerate()
             .map(|(cpu, s)| (cpu as u32, *s))
             .collect();
-        let events = self
-            .read_percpu_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?
-            .into_iter()
-            .map(|(k, v)| (k, sum_events(v.iter())))
-            .collect();
-        let reasons = self
-            .read_percpu_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?
-            .into_iter()
-            .map(|(k, v)| (k, sum_u64(v)))
-            .collect();
+        let events = self.read_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?;
+        let reasons = self.read_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?;
         let raw = RawMaps {
             cpu_time,
             pending,
@@ -499,25 +467,17 @@ impl Sampler {
         Ok(raw)
     }
 
-    /// Every entry of a per-CPU hash map with its per-CPU values.
-    fn read_percpu_hash<K: aya::Pod, V: aya::Pod>(
+    /// Every entry of a shared hash map, one per key.
+    fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
         &self,
         name: &'static str,
         batched: bool,
-    ) -> Result<super::batch::PerCpuEntries<K, V>, EbpfError> {
-        let m: PerCpuHashMap<&MapData, K, V> = self.map(name)?;
+    ) -> Result<Vec<(K, V)>, EbpfError> {
+        let m: HashMap<&MapData, K, V> = self.map(name)?;
         if batched {
-            let ncpus = aya::util::nr_cpus().map_err(|(_, e)| EbpfError::Map {
-                map: name,
-                source: aya::maps::MapError::from(aya::sys::SyscallError {
-                    call: "nr_cpus",
-                    io_error: e,
-                }),
-            })?;
-            let fd = aya::maps::IterableMap::<K, PerCpuValues<V>>::map(&m)
-                .fd()
-                .as_fd();
-            match super::batch::read_percpu::<K, V>(fd, ncpus) {
+            let fd = aya::maps::IterableMap::<K, V>::map(&m).fd().as_fd();
+            match super::batch::read_hash::<K, V>(fd) {
+                // The batch walk goes on from the bucket it stopped at: no key twice.
                 Ok(Some(all)) => return Ok(all),
                 Ok(None) => {} // no batch lookup in this kernel: entry by entry
                 Err(e) => {
@@ -531,12 +491,15 @@ impl Sampler {
                 }
             }
         }
-        m.iter()
-            .map(|item| {
-                item.map(|(k, v)| (k, v.iter().copied().collect()))
-                    .map_err(|source| EbpfError::Map { map: name, source })
-            })
-            .collect()
+        // The kernel restarts a walk whose current key was evicted meanwhile: bound it, and
+        // keep one value per key.
+        let bound = 2 * rebalancer_common::CG_MAP_ENTRIES as usize;
+        let all = m
+            .iter()
+            .take(bound.max(1))
+            .map(|item| item.map_err(|source| EbpfError::Map { map: name, source }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(super::batch::last_per_key(all))
     }
 
     fn map<'a, M>(&'a self, name: &'static str) -> Result<M, EbpfError>
@@ -598,16 +561,15 @@ impl Sampler {
                 "deleting map entries of vanished cgroups"
             );
         }
-        let mut m: PerCpuHashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
+        let mut m: HashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
         for k in &cpu {
             let _ = m.remove(k); // may have been evicted meanwhile
         }
-        let mut m: PerCpuHashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
+        let mut m: HashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
         for k in &ev {
             let _ = m.remove(k);
         }
-        let mut m: PerCpuHashMap<&mut MapData, CgReasonKey, u64> =
-            self.map_mut("MIGRATE_REASONS")?;
+        let mut m: HashMap<&mut MapData, CgReasonKey, u64> = self.map_mut("MIGRATE_REASONS")?;
         for k in &rs {
             let _ = m.remove(k);
         }
@@ -623,18 +585,36 @@ impl Sampler {
         Ok((deleted, missing_entries.saturating_sub(deleted)))
     }
 
+    /// The per-cgroup maps as the kernel describes them (`/proc/self/fdinfo` of each map's
+    /// fd): name, `map_type` and `memlock` bytes. Their memory must not grow with the number
+    /// of possible CPUs (a per-CPU LRU map preallocates every entry on each of them).
+    pub fn map_footprint(&self) -> Vec<(&'static str, u32, u64)> {
+        ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"]
+            .into_iter()
+            .filter_map(|name| {
+                let data = match self.ebpf.map(name)? {
+                    aya::maps::Map::LruHashMap(d)
+                    | aya::maps::Map::HashMap(d)
+                    | aya::maps::Map::PerCpuLruHashMap(d)
+                    | aya::maps::Map::PerCpuHashMap(d) => d,
+                    _ => return None,
+                };
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&data.fd().as_fd());
+                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()?;
+                let field = |k: &str| {
+                    info.lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                };
+                Some((name, field("map_type:")? as u32, field("memlock:")?))
+            })
+            .collect()
+    }
+
     /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids
     /// (starting at `first_id`) on every node of `nodes`, as the programs would.
     pub fn bench_fill(&mut self, first_id: u64, n: u64, nodes: &[u32]) -> Result<(), EbpfError> {
-        let ncpu = aya::util::nr_cpus().map_or(1, |n| n);
-        let io = |map, e: std::io::Error| EbpfError::Map {
-            map,
-            source: aya::maps::MapError::from(aya::sys::SyscallError {
-                call: "PerCpuValues",
-                io_error: e,
-            }),
-        };
-        let mut cpu: PerCpuHashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
+        let mut cpu: HashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
         for id in first_id..first_id + n {
             for &node in nodes {
                 let k = CgNodeKey {
@@ -642,15 +622,14 @@ impl Sampler {
                     node,
                     _pad: 0,
                 };
-                let v =
-                    PerCpuValues::try_from(vec![1_000u64; ncpu]).map_err(|e| io("CPU_TIME", e))?;
-                cpu.insert(k, v, 0).map_err(|source| EbpfError::Map {
-                    map: "CPU_TIME",
-                    source,
-                })?;
+                cpu.insert(k, 1_000u64, 0)
+                    .map_err(|source| EbpfError::Map {
+                        map: "CPU_TIME",
+                        source,
+                    })?;
             }
         }
-        let mut ev: PerCpuHashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
+        let mut ev: HashMap<&mut MapData, CgNodeKey, CgEvents> = self.map_mut("EVENTS")?;
         for id in first_id..first_id + n {
             let k = CgNodeKey {
                 cgroup_id: id,
@@ -661,8 +640,7 @@ impl Sampler {
                 migrations: 1,
                 ..CgEvents::default()
             };
-            let v = PerCpuValues::try_from(vec![e; ncpu]).map_err(|e| io("EVENTS", e))?;
-            ev.insert(k, v, 0).map_err(|source| EbpfError::Map {
+            ev.insert(k, e, 0).map_err(|source| EbpfError::Map {
                 map: "EVENTS",
                 source,
             })?;
@@ -833,13 +811,6 @@ mod tests {
     #[test]
     fn per_cpu_sums_saturate() {
         assert_eq!(sum_u64([u64::MAX, 5]), u64::MAX);
-        let e = CgEvents {
-            migrations: u64::MAX,
-            remote_events: 1,
-            ..Default::default()
-        };
-        let s = sum_events([&e, &e]);
-        assert_eq!((s.migrations, s.remote_events), (u64::MAX, 2));
     }
 
     #[test]
