@@ -32,6 +32,12 @@ pub const CFG_TASK_OFFSETS: u32 = 1;
 /// queue length into `RUNQ`.
 pub const CFG_RUNQ_OFFSETS: u32 = 2;
 
+/// `ProgConfig::flags` bit: count only cgroups in `WATCHED` (the daemon's managed cgroups);
+/// events of every other cgroup are counted in `Stat::Unwatched` and create no map entry, so
+/// no one else's cgroups can fill the LRU maps and evict a managed cgroup's counters. Unset
+/// (`rebalancer sample`, `top`): every cgroup is counted.
+pub const CFG_WATCHED_ONLY: u32 = 4;
+
 /// Slots of the per-CPU `RUNQ` array: cpu-clock samples that read the run queue, and the sum
 /// of the lengths they read (tasks running or waiting on that CPU, all scheduling classes).
 pub const RUNQ_SAMPLES: u32 = 0;
@@ -151,11 +157,13 @@ pub enum Stat {
     LocalSamples,
     /// A cpu-clock sample could not read its CPU's run queue (`task->se.cfs_rq->rq`).
     RunqReadFailed,
+    /// An event of a cgroup not in `WATCHED` (with `CFG_WATCHED_ONLY`): not counted.
+    Unwatched,
 }
 
 impl Stat {
     /// Number of slots of the `STATS` array.
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 14;
     /// Every stat, in index order.
     pub const ALL: [Stat; Stat::COUNT as usize] = [
         Stat::SwitchEvents,
@@ -171,6 +179,7 @@ impl Stat {
         Stat::TaskReadFailed,
         Stat::LocalSamples,
         Stat::RunqReadFailed,
+        Stat::Unwatched,
     ];
 
     /// snake_case name for logs and JSON.
@@ -189,6 +198,7 @@ impl Stat {
             Stat::TaskReadFailed => "task_read_failed",
             Stat::LocalSamples => "local_samples",
             Stat::RunqReadFailed => "runq_read_failed",
+            Stat::Unwatched => "unwatched",
         }
     }
 }
@@ -198,7 +208,7 @@ const _: () = assert!(core::mem::size_of::<CgReasonKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgEvents>() == 72);
 const _: () = assert!(core::mem::size_of::<SwitchState>() == 24);
 const _: () = assert!(core::mem::size_of::<ProgConfig>() == 88);
-const _: () = assert!(Stat::RunqReadFailed as u32 + 1 == Stat::COUNT);
+const _: () = assert!(Stat::Unwatched as u32 + 1 == Stat::COUNT);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -7,11 +7,11 @@
 //! the race to create it adds into the winner's entry, so no count is overwritten.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use rebalancer_common::{
-    CgEvents, CgNodeKey, CgReasonKey, ProgConfig, Stat, SwitchState, CG_MAP_ENTRIES, MAX_CPUS,
-    RUNQ_SLOTS,
+    CgEvents, CgNodeKey, CgReasonKey, ProgConfig, Stat, SwitchState, CFG_WATCHED_ONLY,
+    CG_MAP_ENTRIES, MAX_CPUS, RUNQ_SLOTS,
 };
 
 /// `BPF_NOEXIST` of `bpf_map_update_elem`.
@@ -28,6 +28,9 @@ pub static EVENTS: LruHashMap<CgNodeKey, CgEvents> =
 #[map]
 pub static MIGRATE_REASONS: LruHashMap<CgReasonKey, u64> =
     LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+/// The cgroup ids counted when `CFG_WATCHED_ONLY` is set, filled by the daemon each round.
+#[map]
+pub static WATCHED: HashMap<u64, u8> = HashMap::with_max_entries(CG_MAP_ENTRIES, 0);
 /// Exact-mode state of each CPU.
 #[map]
 pub static SWITCH_STATE: PerCpuArray<SwitchState> = PerCpuArray::with_max_entries(1, 0);
@@ -130,9 +133,24 @@ macro_rules! add_to {
     }};
 }
 
+/// Whether events of `cgroup_id` are counted: always, unless the daemon asked for its managed
+/// cgroups only (`CFG_WATCHED_ONLY`) and this one is not among them.
+#[inline(always)]
+fn watched(cgroup_id: u64) -> bool {
+    let only = config().is_ok_and(|c| c.flags & CFG_WATCHED_ONLY != 0);
+    if only && WATCHED.get_ptr(&cgroup_id).is_none() {
+        bump(Stat::Unwatched);
+        return false;
+    }
+    true
+}
+
 /// Adds `ns` to the on-CPU time of (cgroup, node).
 #[inline(always)]
 pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
+    if !watched(cgroup_id) {
+        return;
+    }
     let key = CgNodeKey {
         cgroup_id,
         node,
@@ -144,6 +162,9 @@ pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
 /// Adds what `f` counts to the event counters of (cgroup, node), creating them when missing.
 #[inline(always)]
 pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
+    if !watched(cgroup_id) {
+        return;
+    }
     let key = CgNodeKey {
         cgroup_id,
         node,
@@ -167,6 +188,9 @@ pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
 /// Adds `pages` to (cgroup, reason).
 #[inline(always)]
 pub fn add_reason_pages(cgroup_id: u64, reason: u32, pages: u64) {
+    if !watched(cgroup_id) {
+        return;
+    }
     let key = CgReasonKey {
         cgroup_id,
         reason,

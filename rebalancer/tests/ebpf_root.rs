@@ -553,3 +553,68 @@ fn sync_cpus_closes_and_reopens_a_cpus_perf_events() {
     assert_eq!(sampler.sampled_cpus(), all);
     assert!(moved(&sampler, 1) >= 10, "CPU 1 not sampled again");
 }
+
+/// helper-15: any cgroup's events created map entries, so a tenant with many cgroups could
+/// keep the LRU maps full and evict a managed workload's counters. Once the daemon names its
+/// cgroups (`watch_only`), only they are counted: a busy cgroup outside the list creates no
+/// entry and its events are counted as `unwatched`; a watched one is read as before; a cgroup
+/// dropped from the list has its entries deleted at the next read.
+#[test]
+fn only_watched_cgroups_are_counted() {
+    let _turn = cpu_turn();
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = probe::cgroup2_mount(&mi).unwrap();
+    let pid = std::process::id();
+    let ours = CgroupDir(root.join(format!("rebalancer-test-{pid}-watched")));
+    let theirs = CgroupDir(root.join(format!("rebalancer-test-{pid}-tenant")));
+    std::fs::create_dir(&ours.0).expect("create cgroup");
+    std::fs::create_dir(&theirs.0).expect("create cgroup");
+    let (our_id, their_id) = (
+        std::fs::metadata(&ours.0).unwrap().ino(),
+        std::fs::metadata(&theirs.0).unwrap().ino(),
+    );
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let unwatched = |s: &Sampler| {
+        s.stats()
+            .unwrap()
+            .into_iter()
+            .find(|(n, _)| *n == "unwatched")
+            .map(|(_, v)| v)
+            .unwrap()
+    };
+    // Before any list, every cgroup is counted (`rebalancer sample`, `top`).
+    busy_child(&theirs.0, 0.5);
+    assert!(sampler.read().unwrap().contains_key(&their_id));
+    assert_eq!(unwatched(&sampler), 0);
+
+    assert_eq!(sampler.watch_only(&[our_id].into()).unwrap(), 0);
+    let read = sampler.read().unwrap();
+    assert!(!read.contains_key(&their_id), "no longer reported");
+    busy_child(&ours.0, 1.0);
+    busy_child(&theirs.0, 1.0);
+    let read = sampler.read().unwrap();
+    let cpu = read.get(&our_id).map_or(0, |s| s.total_cpu_ns());
+    assert!(cpu >= 500_000_000, "watched cgroup counted: {cpu} ns");
+    assert!(!read.contains_key(&their_id), "{:?}", read.get(&their_id));
+    assert!(
+        unwatched(&sampler) > 0,
+        "the tenant's events were seen and not counted"
+    );
+    let raw = sampler.read_raw().unwrap();
+    assert!(
+        !raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == their_id),
+        "the unwatched cgroup holds no entry"
+    );
+
+    // Dropped from the list: its entries go at the next read.
+    sampler.watch_only(&[their_id].into()).unwrap();
+    sampler.read().unwrap();
+    let raw = sampler.read_raw().unwrap();
+    assert!(!raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == our_id));
+}

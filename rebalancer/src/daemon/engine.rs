@@ -96,6 +96,22 @@ impl CpuTimeSource for EbpfCpuTime {
         managed: &[String],
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>> {
+        let mut ids = BTreeMap::new();
+        let mut rest = Vec::new();
+        for cg in managed {
+            match cgroups.cgroup_id(cg) {
+                Ok(id) => {
+                    ids.insert(cg.clone(), id);
+                }
+                Err(_) => rest.push(cg.clone()),
+            }
+        }
+        // The programs count the managed cgroups only: no other cgroup's events can fill the
+        // maps and evict theirs. A cgroup watched from now has its first counts next read.
+        let watch: BTreeSet<u64> = ids.values().copied().collect();
+        if let Err(e) = self.sampler.watch_only(&watch) {
+            tracing::warn!(error = %e, "eBPF watch list not updated");
+        }
         let all = match self.sampler.read() {
             Ok(a) => a,
             Err(e) => {
@@ -104,17 +120,10 @@ impl CpuTimeSource for EbpfCpuTime {
             }
         };
         let mut out = BTreeMap::new();
-        let mut rest = Vec::new();
-        for cg in managed {
-            match cgroups.cgroup_id(cg) {
-                Ok(id) => {
-                    // No entry: not sampled yet, or its entries were evicted or its id not
-                    // resolved at this read; left out, not read as 0.
-                    if let Some(s) = all.get(&id) {
-                        out.insert(cg.clone(), s.clone());
-                    }
-                }
-                Err(_) => rest.push(cg.clone()),
+        for (cg, id) in &ids {
+            // No entry: not sampled yet (or evicted): left out, not read as 0.
+            if let Some(s) = all.get(id) {
+                out.insert(cg.clone(), s.clone());
             }
         }
         if let Some(proc) = &mut self.cpu_from_proc {

@@ -189,6 +189,8 @@ pub struct Sampler {
     /// Nodes with CPUs (one node has no remote DRAM).
     cpu_nodes: usize,
     paths: BTreeMap<u64, String>,
+    /// The only cgroup ids the programs count ([`Sampler::watch_only`]); None: every cgroup.
+    watched: Option<BTreeSet<u64>>,
     /// Ids in the maps but not in the hierarchy at the previous read.
     missing_before: BTreeSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
@@ -293,6 +295,7 @@ impl Sampler {
             pmu_drop: None,
             cpu_nodes,
             paths: BTreeMap::new(),
+            watched: None,
             missing_before: BTreeSet::new(),
             entries: 0,
             stale: 0,
@@ -370,13 +373,15 @@ impl Sampler {
         if let Some(l) = &mut self.logger {
             l.flush();
         }
-        self.refresh_paths();
+        if self.watched.is_none() {
+            self.refresh_paths();
+        }
         let raw = self.read_raw()?;
         let reading = self.cpu_reading();
         if let Some(r) = &reading {
             self.perf.check_clock(&r.samples, std::time::Instant::now());
         }
-        let (deleted, stale) = if self.paths.is_empty() {
+        let (deleted, stale) = if self.paths.is_empty() && self.watched.is_none() {
             (0, 0)
         } else {
             self.prune(&raw)?
@@ -395,7 +400,9 @@ impl Sampler {
             tracing::warn!(reason = %why, "PMU DRAM counters dropped: locality falls back to hinting faults or the share model");
             self.pmu_drop = Some(why);
         }
-        if !self.paths.is_empty() {
+        if let Some(w) = &self.watched {
+            out.retain(|id, _| w.contains(id));
+        } else if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
         self.steal.apply(reading, &self.cpu_node, &mut out);
@@ -522,16 +529,24 @@ impl Sampler {
     /// before. Returns how many entries it deleted, and how many of cgroups missing only at this
     /// read it kept.
     fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
+        let watched = self.watched.clone();
         let missing: BTreeSet<u64> = raw
             .cpu_time
             .iter()
             .map(|(k, _)| k.cgroup_id)
             .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
             .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
-            .filter(|id| !self.paths.contains_key(id))
+            .filter(|id| match &watched {
+                Some(w) => !w.contains(id),
+                None => !self.paths.contains_key(id),
+            })
             .collect();
         let before = std::mem::replace(&mut self.missing_before, missing);
-        let gone = |id: &u64| self.missing_before.contains(id) && before.contains(id);
+        // Watching: an id the daemon no longer watches gets no new counts; delete it at once.
+        let gone = |id: &u64| match &watched {
+            Some(w) => !w.contains(id),
+            None => self.missing_before.contains(id) && before.contains(id),
+        };
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
             .iter()
@@ -583,6 +598,51 @@ impl Sampler {
             .filter(|id| self.missing_before.contains(id))
             .count();
         Ok((deleted, missing_entries.saturating_sub(deleted)))
+    }
+
+    /// From now on the programs count only `ids` (the daemon's managed cgroups; see
+    /// `CFG_WATCHED_ONLY`): `WATCHED` is brought in step with them (ids first, then the flag,
+    /// so no watched event is dropped), entries of ids no longer watched are deleted at the
+    /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
+    /// fit in `WATCHED` (uncounted; logged).
+    pub fn watch_only(&mut self, ids: &BTreeSet<u64>) -> Result<usize, EbpfError> {
+        if self.watched.as_ref() == Some(ids) {
+            return Ok(0);
+        }
+        let mut m: HashMap<&mut MapData, u64, u8> = self.map_mut("WATCHED")?;
+        let present: Vec<u64> = m.keys().filter_map(Result::ok).collect();
+        for id in present.iter().filter(|id| !ids.contains(id)) {
+            let _ = m.remove(id);
+        }
+        let present: BTreeSet<u64> = present.into_iter().collect();
+        let mut refused = 0;
+        for id in ids.iter().filter(|id| !present.contains(id)) {
+            if m.insert(id, 1u8, 0).is_err() {
+                refused += 1;
+            }
+        }
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                capacity = rebalancer_common::CG_MAP_ENTRIES,
+                "more managed cgroups than the eBPF watch list holds: these are not sampled"
+            );
+        }
+        if self.watched.is_none() {
+            let mut c: aya::maps::Array<&mut MapData, rebalancer_common::ProgConfig> =
+                self.map_mut("CONFIG")?;
+            let mut pc = c.get(&0, 0).map_err(|source| EbpfError::Map {
+                map: "CONFIG",
+                source,
+            })?;
+            pc.flags |= rebalancer_common::CFG_WATCHED_ONLY;
+            c.set(0, pc, 0).map_err(|source| EbpfError::Map {
+                map: "CONFIG",
+                source,
+            })?;
+        }
+        self.watched = Some(ids.clone());
+        Ok(refused)
     }
 
     /// The per-cgroup maps as the kernel describes them (`/proc/self/fdinfo` of each map's
