@@ -32,10 +32,11 @@ pub const CFG_TASK_OFFSETS: u32 = 1;
 /// queue length into `RUNQ`.
 pub const CFG_RUNQ_OFFSETS: u32 = 2;
 
-/// `ProgConfig::flags` bit: count only cgroups in `WATCHED` (the daemon's managed cgroups);
-/// events of every other cgroup are counted in `Stat::Unwatched` and create no map entry, so
-/// no one else's cgroups can fill the LRU maps and evict a managed cgroup's counters. Unset
-/// (`rebalancer sample`, `top`): every cgroup is counted.
+/// `ProgConfig::flags` bit: count only cgroups in `WATCHED` (the daemon's managed cgroups and
+/// the cgroups below them, each under the id `WATCHED` gives); events of every other cgroup
+/// are counted in `Stat::Unwatched` and create no map entry, so no one else's cgroups can fill
+/// the LRU maps and evict a managed cgroup's counters. Unset (`rebalancer sample`, `top`):
+/// every cgroup is counted under its own id.
 pub const CFG_WATCHED_ONLY: u32 = 4;
 
 /// Slots of the per-CPU `RUNQ` array: cpu-clock samples that read the run queue, and the sum

@@ -28,9 +28,11 @@ pub static EVENTS: LruHashMap<CgNodeKey, CgEvents> =
 #[map]
 pub static MIGRATE_REASONS: LruHashMap<CgReasonKey, u64> =
     LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
-/// The cgroup ids counted when `CFG_WATCHED_ONLY` is set, filled by the daemon each round.
+/// The cgroup ids counted when `CFG_WATCHED_ONLY` is set, each with the id its events are
+/// counted under (itself for a managed cgroup, the container for a cgroup below one), filled
+/// by the daemon each round.
 #[map]
-pub static WATCHED: HashMap<u64, u8> = HashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+pub static WATCHED: HashMap<u64, u64> = HashMap::with_max_entries(CG_MAP_ENTRIES, 0);
 /// Exact-mode state of each CPU.
 #[map]
 pub static SWITCH_STATE: PerCpuArray<SwitchState> = PerCpuArray::with_max_entries(1, 0);
@@ -133,24 +135,30 @@ macro_rules! add_to {
     }};
 }
 
-/// Whether events of `cgroup_id` are counted: always, unless the daemon asked for its managed
-/// cgroups only (`CFG_WATCHED_ONLY`) and this one is not among them.
+/// The id events of `cgroup_id` are counted under: itself, unless the daemon asked for its
+/// managed cgroups only (`CFG_WATCHED_ONLY`): then `WATCHED`'s entry for it, or None (not
+/// counted) when it has none.
 #[inline(always)]
-fn watched(cgroup_id: u64) -> bool {
-    let only = config().is_ok_and(|c| c.flags & CFG_WATCHED_ONLY != 0);
-    if only && WATCHED.get_ptr(&cgroup_id).is_none() {
-        bump(Stat::Unwatched);
-        return false;
+fn watched(cgroup_id: u64) -> Option<u64> {
+    if !config().is_ok_and(|c| c.flags & CFG_WATCHED_ONLY != 0) {
+        return Some(cgroup_id);
     }
-    true
+    match WATCHED.get_ptr(&cgroup_id) {
+        // SAFETY: a map value, read once.
+        Some(p) => Some(unsafe { *p }),
+        None => {
+            bump(Stat::Unwatched);
+            None
+        }
+    }
 }
 
 /// Adds `ns` to the on-CPU time of (cgroup, node).
 #[inline(always)]
 pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
-    if !watched(cgroup_id) {
+    let Some(cgroup_id) = watched(cgroup_id) else {
         return;
-    }
+    };
     let key = CgNodeKey {
         cgroup_id,
         node,
@@ -162,9 +170,9 @@ pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
 /// Adds what `f` counts to the event counters of (cgroup, node), creating them when missing.
 #[inline(always)]
 pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
-    if !watched(cgroup_id) {
+    let Some(cgroup_id) = watched(cgroup_id) else {
         return;
-    }
+    };
     let key = CgNodeKey {
         cgroup_id,
         node,
@@ -188,9 +196,9 @@ pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
 /// Adds `pages` to (cgroup, reason).
 #[inline(always)]
 pub fn add_reason_pages(cgroup_id: u64, reason: u32, pages: u64) {
-    if !watched(cgroup_id) {
+    let Some(cgroup_id) = watched(cgroup_id) else {
         return;
-    }
+    };
     let key = CgReasonKey {
         cgroup_id,
         reason,

@@ -557,8 +557,10 @@ fn sync_cpus_closes_and_reopens_a_cpus_perf_events() {
 /// helper-15: any cgroup's events created map entries, so a tenant with many cgroups could
 /// keep the LRU maps full and evict a managed workload's counters. Once the daemon names its
 /// cgroups (`watch_only`), only they are counted: a busy cgroup outside the list creates no
-/// entry and its events are counted as `unwatched`; a watched one is read as before; a cgroup
-/// dropped from the list has its entries deleted at the next read.
+/// entry and its events are counted as `unwatched`; a watched one is read as before, with the
+/// time of a cgroup below it (listed under its id: helper-15 M3, a container whose processes
+/// live in a sub-cgroup read as idle) added to its own; a cgroup dropped from the list has its
+/// entries deleted at the next read.
 #[test]
 fn only_watched_cgroups_are_counted() {
     let _turn = cpu_turn();
@@ -573,6 +575,9 @@ fn only_watched_cgroups_are_counted() {
     let theirs = CgroupDir(root.join(format!("rebalancer-test-{pid}-tenant")));
     std::fs::create_dir(&ours.0).expect("create cgroup");
     std::fs::create_dir(&theirs.0).expect("create cgroup");
+    let sub = CgroupDir(ours.0.join("sub"));
+    std::fs::create_dir(&sub.0).expect("create cgroup");
+    let sub_id = std::fs::metadata(&sub.0).unwrap().ino();
     let (our_id, their_id) = (
         std::fs::metadata(&ours.0).unwrap().ino(),
         std::fs::metadata(&theirs.0).unwrap().ino(),
@@ -593,14 +598,28 @@ fn only_watched_cgroups_are_counted() {
     assert!(sampler.read().unwrap().contains_key(&their_id));
     assert_eq!(unwatched(&sampler), 0);
 
-    assert_eq!(sampler.watch_only(&[our_id].into()).unwrap(), 0);
+    assert_eq!(
+        sampler
+            .watch_only(&[(our_id, our_id), (sub_id, our_id)].into())
+            .unwrap(),
+        0
+    );
     let read = sampler.read().unwrap();
     assert!(!read.contains_key(&their_id), "no longer reported");
+    let before = read.get(&our_id).map_or(0, |s| s.total_cpu_ns());
     busy_child(&ours.0, 1.0);
     busy_child(&theirs.0, 1.0);
     let read = sampler.read().unwrap();
-    let cpu = read.get(&our_id).map_or(0, |s| s.total_cpu_ns());
+    let cpu = read.get(&our_id).map_or(0, |s| s.total_cpu_ns()) - before;
     assert!(cpu >= 500_000_000, "watched cgroup counted: {cpu} ns");
+    busy_child(&sub.0, 1.0);
+    let read = sampler.read().unwrap();
+    let with_sub = read.get(&our_id).map_or(0, |s| s.total_cpu_ns()) - before - cpu;
+    assert!(
+        with_sub >= 500_000_000,
+        "the sub-cgroup's time counted under its container: {with_sub} ns"
+    );
+    assert!(!read.contains_key(&sub_id), "not under its own id");
     assert!(!read.contains_key(&their_id), "{:?}", read.get(&their_id));
     assert!(
         unwatched(&sampler) > 0,
@@ -613,7 +632,7 @@ fn only_watched_cgroups_are_counted() {
     );
 
     // Dropped from the list: its entries go at the next read.
-    sampler.watch_only(&[their_id].into()).unwrap();
+    sampler.watch_only(&[(their_id, their_id)].into()).unwrap();
     sampler.read().unwrap();
     let raw = sampler.read_raw().unwrap();
     assert!(!raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == our_id));

@@ -638,6 +638,36 @@ impl Cgroups {
             .map_err(|source| CgroupError::Io { path: dir, source })
     }
 
+    /// The cgroup v2 ids of the cgroups below `rel` (not `rel` itself), breadth first, at most
+    /// `limit` of them; the bool says the walk stopped at the limit. A directory that vanishes
+    /// or cannot be read meanwhile is skipped (its owner may remove or close it).
+    pub fn descendant_ids(&self, rel: &str, limit: usize) -> Result<(Vec<u64>, bool), CgroupError> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(root) = &self.mounts.v2 else {
+            return Err(CgroupError::NoController {
+                controller: "cgroup2",
+                mode: self.mode(),
+            });
+        };
+        let mut queue = std::collections::VecDeque::from([root.join(clean(rel)?)]);
+        let mut out = Vec::new();
+        while let Some(dir) = queue.pop_front() {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                if out.len() == limit {
+                    return Ok((out, true));
+                }
+                let Ok(md) = e.metadata() else { continue };
+                out.push(md.ino());
+                queue.push_back(e.path());
+            }
+        }
+        Ok((out, false))
+    }
+
     /// The cgroup of process `pid` in controller `c`'s hierarchy, from `<proc>/<pid>/cgroup`
     /// (`proc` normally `/proc`): the v1 line naming the controller, else the v2 `0::` line.
     pub fn cgroup_of_pid(

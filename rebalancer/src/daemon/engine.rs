@@ -106,9 +106,12 @@ impl CpuTimeSource for EbpfCpuTime {
                 Err(_) => rest.push(cg.clone()),
             }
         }
-        // The programs count the managed cgroups only: no other cgroup's events can fill the
-        // maps and evict theirs. A cgroup watched from now has its first counts next read.
-        let watch: BTreeSet<u64> = ids.values().copied().collect();
+        // The programs count the managed cgroups only, each with the cgroups below it (a
+        // container's processes may live in sub-cgroups: systemd in a container, or a runtime
+        // that must, under cgroup v2's no-internal-processes rule) counted under its id: no
+        // other cgroup's events can fill the maps and evict theirs. A cgroup watched from now
+        // has its first counts at the next read.
+        let watch = watch_list(cgroups, &ids);
         if let Err(e) = self.sampler.watch_only(&watch) {
             tracing::warn!(error = %e, "eBPF watch list not updated");
         }
@@ -166,6 +169,37 @@ impl CpuTimeSource for EbpfCpuTime {
     fn cpus_pending(&self) -> bool {
         self.sampler.cpus_pending()
     }
+}
+
+/// Cgroups below one managed cgroup the eBPF programs count under it, at most (a tenant that
+/// makes more has the rest uncounted, logged): the watch list holds 16,384.
+pub const WATCH_BELOW: usize = 64;
+
+/// The eBPF watch list: each managed cgroup's id counted under itself, and the cgroups below it
+/// (up to [`WATCH_BELOW`]) under it too. A cgroup below two managed ones (a pod's container
+/// below a managed pod) is counted under the deepest.
+pub fn watch_list(cgroups: &Cgroups, ids: &BTreeMap<String, u64>) -> BTreeMap<u64, u64> {
+    let mut out = BTreeMap::new();
+    // Shallowest first, so a deeper managed cgroup's own entries overwrite its ancestor's.
+    let mut by_depth: Vec<(&String, &u64)> = ids.iter().collect();
+    by_depth.sort_by_key(|(cg, _)| cg.matches('/').count());
+    for (cg, id) in by_depth {
+        match cgroups.descendant_ids(cg, WATCH_BELOW) {
+            Ok((below, truncated)) => {
+                if truncated {
+                    tracing::warn!(cgroup = %cg, limit = WATCH_BELOW, "more cgroups below a managed cgroup than are sampled: the rest are not counted");
+                }
+                for b in below {
+                    out.insert(b, *id);
+                }
+            }
+            Err(e) => tracing::debug!(cgroup = %cg, error = %e, "cgroups below not listed"),
+        }
+    }
+    for id in ids.values() {
+        out.insert(*id, *id);
+    }
+    out
 }
 
 /// Gives each managed cgroup a read did not find its previous reading: a zero period now,

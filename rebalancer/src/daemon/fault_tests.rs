@@ -728,3 +728,57 @@ fn without_an_on_cpu_program_cpu_time_comes_from_proc() {
     exact[1].available = true;
     assert!(super::engine::ebpf_counts_cpu(&exact));
 }
+
+/// The eBPF watch list: each managed cgroup under its own id, the cgroups below it under its
+/// id (a pod's managed container under the container, not the pod), at most `WATCH_BELOW`
+/// below one managed cgroup, and nothing of cgroups that are not below a managed one.
+#[test]
+fn the_watch_list_counts_sub_cgroups_under_their_managed_cgroup() {
+    use std::os::unix::fs::MetadataExt;
+    let root = tempfile::tempdir().unwrap();
+    let mk = |rel: &str| {
+        std::fs::create_dir_all(root.path().join(rel)).unwrap();
+        std::fs::metadata(root.path().join(rel)).unwrap().ino()
+    };
+    let pod = mk("kubepods/pod1");
+    let ctr = mk("kubepods/pod1/c1");
+    let sub = mk("kubepods/pod1/c1/init.scope");
+    let deeper = mk("kubepods/pod1/c1/system.slice/x.service");
+    let system_slice = std::fs::metadata(root.path().join("kubepods/pod1/c1/system.slice"))
+        .unwrap()
+        .ino();
+    let other = mk("kubepods/pod1/c2");
+    let tenant = mk("tenant/a");
+    for i in 0..super::engine::WATCH_BELOW + 6 {
+        mk(&format!("kubepods/pod2/many/s{i}"));
+    }
+    let many = std::fs::metadata(root.path().join("kubepods/pod2/many"))
+        .unwrap()
+        .ino();
+    let cgroups = Cgroups::new(Mounts {
+        v2: Some(root.path().to_path_buf()),
+        ..Default::default()
+    });
+    let ids: std::collections::BTreeMap<String, u64> = [
+        ("kubepods/pod1".to_string(), pod),
+        ("kubepods/pod1/c1".to_string(), ctr),
+        ("kubepods/pod2/many".to_string(), many),
+    ]
+    .into();
+    let w = super::engine::watch_list(&cgroups, &ids);
+    assert_eq!(w[&pod], pod);
+    assert_eq!(w[&ctr], ctr);
+    assert_eq!(w[&sub], ctr, "below the container: counted under it");
+    assert_eq!(w[&system_slice], ctr);
+    assert_eq!(w[&deeper], ctr);
+    assert_eq!(
+        w[&other], pod,
+        "an unmanaged sibling is counted under the managed pod"
+    );
+    assert!(!w.contains_key(&tenant));
+    assert_eq!(
+        w.values().filter(|v| **v == many).count(),
+        super::engine::WATCH_BELOW + 1,
+        "the managed cgroup itself and WATCH_BELOW below it"
+    );
+}

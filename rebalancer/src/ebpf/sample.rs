@@ -189,8 +189,10 @@ pub struct Sampler {
     /// Nodes with CPUs (one node has no remote DRAM).
     cpu_nodes: usize,
     paths: BTreeMap<u64, String>,
-    /// The only cgroup ids the programs count ([`Sampler::watch_only`]); None: every cgroup.
+    /// The only ids the programs count under ([`Sampler::watch_only`]); None: every cgroup.
     watched: Option<BTreeSet<u64>>,
+    /// `WATCHED` as last written (cgroup id → id counted under).
+    watching: BTreeMap<u64, u64>,
     /// Ids in the maps but not in the hierarchy at the previous read.
     missing_before: BTreeSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
@@ -296,6 +298,7 @@ impl Sampler {
             cpu_nodes,
             paths: BTreeMap::new(),
             watched: None,
+            watching: BTreeMap::new(),
             missing_before: BTreeSet::new(),
             entries: 0,
             stale: 0,
@@ -600,24 +603,26 @@ impl Sampler {
         Ok((deleted, missing_entries.saturating_sub(deleted)))
     }
 
-    /// From now on the programs count only `ids` (the daemon's managed cgroups; see
-    /// `CFG_WATCHED_ONLY`): `WATCHED` is brought in step with them (ids first, then the flag,
-    /// so no watched event is dropped), entries of ids no longer watched are deleted at the
+    /// From now on the programs count only the cgroups of `ids` (cgroup id → the id its events
+    /// are counted under: itself for a managed cgroup, its container for a cgroup below one;
+    /// see `CFG_WATCHED_ONLY`): `WATCHED` is brought in step (entries first, then the flag, so
+    /// no watched event is dropped), entries of ids no longer counted under are deleted at the
     /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
     /// fit in `WATCHED` (uncounted; logged).
-    pub fn watch_only(&mut self, ids: &BTreeSet<u64>) -> Result<usize, EbpfError> {
-        if self.watched.as_ref() == Some(ids) {
+    pub fn watch_only(&mut self, ids: &BTreeMap<u64, u64>) -> Result<usize, EbpfError> {
+        let under: BTreeSet<u64> = ids.values().copied().collect();
+        if self.watched.as_ref() == Some(&under) && self.watching == *ids {
             return Ok(0);
         }
-        let mut m: HashMap<&mut MapData, u64, u8> = self.map_mut("WATCHED")?;
-        let present: Vec<u64> = m.keys().filter_map(Result::ok).collect();
-        for id in present.iter().filter(|id| !ids.contains(id)) {
+        let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
+        let present: Vec<(u64, u64)> = m.iter().filter_map(Result::ok).collect();
+        for (id, _) in present.iter().filter(|(id, _)| !ids.contains_key(id)) {
             let _ = m.remove(id);
         }
-        let present: BTreeSet<u64> = present.into_iter().collect();
+        let present: BTreeMap<u64, u64> = present.into_iter().collect();
         let mut refused = 0;
-        for id in ids.iter().filter(|id| !present.contains(id)) {
-            if m.insert(id, 1u8, 0).is_err() {
+        for (id, to) in ids.iter().filter(|(id, to)| present.get(id) != Some(to)) {
+            if m.insert(id, to, 0).is_err() {
                 refused += 1;
             }
         }
@@ -625,7 +630,7 @@ impl Sampler {
             tracing::warn!(
                 refused,
                 capacity = rebalancer_common::CG_MAP_ENTRIES,
-                "more managed cgroups than the eBPF watch list holds: these are not sampled"
+                "more cgroups to watch than the eBPF watch list holds: these are not sampled"
             );
         }
         if self.watched.is_none() {
@@ -641,7 +646,8 @@ impl Sampler {
                 source,
             })?;
         }
-        self.watched = Some(ids.clone());
+        self.watched = Some(under);
+        self.watching = ids.clone();
         Ok(refused)
     }
 
