@@ -130,11 +130,10 @@ impl CpuTimeSource for EbpfCpuTime {
             }
         }
         if let Some(proc) = &mut self.cpu_from_proc {
-            let found: Vec<String> = out.keys().cloned().collect();
-            let cpu = proc.cumulative(cgroups, &found, topo)?;
-            for (cg, s) in &mut out {
-                s.cpu_ns = cpu.get(cg).map(|c| c.cpu_ns.clone()).unwrap_or_default();
-            }
+            // Every managed cgroup's, not only those with eBPF entries: a pinned workload
+            // that never migrates or faults has none.
+            let resolved: Vec<String> = ids.keys().cloned().collect();
+            with_cpu_of(&mut out, proc.cumulative(cgroups, &resolved, topo)?);
         }
         if let Some(proc) = &mut self.fallback {
             out.extend(proc.cumulative(cgroups, &rest, topo)?);
@@ -168,6 +167,14 @@ impl CpuTimeSource for EbpfCpuTime {
 
     fn cpus_pending(&self) -> bool {
         self.sampler.cpus_pending()
+    }
+}
+
+/// Puts each cgroup's CPU time from `cpu` (the /proc source) into `out` (the eBPF source's
+/// other counters), adding the cgroups eBPF had no entry for.
+pub fn with_cpu_of(out: &mut BTreeMap<String, Sample>, cpu: BTreeMap<String, Sample>) {
+    for (cg, s) in cpu {
+        out.entry(cg).or_default().cpu_ns = s.cpu_ns;
     }
 }
 
@@ -488,6 +495,8 @@ pub struct Engine {
     runq: crate::ebpf::runq::RunqWindow,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
+    /// Rounds skipped since the last one that observed (see [`Engine::skipped_in_a_row`]).
+    skipped_in_a_row: u32,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
     topo_fingerprint: Option<String>,
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
@@ -525,6 +534,7 @@ impl Engine {
             runq: Default::default(),
             prev: BTreeMap::new(),
             last_round: None,
+            skipped_in_a_row: 0,
             topo_fingerprint: None,
             written: None,
             own_wait: None,
@@ -537,6 +547,23 @@ impl Engine {
     }
 
     /// The cgroups managed at the last round.
+    /// Rounds skipped in a row (the cgroup walk or the samples' read failed): the round loop
+    /// does not report itself healthy for those, so a failure that lasts makes the daemon exit
+    /// and restart (health) instead of running on with nothing observed.
+    pub fn skipped_in_a_row(&self) -> u32 {
+        self.skipped_in_a_row
+    }
+
+    fn skipped(&mut self, d: &Daemon, reason: &str) {
+        self.skipped_in_a_row += 1;
+        d.metrics
+            .rounds_skipped
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
     pub fn managed_now(&self) -> &[String] {
         &self.last_managed
     }
@@ -856,6 +883,7 @@ impl Engine {
         // A hierarchy that cannot be walked is no round: observing "no cgroups" would forget
         // every cgroup's cooldown, staging and CPU-time baseline.
         let Some(managed) = self.managed(&cfg) else {
+            self.skipped(d, "cgroup-walk");
             return 0;
         };
         let applier = self.applier.get_or_insert_with(|| {
@@ -878,8 +906,10 @@ impl Engine {
         let budget_used = applier.budget_used();
         let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &managed, &topo)
         else {
+            self.skipped(d, "sample-read");
             return 0;
         };
+        self.skipped_in_a_row = 0;
         carry_forward(&mut cumulative, &self.prev, &managed);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(d, &why);

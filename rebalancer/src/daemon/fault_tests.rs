@@ -681,6 +681,17 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
     let managed = vec!["pod/a".to_string(), "pod/b".to_string()];
     let mut prev: std::collections::BTreeMap<String, crate::ebpf::Sample> = Default::default();
     let mut periods = Vec::new();
+    // Its entries evicted and made again (or the cgroup re-created): counts start from 0.
+    let evicted =
+        |periods: &mut Vec<u64>,
+         prev: &mut std::collections::BTreeMap<String, crate::ebpf::Sample>| {
+            let mut now: std::collections::BTreeMap<String, crate::ebpf::Sample> =
+                [("pod/a".to_string(), sample(300_000_000))].into();
+            super::engine::carry_forward(&mut now, prev, &managed);
+            let a = now["pod/a"].delta(prev.get("pod/a").unwrap_or(&Default::default()));
+            periods.push(a.total_cpu_ns());
+            *prev = now;
+        };
     let reads: [&[(&str, u64)]; 3] = [
         &[("pod/a", 10_000_000_000), ("pod/b", 5_000_000_000)],
         &[("pod/b", 5_100_000_000)],
@@ -701,6 +712,74 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
         prev = now;
     }
     assert_eq!(periods, [10_000_000_000, 0, 100_000_000]);
+    evicted(&mut periods, &mut prev);
+    assert_eq!(
+        periods[3], 300_000_000,
+        "a counter below its baseline was reset: the period counts what it holds (helper-16)"
+    );
+}
+
+/// helper-16: with CPU time from /proc (no on-CPU program), only cgroups with an eBPF entry
+/// got it, and a pinned workload that never migrates or faults has none: it read 0 CPU.
+#[test]
+fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
+    let cpu = |ns: u64| crate::ebpf::Sample {
+        cpu_ns: [(1u32, ns)].into_iter().collect(),
+        ..Default::default()
+    };
+    let mut out: std::collections::BTreeMap<String, crate::ebpf::Sample> = [(
+        "pod/a".to_string(),
+        crate::ebpf::Sample {
+            migrations: 7,
+            ..Default::default()
+        },
+    )]
+    .into();
+    super::engine::with_cpu_of(
+        &mut out,
+        [
+            ("pod/a".to_string(), cpu(1_000_000_000)),
+            ("pod/b".to_string(), cpu(2_000_000_000)),
+        ]
+        .into(),
+    );
+    assert_eq!(out["pod/a"].migrations, 7, "eBPF's counters kept");
+    assert_eq!(out["pod/a"].total_cpu_ns(), 1_000_000_000);
+    assert_eq!(out["pod/b"].total_cpu_ns(), 2_000_000_000);
+}
+
+/// helper-16: a round skipped because the cgroup walk (or the samples' read) failed was
+/// silent: no metric, and the round loop still reported itself healthy, so a lasting failure
+/// left the daemon running with nothing observed. Each skip is counted by reason, and the
+/// engine says how many in a row (the loop beats health only when that is 0).
+#[test]
+fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
+    let state = tempfile::tempdir().unwrap();
+    let d = daemon(two_nodes(), state.path(), None);
+    let mut engine = Engine::new(
+        // No cgroup mount at all: the walk fails.
+        Cgroups::new(Mounts::default()),
+        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Path::new("/proc"),
+    );
+    let adm = super::admission::Admission::new(
+        d.clone(),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+            Mounts::default(),
+        ))),
+    );
+    assert_eq!(engine.round(&adm), 0);
+    assert_eq!(engine.round(&adm), 0);
+    assert_eq!(engine.skipped_in_a_row(), 2);
+    let text = d.metrics.render();
+    assert!(
+        text.contains("rebalancer_control_rounds_skipped_total{reason=\"cgroup-walk\"} 2"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("skipped"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 /// helper-15: with every on-CPU program refused (or a CPU offline during the first attach)

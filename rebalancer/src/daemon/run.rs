@@ -422,7 +422,11 @@ fn spawn_rounds(
                     tracing::debug!("round brought forward by an event");
                 }
                 engine.round(&adm);
-                health.beat();
+                // A skipped round (cgroup walk or samples' read failed) is no sign of life:
+                // if it lasts, health sees the rounds silent and the daemon restarts.
+                if engine.skipped_in_a_row() == 0 {
+                    health.beat();
+                }
                 rounds += 1;
                 match &trigger {
                     Some(t) => t.watch(&adm.daemon.rounds, engine.watch_files()),

@@ -165,37 +165,37 @@ impl Sample {
         }
     }
 
-    /// `self - earlier`, field by field, saturating at 0 (an LRU eviction or a deleted entry
-    /// makes a counter go back; that period then counts nothing rather than garbage).
+    /// `self - earlier`, field by field. A counter below its earlier value was reset (its map
+    /// entry evicted or deleted and created again, the cgroup re-created with a new id): the
+    /// period counts what it holds now, everything since the reset.
     pub fn delta(&self, earlier: &Sample) -> Sample {
+        let d = |a: u64, b: u64| if a >= b { a - b } else { a };
         let map_delta = |a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>| {
             a.iter()
-                .map(|(k, v)| (*k, v.saturating_sub(b.get(k).copied().unwrap_or(0))))
+                .map(|(k, v)| (*k, d(*v, b.get(k).copied().unwrap_or(0))))
                 .collect()
         };
         Sample {
             cpu_ns: map_delta(&self.cpu_ns, &earlier.cpu_ns),
-            migrations: self.migrations.saturating_sub(earlier.migrations),
-            cross_node_migrations: self
-                .cross_node_migrations
-                .saturating_sub(earlier.cross_node_migrations),
-            numa_moves: self.numa_moves.saturating_sub(earlier.numa_moves),
-            numa_stuck: self.numa_stuck.saturating_sub(earlier.numa_stuck),
-            pages_migrated: self.pages_migrated.saturating_sub(earlier.pages_migrated),
+            migrations: d(self.migrations, earlier.migrations),
+            cross_node_migrations: d(self.cross_node_migrations, earlier.cross_node_migrations),
+            numa_moves: d(self.numa_moves, earlier.numa_moves),
+            numa_stuck: d(self.numa_stuck, earlier.numa_stuck),
+            pages_migrated: d(self.pages_migrated, earlier.pages_migrated),
             pages_by_reason: self
                 .pages_by_reason
                 .iter()
                 .map(|(k, v)| {
                     let before = earlier.pages_by_reason.get(k).copied().unwrap_or(0);
-                    (k.clone(), v.saturating_sub(before))
+                    (k.clone(), d(*v, before))
                 })
                 .collect(),
-            local_faults: self.local_faults.saturating_sub(earlier.local_faults),
-            remote_faults: self.remote_faults.saturating_sub(earlier.remote_faults),
-            local_samples: self.local_samples.saturating_sub(earlier.local_samples),
-            remote_samples: self.remote_samples.saturating_sub(earlier.remote_samples),
-            local_events: self.local_events.saturating_sub(earlier.local_events),
-            remote_events: self.remote_events.saturating_sub(earlier.remote_events),
+            local_faults: d(self.local_faults, earlier.local_faults),
+            remote_faults: d(self.remote_faults, earlier.remote_faults),
+            local_samples: d(self.local_samples, earlier.local_samples),
+            remote_samples: d(self.remote_samples, earlier.remote_samples),
+            local_events: d(self.local_events, earlier.local_events),
+            remote_events: d(self.remote_events, earlier.remote_events),
             pmu: self.pmu,
         }
     }

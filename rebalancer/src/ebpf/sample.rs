@@ -501,14 +501,26 @@ impl Sampler {
                 }
             }
         }
-        // The kernel restarts a walk whose current key was evicted meanwhile: bound it, and
-        // keep one value per key.
+        // The kernel restarts a walk whose current key was evicted meanwhile: bound it (a walk
+        // cut short would read the keys past the cut as reset: an error, the round skipped),
+        // and keep one value per key.
         let bound = 2 * rebalancer_common::CG_MAP_ENTRIES as usize;
         let all = m
             .iter()
-            .take(bound.max(1))
+            .take(bound + 1)
             .map(|item| item.map_err(|source| EbpfError::Map { map: name, source }))
             .collect::<Result<Vec<_>, _>>()?;
+        if all.len() > bound {
+            return Err(EbpfError::Map {
+                map: name,
+                source: aya::maps::MapError::from(aya::sys::SyscallError {
+                    call: "BPF_MAP_GET_NEXT_KEY",
+                    io_error: std::io::Error::other(
+                        "the walk kept restarting (entries evicted while read): read not complete",
+                    ),
+                }),
+            });
+        }
         Ok(super::batch::last_per_key(all))
     }
 

@@ -82,6 +82,8 @@ pub struct Metrics {
     pub admission_rejections: Family<ReasonLabel, Counter>,
     pub admission_duration: Histogram,
     pub round_duration: Histogram,
+    /// Control rounds that observed nothing, by reason (`cgroup-walk`, `sample-read`).
+    pub rounds_skipped: Family<ReasonLabel, Counter>,
     pub node_cpu_busy: Family<NodeLabel, FGauge>,
     /// Tasks running or waiting per CPU of a node over the last period (absent: not measured).
     pub node_runnable: Family<NodeLabel, FGauge>,
@@ -143,6 +145,7 @@ impl Metrics {
             round_duration: Histogram::new([
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
             ]),
+            rounds_skipped: Family::default(),
             node_cpu_busy: Family::default(),
             node_runnable: Family::default(),
             node_memory_free: Family::default(),
@@ -245,6 +248,11 @@ impl Metrics {
             "Time of one control round",
             Unit::Seconds,
             m.round_duration.clone(),
+        );
+        r.register(
+            "control_rounds_skipped",
+            "Control rounds skipped: the cgroup walk or the samples' read failed (nothing observed, moved or forgotten); the round loop stops reporting healthy after 10 periods of it",
+            m.rounds_skipped.clone(),
         );
         r.register(
             "node_cpu_busy_ratio",
