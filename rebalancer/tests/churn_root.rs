@@ -14,10 +14,12 @@
 //! - every long-lived container was answered (cpuset written before its removal) and every
 //!   admission was released: at the end no binding or pod of the churn tree remains;
 //! - no stale eBPF map entries: `rebalancer_ebpf_map_stale_entries` (entries of cgroups
-//!   already removed) is 0 after the documented cleanup interval (entries of a vanished cgroup
-//!   are deleted at the second round that finds it gone: ≤ 3 rounds after the last removal),
-//!   `rebalancer_ebpf_map_entries` is back at its pre-churn baseline (± live cgroups gaining an
-//!   entry), and it rose above it during churn when eBPF ran (the twins were seen);
+//!   already removed) is 0 after the cleanup interval, and `rebalancer_ebpf_map_entries` is back
+//!   at its pre-churn baseline (± live cgroups gaining an entry) having risen above it during
+//!   churn when eBPF ran (the twins were seen). The daemon's samplers count only its managed
+//!   cgroups (the watch list): a removed container leaves the list at the next round and its
+//!   entries are deleted at that round's read, so they are never left over as stale (the
+//!   hierarchy-walk cleanup, two reads after a cgroup vanished, is for `sample` and `top`);
 //! - VmRSS of the daemon grows < 5% from the end of warm-up (1/6 of the run) to the end.
 mod common;
 
@@ -357,10 +359,6 @@ fn churn_of_200_cgroups_per_second_leaves_no_errors_leaks_or_stale_map_entries()
         assert!(
             e <= b + 2.0,
             "map entries grew from {b} to {e} over churn of removed cgroups"
-        );
-        assert!(
-            peak_stale > 0.0 || twins_root.is_none(),
-            "removed twins never showed as stale before their cleanup"
         );
         if twins_root.is_some() {
             assert!(

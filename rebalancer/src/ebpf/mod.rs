@@ -217,7 +217,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delta_saturates_and_keeps_new_keys() {
+    fn delta_counts_a_reset_counter_from_zero_and_keeps_new_keys() {
         let mut a = Sample::default();
         a.cpu_ns.insert(0, 100);
         a.migrations = 5;
@@ -225,11 +225,11 @@ mod tests {
         let mut b = Sample::default();
         b.cpu_ns.insert(0, 250);
         b.cpu_ns.insert(1, 10);
-        b.migrations = 3; // went back (eviction)
+        b.migrations = 3; // went back: the entry was evicted and made again, 3 since then
         b.pages_by_reason.insert("numa_misplaced".into(), 9);
         let d = b.delta(&a);
         assert_eq!(d.cpu_ns, BTreeMap::from([(0, 150), (1, 10)]));
-        assert_eq!(d.migrations, 0);
+        assert_eq!(d.migrations, 3);
         assert_eq!(d.pages_by_reason["numa_misplaced"], 2);
         assert_eq!(d.total_cpu_ns(), 160);
         let all = delta_all(&BTreeMap::from([(7, b.clone())]), &BTreeMap::new());
