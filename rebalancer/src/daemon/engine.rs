@@ -45,9 +45,9 @@ pub trait CpuTimeSource: Send {
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>>;
     fn name(&self) -> &'static str;
-    /// Entries in the eBPF per-cgroup maps after the last read, and how many of them belong
-    /// to cgroups already gone (None without eBPF).
-    fn map_entries(&self) -> Option<(usize, usize)> {
+    /// Entries in the eBPF per-cgroup maps after the last read, how many of them belong to
+    /// cgroups already gone, and how many the last read deleted (None without eBPF).
+    fn map_entries(&self) -> Option<(usize, usize, usize)> {
         None
     }
     /// Once, the reason the PMU DRAM counters were dropped at the last read.
@@ -149,8 +149,12 @@ impl CpuTimeSource for EbpfCpuTime {
         }
     }
 
-    fn map_entries(&self) -> Option<(usize, usize)> {
-        Some((self.sampler.map_entries(), self.sampler.stale_entries()))
+    fn map_entries(&self) -> Option<(usize, usize, usize)> {
+        Some((
+            self.sampler.map_entries(),
+            self.sampler.stale_entries(),
+            self.sampler.deleted_entries(),
+        ))
     }
 
     fn take_pmu_drop(&mut self) -> Option<String> {
@@ -1089,9 +1093,10 @@ impl Engine {
         }
         d.metrics.set_cgroup_scores(&scores);
         d.metrics.managed_cgroups.set(managed.len() as i64);
-        if let Some((n, stale)) = self.cpu_source.map_entries() {
+        if let Some((n, stale, deleted)) = self.cpu_source.map_entries() {
             d.metrics.ebpf_map_entries.set(n as i64);
             d.metrics.ebpf_map_stale_entries.set(stale as i64);
+            d.metrics.ebpf_map_deleted_entries.inc_by(deleted as u64);
         }
         for (id, n) in &obs.nodes {
             let l = NodeLabel {

@@ -199,6 +199,8 @@ pub struct Sampler {
     entries: usize,
     /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
     stale: usize,
+    /// Entries the last read deleted (cgroups gone, or no longer watched).
+    deleted: usize,
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
     steal: StealCorrection,
@@ -302,6 +304,7 @@ impl Sampler {
             missing_before: BTreeSet::new(),
             entries: 0,
             stale: 0,
+            deleted: 0,
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
             perf: loaded.perf,
@@ -391,6 +394,7 @@ impl Sampler {
         };
         self.entries = raw_entries(&raw).saturating_sub(deleted);
         self.stale = stale;
+        self.deleted = deleted;
         let (mut out, dropped) = fold_read(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -442,6 +446,12 @@ impl Sampler {
     /// after the last cgroup went away. Anything else would be a leak.
     pub fn stale_entries(&self) -> usize {
         self.stale
+    }
+
+    /// Entries the last [`Sampler::read`] deleted: of cgroups gone from the hierarchy for two
+    /// reads, or (watching) of ids no longer watched.
+    pub fn deleted_entries(&self) -> usize {
+        self.deleted
     }
 
     /// Reads the maps without folding (for benchmarks): the hash maps by batches

@@ -92,6 +92,7 @@ pub struct Metrics {
     pub ebpf_source_available: Family<SourceLabel, Gauge>,
     pub ebpf_map_entries: Gauge,
     pub ebpf_map_stale_entries: Gauge,
+    pub ebpf_map_deleted_entries: Counter,
     pub pmu_dropped: Counter,
     pub cgroups_by_evidence: Family<EvidenceLabel, Gauge>,
     pub moves_by_evidence: Family<EvidenceLabel, Counter>,
@@ -153,6 +154,7 @@ impl Metrics {
             ebpf_source_available: Family::default(),
             ebpf_map_entries: Gauge::default(),
             ebpf_map_stale_entries: Gauge::default(),
+            ebpf_map_deleted_entries: Counter::default(),
             pmu_dropped: Counter::default(),
             cgroups_by_evidence: Family::default(),
             moves_by_evidence: Family::default(),
@@ -306,6 +308,11 @@ impl Metrics {
             "ebpf_map_stale_entries",
             "Of those, entries of cgroups already removed (deleted at the next round)",
             m.ebpf_map_stale_entries.clone(),
+        );
+        r.register(
+            "ebpf_map_deleted_entries",
+            "eBPF per-cgroup map entries deleted by the daemon: of cgroups gone, or no longer managed",
+            m.ebpf_map_deleted_entries.clone(),
         );
         r.register(
             "moves_failed",
