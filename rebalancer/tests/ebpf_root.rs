@@ -228,6 +228,41 @@ fn per_cgroup_maps_do_not_grow_with_the_cpus() {
     eprintln!("per-cgroup maps (name, type, memlock bytes): {maps:?}");
 }
 
+/// helper-17: an LRU map evicts one (cgroup, node) entry of a cgroup; the cgroup's counts must
+/// not go back (the next period would read 0 for its other nodes, or with a "reset" rule their
+/// lifetime), and the entry made again counts from 0.
+#[test]
+fn an_evicted_entry_takes_no_counts_back() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
+    let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
+    let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
+    let id = (1u64 << 41) + 7; // far from real cgroup ids
+    sampler
+        .watch_only(&[(id, id)].into_iter().collect())
+        .expect("watch list");
+    // One migration on node 0 and one on node 1 (nodes need not exist for the map).
+    sampler.bench_fill(id, 1, &[0]).unwrap();
+    sampler.bench_fill(id, 1, &[1]).unwrap();
+    let migrations = |s: &mut Sampler| s.read().expect("read")[&id].migrations;
+    assert_eq!(migrations(&mut sampler), 2);
+    sampler.bench_evict(id, 1);
+    assert_eq!(
+        migrations(&mut sampler),
+        2,
+        "an evicted entry's count is kept"
+    );
+    sampler.bench_fill(id, 1, &[1]).unwrap();
+    assert_eq!(
+        migrations(&mut sampler),
+        3,
+        "the entry made again counts from 0"
+    );
+}
+
 /// Reading 10,000 cgroups' entries (one CPU_TIME entry per node + one EVENTS entry each),
 /// filled from userspace: reports the time of one read (map iteration) and of the fold.
 #[test]
@@ -297,10 +332,23 @@ fn read_10k_cgroups_timing() {
         sorted(&it_raw),
         "batched read = entry-by-entry read"
     );
+    // What a round pays: the whole read (maps, pruning, per-key monotone counts, fold, steal)
+    // with the 10,000 cgroups watched.
+    let watch = (first..first + n).map(|id| (id, id)).collect();
+    assert_eq!(sampler.watch_only(&watch).unwrap(), 0, "all 10,000 watched");
+    let mut full = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let got = sampler.read().unwrap();
+        full.push(t.elapsed());
+        assert_eq!(got.len() as u64, n, "every watched cgroup read back");
+    }
+    full.sort();
     eprintln!(
         "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}; \
          entry by entry: read median {:?} (min {:?}), fold median {:?}; \
-         batched: read median {:?} (min {:?}), fold median {:?}",
+         batched: read median {:?} (min {:?}), fold median {:?}; \
+         Sampler::read (all of it) median {:?} (min {:?})",
         n,
         nodes.len(),
         topo.cpus.len(),
@@ -309,7 +357,9 @@ fn read_10k_cgroups_timing() {
         it_folds[2],
         b_reads[2],
         b_reads[0],
-        b_folds[2]
+        b_folds[2],
+        full[2],
+        full[0]
     );
 }
 

@@ -11,6 +11,7 @@
 //! - `perfcpu`: the perf_event programs' events per CPU, kept in step with CPU hotplug.
 //! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
 //!   ids to paths, deletes entries of vanished cgroups.
+//! - `monotone`: per-key monotone counts from the LRU maps (an evicted entry counts from 0).
 //! - `steal`: takes hypervisor steal time out of on-CPU time (both sources count wall time).
 //! - `runq`: run-queue pressure per node from the run-queue lengths the cpu-clock samples read.
 //!
@@ -35,6 +36,7 @@ use serde::Serialize;
 pub mod batch;
 pub mod btf;
 pub mod loader;
+pub mod monotone;
 pub mod perfcpu;
 pub mod pmu;
 pub mod probe;
@@ -169,7 +171,11 @@ impl Sample {
     /// entry evicted or deleted and created again, the cgroup re-created with a new id): the
     /// period counts what it holds now, everything since the reset.
     pub fn delta(&self, earlier: &Sample) -> Sample {
-        let d = |a: u64, b: u64| if a >= b { a - b } else { a };
+        // Counters go back only as a cgroup re-created at the same path (a new id counting
+        // from 0) or as a local-includes-remote pair's scaled local events: the period reads
+        // 0 then, never a lifetime. Evicted map entries are undone key by key before this
+        // (see `monotone`).
+        let d = u64::saturating_sub;
         let map_delta = |a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>| {
             a.iter()
                 .map(|(k, v)| (*k, d(*v, b.get(k).copied().unwrap_or(0))))
@@ -217,19 +223,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delta_counts_a_reset_counter_from_zero_and_keeps_new_keys() {
+    fn delta_never_reads_a_lifetime_and_keeps_new_keys() {
         let mut a = Sample::default();
         a.cpu_ns.insert(0, 100);
         a.migrations = 5;
+        a.local_events = 900;
         a.pages_by_reason.insert("numa_misplaced".into(), 7);
         let mut b = Sample::default();
         b.cpu_ns.insert(0, 250);
         b.cpu_ns.insert(1, 10);
-        b.migrations = 3; // went back: the entry was evicted and made again, 3 since then
+        // Went back: a cgroup re-created at the same path (a new id from 0), or the scaled
+        // local events of a local-includes-remote pair. Never the whole count as one period.
+        b.migrations = 3;
+        b.local_events = 880;
         b.pages_by_reason.insert("numa_misplaced".into(), 9);
         let d = b.delta(&a);
         assert_eq!(d.cpu_ns, BTreeMap::from([(0, 150), (1, 10)]));
-        assert_eq!(d.migrations, 3);
+        assert_eq!(d.migrations, 0);
+        assert_eq!(d.local_events, 0);
         assert_eq!(d.pages_by_reason["numa_misplaced"], 2);
         assert_eq!(d.total_cpu_ns(), 160);
         let all = delta_all(&BTreeMap::from([(7, b.clone())]), &BTreeMap::new());

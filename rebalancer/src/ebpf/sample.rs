@@ -17,6 +17,7 @@ use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
 use super::{
     loader,
+    monotone::MonotoneMaps,
     perfcpu::{PerfCpus, SyncReport},
     pmu::{self, EventPair},
     probe,
@@ -147,6 +148,15 @@ pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
     }
 }
 
+/// The cgroup id of every per-cgroup map entry in `raw` (repeated per entry).
+fn raw_ids(raw: &RawMaps) -> impl Iterator<Item = u64> + '_ {
+    raw.cpu_time
+        .iter()
+        .map(|(k, _)| k.cgroup_id)
+        .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
+        .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+}
+
 /// Entries of the per-cgroup maps in `raw` (the per-CPU `pending` array is not per cgroup).
 pub fn raw_entries(raw: &RawMaps) -> usize {
     raw.cpu_time.len() + raw.events.len() + raw.reasons.len()
@@ -204,6 +214,8 @@ pub struct Sampler {
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
     steal: StealCorrection,
+    /// Raw map values made monotone key by key (evicted entries; see [`super::monotone`]).
+    monotone: MonotoneMaps,
     /// The perf_event programs' events per CPU (see [`Sampler::sync_cpus`]).
     perf: PerfCpus,
 }
@@ -307,6 +319,7 @@ impl Sampler {
             deleted: 0,
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
+            monotone: MonotoneMaps::default(),
             perf: loaded.perf,
         };
         // The first interval starts now (the reading needs the loaded STATS map).
@@ -382,7 +395,7 @@ impl Sampler {
         if self.watched.is_none() {
             self.refresh_paths();
         }
-        let raw = self.read_raw()?;
+        let mut raw = self.read_raw()?;
         let reading = self.cpu_reading();
         if let Some(r) = &reading {
             self.perf.check_clock(&r.samples, std::time::Instant::now());
@@ -395,6 +408,19 @@ impl Sampler {
         self.entries = raw_entries(&raw).saturating_sub(deleted);
         self.stale = stale;
         self.deleted = deleted;
+        // Counts of a cgroup still counted survive the eviction of its entries; without a
+        // watch list or hierarchy to say which cgroups those are, a cgroup with any entry.
+        let present: BTreeSet<u64> = if self.watched.is_none() && self.paths.is_empty() {
+            raw_ids(&raw).collect()
+        } else {
+            BTreeSet::new()
+        };
+        let (watched, paths) = (&self.watched, &self.paths);
+        self.monotone.apply(&mut raw, |id| match watched {
+            Some(w) => w.contains(&id),
+            None if !paths.is_empty() => paths.contains_key(&id),
+            None => present.contains(&id),
+        });
         let (mut out, dropped) = fold_read(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -555,12 +581,7 @@ impl Sampler {
     /// read it kept.
     fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
         let watched = self.watched.clone();
-        let missing: BTreeSet<u64> = raw
-            .cpu_time
-            .iter()
-            .map(|(k, _)| k.cgroup_id)
-            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
-            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+        let missing: BTreeSet<u64> = raw_ids(raw)
             .filter(|id| match &watched {
                 Some(w) => !w.contains(id),
                 None => !self.paths.contains_key(id),
@@ -614,12 +635,7 @@ impl Sampler {
             let _ = m.remove(k);
         }
         let deleted = cpu.len() + ev.len() + rs.len();
-        let missing_entries = raw
-            .cpu_time
-            .iter()
-            .map(|(k, _)| k.cgroup_id)
-            .chain(raw.events.iter().map(|(k, _)| k.cgroup_id))
-            .chain(raw.reasons.iter().map(|(k, _)| k.cgroup_id))
+        let missing_entries = raw_ids(raw)
             .filter(|id| self.missing_before.contains(id))
             .count();
         Ok((deleted, missing_entries.saturating_sub(deleted)))
@@ -734,6 +750,22 @@ impl Sampler {
             })?;
         }
         Ok(())
+    }
+
+    /// Test helper: deletes the `CPU_TIME` and `EVENTS` entries of (`id`, `node`), as the LRU
+    /// maps evict entries when full.
+    pub fn bench_evict(&mut self, id: u64, node: u32) {
+        let k = CgNodeKey {
+            cgroup_id: id,
+            node,
+            _pad: 0,
+        };
+        if let Ok(mut m) = self.map_mut::<HashMap<&mut MapData, CgNodeKey, u64>>("CPU_TIME") {
+            let _ = m.remove(&k);
+        }
+        if let Ok(mut m) = self.map_mut::<HashMap<&mut MapData, CgNodeKey, CgEvents>>("EVENTS") {
+            let _ = m.remove(&k);
+        }
     }
 
     /// The run-queue counters of each CPU (cumulative since the sampler started; see

@@ -124,9 +124,10 @@ impl StealCorrection {
 
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
     /// values. `now` is the reading taken with the maps (None when unreadable: no correction
-    /// this interval). A raw counter that went back (an evicted entry counting again) adds
-    /// nothing for that interval, as [`Sample::delta`] does; cgroups absent from `samples` are
-    /// forgotten.
+    /// this interval). A total that went back (exact mode's pending time flushed between the
+    /// reads of `CPU_TIME` and `SWITCH_STATE`; evicted entries are undone key by key before,
+    /// see `monotone`) adds nothing for that interval, as [`Sample::delta`]; cgroups absent
+    /// from `samples` are forgotten.
     pub fn apply(
         &mut self,
         now: Option<CpuReading>,
