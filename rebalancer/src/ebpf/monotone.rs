@@ -79,16 +79,26 @@ impl CgroupKey for CgReasonKey {
     }
 }
 
-/// One map's keys: (last raw value, cumulative value).
+/// One key: its last raw value, its cumulative value, and the read that last found it.
+#[derive(Debug)]
+struct Seen<V> {
+    last: V,
+    cum: V,
+    read: u64,
+}
+
+/// One map's keys.
 #[derive(Debug)]
 pub struct Monotone<K, V> {
-    seen: HashMap<K, (V, V)>,
+    seen: HashMap<K, Seen<V>>,
+    reads: u64,
 }
 
 impl<K, V> Default for Monotone<K, V> {
     fn default() -> Self {
         Monotone {
             seen: HashMap::new(),
+            reads: 0,
         }
     }
 }
@@ -98,20 +108,31 @@ impl<K: CgroupKey, V: Counters> Monotone<K, V> {
     /// appends the cumulative values of keys this read did not find whose cgroup is `kept`
     /// (their next value counts from 0). Keys of cgroups not kept are forgotten.
     pub fn apply(&mut self, entries: &mut Vec<(K, V)>, kept: impl Fn(u64) -> bool) {
-        let mut seen = HashMap::with_capacity(entries.len());
+        self.reads += 1;
+        let read = self.reads;
         for (k, v) in entries.iter_mut() {
-            let (last, mut cum) = self.seen.remove(k).unwrap_or_default();
-            V::advance(&mut cum, &last, v);
-            seen.insert(*k, (*v, cum));
-            *v = cum;
+            let s = self.seen.entry(*k).or_insert_with(|| Seen {
+                last: V::default(),
+                cum: V::default(),
+                read,
+            });
+            V::advance(&mut s.cum, &s.last, v);
+            s.last = *v;
+            s.read = read;
+            *v = s.cum;
         }
-        for (k, (_, cum)) in self.seen.drain() {
-            if kept(k.cgroup()) {
-                seen.insert(k, (V::default(), cum));
-                entries.push((k, cum));
+        self.seen.retain(|k, s| {
+            if s.read == read {
+                return true;
             }
-        }
-        self.seen = seen;
+            if !kept(k.cgroup()) {
+                return false;
+            }
+            // Gone from the map: made again, it starts from 0.
+            s.last = V::default();
+            entries.push((*k, s.cum));
+            true
+        });
     }
 
     /// Keys remembered (present at the last read, or carried for a kept cgroup).
