@@ -458,6 +458,13 @@ impl Cgroups {
                     out.push(format!("/{}", r.display()));
                     continue;
                 }
+                // Nested past PATH_MAX below the start (a tenant can nest its delegated
+                // cgroups without limit): no file of it can be named, so it is not listed and
+                // cannot fail the walk of everyone else's, now or at every later round.
+                Err(e) if r != first && e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    tracing::debug!(below = %first.display(), "a cgroup nested past PATH_MAX is not walked");
+                    continue;
+                }
                 Err(source) => return Err(CgroupError::Io { path: dir, source }),
             };
             out.push(format!("/{}", r.display()));

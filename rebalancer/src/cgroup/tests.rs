@@ -391,3 +391,51 @@ fn walk_roots_walks_only_the_roots_and_fails_when_the_hierarchy_is_gone() {
     std::fs::rename(&root, dir.path().join("unmounted")).unwrap();
     assert!(cg.walk_roots(Controller::Cpuset, &roots).is_err());
 }
+
+/// helper-17: a tenant nesting its delegated cgroups past PATH_MAX made `walk` fail with
+/// ENAMETOOLONG at every round (and the health check restart the daemon in a loop). The rest
+/// is walked; what cannot be named is left out.
+#[test]
+fn a_tree_nested_past_path_max_does_not_fail_the_walk() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cg");
+    let cg = fake_v2(&root);
+    std::fs::create_dir_all(root.join("kubepods/pod1/c1")).unwrap();
+    std::fs::create_dir_all(root.join("tenant")).unwrap();
+    // 30 levels of 200-byte names (6,000 bytes) by mkdirat/openat, each relative to the last.
+    let name = std::ffi::CString::new("d".repeat(200)).unwrap();
+    let mut fd = std::fs::File::open(root.join("tenant"))
+        .map(OwnedFd::from)
+        .unwrap();
+    for _ in 0..30 {
+        // SAFETY: a valid directory fd and a NUL-terminated name.
+        let next = unsafe {
+            assert_eq!(libc::mkdirat(fd.as_raw_fd(), name.as_ptr(), 0o755), 0);
+            libc::openat(
+                fd.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(next >= 0);
+        // SAFETY: a new fd this function owns.
+        fd = unsafe { OwnedFd::from_raw_fd(next) };
+    }
+    let all = cg
+        .walk(Controller::Cpuset, "")
+        .expect("the walk does not fail");
+    assert!(all.contains(&"/kubepods/pod1/c1".to_string()));
+    assert!(all.contains(&"/tenant".to_string()));
+    assert!(all
+        .iter()
+        .all(|p| root.join(p.trim_start_matches('/')).as_os_str().len() < 4096));
+    assert!(
+        all.len() > 20,
+        "what can be named below the tenant is listed"
+    );
+    let roots = cg
+        .walk_roots(Controller::Cpuset, &["tenant".to_string()])
+        .expect("walk_roots does not fail either");
+    assert!(roots.iter().all(|p| p.starts_with("/tenant")));
+}

@@ -148,6 +148,43 @@ pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
     }
 }
 
+/// What fits in a watch list of `cap` entries out of `ids` (cgroup id → id counted under):
+/// every managed cgroup (counted under itself) first, so that a tenant's sub-cgroups cannot
+/// take the slots of containers admitted later; then the cgroups below them, a first one of
+/// each managed cgroup before a second of any, and so on.
+pub fn plan_watch(ids: &BTreeMap<u64, u64>, cap: usize) -> BTreeMap<u64, u64> {
+    let mut below: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut plan = BTreeMap::new();
+    for (&id, &to) in ids {
+        if id == to {
+            if plan.len() < cap {
+                plan.insert(id, to);
+            }
+        } else {
+            below.entry(to).or_default().push(id);
+        }
+    }
+    // Only under managed cgroups that are watched themselves.
+    below.retain(|to, _| plan.contains_key(to));
+    let mut rank = 0;
+    while plan.len() < cap {
+        let mut any = false;
+        for (to, subs) in &below {
+            if let Some(id) = subs.get(rank) {
+                any = true;
+                if plan.len() < cap {
+                    plan.insert(*id, *to);
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+        rank += 1;
+    }
+    plan
+}
+
 /// The cgroup id of every per-cgroup map entry in `raw` (repeated per entry).
 fn raw_ids(raw: &RawMaps) -> impl Iterator<Item = u64> + '_ {
     raw.cpu_time
@@ -648,18 +685,19 @@ impl Sampler {
     /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
     /// fit in `WATCHED` (uncounted; logged).
     pub fn watch_only(&mut self, ids: &BTreeMap<u64, u64>) -> Result<usize, EbpfError> {
-        let under: BTreeSet<u64> = ids.values().copied().collect();
-        if self.watched.as_ref() == Some(&under) && self.watching == *ids {
+        if self.watched.is_some() && self.watching == *ids {
             return Ok(0);
         }
+        let plan = plan_watch(ids, rebalancer_common::CG_MAP_ENTRIES as usize);
         let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
         let present: Vec<(u64, u64)> = m.iter().filter_map(Result::ok).collect();
-        for (id, _) in present.iter().filter(|(id, _)| !ids.contains_key(id)) {
+        // Removals first: the slots they free are the new entries'.
+        for (id, _) in present.iter().filter(|(id, _)| !plan.contains_key(id)) {
             let _ = m.remove(id);
         }
         let present: BTreeMap<u64, u64> = present.into_iter().collect();
-        let mut refused = 0;
-        for (id, to) in ids.iter().filter(|(id, to)| present.get(id) != Some(to)) {
+        let mut refused = ids.len() - plan.len();
+        for (id, to) in plan.iter().filter(|(id, to)| present.get(id) != Some(to)) {
             if m.insert(id, to, 0).is_err() {
                 refused += 1;
             }
@@ -684,7 +722,7 @@ impl Sampler {
                 source,
             })?;
         }
-        self.watched = Some(under);
+        self.watched = Some(plan.values().copied().collect());
         self.watching = ids.clone();
         Ok(refused)
     }
@@ -825,6 +863,32 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// helper-17: a tenant's sub-cgroups filled the watch list and containers admitted later
+    /// were not counted at all.
+    #[test]
+    fn managed_cgroups_are_watched_before_any_sub_cgroup() {
+        // A tenant's container 1 with 10 sub-cgroups (ids 100..110), containers 2 and 3 with
+        // one each, and container 4 admitted last with none.
+        let mut ids: BTreeMap<u64, u64> = (100..110).map(|s| (s, 1)).collect();
+        ids.extend([(1, 1), (2, 2), (3, 3), (4, 4), (200, 2), (300, 3)]);
+        let plan = plan_watch(&ids, 7);
+        for m in 1..=4 {
+            assert_eq!(plan.get(&m), Some(&m), "managed {m} watched");
+        }
+        assert_eq!(plan.len(), 7);
+        // Then the first sub-cgroup of each before a second of any.
+        assert_eq!(plan.get(&100), Some(&1));
+        assert_eq!(plan.get(&200), Some(&2));
+        assert_eq!(plan.get(&300), Some(&3));
+        // Room for all: all of them.
+        assert_eq!(plan_watch(&ids, 100), ids);
+        // Less room than managed cgroups: managed ones only.
+        assert!(plan_watch(&ids, 3).iter().all(|(id, to)| id == to));
+        // A sub-cgroup of a managed cgroup that did not fit is not watched.
+        let p = plan_watch(&BTreeMap::from([(1, 1), (2, 2), (9, 2)]), 1);
+        assert_eq!(p, BTreeMap::from([(1, 1)]));
+    }
 
     fn key(cg: u64, node: u32) -> CgNodeKey {
         CgNodeKey {
