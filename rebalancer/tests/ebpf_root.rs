@@ -218,10 +218,19 @@ fn per_cgroup_maps_do_not_grow_with_the_cpus() {
     let names: Vec<&str> = maps.iter().map(|m| m.0).collect();
     assert_eq!(names, ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"], "{maps:?}");
     let per_entry_bound = 16 + std::mem::size_of::<rebalancer_common::CgEvents>() as u64 + 128;
+    // One value per entry, and 128 more entries per possible CPU (the LRU's per-CPU free
+    // lists), not one value per entry per possible CPU.
+    let possible = aya::util::nr_cpus().expect("possible CPUs") as u32;
+    let entries = rebalancer::ebpf::loader::cg_map_entries(possible);
+    assert_eq!(
+        entries,
+        rebalancer_common::CG_MAP_ENTRIES + 128 * possible,
+        "sized for this machine"
+    );
     for (name, map_type, memlock) in &maps {
         assert_eq!(*map_type, 9, "{name} is a shared LRU hash map: {maps:?}");
         assert!(
-            *memlock <= u64::from(rebalancer_common::CG_MAP_ENTRIES) * per_entry_bound,
+            *memlock <= u64::from(entries) * per_entry_bound,
             "{name}: {memlock} bytes"
         );
     }
@@ -260,6 +269,19 @@ fn an_evicted_entry_takes_no_counts_back() {
         migrations(&mut sampler),
         3,
         "the entry made again counts from 0"
+    );
+    // helper-18: out of the watch list for one read (its entries deleted, the engine forgets
+    // its baseline), then watched again: it counts from then, not its lifetime.
+    sampler.watch_only(&Default::default()).expect("watch list");
+    assert!(!sampler.read().expect("read").contains_key(&id));
+    sampler
+        .watch_only(&[(id, id)].into_iter().collect())
+        .expect("watch list");
+    sampler.bench_fill(id, 1, &[0]).unwrap();
+    assert_eq!(
+        migrations(&mut sampler),
+        1,
+        "back in the watch list: what it counted since"
     );
 }
 

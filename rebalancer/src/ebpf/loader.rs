@@ -60,6 +60,20 @@ pub struct Loaded {
     pub sample_period_ns: u64,
     /// The attached perf_event programs' events per CPU.
     pub perf: PerfCpus,
+    /// Entries each per-cgroup map was created with ([`cg_map_entries`]).
+    pub cg_entries: u32,
+}
+
+/// Entries of each per-cgroup map (`CPU_TIME`, `EVENTS`, `MIGRATE_REASONS`) on a machine with
+/// `possible_cpus`: the keys of `CG_MAP_ENTRIES` (cgroup, node) pairs, plus the free entries an
+/// LRU hash map lets each CPU hold on its own list (`LOCAL_FREE_TARGET`, 128 in
+/// kernel/bpf/bpf_lru_list.c): without them, on a machine with many CPUs, the free entries
+/// sit on other CPUs' lists and the map evicts live entries long before it is full. At most
+/// 2^18 (≈ 87 MB for the three maps, at 4,096 possible CPUs).
+pub fn cg_map_entries(possible_cpus: u32) -> u32 {
+    rebalancer_common::CG_MAP_ENTRIES
+        .saturating_add(possible_cpus.saturating_mul(128))
+        .min(1 << 18)
 }
 
 fn all_skipped(reason: &str) -> Loaded {
@@ -73,6 +87,7 @@ fn all_skipped(reason: &str) -> Loaded {
         pmu: None,
         sample_period_ns: 0,
         perf: PerfCpus::default(),
+        cg_entries: 0,
     }
 }
 
@@ -98,7 +113,13 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             "more CPUs than CPU_NODE holds"
         );
     }
-    let mut ebpf = match EbpfLoader::new().load(OBJECT) {
+    let possible = aya::util::nr_cpus().map_or(ncpu_entries, |n| n as u32);
+    let cg_entries = cg_map_entries(possible);
+    let mut loader = EbpfLoader::new();
+    for m in ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"] {
+        loader.map_max_entries(m, cg_entries);
+    }
+    let mut ebpf = match loader.load(OBJECT) {
         Ok(e) => e,
         Err(e) => return all_skipped(&format!("loading the eBPF object failed: {e}")),
     };
@@ -268,6 +289,7 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             perf_groups,
             online.iter().copied().collect::<BTreeSet<u32>>(),
         ),
+        cg_entries,
     }
 }
 

@@ -167,9 +167,7 @@ impl Sample {
         }
     }
 
-    /// `self - earlier`, field by field. A counter below its earlier value was reset (its map
-    /// entry evicted or deleted and created again, the cgroup re-created with a new id): the
-    /// period counts what it holds now, everything since the reset.
+    /// `self - earlier`, field by field, never below 0 (see the comment within).
     pub fn delta(&self, earlier: &Sample) -> Sample {
         // Counters go back only as a cgroup re-created at the same path (a new id counting
         // from 0) or as a local-includes-remote pair's scaled local events: the period reads

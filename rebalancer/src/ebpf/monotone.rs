@@ -34,6 +34,18 @@ impl Counters for u64 {
 
 impl Counters for CgEvents {
     fn advance(cum: &mut CgEvents, last: &CgEvents, now: &CgEvents) {
+        // No field of a live entry goes back: one that did means the entry was made again,
+        // and every field counts what it holds.
+        let reset = now.migrations < last.migrations
+            || now.cross_node_migrations < last.cross_node_migrations
+            || now.numa_moves < last.numa_moves
+            || now.numa_stuck < last.numa_stuck
+            || now.pages_migrated < last.pages_migrated
+            || now.local_faults < last.local_faults
+            || now.remote_faults < last.remote_faults
+            || now.remote_events < last.remote_events
+            || now.local_events < last.local_events;
+        let last = if reset { &CgEvents::default() } else { last };
         step(&mut cum.migrations, last.migrations, now.migrations);
         step(
             &mut cum.cross_node_migrations,
@@ -104,23 +116,42 @@ impl<K, V> Default for Monotone<K, V> {
 }
 
 impl<K: CgroupKey, V: Counters> Monotone<K, V> {
-    /// Rewrites `entries` (raw values of one read, one per key) into cumulative values, and
-    /// appends the cumulative values of keys this read did not find whose cgroup is `kept`
-    /// (their next value counts from 0). Keys of cgroups not kept are forgotten.
-    pub fn apply(&mut self, entries: &mut Vec<(K, V)>, kept: impl Fn(u64) -> bool) {
+    /// Rewrites the entries of `kept` cgroups in `entries` (raw values of one read) into
+    /// cumulative values, and appends the cumulative values of their keys this read did not
+    /// find. `exhaustive`: the read saw every key in the map, so a key it did not find is gone
+    /// and counts from 0 when it comes back; otherwise it may have been skipped, and keeps its
+    /// last value (a re-created entry below it is still a reset). Entries of cgroups not kept
+    /// pass through as read and leave no state: a cgroup kept again later starts from what
+    /// its entries count then, as the engine, which forgot it too, expects. A key found twice
+    /// in one read counts once.
+    pub fn apply(
+        &mut self,
+        entries: &mut Vec<(K, V)>,
+        exhaustive: bool,
+        kept: impl Fn(u64) -> bool,
+    ) {
         self.reads += 1;
         let read = self.reads;
-        for (k, v) in entries.iter_mut() {
-            let s = self.seen.entry(*k).or_insert_with(|| Seen {
+        let seen = &mut self.seen;
+        entries.retain_mut(|(k, v)| {
+            if !kept(k.cgroup()) {
+                seen.remove(k);
+                return true;
+            }
+            let s = seen.entry(*k).or_insert_with(|| Seen {
                 last: V::default(),
                 cum: V::default(),
-                read,
+                read: 0,
             });
+            if s.read == read {
+                return false;
+            }
             V::advance(&mut s.cum, &s.last, v);
             s.last = *v;
             s.read = read;
             *v = s.cum;
-        }
+            true
+        });
         self.seen.retain(|k, s| {
             if s.read == read {
                 return true;
@@ -128,8 +159,9 @@ impl<K: CgroupKey, V: Counters> Monotone<K, V> {
             if !kept(k.cgroup()) {
                 return false;
             }
-            // Gone from the map: made again, it starts from 0.
-            s.last = V::default();
+            if exhaustive {
+                s.last = V::default();
+            }
             entries.push((*k, s.cum));
             true
         });
@@ -158,9 +190,10 @@ impl MonotoneMaps {
     /// `pending` (exact mode's per-CPU time not yet flushed) is not a counter and is left as
     /// read.
     pub fn apply(&mut self, raw: &mut RawMaps, kept: impl Fn(u64) -> bool) {
-        self.cpu_time.apply(&mut raw.cpu_time, &kept);
-        self.events.apply(&mut raw.events, &kept);
-        self.reasons.apply(&mut raw.reasons, &kept);
+        let ex = raw.exhaustive;
+        self.cpu_time.apply(&mut raw.cpu_time, ex, &kept);
+        self.events.apply(&mut raw.events, ex, &kept);
+        self.reasons.apply(&mut raw.reasons, ex, &kept);
     }
 
     /// Keys remembered over the three maps.
@@ -196,8 +229,18 @@ mod tests {
     }
 
     fn read(m: &mut MonotoneMaps, events: &[(u32, u64)], kept: bool) -> crate::ebpf::Sample {
+        read_with(m, events, kept, true)
+    }
+
+    fn read_with(
+        m: &mut MonotoneMaps,
+        events: &[(u32, u64)],
+        kept: bool,
+        exhaustive: bool,
+    ) -> crate::ebpf::Sample {
         let mut raw = RawMaps {
             events: events.iter().map(|&(n, v)| (key(7, n), ev(v))).collect(),
+            exhaustive,
             ..Default::default()
         };
         m.apply(&mut raw, |_| kept);
@@ -230,20 +273,84 @@ mod tests {
         assert_eq!(c.delta(&b).migrations, 150);
     }
 
+    /// helper-18: a key a walk skipped (entry by entry, an eviction under its feet) and found
+    /// again must not count its whole value a second time.
     #[test]
-    fn keys_of_cgroups_not_kept_are_forgotten() {
+    fn a_key_a_walk_may_have_skipped_keeps_its_last_value() {
+        let mut m = MonotoneMaps::default();
+        let a = read_with(&mut m, &[(0, 900), (1, 100)], true, false);
+        let b = read_with(&mut m, &[(0, 900)], true, false);
+        assert_eq!(b.migrations, 1000, "node 1's count is carried");
+        let c = read_with(&mut m, &[(0, 900), (1, 103)], true, false);
+        assert_eq!(c.delta(&b).migrations, 3, "not 103");
+        assert_eq!(c.delta(&a).migrations, 3);
+        // Made again below its last value: still a reset.
+        let d = read_with(&mut m, &[(0, 900), (1, 5)], true, false);
+        assert_eq!(d.delta(&c).migrations, 5);
+    }
+
+    /// helper-18: a cgroup out of the watch list for one round (emptied, or its parent closed)
+    /// came back with its lifetime counts, the engine having forgotten its baseline.
+    #[test]
+    fn keys_of_cgroups_not_kept_are_forgotten_and_pass_through() {
         let mut m = MonotoneMaps::default();
         read(&mut m, &[(0, 900), (1, 100)], true);
         assert_eq!(m.len(), 2);
         let b = read(&mut m, &[(0, 901)], false);
-        assert_eq!(
-            m.len(),
-            1,
-            "the vanished key of a cgroup no longer kept is dropped"
+        assert!(
+            m.is_empty(),
+            "no state for a cgroup not kept, even for keys read"
         );
-        assert_eq!(b.migrations, 901);
-        read(&mut m, &[], false);
-        assert!(m.is_empty());
+        assert_eq!(b.migrations, 901, "as read");
+        // Watched again: its entries were deleted meanwhile and count from 0.
+        let c = read(&mut m, &[(0, 1)], true);
+        assert_eq!(c.migrations, 1, "what it counted since, not its lifetime");
+    }
+
+    #[test]
+    fn a_key_twice_in_one_read_counts_once() {
+        let mut m = MonotoneMaps::default();
+        let a = read(&mut m, &[(0, 10), (0, 10)], true);
+        assert_eq!(a.migrations, 10);
+    }
+
+    /// helper-18: one field below its last value means the entry was made again; the other
+    /// fields then hold only what they counted since, and count it all.
+    #[test]
+    fn a_reset_is_decided_for_the_whole_entry() {
+        let mut m = MonotoneMaps::default();
+        let k = key(7, 0);
+        let mut raw = RawMaps {
+            events: vec![(
+                k,
+                CgEvents {
+                    migrations: 100,
+                    remote_faults: 2,
+                    ..Default::default()
+                },
+            )],
+            exhaustive: true,
+            ..Default::default()
+        };
+        m.apply(&mut raw, |_| true);
+        let mut raw = RawMaps {
+            events: vec![(
+                k,
+                CgEvents {
+                    migrations: 5,
+                    remote_faults: 3,
+                    ..Default::default()
+                },
+            )],
+            exhaustive: true,
+            ..Default::default()
+        };
+        m.apply(&mut raw, |_| true);
+        assert_eq!(raw.events[0].1.migrations, 105);
+        assert_eq!(
+            raw.events[0].1.remote_faults, 5,
+            "3 since it was made again, not 1"
+        );
     }
 
     #[test]
@@ -269,6 +376,7 @@ mod tests {
             cpu_time: vec![(key(7, 0), 1000)],
             events: vec![(key(7, 0), full)],
             reasons: vec![(rk, 10)],
+            exhaustive: true,
             ..Default::default()
         };
         m.apply(&mut raw, |_| true);
@@ -287,6 +395,7 @@ mod tests {
             cpu_time: vec![(key(7, 0), 5)],
             events: vec![(key(7, 0), low)],
             reasons: vec![(rk, 2)],
+            exhaustive: true,
             ..Default::default()
         };
         m.apply(&mut raw, |_| true);

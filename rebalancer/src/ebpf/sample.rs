@@ -43,6 +43,9 @@ pub struct RawMaps {
     pub pending: Vec<(u32, SwitchState)>,
     pub events: Vec<(CgNodeKey, CgEvents)>,
     pub reasons: Vec<(CgReasonKey, u64)>,
+    /// Every hash map was read by batches (bucket by bucket): a key a read did not find was not
+    /// in the map. Entry by entry, a walk can skip keys when an entry it stands on is evicted.
+    pub exhaustive: bool,
 }
 
 /// Saturating sum of per-CPU counters.
@@ -238,8 +241,9 @@ pub struct Sampler {
     paths: BTreeMap<u64, String>,
     /// The only ids the programs count under ([`Sampler::watch_only`]); None: every cgroup.
     watched: Option<BTreeSet<u64>>,
-    /// `WATCHED` as last written (cgroup id → id counted under).
-    watching: BTreeMap<u64, u64>,
+    /// `WATCHED` as last written (cgroup id → id counted under); None: not yet, or the last
+    /// write fell short and is retried at the next call.
+    watching: Option<BTreeMap<u64, u64>>,
     /// Ids in the maps but not in the hierarchy at the previous read.
     missing_before: BTreeSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
@@ -253,6 +257,8 @@ pub struct Sampler {
     steal: StealCorrection,
     /// Raw map values made monotone key by key (evicted entries; see [`super::monotone`]).
     monotone: MonotoneMaps,
+    /// Entries each per-cgroup map holds ([`loader::cg_map_entries`]).
+    cg_entries: u32,
     /// The perf_event programs' events per CPU (see [`Sampler::sync_cpus`]).
     perf: PerfCpus,
 }
@@ -349,7 +355,7 @@ impl Sampler {
             cpu_nodes,
             paths: BTreeMap::new(),
             watched: None,
-            watching: BTreeMap::new(),
+            watching: None,
             missing_before: BTreeSet::new(),
             entries: 0,
             stale: 0,
@@ -357,6 +363,7 @@ impl Sampler {
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
             monotone: MonotoneMaps::default(),
+            cg_entries: loaded.cg_entries,
             perf: loaded.perf,
         };
         // The first interval starts now (the reading needs the loaded STATS map).
@@ -445,18 +452,12 @@ impl Sampler {
         self.entries = raw_entries(&raw).saturating_sub(deleted);
         self.stale = stale;
         self.deleted = deleted;
-        // Counts of a cgroup still counted survive the eviction of its entries; without a
-        // watch list or hierarchy to say which cgroups those are, a cgroup with any entry.
-        let present: BTreeSet<u64> = if self.watched.is_none() && self.paths.is_empty() {
-            raw_ids(&raw).collect()
-        } else {
-            BTreeSet::new()
-        };
-        let (watched, paths) = (&self.watched, &self.paths);
-        self.monotone.apply(&mut raw, |id| match watched {
-            Some(w) => w.contains(&id),
-            None if !paths.is_empty() => paths.contains_key(&id),
-            None => present.contains(&id),
+        // The counts of a watched cgroup survive the eviction of its entries. Without a watch
+        // list (`rebalancer sample`, a daemon whose watch list could not be written) the maps'
+        // raw values are used as read: no state for a tenant's every cgroup that ever ran.
+        let watched = &self.watched;
+        self.monotone.apply(&mut raw, |id| {
+            watched.as_ref().is_some_and(|w| w.contains(&id))
         });
         let (mut out, dropped) = fold_read(
             &raw,
@@ -528,7 +529,7 @@ impl Sampler {
     pub fn read_raw_with(&self, batched: bool) -> Result<RawMaps, EbpfError> {
         // CPU_TIME before SWITCH_STATE: a flush between the two reads then loses a little
         // instead of counting twice.
-        let cpu_time = self.read_hash::<CgNodeKey, u64>("CPU_TIME", batched)?;
+        let (cpu_time, b1) = self.read_hash::<CgNodeKey, u64>("CPU_TIME", batched)?;
         let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
         let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
             map: "SWITCH_STATE",
@@ -539,29 +540,31 @@ impl Sampler {
             .enumerate()
             .map(|(cpu, s)| (cpu as u32, *s))
             .collect();
-        let events = self.read_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?;
-        let reasons = self.read_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?;
+        let (events, b2) = self.read_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?;
+        let (reasons, b3) = self.read_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?;
         let raw = RawMaps {
             cpu_time,
             pending,
             events,
             reasons,
+            exhaustive: b1 && b2 && b3,
         };
         Ok(raw)
     }
 
-    /// Every entry of a shared hash map, one per key.
+    /// Every entry of a shared hash map, one per key, and whether it was read by batches.
     fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
         &self,
         name: &'static str,
         batched: bool,
-    ) -> Result<Vec<(K, V)>, EbpfError> {
+    ) -> Result<(Vec<(K, V)>, bool), EbpfError> {
         let m: HashMap<&MapData, K, V> = self.map(name)?;
         if batched {
             let fd = aya::maps::IterableMap::<K, V>::map(&m).fd().as_fd();
             match super::batch::read_hash::<K, V>(fd) {
-                // The batch walk goes on from the bucket it stopped at: no key twice.
-                Ok(Some(all)) => return Ok(all),
+                // The batch walk goes on from the bucket it stopped at: no key twice (and
+                // `monotone` counts a key once if it ever were).
+                Ok(Some(all)) => return Ok((all, true)),
                 Ok(None) => {} // no batch lookup in this kernel: entry by entry
                 Err(e) => {
                     return Err(EbpfError::Map {
@@ -574,10 +577,9 @@ impl Sampler {
                 }
             }
         }
-        // The kernel restarts a walk whose current key was evicted meanwhile: bound it (a walk
-        // cut short would read the keys past the cut as reset: an error, the round skipped),
-        // and keep one value per key.
-        let bound = 2 * rebalancer_common::CG_MAP_ENTRIES as usize;
+        // The kernel restarts a walk whose current key was evicted meanwhile: bound it (an
+        // error, the round skipped), and keep one value per key.
+        let bound = 2 * self.cg_entries as usize;
         let all = m
             .iter()
             .take(bound + 1)
@@ -594,7 +596,7 @@ impl Sampler {
                 }),
             });
         }
-        Ok(super::batch::last_per_key(all))
+        Ok((super::batch::last_per_key(all), false))
     }
 
     fn map<'a, M>(&'a self, name: &'static str) -> Result<M, EbpfError>
@@ -685,21 +687,38 @@ impl Sampler {
     /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
     /// fit in `WATCHED` (uncounted; logged).
     pub fn watch_only(&mut self, ids: &BTreeMap<u64, u64>) -> Result<usize, EbpfError> {
-        if self.watched.is_some() && self.watching == *ids {
+        if self.watching.as_ref() == Some(ids) {
             return Ok(0);
         }
         let plan = plan_watch(ids, rebalancer_common::CG_MAP_ENTRIES as usize);
         let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
-        let present: Vec<(u64, u64)> = m.iter().filter_map(Result::ok).collect();
-        // Removals first: the slots they free are the new entries'.
-        for (id, _) in present.iter().filter(|(id, _)| !plan.contains_key(id)) {
-            let _ = m.remove(id);
+        // Anything short of the whole plan written is retried at the next call (`watching` is
+        // not set), not taken for done while the ids stay the same.
+        let mut failed = false;
+        let mut present = BTreeMap::new();
+        for item in m.iter() {
+            match item {
+                Ok((id, to)) => {
+                    present.insert(id, to);
+                }
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
         }
-        let present: BTreeMap<u64, u64> = present.into_iter().collect();
+        // Removals first: the slots they free are the new entries'.
+        for id in present.keys().filter(|id| !plan.contains_key(id)) {
+            match m.remove(id) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(_) => failed = true,
+            }
+        }
         let mut refused = ids.len() - plan.len();
         for (id, to) in plan.iter().filter(|(id, to)| present.get(id) != Some(to)) {
             if m.insert(id, to, 0).is_err() {
                 refused += 1;
+                failed = true;
             }
         }
         if refused > 0 {
@@ -723,7 +742,7 @@ impl Sampler {
             })?;
         }
         self.watched = Some(plan.values().copied().collect());
-        self.watching = ids.clone();
+        self.watching = (!failed).then(|| ids.clone());
         Ok(refused)
     }
 
@@ -951,6 +970,7 @@ mod tests {
                     1,
                 ),
             ],
+            exhaustive: true,
         };
         let names = BTreeMap::from([(5, "numa_misplaced".to_string())]);
         let node_of = |cpu: u32| (cpu == 3).then_some(1);

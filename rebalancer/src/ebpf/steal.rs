@@ -126,7 +126,7 @@ impl StealCorrection {
     /// values. `now` is the reading taken with the maps (None when unreadable: no correction
     /// this interval). A total that went back (exact mode's pending time flushed between the
     /// reads of `CPU_TIME` and `SWITCH_STATE`; evicted entries are undone key by key before,
-    /// see `monotone`) adds nothing for that interval, as [`Sample::delta`]; cgroups absent
+    /// see `monotone`) adds nothing until it passes its highest value again; cgroups absent
     /// from `samples` are forgotten.
     pub fn apply(
         &mut self,
@@ -149,7 +149,8 @@ impl StealCorrection {
         for (cg, s) in samples.iter_mut() {
             for (node, ns) in s.cpu_ns.iter_mut() {
                 let key = (*cg, *node);
-                let new = ns.saturating_sub(self.raw.get(&key).copied().unwrap_or(0));
+                let before = self.raw.get(&key).copied().unwrap_or(0);
+                let new = ns.saturating_sub(before);
                 let add = match factors.get(node) {
                     Some(f) => (new as f64 * f).round() as u64,
                     None => new,
@@ -160,7 +161,9 @@ impl StealCorrection {
                     .copied()
                     .unwrap_or(0)
                     .saturating_add(add);
-                raw.insert(key, *ns);
+                // The baseline never goes back: time a dip left out is not counted twice
+                // when it shows again.
+                raw.insert(key, (*ns).max(before));
                 corrected.insert(key, c);
                 *ns = c;
             }
@@ -268,10 +271,15 @@ mod tests {
             &mut s,
         );
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1000)]));
-        // a counter that went back adds nothing; /proc/stat unreadable: no correction
+        // a total that went back adds nothing; /proc/stat unreadable: no correction
         let mut s = BTreeMap::from([(7, sample(&[(0, 100), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1100)]));
+        // ... and nothing until it passes its highest value (1400) again: the dip was time
+        // not yet seen, not new time (helper-18)
+        let mut s = BTreeMap::from([(7, sample(&[(0, 1450), (1, 1100)]))]);
+        c.apply(None, &nodes, &mut s);
+        assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1200), (1, 1100)]));
         // a vanished cgroup is forgotten: when its id counts again it starts from 0
         let r3 = reading(&[(0, 300, 25, 0), (1, 300, 0, 0)]);
         c.apply(Some(r3), &nodes, &mut BTreeMap::new());

@@ -1,5 +1,6 @@
-//! Pure parsing and arithmetic for the guest tool: cpulists, `numa_maps` lines, and locality
-//! (the fraction of a process's pages that sit on the nodes where its threads may run).
+//! Pure parsing and arithmetic for the guest tool: cpulists, `numa_maps` lines, `maps` lines
+//! and `pagemap` entries with the frame → node map, and locality (the fraction of a process's
+//! pages that sit on the nodes where its threads may run).
 use std::collections::BTreeMap;
 
 /// Parses a kernel cpulist ("0-3,8,10-11"; empty or "\n" is the empty list).
@@ -72,9 +73,85 @@ pub fn locality(per_node: &BTreeMap<u32, u64>, local: &[u32]) -> f64 {
     local_pages(per_node, local) as f64 / total as f64
 }
 
+/// The address range of one `/proc/PID/maps` line worth counting: anonymous memory (no
+/// backing inode: the heap, the stack, anonymous mmaps) unless `all`; never the kernel's
+/// special mappings ([vvar], [vdso], [vsyscall]), which have no pages of the process.
+pub fn maps_range(line: &str, all: bool) -> Option<(u64, u64)> {
+    let mut f = line.split_whitespace();
+    let (range, _perms, _off, _dev, inode) =
+        (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    let path = f.next().unwrap_or("");
+    if matches!(path, "[vvar]" | "[vvar_vclock]" | "[vdso]" | "[vsyscall]") {
+        return None;
+    }
+    if !all && inode != "0" {
+        return None;
+    }
+    let (a, b) = range.split_once('-')?;
+    let (a, b) = (
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    );
+    (b > a).then_some((a, b))
+}
+
+/// The page frame of a `/proc/PID/pagemap` entry: bit 63 present, bits 0–54 the frame (0 for a
+/// reader without CAP_SYS_ADMIN). A page the NUMA balancer made PROT_NONE to take a hinting
+/// fault is still present, with its frame: no manager is flattered by its own scanning.
+pub fn pagemap_pfn(entry: u64) -> Option<u64> {
+    (entry >> 63 == 1).then_some(entry & ((1 << 55) - 1))
+}
+
+/// Page frame → node, from the memory blocks each node lists (`nodeN/memoryM` in sysfs, each
+/// block `block_bytes` long).
+#[derive(Debug, Default)]
+pub struct FrameNodes {
+    block_pages: u64,
+    blocks: BTreeMap<u64, u32>,
+}
+
+impl FrameNodes {
+    pub fn new(block_bytes: u64, blocks: BTreeMap<u64, u32>, page: u64) -> Self {
+        FrameNodes {
+            block_pages: (block_bytes / page).max(1),
+            blocks,
+        }
+    }
+
+    /// The node of frame `pfn` (None: in no block any node lists).
+    pub fn node(&self, pfn: u64) -> Option<u32> {
+        self.blocks.get(&(pfn / self.block_pages)).copied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pagemap_pieces() {
+        let anon = "7f0000000000-7f0000400000 rw-p 00000000 00:00 0 ";
+        assert_eq!(
+            maps_range(anon, false),
+            Some((0x7f00_0000_0000, 0x7f00_0040_0000))
+        );
+        let heap = "55d000001000-55d000022000 rw-p 00000000 00:00 0          [heap]";
+        assert!(maps_range(heap, false).is_some());
+        let file = "55d000000000-55d000001000 r--p 00000000 fd:01 1234   /bin/guest-tool";
+        assert_eq!(maps_range(file, false), None);
+        assert!(maps_range(file, true).is_some());
+        let vdso = "7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0  [vdso]";
+        assert_eq!(maps_range(vdso, true), None);
+        assert_eq!(maps_range("garbage", true), None);
+        assert_eq!(pagemap_pfn(1 << 63 | 0x1234), Some(0x1234));
+        assert_eq!(pagemap_pfn(1 << 62 | 0x1234), None, "swapped: not present");
+        assert_eq!(pagemap_pfn(0), None);
+        // 128 MiB blocks: 32768 pages each; block 3 on node 1.
+        let f = FrameNodes::new(128 << 20, BTreeMap::from([(0, 0), (3, 1)]), 4096);
+        assert_eq!(f.node(100), Some(0));
+        assert_eq!(f.node(3 * 32768 + 5), Some(1));
+        assert_eq!(f.node(32768), None);
+    }
 
     fn check(list: &str, want: Result<Vec<u32>, ()>) {
         assert_eq!(parse_list(list).map_err(|_| ()), want, "cpulist {list:?}");

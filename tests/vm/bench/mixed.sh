@@ -1,7 +1,8 @@
 # Benchmark (cargo xtask vm-bench): one condition of the fixed mixed workload.
 #   sh /vm/bench/mixed.sh none|autonuma|numad|rebalancer|baseline|rebalancer-autonuma
 # (baseline: the same as rebalancer with /bin/rebalancer-baseline, vm-bench --baseline-bin.)
-# Parameters come from /vm/bench.env (MIB, WINDOW, SHIFT, PERIOD_MS). The guest's init runs one
+# Parameters come from /vm/bench.env (MIB, WINDOW, SHIFT, PERIOD_MS, SAMPLE_S, LOCALITY: the
+# locality reader's flag, --pagemap or empty for numa_maps). The guest's init runs one
 # condition per "scenario" and cleans up between them (every process killed, cgroups removed).
 #
 # Workload (A = first CPU node, B = last CPU node), each in its own cgroup under /bench:
@@ -10,10 +11,10 @@
 #   w3: MIB MiB first-touched on A, then the process moves its own affinity to B (no cpuset pin).
 # Each hog is a busy thread (it keeps touching its memory), so w2's re-pin is CPU load moving
 # from A to B. The CPUs are not saturated (3 busy threads, 4 CPUs): numad only moves a process
-# to a node with spare CPU. The manager (if any) runs from before the workload starts. About
-# every second: the workload's aggregate locality (pages on the nodes where its threads may run,
-# `guest-tool locality`), stamped when the measurement returns (reading numa_maps can stall for
-# seconds while a large migration runs under TCG).
+# to a node with spare CPU. The manager (if any) runs from before the workload starts. Every
+# SAMPLE_S seconds: the workload's aggregate locality (pages on the nodes where its threads may
+# run, `guest-tool locality`, niced), stamped at the middle of the reading (a reading can stall
+# while a large migration runs under TCG).
 # Output for the host (xtask/src/vm/bench.rs): data block `bench` with lines
 #   cond=.. mib=.. window=.. shift=.. period_ms=..
 #   sample t=<s> pids=.. missing=.. pages=.. local_pages=.. local=.. mig=<pgmigrate since t=0>
@@ -139,11 +140,15 @@ measure() {
             echo "shift t=$now"
             shifted=yes
         fi
-        tot=$(guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
-        now=$(since "$T0")
-        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0))"
-        ! fgt "$WINDOW" "$now" && break
-        sleep 1
+        r0=$(uptime_s)
+        # shellcheck disable=SC2086 # LOCALITY is a flag or nothing
+        tot=$(nice -n 10 guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
+        r1=$(uptime_s)
+        [ -n "$tot" ] || { verdict "$S" FAIL "guest-tool locality $LOCALITY gave no reading"; exit 0; }
+        now=$(awk -v a="$r0" -v b="$r1" -v z="$T0" 'BEGIN{printf "%.2f", (a + b) / 2 - z}')
+        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0)) read_s=$(awk -v a="$r0" -v b="$r1" 'BEGIN{printf "%.2f", b - a}')"
+        ! fgt "$WINDOW" "$(since "$T0")" && break
+        sleep "$SAMPLE_S"
     done
     cpu=na; total=na; alive=na
     if [ -n "$MGR_PID" ]; then
@@ -160,7 +165,8 @@ data bench measure
 for w in w1 w2 w3; do
     echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"
 done
-guest-tool locality --pid "$P1" --pid "$P2" --pid "$P3" | grep '^LOCALITY' | sed 's/^/# /'
+# shellcheck disable=SC2086
+guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | grep '^LOCALITY' | sed 's/^/# /'
 for w in w1 w2 w3; do grep -H 'error' /tmp/$w.out | sed 's/^/# workload /'; done
 case $MGR in
     numad)

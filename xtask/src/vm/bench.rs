@@ -64,6 +64,14 @@ pub struct VmBenchArgs {
     /// The rebalancer's control period (ms).
     #[arg(long, default_value_t = 2000)]
     pub period_ms: u32,
+    /// Pause between two locality readings (ms); a reading is stamped at the middle of the
+    /// time it took.
+    #[arg(long, default_value_t = 250)]
+    pub sample_ms: u32,
+    /// Read locality from numa_maps (the slower reader of earlier tables) instead of the
+    /// page table (/proc/PID/pagemap and each node's memory blocks).
+    #[arg(long)]
+    pub numa_maps: bool,
     /// Benchmark this rebalancer binary instead of building one.
     #[arg(long, value_name = "PATH")]
     pub rebalancer_bin: Option<PathBuf>,
@@ -546,8 +554,13 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
         fs::write(
             rootfs.join("vm/bench.env"),
             format!(
-                "MIB={}\nWINDOW={}\nSHIFT={}\nPERIOD_MS={}\n",
-                a.mib, a.window, a.shift, a.period_ms
+                "MIB={}\nWINDOW={}\nSHIFT={}\nPERIOD_MS={}\nSAMPLE_S={:.3}\nLOCALITY={}\n",
+                a.mib,
+                a.window,
+                a.shift,
+                a.period_ms,
+                f64::from(a.sample_ms) / 1000.0,
+                if a.numa_maps { "" } else { "--pagemap" }
             ),
         )?;
         if let Some(b) = &baseline {
