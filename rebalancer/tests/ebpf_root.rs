@@ -251,7 +251,7 @@ fn an_evicted_entry_takes_no_counts_back() {
     let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
     let id = (1u64 << 41) + 7; // far from real cgroup ids
     sampler
-        .watch_only(&[(id, id)].into_iter().collect())
+        .watch_only(&[(id, id)].into_iter().collect(), &[])
         .expect("watch list");
     // One migration on node 0 and one on node 1 (nodes need not exist for the map).
     sampler.bench_fill(id, 1, &[0]).unwrap();
@@ -272,10 +272,12 @@ fn an_evicted_entry_takes_no_counts_back() {
     );
     // helper-18: out of the watch list for one read (its entries deleted, the engine forgets
     // its baseline), then watched again: it counts from then, not its lifetime.
-    sampler.watch_only(&Default::default()).expect("watch list");
+    sampler
+        .watch_only(&Default::default(), &[])
+        .expect("watch list");
     assert!(!sampler.read().expect("read").contains_key(&id));
     sampler
-        .watch_only(&[(id, id)].into_iter().collect())
+        .watch_only(&[(id, id)].into_iter().collect(), &[])
         .expect("watch list");
     sampler.bench_fill(id, 1, &[0]).unwrap();
     assert_eq!(
@@ -357,7 +359,11 @@ fn read_10k_cgroups_timing() {
     // What a round pays: the whole read (maps, pruning, per-key monotone counts, fold, steal)
     // with the 10,000 cgroups watched.
     let watch = (first..first + n).map(|id| (id, id)).collect();
-    assert_eq!(sampler.watch_only(&watch).unwrap(), 0, "all 10,000 watched");
+    assert_eq!(
+        sampler.watch_only(&watch, &[]).unwrap(),
+        0,
+        "all 10,000 watched"
+    );
     let mut full = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
@@ -672,7 +678,7 @@ fn only_watched_cgroups_are_counted() {
 
     assert_eq!(
         sampler
-            .watch_only(&[(our_id, our_id), (sub_id, our_id)].into())
+            .watch_only(&[(our_id, our_id), (sub_id, our_id)].into(), &[])
             .unwrap(),
         0
     );
@@ -704,7 +710,9 @@ fn only_watched_cgroups_are_counted() {
     );
 
     // Dropped from the list: its entries go at the next read.
-    sampler.watch_only(&[(their_id, their_id)].into()).unwrap();
+    sampler
+        .watch_only(&[(their_id, their_id)].into(), &[])
+        .unwrap();
     sampler.read().unwrap();
     let raw = sampler.read_raw().unwrap();
     assert!(!raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == our_id));

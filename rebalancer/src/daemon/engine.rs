@@ -97,11 +97,14 @@ impl CpuTimeSource for EbpfCpuTime {
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>> {
         let mut ids = BTreeMap::new();
+        // In `managed`'s order: Kubernetes containers first (see `Engine::managed`).
+        let mut order = Vec::new();
         let mut rest = Vec::new();
         for cg in managed {
             match cgroups.cgroup_id(cg) {
                 Ok(id) => {
                     ids.insert(cg.clone(), id);
+                    order.push(id);
                 }
                 Err(_) => rest.push(cg.clone()),
             }
@@ -112,7 +115,7 @@ impl CpuTimeSource for EbpfCpuTime {
         // other cgroup's events can fill the maps and evict theirs. A cgroup watched from now
         // has its first counts at the next read.
         let watch = watch_list(cgroups, &ids);
-        if let Err(e) = self.sampler.watch_only(&watch) {
+        if let Err(e) = self.sampler.watch_only(&watch, &order) {
             tracing::warn!(error = %e, "eBPF watch list not updated");
         }
         let all = match self.sampler.read() {
@@ -680,8 +683,9 @@ impl Engine {
         self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
-    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
-    /// below a configured root. Paths are relative, without a leading '/'.
+    /// Managed cgroups: Kubernetes containers (when enabled), then cgroups with processes at
+    /// or below a configured root (a delegated user's there may be any number; the eBPF watch
+    /// list takes them in this order). Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Option<Vec<String>> {
         // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
         // delegated subtrees, any number of cgroups) is never managed, so never walked.
@@ -697,24 +701,30 @@ impl Engine {
                 return None;
             }
         };
-        all.into_iter()
+        let (mut containers, mut configured) = (Vec::new(), Vec::new());
+        for p in all
+            .into_iter()
             .map(|p| p.trim_start_matches('/').to_string())
-            .filter(|p| {
-                match classify_in(
-                    p,
-                    cfg.cgroups.kubernetes_root.as_deref(),
-                    &cfg.cgroups.roots,
-                ) {
-                    CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
-                    CgroupKind::Configured { .. } => self
+        {
+            match classify_in(
+                &p,
+                cfg.cgroups.kubernetes_root.as_deref(),
+                &cfg.cgroups.roots,
+            ) {
+                CgroupKind::Container { .. } if cfg.cgroups.kubernetes => containers.push(p),
+                CgroupKind::Configured { .. }
+                    if self
                         .cgroups
-                        .procs(Controller::Cpuset, p)
-                        .is_ok_and(|v| !v.is_empty()),
-                    _ => false,
+                        .procs(Controller::Cpuset, &p)
+                        .is_ok_and(|v| !v.is_empty()) =>
+                {
+                    configured.push(p)
                 }
-            })
-            .collect::<Vec<String>>()
-            .into()
+                _ => {}
+            }
+        }
+        containers.extend(configured);
+        Some(containers)
     }
 
     fn node_obs(&mut self, cfg: &Config, topo: &Topology) -> BTreeMap<u32, NodeObs> {

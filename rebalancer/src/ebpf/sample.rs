@@ -152,12 +152,20 @@ pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
 }
 
 /// What fits in a watch list of `cap` entries out of `ids` (cgroup id → id counted under):
-/// every managed cgroup (counted under itself) first, so that a tenant's sub-cgroups cannot
+/// every managed cgroup (counted under itself) first — those of `first` in its order (the
+/// daemon puts Kubernetes containers there, before cgroups under configured roots, which may
+/// hold a delegated user's any number), then the others — so that a tenant's sub-cgroups cannot
 /// take the slots of containers admitted later; then the cgroups below them, a first one of
 /// each managed cgroup before a second of any, and so on.
-pub fn plan_watch(ids: &BTreeMap<u64, u64>, cap: usize) -> BTreeMap<u64, u64> {
+pub fn plan_watch(ids: &BTreeMap<u64, u64>, first: &[u64], cap: usize) -> BTreeMap<u64, u64> {
     let mut below: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut plan = BTreeMap::new();
+    let managed = |id: &u64| ids.get(id) == Some(id);
+    for id in first.iter().filter(|id| managed(id)) {
+        if plan.len() < cap {
+            plan.insert(*id, *id);
+        }
+    }
     for (&id, &to) in ids {
         if id == to {
             if plan.len() < cap {
@@ -686,11 +694,15 @@ impl Sampler {
     /// no watched event is dropped), entries of ids no longer counted under are deleted at the
     /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
     /// fit in `WATCHED` (uncounted; logged).
-    pub fn watch_only(&mut self, ids: &BTreeMap<u64, u64>) -> Result<usize, EbpfError> {
+    pub fn watch_only(
+        &mut self,
+        ids: &BTreeMap<u64, u64>,
+        first: &[u64],
+    ) -> Result<usize, EbpfError> {
         if self.watching.as_ref() == Some(ids) {
             return Ok(0);
         }
-        let plan = plan_watch(ids, rebalancer_common::CG_MAP_ENTRIES as usize);
+        let plan = plan_watch(ids, first, rebalancer_common::CG_MAP_ENTRIES as usize);
         let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
         // Anything short of the whole plan written is retried at the next call (`watching` is
         // not set), not taken for done while the ids stay the same.
@@ -891,7 +903,7 @@ mod tests {
         // one each, and container 4 admitted last with none.
         let mut ids: BTreeMap<u64, u64> = (100..110).map(|s| (s, 1)).collect();
         ids.extend([(1, 1), (2, 2), (3, 3), (4, 4), (200, 2), (300, 3)]);
-        let plan = plan_watch(&ids, 7);
+        let plan = plan_watch(&ids, &[], 7);
         for m in 1..=4 {
             assert_eq!(plan.get(&m), Some(&m), "managed {m} watched");
         }
@@ -901,11 +913,18 @@ mod tests {
         assert_eq!(plan.get(&200), Some(&2));
         assert_eq!(plan.get(&300), Some(&3));
         // Room for all: all of them.
-        assert_eq!(plan_watch(&ids, 100), ids);
+        assert_eq!(plan_watch(&ids, &[], 100), ids);
         // Less room than managed cgroups: managed ones only.
-        assert!(plan_watch(&ids, 3).iter().all(|(id, to)| id == to));
+        assert!(plan_watch(&ids, &[], 3).iter().all(|(id, to)| id == to));
+        // Those named first before the others (helper-18: a delegated user's cgroups under a
+        // configured root ahead of Kubernetes containers by id).
+        assert_eq!(
+            plan_watch(&ids, &[4, 3, 99], 2),
+            BTreeMap::from([(3, 3), (4, 4)]),
+            "an id in `first` that is not managed is ignored"
+        );
         // A sub-cgroup of a managed cgroup that did not fit is not watched.
-        let p = plan_watch(&BTreeMap::from([(1, 1), (2, 2), (9, 2)]), 1);
+        let p = plan_watch(&BTreeMap::from([(1, 1), (2, 2), (9, 2)]), &[], 1);
         assert_eq!(p, BTreeMap::from([(1, 1)]));
     }
 

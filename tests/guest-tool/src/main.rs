@@ -49,10 +49,13 @@ enum Cmd {
         #[arg(long)]
         all: bool,
         /// Read where each page is from /proc/PID/pagemap (frames, root only) and the memory
-        /// blocks of each node, instead of numa_maps: a few times faster, so a benchmark can
-        /// take finer readings.
+        /// blocks of each node, instead of numa_maps: the same count by another path (a page
+        /// the NUMA balancer made PROT_NONE is still present with its frame).
         #[arg(long)]
         pagemap: bool,
+        /// Lower this reader's priority first (setpriority; the guest's busybox has no `nice`).
+        #[arg(long, default_value_t = 0)]
+        nice: i32,
     },
     /// Burn CPU.
     Spin {
@@ -183,7 +186,20 @@ fn main() {
 fn run(cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Hog(a) => hog(a),
-        Cmd::Locality { pid, all, pagemap } => locality_of(&pid, all, pagemap),
+        Cmd::Locality {
+            pid,
+            all,
+            pagemap,
+            nice,
+        } => {
+            if nice != 0 {
+                // SAFETY: plain syscall on this process.
+                if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+                    return Err(std::io::Error::last_os_error()).context("setpriority");
+                }
+            }
+            locality_of(&pid, all, pagemap)
+        }
         Cmd::Spin {
             threads,
             seconds,

@@ -2,7 +2,7 @@
 #   sh /vm/bench/mixed.sh none|autonuma|numad|rebalancer|baseline|rebalancer-autonuma
 # (baseline: the same as rebalancer with /bin/rebalancer-baseline, vm-bench --baseline-bin.)
 # Parameters come from /vm/bench.env (MIB, WINDOW, SHIFT, PERIOD_MS, SAMPLE_S, LOCALITY: the
-# locality reader's flag, --pagemap or empty for numa_maps). The guest's init runs one
+# locality reader's flag, empty for numa_maps or --pagemap). The guest's init runs one
 # condition per "scenario" and cleans up between them (every process killed, cgroups removed).
 #
 # Workload (A = first CPU node, B = last CPU node), each in its own cgroup under /bench:
@@ -13,8 +13,9 @@
 # from A to B. The CPUs are not saturated (3 busy threads, 4 CPUs): numad only moves a process
 # to a node with spare CPU. The manager (if any) runs from before the workload starts. Every
 # SAMPLE_S seconds: the workload's aggregate locality (pages on the nodes where its threads may
-# run, `guest-tool locality`, niced), stamped at the middle of the reading (a reading can stall
-# while a large migration runs under TCG).
+# run, `guest-tool locality`), stamped at the middle of the reading (a reading takes 0.3-0.6 s
+# under TCG, longer while a large migration runs; not niced: a niced reader starves behind the
+# daemon's migrating writers and the hogs, and its readings stretch to 10 s).
 # Output for the host (xtask/src/vm/bench.rs): data block `bench` with lines
 #   cond=.. mib=.. window=.. shift=.. period_ms=..
 #   sample t=<s> pids=.. missing=.. pages=.. local_pages=.. local=.. mig=<pgmigrate since t=0>
@@ -142,7 +143,7 @@ measure() {
         fi
         r0=$(uptime_s)
         # shellcheck disable=SC2086 # LOCALITY is a flag or nothing
-        tot=$(nice -n 10 guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
+        tot=$(guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
         r1=$(uptime_s)
         [ -n "$tot" ] || { verdict "$S" FAIL "guest-tool locality $LOCALITY gave no reading"; exit 0; }
         now=$(awk -v a="$r0" -v b="$r1" -v z="$T0" 'BEGIN{printf "%.2f", (a + b) / 2 - z}')
