@@ -2,8 +2,9 @@
 //!
 //! The per-cgroup counters are shared LRU hash maps updated with atomic adds, not per-CPU
 //! maps: a per-CPU LRU map preallocates every entry's value on every *possible* CPU (16,384 ×
-//! 88 bytes × 256 CPUs is 369 MB, charged to the daemon's memory cgroup), while these take a
-//! few MB whatever the machine. An entry is created with `BPF_NOEXIST`; a program that loses
+//! 88 bytes × 256 CPUs is 369 MB, charged to the daemon's memory cgroup), while these hold one
+//! value per entry (userspace sizes them at load: 16,384 entries plus 128 per CPU for the
+//! LRU's per-CPU free lists, `loader::cg_map_entries`). An entry is created with `BPF_NOEXIST`; a program that loses
 //! the race to create it adds into the winner's entry, so no count is overwritten.
 use aya_ebpf::{
     macros::map,

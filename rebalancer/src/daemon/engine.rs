@@ -97,7 +97,7 @@ impl CpuTimeSource for EbpfCpuTime {
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>> {
         let mut ids = BTreeMap::new();
-        // In `managed`'s order: Kubernetes containers first (see `Engine::managed`).
+        // In `managed`'s order: Kubernetes containers first (see `containers_first`).
         let mut order = Vec::new();
         let mut rest = Vec::new();
         for cg in managed {
@@ -214,6 +214,25 @@ pub fn watch_list(cgroups: &Cgroups, ids: &BTreeMap<String, u64>) -> BTreeMap<u6
         out.insert(*id, *id);
     }
     out
+}
+
+/// `managed` with Kubernetes containers first, then the cgroups under configured roots (where
+/// a delegated user may make any number): the order the eBPF watch list takes them in (see
+/// `ebpf::sample::plan_watch`).
+pub fn containers_first(cfg: &Config, managed: &[String]) -> Vec<String> {
+    let (mut containers, configured): (Vec<String>, Vec<String>) =
+        managed.iter().cloned().partition(|p| {
+            matches!(
+                classify_in(
+                    p,
+                    cfg.cgroups.kubernetes_root.as_deref(),
+                    &cfg.cgroups.roots
+                ),
+                CgroupKind::Container { .. }
+            )
+        });
+    containers.extend(configured);
+    containers
 }
 
 /// Gives each managed cgroup a read did not find its previous reading: a zero period now,
@@ -683,9 +702,8 @@ impl Engine {
         self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
-    /// Managed cgroups: Kubernetes containers (when enabled), then cgroups with processes at
-    /// or below a configured root (a delegated user's there may be any number; the eBPF watch
-    /// list takes them in this order). Paths are relative, without a leading '/'.
+    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
+    /// below a configured root, sorted. Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Option<Vec<String>> {
         // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
         // delegated subtrees, any number of cgroups) is never managed, so never walked.
@@ -701,30 +719,24 @@ impl Engine {
                 return None;
             }
         };
-        let (mut containers, mut configured) = (Vec::new(), Vec::new());
-        for p in all
-            .into_iter()
+        all.into_iter()
             .map(|p| p.trim_start_matches('/').to_string())
-        {
-            match classify_in(
-                &p,
-                cfg.cgroups.kubernetes_root.as_deref(),
-                &cfg.cgroups.roots,
-            ) {
-                CgroupKind::Container { .. } if cfg.cgroups.kubernetes => containers.push(p),
-                CgroupKind::Configured { .. }
-                    if self
+            .filter(|p| {
+                match classify_in(
+                    p,
+                    cfg.cgroups.kubernetes_root.as_deref(),
+                    &cfg.cgroups.roots,
+                ) {
+                    CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
+                    CgroupKind::Configured { .. } => self
                         .cgroups
-                        .procs(Controller::Cpuset, &p)
-                        .is_ok_and(|v| !v.is_empty()) =>
-                {
-                    configured.push(p)
+                        .procs(Controller::Cpuset, p)
+                        .is_ok_and(|v| !v.is_empty()),
+                    _ => false,
                 }
-                _ => {}
-            }
-        }
-        containers.extend(configured);
-        Some(containers)
+            })
+            .collect::<Vec<String>>()
+            .into()
     }
 
     fn node_obs(&mut self, cfg: &Config, topo: &Topology) -> BTreeMap<u32, NodeObs> {
@@ -918,8 +930,8 @@ impl Engine {
         // round's budget (a rate: event rounds get no fresh budget).
         let (moving, _) = applier.in_flight();
         let budget_used = applier.budget_used();
-        let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &managed, &topo)
-        else {
+        let order = containers_first(&cfg, &managed);
+        let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &order, &topo) else {
             self.skipped(d, "sample-read");
             return 0;
         };

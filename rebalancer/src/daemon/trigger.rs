@@ -13,9 +13,12 @@
 //!   writes three files a millisecond apart: one round sees all three) — and the follow-up
 //!   round [`FOLLOW_UP`] after an event round, the first whose CPU time is all measured after
 //!   the change (the event round's period is mostly from before it). An event round (or
-//!   follow-up) never starts sooner than [`min_gap`] after the round before it, so a stream
-//!   of events (pod churn, a user rewriting a file) costs at most two rounds per period and
-//!   one a second; the migration budget is a rate over the period whatever the rounds
+//!   follow-up) never starts sooner than [`min_gap`] after the event round before it, nor
+//!   sooner than `settle` after any round, so a stream of events (pod churn, a user rewriting
+//!   a file) costs at most one event round a second (half the period when that is shorter)
+//!   beside the period's own; a period round that happened to start just before an
+//!   operator's pin does not hold the pin's round back (it did, by up to a second, before
+//!   2026-12-04). The migration budget is a rate over the period whatever the rounds
 //!   (`apply::Applier::budget_used`).
 //! - Not watched ([`operator_writable`]): a cpuset.cpus file that a non-root user can write
 //!   (a delegated subtree under a configured root), whose owner could otherwise bring rounds
@@ -118,12 +121,13 @@ pub fn min_gap(settle: Duration, period: Duration) -> Duration {
 #[derive(Debug)]
 pub struct Coalescer {
     settle: Duration,
-    /// An event round no sooner than this after the last round's start.
+    /// An event round no sooner than this after the last event round's start.
     min_gap: Duration,
     first: Option<Instant>,
     last: Option<Instant>,
     follow_up: Option<Instant>,
     last_round: Option<Instant>,
+    last_event_round: Option<Instant>,
 }
 
 impl Coalescer {
@@ -136,10 +140,11 @@ impl Coalescer {
             last: None,
             follow_up: None,
             last_round: None,
+            last_event_round: None,
         }
     }
 
-    /// Event rounds at least `gap` after the last round's start (see [`min_gap`]).
+    /// Event rounds at least `gap` after the last event round's start (see [`min_gap`]).
     pub fn set_min_gap(&mut self, gap: Duration) {
         self.min_gap = gap;
     }
@@ -167,10 +172,11 @@ impl Coalescer {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        match (due, self.last_round) {
-            (Some(d), Some(r)) => Some(d.max(r + self.min_gap)),
-            (d, _) => d,
-        }
+        let after = |d: Instant, r: Option<Instant>, gap: Duration| r.map_or(d, |r| d.max(r + gap));
+        due.map(|d| {
+            let d = after(d, self.last_event_round, self.min_gap);
+            after(d, self.last_round, self.settle)
+        })
     }
 
     /// A round starts at `now` (whatever woke it): the events so far are its. Returns whether
@@ -182,6 +188,9 @@ impl Coalescer {
         let follow = self.follow_up.take().is_some_and(|f| f <= now);
         if evented {
             self.follow_up = Some(now + FOLLOW_UP);
+        }
+        if evented || follow {
+            self.last_event_round = Some(now);
         }
         evented || follow
     }
@@ -607,6 +616,34 @@ mod tests {
         for w in starts.windows(2) {
             assert!(w[1] - w[0] >= ms(1000), "{:?}", w[1] - w[0]);
         }
+    }
+
+    /// vm-bench 4node-asym (2026-12-04): a period round that started 0.6 s before an
+    /// operator's re-pin held the pin's round back to a second after it; now the pin's round
+    /// comes `settle` after the pin (the gap counts from the last event round), and never
+    /// sooner than `settle` after any round.
+    #[test]
+    fn a_period_round_does_not_hold_back_an_event_round() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(ms(200));
+        c.set_min_gap(min_gap(ms(200), ms(2000)));
+        assert!(!c.round_started(t0), "a period round");
+        c.event(t0 + ms(400));
+        assert_eq!(
+            c.due(),
+            Some(t0 + ms(600)),
+            "settle after the pin, not 1 s after t0"
+        );
+        // An event right after a period round's start: settle after that round too.
+        let mut c = Coalescer::new(ms(200));
+        c.set_min_gap(min_gap(ms(200), ms(2000)));
+        assert!(!c.round_started(t0));
+        c.event(t0);
+        assert_eq!(c.due(), Some(t0 + ms(200)));
+        // Event rounds themselves stay a gap apart.
+        assert!(c.round_started(t0 + ms(200)));
+        c.event(t0 + ms(300));
+        assert_eq!(c.due(), Some(t0 + ms(1200)), "1 s after the event round");
     }
 
     /// Issue 18 review P1: a cpuset.cpus that a non-root user can write is not watched (its

@@ -65,15 +65,16 @@ pub struct Loaded {
 }
 
 /// Entries of each per-cgroup map (`CPU_TIME`, `EVENTS`, `MIGRATE_REASONS`) on a machine with
-/// `possible_cpus`: the keys of `CG_MAP_ENTRIES` (cgroup, node) pairs, plus the free entries an
+/// `cpus` CPUs: the keys of `CG_MAP_ENTRIES` (cgroup, node) pairs, plus the free entries an
 /// LRU hash map lets each CPU hold on its own list (`LOCAL_FREE_TARGET`, 128 in
 /// kernel/bpf/bpf_lru_list.c): without them, on a machine with many CPUs, the free entries
-/// sit on other CPUs' lists and the map evicts live entries long before it is full. At most
-/// 2^18 (≈ 87 MB for the three maps, at 4,096 possible CPUs).
-pub fn cg_map_entries(possible_cpus: u32) -> u32 {
+/// sit on other CPUs' lists and the map evicts live entries long before it is full. The
+/// three maps take 328 bytes per entry (5.4 MB at 16,384; 16 MB at 256 CPUs); at most 2^17
+/// entries (43 MB, reached past 896 CPUs), under the daemon's 128 MiB.
+pub fn cg_map_entries(cpus: u32) -> u32 {
     rebalancer_common::CG_MAP_ENTRIES
-        .saturating_add(possible_cpus.saturating_mul(128))
-        .min(1 << 18)
+        .saturating_add(cpus.saturating_mul(128))
+        .min(1 << 17)
 }
 
 fn all_skipped(reason: &str) -> Loaded {
@@ -113,8 +114,9 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             "more CPUs than CPU_NODE holds"
         );
     }
-    let possible = aya::util::nr_cpus().map_or(ncpu_entries, |n| n as u32);
-    let cg_entries = cg_map_entries(possible);
+    // The CPUs this machine has, not every possible one (a VM may declare hundreds of
+    // hot-pluggable slots it never fills).
+    let cg_entries = cg_map_entries(topo.cpus.len() as u32);
     let mut loader = EbpfLoader::new();
     for m in ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"] {
         loader.map_max_entries(m, cg_entries);

@@ -19,6 +19,10 @@ pub trait Counters: Copy + Default {
     /// Adds to `cum` what a key counted between the raw reads `last` and `now`, field by field
     /// (a field below its last read was reset: it counted `now` since).
     fn advance(cum: &mut Self, last: &Self, now: &Self);
+    /// `self += other`, field by field.
+    fn add(&mut self, other: &Self) {
+        Self::advance(self, &Self::default(), other);
+    }
 }
 
 fn step(cum: &mut u64, last: u64, now: u64) {
@@ -103,6 +107,12 @@ struct Seen<V> {
 #[derive(Debug)]
 pub struct Monotone<K, V> {
     seen: HashMap<K, Seen<V>>,
+    /// Counts of vanished keys folded into one key per cgroup (`fold`).
+    carried: HashMap<K, V>,
+    /// The key a vanished key's counts are folded into, for a map whose reader sums a
+    /// cgroup's keys anyway (`EVENTS`): the state then stays one entry per cgroup however many
+    /// of its keys come and go. None: a vanished key is carried as itself (its key matters).
+    fold: Option<fn(&K) -> K>,
     reads: u64,
 }
 
@@ -110,6 +120,8 @@ impl<K, V> Default for Monotone<K, V> {
     fn default() -> Self {
         Monotone {
             seen: HashMap::new(),
+            carried: HashMap::new(),
+            fold: None,
             reads: 0,
         }
     }
@@ -152,6 +164,7 @@ impl<K: CgroupKey, V: Counters> Monotone<K, V> {
             *v = s.cum;
             true
         });
+        let (fold, carried) = (self.fold, &mut self.carried);
         self.seen.retain(|k, s| {
             if s.read == read {
                 return true;
@@ -160,29 +173,62 @@ impl<K: CgroupKey, V: Counters> Monotone<K, V> {
                 return false;
             }
             if exhaustive {
+                // Gone from the map.
+                if let Some(f) = fold {
+                    carried.entry(f(k)).or_default().add(&s.cum);
+                    return false;
+                }
                 s.last = V::default();
             }
             entries.push((*k, s.cum));
             true
         });
+        carried.retain(|k, _| kept(k.cgroup()));
+        entries.extend(carried.iter().map(|(k, v)| (*k, *v)));
     }
 
     /// Keys remembered (present at the last read, or carried for a kept cgroup).
     pub fn len(&self) -> usize {
-        self.seen.len()
+        self.seen.len() + self.carried.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
+        self.len() == 0
     }
 }
 
-/// The three per-cgroup maps' monotone counts.
-#[derive(Debug, Default)]
+/// The three per-cgroup maps' monotone counts. What they remember of a watched cgroup is
+/// bounded whatever a tenant does with its entries: its `EVENTS` keys that vanished fold into
+/// one per cgroup (the reader sums them over nodes), its `CPU_TIME` keys number its nodes with
+/// CPUs, its `MIGRATE_REASONS` keys at most `MAX_MIGRATE_REASONS` (16): about 30 MB at the
+/// 16,384 watched cgroups' worst, on 8 nodes.
+#[derive(Debug)]
 pub struct MonotoneMaps {
     cpu_time: Monotone<CgNodeKey, u64>,
     events: Monotone<CgNodeKey, CgEvents>,
     reasons: Monotone<CgReasonKey, u64>,
+}
+
+/// Where a cgroup's vanished `EVENTS` keys are carried: a node no map key has.
+fn events_carry(k: &CgNodeKey) -> CgNodeKey {
+    CgNodeKey {
+        cgroup_id: k.cgroup_id,
+        node: u32::MAX,
+        _pad: 0,
+    }
+}
+
+impl Default for MonotoneMaps {
+    fn default() -> Self {
+        MonotoneMaps {
+            cpu_time: Monotone::default(),
+            events: Monotone {
+                fold: Some(events_carry),
+                ..Monotone::default()
+            },
+            reasons: Monotone::default(),
+        }
+    }
 }
 
 impl MonotoneMaps {
@@ -271,6 +317,23 @@ mod tests {
         // Back with 150: all of it is new (it started from 0 when it was made again).
         let c = read(&mut m, &[(0, 910), (1, 150)], true);
         assert_eq!(c.delta(&b).migrations, 150);
+    }
+
+    /// helper-19: a tenant whose entries keep vanishing (evicted) on ever new nodes must not
+    /// grow the state past one carried entry per cgroup for `EVENTS`.
+    #[test]
+    fn vanished_events_keys_fold_into_one_per_cgroup() {
+        let mut m = MonotoneMaps::default();
+        let mut total = 0;
+        for node in 0..50 {
+            let s = read(&mut m, &[(node, 10)], true);
+            total += 10;
+            assert_eq!(s.migrations, total, "every vanished key's count kept");
+            assert!(m.len() <= 2, "{} keys after {} nodes", m.len(), node + 1);
+        }
+        // Back on node 0: all of its 7 are new.
+        let s = read(&mut m, &[(0, 7)], true);
+        assert_eq!(s.migrations, total + 7);
     }
 
     /// helper-18: a key a walk skipped (entry by entry, an eviction under its feet) and found

@@ -152,46 +152,47 @@ pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
 }
 
 /// What fits in a watch list of `cap` entries out of `ids` (cgroup id → id counted under):
-/// every managed cgroup (counted under itself) first — those of `first` in its order (the
-/// daemon puts Kubernetes containers there, before cgroups under configured roots, which may
-/// hold a delegated user's any number), then the others — so that a tenant's sub-cgroups cannot
-/// take the slots of containers admitted later; then the cgroups below them, a first one of
-/// each managed cgroup before a second of any, and so on.
+/// the managed cgroups of `first` in its order (the daemon puts Kubernetes containers there),
+/// then the cgroups below them — a first one of each before a second of any — and only then
+/// the other managed cgroups (under configured roots, where a delegated user may make any
+/// number) by id, then the cgroups below those. A tenant's sub-cgroups or a user's many
+/// cgroups cannot take the slots of containers admitted later.
 pub fn plan_watch(ids: &BTreeMap<u64, u64>, first: &[u64], cap: usize) -> BTreeMap<u64, u64> {
-    let mut below: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    let mut plan = BTreeMap::new();
     let managed = |id: &u64| ids.get(id) == Some(id);
-    for id in first.iter().filter(|id| managed(id)) {
-        if plan.len() < cap {
-            plan.insert(*id, *id);
-        }
+    let mut below: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (&id, &to) in ids.iter().filter(|(id, to)| id != to) {
+        below.entry(to).or_default().push(id);
     }
-    for (&id, &to) in ids {
-        if id == to {
-            if plan.len() < cap {
-                plan.insert(id, to);
+    let firsts: Vec<u64> = first.iter().copied().filter(managed).collect();
+    let rest: Vec<u64> = ids
+        .keys()
+        .copied()
+        .filter(|id| managed(id) && !firsts.contains(id))
+        .collect();
+    let mut plan = BTreeMap::new();
+    for group in [firsts, rest] {
+        let mut added = Vec::new();
+        for id in group {
+            if plan.len() < cap && plan.insert(id, id).is_none() {
+                added.push(id);
             }
-        } else {
-            below.entry(to).or_default().push(id);
         }
-    }
-    // Only under managed cgroups that are watched themselves.
-    below.retain(|to, _| plan.contains_key(to));
-    let mut rank = 0;
-    while plan.len() < cap {
-        let mut any = false;
-        for (to, subs) in &below {
-            if let Some(id) = subs.get(rank) {
-                any = true;
-                if plan.len() < cap {
-                    plan.insert(*id, *to);
+        let mut rank = 0;
+        while plan.len() < cap {
+            let mut any = false;
+            for to in &added {
+                if let Some(sub) = below.get(to).and_then(|v| v.get(rank)) {
+                    any = true;
+                    if plan.len() < cap {
+                        plan.insert(*sub, *to);
+                    }
                 }
             }
+            if !any {
+                break;
+            }
+            rank += 1;
         }
-        if !any {
-            break;
-        }
-        rank += 1;
     }
     plan
 }
@@ -249,6 +250,8 @@ pub struct Sampler {
     paths: BTreeMap<u64, String>,
     /// The only ids the programs count under ([`Sampler::watch_only`]); None: every cgroup.
     watched: Option<BTreeSet<u64>>,
+    /// `CFG_WATCHED_ONLY` is set in the programs' config.
+    flag_watched_only: bool,
     /// `WATCHED` as last written (cgroup id → id counted under); None: not yet, or the last
     /// write fell short and is retried at the next call.
     watching: Option<BTreeMap<u64, u64>>,
@@ -363,6 +366,7 @@ impl Sampler {
             cpu_nodes,
             paths: BTreeMap::new(),
             watched: None,
+            flag_watched_only: false,
             watching: None,
             missing_before: BTreeSet::new(),
             entries: 0,
@@ -703,6 +707,10 @@ impl Sampler {
             return Ok(0);
         }
         let plan = plan_watch(ids, first, rebalancer_common::CG_MAP_ENTRIES as usize);
+        // What reads keep from now on, even if writing the list below fails: a cgroup dropped
+        // here is dropped by the engine too, and must leave no counts behind to come back with
+        // (its entries are deleted at the next read).
+        self.watched = Some(plan.values().copied().collect());
         let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
         // Anything short of the whole plan written is retried at the next call (`watching` is
         // not set), not taken for done while the ids stay the same.
@@ -740,7 +748,7 @@ impl Sampler {
                 "more cgroups to watch than the eBPF watch list holds: these are not sampled"
             );
         }
-        if self.watched.is_none() {
+        if !self.flag_watched_only {
             let mut c: aya::maps::Array<&mut MapData, rebalancer_common::ProgConfig> =
                 self.map_mut("CONFIG")?;
             let mut pc = c.get(&0, 0).map_err(|source| EbpfError::Map {
@@ -752,8 +760,8 @@ impl Sampler {
                 map: "CONFIG",
                 source,
             })?;
+            self.flag_watched_only = true;
         }
-        self.watched = Some(plan.values().copied().collect());
         self.watching = (!failed).then(|| ids.clone());
         Ok(refused)
     }
@@ -922,6 +930,12 @@ mod tests {
             plan_watch(&ids, &[4, 3, 99], 2),
             BTreeMap::from([(3, 3), (4, 4)]),
             "an id in `first` that is not managed is ignored"
+        );
+        // helper-19: those named first and the cgroups below them before any other managed
+        // cgroup (a container whose processes live in a sub-cgroup reads as idle without it).
+        assert_eq!(
+            plan_watch(&ids, &[2], 4),
+            BTreeMap::from([(2, 2), (200, 2), (1, 1), (3, 3)])
         );
         // A sub-cgroup of a managed cgroup that did not fit is not watched.
         let p = plan_watch(&BTreeMap::from([(1, 1), (2, 2), (9, 2)]), &[], 1);

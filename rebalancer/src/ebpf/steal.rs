@@ -124,10 +124,11 @@ impl StealCorrection {
 
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
     /// values. `now` is the reading taken with the maps (None when unreadable: no correction
-    /// this interval). A total that went back (exact mode's pending time flushed between the
-    /// reads of `CPU_TIME` and `SWITCH_STATE`; evicted entries are undone key by key before,
-    /// see `monotone`) adds nothing until it passes its highest value again; cgroups absent
-    /// from `samples` are forgotten.
+    /// this interval). A total that went back adds nothing that interval: by at most exact
+    /// mode's pending time (flushed between the reads of `CPU_TIME` and `SWITCH_STATE`), it
+    /// adds nothing until it passes its highest value again; by more (an evicted entry made
+    /// again where no watch list lets `monotone` undo it), it counts on from its new value.
+    /// Cgroups absent from `samples` are forgotten.
     pub fn apply(
         &mut self,
         now: Option<CpuReading>,
@@ -161,9 +162,19 @@ impl StealCorrection {
                     .copied()
                     .unwrap_or(0)
                     .saturating_add(add);
-                // The baseline never goes back: time a dip left out is not counted twice
-                // when it shows again.
-                raw.insert(key, (*ns).max(before));
+                // A dip no deeper than exact mode's pending time (under `SWITCH_FLUSH_NS` per
+                // CPU) is time a flush between the two reads left out: the baseline stays, so
+                // it is not counted twice when it shows again. A deeper one is an entry made
+                // again (without a watch list nothing undoes evictions): the new value is the
+                // baseline.
+                let dip_bound =
+                    rebalancer_common::SWITCH_FLUSH_NS.saturating_mul(cpu_node.len().max(1) as u64);
+                let base = if before > *ns && before - *ns > dip_bound {
+                    *ns
+                } else {
+                    (*ns).max(before)
+                };
+                raw.insert(key, base);
                 corrected.insert(key, c);
                 *ns = c;
             }
@@ -275,11 +286,21 @@ mod tests {
         let mut s = BTreeMap::from([(7, sample(&[(0, 100), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1100)]));
-        // ... and nothing until it passes its highest value (1400) again: the dip was time
-        // not yet seen, not new time (helper-18)
+        // ... and nothing until it passes its highest value (1400) again: a dip within the
+        // pending bound was time not yet seen, not new time (helper-18)
         let mut s = BTreeMap::from([(7, sample(&[(0, 1450), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1200), (1, 1100)]));
+        // a dip past the pending bound (2 CPUs × 1 ms) is an entry made again: it counts on
+        // from its new value (helper-19), not only once past its old highest
+        let deep = 1450 + 5_000_000;
+        let mut s = BTreeMap::from([(7, sample(&[(0, deep), (1, 1100)]))]);
+        c.apply(None, &nodes, &mut s);
+        let mut s = BTreeMap::from([(7, sample(&[(0, 100), (1, 1100)]))]);
+        c.apply(None, &nodes, &mut s);
+        let mut s = BTreeMap::from([(7, sample(&[(0, 400), (1, 1100)]))]);
+        c.apply(None, &nodes, &mut s);
+        assert_eq!(s[&7].cpu_ns[&0], 1200 + (deep - 1450) + 300);
         // a vanished cgroup is forgotten: when its id counts again it starts from 0
         let r3 = reading(&[(0, 300, 25, 0), (1, 300, 0, 0)]);
         c.apply(Some(r3), &nodes, &mut BTreeMap::new());

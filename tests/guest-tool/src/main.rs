@@ -654,7 +654,8 @@ fn frame_nodes() -> Result<numa::FrameNodes> {
     let p = "/sys/devices/system/memory/block_size_bytes";
     let bs = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
     let block_bytes = u64::from_str_radix(bs.trim(), 16).with_context(|| format!("{p}: {bs:?}"))?;
-    let mut blocks = BTreeMap::new();
+    // A block that crosses a node boundary is listed under both: its frames' node is unknown.
+    let mut blocks: BTreeMap<u64, Option<u32>> = BTreeMap::new();
     for e in std::fs::read_dir("/sys/devices/system/node").context("listing NUMA nodes")? {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
@@ -667,10 +668,17 @@ fn frame_nodes() -> Result<numa::FrameNodes> {
         for b in std::fs::read_dir(e.path()).with_context(|| format!("listing {name}"))? {
             let b = b?.file_name().to_string_lossy().into_owned();
             if let Some(m) = b.strip_prefix("memory").and_then(|m| m.parse::<u64>().ok()) {
-                blocks.insert(m, node);
+                let e = blocks.entry(m).or_insert(Some(node));
+                if *e != Some(node) {
+                    *e = None;
+                }
             }
         }
     }
+    let blocks = blocks
+        .into_iter()
+        .filter_map(|(b, n)| Some((b, n?)))
+        .collect();
     Ok(numa::FrameNodes::new(block_bytes, blocks, PAGE as u64))
 }
 
@@ -683,7 +691,10 @@ fn pagemap_nodes(pid: i32, all: bool, frames: &numa::FrameNodes) -> Result<BTree
     let path = format!("/proc/{pid}/pagemap");
     let f = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
     let mut out = BTreeMap::new();
-    let (mut present, mut unknown) = (0u64, 0u64);
+    let (mut present, mut unknown, mut hidden) = (0u64, 0u64, 0u64);
+    // Pages read but never written map the shared zero page: not the process's memory (numa_maps
+    // leaves them out too).
+    let zero = zero_page_pfn();
     let mut buf = vec![0u8; 8 * 65536];
     for (a, b) in text.lines().filter_map(|l| numa::maps_range(l, all)) {
         let mut page = a / PAGE as u64;
@@ -698,19 +709,42 @@ fn pagemap_nodes(pid: i32, all: bool, frames: &numa::FrameNodes) -> Result<BTree
             }
             for e in buf[..got - got % 8].chunks_exact(8) {
                 let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
-                if let Some(pfn) = numa::pagemap_pfn(e) {
-                    present += 1;
-                    match frames.node(pfn) {
-                        Some(node) => *out.entry(node).or_insert(0) += 1,
-                        None => unknown += 1,
+                match numa::pagemap_pfn(e) {
+                    // Frame 0: hidden from a reader without CAP_SYS_ADMIN.
+                    Some(0) => hidden += 1,
+                    Some(pfn) if Some(pfn) == zero => {}
+                    Some(pfn) => {
+                        present += 1;
+                        match frames.node(pfn) {
+                            Some(node) => *out.entry(node).or_insert(0) += 1,
+                            None => unknown += 1,
+                        }
                     }
+                    None => {}
                 }
             }
             page += (got / 8) as u64;
         }
     }
+    if hidden > 0 {
+        bail!("{path}: page frames hidden (needs CAP_SYS_ADMIN)");
+    }
     if present > 0 && unknown == present {
-        bail!("{path}: no page frame in any node's memory blocks (frames hidden: not root?)");
+        bail!("{path}: no page frame in any node's memory blocks");
     }
     Ok(out)
+}
+
+/// The frame of the shared zero page (None when it cannot be found): one page of this
+/// process's own, read and never written.
+fn zero_page_pfn() -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let b = Buffer::new(PAGE, true).ok()?;
+    // SAFETY: `b` maps PAGE readable bytes; the volatile read makes the kernel map a page.
+    unsafe { std::ptr::read_volatile(b.ptr) };
+    let f = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut e = [0u8; 8];
+    f.read_exact_at(&mut e, (b.ptr as u64 / PAGE as u64) * 8)
+        .ok()?;
+    numa::pagemap_pfn(u64::from_ne_bytes(e)).filter(|&p| p != 0)
 }

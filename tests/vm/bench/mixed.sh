@@ -41,7 +41,7 @@ B=$(last_cpu_node)
 CG=/sys/fs/cgroup/bench
 vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat; }
 ticks() { awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null; }
-since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.1f", b - a}'; }
+since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b - a}'; }
 
 # rmdir_tree DIR: removes DIR and its children, retrying while dying processes still hold them.
 rmdir_tree() {
@@ -145,7 +145,7 @@ measure() {
         # shellcheck disable=SC2086 # LOCALITY is a flag or nothing
         tot=$(guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
         r1=$(uptime_s)
-        [ -n "$tot" ] || { verdict "$S" FAIL "guest-tool locality $LOCALITY gave no reading"; exit 0; }
+        [ -n "$tot" ] || { echo "no reading from guest-tool locality $LOCALITY" >&2; return 1; }
         now=$(awk -v a="$r0" -v b="$r1" -v z="$T0" 'BEGIN{printf "%.2f", (a + b) / 2 - z}')
         echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0)) read_s=$(awk -v a="$r0" -v b="$r1" 'BEGIN{printf "%.2f", b - a}')"
         ! fgt "$WINDOW" "$(since "$T0")" && break
@@ -160,7 +160,7 @@ measure() {
     fi
     echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
 }
-data bench measure
+data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 1 /tmp/.data-stderr)"
 
 # For the reader of the log.
 for w in w1 w2 w3; do

@@ -733,6 +733,16 @@ result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
             .replace("local_pages=96", "local_pages=10")
             .replace("local_pages=100 local=1", "local_pages=90 local=0.9");
         check(&never, Ok((0.9, None, None, 136)));
+        // Today's lines: readings stamped mid-reading to 10 ms, with how long they took.
+        let mid = "\
+sample t=0.24 pids=3 missing=0 pages=100 local_pages=10 local=0.1000 mig=0 read_s=0.36
+sample t=1.03 pids=3 missing=0 pages=100 local_pages=95 local=0.9500 mig=85 read_s=0.30
+shift t=10.61
+sample t=10.97 pids=3 missing=0 pages=100 local_pages=66 local=0.6600 mig=85 read_s=0.48
+sample t=16.94 pids=3 missing=0 pages=100 local_pages=99 local=0.9900 mig=120 read_s=0.52
+result pgmigrate=120 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=none mgr_cpu_ticks=na mgr_total_ticks=na mgr_alive=na clk_tck=100
+";
+        check(mid, Ok((0.99, Some(1.03), Some(6.33), 120)));
         check("cond=x\n", Err("no samples"));
         check(
             "sample t=1 pids=1 missing=0 pages=1 local_pages=1 mig=0\n",
