@@ -45,6 +45,9 @@ pub trait CpuTimeSource: Send {
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>>;
     fn name(&self) -> &'static str;
+    /// The managed cgroups that are Kubernetes containers, for the next read: the eBPF watch
+    /// list takes them (and the cgroups below them) before the others.
+    fn containers_first(&mut self, _containers: &[String]) {}
     /// Entries in the eBPF per-cgroup maps after the last read, how many of them belong to
     /// cgroups already gone, and how many the last read deleted (None without eBPF).
     fn map_entries(&self) -> Option<(usize, usize, usize)> {
@@ -79,6 +82,8 @@ pub struct EbpfCpuTime {
     /// attached (both refused, or a CPU went offline during the first attach), and the maps
     /// would read 0 CPU for every workload for good.
     pub cpu_from_proc: Option<ProcCpuTime>,
+    /// The managed Kubernetes containers (see [`CpuTimeSource::containers_first`]).
+    pub containers: Vec<String>,
 }
 
 /// Whether the eBPF sources that attached count CPU time (`on_cpu:*`): without one, CPU time
@@ -97,25 +102,27 @@ impl CpuTimeSource for EbpfCpuTime {
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>> {
         let mut ids = BTreeMap::new();
-        // In `managed`'s order: Kubernetes containers first (see `containers_first`).
-        let mut order = Vec::new();
         let mut rest = Vec::new();
         for cg in managed {
             match cgroups.cgroup_id(cg) {
                 Ok(id) => {
                     ids.insert(cg.clone(), id);
-                    order.push(id);
                 }
                 Err(_) => rest.push(cg.clone()),
             }
         }
+        let first: Vec<u64> = self
+            .containers
+            .iter()
+            .filter_map(|cg| ids.get(cg).copied())
+            .collect();
         // The programs count the managed cgroups only, each with the cgroups below it (a
         // container's processes may live in sub-cgroups: systemd in a container, or a runtime
         // that must, under cgroup v2's no-internal-processes rule) counted under its id: no
         // other cgroup's events can fill the maps and evict theirs. A cgroup watched from now
         // has its first counts at the next read.
         let watch = watch_list(cgroups, &ids);
-        if let Err(e) = self.sampler.watch_only(&watch, &order) {
+        if let Err(e) = self.sampler.watch_only(&watch, &first) {
             tracing::warn!(error = %e, "eBPF watch list not updated");
         }
         let all = match self.sampler.read() {
@@ -142,6 +149,10 @@ impl CpuTimeSource for EbpfCpuTime {
             out.extend(proc.cumulative(cgroups, &rest, topo)?);
         }
         Some(out)
+    }
+
+    fn containers_first(&mut self, containers: &[String]) {
+        self.containers = containers.to_vec();
     }
 
     fn name(&self) -> &'static str {
@@ -216,12 +227,13 @@ pub fn watch_list(cgroups: &Cgroups, ids: &BTreeMap<String, u64>) -> BTreeMap<u6
     out
 }
 
-/// `managed` with Kubernetes containers first, then the cgroups under configured roots (where
-/// a delegated user may make any number): the order the eBPF watch list takes them in (see
-/// `ebpf::sample::plan_watch`).
-pub fn containers_first(cfg: &Config, managed: &[String]) -> Vec<String> {
-    let (mut containers, configured): (Vec<String>, Vec<String>) =
-        managed.iter().cloned().partition(|p| {
+/// The Kubernetes containers of `managed` (the others are under configured roots, where a
+/// delegated user may make any number): the eBPF watch list takes them and the cgroups below
+/// them first (see `ebpf::sample::plan_watch`).
+pub fn containers_of(cfg: &Config, managed: &[String]) -> Vec<String> {
+    managed
+        .iter()
+        .filter(|p| {
             matches!(
                 classify_in(
                     p,
@@ -230,9 +242,9 @@ pub fn containers_first(cfg: &Config, managed: &[String]) -> Vec<String> {
                 ),
                 CgroupKind::Container { .. }
             )
-        });
-    containers.extend(configured);
-    containers
+        })
+        .cloned()
+        .collect()
 }
 
 /// Gives each managed cgroup a read did not find its previous reading: a zero period now,
@@ -930,8 +942,10 @@ impl Engine {
         // round's budget (a rate: event rounds get no fresh budget).
         let (moving, _) = applier.in_flight();
         let budget_used = applier.budget_used();
-        let order = containers_first(&cfg, &managed);
-        let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &order, &topo) else {
+        self.cpu_source
+            .containers_first(&containers_of(&cfg, &managed));
+        let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &managed, &topo)
+        else {
             self.skipped(d, "sample-read");
             return 0;
         };

@@ -520,6 +520,7 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
             sampler,
             fallback: None,
             cpu_from_proc,
+            containers: Vec::new(),
         }),
         Some(sampler) if unified => {
             tracing::info!("cpuset is on cgroup v1 here and eBPF ids are v2 ids: cgroups with a twin in the unified hierarchy (as runc makes them) are read from eBPF, the others from /proc");
@@ -527,6 +528,7 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
                 sampler,
                 fallback: Some(engine::ProcCpuTime::new("/proc".as_ref())),
                 cpu_from_proc,
+                containers: Vec::new(),
             })
         }
         Some(_) => {

@@ -200,8 +200,9 @@ impl<K: CgroupKey, V: Counters> Monotone<K, V> {
 /// The three per-cgroup maps' monotone counts. What they remember of a watched cgroup is
 /// bounded whatever a tenant does with its entries: its `EVENTS` keys that vanished fold into
 /// one per cgroup (the reader sums them over nodes), its `CPU_TIME` keys number its nodes with
-/// CPUs, its `MIGRATE_REASONS` keys at most `MAX_MIGRATE_REASONS` (16): about 30 MB at the
-/// 16,384 watched cgroups' worst, on 8 nodes.
+/// CPUs, its `MIGRATE_REASONS` keys at most `MAX_MIGRATE_REASONS` (16): about 2.5 KB per
+/// cgroup on 8 nodes, 40–80 MB at 16,384 watched cgroups that all ran and migrated pages for
+/// every reason on every node (the maps cannot even hold that many keys at once).
 #[derive(Debug)]
 pub struct MonotoneMaps {
     cpu_time: Monotone<CgNodeKey, u64>,
@@ -209,7 +210,9 @@ pub struct MonotoneMaps {
     reasons: Monotone<CgReasonKey, u64>,
 }
 
-/// Where a cgroup's vanished `EVENTS` keys are carried: a node no map key has.
+/// Where a cgroup's vanished `EVENTS` keys are carried (node `u32::MAX`, which the programs
+/// also use for a CPU without a node; the two are kept apart, `carried` against `seen`, and
+/// the only reader sums a cgroup's events over nodes).
 fn events_carry(k: &CgNodeKey) -> CgNodeKey {
     CgNodeKey {
         cgroup_id: k.cgroup_id,

@@ -164,10 +164,11 @@ pub fn plan_watch(ids: &BTreeMap<u64, u64>, first: &[u64], cap: usize) -> BTreeM
         below.entry(to).or_default().push(id);
     }
     let firsts: Vec<u64> = first.iter().copied().filter(managed).collect();
+    let named: BTreeSet<u64> = firsts.iter().copied().collect();
     let rest: Vec<u64> = ids
         .keys()
         .copied()
-        .filter(|id| managed(id) && !firsts.contains(id))
+        .filter(|id| managed(id) && !named.contains(id))
         .collect();
     let mut plan = BTreeMap::new();
     for group in [firsts, rest] {
@@ -252,6 +253,8 @@ pub struct Sampler {
     watched: Option<BTreeSet<u64>>,
     /// `CFG_WATCHED_ONLY` is set in the programs' config.
     flag_watched_only: bool,
+    /// The `first` of the last [`Sampler::watch_only`] (a reload can reclassify cgroups).
+    watching_first: Vec<u64>,
     /// `WATCHED` as last written (cgroup id → id counted under); None: not yet, or the last
     /// write fell short and is retried at the next call.
     watching: Option<BTreeMap<u64, u64>>,
@@ -367,6 +370,7 @@ impl Sampler {
             paths: BTreeMap::new(),
             watched: None,
             flag_watched_only: false,
+            watching_first: Vec::new(),
             watching: None,
             missing_before: BTreeSet::new(),
             entries: 0,
@@ -703,9 +707,10 @@ impl Sampler {
         ids: &BTreeMap<u64, u64>,
         first: &[u64],
     ) -> Result<usize, EbpfError> {
-        if self.watching.as_ref() == Some(ids) {
+        if self.watching.as_ref() == Some(ids) && self.watching_first == first {
             return Ok(0);
         }
+        self.watching_first = first.to_vec();
         let plan = plan_watch(ids, first, rebalancer_common::CG_MAP_ENTRIES as usize);
         // What reads keep from now on, even if writing the list below fails: a cgroup dropped
         // here is dropped by the engine too, and must leave no counts behind to come back with
@@ -936,6 +941,14 @@ mod tests {
         assert_eq!(
             plan_watch(&ids, &[2], 4),
             BTreeMap::from([(2, 2), (200, 2), (1, 1), (3, 3)])
+        );
+        // Every sub-cgroup of those named first before a configured cgroup (helper-20: the
+        // daemon passed every managed id as `first`, and a user's cgroups took the slots).
+        let mut ids: BTreeMap<u64, u64> = (100..110).map(|s| (s, 1)).collect();
+        ids.extend([(1, 1), (2, 2), (200, 2), (201, 2)]);
+        assert_eq!(
+            plan_watch(&ids, &[2], 3),
+            BTreeMap::from([(2, 2), (200, 2), (201, 2)])
         );
         // A sub-cgroup of a managed cgroup that did not fit is not watched.
         let p = plan_watch(&BTreeMap::from([(1, 1), (2, 2), (9, 2)]), &[], 1);

@@ -125,7 +125,8 @@ impl StealCorrection {
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
     /// values. `now` is the reading taken with the maps (None when unreadable: no correction
     /// this interval). A total that went back adds nothing that interval: by at most exact
-    /// mode's pending time (flushed between the reads of `CPU_TIME` and `SWITCH_STATE`), it
+    /// mode's pending time (flushed between the reads of `CPU_TIME` and `SWITCH_STATE`: under
+    /// `SWITCH_FLUSH_NS` per CPU of that node), it
     /// adds nothing until it passes its highest value again; by more (an evicted entry made
     /// again where no watch list lets `monotone` undo it), it counts on from its new value.
     /// Cgroups absent from `samples` are forgotten.
@@ -144,6 +145,10 @@ impl StealCorrection {
         };
         if now.is_some() {
             self.prev = now;
+        }
+        let mut node_cpus: BTreeMap<u32, u64> = BTreeMap::new();
+        for n in cpu_node.values() {
+            *node_cpus.entry(*n).or_default() += 1;
         }
         let mut raw = HashMap::with_capacity(self.raw.len());
         let mut corrected = HashMap::with_capacity(self.corrected.len());
@@ -167,8 +172,8 @@ impl StealCorrection {
                 // it is not counted twice when it shows again. A deeper one is an entry made
                 // again (without a watch list nothing undoes evictions): the new value is the
                 // baseline.
-                let dip_bound =
-                    rebalancer_common::SWITCH_FLUSH_NS.saturating_mul(cpu_node.len().max(1) as u64);
+                let dip_bound = rebalancer_common::SWITCH_FLUSH_NS
+                    .saturating_mul(node_cpus.get(node).copied().unwrap_or(1).max(1));
                 let base = if before > *ns && before - *ns > dip_bound {
                     *ns
                 } else {
@@ -291,7 +296,7 @@ mod tests {
         let mut s = BTreeMap::from([(7, sample(&[(0, 1450), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1200), (1, 1100)]));
-        // a dip past the pending bound (2 CPUs × 1 ms) is an entry made again: it counts on
+        // a dip past the pending bound (node 0's CPU × 1 ms) is an entry made again: it counts on
         // from its new value (helper-19), not only once past its old highest
         let deep = 1450 + 5_000_000;
         let mut s = BTreeMap::from([(7, sample(&[(0, deep), (1, 1100)]))]);

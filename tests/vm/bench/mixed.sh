@@ -160,7 +160,7 @@ measure() {
     fi
     echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
 }
-data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 1 /tmp/.data-stderr)"
+data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 3 /tmp/.data-stderr | tr '\n' ' ')"
 
 # For the reader of the log.
 for w in w1 w2 w3; do
