@@ -336,6 +336,13 @@ fn apply_one(
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
                     match w.migrate_pages(&mv.cgroup, &mv.to_mems, step) {
                         Ok(0) => break,
+                        // A small part of what was asked: the kernel places only a trickle
+                        // now (target full, pages pinned). Looping on it kept a writer busy
+                        // for the rest of a benchmark window; the mems write migrates the rest.
+                        Ok(n) if n < step / 8 => {
+                            tracing::debug!(cgroup = %mv.cgroup, moved = n, asked = step, "page moves ahead of the mems write trickle; the mems write migrates the rest");
+                            break;
+                        }
                         Ok(n) => moved = moved.saturating_add(n),
                         Err(e) => {
                             tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving pages ahead of the mems write failed; the mems write migrates them");
