@@ -177,14 +177,6 @@ fn share_model(
     Some(s.clamp(0.0, 1.0))
 }
 
-/// EWMA step: `alpha × new + (1 − alpha) × old`; the first sample seeds it.
-pub fn ewma(old: Option<f64>, new: f64, alpha: f64) -> f64 {
-    match old {
-        None => new,
-        Some(o) => alpha * new + (1.0 - alpha) * o,
-    }
-}
-
 /// Expected share-model locality after the cgroup runs on `target` nodes with `cpuset.mems =
 /// target`. CPU time spreads over the target like today's time on those nodes (uniformly when
 /// it has none there); memory already on the target stays, memory outside it migrates and lands
@@ -351,12 +343,6 @@ mod tests {
         assert_eq!(c.get(&Evidence::Pmu), None);
         c.clear();
         assert!(c.is_empty());
-    }
-
-    #[test]
-    fn ewma_seeds_then_smooths() {
-        assert_eq!(ewma(None, 0.2, 0.5), 0.2);
-        assert!((ewma(Some(1.0), 0.0, 0.25) - 0.75).abs() < 1e-12);
     }
 
     #[test]

@@ -32,6 +32,8 @@ mod migration_tests;
 mod planner_tests;
 #[cfg(test)]
 mod scale_tests;
+#[cfg(test)]
+mod smoothing_tests;
 
 pub use actuator::{
     abandon, apply, begin, cut_short, finish, Applied, ApplyError, Begun, CgroupFile,
@@ -45,11 +47,22 @@ pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip,
 pub use planner::{plan, plan_scored};
 
 /// What the controller remembers about one cgroup between rounds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CgroupState {
     /// EWMA of the locality score; `None` until the first period with evidence, and again
     /// right after a move (the old history no longer describes the new placement).
     pub smoothed: Option<f64>,
+    /// How much of a whole history `smoothed` rests on, 0..=1: 1 − (1 − α)^T after T periods'
+    /// worth of samples since it (re)started. A young history weighs a new window more (the
+    /// EWMA's start-up correction): its first window is the score whatever its length.
+    /// Checkpoints from before this field was kept read as a whole history.
+    #[serde(default = "whole_history", skip_serializing_if = "is_whole_history")]
+    pub smoothed_weight: f64,
+    /// The cgroup's cpuset.cpus and cpuset.mems when it was last observed: when either has
+    /// changed since (an operator's pin, an allocator's re-pin, a move), the history describes
+    /// another placement and the score restarts from the new window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<(CpuSet, CpuSet)>,
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
     pub moves: u64,
@@ -64,22 +77,80 @@ pub struct CgroupState {
     /// smoothed score rests on (shown by `explain`).
     #[serde(default, skip_serializing_if = "EvidenceCounts::is_empty")]
     pub smoothed_from: EvidenceCounts,
-    /// Periods the cgroup has been observed: how long it has lived so far, which is as long
-    /// as the planner counts what a move of it would save (its expected remaining life).
+    /// Periods the cgroup has been observed (rounds, of whatever length).
     #[serde(default)]
     pub periods: u64,
+    /// Time the cgroup has been observed, ms: how long it has lived so far, which is as long
+    /// as the planner counts what a move of it would save (its expected remaining life).
+    /// Event rounds' windows are shorter than a period, so rounds do not measure it.
+    #[serde(default)]
+    pub lived_ms: u64,
+}
+
+impl Default for CgroupState {
+    fn default() -> CgroupState {
+        CgroupState {
+            smoothed: None,
+            // Read only while `smoothed` is set: a score set by hand is a whole history.
+            smoothed_weight: 1.0,
+            placement: None,
+            last_move_ms: None,
+            moves: 0,
+            last_cpus: None,
+            staging: None,
+            smoothed_from: EvidenceCounts::default(),
+            periods: 0,
+            lived_ms: 0,
+        }
+    }
+}
+
+fn whole_history() -> f64 {
+    1.0
+}
+
+fn is_whole_history(w: &f64) -> bool {
+    *w >= 1.0
 }
 
 impl CgroupState {
-    /// Folds one period's observation of the cgroup in: one more period lived, the smoothed
-    /// score and what it rests on.
-    fn fold(&mut self, inst: Option<(f64, Evidence)>, alpha: f64) {
+    /// Folds one window's observation of the cgroup in: `window` periods' worth of samples
+    /// (an event round's window is shorter than a period, a late round's longer) of `cg`,
+    /// which shows where the cgroup is placed now.
+    ///
+    /// The smoothing weighs samples by time, not by round: a window of `w` periods enters
+    /// with weight `1 − (1 − α)^w`, so a round a fifth of a period long moves the score a
+    /// fifth as far as a whole period would (on its own, a sliver of samples is noise), and
+    /// five such rounds add up to one period. A history younger than a period (just started,
+    /// or restarted by a change of placement) is a time-weighted mean of its windows.
+    fn fold(&mut self, inst: Option<(f64, Evidence)>, alpha: f64, window: Window, cg: &CgroupObs) {
         self.periods = self.periods.saturating_add(1);
+        if self.lived_ms == 0 && self.periods > 1 {
+            // A checkpoint from before `lived_ms` was kept: its rounds were whole periods.
+            self.lived_ms = (self.periods - 1).saturating_mul(window.period_ms);
+        }
+        self.lived_ms = self.lived_ms.saturating_add(window.ms);
+        let here = (&cg.cpus, &cg.mems);
+        if self.placement.as_ref().is_some_and(|(c, m)| (c, m) != here) {
+            self.smoothed = None;
+        }
+        if self.placement.as_ref().is_none_or(|(c, m)| (c, m) != here) {
+            self.placement = Some((cg.cpus.clone(), cg.mems.clone()));
+        }
         if let Some((s, ev)) = inst {
             if self.smoothed.is_none() {
                 self.smoothed_from.clear();
             }
-            self.smoothed = Some(locality::ewma(self.smoothed, s, alpha));
+            let keep = (1.0 - alpha).powf(window.periods.max(0.0));
+            let old = self
+                .smoothed
+                .map_or(0.0, |_| self.smoothed_weight.clamp(0.0, 1.0) * keep);
+            let weight = old + (1.0 - keep);
+            self.smoothed = Some(match self.smoothed {
+                Some(o) if weight > 0.0 => (old * o + (1.0 - keep) * s) / weight,
+                _ => s,
+            });
+            self.smoothed_weight = weight.min(1.0);
             self.smoothed_from.add(ev);
         }
     }
@@ -102,6 +173,15 @@ pub struct Staging {
     pub to_cpus: CpuSet,
     pub toward: CpuSet,
     pub remaining_bytes: u64,
+}
+
+/// What one round's observation covers, for [`CgroupState::fold`].
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    /// Its length in control periods.
+    periods: f64,
+    ms: u64,
+    period_ms: u64,
 }
 
 /// The controller's memory across rounds (serialisable into the checkpoint).
@@ -131,9 +211,29 @@ impl ControllerState {
     }
 
     /// [`ControllerState::observe`], returning the period's instant scores it folded in, for
-    /// [`planner::plan_scored`] (which then does not compute them again).
+    /// [`planner::plan_scored`] (which then does not compute them again). `obs` covers one
+    /// whole period (see [`ControllerState::observe_window`]).
     pub fn observe_scored(&mut self, obs: &Observations, alpha: f64) -> Scores {
+        let period_ms = obs.period_ns / 1_000_000;
+        self.observe_window(obs, alpha, period_ms)
+    }
+
+    /// [`ControllerState::observe_scored`] for observations that cover `obs.period_ns` of a
+    /// control period `period_ms` long: an event round's shorter window weighs less in the
+    /// smoothed scores (see [`CgroupState::fold`]).
+    pub fn observe_window(&mut self, obs: &Observations, alpha: f64, period_ms: u64) -> Scores {
         let scores = Scores::of(obs);
+        let ms = obs.period_ns / 1_000_000;
+        let periods = if period_ms == 0 {
+            1.0
+        } else {
+            obs.period_ns as f64 / 1e6 / period_ms as f64
+        };
+        let window = Window {
+            periods,
+            ms,
+            period_ms,
+        };
         let alpha = if alpha.is_finite() {
             alpha.clamp(0.0, 1.0)
         } else {
@@ -153,8 +253,8 @@ impl ControllerState {
             && self.cgroups.len() == cgs.len()
             && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
         if same {
-            for ((_, st), (_, inst)) in self.cgroups.iter_mut().zip(cgs) {
-                st.fold(inst, alpha);
+            for ((_, st), (cg, inst)) in self.cgroups.iter_mut().zip(cgs) {
+                st.fold(inst, alpha, window, cg);
             }
         } else {
             let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
@@ -170,7 +270,7 @@ impl ControllerState {
                 let Some((_, st)) = kept.last_mut() else {
                     continue;
                 };
-                st.fold(inst, alpha);
+                st.fold(inst, alpha, window, cg);
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.

@@ -365,9 +365,9 @@ fn evaluate(
     }
     // What a move saves is counted for as long as the workload has lived so far (its expected
     // remaining life), at most the horizon; a cgroup the state has not seen yet gets the horizon.
-    let lived_ms = st.filter(|s| s.periods > 0).map_or(cfg.horizon_ms, |s| {
-        (s.periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
-    });
+    let lived_ms = st
+        .filter(|s| s.periods > 0)
+        .map_or(cfg.horizon_ms, |s| s.lived_ms.min(cfg.horizon_ms));
     let (considered, picks) = proj.options(obs, cg, &trigger, smoothed, cfg, lived_ms);
     let (outcome, chosen) = match choose(&considered, cfg, proj.budget_left) {
         Ok(k) => (Outcome::Healthy, Some(k)),

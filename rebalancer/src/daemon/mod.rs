@@ -136,7 +136,7 @@ impl Shared {
         obs: &crate::controller::Observations,
         cfg: &crate::config::ControllerConfig,
     ) -> crate::controller::Scores {
-        let scores = self.state.controller.observe_scored(obs, cfg.ewma_alpha);
+        let scores = (self.state.controller).observe_window(obs, cfg.ewma_alpha, cfg.period_ms);
         if cfg.admission_load_periods == 0 {
             self.overuse = Default::default();
             return scores;

@@ -250,7 +250,9 @@ fn faults_one_period_pmu_the_next_share_model_the_third() {
     let d2 = p.period(samples(3 * pmu::REMOTE_PERIOD, pmu::LOCAL_PERIOD));
     assert_eq!(d2.evidence, Some(Evidence::Pmu));
     assert!(approx(d2.locality, 0.75), "{d2:?}");
-    assert!(approx(d2.smoothed, alpha * 0.75 + (1.0 - alpha) * 0.25));
+    // A history one period old (weight alpha) weighs the second period more than alpha.
+    let old = alpha * (1.0 - alpha);
+    assert!(approx(d2.smoothed, (old * 0.25 + alpha * 0.75) / (old + alpha)));
     assert_eq!(
         d2.smoothed_from.iter().collect::<BTreeMap<_, _>>(),
         BTreeMap::from([(Evidence::HintingFaults, 1), (Evidence::Pmu, 1)])

@@ -1,0 +1,110 @@
+//! The smoothed locality score across rounds of any length: weighed by time, restarted by a
+//! change of placement, and how long a cgroup has lived.
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const PERIOD_MS: u64 = 2000;
+
+/// One window of `ms` in which cgroup "w", on `cpus` with its memory on node 0, ran on node
+/// `ran_on`: instant locality 1.0 on node 0, 0.0 on node 1.
+fn window(ms: u64, ran_on: u32, cpus: &str) -> Observations {
+    Observations {
+        period_ns: ms * 1_000_000,
+        cgroups: vec![CgroupObs {
+            id: "w".into(),
+            cpu_ns_per_node: [(ran_on, ms * 500_000)].into_iter().collect(),
+            mem_bytes_per_node: [(0, 256 * MIB)].into_iter().collect(),
+            cpus: CpuSet::parse(cpus).unwrap(),
+            mems: CpuSet::parse("0-1").unwrap(),
+            ..Default::default()
+        }],
+        nodes: BTreeMap::new(),
+        reserved_cpus: CpuSet::new(),
+    }
+}
+
+fn fold(st: &mut ControllerState, ms: u64, ran_on: u32, cpus: &str) -> f64 {
+    st.observe_window(&window(ms, ran_on, cpus), 0.5, PERIOD_MS);
+    st.cgroups["w"].smoothed.unwrap()
+}
+
+/// A settled score, local for a long while.
+fn settled() -> ControllerState {
+    let mut st = ControllerState::default();
+    for _ in 0..40 {
+        assert_eq!(fold(&mut st, PERIOD_MS, 0, "0-7"), 1.0);
+    }
+    st
+}
+
+/// Helper-20 (2026-12-04): an event round's window a tenth of a period long was folded in
+/// like a whole period's. Now a window weighs by its length: five fifths of a period move
+/// the score exactly as far as one whole period, and one fifth far less.
+#[test]
+fn a_short_window_weighs_by_its_length() {
+    let mut whole = settled();
+    let one = fold(&mut whole, PERIOD_MS, 1, "0-7");
+    assert!(
+        (one - 0.5).abs() < 1e-9,
+        "alpha 0.5 for a whole period: {one}"
+    );
+    let mut fifths = settled();
+    let first = fold(&mut fifths, PERIOD_MS / 5, 1, "0-7");
+    assert!(first > 0.85 && first < 0.9, "a fifth of a period: {first}");
+    for _ in 0..4 {
+        fold(&mut fifths, PERIOD_MS / 5, 1, "0-7");
+    }
+    let five = fifths.cgroups["w"].smoothed.unwrap();
+    assert!((five - one).abs() < 1e-9, "{five} vs {one}");
+    // A late round (two periods' worth) weighs as two periods.
+    let mut late = settled();
+    let two = fold(&mut late, 2 * PERIOD_MS, 1, "0-7");
+    assert!((two - 0.25).abs() < 1e-9, "{two}");
+}
+
+/// An operator's pin (the cgroup's CPUs changed since the last round) restarts the score
+/// from the new window, however short: the old history describes another placement (the
+/// pin's event round acts on it at once).
+#[test]
+fn a_change_of_placement_restarts_the_score() {
+    let mut st = settled();
+    assert_eq!(fold(&mut st, PERIOD_MS / 10, 1, "4-7"), 0.0);
+    // The new history is young: its windows are a time-weighted mean, newest weighed a
+    // little more, until a period's worth has been seen.
+    let s = fold(&mut st, PERIOD_MS / 10, 0, "4-7");
+    assert!(s > 0.5 && s < 0.55, "{s}");
+    // cpuset.mems too.
+    let mut st = settled();
+    let mut obs = window(PERIOD_MS / 10, 1, "0-7");
+    obs.cgroups[0].mems = CpuSet::parse("0").unwrap();
+    st.observe_window(&obs, 0.5, PERIOD_MS);
+    assert_eq!(st.cgroups["w"].smoothed, Some(0.0));
+    // The same placement again: no restart.
+    let mut st = settled();
+    assert!(fold(&mut st, PERIOD_MS / 10, 1, "0-7") > 0.9);
+}
+
+/// How long a cgroup has lived (the horizon of a move's saving) adds windows' lengths, not
+/// rounds: ten event rounds of 200 ms are 2 s, not ten periods. A checkpoint written before
+/// `lived_ms` was kept counts its rounds as periods.
+#[test]
+fn lived_time_adds_windows_not_rounds() {
+    let mut st = ControllerState::default();
+    for _ in 0..10 {
+        fold(&mut st, 200, 0, "0-7");
+    }
+    assert_eq!(st.cgroups["w"].lived_ms, 2000);
+    assert_eq!(st.cgroups["w"].periods, 10);
+    let json = r#"{"cgroups":{"w":{"smoothed":0.5,"last_move_ms":null,"moves":0,"periods":5}},
+        "rounds":5,"moves_total":0,"bytes_migrated_total":0,"failed_moves_total":0}"#;
+    let mut old: ControllerState = serde_json::from_str(json).unwrap();
+    assert_eq!(old.cgroups["w"].smoothed_weight, 1.0, "a whole history");
+    old.observe_window(&window(PERIOD_MS, 0, "0-7"), 0.5, PERIOD_MS);
+    assert_eq!(old.cgroups["w"].lived_ms, 6 * PERIOD_MS);
+    assert_eq!(
+        old.cgroups["w"].smoothed,
+        Some(0.75),
+        "alpha 0.5 on a whole history"
+    );
+}
