@@ -375,7 +375,8 @@ impl Default for PlacementConfig {
 pub struct ControllerConfig {
     /// Length of one control period.
     pub period_ms: u64,
-    /// Smoothing of the locality score (weight of the newest period; a shorter window weighs
+    /// Smoothing of the locality score: weight of the newest period once the score has a
+    /// history (a young one weighs its windows by time; a shorter window weighs
     /// `1 - (1 - alpha)^(window / period)`, see `controller::CgroupState::fold`).
     pub ewma_alpha: f64,
     /// Cgroups whose smoothed locality is below this are candidates for a move.

@@ -58,10 +58,12 @@ pub struct CgroupState {
     /// Checkpoints from before this field was kept read as a whole history.
     #[serde(default = "whole_history", skip_serializing_if = "is_whole_history")]
     pub smoothed_weight: f64,
-    /// The cgroup's cpuset.cpus and cpuset.mems when it was last observed: when either has
-    /// changed since (an operator's pin, an allocator's re-pin, a move), the history describes
-    /// another placement and the score restarts from the new window.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The nodes of the cgroup's cpuset.cpus, and its cpuset.mems, when it was last
+    /// observed: when either has changed since (an operator's pin, an allocator's re-pin),
+    /// the history describes another placement and the score restarts (see `fold`). A
+    /// change within the same nodes (the shared pool growing or shrinking by a CPU) is not
+    /// one. Not checkpointed: after a restart of the daemon the first round sets it.
+    #[serde(skip)]
     pub placement: Option<(CpuSet, CpuSet)>,
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
@@ -116,41 +118,65 @@ fn is_whole_history(w: &f64) -> bool {
 impl CgroupState {
     /// Folds one window's observation of the cgroup in: `window` periods' worth of samples
     /// (an event round's window is shorter than a period, a late round's longer) of `cg`,
-    /// which shows where the cgroup is placed now.
+    /// placed on the nodes `placed` (its CPUs' nodes and its cpuset.mems; `None`: not
+    /// tracked).
     ///
     /// The smoothing weighs samples by time, not by round: a window of `w` periods enters
-    /// with weight `1 − (1 − α)^w`, so a round a fifth of a period long moves the score a
-    /// fifth as far as a whole period would (on its own, a sliver of samples is noise), and
-    /// five such rounds add up to one period. A history younger than a period (just started,
-    /// or restarted by a change of placement) is a time-weighted mean of its windows.
-    fn fold(&mut self, inst: Option<(f64, Evidence)>, alpha: f64, window: Window, cg: &CgroupObs) {
+    /// with weight `1 − (1 − α)^w`, so five rounds a fifth of a period long move the score
+    /// exactly as far as one whole period (at α 0.5 a fifth moves it 13 % of the way, a
+    /// period 50 %): a sliver of samples does not sway a settled score as a period would. A
+    /// history younger than a period is a time-weighted mean of its windows (the EWMA's
+    /// start-up correction: a new cgroup's second period weighs 2/3 at α 0.5, not 1/2).
+    ///
+    /// A cgroup whose nodes changed since it was last observed (an operator's pin, an
+    /// allocator's re-pin) restarts its history: the old one describes another placement. The
+    /// window that saw the change is mostly from before it (a round's window runs from the
+    /// last round), so it seeds the score with no weight: the round that sees it acts on it,
+    /// and the next window, all after the change, replaces it.
+    fn fold(
+        &mut self,
+        inst: Option<(f64, Evidence)>,
+        alpha: f64,
+        window: Window,
+        placed: Option<(CpuSet, &CpuSet)>,
+    ) {
         self.periods = self.periods.saturating_add(1);
         if self.lived_ms == 0 && self.periods > 1 {
             // A checkpoint from before `lived_ms` was kept: its rounds were whole periods.
             self.lived_ms = (self.periods - 1).saturating_mul(window.period_ms);
         }
         self.lived_ms = self.lived_ms.saturating_add(window.ms);
-        let here = (&cg.cpus, &cg.mems);
-        if self.placement.as_ref().is_some_and(|(c, m)| (c, m) != here) {
-            self.smoothed = None;
+        let mut restarted = false;
+        if let Some((nodes, mems)) = placed {
+            let same = |(n, m): &(CpuSet, CpuSet)| *n == nodes && m == mems;
+            match &self.placement {
+                Some(p) if same(p) => {}
+                p => {
+                    restarted = p.is_some();
+                    self.placement = Some((nodes, mems.clone()));
+                }
+            }
         }
-        if self.placement.as_ref().is_none_or(|(c, m)| (c, m) != here) {
-            self.placement = Some((cg.cpus.clone(), cg.mems.clone()));
+        if restarted {
+            self.smoothed = None;
         }
         if let Some((s, ev)) = inst {
             if self.smoothed.is_none() {
                 self.smoothed_from.clear();
             }
             let keep = (1.0 - alpha).powf(window.periods.max(0.0));
+            let gain = 1.0 - keep;
             let old = self
                 .smoothed
                 .map_or(0.0, |_| self.smoothed_weight.clamp(0.0, 1.0) * keep);
-            let weight = old + (1.0 - keep);
+            let weight = old + gain;
             self.smoothed = Some(match self.smoothed {
-                Some(o) if weight > 0.0 => (old * o + (1.0 - keep) * s) / weight,
-                _ => s,
+                Some(o) if weight > 0.0 => (old * o + gain * s) / weight,
+                // No weight at all (alpha 0, or a window of no time): nothing changes.
+                Some(o) => o,
+                None => s,
             });
-            self.smoothed_weight = weight.min(1.0);
+            self.smoothed_weight = if restarted { 0.0 } else { weight.min(1.0) };
             self.smoothed_from.add(ev);
         }
     }
@@ -213,15 +239,39 @@ impl ControllerState {
     /// [`ControllerState::observe`], returning the period's instant scores it folded in, for
     /// [`planner::plan_scored`] (which then does not compute them again). `obs` covers one
     /// whole period (see [`ControllerState::observe_window`]).
+    /// Placements are not tracked (no restart of a score when a cgroup's nodes change).
     pub fn observe_scored(&mut self, obs: &Observations, alpha: f64) -> Scores {
         let period_ms = obs.period_ns / 1_000_000;
-        self.observe_window(obs, alpha, period_ms)
+        self.observe_in(None, obs, alpha, period_ms)
     }
 
-    /// [`ControllerState::observe_scored`] for observations that cover `obs.period_ns` of a
-    /// control period `period_ms` long: an event round's shorter window weighs less in the
-    /// smoothed scores (see [`CgroupState::fold`]).
-    pub fn observe_window(&mut self, obs: &Observations, alpha: f64, period_ms: u64) -> Scores {
+    /// [`ControllerState::observe_scored`] as the daemon's rounds run it, on `topo`, for
+    /// observations that cover `obs.period_ns` of a control period `period_ms` long: an event
+    /// round's shorter window weighs less in the smoothed scores, and a cgroup whose nodes
+    /// changed restarts its score (see [`CgroupState::fold`]).
+    pub fn observe_window(
+        &mut self,
+        topo: &crate::topology::Topology,
+        obs: &Observations,
+        alpha: f64,
+        period_ms: u64,
+    ) -> Scores {
+        self.observe_in(Some(topo), obs, alpha, period_ms)
+    }
+
+    fn observe_in(
+        &mut self,
+        topo: Option<&crate::topology::Topology>,
+        obs: &Observations,
+        alpha: f64,
+        period_ms: u64,
+    ) -> Scores {
+        fn placed<'c>(
+            topo: Option<&crate::topology::Topology>,
+            cg: &'c CgroupObs,
+        ) -> Option<(CpuSet, &'c CpuSet)> {
+            topo.map(|t| (t.nodes_of_cpus(&cg.cpus), &cg.mems))
+        }
         let scores = Scores::of(obs);
         let ms = obs.period_ns / 1_000_000;
         let periods = if period_ms == 0 {
@@ -254,7 +304,7 @@ impl ControllerState {
             && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
         if same {
             for ((_, st), (cg, inst)) in self.cgroups.iter_mut().zip(cgs) {
-                st.fold(inst, alpha, window, cg);
+                st.fold(inst, alpha, window, placed(topo, cg));
             }
         } else {
             let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
@@ -270,7 +320,7 @@ impl ControllerState {
                 let Some((_, st)) = kept.last_mut() else {
                     continue;
                 };
-                st.fold(inst, alpha, window, cg);
+                st.fold(inst, alpha, window, placed(topo, cg));
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.

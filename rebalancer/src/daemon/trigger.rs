@@ -19,9 +19,9 @@
 //!   beside the period's own; a period round that happened to start just before an
 //!   operator's pin does not hold the pin's round back (it did, by up to a second, before
 //!   2026-12-04). An event round's window of samples can be short: the controller weighs
-//!   it by its length, and restarts a cgroup's score when its placement changed
-//!   (`controller::CgroupState::fold`), so a sliver of samples neither sways a settled
-//!   score nor dilutes what a pin changed. The migration budget is a rate over the period whatever the rounds
+//!   it by its length, and restarts a cgroup's score when its nodes changed
+//!   (`controller::CgroupState::fold`), so a sliver of samples does not sway a settled
+//!   score as a period would, and a pinned cgroup's score is its windows since the pin. The migration budget is a rate over the period whatever the rounds
 //!   (`apply::Applier::budget_used`).
 //! - Not watched ([`operator_writable`]): a cpuset.cpus file that a non-root user can write
 //!   (a delegated subtree under a configured root), whose owner could otherwise bring rounds

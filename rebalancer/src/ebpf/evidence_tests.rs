@@ -252,7 +252,10 @@ fn faults_one_period_pmu_the_next_share_model_the_third() {
     assert!(approx(d2.locality, 0.75), "{d2:?}");
     // A history one period old (weight alpha) weighs the second period more than alpha.
     let old = alpha * (1.0 - alpha);
-    assert!(approx(d2.smoothed, (old * 0.25 + alpha * 0.75) / (old + alpha)));
+    assert!(approx(
+        d2.smoothed,
+        (old * 0.25 + alpha * 0.75) / (old + alpha)
+    ));
     assert_eq!(
         d2.smoothed_from.iter().collect::<BTreeMap<_, _>>(),
         BTreeMap::from([(Evidence::HintingFaults, 1), (Evidence::Pmu, 1)])

@@ -334,7 +334,9 @@ fn rec_horizon(r: &super::run::MoveRecord, cfg: &super::run::SimConfig) -> u64 {
 pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
     let obs = observations(w);
     let ccfg = &w.cfg.controller;
-    w.state.observe(&obs, ccfg.ewma_alpha);
+    // As the daemon's round: placements tracked (a re-pin restarts a score).
+    let period_ms = obs.period_ns / 1_000_000;
+    (w.state).observe_window(w.topo, &obs, ccfg.ewma_alpha, period_ms);
     // As the daemon's round: what admission sees beyond the books, measured before the moves
     // are booked (a moved workload's overuse stays on its old node until measured again).
     let lasting = (w.state).lasting_pressure(ccfg.admission_load_periods as usize);

@@ -133,6 +133,14 @@ impl Topology {
             .fold(CpuSet::new(), |acc, n| acc.union(&n.cpus))
     }
 
+    /// The nodes with a CPU in `cpus`.
+    pub fn nodes_of_cpus(&self, cpus: &CpuSet) -> CpuSet {
+        (self.nodes.iter())
+            .filter(|n| !n.cpus.is_disjoint(cpus))
+            .map(|n| n.id)
+            .collect()
+    }
+
     /// Node of a CPU, if known.
     pub fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
         self.cpu(cpu).and_then(|c| c.node)
