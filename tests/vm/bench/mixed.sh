@@ -175,7 +175,8 @@ case $MGR in
         grep -E 'Advis|moved|Bad|Skipping|Tried|percent|Could not|Cannot' /var/log/numad.log | tail -30
         echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
     rebalancer)
-        echo "# daemon log (moves):"; grep -v -e 'round done' -e 'eBPF source' -e 'round start' /tmp/bench-daemon.log | tail -40
+        # Rounds that queued a move are kept (their time stamp is when the round decided).
+        echo "# daemon log (moves):"; grep -v -e 'moves=0 queued=0' -e 'eBPF source' -e 'round start' /tmp/bench-daemon.log | tail -60
         for w in w1 w2 w3; do
             echo "# rebalancer explain bench/$w:"; $BIN explain bench/$w 2>&1 | head -40
         done ;;
