@@ -552,8 +552,12 @@ pub struct Engine {
     runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
     /// The writer threads of the moves (started at the first round).
     applier: Option<super::apply::Applier>,
-    /// The cgroups managed at the last round (the trigger watches their cpuset.cpus).
+    /// The cgroups managed at the last round.
     last_managed: Vec<String>,
+    /// The cgroups the last round's walk found where cgroups are managed, with processes or
+    /// not (the trigger watches their cpuset.cpus): a cgroup made empty under a configured
+    /// root, then started and pinned within a period, is watched before its first process.
+    last_watchable: Vec<String>,
 }
 
 impl Engine {
@@ -581,6 +585,7 @@ impl Engine {
             runtime: None,
             applier: None,
             last_managed: Vec::new(),
+            last_watchable: Vec::new(),
         }
     }
 
@@ -606,9 +611,10 @@ impl Engine {
         &self.last_managed
     }
 
-    /// The cpuset.cpus files of the cgroups managed at the last round, with their cgroups.
+    /// The cpuset.cpus files of the cgroups the last round's walk found where cgroups are
+    /// managed (with processes or not yet), with their cgroups.
     pub fn watch_files(&self) -> Vec<(String, PathBuf)> {
-        self.last_managed
+        self.last_watchable
             .iter()
             .filter_map(|cg| {
                 self.cgroups
@@ -717,6 +723,12 @@ impl Engine {
     /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
     /// below a configured root, sorted. Paths are relative, without a leading '/'.
     pub fn managed(&self, cfg: &Config) -> Option<Vec<String>> {
+        self.walk(cfg).map(|(managed, _)| managed)
+    }
+
+    /// The managed cgroups (see [`Engine::managed`]) and every cgroup that would be one with
+    /// processes in it (a configured root's empty cgroups).
+    fn walk(&self, cfg: &Config) -> Option<(Vec<String>, Vec<String>)> {
         // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
         // delegated subtrees, any number of cgroups) is never managed, so never walked.
         let mut roots = Vec::new();
@@ -731,24 +743,28 @@ impl Engine {
                 return None;
             }
         };
-        all.into_iter()
-            .map(|p| p.trim_start_matches('/').to_string())
-            .filter(|p| {
-                match classify_in(
-                    p,
-                    cfg.cgroups.kubernetes_root.as_deref(),
-                    &cfg.cgroups.roots,
-                ) {
-                    CgroupKind::Container { .. } => cfg.cgroups.kubernetes,
-                    CgroupKind::Configured { .. } => self
-                        .cgroups
-                        .procs(Controller::Cpuset, p)
-                        .is_ok_and(|v| !v.is_empty()),
-                    _ => false,
-                }
-            })
-            .collect::<Vec<String>>()
-            .into()
+        let mut managed = Vec::new();
+        let mut watchable = Vec::new();
+        for p in all {
+            let p = p.trim_start_matches('/').to_string();
+            let kind = classify_in(
+                &p,
+                cfg.cgroups.kubernetes_root.as_deref(),
+                &cfg.cgroups.roots,
+            );
+            let populated = match kind {
+                CgroupKind::Container { .. } if cfg.cgroups.kubernetes => true,
+                CgroupKind::Configured { .. } => (self.cgroups)
+                    .procs(Controller::Cpuset, &p)
+                    .is_ok_and(|v| !v.is_empty()),
+                _ => continue,
+            };
+            if populated {
+                managed.push(p.clone());
+            }
+            watchable.push(p);
+        }
+        Some((managed, watchable))
     }
 
     fn node_obs(&mut self, cfg: &Config, topo: &Topology) -> BTreeMap<u32, NodeObs> {
@@ -920,10 +936,12 @@ impl Engine {
         };
         // A hierarchy that cannot be walked is no round: observing "no cgroups" would forget
         // every cgroup's cooldown, staging and CPU-time baseline.
-        let Some(managed) = self.managed(&cfg) else {
+        let Some((managed, watchable)) = self.walk(&cfg) else {
             self.skipped(d, "cgroup-walk");
             return 0;
         };
+        // Watched from this round on, whatever becomes of the rest of it.
+        self.last_watchable = watchable;
         let applier = self.applier.get_or_insert_with(|| {
             let (cgroups, runtime) = (self.cgroups.clone(), self.runtime.clone());
             super::apply::Applier::new(

@@ -892,3 +892,48 @@ fn the_watch_list_knows_the_kubernetes_containers() {
     ];
     assert_eq!(super::engine::containers_of(&cfg, &managed), [c1, c2]);
 }
+
+/// vm-bench 2026-12-05 (2node, all three boots): workloads started in empty cgroups under a
+/// configured root and were pinned 1.7 s later; the trigger watched only cgroups with
+/// processes at the last round's end, the round that first saw them ended after the pins, and
+/// the pins waited for the next period round. Every cgroup the walk finds where cgroups are
+/// managed is watched, with processes or not; only populated ones are managed.
+#[test]
+fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process() {
+    let root = tempfile::tempdir().unwrap();
+    for (rel, procs) in [("bench/w1", ""), ("bench/w2", "4242\n"), ("other/x", "1\n")] {
+        std::fs::create_dir_all(root.path().join(rel)).unwrap();
+        std::fs::write(root.path().join(rel).join("cgroup.procs"), procs).unwrap();
+        std::fs::write(root.path().join(rel).join("cpuset.cpus"), "0-3\n").unwrap();
+    }
+    let cgroups = Cgroups::new(Mounts {
+        v2: Some(root.path().to_path_buf()),
+        ..Default::default()
+    });
+    let state = tempfile::tempdir().unwrap();
+    let d = daemon(two_nodes(), state.path(), None);
+    {
+        let mut s = d.lock();
+        s.cfg.cgroups.roots = vec!["bench".into()];
+        s.cfg.cgroups.kubernetes = false;
+    }
+    let mut engine = Engine::new(
+        cgroups.clone(),
+        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Path::new("/proc"),
+    );
+    let cfg = d.lock().cfg.clone();
+    assert_eq!(
+        engine.managed(&cfg).unwrap(),
+        ["bench/w2"],
+        "only populated ones are managed"
+    );
+    let adm = super::admission::Admission::new(
+        d.clone(),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter(cgroups)),
+    );
+    engine.round(&adm);
+    let watched: Vec<String> = engine.watch_files().into_iter().map(|(c, _)| c).collect();
+    // The root itself too: it would be managed with processes in it.
+    assert_eq!(watched, ["bench", "bench/w1", "bench/w2"]);
+}

@@ -7,7 +7,8 @@
 //!   them from the operator's: a write whose content is what the daemon itself last wrote
 //!   there never wakes the rounds (no round → move → write → round loop).
 //! - [`CpusetTrigger`]: the inotify thread over the managed cgroups' `cpuset.cpus`; the watched
-//!   set follows the managed cgroups after every round ([`CpusetTrigger::watch`]).
+//!   set follows the managed cgroups (and the empty ones under configured roots, which
+//!   become managed with their first process) after every round ([`CpusetTrigger::watch`]).
 //! - [`Coalescer`] (pure): when the round for a burst of events is due — `settle` after the
 //!   last event, at most 4 × `settle` after the first (an operator pinning three workloads
 //!   writes three files a millisecond apart: one round sees all three) — and the follow-up
