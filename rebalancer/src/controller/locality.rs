@@ -4,8 +4,9 @@
 //! when present (`1 − remote / (local + remote)`; only when *both* sides were counted — a
 //! remote count without a local one is no ratio, never "0% local"), and otherwise the share
 //! model `Σ_node cpu_share × mem_share` — weighted by the bytes written per node when
-//! soft-dirty sampling measured them (`crate::written`), by resident bytes otherwise. Scores are smoothed with an EWMA so one noisy period does not
-//! trigger a move. [`expected_after`] estimates the share-model score after a move to a node set.
+//! soft-dirty sampling measured them (`crate::written`), by resident bytes otherwise. Scores are smoothed with an EWMA (windows weighed by their
+//! length, restarted when a cgroup's nodes change: `CgroupState::fold`) so one noisy period
+//! of a settled placement does not trigger a move. [`expected_after`] estimates the share-model score after a move to a node set.
 
 use std::collections::BTreeMap;
 

@@ -1,9 +1,9 @@
 //! The dynamic controller's pure core: observations, locality scores, the planner, the
 //! actuator seam and the controller's own state.
 //!
-//! One round: `state.observe(&obs, alpha)` updates the smoothed scores (and each node's busy
-//! history); `plan(..)` (pure, no
-//! I/O, cannot fail) proposes moves and explains every decision; `actuator::apply` carries each
+//! One round: `state.observe_window(&topo, &obs, alpha, period_ms)` updates the smoothed
+//! scores, weighing the round's window by its length (and each node's busy history);
+//! `plan(..)` (pure, no I/O, cannot fail) proposes moves and explains every decision; `actuator::apply` carries each
 //! move out through a [`CgroupWriter`] (the cgroup layer's implementation, or [`FakeCgroups`]
 //! in tests) in an order that never leaves a workload without CPUs or memory; then
 //! `state.record_move` / `state.record_failure` starts the cooldown.
@@ -49,8 +49,9 @@ pub use planner::{plan, plan_scored};
 /// What the controller remembers about one cgroup between rounds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CgroupState {
-    /// EWMA of the locality score; `None` until the first period with evidence, and again
-    /// right after a move (the old history no longer describes the new placement).
+    /// EWMA of the locality score, windows weighed by their length; `None` until the first
+    /// window with evidence, and again right after a move or a change of the cgroup's nodes
+    /// (the old history no longer describes the new placement: see `fold`).
     pub smoothed: Option<f64>,
     /// How much of a whole history `smoothed` rests on, 0..=1: 1 − (1 − α)^T after T periods'
     /// worth of samples since it (re)started. A young history weighs a new window more (the
@@ -62,8 +63,9 @@ pub struct CgroupState {
     /// observed: when either has changed since (an operator's pin, an allocator's re-pin),
     /// the history describes another placement and the score restarts (see `fold`). A
     /// change within the same nodes (the shared pool growing or shrinking by a CPU) is not
-    /// one. Not checkpointed: after a restart of the daemon the first round sets it.
-    #[serde(skip)]
+    /// one. Node sets: a few ids in the checkpoint (absent from older ones: the first round
+    /// after an upgrade sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<(CpuSet, CpuSet)>,
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
@@ -157,6 +159,9 @@ impl CgroupState {
                 }
             }
         }
+        // The history was of the old placement (not cleared by our own move, whose next
+        // window is mostly after it).
+        let stale = restarted && self.smoothed.is_some();
         if restarted {
             self.smoothed = None;
         }
@@ -176,7 +181,7 @@ impl CgroupState {
                 Some(o) => o,
                 None => s,
             });
-            self.smoothed_weight = if restarted { 0.0 } else { weight.min(1.0) };
+            self.smoothed_weight = if stale { 0.0 } else { weight.min(1.0) };
             self.smoothed_from.add(ev);
         }
     }

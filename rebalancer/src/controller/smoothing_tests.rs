@@ -139,3 +139,61 @@ fn lived_time_adds_windows_not_rounds() {
         "alpha 0.5 on a whole history"
     );
 }
+
+/// The nodes with a CPU in a set (the placement's key).
+#[test]
+fn nodes_of_cpus_are_the_nodes_the_set_touches() {
+    let t = machine();
+    assert_eq!(
+        t.nodes_of_cpus(&CpuSet::parse("0-7").unwrap()),
+        CpuSet::parse("0-1").unwrap()
+    );
+    assert_eq!(
+        t.nodes_of_cpus(&CpuSet::parse("3").unwrap()),
+        CpuSet::parse("0").unwrap()
+    );
+    assert_eq!(
+        t.nodes_of_cpus(&CpuSet::parse("4,7").unwrap()),
+        CpuSet::parse("1").unwrap()
+    );
+    assert_eq!(t.nodes_of_cpus(&CpuSet::new()), CpuSet::new());
+}
+
+/// helper-23: a re-pin seen in a window with no evidence clears the old score (it does not
+/// stay as the new placement's); after the daemon's own move (the score already cleared by
+/// `record_move`), the next window is mostly after the move and keeps its weight.
+#[test]
+fn a_restart_in_an_idle_window_and_after_our_own_move() {
+    let mut st = settled();
+    let mut idle = window(PERIOD_MS, 1, "4-7");
+    idle.cgroups[0].cpu_ns_per_node.clear();
+    idle.cgroups[0].mem_bytes_per_node.clear();
+    st.observe_window(&machine(), &idle, 0.5, PERIOD_MS);
+    assert_eq!(
+        st.cgroups["w"].smoothed, None,
+        "the old placement's score is gone"
+    );
+    // Our own move: record_move clears the score, the next window seeds it with its weight.
+    let mut st = settled();
+    let mv = Move {
+        cgroup: "w".into(),
+        from_cpus: CpuSet::parse("0-7").unwrap(),
+        to_cpus: CpuSet::parse("4-7").unwrap(),
+        from_mems: CpuSet::parse("0-1").unwrap(),
+        to_mems: CpuSet::parse("0-1").unwrap(),
+        bytes_to_migrate: 0,
+        reason: Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    st.record_move(&mv, 0, 1);
+    assert_eq!(fold(&mut st, PERIOD_MS, 1, "4-7"), 0.0);
+    assert!((st.cgroups["w"].smoothed_weight - 0.5).abs() < 1e-9);
+    // alpha 0: nothing ever changes a score once seeded.
+    let mut st = ControllerState::default();
+    st.observe_window(&machine(), &window(PERIOD_MS, 0, "0-7"), 0.0, PERIOD_MS);
+    st.observe_window(&machine(), &window(PERIOD_MS, 1, "0-7"), 0.0, PERIOD_MS);
+    assert_eq!(st.cgroups["w"].smoothed, Some(1.0));
+}
