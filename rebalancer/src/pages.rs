@@ -326,13 +326,26 @@ impl Walk {
             if before == 0 || from.is_empty() || !p.alive() {
                 continue;
             }
-            match migrate_pages(p.pid, &from, toward) {
-                Ok(()) => {}
+            let started = std::time::Instant::now();
+            let failed = match migrate_pages(p.pid, &from, toward) {
+                Ok(n) => n,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(e),
-            }
+            };
+            let call_ms = started.elapsed().as_millis() as u64;
             let after = pages_off(p.pid, toward)?.map_or(0, |(n, _)| n);
             moved += before.saturating_sub(after);
+            // What a slow migration is made of: the kernel's walk, its failures, what is left.
+            tracing::debug!(
+                cgroup,
+                pid = p.pid,
+                off_before = before,
+                off_after = after,
+                not_moved = failed,
+                call_ms,
+                total_ms = started.elapsed().as_millis() as u64,
+                "migrate_pages of one process"
+            );
         }
     }
 
@@ -436,8 +449,9 @@ fn node_mask(s: &CpuSet) -> (Vec<u64>, libc::c_ulong) {
 }
 
 /// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm).
-/// Pages that could not be moved are not an error (the caller counts what moved).
-fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<()> {
+/// Pages that could not be moved are not an error (the caller counts what moved): their
+/// number is returned, as the kernel does.
+fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<u64> {
     let (mut old, n1) = node_mask(from);
     let (mut new, n2) = node_mask(toward);
     let words = old.len().max(new.len());
@@ -457,7 +471,7 @@ fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<()
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(r as u64)
 }
 
 /// Up to `n` 2 MiB-aligned chunks from the front of `ranges` (not consumed).

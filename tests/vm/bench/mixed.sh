@@ -39,7 +39,8 @@ esac
 A=$(first_cpu_node)
 B=$(last_cpu_node)
 CG=/sys/fs/cgroup/bench
-vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat; }
+vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat | grep . || echo 0; }
+node_free() { awk '/MemFree/ {printf "%d", $4 / 1024}' /sys/devices/system/node/node"$1"/meminfo; }
 ticks() { awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null; }
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b - a}'; }
 
@@ -124,6 +125,9 @@ echo "# allocated 3 x $MIB MiB in $(since "$t") s"
 cpus_of "$A" > "$CG"/w1/cpuset.cpus
 cpus_of "$A" > "$CG"/w2/cpuset.cpus
 MIG0=$(vmstat pgmigrate_success)
+MFAIL0=$(vmstat pgmigrate_fail)
+SPLIT0=$(vmstat thp_migration_split)
+CSTALL0=$(vmstat compact_stall)
 PTE0=$(vmstat numa_pte_updates)
 HINT0=$(vmstat numa_hint_faults)
 NPM0=$(vmstat numa_pages_migrated)
@@ -143,11 +147,16 @@ measure() {
         fi
         r0=$(uptime_s)
         # shellcheck disable=SC2086 # LOCALITY is a flag or nothing
-        tot=$(guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" | sed -n 's/^LOCALITY-TOTAL //p')
+        out=$(guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3")
         r1=$(uptime_s)
+        tot=$(echo "$out" | sed -n 's/^LOCALITY-TOTAL //p')
         [ -n "$tot" ] || { echo "no reading from guest-tool locality $LOCALITY" >&2; return 1; }
         now=$(awk -v a="$r0" -v b="$r1" -v z="$T0" 'BEGIN{printf "%.2f", (a + b) / 2 - z}')
-        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0)) read_s=$(awk -v a="$r0" -v b="$r1" 'BEGIN{printf "%.2f", b - a}')"
+        # For the reader of a slow migration: each workload's locality (w1 w2 w3), the pages
+        # the kernel failed to migrate, THP migrations split, compaction stalls (since t=0),
+        # and MemFree (MiB) of A and B.
+        per=$(echo "$out" | awk '$1 == "LOCALITY" {for (i = 2; i <= NF; i++) if ($i ~ /^local=/) {sub(/^local=/, "", $i); printf "%s%s", sep, $i; sep = "/"}}')
+        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0)) read_s=$(awk -v a="$r0" -v b="$r1" 'BEGIN{printf "%.2f", b - a}') per=$per mfail=$(($(vmstat pgmigrate_fail) - MFAIL0)) thp_split=$(($(vmstat thp_migration_split) - SPLIT0)) cstall=$(($(vmstat compact_stall) - CSTALL0)) free=$(node_free "$A")/$(node_free "$B")"
         ! fgt "$WINDOW" "$(since "$T0")" && break
         sleep "$SAMPLE_S"
     done
