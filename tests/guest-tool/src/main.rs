@@ -17,6 +17,7 @@ mod latency;
 mod migrate;
 mod mkcg;
 mod numa;
+mod watch;
 
 use std::{
     collections::BTreeMap,
@@ -110,6 +111,19 @@ enum Cmd {
         /// Query where the pages are before and after each move_pages call.
         #[arg(long)]
         query: bool,
+    },
+    /// Report what a stalled loop waits for: when HEARTBEAT is older than STALE_MS, the D-state
+    /// tasks and the watched processes' threads with their kernel stacks (spawns nothing).
+    Watch {
+        #[arg(long)]
+        heartbeat: std::path::PathBuf,
+        /// A process whose threads and descendants are reported (repeatable).
+        #[arg(long)]
+        pid: Vec<u32>,
+        #[arg(long, default_value_t = 1500)]
+        stale_ms: u64,
+        #[arg(long, default_value_t = 120.0)]
+        seconds: f64,
     },
     /// Time admissions over the socket and /healthz over TCP, request by request.
     Latency {
@@ -225,6 +239,12 @@ fn run(cmd: Cmd) -> Result<()> {
             batch_pages,
             query,
         } => migrate::run(pid, to_node, &method, batch_pages, query),
+        Cmd::Watch {
+            heartbeat,
+            pid,
+            stale_ms,
+            seconds,
+        } => watch::run(&heartbeat, &pid, stale_ms, seconds),
         Cmd::Latency {
             socket,
             healthz,

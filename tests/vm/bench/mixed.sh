@@ -40,7 +40,7 @@ A=$(first_cpu_node)
 B=$(last_cpu_node)
 CG=/sys/fs/cgroup/bench
 vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat | grep . || echo 0; }
-node_free() { awk '/MemFree/ {printf "%d", $4 / 1024}' /sys/devices/system/node/node"$1"/meminfo; }
+NODE_DIR=/sys/devices/system/node/node
 ticks() { awk '{print $14 + $15}' /proc/"$1"/stat 2>/dev/null; }
 since() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN{printf "%.2f", b - a}'; }
 
@@ -145,18 +145,28 @@ measure() {
             echo "shift t=$now"
             shifted=yes
         fi
+        echo "$now" > /tmp/heartbeat
         r0=$(uptime_s)
         # shellcheck disable=SC2086 # LOCALITY is a flag or nothing
-        out=$(guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3")
+        guest-tool locality $LOCALITY --pid "$P1" --pid "$P2" --pid "$P3" > /tmp/locality.out
         r1=$(uptime_s)
-        tot=$(echo "$out" | sed -n 's/^LOCALITY-TOTAL //p')
-        [ -n "$tot" ] || { echo "no reading from guest-tool locality $LOCALITY" >&2; return 1; }
-        now=$(awk -v a="$r0" -v b="$r1" -v z="$T0" 'BEGIN{printf "%.2f", (a + b) / 2 - z}')
-        # For the reader of a slow migration: each workload's locality (w1 w2 w3), the pages
-        # the kernel failed to migrate, THP migrations split, compaction stalls (since t=0),
-        # and MemFree (MiB) of A and B.
-        per=$(echo "$out" | awk '$1 == "LOCALITY" {for (i = 2; i <= NF; i++) if ($i ~ /^local=/) {sub(/^local=/, "", $i); printf "%s%s", sep, $i; sep = "/"}}')
-        echo "sample t=$now $tot mig=$(($(vmstat pgmigrate_success) - MIG0)) read_s=$(awk -v a="$r0" -v b="$r1" 'BEGIN{printf "%.2f", b - a}') per=$per mfail=$(($(vmstat pgmigrate_fail) - MFAIL0)) thp_split=$(($(vmstat thp_migration_split) - SPLIT0)) cstall=$(($(vmstat compact_stall) - CSTALL0)) free=$(node_free "$A")/$(node_free "$B")"
+        grep -q '^LOCALITY-TOTAL ' /tmp/locality.out || { echo "no reading from guest-tool locality $LOCALITY" >&2; return 1; }
+        # One awk (a process spawned per reading is a delay under a migration): the time
+        # stamp (the middle of the reading), the aggregate, and for the reader of a slow
+        # migration each workload's locality (w1/w2/w3), the pages the kernel failed to
+        # migrate, THP migrations split, compaction stalls (since t=0), MemFree (MiB) of A/B.
+        awk -v r0="$r0" -v r1="$r1" -v z="$T0" -v g0="$MIG0" -v m0="$MFAIL0" -v s0="$SPLIT0" -v c0="$CSTALL0" \
+            -v fa="$NODE_DIR$A/meminfo" -v fb="$NODE_DIR$B/meminfo" '
+            FILENAME == "/tmp/locality.out" && $1 == "LOCALITY-TOTAL" { tot = substr($0, 16) }
+            FILENAME == "/tmp/locality.out" && $1 == "LOCALITY" {
+                for (i = 2; i <= NF; i++) if ($i ~ /^local=/) { per = per sep substr($i, 7); sep = "/" } }
+            FILENAME == "/proc/vmstat" { c[$1] = $2 }
+            $1 == "Node" && $3 == "MemFree:" { free[FILENAME] = int($4 / 1024) }
+            END {
+                printf "sample t=%.2f %s mig=%d read_s=%.2f per=%s mfail=%d thp_split=%d cstall=%d free=%d/%d\n",
+                    (r0 + r1) / 2 - z, tot, c["pgmigrate_success"] - g0, r1 - r0, per,
+                    c["pgmigrate_fail"] - m0, c["thp_migration_split"] - s0, c["compact_stall"] - c0, free[fa], free[fb]
+            }' /tmp/locality.out /proc/vmstat "$NODE_DIR$A/meminfo" "$NODE_DIR$B/meminfo"
         ! fgt "$WINDOW" "$(since "$T0")" && break
         sleep "$SAMPLE_S"
     done
@@ -169,8 +179,16 @@ measure() {
     fi
     echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
 }
+# A reading loop that stalls (spawning a process took seconds under some conditions) is
+# reported by a watcher that spawns nothing: what the loop's processes and D-state tasks wait on.
+echo 0 > /tmp/heartbeat
+guest-tool watch --heartbeat /tmp/heartbeat --pid $$ ${MGR_PID:+--pid $MGR_PID} --seconds $((WINDOW + 30)) > /tmp/watch.out 2>&1 &
+WATCH_PID=$!
 data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 3 /tmp/.data-stderr | tr '\n' ' ')"
 
+kill "$WATCH_PID" 2>/dev/null
+echo "# watch: $(grep -c '^WATCH stale' /tmp/watch.out) reports of a stalled reading loop"
+head -150 /tmp/watch.out | sed 's/^/# /'
 # For the reader of the log.
 for w in w1 w2 w3; do
     echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"

@@ -1,0 +1,178 @@
+//! `guest-tool watch`: what a stalled loop waits for. The benchmark's reading loop writes a
+//! heartbeat file every pass; when the file is older than `stale_ms`, this prints, without
+//! spawning anything (a stall may be one of spawning processes): the load and pressure, how
+//! each CPU spent the time since the loop was last fresh (/proc/stat: user, system, irq,
+//! softirq, idle, steal), every task running or in uninterruptible sleep (R, D) with its
+//! kernel stack, and every thread of the watched pids and of their descendants with its
+//! state, the time it spent waiting for a CPU since the last report (schedstat) and its stack.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Result;
+
+fn read(p: impl AsRef<Path>) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// (state, ppid, comm) of a task from its `stat`.
+fn stat(dir: &Path) -> Option<(char, u32, String)> {
+    let s = read(dir.join("stat"));
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let comm = s[open + 1..close].to_string();
+    let mut rest = s[close + 1..].split_ascii_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some((state, ppid, comm))
+}
+
+fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Per-CPU jiffies from /proc/stat: name → [user, nice, system, idle, iowait, irq, softirq, steal].
+fn cpu_times() -> BTreeMap<String, Vec<u64>> {
+    read("/proc/stat")
+        .lines()
+        .filter(|l| l.starts_with("cpu"))
+        .filter_map(|l| {
+            let mut it = l.split_ascii_whitespace();
+            let name = it.next()?.to_string();
+            let v: Vec<u64> = it.take(8).filter_map(|x| x.parse().ok()).collect();
+            (v.len() == 8).then_some((name, v))
+        })
+        .collect()
+}
+
+fn stack(dir: &Path) -> String {
+    read(dir.join("stack"))
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap_or(l))
+        .take(12)
+        .collect::<Vec<_>>()
+        .join(" < ")
+}
+
+pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let stale = Duration::from_millis(stale_ms);
+    let mut last_report: Option<Instant> = None;
+    let mut reports = 0;
+    // Run-queue wait (ns) per thread at the last report.
+    let mut waited: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    // CPU times when the heartbeat was last fresh.
+    let mut fresh_times = cpu_times();
+    while Instant::now() < end && reports < 20 {
+        std::thread::sleep(Duration::from_millis(200));
+        let Ok(m) = std::fs::metadata(heartbeat).and_then(|m| m.modified()) else {
+            continue;
+        };
+        let age = SystemTime::now().duration_since(m).unwrap_or_default();
+        if age < stale {
+            last_report = None;
+            fresh_times = cpu_times();
+            continue;
+        }
+        if last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+            continue;
+        }
+        last_report = Some(Instant::now());
+        reports += 1;
+        let up = read("/proc/uptime");
+        println!(
+            "WATCH stale {:.1}s uptime {} load {}",
+            age.as_secs_f64(),
+            up.split_whitespace().next().unwrap_or("?"),
+            read("/proc/loadavg").trim()
+        );
+        for r in ["cpu", "memory", "io"] {
+            let p = read(format!("/proc/pressure/{r}"));
+            if let Some(l) = p.lines().next() {
+                println!("WATCH   psi {r}: {l}");
+            }
+        }
+        for (cpu, now) in cpu_times() {
+            let Some(then) = fresh_times.get(&cpu) else {
+                continue;
+            };
+            let d: Vec<u64> = now
+                .iter()
+                .zip(then)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            let total = d.iter().sum::<u64>().max(1) as f64;
+            let pct = |i: usize| 100.0 * d[i] as f64 / total;
+            println!(
+                "WATCH   {cpu}: user {:.0}% system {:.0}% irq {:.0}% softirq {:.0}% idle {:.0}% steal {:.0}% ({} ticks)",
+                pct(0) + pct(1),
+                pct(2),
+                pct(5),
+                pct(6),
+                pct(3) + pct(4),
+                pct(7),
+                total
+            );
+        }
+        let all = pids();
+        let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
+        for &p in &all {
+            if let Some((_, pp, _)) = stat(Path::new(&format!("/proc/{p}"))) {
+                parent.insert(p, pp);
+            }
+        }
+        let watched_tree = |mut p: u32| -> bool {
+            for _ in 0..64 {
+                if watched.contains(&p) {
+                    return true;
+                }
+                match parent.get(&p) {
+                    Some(&pp) if pp != 0 => p = pp,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        for &p in &all {
+            let mine = watched_tree(p);
+            let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+                .map(|d| {
+                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            for t in tasks {
+                let dir = std::path::PathBuf::from(format!("/proc/{p}/task/{t}"));
+                let Some((state, _, comm)) = stat(&dir) else {
+                    continue;
+                };
+                if !(mine || state == 'D' || state == 'R') {
+                    continue;
+                }
+                let wait: u64 = read(dir.join("schedstat"))
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|w| w.parse().ok())
+                    .unwrap_or(0);
+                let before = waited.insert((p, t), wait);
+                let dwait = before.map_or(String::from("-"), |b| {
+                    format!("{}ms", wait.saturating_sub(b) / 1_000_000)
+                });
+                println!(
+                    "WATCH   {p}/{t} {comm} {state} runq-wait+{dwait} wchan={} stack: {}",
+                    read(dir.join("wchan")),
+                    stack(&dir)
+                );
+            }
+        }
+    }
+    Ok(())
+}
