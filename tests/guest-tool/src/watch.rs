@@ -39,6 +39,43 @@ fn pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// Per-CPU softirq counts from /proc/softirqs: (kind, per-CPU counts).
+fn softirqs() -> Vec<(String, Vec<u64>)> {
+    read("/proc/softirqs")
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut it = l.split_ascii_whitespace();
+            let kind = it.next()?.trim_end_matches(':').to_string();
+            Some((kind, it.filter_map(|x| x.parse().ok()).collect()))
+        })
+        .collect()
+}
+
+/// Asks every CPU for a backtrace of what it runs now (sysrq `l`) and returns the kernel log
+/// lines that appeared since `kmsg` was opened or last read (non-blocking /dev/kmsg).
+fn cpu_backtraces(kmsg: &mut Option<std::fs::File>) -> Vec<String> {
+    use std::io::Read;
+    let _ = std::fs::write("/proc/sysrq-trigger", "l");
+    std::thread::sleep(Duration::from_millis(300));
+    let Some(f) = kmsg.as_mut() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    // Each read returns one record; EAGAIN when none is left.
+    while let Ok(n) = f.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let rec = String::from_utf8_lossy(&buf[..n]);
+        if let Some((_, msg)) = rec.split_once(';') {
+            out.push(msg.trim_end().to_string());
+        }
+    }
+    out
+}
+
 /// Per-CPU jiffies from /proc/stat: name → [user, nice, system, idle, iowait, irq, softirq, steal].
 fn cpu_times() -> BTreeMap<String, Vec<u64>> {
     read("/proc/stat")
@@ -67,10 +104,25 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
     let stale = Duration::from_millis(stale_ms);
     let mut last_report: Option<Instant> = None;
     let mut reports = 0;
+    let mut reports_in_stall = 0;
     // Run-queue wait (ns) per thread at the last report.
     let mut waited: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    // CPU times when the heartbeat was last fresh.
+    // CPU times and softirq counts when the heartbeat was last fresh.
     let mut fresh_times = cpu_times();
+    let mut fresh_softirqs = softirqs();
+    // The kernel log from now on (O_NONBLOCK, positioned at its end).
+    let mut kmsg = {
+        use std::{io::Seek, os::unix::fs::OpenOptionsExt};
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .ok()
+            .map(|mut f| {
+                let _ = f.seek(std::io::SeekFrom::End(0));
+                f
+            })
+    };
     while Instant::now() < end && reports < 20 {
         std::thread::sleep(Duration::from_millis(200));
         let Ok(m) = std::fs::metadata(heartbeat).and_then(|m| m.modified()) else {
@@ -79,7 +131,9 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
         let age = SystemTime::now().duration_since(m).unwrap_or_default();
         if age < stale {
             last_report = None;
+            reports_in_stall = 0;
             fresh_times = cpu_times();
+            fresh_softirqs = softirqs();
             continue;
         }
         if last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
@@ -122,6 +176,23 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
                 total
             );
         }
+        for ((kind, now), (_, then)) in softirqs().iter().zip(&fresh_softirqs) {
+            let d: Vec<u64> = now
+                .iter()
+                .zip(then)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            if d.iter().any(|&x| x > 0) {
+                println!("WATCH   softirq {kind}: {d:?}");
+            }
+        }
+        // What each CPU runs, once per stall (the first report) and at its 4th report.
+        if reports_in_stall == 0 || reports_in_stall == 3 {
+            for l in cpu_backtraces(&mut kmsg) {
+                println!("WATCH   kmsg {l}");
+            }
+        }
+        reports_in_stall += 1;
         let all = pids();
         let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
         for &p in &all {

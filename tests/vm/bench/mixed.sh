@@ -188,7 +188,8 @@ data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 3 /t
 
 kill "$WATCH_PID" 2>/dev/null
 echo "# watch: $(grep -c '^WATCH stale' /tmp/watch.out) reports of a stalled reading loop"
-head -150 /tmp/watch.out | sed 's/^/# /'
+# (the daemon's idle threads left out)
+grep -v -e futex_wait_queue -e wait_woken -e do_epoll_wait /tmp/watch.out | head -500 | sed 's/^/# /'
 # For the reader of the log.
 for w in w1 w2 w3; do
     echo "# $w: cpus=$(cat $CG/$w/cpuset.cpus.effective) mems=$(cat $CG/$w/cpuset.mems.effective) anon: $(grep '^anon ' $CG/$w/memory.numa_stat)"
