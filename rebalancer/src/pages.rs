@@ -274,7 +274,8 @@ impl Walk {
     /// Like [`Walk::step`], but each process's pages are moved whole by the kernel's own walk
     /// of its mm (migrate_pages(2): every node outside `toward` → `toward`, the same walk a
     /// narrowing `cpuset.mems` write makes, in this thread instead of the kernel's one ordered
-    /// cpuset workqueue), processes one after the other until at least `max_bytes` moved: a
+    /// cpuset workqueue, but only the pages the process alone maps: see [`WithoutSysNice`];
+    /// the shared ones are the narrowing write's), processes one after the other until at least `max_bytes` moved: a
     /// process is never cut, so this is for a move whose bytes are all budgeted (not a stage).
     /// Returns the bytes moved (each process's pages off `toward` before less after, from its
     /// numa_maps).
@@ -448,9 +449,89 @@ fn node_mask(s: &CpuSet) -> (Vec<u64>, libc::c_ulong) {
     (w, (words * 64 + 1) as libc::c_ulong)
 }
 
-/// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm).
-/// Pages that could not be moved are not an error (the caller counts what moved): their
-/// number is returned, as the kernel does.
+/// CAP_SYS_NICE, bit 23 of the first capability word.
+const CAP_SYS_NICE_BIT: u32 = 1 << 23;
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn capget() -> Option<[CapData; 2]> {
+    let mut h = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: a v3 header and two data words, as the kernel expects; pid 0 is this thread.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    (r == 0).then_some(d)
+}
+
+fn capset(d: &[CapData; 2]) -> bool {
+    let mut h = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: as in `capget`; capset with pid 0 changes this thread's credentials only.
+    unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) == 0 }
+}
+
+/// While it lives, this thread runs without CAP_SYS_NICE in its effective set (kept in the
+/// permitted set and put back on drop; capabilities are per thread, so the daemon's other
+/// threads keep theirs). migrate_pages(2) moves every page of the process, those it shares
+/// with other processes too (`MPOL_MF_MOVE_ALL`), when the caller has CAP_SYS_NICE, and only
+/// the pages it alone maps (`MPOL_MF_MOVE`, as move_pages(2) does here) otherwise: the shared
+/// ones (a binary's or a library's text, mapped by the workloads of other cgroups) are not
+/// the move's to take, and migrating them unmaps them from every process that runs them, one
+/// TLB shootdown per mapping. A writer moving them for each of several workloads at once sent
+/// the same pages back and forth between the targets: in the multi-NUMA guest that made one
+/// 256 MiB migrate_pages(2) call last 7–22 s instead of 1.5–2.5 s (its writer and the other
+/// migrations seen in `rmap_walk_file` → `flush_tlb_mm_range`; BENCHMARKS.md).
+struct WithoutSysNice {
+    saved: Option<[CapData; 2]>,
+}
+
+impl WithoutSysNice {
+    fn new() -> WithoutSysNice {
+        let saved = capget().filter(|d| d[0].effective & CAP_SYS_NICE_BIT != 0);
+        if let Some(d) = saved {
+            let mut less = d;
+            less[0].effective &= !CAP_SYS_NICE_BIT;
+            if !capset(&less) {
+                return WithoutSysNice { saved: None };
+            }
+        }
+        WithoutSysNice { saved }
+    }
+}
+
+impl Drop for WithoutSysNice {
+    fn drop(&mut self) {
+        if let Some(d) = &self.saved {
+            if !capset(d) {
+                tracing::warn!(
+                    "could not restore CAP_SYS_NICE to a writer thread after its page moves"
+                );
+            }
+        }
+    }
+}
+
+/// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm),
+/// only those the process alone maps ([`WithoutSysNice`]). Pages that could not be moved are
+/// not an error (the caller counts what moved): their number is returned, as the kernel does.
 fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<u64> {
     let (mut old, n1) = node_mask(from);
     let (mut new, n2) = node_mask(toward);
@@ -458,6 +539,7 @@ fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<u6
     old.resize(words, 0);
     new.resize(words, 0);
     let maxnode = n1.max(n2);
+    let _own_pages_only = WithoutSysNice::new();
     // SAFETY: both masks have `words` 64-bit words, maxnode - 1 = words × 64 bits.
     let r = unsafe {
         libc::syscall(
@@ -807,5 +889,41 @@ garbage line
             0
         );
         drop(v);
+    }
+
+    /// The writer's migrate_pages(2) runs without CAP_SYS_NICE (so the kernel moves only the
+    /// pages the process alone maps), in that thread only, and gets it back after.
+    #[test]
+    fn page_moves_drop_sys_nice_in_their_own_thread_only_and_get_it_back() {
+        let before = capget().expect("capget");
+        let had = before[0].effective & CAP_SYS_NICE_BIT != 0;
+        if !had {
+            eprintln!("note: this test runs without CAP_SYS_NICE; only the no-op path is checked");
+        }
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let (tell, told) = std::sync::mpsc::channel::<u32>();
+        let other = std::thread::spawn(move || {
+            asked.recv().unwrap();
+            tell.send(capget().unwrap()[0].effective).unwrap();
+        });
+        {
+            let _g = WithoutSysNice::new();
+            let during = capget().unwrap();
+            assert_eq!(during[0].effective & CAP_SYS_NICE_BIT, 0);
+            assert_eq!(
+                during[0].effective | (before[0].effective & CAP_SYS_NICE_BIT),
+                before[0].effective,
+                "only CAP_SYS_NICE is dropped"
+            );
+            assert_eq!(during[0].permitted, before[0].permitted);
+            ask.send(()).unwrap();
+            assert_eq!(
+                told.recv().unwrap(),
+                before[0].effective,
+                "another thread keeps it"
+            );
+        }
+        other.join().unwrap();
+        assert_eq!(capget().unwrap()[0].effective, before[0].effective);
     }
 }

@@ -33,8 +33,10 @@
 //! concurrent narrowing writes would cost the sum of the migrations: when several moves run at
 //! once, each writer first moves its own cgroup's memory toward the target itself with
 //! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
-//! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call) and the
-//! narrowing write finds little left. The writers run at `controller.apply_nice` (-10: the
+//! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call; only the pages
+//! the process alone maps, `pages::WithoutSysNice`: pages shared with other cgroups'
+//! processes, a binary's text, are left to the narrowing write) and the narrowing write finds
+//! little left. The writers run at `controller.apply_nice` (-10: the
 //! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
 //! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
 //! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
