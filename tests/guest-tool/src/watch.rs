@@ -5,6 +5,8 @@
 //! softirq, idle, steal), every task running or in uninterruptible sleep (R, D) with its
 //! kernel stack, and every thread of the watched pids and of their descendants with its
 //! state, the time it spent waiting for a CPU since the last report (schedstat) and its stack.
+//! Apart from stalls, a thread of a watched process (not of its children) that has spent most of 5 s or more in the kernel (a long
+//! migrate_pages(2), say) gets that CPU's backtrace printed (sysrq `l`), every 5 s it stays so.
 
 use std::{
     collections::BTreeMap,
@@ -90,6 +92,74 @@ fn cpu_times() -> BTreeMap<String, Vec<u64>> {
         .collect()
 }
 
+/// System time (clock ticks) of a task from its `stat`.
+fn stime(dir: &Path) -> Option<u64> {
+    let s = read(dir.join("stat"));
+    s[s.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .nth(12)?
+        .parse()
+        .ok()
+}
+
+/// The kernel log's NMI backtrace blocks (from "NMI backtrace for cpu" to the next) of the
+/// CPU that ran thread `tid`.
+fn blocks_of(lines: &[String], tid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut block: Vec<String> = Vec::new();
+    let pid = format!(" PID: {tid} ");
+    let mut flush = |block: &mut Vec<String>| {
+        if block.iter().any(|l| l.contains(&pid)) {
+            out.append(block);
+        }
+        block.clear();
+    };
+    for l in lines {
+        if l.starts_with("NMI backtrace for cpu") {
+            flush(&mut block);
+        }
+        block.push(l.clone());
+    }
+    flush(&mut block);
+    out
+}
+
+/// Every thread of the watched pids and of their descendants: (pid, tid, task dir).
+fn watched_threads(watched: &[u32]) -> Vec<(u32, u32, std::path::PathBuf)> {
+    let all = pids();
+    let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
+    for &p in &all {
+        if let Some((_, pp, _)) = stat(Path::new(&format!("/proc/{p}"))) {
+            parent.insert(p, pp);
+        }
+    }
+    let in_tree = |mut p: u32| -> bool {
+        for _ in 0..64 {
+            if watched.contains(&p) {
+                return true;
+            }
+            match parent.get(&p) {
+                Some(&pp) if pp != 0 => p = pp,
+                _ => return false,
+            }
+        }
+        false
+    };
+    let mut out = Vec::new();
+    for &p in all.iter().filter(|&&p| in_tree(p)) {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        for t in tasks {
+            out.push((p, t, format!("/proc/{p}/task/{t}").into()));
+        }
+    }
+    out
+}
+
 fn stack(dir: &Path) -> String {
     read(dir.join("stack"))
         .lines()
@@ -123,8 +193,52 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
                 f
             })
     };
+    // Per watched thread: (stime at the last look, since when it has been busy in the kernel,
+    // when its backtrace was last printed).
+    let mut busy: BTreeMap<u32, (u64, Option<Instant>, Option<Instant>)> = BTreeMap::new();
+    let mut last_busy_look = Instant::now();
+    let mut busy_dumps = 0;
+    let tck = (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64;
     while Instant::now() < end && reports < 20 {
         std::thread::sleep(Duration::from_millis(200));
+        if last_busy_look.elapsed() >= Duration::from_secs(1) {
+            let dt = last_busy_look.elapsed().as_secs_f64();
+            last_busy_look = Instant::now();
+            let me = std::process::id();
+            for (p, t, dir) in watched_threads(watched) {
+                let Some(now) = stime(&dir) else { continue };
+                let entry = busy.entry(t).or_insert((now, None, None));
+                let hot = (now.saturating_sub(entry.0) as f64 / tck) >= 0.5 * dt;
+                entry.0 = now;
+                // Only the watched processes' own threads (the daemon's writers), not their
+                // children's: a sysrq backtrace costs every CPU ~10 ms.
+                if !hot || p == me || !watched.contains(&p) {
+                    entry.1 = None;
+                    continue;
+                }
+                let since = *entry.1.get_or_insert_with(Instant::now);
+                let long = since.elapsed() >= Duration::from_secs(4);
+                let due = entry
+                    .2
+                    .is_none_or(|d| d.elapsed() >= Duration::from_secs(5));
+                if long && due && busy_dumps < 12 {
+                    busy_dumps += 1;
+                    entry.2 = Some(Instant::now());
+                    let (_, _, comm) = stat(&dir).unwrap_or(('?', 0, String::new()));
+                    println!(
+                        "WATCH busy {p}/{t} {comm}: mostly in the kernel for {:.0}s, syscall {}",
+                        since.elapsed().as_secs_f64() + 1.0,
+                        read(dir.join("syscall"))
+                            .split_whitespace()
+                            .next()
+                            .unwrap_or("?")
+                    );
+                    for l in blocks_of(&cpu_backtraces(&mut kmsg), t) {
+                        println!("WATCH   kmsg {l}");
+                    }
+                }
+            }
+        }
         let Ok(m) = std::fs::metadata(heartbeat).and_then(|m| m.modified()) else {
             continue;
         };
@@ -194,26 +308,12 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
         }
         reports_in_stall += 1;
         let all = pids();
-        let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
+        let mine: std::collections::BTreeSet<u32> = watched_threads(watched)
+            .into_iter()
+            .map(|(p, _, _)| p)
+            .collect();
         for &p in &all {
-            if let Some((_, pp, _)) = stat(Path::new(&format!("/proc/{p}"))) {
-                parent.insert(p, pp);
-            }
-        }
-        let watched_tree = |mut p: u32| -> bool {
-            for _ in 0..64 {
-                if watched.contains(&p) {
-                    return true;
-                }
-                match parent.get(&p) {
-                    Some(&pp) if pp != 0 => p = pp,
-                    _ => return false,
-                }
-            }
-            false
-        };
-        for &p in &all {
-            let mine = watched_tree(p);
+            let mine = mine.contains(&p);
             let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
                 .map(|d| {
                     d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
