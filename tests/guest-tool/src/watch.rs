@@ -41,6 +41,16 @@ fn pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// The thread ids of process `p`.
+fn tids(p: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{p}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Per-CPU softirq counts from /proc/softirqs: (kind, per-CPU counts).
 fn softirqs() -> Vec<(String, Vec<u64>)> {
     read("/proc/softirqs")
@@ -147,13 +157,7 @@ fn watched_threads(watched: &[u32]) -> Vec<(u32, u32, std::path::PathBuf)> {
     };
     let mut out = Vec::new();
     for &p in all.iter().filter(|&&p| in_tree(p)) {
-        let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        for t in tasks {
+        for t in tids(p) {
             out.push((p, t, format!("/proc/{p}/task/{t}").into()));
         }
     }
@@ -314,13 +318,7 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
             .collect();
         for &p in &all {
             let mine = mine.contains(&p);
-            let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
-                .map(|d| {
-                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
-            for t in tasks {
+            for t in tids(p) {
                 let dir = std::path::PathBuf::from(format!("/proc/{p}/task/{t}"));
                 let Some((state, _, comm)) = stat(&dir) else {
                     continue;
