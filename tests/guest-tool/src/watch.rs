@@ -5,8 +5,9 @@
 //! softirq, idle, steal), every task running or in uninterruptible sleep (R, D) with its
 //! kernel stack, and every thread of the watched pids and of their descendants with its
 //! state, the time it spent waiting for a CPU since the last report (schedstat) and its stack.
-//! Apart from stalls, a thread of a watched process (not of its children) that has spent most of 5 s or more in the kernel (a long
-//! migrate_pages(2), say) gets that CPU's backtrace printed (sysrq `l`), every 5 s it stays so.
+//! Apart from stalls, a thread of a watched process (not of its children) that has spent most
+//! of 4 s or more in the kernel (a long migrate_pages(2), say) gets its CPU's backtrace printed
+//! (sysrq `l`), every 5 s it stays so.
 
 use std::{
     collections::BTreeMap,
@@ -209,14 +210,16 @@ pub fn run(heartbeat: &Path, watched: &[u32], stale_ms: u64, seconds: f64) -> Re
             let dt = last_busy_look.elapsed().as_secs_f64();
             last_busy_look = Instant::now();
             let me = std::process::id();
-            for (p, t, dir) in watched_threads(watched) {
+            // Only the watched processes' own threads (the daemon's writers), not their
+            // children's: a sysrq backtrace costs every CPU ~10 ms.
+            let own = watched.iter().filter(|&&p| p != me);
+            for (p, t) in own.flat_map(|&p| tids(p).into_iter().map(move |t| (p, t))) {
+                let dir = std::path::PathBuf::from(format!("/proc/{p}/task/{t}"));
                 let Some(now) = stime(&dir) else { continue };
                 let entry = busy.entry(t).or_insert((now, None, None));
                 let hot = (now.saturating_sub(entry.0) as f64 / tck) >= 0.5 * dt;
                 entry.0 = now;
-                // Only the watched processes' own threads (the daemon's writers), not their
-                // children's: a sysrq backtrace costs every CPU ~10 ms.
-                if !hot || p == me || !watched.contains(&p) {
+                if !hot {
                     entry.1 = None;
                     continue;
                 }
