@@ -134,13 +134,16 @@ impl CgroupState {
     /// allocator's re-pin) restarts its history: the old one describes another placement. The
     /// window that saw the change is mostly from before it (a round's window runs from the
     /// last round), so it seeds the score with no weight: the round that sees it acts on it,
-    /// and the next window, all after the change, replaces it.
+    /// and the next window, all after the change, replaces it. So does a cgroup whose threads
+    /// moved to other nodes within the window (`shifted`): that window is its CPU time where it
+    /// ran at the window's end ([`CgroupObs::follow_recent`]).
     fn fold(
         &mut self,
         inst: Option<(f64, Evidence)>,
         alpha: f64,
         window: Window,
         placed: Option<(CpuSet, &CpuSet)>,
+        shifted: bool,
     ) {
         self.periods = self.periods.saturating_add(1);
         if self.lived_ms == 0 && self.periods > 1 {
@@ -159,6 +162,9 @@ impl CgroupState {
                 }
             }
         }
+        // Its threads moved themselves to other nodes within the window (see
+        // `CgroupObs::follow_recent`): the history is of the placement they left.
+        restarted |= shifted;
         // The history was of the old placement (not cleared by our own move, whose next
         // window is mostly after it).
         let stale = restarted && self.smoothed.is_some();
@@ -309,7 +315,7 @@ impl ControllerState {
             && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
         if same {
             for ((_, st), (cg, inst)) in self.cgroups.iter_mut().zip(cgs) {
-                st.fold(inst, alpha, window, placed(topo, cg));
+                st.fold(inst, alpha, window, placed(topo, cg), cg.shifted);
             }
         } else {
             let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
@@ -325,7 +331,7 @@ impl ControllerState {
                 let Some((_, st)) = kept.last_mut() else {
                     continue;
                 };
-                st.fold(inst, alpha, window, placed(topo, cg));
+                st.fold(inst, alpha, window, placed(topo, cg), cg.shifted);
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.

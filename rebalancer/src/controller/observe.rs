@@ -74,6 +74,10 @@ pub struct CgroupObs {
     pub cpus: CpuSet,
     pub mems: CpuSet,
     pub constraints: Constraints,
+    /// Its CPU time moved to other nodes within the window ([`CgroupObs::follow_recent`]):
+    /// `cpu_ns_per_node` is where it ran at the window's end, and its score restarts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shifted: bool,
 }
 
 impl CgroupObs {
@@ -137,28 +141,49 @@ impl CgroupObs {
         } else {
             runnable.iter().map(|n| (n, 1)).collect()
         };
-        let wsum: u128 = weights.iter().map(|(_, w)| u128::from(*w)).sum();
-        let mut given = 0u64;
-        let mut shares: Vec<(u32, u64)> = weights
-            .iter()
-            .map(|&(n, w)| {
-                let s = (u128::from(stale) * u128::from(w) / wsum) as u64;
-                given += s;
-                (n, s)
-            })
-            .collect();
-        let mut rest = stale - given;
-        for (_, s) in shares.iter_mut() {
-            if rest == 0 {
-                break;
-            }
-            *s += 1;
-            rest -= 1;
-        }
-        for (n, s) in shares {
+        for (n, s) in split(stale, &weights) {
             let e = self.cpu_ns_per_node.entry(n).or_default();
             *e = e.saturating_add(s);
         }
+        true
+    }
+
+    /// CPU time where it ran at the end of the window, when its threads moved themselves (or
+    /// were moved) to other nodes within it: `earlier` and `recent` are its CPU time per node
+    /// before and after a mark taken between two rounds (see `daemon::engine`). When at least
+    /// [`SHIFT_SHARE`] of its time moved between them (the total variation distance of the
+    /// two distributions over nodes) and each side has [`SHIFT_MIN_CPU_NS`] of CPU time (a few samples
+    /// cannot say), the window's CPU time is counted in `recent`'s proportions (the total is
+    /// kept) and `shifted` is set: its score restarts ([`super::CgroupState`]), as an
+    /// operator's re-pin restarts it, so the round that sees the move acts on it instead of
+    /// averaging it with the placement it left. Returns whether it did.
+    pub fn follow_recent(
+        &mut self,
+        earlier: &BTreeMap<u32, u64>,
+        recent: &BTreeMap<u32, u64>,
+    ) -> bool {
+        let sum = |m: &BTreeMap<u32, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
+        let (e, r) = (sum(earlier), sum(recent));
+        if e < SHIFT_MIN_CPU_NS || r < SHIFT_MIN_CPU_NS {
+            return false;
+        }
+        let share = |m: &BTreeMap<u32, u64>, n: &u32, t: u64| {
+            m.get(n).copied().unwrap_or(0) as f64 / t as f64
+        };
+        let moved: f64 = recent
+            .keys()
+            .map(|n| (share(recent, n, r) - share(earlier, n, e)).max(0.0))
+            .sum();
+        if moved < SHIFT_SHARE {
+            return false;
+        }
+        let weights: Vec<(u32, u64)> = recent
+            .iter()
+            .filter(|(_, &v)| v > 0)
+            .map(|(&n, &v)| (n, v))
+            .collect();
+        self.cpu_ns_per_node = split(self.total_cpu_ns(), &weights).into_iter().collect();
+        self.shifted = true;
         true
     }
 
@@ -289,6 +314,41 @@ impl Observations {
     }
 }
 
+/// Share of a cgroup's CPU time that must have moved to other nodes between a window's two
+/// parts for [`CgroupObs::follow_recent`] to follow it.
+pub const SHIFT_SHARE: f64 = 0.5;
+
+/// CPU time each part of a window needs before [`CgroupObs::follow_recent`] reads it (10
+/// samples at the default 99 Hz).
+pub const SHIFT_MIN_CPU_NS: u64 = 100_000_000;
+
+/// `total` split in proportion to `weights` (whose sum is not 0); the remainder of the integer
+/// split goes to the first ones, so the parts add up to `total` exactly.
+fn split(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
+    let wsum: u128 = weights.iter().map(|(_, w)| u128::from(*w)).sum();
+    if wsum == 0 {
+        return Vec::new();
+    }
+    let mut given = 0u64;
+    let mut shares: Vec<(u32, u64)> = weights
+        .iter()
+        .map(|&(n, w)| {
+            let s = (u128::from(total) * u128::from(w) / wsum) as u64;
+            given += s;
+            (n, s)
+        })
+        .collect();
+    let mut rest = total - given;
+    for (_, s) in shares.iter_mut() {
+        if rest == 0 {
+            break;
+        }
+        *s += 1;
+        rest -= 1;
+    }
+    shares
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +362,48 @@ mod tests {
 
     fn set(ids: &[u32]) -> CpuSet {
         ids.iter().copied().collect()
+    }
+
+    /// vm-bench w3: a workload whose threads moved themselves from node 0 to node 1 shortly
+    /// before a round (no cpuset change) is seen where it runs now, its whole window's CPU
+    /// time kept; a workload spread over nodes whose shares wobble, or one with too few
+    /// samples on either side of the mark, is left as the window saw it.
+    #[test]
+    fn a_workload_that_moved_itself_is_seen_where_it_runs_now() {
+        const MS: u64 = 1_000_000;
+        let m = |v: &[(u32, u64)]| -> BTreeMap<u32, u64> { v.iter().copied().collect() };
+        // 1.5 s on node 0 and 0.3 s on node 1 before the mark, 0.2 s on node 1 after it.
+        let mut c = cg(&[(0, 1500 * MS), (1, 500 * MS)]);
+        assert!(c.follow_recent(&m(&[(0, 1500 * MS), (1, 300 * MS)]), &m(&[(1, 200 * MS)])));
+        assert!(c.shifted);
+        assert_eq!(c.cpu_ns_per_node, m(&[(1, 2000 * MS)]), "the total is kept");
+        // Two thirds of its time moved to a third node: counted in the recent proportions,
+        // the integer split exact.
+        let mut c = cg(&[(0, 1001 * MS), (1, 1000 * MS), (2, 1000 * MS)]);
+        assert!(c.follow_recent(
+            &m(&[(0, 1000 * MS), (1, 1000 * MS)]),
+            &m(&[(1, 100 * MS), (2, 200 * MS)])
+        ));
+        assert_eq!(c.total_cpu_ns(), 3001 * MS);
+        assert!(c.cpu_ns_per_node[&2].abs_diff(2 * c.cpu_ns_per_node[&1]) <= 2);
+        // Exactly half moved (the threshold) is a move; a little less is not.
+        let mut c = cg(&[(0, 1000 * MS)]);
+        assert!(c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 500 * MS), (1, 500 * MS)])));
+        let mut c = cg(&[(0, 1000 * MS)]);
+        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 510 * MS), (1, 490 * MS)])));
+        // A spread workload whose shares wobble (50/50, then 70/30): not a move.
+        let mut c = cg(&[(0, 1200 * MS), (1, 800 * MS)]);
+        let before = c.clone();
+        assert!(!c.follow_recent(
+            &m(&[(0, 500 * MS), (1, 500 * MS)]),
+            &m(&[(0, 700 * MS), (1, 300 * MS)])
+        ));
+        assert_eq!(c, before);
+        // Too few samples after the mark, or before it: nothing is said.
+        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(1, 99 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 99 * MS)]), &m(&[(1, 1000 * MS)])));
+        assert!(!c.follow_recent(&m(&[]), &m(&[(1, 1000 * MS)])));
+        assert_eq!(c, before);
     }
 
     #[test]

@@ -101,6 +101,26 @@ fn a_change_of_placement_restarts_the_score() {
     assert!((s - 0.5).abs() < 1e-9, "{s}");
 }
 
+/// A cgroup whose threads moved themselves to other nodes within the window (no cpuset
+/// change: `CgroupObs::follow_recent` set `shifted`) restarts its score like a re-pin: the
+/// round that sees the move acts on the new placement, not on an average with the old one.
+#[test]
+fn a_workload_that_moved_itself_restarts_its_score() {
+    let mut st = settled();
+    let mut obs = window(PERIOD_MS / 10, 1, "0-7");
+    obs.cgroups[0].shifted = true;
+    st.observe_window(&machine(), &obs, 0.5, PERIOD_MS);
+    assert_eq!(st.cgroups["w"].smoothed, Some(0.0));
+    assert_eq!(
+        st.cgroups["w"].smoothed_weight, 0.0,
+        "seeded with no weight: the next window replaces it"
+    );
+    assert_eq!(fold(&mut st, PERIOD_MS / 2, 1, "0-7"), 0.0);
+    // Not shifted: the same short window moves a settled score only a little.
+    let mut st = settled();
+    assert!(fold(&mut st, PERIOD_MS / 10, 1, "0-7") > 0.9);
+}
+
 /// helper-22: the window that saw the pin runs from the round before, mostly before the pin,
 /// so it seeds the restarted score with no weight: the next window, all after the pin,
 /// replaces it however short (a short follow-up must not be outweighed by the seed).

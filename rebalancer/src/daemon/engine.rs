@@ -533,6 +533,10 @@ pub struct Engine {
     runq: crate::ebpf::runq::RunqWindow,
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
+    /// A reading of the managed cgroups' counters taken between two rounds ([`Engine::mark`]):
+    /// the next round splits its window there, to see a workload whose threads moved
+    /// to other nodes within it (`CgroupObs::follow_recent`).
+    mark: Option<BTreeMap<String, Sample>>,
     /// Rounds skipped since the last one that observed (see [`Engine::skipped_in_a_row`]).
     skipped_in_a_row: u32,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -576,6 +580,7 @@ impl Engine {
             runq: Default::default(),
             prev: BTreeMap::new(),
             last_round: None,
+            mark: None,
             skipped_in_a_row: 0,
             topo_fingerprint: None,
             written: None,
@@ -589,7 +594,25 @@ impl Engine {
         }
     }
 
-    /// The cgroups managed at the last round.
+    /// Reads the counters of the cgroups managed at the last round, for the next round to
+    /// split its window at (see [`Engine::mark`]'s field): the round loop takes one at the
+    /// first event of a burst (the event round then sees where each workload runs since the
+    /// event) and halfway through a period without one. A failed read leaves no mark.
+    pub fn mark(&mut self, adm: &Admission) {
+        if self.last_round.is_none() || self.last_managed.is_empty() {
+            return;
+        }
+        let topo = adm.daemon.lock().topo.clone();
+        self.mark = self
+            .cpu_source
+            .cumulative(&self.cgroups, &self.last_managed, &topo);
+    }
+
+    /// Whether a mark was taken since the last round.
+    pub fn marked(&self) -> bool {
+        self.mark.is_some()
+    }
+
     /// Rounds skipped in a row (the cgroup walk or the samples' read failed): the round loop
     /// does not report itself healthy for those, so a failure that lasts makes the daemon exit
     /// and restart (health) instead of running on with nothing observed.
@@ -980,6 +1003,9 @@ impl Engine {
         self.last_round = Some(Instant::now());
         let nodes = self.node_obs(&cfg, &topo);
         let waits = self.own_waits(d, cfg.controller.own_wait, &managed);
+        // Taken for this round's window only (a failed read above leaves it for the next).
+        let mark = self.mark.take();
+        let mark = mark.as_ref();
 
         let mut obs = Observations {
             period_ns,
@@ -998,7 +1024,8 @@ impl Engine {
                 };
                 let numa = self.cgroups.numa_stat(cg).unwrap_or_default();
                 let now = cumulative.get(cg).cloned().unwrap_or_default();
-                let delta = now.delta(self.prev.get(cg).unwrap_or(&Sample::default()));
+                let prev = self.prev.get(cg);
+                let delta = now.delta(prev.unwrap_or(&Sample::default()));
                 let cpu_ns_per_node = delta
                     .cpu_ns
                     .iter()
@@ -1028,6 +1055,14 @@ impl Engine {
                     ..Default::default()
                 };
                 delta.access().fill(&mut o);
+                // Threads that moved themselves to other nodes since the mark: the window's
+                // CPU time is counted where they run now (before the projection below, which
+                // keeps it within the cpuset).
+                if let (Some(m), Some(p)) = (mark.and_then(|m| m.get(cg)), prev) {
+                    if o.follow_recent(&m.delta(p).cpu_ns, &now.delta(m).cpu_ns) {
+                        tracing::debug!(cgroup = %cg, cpu_ns = ?o.cpu_ns_per_node, "its threads moved to other nodes since the mark: its score restarts where they run now");
+                    }
+                }
                 // Where its threads may run now (the nodes of its cpuset, which bounds every
                 // thread): CPU time spent elsewhere this period predates a re-pin or a move
                 // and is counted there. Not the threads' affinity (read from each process's

@@ -441,12 +441,20 @@ fn spawn_rounds(
                     let _ = limit.send(rounds);
                     return;
                 }
+                // Once per round (a mark that finds nothing to read is not retried at once).
+                let mut halfway = false;
                 loop {
                     let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
                     let due = events
                         .due()
                         .map_or(started + period, |e| e.min(started + period));
-                    let wait = due.saturating_duration_since(Instant::now());
+                    // Halfway through the period, a reading for the next round to split its
+                    // window at (`Engine::mark`), unless an event's mark came first.
+                    let half = started + period / 2;
+                    let mark_at = (!halfway && !engine.marked() && half < due).then_some(half);
+                    let wait = mark_at
+                        .unwrap_or(due)
+                        .saturating_duration_since(Instant::now());
                     match rx.recv_timeout(wait) {
                         Ok(RoundCmd::Reload) => {
                             health.set_max_silence(max_silence(&adm));
@@ -456,13 +464,25 @@ fn spawn_rounds(
                         }
                         Ok(RoundCmd::Event(why)) => {
                             tracing::debug!(?why, "event: a round soon");
+                            // The first event of a burst: the event round sees where each
+                            // workload has run since (a workload that moved itself just
+                            // before is not averaged with where it was).
+                            let first = !events.bursting();
                             events.event(Instant::now());
+                            if first && events.bursting() {
+                                engine.mark(&adm);
+                            }
                             continue;
                         }
                         Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                             engine.finish();
                             health.stopped();
                             return;
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) if mark_at.is_some() => {
+                            halfway = true;
+                            engine.mark(&adm);
+                            continue;
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
                     }

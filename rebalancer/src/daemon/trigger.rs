@@ -167,6 +167,11 @@ impl Coalescer {
         self.last = Some(now);
     }
 
+    /// Whether a burst of events is waiting for its round.
+    pub fn bursting(&self) -> bool {
+        self.first.is_some()
+    }
+
     /// When a round is due for the events (or the follow-up), if any.
     pub fn due(&self) -> Option<Instant> {
         let burst = match (self.first, self.last) {
