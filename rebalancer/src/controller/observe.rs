@@ -150,13 +150,15 @@ impl CgroupObs {
 
     /// CPU time where it ran at the end of the window, when its threads moved themselves (or
     /// were moved) to other nodes within it: `earlier` and `recent` are its CPU time per node
-    /// before and after a mark taken between two rounds (see `daemon::engine`). When at least
+    /// before and after a mark taken between two rounds (see `daemon::engine`). When more than
     /// [`SHIFT_SHARE`] of its time moved between them (the total variation distance of the
     /// two distributions over nodes) and each side has [`SHIFT_MIN_CPU_NS`] of CPU time (a few samples
     /// cannot say), the window's CPU time is counted in `recent`'s proportions (the total is
     /// kept) and `shifted` is set: its score restarts ([`super::CgroupState`]), as an
     /// operator's re-pin restarts it, so the round that sees the move acts on it instead of
-    /// averaging it with the placement it left. Returns whether it did.
+    /// averaging it with the placement it left. Returns whether it did. More than half, not
+    /// half: a workload spread evenly over two nodes whose few recent samples all fell on one
+    /// has moved exactly half, and is left alone.
     pub fn follow_recent(
         &mut self,
         earlier: &BTreeMap<u32, u64>,
@@ -174,7 +176,7 @@ impl CgroupObs {
             .keys()
             .map(|n| (share(recent, n, r) - share(earlier, n, e)).max(0.0))
             .sum();
-        if moved < SHIFT_SHARE {
+        if moved <= SHIFT_SHARE {
             return false;
         }
         let weights: Vec<(u32, u64)> = recent
@@ -314,13 +316,14 @@ impl Observations {
     }
 }
 
-/// Share of a cgroup's CPU time that must have moved to other nodes between a window's two
-/// parts for [`CgroupObs::follow_recent`] to follow it.
+/// Share of a cgroup's CPU time that must be exceeded by what moved to other nodes between a
+/// window's two parts for [`CgroupObs::follow_recent`] to follow it.
 pub const SHIFT_SHARE: f64 = 0.5;
 
-/// CPU time each part of a window needs before [`CgroupObs::follow_recent`] reads it (10
-/// samples at the default 99 Hz).
-pub const SHIFT_MIN_CPU_NS: u64 = 100_000_000;
+/// CPU time each part of a window needs before [`CgroupObs::follow_recent`] reads it (5
+/// samples at the default 99 Hz: a busy thread given half a CPU over an event's 200 ms settle
+/// delay has them).
+pub const SHIFT_MIN_CPU_NS: u64 = 50_000_000;
 
 /// `total` split in proportion to `weights` (whose sum is not 0); the remainder of the integer
 /// split goes to the first ones, so the parts add up to `total` exactly.
@@ -386,11 +389,12 @@ mod tests {
         ));
         assert_eq!(c.total_cpu_ns(), 3001 * MS);
         assert!(c.cpu_ns_per_node[&2].abs_diff(2 * c.cpu_ns_per_node[&1]) <= 2);
-        // Exactly half moved (the threshold) is a move; a little less is not.
+        // More than half moved is a move; exactly half (a workload spread evenly over two
+        // nodes whose few recent samples all fell on one) is not.
         let mut c = cg(&[(0, 1000 * MS)]);
-        assert!(c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 500 * MS), (1, 500 * MS)])));
+        assert!(c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 490 * MS), (1, 510 * MS)])));
         let mut c = cg(&[(0, 1000 * MS)]);
-        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 510 * MS), (1, 490 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 500 * MS), (1, 500 * MS)]), &m(&[(0, 50 * MS)])));
         // A spread workload whose shares wobble (50/50, then 70/30): not a move.
         let mut c = cg(&[(0, 1200 * MS), (1, 800 * MS)]);
         let before = c.clone();
@@ -400,8 +404,8 @@ mod tests {
         ));
         assert_eq!(c, before);
         // Too few samples after the mark, or before it: nothing is said.
-        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(1, 99 * MS)])));
-        assert!(!c.follow_recent(&m(&[(0, 99 * MS)]), &m(&[(1, 1000 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(1, 49 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 49 * MS)]), &m(&[(1, 1000 * MS)])));
         assert!(!c.follow_recent(&m(&[]), &m(&[(1, 1000 * MS)])));
         assert_eq!(c, before);
     }

@@ -44,6 +44,17 @@ pub trait CpuTimeSource: Send {
         managed: &[String],
         topo: &Topology,
     ) -> Option<BTreeMap<String, Sample>>;
+    /// A reading between two rounds ([`Engine::mark`]): the same counters as
+    /// [`Self::cumulative`], without what only a round needs to do (the eBPF watch list
+    /// follows the rounds' cgroups).
+    fn reread(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> Option<BTreeMap<String, Sample>> {
+        self.cumulative(cgroups, managed, topo)
+    }
     fn name(&self) -> &'static str;
     /// The managed cgroups that are Kubernetes containers, for the next read: the eBPF watch
     /// list takes them (and the cgroups below them) before the others.
@@ -94,12 +105,15 @@ pub fn ebpf_counts_cpu(statuses: &[crate::ebpf::SourceStatus]) -> bool {
         .any(|s| s.available && s.name.starts_with("on_cpu:"))
 }
 
-impl CpuTimeSource for EbpfCpuTime {
-    fn cumulative(
+impl EbpfCpuTime {
+    /// [`CpuTimeSource::cumulative`]; `rewatch`: the programs' watch list follows `managed`
+    /// first (a round's read, not a mark's).
+    fn read(
         &mut self,
         cgroups: &Cgroups,
         managed: &[String],
         topo: &Topology,
+        rewatch: bool,
     ) -> Option<BTreeMap<String, Sample>> {
         let mut ids = BTreeMap::new();
         let mut rest = Vec::new();
@@ -111,24 +125,26 @@ impl CpuTimeSource for EbpfCpuTime {
                 Err(_) => rest.push(cg.clone()),
             }
         }
-        let first: Vec<u64> = self
-            .containers
-            .iter()
-            .filter_map(|cg| ids.get(cg).copied())
-            .collect();
         // The programs count the managed cgroups only, each with the cgroups below it (a
         // container's processes may live in sub-cgroups: systemd in a container, or a runtime
         // that must, under cgroup v2's no-internal-processes rule) counted under its id: no
         // other cgroup's events can fill the maps and evict theirs. A cgroup watched from now
         // has its first counts at the next read.
-        let watch = watch_list(cgroups, &ids);
-        if let Err(e) = self.sampler.watch_only(&watch, &first) {
-            tracing::warn!(error = %e, "eBPF watch list not updated");
+        if rewatch {
+            let first: Vec<u64> = self
+                .containers
+                .iter()
+                .filter_map(|cg| ids.get(cg).copied())
+                .collect();
+            let watch = watch_list(cgroups, &ids);
+            if let Err(e) = self.sampler.watch_only(&watch, &first) {
+                tracing::warn!(error = %e, "eBPF watch list not updated");
+            }
         }
         let all = match self.sampler.read() {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(error = %e, "reading the eBPF maps failed: this round is skipped");
+                tracing::warn!(error = %e, rewatch, "reading the eBPF maps failed: this round is skipped (or, between rounds, no mark is taken)");
                 return None;
             }
         };
@@ -149,6 +165,26 @@ impl CpuTimeSource for EbpfCpuTime {
             out.extend(proc.cumulative(cgroups, &rest, topo)?);
         }
         Some(out)
+    }
+}
+
+impl CpuTimeSource for EbpfCpuTime {
+    fn cumulative(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> Option<BTreeMap<String, Sample>> {
+        self.read(cgroups, managed, topo, true)
+    }
+
+    fn reread(
+        &mut self,
+        cgroups: &Cgroups,
+        managed: &[String],
+        topo: &Topology,
+    ) -> Option<BTreeMap<String, Sample>> {
+        self.read(cgroups, managed, topo, false)
     }
 
     fn containers_first(&mut self, containers: &[String]) {
@@ -605,7 +641,7 @@ impl Engine {
         let topo = adm.daemon.lock().topo.clone();
         self.mark = self
             .cpu_source
-            .cumulative(&self.cgroups, &self.last_managed, &topo);
+            .reread(&self.cgroups, &self.last_managed, &topo);
     }
 
     /// Whether a mark was taken since the last round.
@@ -1059,8 +1095,11 @@ impl Engine {
                 // CPU time is counted where they run now (before the projection below, which
                 // keeps it within the cpuset).
                 if let (Some(m), Some(p)) = (mark.and_then(|m| m.get(cg)), prev) {
-                    if o.follow_recent(&m.delta(p).cpu_ns, &now.delta(m).cpu_ns) {
-                        tracing::debug!(cgroup = %cg, cpu_ns = ?o.cpu_ns_per_node, "its threads moved to other nodes since the mark: its score restarts where they run now");
+                    let (earlier, recent) = (m.delta(p).cpu_ns, now.delta(m).cpu_ns);
+                    if o.follow_recent(&earlier, &recent) {
+                        tracing::debug!(cgroup = %cg, ?earlier, ?recent, "its threads moved to other nodes since the mark: its score restarts where they run now");
+                    } else {
+                        tracing::trace!(cgroup = %cg, ?earlier, ?recent, "CPU time before and after the mark");
                     }
                 }
                 // Where its threads may run now (the nodes of its cpuset, which bounds every

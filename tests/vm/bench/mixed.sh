@@ -88,7 +88,7 @@ socket = "/run/rebalancer/rebalancer.sock"
 metrics_listen = "127.0.0.1:9717"
 CONF
         t=$(uptime_s)
-        RUST_LOG=rebalancer=debug $BIN run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
+        RUST_LOG=rebalancer=debug,rebalancer::daemon::engine=trace $BIN run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
         MGR_PID=$!
         i=0
         until grep -q 'round done' /tmp/bench-daemon.log; do
@@ -204,7 +204,9 @@ case $MGR in
         echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
     rebalancer)
         # Rounds that queued a move are kept (their time stamp is when the round decided).
-        echo "# daemon log (moves):"; grep -v -e 'moves=0 queued=0' -e 'eBPF source' -e 'round start' /tmp/bench-daemon.log | tail -60
+        echo "# daemon log (moves):"; grep -v -e 'moves=0 queued=0' -e 'eBPF source' -e 'round start' -e 'before and after the mark' /tmp/bench-daemon.log | tail -60
+        echo "# daemon log (the pins' event round and follow-up: CPU time before and after the mark):"
+        awk '/round brought forward/ {n++} n >= 1 && n <= 2 && /the mark/' /tmp/bench-daemon.log | head -12
         for w in w1 w2 w3; do
             echo "# rebalancer explain bench/$w:"; $BIN explain bench/$w 2>&1 | head -40
         done ;;
