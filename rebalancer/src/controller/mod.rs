@@ -135,8 +135,9 @@ impl CgroupState {
     /// window that saw the change is mostly from before it (a round's window runs from the
     /// last round), so it seeds the score with no weight: the round that sees it acts on it,
     /// and the next window, all after the change, replaces it. So does a cgroup whose threads
-    /// moved to other nodes within the window (`shifted`): that window is its CPU time where it
-    /// ran at the window's end ([`CgroupObs::follow_recent`]).
+    /// moved themselves to another node since the last window (`shifted`), where its score is
+    /// counted from its CPU time: that window is its CPU time where it runs now
+    /// ([`CgroupObs::follow_recent`]).
     fn fold(
         &mut self,
         inst: Option<(f64, Evidence)>,
@@ -162,9 +163,13 @@ impl CgroupState {
                 }
             }
         }
-        // Its threads moved themselves to other nodes within the window (see
-        // `CgroupObs::follow_recent`): the history is of the placement they left.
-        restarted |= shifted;
+        // Its threads moved themselves to another node (see `CgroupObs::follow_recent`): the
+        // history is of the placement they left. Only where the score is counted from its CPU
+        // time (re-weighted to where it runs now); measured accesses (hinting faults, PMU
+        // events) are the whole window's, and the history still tempers them.
+        restarted |= shifted
+            && inst
+                .is_some_and(|(_, ev)| matches!(ev, Evidence::ShareModel | Evidence::WrittenPages));
         // The history was of the old placement (not cleared by our own move, whose next
         // window is mostly after it).
         let stale = restarted && self.smoothed.is_some();

@@ -74,8 +74,9 @@ pub struct CgroupObs {
     pub cpus: CpuSet,
     pub mems: CpuSet,
     pub constraints: Constraints,
-    /// Its CPU time moved to other nodes within the window ([`CgroupObs::follow_recent`]):
-    /// `cpu_ns_per_node` is where it ran at the window's end, and its score restarts.
+    /// Its threads moved themselves to another node since the last window
+    /// ([`CgroupObs::follow_recent`]): `cpu_ns_per_node` is where they run now, and its score
+    /// restarts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shifted: bool,
 }
@@ -148,25 +149,45 @@ impl CgroupObs {
         true
     }
 
-    /// CPU time where it ran at the end of the window, when its threads moved themselves (or
-    /// were moved) to other nodes within it: `earlier` and `recent` are its CPU time per node
-    /// before and after a mark taken between two rounds (see `daemon::engine`). When more than
-    /// [`SHIFT_SHARE`] of its time moved between them (the total variation distance of the
-    /// two distributions over nodes) and each side has [`SHIFT_MIN_CPU_NS`] of CPU time (a few samples
-    /// cannot say), the window's CPU time is counted in `recent`'s proportions (the total is
-    /// kept) and `shifted` is set: its score restarts ([`super::CgroupState`]), as an
-    /// operator's re-pin restarts it, so the round that sees the move acts on it instead of
-    /// averaging it with the placement it left. Returns whether it did. More than half, not
-    /// half: a workload spread evenly over two nodes whose few recent samples all fell on one
-    /// has moved exactly half, and is left alone.
+    /// CPU time where it runs now, when its threads moved themselves (or were moved) to
+    /// another node since the last window: `before` is its CPU time per node in the last
+    /// round's window (as that round counted it), `recent` its latest (the part of this window
+    /// after a mark taken between the rounds, see `daemon::engine`, or the whole window). When
+    /// it had settled on one node before (at least [`SHIFT_SETTLED`] of at least
+    /// [`SHIFT_MIN_BEFORE_NS`] of CPU time there), runs mostly elsewhere now (its largest share
+    /// is on another node, of at least [`SHIFT_MIN_CPU_NS`]: a few samples cannot say) and
+    /// more than [`SHIFT_SHARE`] of its time moved between the two (the total variation
+    /// distance of the distributions over nodes), the window's CPU time is counted in
+    /// `recent`'s proportions (the total is kept) and `shifted` is set: its score restarts
+    /// ([`super::CgroupState`]), as an operator's re-pin restarts it, so the round that sees
+    /// the move acts on it instead of averaging it with the placement it left. Returns whether
+    /// it did.
+    ///
+    /// Against the last window, not the earlier part of this one: a move late in a window
+    /// (after the mark) leaves that window mostly where it was, and the next one, all on the
+    /// new node, is compared with it. A workload spread over nodes (no node with
+    /// [`SHIFT_SETTLED`] of its time) is never said to have moved: a few recent samples that
+    /// all fell on one of its nodes are not a move.
     pub fn follow_recent(
         &mut self,
-        earlier: &BTreeMap<u32, u64>,
+        before: &BTreeMap<u32, u64>,
         recent: &BTreeMap<u32, u64>,
     ) -> bool {
         let sum = |m: &BTreeMap<u32, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
-        let (e, r) = (sum(earlier), sum(recent));
-        if e < SHIFT_MIN_CPU_NS || r < SHIFT_MIN_CPU_NS {
+        let (b, r) = (sum(before), sum(recent));
+        if b < SHIFT_MIN_BEFORE_NS || r < SHIFT_MIN_CPU_NS {
+            return false;
+        }
+        // The node with the most time (the lowest id of equals).
+        let top = |m: &BTreeMap<u32, u64>| {
+            m.iter()
+                .max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0)))
+                .map(|(&n, &v)| (n, v))
+        };
+        let (Some((home, at_home)), Some((now, _))) = (top(before), top(recent)) else {
+            return false;
+        };
+        if now == home || (at_home as f64) < SHIFT_SETTLED * b as f64 {
             return false;
         }
         let share = |m: &BTreeMap<u32, u64>, n: &u32, t: u64| {
@@ -174,7 +195,7 @@ impl CgroupObs {
         };
         let moved: f64 = recent
             .keys()
-            .map(|n| (share(recent, n, r) - share(earlier, n, e)).max(0.0))
+            .map(|n| (share(recent, n, r) - share(before, n, b)).max(0.0))
             .sum();
         if moved <= SHIFT_SHARE {
             return false;
@@ -316,14 +337,25 @@ impl Observations {
     }
 }
 
-/// Share of a cgroup's CPU time that must be exceeded by what moved to other nodes between a
-/// window's two parts for [`CgroupObs::follow_recent`] to follow it.
+/// Share of a cgroup's CPU time that must be exceeded by what moved to other nodes between
+/// the last window and the latest part of this one for [`CgroupObs::follow_recent`] to follow it.
 pub const SHIFT_SHARE: f64 = 0.5;
 
-/// CPU time each part of a window needs before [`CgroupObs::follow_recent`] reads it (5
+/// Share of the last window's CPU time a cgroup must have had on one node to be said to have
+/// moved from it ([`CgroupObs::follow_recent`]). 0.7, not more: a move at 70 % of a window
+/// leaves 70 % of it on the old node, and the next window (all on the new one) is compared with
+/// it; a move earlier in a window is seen in that window's latest part.
+pub const SHIFT_SETTLED: f64 = 0.7;
+
+/// CPU time the latest part of a window needs before [`CgroupObs::follow_recent`] reads it (5
 /// samples at the default 99 Hz: a busy thread given half a CPU over an event's 200 ms settle
 /// delay has them).
 pub const SHIFT_MIN_CPU_NS: u64 = 50_000_000;
+
+/// CPU time the last window needs to say where a cgroup had settled (20 samples at 99 Hz: a
+/// workload spread evenly over two nodes shows 70 % on one in about one such window of ten,
+/// and far less with more samples).
+pub const SHIFT_MIN_BEFORE_NS: u64 = 200_000_000;
 
 /// `total` split in proportion to `weights` (whose sum is not 0); the remainder of the integer
 /// split goes to the first ones, so the parts add up to `total` exactly.
@@ -367,45 +399,60 @@ mod tests {
         ids.iter().copied().collect()
     }
 
-    /// vm-bench w3: a workload whose threads moved themselves from node 0 to node 1 shortly
-    /// before a round (no cpuset change) is seen where it runs now, its whole window's CPU
-    /// time kept; a workload spread over nodes whose shares wobble, or one with too few
-    /// samples on either side of the mark, is left as the window saw it.
+    /// vm-bench w3: a workload whose threads moved themselves from node 0 to node 1 (no
+    /// cpuset change) is seen where it runs now, its whole window's CPU time kept, whether the
+    /// move came early in the window (its latest part is elsewhere) or late (the next window
+    /// is compared with the last, still mostly on the old node); a workload spread over nodes,
+    /// or one with too few samples on either side, is left as the window saw it.
     #[test]
     fn a_workload_that_moved_itself_is_seen_where_it_runs_now() {
         const MS: u64 = 1_000_000;
         let m = |v: &[(u32, u64)]| -> BTreeMap<u32, u64> { v.iter().copied().collect() };
-        // 1.5 s on node 0 and 0.3 s on node 1 before the mark, 0.2 s on node 1 after it.
+        // Settled on node 0; this window 1.5 s on node 0 and 0.5 s on node 1, of which the
+        // 0.2 s after the mark all on node 1.
         let mut c = cg(&[(0, 1500 * MS), (1, 500 * MS)]);
-        assert!(c.follow_recent(&m(&[(0, 1500 * MS), (1, 300 * MS)]), &m(&[(1, 200 * MS)])));
+        assert!(c.follow_recent(&m(&[(0, 2000 * MS)]), &m(&[(1, 200 * MS)])));
         assert!(c.shifted);
         assert_eq!(c.cpu_ns_per_node, m(&[(1, 2000 * MS)]), "the total is kept");
-        // Two thirds of its time moved to a third node: counted in the recent proportions,
+        // It moved late in the last window (72 % of it on node 0); this one all on node 1.
+        let mut c = cg(&[(1, 2000 * MS)]);
+        assert!(c.follow_recent(&m(&[(0, 1440 * MS), (1, 560 * MS)]), &m(&[(1, 2000 * MS)])));
+        // Two thirds of its time moved to two other nodes: counted in the recent proportions,
         // the integer split exact.
         let mut c = cg(&[(0, 1001 * MS), (1, 1000 * MS), (2, 1000 * MS)]);
         assert!(c.follow_recent(
-            &m(&[(0, 1000 * MS), (1, 1000 * MS)]),
-            &m(&[(1, 100 * MS), (2, 200 * MS)])
+            &m(&[(0, 1000 * MS)]),
+            &m(&[(0, 100 * MS), (1, 100 * MS), (2, 200 * MS)])
         ));
         assert_eq!(c.total_cpu_ns(), 3001 * MS);
         assert!(c.cpu_ns_per_node[&2].abs_diff(2 * c.cpu_ns_per_node[&1]) <= 2);
-        // More than half moved is a move; exactly half (a workload spread evenly over two
-        // nodes whose few recent samples all fell on one) is not.
+        // Its largest share still on the node it settled on: not a move, however much moved.
         let mut c = cg(&[(0, 1000 * MS)]);
+        assert!(!c.follow_recent(
+            &m(&[(0, 1000 * MS)]),
+            &m(&[(0, 400 * MS), (1, 300 * MS), (2, 300 * MS)])
+        ));
+        // More than half moved is a move; exactly half is not.
         assert!(c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 490 * MS), (1, 510 * MS)])));
         let mut c = cg(&[(0, 1000 * MS)]);
-        assert!(!c.follow_recent(&m(&[(0, 500 * MS), (1, 500 * MS)]), &m(&[(0, 50 * MS)])));
-        // A spread workload whose shares wobble (50/50, then 70/30): not a move.
+        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 500 * MS), (1, 500 * MS)])));
+        // A workload spread over two nodes (no node with 70 % of its time) whose few recent
+        // samples all fell on one, or whose shares wobble: not a move.
         let mut c = cg(&[(0, 1200 * MS), (1, 800 * MS)]);
         let before = c.clone();
+        assert!(!c.follow_recent(&m(&[(0, 690 * MS), (1, 310 * MS)]), &m(&[(1, 50 * MS)])));
         assert!(!c.follow_recent(
             &m(&[(0, 500 * MS), (1, 500 * MS)]),
-            &m(&[(0, 700 * MS), (1, 300 * MS)])
+            &m(&[(0, 100 * MS), (1, 900 * MS)])
         ));
         assert_eq!(c, before);
-        // Too few samples after the mark, or before it: nothing is said.
+        // Settled at 71 %: a move.
+        assert!(c
+            .clone()
+            .follow_recent(&m(&[(0, 710 * MS), (1, 290 * MS)]), &m(&[(1, 50 * MS)])));
+        // Too few samples now, or in the last window: nothing is said.
         assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(1, 49 * MS)])));
-        assert!(!c.follow_recent(&m(&[(0, 49 * MS)]), &m(&[(1, 1000 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 199 * MS)]), &m(&[(1, 1000 * MS)])));
         assert!(!c.follow_recent(&m(&[]), &m(&[(1, 1000 * MS)])));
         assert_eq!(c, before);
     }

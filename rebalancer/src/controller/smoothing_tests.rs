@@ -119,6 +119,20 @@ fn a_workload_that_moved_itself_restarts_its_score() {
     // Not shifted: the same short window moves a settled score only a little.
     let mut st = settled();
     assert!(fold(&mut st, PERIOD_MS / 10, 1, "0-7") > 0.9);
+    // helper-25: measured accesses (hinting faults here) are the whole window's, not
+    // re-weighted to where its threads run now: the history still tempers them.
+    let mut st = settled();
+    let mut obs = window(PERIOD_MS / 10, 1, "0-7");
+    obs.cgroups[0].shifted = true;
+    obs.cgroups[0].remote_faults = Some(900);
+    obs.cgroups[0].local_faults = Some(100);
+    st.observe_window(&machine(), &obs, 0.5, PERIOD_MS);
+    assert_eq!(
+        st.cgroups["w"].smoothed_from.get(&Evidence::HintingFaults),
+        Some(&1)
+    );
+    let s = st.cgroups["w"].smoothed.unwrap();
+    assert!(s > 0.9, "not restarted: {s}");
 }
 
 /// helper-22: the window that saw the pin runs from the round before, mostly before the pin,

@@ -19,8 +19,10 @@ use crate::{
     cgroup::{classify_in, CgroupError, CgroupKind, Cgroups, Controller},
     config::Config,
     controller::{
-        self, CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs,
-        Observations, Outcome,
+        self,
+        observe::{SHIFT_MIN_BEFORE_NS, SHIFT_MIN_CPU_NS},
+        CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs, Observations,
+        Outcome,
     },
     cpuset::CpuSet,
     ebpf::Sample,
@@ -56,12 +58,21 @@ pub trait CpuTimeSource: Send {
         self.cumulative(cgroups, managed, topo)
     }
     fn name(&self) -> &'static str;
+    /// Whether its CPU time per node is where the threads ran when they ran (the eBPF
+    /// sampler), so that a change of it between windows is a move of the workload
+    /// (`CgroupObs::follow_recent`). The /proc fallback charges each thread's time since the
+    /// last read to the CPU it is on at the read: a workload of one or two threads the
+    /// scheduler moves would read as moving from node to node.
+    fn sees_moves(&self) -> bool {
+        true
+    }
     /// The managed cgroups that are Kubernetes containers, for the next read: the eBPF watch
     /// list takes them (and the cgroups below them) before the others.
     fn containers_first(&mut self, _containers: &[String]) {}
     /// Entries in the eBPF per-cgroup maps after the last read, how many of them belong to
-    /// cgroups already gone, and how many the last read deleted (None without eBPF).
-    fn map_entries(&self) -> Option<(usize, usize, usize)> {
+    /// cgroups already gone, and how many the reads since the last call deleted (None without
+    /// eBPF).
+    fn map_entries(&mut self) -> Option<(usize, usize, usize)> {
         None
     }
     /// Once, the reason the PMU DRAM counters were dropped at the last read.
@@ -199,12 +210,17 @@ impl CpuTimeSource for EbpfCpuTime {
         }
     }
 
-    fn map_entries(&self) -> Option<(usize, usize, usize)> {
+    fn map_entries(&mut self) -> Option<(usize, usize, usize)> {
         Some((
             self.sampler.map_entries(),
             self.sampler.stale_entries(),
-            self.sampler.deleted_entries(),
+            self.sampler.take_deleted_entries(),
         ))
+    }
+
+    fn sees_moves(&self) -> bool {
+        // CPU time from /proc (every cgroup's, or, on hybrid hosts, some): see the trait.
+        self.cpu_from_proc.is_none() && self.fallback.is_none()
     }
 
     fn take_pmu_drop(&mut self) -> Option<String> {
@@ -352,6 +368,10 @@ impl CpuTimeSource for ProcCpuTime {
 
     fn name(&self) -> &'static str {
         "procfs"
+    }
+
+    fn sees_moves(&self) -> bool {
+        false
     }
 }
 
@@ -570,9 +590,12 @@ pub struct Engine {
     prev: BTreeMap<String, Sample>,
     last_round: Option<Instant>,
     /// A reading of the managed cgroups' counters taken between two rounds ([`Engine::mark`]):
-    /// the next round splits its window there, to see a workload whose threads moved
-    /// to other nodes within it (`CgroupObs::follow_recent`).
+    /// the next round reads the part of its window after it, to see a workload whose threads
+    /// moved to another node since the last window (`CgroupObs::follow_recent`).
     mark: Option<BTreeMap<String, Sample>>,
+    /// Each managed cgroup's CPU time per node in the last window that said where it ran (as
+    /// that round counted it): what `CgroupObs::follow_recent` compares the latest with.
+    ran: BTreeMap<String, BTreeMap<u32, u64>>,
     /// Rounds skipped since the last one that observed (see [`Engine::skipped_in_a_row`]).
     skipped_in_a_row: u32,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -617,6 +640,7 @@ impl Engine {
             prev: BTreeMap::new(),
             last_round: None,
             mark: None,
+            ran: BTreeMap::new(),
             skipped_in_a_row: 0,
             topo_fingerprint: None,
             written: None,
@@ -635,7 +659,10 @@ impl Engine {
     /// first event of a burst (the event round then sees where each workload runs since the
     /// event) and halfway through a period without one. A failed read leaves no mark.
     pub fn mark(&mut self, adm: &Admission) {
-        if self.last_round.is_none() || self.last_managed.is_empty() {
+        if self.last_round.is_none()
+            || self.last_managed.is_empty()
+            || !self.cpu_source.sees_moves()
+        {
             return;
         }
         let topo = adm.daemon.lock().topo.clone();
@@ -1042,6 +1069,8 @@ impl Engine {
         // Taken for this round's window only (a failed read above leaves it for the next).
         let mark = self.mark.take();
         let mark = mark.as_ref();
+        let sees_moves = self.cpu_source.sees_moves();
+        let mut ran = BTreeMap::new();
 
         let mut obs = Observations {
             period_ns,
@@ -1091,15 +1120,21 @@ impl Engine {
                     ..Default::default()
                 };
                 delta.access().fill(&mut o);
-                // Threads that moved themselves to other nodes since the mark: the window's
-                // CPU time is counted where they run now (before the projection below, which
-                // keeps it within the cpuset).
-                if let (Some(m), Some(p)) = (mark.and_then(|m| m.get(cg)), prev) {
-                    let (earlier, recent) = (m.delta(p).cpu_ns, now.delta(m).cpu_ns);
-                    if o.follow_recent(&earlier, &recent) {
-                        tracing::debug!(cgroup = %cg, ?earlier, ?recent, "its threads moved to other nodes since the mark: its score restarts where they run now");
+                // Threads that moved themselves to another node since the last window: the
+                // window's CPU time is counted where they run now (before the projection
+                // below, which keeps it within the cpuset). Where they run now: since the
+                // mark, where one was taken and saw enough of it, else the whole window.
+                let recent = mark
+                    .and_then(|m| m.get(cg))
+                    .filter(|_| prev.is_some())
+                    .map(|m| now.delta(m).cpu_ns)
+                    .filter(|r| r.values().sum::<u64>() >= SHIFT_MIN_CPU_NS);
+                let recent = recent.as_ref().unwrap_or(&o.cpu_ns_per_node).clone();
+                if let Some(before) = self.ran.get(cg).filter(|_| sees_moves) {
+                    if o.follow_recent(before, &recent) {
+                        tracing::debug!(cgroup = %cg, ?before, ?recent, "its threads moved to another node: its score restarts where they run now");
                     } else {
-                        tracing::trace!(cgroup = %cg, ?earlier, ?recent, "CPU time before and after the mark");
+                        tracing::trace!(cgroup = %cg, ?before, ?recent, "CPU time in the last window and now");
                     }
                 }
                 // Where its threads may run now (the nodes of its cpuset, which bounds every
@@ -1113,6 +1148,15 @@ impl Engine {
                     .filter_map(|cpu| topo.node_of_cpu(cpu))
                     .collect();
                 o.project_cpu_to(&runnable);
+                // Where it ran, for the next round: a window with enough of its time, or one
+                // that saw it move; otherwise the last one still says it.
+                let said = o.shifted || o.total_cpu_ns() >= SHIFT_MIN_BEFORE_NS;
+                if let Some(r) = said
+                    .then(|| o.cpu_ns_per_node.clone())
+                    .or_else(|| self.ran.get(cg).cloned())
+                {
+                    ran.insert(cg.clone(), r);
+                }
                 if let Some(wait) = waits
                     .get(cg)
                     .and_then(|m| crate::runwait::wait_for_period(m, o.total_cpu_ns(), period_ns))
@@ -1133,6 +1177,7 @@ impl Engine {
             }
         }
         self.prev = cumulative;
+        self.ran = ran;
         if let Some(Ok(t)) = &mut self.written {
             t.end_round();
         }

@@ -938,9 +938,11 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
     assert_eq!(watched, ["bench", "bench/w1", "bench/w2"]);
 }
 
-/// A CPU-time source that returns scripted readings, one per read, the last one again after.
+/// A CPU-time source that returns scripted readings, one per read, the last one again after;
+/// whether it sees moves (the eBPF sampler does, the /proc fallback does not).
 struct Scripted(
     std::collections::VecDeque<std::collections::BTreeMap<String, crate::ebpf::Sample>>,
+    bool,
 );
 
 impl super::engine::CpuTimeSource for Scripted {
@@ -959,17 +961,22 @@ impl super::engine::CpuTimeSource for Scripted {
     fn name(&self) -> &'static str {
         "scripted"
     }
+    fn sees_moves(&self) -> bool {
+        self.1
+    }
 }
 
 /// vm-bench (w3, 5 of 9 boots): a workload whose threads moved themselves to the other node
 /// shortly before an operator's pin of its neighbours (no cpuset change of its own) was
 /// averaged with where it had been and moved one round after them. The round loop now takes
 /// a mark (a reading of the counters) at the first event of a burst and halfway through a
-/// period; the round splits its window there, and a cgroup whose CPU time moved to other
-/// nodes since is seen where it runs now and restarts its score. Without a mark, the same
-/// readings leave its settled score nearly whole.
+/// period; a cgroup whose CPU time since the mark is on another node than in the last window
+/// is seen where it runs now and restarts its score. Without a mark, the same readings leave
+/// its settled score nearly whole; and when it moved late in a window (s19b: w3 had moved a
+/// window before the pins), the next window is compared with that one, still mostly on the
+/// node it left.
 #[test]
-fn a_workload_that_moved_itself_before_the_mark_is_seen_where_it_runs() {
+fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
     const S: u64 = 1_000_000_000;
     let reading = |n0: u64, n1: u64| {
         let cpu_ns = [(0, n0), (1, n1)]
@@ -986,7 +993,19 @@ fn a_workload_that_moved_itself_before_the_mark_is_seen_where_it_runs() {
         .into_iter()
         .collect::<std::collections::BTreeMap<_, _>>()
     };
-    let smoothed_after = |marked: bool| {
+    #[derive(PartialEq)]
+    enum Moved {
+        /// Before the mark, in the last window.
+        BeforeTheMark,
+        /// The same readings without a mark.
+        Unmarked,
+        /// Late in the last window (75 % of it on node 0), this window all on node 1.
+        LateInTheLastWindow,
+        /// Late in the last window, read by a source that does not see moves (the /proc
+        /// fallback, which charges a thread's time to the CPU it is on at the read).
+        BlindSource,
+    }
+    let smoothed_after = |moved: Moved| {
         let root = tempfile::tempdir().unwrap();
         let w = root.path().join("bench/w");
         std::fs::create_dir_all(&w).unwrap();
@@ -1018,13 +1037,16 @@ fn a_workload_that_moved_itself_before_the_mark_is_seen_where_it_runs() {
         // Three rounds local on node 0; then 0.3 s on node 1 before the mark and 0.2 s after.
         let mut readings: std::collections::VecDeque<_> =
             [reading(10 * S, 0), reading(12 * S, 0), reading(14 * S, 0)].into();
-        if marked {
+        if moved == Moved::BeforeTheMark {
             readings.push_back(reading(15 * S + S / 2, 3 * S / 10));
         }
         readings.push_back(reading(15 * S + S / 2, S / 2));
+        if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
+            readings.push_back(reading(15 * S + S / 2, 5 * S / 2));
+        }
         let mut engine = Engine::new(
             cgroups.clone(),
-            Box::new(Scripted(readings)),
+            Box::new(Scripted(readings, moved != Moved::BlindSource)),
             Path::new("/proc"),
         );
         let adm = super::admission::Admission::new(
@@ -1039,21 +1061,35 @@ fn a_workload_that_moved_itself_before_the_mark_is_seen_where_it_runs() {
             Some(1.0),
             "local on node 0 so far"
         );
-        if marked {
+        if matches!(moved, Moved::BeforeTheMark | Moved::BlindSource) {
             engine.mark(&adm);
-            assert!(engine.marked());
+            assert_eq!(
+                engine.marked(),
+                moved == Moved::BeforeTheMark,
+                "no marks without"
+            );
         }
         engine.round(&adm);
+        if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
+            let s = d.lock().state.controller.cgroups["bench/w"]
+                .smoothed
+                .unwrap();
+            assert!(s > 0.9, "the window of the move, mostly on node 0: {s}");
+            engine.round(&adm);
+        }
         assert!(!engine.marked(), "a mark serves one round");
         let s = d.lock().state.controller.cgroups["bench/w"].smoothed;
         s.unwrap()
     };
     assert_eq!(
-        smoothed_after(true),
+        smoothed_after(Moved::BeforeTheMark),
         0.0,
         "all its time now on node 1, its memory on node 0"
     );
-    let unmarked = smoothed_after(false);
+    assert_eq!(smoothed_after(Moved::LateInTheLastWindow), 0.0);
+    let blind = smoothed_after(Moved::BlindSource);
+    assert!(blind > 0.9, "no mark, no move said: {blind}");
+    let unmarked = smoothed_after(Moved::Unmarked);
     assert!(
         unmarked > 0.9,
         "a short window barely moves a settled score: {unmarked}"

@@ -365,9 +365,9 @@ enum RoundCmd {
 /// (read from the live config, so a reload applies), measured start to start; a round longer
 /// than the period is followed by the next at once. Events (an operator's cpuset.cpus write,
 /// a new container's placement: `trigger`) bring a round forward: `event_settle_ms` after a
-/// burst, and its follow-up. Between rounds it marks the counters once (`Engine::mark`: at
-/// the first event of a burst, else halfway through the period), where the next round splits
-/// its window. After `max_rounds` rounds (0: no limit) it waits for the moves
+/// burst, and its follow-up. Between rounds it marks the counters (`Engine::mark`: at the
+/// first event of a burst, else once halfway through the period; a later event's mark
+/// replaces an earlier one), and the next round reads where each workload ran since. After `max_rounds` rounds (0: no limit) it waits for the moves
 /// still being applied, reports on `limit` and stops.
 fn spawn_rounds(
     mut engine: engine::Engine,

@@ -264,7 +264,8 @@ pub struct Sampler {
     entries: usize,
     /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
     stale: usize,
-    /// Entries the last read deleted (cgroups gone, or no longer watched).
+    /// Entries the reads deleted since [`Sampler::take_deleted_entries`] (cgroups gone, or no
+    /// longer watched).
     deleted: usize,
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
@@ -467,7 +468,8 @@ impl Sampler {
         };
         self.entries = raw_entries(&raw).saturating_sub(deleted);
         self.stale = stale;
-        self.deleted = deleted;
+        // Summed until taken: a mark's read between two rounds deletes entries too.
+        self.deleted = self.deleted.saturating_add(deleted);
         // The counts of a watched cgroup survive the eviction of its entries. Without a watch
         // list (`rebalancer sample`, a daemon whose watch list could not be written) the maps'
         // raw values are used as read: no state for a tenant's every cgroup that ever ran.
@@ -528,10 +530,10 @@ impl Sampler {
         self.stale
     }
 
-    /// Entries the last [`Sampler::read`] deleted: of cgroups gone from the hierarchy for two
-    /// reads, or (watching) of ids no longer watched.
-    pub fn deleted_entries(&self) -> usize {
-        self.deleted
+    /// Entries the reads since the last call deleted (of cgroups gone from the hierarchy for
+    /// two reads, or, watching, of ids no longer watched); the count starts again from 0.
+    pub fn take_deleted_entries(&mut self) -> usize {
+        std::mem::take(&mut self.deleted)
     }
 
     /// Reads the maps without folding (for benchmarks): the hash maps by batches
