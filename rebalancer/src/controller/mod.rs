@@ -69,6 +69,12 @@ pub struct CgroupState {
     pub placement: Option<(CpuSet, CpuSet)>,
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
+    /// When the move before it did: a move within the cooldown of the one before (its memory
+    /// was bound where its threads may no longer run) lets the next wait for its cooldown
+    /// (see `planner`), so a tenant who flips its threads' affinity cannot make the daemon
+    /// migrate its memory back and forth every round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_before_ms: Option<u64>,
     pub moves: u64,
     /// The cpuset.cpus the last move wrote: when the cgroup's CPUs differ from it, someone else
     /// (the operator) has moved the workload since, and the cooldown no longer applies.
@@ -99,6 +105,7 @@ impl Default for CgroupState {
             smoothed_weight: 1.0,
             placement: None,
             last_move_ms: None,
+            move_before_ms: None,
             moves: 0,
             last_cpus: None,
             staging: None,
@@ -373,7 +380,7 @@ impl ControllerState {
     /// without one), history restarts, counters grow.
     pub fn record_move(&mut self, mv: &Move, bytes: u64, now_ms: u64) {
         let st = self.cgroups.entry(mv.cgroup.clone()).or_default();
-        st.last_move_ms = Some(now_ms);
+        st.move_before_ms = st.last_move_ms.replace(now_ms);
         st.last_cpus = Some(mv.to_cpus.clone());
         st.smoothed = None;
         st.smoothed_from.clear();
@@ -390,7 +397,7 @@ impl ControllerState {
     /// A move failed (and was rolled back): cooldown starts too, so it is not retried at once.
     pub fn record_failure(&mut self, cgroup: &str, now_ms: u64) {
         let st = self.cgroups.entry(cgroup.to_string()).or_default();
-        st.last_move_ms = Some(now_ms);
+        st.move_before_ms = st.last_move_ms.replace(now_ms);
         st.staging = None;
         self.failed_moves_total += 1;
     }
@@ -404,6 +411,9 @@ impl ControllerState {
             if let Some(t) = st.last_move_ms.as_mut().filter(|t| **t > now_ms) {
                 *t = now_ms;
                 n += 1;
+            }
+            if let Some(t) = st.move_before_ms.as_mut().filter(|t| **t > now_ms) {
+                *t = now_ms;
             }
         }
         n

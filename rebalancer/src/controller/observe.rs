@@ -163,11 +163,14 @@ impl CgroupObs {
     /// the move acts on it instead of averaging it with the placement it left. Returns whether
     /// it did.
     ///
-    /// Against the last window, not the earlier part of this one: a move late in a window
-    /// (after the mark) leaves that window mostly where it was, and the next one, all on the
-    /// new node, is compared with it. A workload spread over nodes (no node with
-    /// [`SHIFT_SETTLED`] of its time) is never said to have moved: a few recent samples that
-    /// all fell on one of its nodes are not a move.
+    /// Against the last window, not the earlier part of this one: for a workload settled
+    /// wholly on one node, a move in the first three quarters of a window is seen in that
+    /// window's part after a halfway mark, a later one in the next window, all on the new node,
+    /// against that one, still mostly where it was. (One settled less wholly can be missed in
+    /// both when it moves near the mark.) A workload spread over nodes (no node with
+    /// [`SHIFT_SETTLED`] of its time) is not said to have moved by a few recent samples that
+    /// all fell on one of its nodes; it is only when its last window happened to show
+    /// [`SHIFT_SETTLED`] on one node (see [`SHIFT_MIN_BEFORE_NS`]).
     pub fn follow_recent(
         &mut self,
         before: &BTreeMap<u32, u64>,
@@ -352,10 +355,10 @@ pub const SHIFT_SETTLED: f64 = 0.7;
 /// delay has them).
 pub const SHIFT_MIN_CPU_NS: u64 = 50_000_000;
 
-/// CPU time the last window needs to say where a cgroup had settled (20 samples at 99 Hz: a
-/// workload spread evenly over two nodes shows 70 % on one in about one such window of ten,
-/// and far less with more samples).
-pub const SHIFT_MIN_BEFORE_NS: u64 = 200_000_000;
+/// CPU time the last window needs to say where a cgroup had settled (50 samples at 99 Hz: a
+/// workload spread evenly over two nodes shows 70 % on one in about one such window of 150,
+/// and far less with more samples; a busy thread has it in a fifth of the default period).
+pub const SHIFT_MIN_BEFORE_NS: u64 = 500_000_000;
 
 /// `total` split in proportion to `weights` (whose sum is not 0); the remainder of the integer
 /// split goes to the first ones, so the parts add up to `total` exactly.
@@ -432,10 +435,14 @@ mod tests {
             &m(&[(0, 1000 * MS)]),
             &m(&[(0, 400 * MS), (1, 300 * MS), (2, 300 * MS)])
         ));
-        // More than half moved is a move; exactly half is not.
+        // More than half moved is a move; its largest share elsewhere with less than half
+        // moved is not (80/20, then 40/60: 40 % moved).
         assert!(c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 490 * MS), (1, 510 * MS)])));
         let mut c = cg(&[(0, 1000 * MS)]);
-        assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(0, 500 * MS), (1, 500 * MS)])));
+        assert!(!c.follow_recent(
+            &m(&[(0, 800 * MS), (1, 200 * MS)]),
+            &m(&[(0, 400 * MS), (1, 600 * MS)])
+        ));
         // A workload spread over two nodes (no node with 70 % of its time) whose few recent
         // samples all fell on one, or whose shares wobble: not a move.
         let mut c = cg(&[(0, 1200 * MS), (1, 800 * MS)]);
@@ -452,7 +459,7 @@ mod tests {
             .follow_recent(&m(&[(0, 710 * MS), (1, 290 * MS)]), &m(&[(1, 50 * MS)])));
         // Too few samples now, or in the last window: nothing is said.
         assert!(!c.follow_recent(&m(&[(0, 1000 * MS)]), &m(&[(1, 49 * MS)])));
-        assert!(!c.follow_recent(&m(&[(0, 199 * MS)]), &m(&[(1, 1000 * MS)])));
+        assert!(!c.follow_recent(&m(&[(0, 499 * MS)]), &m(&[(1, 1000 * MS)])));
         assert!(!c.follow_recent(&m(&[]), &m(&[(1, 1000 * MS)])));
         assert_eq!(c, before);
     }

@@ -352,11 +352,18 @@ fn evaluate(
         return eval(Outcome::Skipped(Skip::Exclusive));
     }
     // Memory bound to nodes where the threads may no longer run (the operator moved them):
-    // fixed now, not after the cooldown.
-    let misplaced = c
-        .allowed_nodes
-        .as_ref()
-        .is_some_and(|a| !cg.mems.is_subset(a));
+    // fixed now, not after the cooldown; but not twice in a row (a tenant flipping its
+    // threads' affinity would have its memory migrated back and forth every round): after a
+    // move made within the cooldown of the one before, the next waits for its cooldown.
+    let early_before = st.is_some_and(|s| {
+        s.last_move_ms
+            .zip(s.move_before_ms)
+            .is_some_and(|(last, before)| last.saturating_sub(before) < cfg.cooldown_ms)
+    });
+    let misplaced = !early_before
+        && c.allowed_nodes
+            .as_ref()
+            .is_some_and(|a| !cg.mems.is_subset(a));
     if let Some(remaining_ms) = st
         .and_then(|s| s.cooldown_remaining(&cg.cpus, now_ms, cfg.cooldown_ms))
         .filter(|_| !misplaced)

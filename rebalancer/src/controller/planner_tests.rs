@@ -263,6 +263,33 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
+    // helper-25: but not twice in a row. That fix came 10 s after the move before it; when
+    // the thread flips back, the next waits for its cooldown (a tenant flipping its affinity
+    // every round would have its memory migrated back and forth every round).
+    let mut st = st;
+    st.cgroups.get_mut("w").unwrap().move_before_ms = Some(85_000);
+    let mut flipped = operators(2, "2");
+    flipped.mems = set("1");
+    check(Case {
+        state: st.clone(),
+        ..base(
+            "a second fix within the cooldown of the first waits",
+            world(vec![flipped.clone()]),
+            &[],
+            &[("w", "skip:cooldown")],
+        )
+    });
+    // One a cooldown after the move before it is a first fix again.
+    st.cgroups.get_mut("w").unwrap().move_before_ms = Some(65_000);
+    check(Case {
+        state: st,
+        ..base(
+            "a fix a cooldown after the move before it",
+            world(vec![flipped]),
+            &[("w", "0-31", "2", 512)],
+            &[("w", "moved")],
+        )
+    });
     // Our own cgroup whose CPUs someone else changed after our move: cooldown waived too.
     let mut st = moved_at("a", 90_000);
     st.cgroups.get_mut("a").unwrap().last_cpus = Some(set("4-7,20-23"));

@@ -655,7 +655,7 @@ impl Engine {
     }
 
     /// Reads the counters of the cgroups managed at the last round, for the next round to
-    /// split its window at (see [`Engine::mark`]'s field): the round loop takes one at the
+    /// see where each ran since (see [`Engine::mark`]'s field): the round loop takes one at the
     /// first event of a burst (the event round then sees where each workload runs since the
     /// event) and halfway through a period without one. A failed read leaves no mark.
     pub fn mark(&mut self, adm: &Admission) {
@@ -1148,13 +1148,20 @@ impl Engine {
                     .filter_map(|cpu| topo.node_of_cpu(cpu))
                     .collect();
                 o.project_cpu_to(&runnable);
-                // Where it ran, for the next round: a window with enough of its time, or one
-                // that saw it move; otherwise the last one still says it.
-                let said = o.shifted || o.total_cpu_ns() >= SHIFT_MIN_BEFORE_NS;
-                if let Some(r) = said
-                    .then(|| o.cpu_ns_per_node.clone())
-                    .or_else(|| self.ran.get(cg).cloned())
-                {
+                // Where it ran, for the next round: a window with enough of its time;
+                // otherwise the last one still says it. None after a shift: that window is
+                // partly the placement it left (or, for a workload whose last window merely
+                // looked settled, a few samples), and a shift is not followed by another at
+                // once (a workload flipping its threads' affinity restarts its score at most
+                // every other round).
+                let kept = if o.shifted {
+                    None
+                } else if o.total_cpu_ns() >= SHIFT_MIN_BEFORE_NS {
+                    Some(o.cpu_ns_per_node.clone())
+                } else {
+                    self.ran.remove(cg)
+                };
+                if let Some(r) = kept {
                     ran.insert(cg.clone(), r);
                 }
                 if let Some(wait) = waits

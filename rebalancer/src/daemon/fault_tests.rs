@@ -1004,6 +1004,9 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         /// Late in the last window, read by a source that does not see moves (the /proc
         /// fallback, which charges a thread's time to the CPU it is on at the read).
         BlindSource,
+        /// Before the mark, then back on node 0 in the next window: a shift is not followed
+        /// by another at once (helper-26: a tenant flipping its affinity every period).
+        FlipsBack,
     }
     let smoothed_after = |moved: Moved| {
         let root = tempfile::tempdir().unwrap();
@@ -1037,10 +1040,14 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         // Three rounds local on node 0; then 0.3 s on node 1 before the mark and 0.2 s after.
         let mut readings: std::collections::VecDeque<_> =
             [reading(10 * S, 0), reading(12 * S, 0), reading(14 * S, 0)].into();
-        if moved == Moved::BeforeTheMark {
+        let marked = matches!(moved, Moved::BeforeTheMark | Moved::FlipsBack);
+        if marked {
             readings.push_back(reading(15 * S + S / 2, 3 * S / 10));
         }
         readings.push_back(reading(15 * S + S / 2, S / 2));
+        if moved == Moved::FlipsBack {
+            readings.push_back(reading(17 * S + S / 2, S / 2));
+        }
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
             readings.push_back(reading(15 * S + S / 2, 5 * S / 2));
         }
@@ -1061,13 +1068,9 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
             Some(1.0),
             "local on node 0 so far"
         );
-        if matches!(moved, Moved::BeforeTheMark | Moved::BlindSource) {
+        if marked || moved == Moved::BlindSource {
             engine.mark(&adm);
-            assert_eq!(
-                engine.marked(),
-                moved == Moved::BeforeTheMark,
-                "no marks without"
-            );
+            assert_eq!(engine.marked(), marked, "no marks without");
         }
         engine.round(&adm);
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
@@ -1076,6 +1079,13 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
                 .unwrap();
             assert!(s > 0.9, "the window of the move, mostly on node 0: {s}");
             engine.round(&adm);
+        }
+        if moved == Moved::FlipsBack {
+            let c = d.lock().state.controller.cgroups["bench/w"].clone();
+            assert_eq!((c.smoothed, c.smoothed_weight), (Some(0.0), 0.0), "shifted");
+            engine.round(&adm);
+            let c = d.lock().state.controller.cgroups["bench/w"].clone();
+            assert!(c.smoothed_weight > 0.0, "not shifted again: {c:?}");
         }
         assert!(!engine.marked(), "a mark serves one round");
         let s = d.lock().state.controller.cgroups["bench/w"].smoothed;
@@ -1087,6 +1097,7 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         "all its time now on node 1, its memory on node 0"
     );
     assert_eq!(smoothed_after(Moved::LateInTheLastWindow), 0.0);
+    assert_eq!(smoothed_after(Moved::FlipsBack), 1.0);
     let blind = smoothed_after(Moved::BlindSource);
     assert!(blind > 0.9, "no mark, no move said: {blind}");
     let unmarked = smoothed_after(Moved::Unmarked);
