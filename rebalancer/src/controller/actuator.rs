@@ -140,6 +140,13 @@ pub trait CgroupWriter {
     ) -> Result<u64, CgroupWriteError> {
         self.move_pages(cgroup, toward, max_bytes)
     }
+    /// Bytes of the cgroup's memory still on nodes outside `toward` (its memory.numa_stat):
+    /// after its writer moved the pages its processes alone map, what is left is pages other
+    /// processes map (a binary's text, shared libraries), which a narrowing mems write would
+    /// migrate (see `daemon::apply`). None: not known (the default; the fakes unless told).
+    fn left_behind(&self, _cgroup: &str, _toward: &CpuSet) -> Option<u64> {
+        None
+    }
     /// Waits until the writes made so far are in force, for a writer whose writes someone
     /// else applies later (the container runtime, in NRI mode); [`finish`] calls it before
     /// reading a move back. Never called with the daemon's allocator lock held.
@@ -426,6 +433,24 @@ impl Rest {
     /// instead of rolling back a completed migration for them.
     pub fn accepting_cpus(mut self, ok: AcceptCpus) -> Rest {
         self.accept_cpus = Some(ok);
+        self
+    }
+
+    /// The cpuset.mems the move has written so far (after [`begin`]: the old and the new
+    /// nodes, or the old ones where they already held the new).
+    pub fn mems_now(&self) -> &CpuSet {
+        &self.state.mems
+    }
+
+    /// [`finish`] without the narrowing mems write: mems stay as [`Rest::mems_now`] (the
+    /// caller's move then has those as its target, for the read-back); only memory_migrate
+    /// (v1) is put back.
+    pub fn leaving_mems_wide(mut self) -> Rest {
+        let tail = self.steps.split_off(self.split);
+        self.steps.extend(
+            tail.into_iter()
+                .filter(|s| !matches!(s, Step::WriteMems(_))),
+        );
         self
     }
 

@@ -36,7 +36,12 @@
 //! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call; only the pages
 //! the process alone maps, `pages::WithoutSysNice`: pages shared with other cgroups'
 //! processes, a binary's text, are left to the narrowing write) and the narrowing write finds
-//! little left. The writers run at `controller.apply_nice` (-10: the
+//! little left. When that little is all that is left (`CgroupWriter::left_behind`, at most a
+//! sixteenth of the move) and the allocator has not bound the container, there is no narrowing
+//! write: mems stay widened, its memory is where it runs and its new pages are allocated there,
+//! and the pages it shares stay where the other processes use them (a narrowing write would
+//! migrate them MOVE_ALL, stalling every process that maps them and every other cpuset write
+//! behind it: 8–32 s in vm-bench). The writers run at `controller.apply_nice` (-10: the
 //! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
 //! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
 //! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
@@ -232,6 +237,9 @@ impl CgroupWriter for Noting<'_> {
     fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
         self.w.settle(cg)
     }
+    fn left_behind(&self, cg: &str, toward: &crate::cpuset::CpuSet) -> Option<u64> {
+        self.w.left_behind(cg, toward)
+    }
 }
 
 /// A writer's page moves ahead of the mems write, per call (see [`apply_one`]): the writer
@@ -297,6 +305,8 @@ fn apply_one(
     // How long the move's page moves and its narrowing write took (logged with the move: a
     // migration that runs long after its pages are local shows here).
     let (mut premigrate_ms, mut finish_ms) = (0u128, 0u128);
+    // The move as finished when its mems were left wide (see below), and what was left.
+    let mut kept_wide: Option<(Move, u64)> = None;
     let result = begun.and_then(|b| match b {
         controller::Begun::DryRun(a) => Ok(a),
         controller::Begun::CpusMoved(rest) => {
@@ -311,11 +321,11 @@ fn apply_one(
             // someone else wrote them meanwhile (the operator re-pinned the workload), the
             // move is abandoned (mems back, their cpus kept) rather than finished toward a
             // target they no longer want.
-            if premigrate
+            let premigrated = premigrate
                 && mv.stage.is_none()
                 && mv.bytes_to_migrate > 0
-                && mv.to_mems != mv.from_mems
-            {
+                && mv.to_mems != mv.from_mems;
+            if premigrated {
                 let mut moved = 0u64;
                 loop {
                     if let Ok(now) = w.read_cpus(&mv.cgroup) {
@@ -354,13 +364,38 @@ fn apply_one(
                 }
             }
             premigrate_ms = started.elapsed().as_millis();
+            // What the pages moves left is what its processes do not alone map (a binary's
+            // text, shared libraries: `pages::WithoutSysNice`). A narrowing write would
+            // migrate it MOVE_ALL (cgroup v2 always migrates), stalling every process that
+            // maps those pages while it runs, and every other cgroup's cpuset write waits for
+            // it on the kernel's ordered queue (vm-bench: 8–32 s for a few hundred pages). So
+            // when that is all that is left (a sixteenth of the move at most), mems stay
+            // widened: its memory is where it runs, its new pages are allocated there (local
+            // to its threads), and the pages it shares stay where the others use them, as
+            // AutoNUMA leaves shared read-only mappings. Not for a container the allocator
+            // has bound (its books hold its mems: they are written exactly).
+            let left = (premigrated && !d.lock().state.bindings.contains_key(&mv.cgroup))
+                .then(|| w.left_behind(&mv.cgroup, &mv.to_mems))
+                .flatten()
+                .filter(|&l| l > 0 && l <= mv.bytes_to_migrate / 16);
+            let (fin, rest) = match left {
+                Some(l) => {
+                    let wide = Move {
+                        to_mems: rest.mems_now().clone(),
+                        ..mv.clone()
+                    };
+                    kept_wide = Some((wide, l));
+                    (&kept_wide.as_ref().expect("just set").0, rest.leaving_mems_wide())
+                }
+                None => (mv, rest),
+            };
             let hub = d.rounds.clone();
             let cg = mv.cgroup.clone();
             let rest = rest
                 .keep_cpus_on_failure()
                 .accepting_cpus(Box::new(move |c| hub.is_own(&cg, c)));
             let finishing = Instant::now();
-            let r = controller::finish(mv, w, rest);
+            let r = controller::finish(fin, w, rest);
             finish_ms = finishing.elapsed().as_millis();
             if let Err(e) = &r {
                 if !matches!(
@@ -375,6 +410,10 @@ fn apply_one(
             r
         }
     });
+    if let Some((wide, left)) = &kept_wide {
+        tracing::debug!(cgroup = %mv.cgroup, left_bytes = left, mems = %wide.to_mems, target = %mv.to_mems, "its pages moved; cpuset.mems left widened: what is left off the target is pages other processes map");
+    }
+    let mv = kept_wide.as_ref().map_or(mv, |(m, _)| m);
     match result {
         Ok(done) => {
             let staged = mv.stage.as_ref().map(|s| s.toward.to_string());

@@ -107,6 +107,8 @@ pub(crate) struct SharedFake {
     /// At most this many bytes moved per migrate_pages call (a kernel that can place only a
     /// trickle of the pages: target node full, pages pinned).
     trickle: Option<u64>,
+    /// What `left_behind` reports after the page moves (pages other processes map).
+    left: Option<u64>,
 }
 
 /// The calling thread's nice value.
@@ -158,6 +160,9 @@ impl CgroupWriter for SharedFake {
         let max = self.trickle.map_or(max, |t| t.min(max));
         self.fake.lock().unwrap().move_pages(cg, to, max)
     }
+    fn left_behind(&self, _cg: &str, _toward: &CpuSet) -> Option<u64> {
+        self.left
+    }
 }
 
 impl SharedFake {
@@ -172,6 +177,7 @@ impl SharedFake {
             calls: Arc::default(),
             nices: Arc::default(),
             trickle: None,
+            left: None,
         }
     }
 
@@ -1102,4 +1108,69 @@ fn writers_migrate_at_their_nice_value() {
         eprintln!("not root: nice -3 refused, the move applied at the daemon's priority");
         assert!(nices.iter().all(|&n| n >= 0), "{nices:?}");
     }
+}
+
+/// vm-bench 2026-12-05 (s19a, s20a): after a writer moved a workload's pages, what was left
+/// off the target was pages other processes map (the binary's text), and the narrowing mems
+/// write migrated them MOVE_ALL for 8–32 s, stalling every process that maps them and every
+/// other cgroup's cpuset write. When that is all that is left (at most a sixteenth of the
+/// move), mems stay widened; otherwise, or for a container the allocator has bound (its books
+/// hold its mems), or when it is not known, the narrowing write runs as before.
+#[test]
+fn pages_only_others_map_are_left_where_they_are() {
+    let run = |left: Option<u64>, bound: bool| {
+        let mut fake = fake_of(&[("w", "0-3", "0-1")]);
+        fake.set_memory("w", &[(0, 256 * MIB)]);
+        let w = SharedFake {
+            left,
+            ..SharedFake::new(fake)
+        };
+        let (_dir, d) = daemon(2, 1024);
+        if bound {
+            d.lock().state.bindings.insert(
+                "w".into(),
+                crate::daemon::Binding {
+                    pod_uid: "uid".into(),
+                    container: "c".into(),
+                },
+            );
+        }
+        let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
+        a.submit(
+            &[mv("w", ("0-3", "4-7"), ("0-1", "1"), 256 * MIB)],
+            1000,
+            false,
+        );
+        assert_eq!(a.wait().applied, 1);
+        let f = w.fake.lock().unwrap();
+        assert_eq!(f.cpus("w"), Some(&set("4-7")));
+        let on: Vec<u32> = f.memory("w").unwrap().keys().copied().collect();
+        assert_eq!(on, [1], "its pages moved in every case");
+        let mems_writes = f
+            .writes()
+            .iter()
+            .filter(|x| x.file == CgroupFile::Mems)
+            .count();
+        let st = d.lock().state.controller.clone();
+        assert_eq!(st.moves_total, 1);
+        assert_eq!(st.cgroups["w"].last_cpus, Some(set("4-7")));
+        (f.mems("w").cloned().unwrap(), mems_writes)
+    };
+    assert_eq!(
+        run(Some(MIB), false),
+        (set("0-1"), 0),
+        "1 MiB of shared pages left: no narrowing write"
+    );
+    assert_eq!(run(None, false), (set("1"), 1), "not known: narrowed");
+    assert_eq!(run(Some(0), false), (set("1"), 1), "nothing left: narrowed");
+    assert_eq!(
+        run(Some(17 * MIB), false),
+        (set("1"), 1),
+        "more than a sixteenth left"
+    );
+    assert_eq!(
+        run(Some(MIB), true),
+        (set("1"), 1),
+        "bound: its books hold its mems"
+    );
 }

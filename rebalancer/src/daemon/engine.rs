@@ -563,6 +563,17 @@ impl CgroupWriter for OwnedWriter {
     fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
         self.with(|w| w.settle(cg))
     }
+    fn left_behind(&self, cg: &str, toward: &CpuSet) -> Option<u64> {
+        let numa = self.cgroups.numa_stat(cg).ok()?;
+        Some(
+            numa.anon
+                .iter()
+                .chain(&numa.file)
+                .chain(&numa.hugetlb)
+                .filter(|(n, _)| !toward.contains(**n))
+                .fold(0u64, |a, (_, &b)| a.saturating_add(b)),
+        )
+    }
 }
 
 /// Reports a /proc source probed at its first use: `status` lists it (with the reason where it

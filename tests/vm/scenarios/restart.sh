@@ -58,12 +58,16 @@ cpus_of "$to" > $rb/cpuset.cpus
 mems0=$(cat $rb/cpuset.mems.effective)
 
 # Kill -9 as soon as the move of the workload's memory starts (its cpuset.mems changes: v2
-# migrates the pages after that, while the daemon's write is still under way), at most 20 s on.
+# migrates the pages after that, while the daemon's write is still under way; or its writer's
+# page moves have begun: a move whose cgroup's mems already hold the target writes none), at
+# most 20 s on.
 t=$(uptime_s)
 inflight=no
+pgm0=$(awk '/^pgmigrate_success /{print $2}' /proc/vmstat)
 while fgt 20 "$(since "$t")"; do
     read -r m < $rb/cpuset.mems.effective
     if [ "$m" != "$mems0" ]; then inflight=yes; break; fi
+    if [ "$(awk '/^pgmigrate_success /{print $2}' /proc/vmstat)" -gt $((pgm0 + 256)) ]; then inflight=yes; break; fi
     sleep 0.05
 done
 pg0=$(awk '/^pgmigrate_success /{print $2}' /proc/vmstat)

@@ -2,7 +2,9 @@
 # migration budget (128 MiB vs 32 MiB, kernel.numa_balancing=0) is moved in stages: no round
 # migrates more than the budget (the kernel's own pgmigrate_success, sampled between rounds, and
 # the daemon's log), at least two rounds are page-by-page stages (move_pages), and the workload
-# ends >= 95% local with cpuset.mems narrowed to its CPUs' node, one stage per period: the first
+# ends >= 95% local with cpuset.mems narrowed to its CPUs' node (or, where only pages other
+# processes map were left off it, left widened by the final move, which says so in its log:
+# `daemon::apply`), one stage per period: the first
 # move is queued by the daemon's 4th round, and from then to the final narrowing at most one round
 # per stage (held back by the budget, whose window is a period) plus one neither queues a move nor
 # has one in flight (counted in the debug log: a round counter, not wall time, so neither the
@@ -63,7 +65,12 @@ while [ $started = yes ]; do
     now=$(since "$t0")
     loc=$(guest-tool locality --pid $hog | grep '^LOCALITY')
     echo "# t=${now}s $loc mems=$(cat $cg/cpuset.mems.effective) migrated so far $total pages, most in 0.5 s: $maxwin"
-    if fgt "$(kv local "$loc")" 0.9499 && [ "$(cat $cg/cpuset.mems.effective)" = "$to" ]; then reached=$now; break; fi
+    # The final move's end: mems narrowed to $to, or left widened over $to (logged).
+    ended=no
+    [ "$(cat $cg/cpuset.mems.effective)" = "$to" ] && ended=narrowed
+    [ $ended = no ] && grep -q 'cpuset.mems left widened' $LOG &&
+        [ "$(common "$(cat $cg/cpuset.mems.effective)" "$to")" = "$to" ] && ended=widened
+    if fgt "$(kv local "$loc")" 0.9499 && [ $ended != no ]; then reached=$now; break; fi
     fgt "$now" "$LOOP_MAX_S" && break
     kill -0 $daemon 2>/dev/null || break
 done
@@ -87,9 +94,9 @@ echo "# rounds (queued in_flight) and moves applied:"; rounds_of $LOG | tr '\n' 
 [ $maxwin -le $budget_pages ] || { verdict $S FAIL "$maxwin pages migrated within 0.5 s, past the $BUDGET_MIB MiB ($budget_pages pages) budget of a round"; exit 0; }
 [ "$over" = 0 ] || { verdict $S FAIL "$over moves report more bytes moved than the budget"; exit 0; }
 [ "$stages" -ge 2 ] || { verdict $S FAIL "only $stages staged rounds in the log (expected >= 2 for 128 MiB over a $BUDGET_MIB MiB budget)"; exit 0; }
-[ "$reached" != none ] || { verdict $S FAIL "not >= 95% local with mems=$to within $LOOP_MAX_S s of the first round: $loc, $stages stages, $total pages migrated"; exit 0; }
+[ "$reached" != none ] || { verdict $S FAIL "not >= 95% local with mems=$to (or left widened over it by the final move) within $LOOP_MAX_S s of the first round: $loc, $stages stages, $total pages migrated"; exit 0; }
 [ -n "$idle" ] || { verdict $S FAIL "no final narrowing (staged_toward=None) in the log"; exit 0; }
 [ "$first" -le $MAX_FIRST ] || { verdict $S FAIL "the first move was queued in round $first (at most $MAX_FIRST: the first round + 3 periods of $PERIOD_MS ms)"; exit 0; }
 max_idle=$((stages + 1))
 [ "$idle" -le $max_idle ] || { verdict $S FAIL "$idle rounds neither queued nor had a move in flight between the first move and the final narrowing (at most $max_idle: one held back by the budget after each of the $stages stages, plus one)"; exit 0; }
-verdict $S PASS "95% local with mems=$to ${reached} s after the first round, first move queued in round $first, $stages stages + the final narrowing with $idle idle rounds (at most $max_idle); at most $maxwin pages (budget $budget_pages) migrated within 0.5 s, $total in all"
+verdict $S PASS "95% local with mems $ended ($(cat $cg/cpuset.mems.effective), target $to) ${reached} s after the first round, first move queued in round $first, $stages stages + the final narrowing with $idle idle rounds (at most $max_idle); at most $maxwin pages (budget $budget_pages) migrated within 0.5 s, $total in all"
