@@ -69,6 +69,13 @@ pub struct CgroupState {
     pub placement: Option<(CpuSet, CpuSet)>,
     /// When the last move (or failed attempt) started its cooldown.
     pub last_move_ms: Option<u64>,
+    /// The cpuset.mems the last move left wider than its target, and that target (see
+    /// `daemon::apply`): while the cgroup's mems are still those, the planner reads the
+    /// target as where its memory is bound (a tenant that pulls its memory back to a node of
+    /// the wide set with its own memory policy is not "bound where it may not run", which
+    /// would lift the cooldown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wide_of: Option<(CpuSet, CpuSet)>,
     /// When the move before it did: a move within the cooldown of the one before (its memory
     /// was bound where its threads may no longer run) lets the next wait for its cooldown
     /// (see `planner`), so a tenant who flips its threads' affinity cannot make the daemon
@@ -105,6 +112,7 @@ impl Default for CgroupState {
             smoothed_weight: 1.0,
             placement: None,
             last_move_ms: None,
+            wide_of: None,
             move_before_ms: None,
             moves: 0,
             last_cpus: None,
@@ -381,6 +389,7 @@ impl ControllerState {
     pub fn record_move(&mut self, mv: &Move, bytes: u64, now_ms: u64) {
         let st = self.cgroups.entry(mv.cgroup.clone()).or_default();
         st.move_before_ms = st.last_move_ms.replace(now_ms);
+        st.wide_of = None;
         st.last_cpus = Some(mv.to_cpus.clone());
         st.smoothed = None;
         st.smoothed_from.clear();

@@ -360,10 +360,16 @@ fn evaluate(
             .zip(s.move_before_ms)
             .is_some_and(|(last, before)| last.saturating_sub(before) < cfg.cooldown_ms)
     });
+    // Where its memory is bound: its mems, or the target of our move that left them wider
+    // (while they are still what it left).
+    let bound = st
+        .and_then(|s| s.wide_of.as_ref())
+        .filter(|(left, _)| *left == cg.mems)
+        .map_or(&cg.mems, |(_, target)| target);
     let misplaced = !early_before
         && c.allowed_nodes
             .as_ref()
-            .is_some_and(|a| !cg.mems.is_subset(a));
+            .is_some_and(|a| !bound.is_subset(a));
     if let Some(remaining_ms) = st
         .and_then(|s| s.cooldown_remaining(&cg.cpus, now_ms, cfg.cooldown_ms))
         .filter(|_| !misplaced)

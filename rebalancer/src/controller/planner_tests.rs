@@ -290,6 +290,32 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
+    // helper-27: our move left its mems wide (0-3) with its memory meant for node 1, where
+    // its threads may run; the tenant pulled the memory back to node 0 with its own memory
+    // policy. Not bound where it may not run: the cooldown holds.
+    let mut st = moved_at("w", 95_000);
+    st.cgroups.get_mut("w").unwrap().last_cpus = Some(set("0-31"));
+    st.cgroups.get_mut("w").unwrap().wide_of = Some((set("0-3"), set("1")));
+    check(Case {
+        state: st.clone(),
+        ..base(
+            "mems left wide by our move: the target is where its memory is bound",
+            world(vec![operators(1, "1")]),
+            &[],
+            &[("w", "skip:cooldown")],
+        )
+    });
+    // Once its mems are no longer what our move left, they are what counts again.
+    st.cgroups.get_mut("w").unwrap().wide_of = Some((set("0-1"), set("1")));
+    check(Case {
+        state: st,
+        ..base(
+            "mems changed since: read as they are",
+            world(vec![operators(1, "1")]),
+            &[("w", "0-31", "1", 512)],
+            &[("w", "moved")],
+        )
+    });
     // Our own cgroup whose CPUs someone else changed after our move: cooldown waived too.
     let mut st = moved_at("a", 90_000);
     st.cgroups.get_mut("a").unwrap().last_cpus = Some(set("4-7,20-23"));

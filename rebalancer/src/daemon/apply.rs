@@ -36,12 +36,13 @@
 //! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call; only the pages
 //! the process alone maps, `pages::WithoutSysNice`: pages shared with other cgroups'
 //! processes, a binary's text, are left to the narrowing write) and the narrowing write finds
-//! little left. When that little is all that is left (`CgroupWriter::left_behind`, at most a
-//! sixteenth of the move) and the allocator has not bound the container, there is no narrowing
-//! write: mems stay widened, its memory is where it runs and its new pages are allocated there,
-//! and the pages it shares stay where the other processes use them (a narrowing write would
-//! migrate them MOVE_ALL, stalling every process that maps them and every other cpuset write
-//! behind it: 8–32 s in vm-bench). The writers run at `controller.apply_nice` (-10: the
+//! little left. When a whole walk left only that little (`CgroupWriter::left_behind`, at most
+//! a sixteenth of the move), the cgroup's mems already held the target and the allocator has
+//! not bound the container, there is no narrowing write: its memory is where it runs, its new
+//! pages are allocated there, and the pages it shares stay where the other processes use them
+//! (a narrowing write would migrate them MOVE_ALL, stalling every process that maps them and
+//! every other cpuset write behind it: 8–32 s in vm-bench); the target is kept
+//! (`CgroupState::wide_of`) for the planner. The writers run at `controller.apply_nice` (-10: the
 //! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
 //! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
 //! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
@@ -325,6 +326,9 @@ fn apply_one(
                 && mv.stage.is_none()
                 && mv.bytes_to_migrate > 0
                 && mv.to_mems != mv.from_mems;
+            // Whether the walk went over every process (its last call found nothing more to
+            // move), not cut short by a trickle, an error or the planned bytes.
+            let mut walked = false;
             if premigrated {
                 let mut moved = 0u64;
                 loop {
@@ -347,7 +351,10 @@ fn apply_one(
                     }
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
                     match w.migrate_pages(&mv.cgroup, &mv.to_mems, step) {
-                        Ok(0) => break,
+                        Ok(0) => {
+                            walked = true;
+                            break;
+                        }
                         // A small part of what was asked: the kernel places only a trickle
                         // now (target full, pages pinned). Looping on it kept a writer busy
                         // for the rest of a benchmark window; the mems write migrates the rest.
@@ -364,17 +371,22 @@ fn apply_one(
                 }
             }
             premigrate_ms = started.elapsed().as_millis();
-            // What the pages moves left is what its processes do not alone map (a binary's
-            // text, shared libraries: `pages::WithoutSysNice`). A narrowing write would
-            // migrate it MOVE_ALL (cgroup v2 always migrates), stalling every process that
-            // maps those pages while it runs, and every other cgroup's cpuset write waits for
-            // it on the kernel's ordered queue (vm-bench: 8–32 s for a few hundred pages). So
-            // when that is all that is left (a sixteenth of the move at most), mems stay
-            // widened: its memory is where it runs, its new pages are allocated there (local
-            // to its threads), and the pages it shares stay where the others use them, as
-            // AutoNUMA leaves shared read-only mappings. Not for a container the allocator
-            // has bound (its books hold its mems: they are written exactly).
-            let left = (premigrated && !d.lock().state.bindings.contains_key(&mv.cgroup))
+            // What a whole walk of its processes left is what they do not alone map (a
+            // binary's text and shared libraries, memory shared between its own processes),
+            // unmapped page cache and pinned pages (`pages::WithoutSysNice`). A narrowing write
+            // would migrate the mapped part MOVE_ALL (cgroup v2 always migrates), stalling every
+            // process that maps those pages while it runs, and every other cgroup's cpuset
+            // write waits for it on the kernel's ordered queue (vm-bench: 8–32 s for a few
+            // hundred pages). So when that is all that is left (a sixteenth of the move at
+            // most) and the cgroup's mems already held the target (nothing was widened: no
+            // node is left open that no one chose), there is no narrowing write: its memory is
+            // where it runs, its new pages are allocated there (local to its threads), and the
+            // pages it shares stay where the others use them. Not after a walk cut short (a
+            // trickle, an error: what is left may be its own), and not for a container the
+            // allocator has bound (its books hold its mems: they are written exactly).
+            let left = (walked
+                && rest.mems_now() == &mv.from_mems
+                && !d.lock().state.bindings.contains_key(&mv.cgroup))
                 .then(|| w.left_behind(&mv.cgroup, &mv.to_mems))
                 .flatten()
                 .filter(|&l| l > 0 && l <= mv.bytes_to_migrate / 16);
@@ -411,8 +423,10 @@ fn apply_one(
         }
     });
     if let Some((wide, left)) = &kept_wide {
-        tracing::debug!(cgroup = %mv.cgroup, left_bytes = left, mems = %wide.to_mems, target = %mv.to_mems, "its pages moved; cpuset.mems left widened: what is left off the target is pages other processes map");
+        tracing::debug!(cgroup = %mv.cgroup, left_bytes = left, mems = %wide.to_mems, target = %mv.to_mems, "its pages moved; cpuset.mems left widened: what is left off the target is what its processes do not alone map");
     }
+    // The nodes the move meant the memory for, when it left mems wider.
+    let planned_mems = kept_wide.as_ref().map(|_| mv.to_mems.clone());
     let mv = kept_wide.as_ref().map_or(mv, |(m, _)| m);
     match result {
         Ok(done) => {
@@ -426,10 +440,15 @@ fn apply_one(
             }
             if !dry_run {
                 super::admission::record_mems(d, mv);
-                d.lock()
-                    .state
-                    .controller
-                    .record_move(mv, done.moved_bytes, at(now_ms));
+                {
+                    let mut s = d.lock();
+                    let c = &mut s.state.controller;
+                    c.record_move(mv, done.moved_bytes, at(now_ms));
+                    if let (Some(st), Some(target)) = (c.cgroups.get_mut(&mv.cgroup), &planned_mems)
+                    {
+                        st.wide_of = Some((mv.to_mems.clone(), target.clone()));
+                    }
+                }
                 d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
                 // On disk before the next move: a stop (or a crash) while later moves
                 // migrate keeps this one's cooldown and books.

@@ -1118,11 +1118,13 @@ fn writers_migrate_at_their_nice_value() {
 /// hold its mems), or when it is not known, the narrowing write runs as before.
 #[test]
 fn pages_only_others_map_are_left_where_they_are() {
-    let run = |left: Option<u64>, bound: bool| {
-        let mut fake = fake_of(&[("w", "0-3", "0-1")]);
-        fake.set_memory("w", &[(0, 256 * MIB)]);
+    // 250 MiB to move of the 256 planned: the walk ends with a call that finds nothing more.
+    let run_from = |from_mems: &str, left: Option<u64>, bound: bool, trickle: Option<u64>| {
+        let mut fake = fake_of(&[("w", "0-3", from_mems)]);
+        fake.set_memory("w", &[(0, 250 * MIB)]);
         let w = SharedFake {
             left,
+            trickle,
             ..SharedFake::new(fake)
         };
         let (_dir, d) = daemon(2, 1024);
@@ -1137,7 +1139,7 @@ fn pages_only_others_map_are_left_where_they_are() {
         }
         let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
         a.submit(
-            &[mv("w", ("0-3", "4-7"), ("0-1", "1"), 256 * MIB)],
+            &[mv("w", ("0-3", "4-7"), (from_mems, "1"), 256 * MIB)],
             1000,
             false,
         );
@@ -1154,8 +1156,15 @@ fn pages_only_others_map_are_left_where_they_are() {
         let st = d.lock().state.controller.clone();
         assert_eq!(st.moves_total, 1);
         assert_eq!(st.cgroups["w"].last_cpus, Some(set("4-7")));
-        (f.mems("w").cloned().unwrap(), mems_writes)
+        let mems = f.mems("w").cloned().unwrap();
+        assert_eq!(
+            st.cgroups["w"].wide_of,
+            (mems != set("1")).then(|| (mems.clone(), set("1"))),
+            "the target is kept exactly when mems were left wide"
+        );
+        (mems, mems_writes)
     };
+    let run = |left, bound| run_from("0-1", left, bound, None);
     assert_eq!(
         run(Some(MIB), false),
         (set("0-1"), 0),
@@ -1173,4 +1182,9 @@ fn pages_only_others_map_are_left_where_they_are() {
         (set("1"), 1),
         "bound: its books hold its mems"
     );
+    // Its mems did not hold the target (widened to 0-1 for the move): narrowed, no node left
+    // open that no one chose.
+    assert_eq!(run_from("0", Some(MIB), false, None), (set("1"), 2));
+    // The walk cut short by a trickle (1 MiB a call of 16 asked): what is left may be its own.
+    assert_eq!(run_from("0-1", Some(MIB), false, Some(MIB)), (set("1"), 1));
 }

@@ -68,7 +68,7 @@ while [ $started = yes ]; do
     # The final move's end: mems narrowed to $to, or left widened over $to (logged).
     ended=no
     [ "$(cat $cg/cpuset.mems.effective)" = "$to" ] && ended=narrowed
-    [ $ended = no ] && grep -q 'cpuset.mems left widened' $LOG &&
+    [ $ended = no ] && grep 'cpuset.mems left widened' $LOG | grep -q 'cgroup=vmtest-st' &&
         [ "$(common "$(cat $cg/cpuset.mems.effective)" "$to")" = "$to" ] && ended=widened
     if fgt "$(kv local "$loc")" 0.9499 && [ $ended != no ]; then reached=$now; break; fi
     fgt "$now" "$LOOP_MAX_S" && break
