@@ -327,7 +327,7 @@ fn apply_one(
                 && mv.bytes_to_migrate > 0
                 && mv.to_mems != mv.from_mems;
             // Whether the walk went over every process (its last call found nothing more to
-            // move), not cut short by a trickle, an error or the planned bytes.
+            // move, or all the planned bytes moved), not cut short by a trickle or an error.
             let mut walked = false;
             if premigrated {
                 let mut moved = 0u64;
@@ -342,6 +342,8 @@ fn apply_one(
                         }
                     }
                     if moved >= mv.bytes_to_migrate {
+                        // All it planned moved: what is left is beyond the plan.
+                        walked = true;
                         break;
                     }
                     if d.stopping() {
@@ -388,8 +390,11 @@ fn apply_one(
                 && rest.mems_now() == &mv.from_mems
                 && !d.lock().state.bindings.contains_key(&mv.cgroup))
                 .then(|| w.left_behind(&mv.cgroup, &mv.to_mems))
-                .flatten()
-                .filter(|&l| l > 0 && l <= mv.bytes_to_migrate / 16);
+                .flatten();
+            if premigrated {
+                tracing::debug!(cgroup = %mv.cgroup, walked, ?left, from_mems = %mv.from_mems, "what the page moves left off the target (memory.numa_stat)");
+            }
+            let left = left.filter(|&l| l > 0 && l <= mv.bytes_to_migrate / 16);
             let (fin, rest) = match left {
                 Some(l) => {
                     let wide = Move {

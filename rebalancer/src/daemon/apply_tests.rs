@@ -1118,7 +1118,8 @@ fn writers_migrate_at_their_nice_value() {
 /// hold its mems), or when it is not known, the narrowing write runs as before.
 #[test]
 fn pages_only_others_map_are_left_where_they_are() {
-    // 250 MiB to move of the 256 planned: the walk ends with a call that finds nothing more.
+    // 250 MiB to move of the 256 planned: the walk ends with a call that finds nothing more
+    // (all 256 would end it on the planned bytes: the same).
     let run_from = |from_mems: &str, left: Option<u64>, bound: bool, trickle: Option<u64>| {
         let mut fake = fake_of(&[("w", "0-3", from_mems)]);
         fake.set_memory("w", &[(0, 250 * MIB)]);
