@@ -1172,7 +1172,11 @@ fn pages_only_others_map_are_left_where_they_are() {
         "1 MiB of shared pages left: no narrowing write"
     );
     assert_eq!(run(None, false), (set("1"), 1), "not known: narrowed");
-    assert_eq!(run(Some(0), false), (set("1"), 1), "nothing left: narrowed");
+    assert_eq!(
+        run(Some(0), false),
+        (set("0-1"), 0),
+        "nothing charged left: shared pages charged elsewhere may still be mapped"
+    );
     assert_eq!(
         run(Some(17 * MIB), false),
         (set("1"), 1),
