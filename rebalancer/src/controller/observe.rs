@@ -167,7 +167,9 @@ impl CgroupObs {
     /// wholly on one node, a move in the first three quarters of a window is seen in that
     /// window's part after a halfway mark, a later one in the next window, all on the new node,
     /// against that one, still mostly where it was. (One settled less wholly can be missed in
-    /// both when it moves near the mark.) A workload spread over nodes (no node with
+    /// both when it moves near the mark.) A workload with no last window that said where it
+    /// ran (new since the last round, or idle until now) is compared with the part of this
+    /// window before the mark instead (`daemon::engine`). A workload spread over nodes (no node with
     /// [`SHIFT_SETTLED`] of its time) is not said to have moved by a few recent samples that
     /// all fell on one of its nodes; it is only when its last window happened to show
     /// [`SHIFT_SETTLED`] on one node (see [`SHIFT_MIN_BEFORE_NS`]).

@@ -307,7 +307,7 @@ fn apply_one(
     // migration that runs long after its pages are local shows here).
     let (mut premigrate_ms, mut finish_ms) = (0u128, 0u128);
     // The move as finished when its mems were left wide (see below), and what was left.
-    let mut kept_wide: Option<(Move, u64)> = None;
+    let mut kept_wide: Option<(Move, u64, u64)> = None;
     let result = begun.and_then(|b| match b {
         controller::Begun::DryRun(a) => Ok(a),
         controller::Begun::CpusMoved(rest) => {
@@ -329,8 +329,10 @@ fn apply_one(
             // Whether the walk went over every process (its last call found nothing more to
             // move, or all the planned bytes moved), not cut short by a trickle or an error.
             let mut walked = false;
+            // What the page moves moved (their reports; the kernel's own on the mems write
+            // is not known).
+            let mut moved = 0u64;
             if premigrated {
-                let mut moved = 0u64;
                 loop {
                     if let Ok(now) = w.read_cpus(&mv.cgroup) {
                         // The daemon's own rewrite (the shared pool following another
@@ -399,15 +401,14 @@ fn apply_one(
             // by numa_stat, 200–340 mapped off the target; the narrowing write after a move
             // that left 0 took 1–2.4 s).
             let left = left.filter(|&l| l <= mv.bytes_to_migrate / 16);
-            let (fin, rest) = match left {
-                Some(l) => {
-                    let wide = Move {
-                        to_mems: rest.mems_now().clone(),
-                        ..mv.clone()
-                    };
-                    kept_wide = Some((wide, l));
-                    (&kept_wide.as_ref().expect("just set").0, rest.leaving_mems_wide())
-                }
+            // The move as finished with mems left as they are (`from_mems`: the condition
+            // above), read back against those.
+            let wide = left.map(|_| Move {
+                to_mems: mv.from_mems.clone(),
+                ..mv.clone()
+            });
+            let (fin, rest) = match &wide {
+                Some(wide) => (wide, rest.leaving_mems_wide()),
                 None => (mv, rest),
             };
             let hub = d.rounds.clone();
@@ -418,6 +419,11 @@ fn apply_one(
             let finishing = Instant::now();
             let r = controller::finish(fin, w, rest);
             finish_ms = finishing.elapsed().as_millis();
+            if let (Ok(_), Some(wide), Some(l)) = (&r, wide, left) {
+                // Only a move that finished is told as left wide (a rolled-back one put its
+                // mems back); what it migrated is what its page moves reported.
+                kept_wide = Some((wide, l, moved));
+            }
             if let Err(e) = &r {
                 if !matches!(
                     e,
@@ -431,14 +437,18 @@ fn apply_one(
             r
         }
     });
-    if let Some((wide, left)) = &kept_wide {
+    if let Some((wide, left, _)) = &kept_wide {
         tracing::debug!(cgroup = %mv.cgroup, left_bytes = left, mems = %wide.to_mems, target = %mv.to_mems, "its pages moved; cpuset.mems left widened: what is left off the target is what its processes do not alone map");
     }
     // The nodes the move meant the memory for, when it left mems wider.
     let planned_mems = kept_wide.as_ref().map(|_| mv.to_mems.clone());
-    let mv = kept_wide.as_ref().map_or(mv, |(m, _)| m);
+    let mv = kept_wide.as_ref().map_or(mv, |(m, _, _)| m);
     match result {
-        Ok(done) => {
+        Ok(mut done) => {
+            if let Some((_, _, moved)) = &kept_wide {
+                // As a stage's: what the page moves reported, never more than planned.
+                done.moved_bytes = (*moved).min(mv.bytes_to_migrate);
+            }
             let staged = mv.stage.as_ref().map(|s| s.toward.to_string());
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
                 moved = done.moved_bytes, staged_toward = ?staged,
@@ -459,6 +469,9 @@ fn apply_one(
                     }
                 }
                 d.metrics.pages_migrated.inc_by(done.moved_bytes / 4096);
+                if kept_wide.is_some() {
+                    d.metrics.moves_mems_left_wide.inc();
+                }
                 // On disk before the next move: a stop (or a crash) while later moves
                 // migrate keeps this one's cooldown and books.
                 if let Err(e) = d.checkpoint() {

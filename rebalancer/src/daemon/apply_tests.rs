@@ -1163,6 +1163,14 @@ fn pages_only_others_map_are_left_where_they_are() {
             (mems != set("1")).then(|| (mems.clone(), set("1"))),
             "the target is kept exactly when mems were left wide"
         );
+        let wide = mems != set("1");
+        assert_eq!(d.metrics.moves_mems_left_wide.get(), u64::from(wide));
+        // Left wide: what its page moves reported; narrowed: the planned figure (the mems
+        // write migrated the rest, how much is not known).
+        assert_eq!(
+            st.bytes_migrated_total,
+            if wide { 250 * MIB } else { 256 * MIB }
+        );
         (mems, mems_writes)
     };
     let run = |left, bound| run_from("0-1", left, bound, None);

@@ -1135,13 +1135,20 @@ impl Engine {
                 // window's CPU time is counted where they run now (before the projection
                 // below, which keeps it within the cpuset). Where they run now: since the
                 // mark, where one was taken and saw enough of it, else the whole window.
-                let recent = mark
-                    .and_then(|m| m.get(cg))
-                    .filter(|_| prev.is_some())
+                let at_mark = mark.and_then(|m| m.get(cg));
+                let recent = at_mark
                     .map(|m| now.delta(m).cpu_ns)
                     .filter(|r| r.values().sum::<u64>() >= SHIFT_MIN_CPU_NS);
                 let recent = recent.as_ref().unwrap_or(&o.cpu_ns_per_node).clone();
-                if let Some(before) = self.ran.get(cg).filter(|_| sees_moves) {
+                // Compared with its last window that said where it ran; a workload with none
+                // (new since the last round, or idle until now: a fresh task that moved
+                // itself right after touching its memory) with the part of this window
+                // before the mark. Not after a shift (its entry is then empty, see below).
+                let earlier = at_mark
+                    .filter(|_| !self.ran.contains_key(cg))
+                    .map(|m| m.delta(prev.unwrap_or(&Sample::default())).cpu_ns);
+                let before = self.ran.get(cg).or(earlier.as_ref());
+                if let Some(before) = before.filter(|_| sees_moves) {
                     if o.follow_recent(before, &recent) {
                         tracing::debug!(cgroup = %cg, ?before, ?recent, "its threads moved to another node: its score restarts where they run now");
                     } else {
@@ -1160,13 +1167,13 @@ impl Engine {
                     .collect();
                 o.project_cpu_to(&runnable);
                 // Where it ran, for the next round: a window with enough of its time;
-                // otherwise the last one still says it. None after a shift: that window is
+                // otherwise the last one still says it. Empty after a shift: that window is
                 // partly the placement it left (or, for a workload whose last window merely
                 // looked settled, a few samples), and a shift is not followed by another at
                 // once (a workload flipping its threads' affinity restarts its score at most
                 // every other round).
                 let kept = if o.shifted {
-                    None
+                    Some(BTreeMap::new())
                 } else if o.total_cpu_ns() >= SHIFT_MIN_BEFORE_NS {
                     Some(o.cpu_ns_per_node.clone())
                 } else {

@@ -77,6 +77,9 @@ pub struct Metrics {
     pub numa_balancing_moves: Counter,
     pub pages_migrated: Counter,
     pub moves_applied: Family<ReasonLabel, Counter>,
+    /// Of `moves_applied`, those that ended without the narrowing cpuset.mems write (their
+    /// pages moved; what was left is what others map: `daemon::apply`).
+    pub moves_mems_left_wide: Counter,
     pub moves_skipped: Family<ReasonLabel, Counter>,
     pub admission_requests: Family<ResultLabel, Counter>,
     pub admission_rejections: Family<ReasonLabel, Counter>,
@@ -137,6 +140,7 @@ impl Metrics {
             numa_balancing_moves: Counter::default(),
             pages_migrated: Counter::default(),
             moves_applied: Family::default(),
+            moves_mems_left_wide: Counter::default(),
             moves_skipped: Family::default(),
             admission_requests: Family::default(),
             admission_rejections: Family::default(),
@@ -216,13 +220,18 @@ impl Metrics {
         );
         r.register(
             "pages_migrated",
-            "Pages migrated by rebalancer's moves",
+            "Pages migrated by rebalancer's moves (what page moves reported; the planned figure where the cpuset.mems write migrates)",
             m.pages_migrated.clone(),
         );
         r.register(
             "moves_applied",
             "Placement moves applied, by reason",
             m.moves_applied.clone(),
+        );
+        r.register(
+            "moves_mems_left_wide",
+            "Moves applied that left cpuset.mems wider than their target: pages moved, only pages other processes map left behind",
+            m.moves_mems_left_wide.clone(),
         );
         r.register(
             "moves_skipped",

@@ -99,4 +99,4 @@ echo "# rounds (queued in_flight) and moves applied:"; rounds_of $LOG | tr '\n' 
 [ "$first" -le $MAX_FIRST ] || { verdict $S FAIL "the first move was queued in round $first (at most $MAX_FIRST: the first round + 3 periods of $PERIOD_MS ms)"; exit 0; }
 max_idle=$((stages + 1))
 [ "$idle" -le $max_idle ] || { verdict $S FAIL "$idle rounds neither queued nor had a move in flight between the first move and the final narrowing (at most $max_idle: one held back by the budget after each of the $stages stages, plus one)"; exit 0; }
-verdict $S PASS "95% local with mems $ended ($(cat $cg/cpuset.mems.effective), target $to) ${reached} s after the first round, first move queued in round $first, $stages stages + the final narrowing with $idle idle rounds (at most $max_idle); at most $maxwin pages (budget $budget_pages) migrated within 0.5 s, $total in all"
+verdict $S PASS "95% local with mems $ended ($(cat $cg/cpuset.mems.effective), target $to) ${reached} s after the first round, first move queued in round $first, $stages stages + the final move with $idle idle rounds (at most $max_idle); at most $maxwin pages (budget $budget_pages) migrated within 0.5 s, $total in all"
