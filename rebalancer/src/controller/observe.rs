@@ -168,8 +168,11 @@ impl CgroupObs {
     /// window's part after a halfway mark, a later one in the next window, all on the new node,
     /// against that one, still mostly where it was. (One settled less wholly can be missed in
     /// both when it moves near the mark.) A workload with no last window that said where it
-    /// ran (new since the last round, or idle until now) is compared with the part of this
-    /// window before the mark instead (`daemon::engine`). A workload spread over nodes (no node with
+    /// ran (idle until now, or new: from its second round, the first to have a mark of it)
+    /// is compared with the part of this window before the mark instead (`daemon::engine`;
+    /// a fresh workload that ran ≥ 70 % on one node before the mark and spreads after it
+    /// can be said to move: its window is then counted as it runs now). A workload spread
+    /// over nodes (no node with
     /// [`SHIFT_SETTLED`] of its time) is not said to have moved by a few recent samples that
     /// all fell on one of its nodes; it is only when its last window happened to show
     /// [`SHIFT_SETTLED`] on one node (see [`SHIFT_MIN_BEFORE_NS`]).

@@ -1201,3 +1201,44 @@ fn pages_only_others_map_are_left_where_they_are() {
     // The walk cut short by a trickle (1 MiB a call of 16 asked): what is left may be its own.
     assert_eq!(run_from("0-1", Some(MIB), false, Some(MIB)), (set("1"), 1));
 }
+
+/// A move whose mems were to be left wide but whose finish failed (here: putting v1's
+/// memory_migrate back) is rolled back like any other: not counted as left wide, no target
+/// kept for the planner, no move recorded (helper-27, helper-28).
+#[test]
+fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
+    let mut fake = FakeCgroups::v1().with("w", "0-3", "0-1");
+    fake.set_memory("w", &[(0, 250 * MIB)]);
+    fake.fail_write(CgroupFile::MemoryMigrate, 2, FakeFailure::Busy);
+    let w = SharedFake {
+        left: Some(MIB),
+        ..SharedFake::new(fake)
+    };
+    let (_dir, d) = daemon(2, 1024);
+    let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
+    a.submit(
+        &[mv("w", ("0-3", "4-7"), ("0-1", "1"), 256 * MIB)],
+        1000,
+        false,
+    );
+    let done = a.wait();
+    assert_eq!(done.applied, 0);
+    assert_eq!(done.failed.len(), 1, "{:?}", done.failed);
+    let f = w.fake.lock().unwrap();
+    assert_eq!(f.mems("w"), Some(&set("0-1")));
+    let memory_migrate_writes = f
+        .writes()
+        .iter()
+        .filter(|x| x.file == CgroupFile::MemoryMigrate)
+        .count();
+    assert!(memory_migrate_writes >= 2, "the finish was tried");
+    assert!(
+        !f.writes().iter().any(|x| x.file == CgroupFile::Mems),
+        "no mems write: the move was on its wide path"
+    );
+    let st = d.lock().state.controller.clone();
+    assert_eq!(st.moves_total, 0);
+    assert_eq!(st.failed_moves_total, 1);
+    assert_eq!(st.cgroups["w"].wide_of, None);
+    assert_eq!(d.metrics.moves_mems_left_wide.get(), 0);
+}

@@ -1141,12 +1141,22 @@ impl Engine {
                     .filter(|r| r.values().sum::<u64>() >= SHIFT_MIN_CPU_NS);
                 let recent = recent.as_ref().unwrap_or(&o.cpu_ns_per_node).clone();
                 // Compared with its last window that said where it ran; a workload with none
-                // (new since the last round, or idle until now: a fresh task that moved
+                // (managed at the last round but idle until now: a fresh task that moved
                 // itself right after touching its memory) with the part of this window
-                // before the mark. Not after a shift (its entry is then empty, see below).
+                // before the mark. Not in the round after a shift (its entry is then empty,
+                // see below).
+                let prev_or_zero = prev.cloned().unwrap_or_default();
                 let earlier = at_mark
                     .filter(|_| !self.ran.contains_key(cg))
-                    .map(|m| m.delta(prev.unwrap_or(&Sample::default())).cpu_ns);
+                    // Counters that went back (the cgroup re-created at its path since the
+                    // last round) say nothing of where it ran before the mark.
+                    .filter(|m| {
+                        prev_or_zero
+                            .cpu_ns
+                            .iter()
+                            .all(|(n, &v)| m.cpu_ns.get(n).is_some_and(|&x| x >= v))
+                    })
+                    .map(|m| m.delta(&prev_or_zero).cpu_ns);
                 let before = self.ran.get(cg).or(earlier.as_ref());
                 if let Some(before) = before.filter(|_| sees_moves) {
                     if o.follow_recent(before, &recent) {
@@ -1177,7 +1187,8 @@ impl Engine {
                 } else if o.total_cpu_ns() >= SHIFT_MIN_BEFORE_NS {
                     Some(o.cpu_ns_per_node.clone())
                 } else {
-                    self.ran.remove(cg)
+                    // An empty entry (the shift's) holds for one round only.
+                    self.ran.remove(cg).filter(|r| !r.is_empty())
                 };
                 if let Some(r) = kept {
                     ran.insert(cg.clone(), r);

@@ -966,55 +966,40 @@ impl super::engine::CpuTimeSource for Scripted {
     }
 }
 
-/// vm-bench (w3, 5 of 9 boots): a workload whose threads moved themselves to the other node
-/// shortly before an operator's pin of its neighbours (no cpuset change of its own) was
-/// averaged with where it had been and moved one round after them. The round loop now takes
-/// a mark (a reading of the counters) at the first event of a burst and halfway through a
-/// period; a cgroup whose CPU time since the mark is on another node than in the last window
-/// is seen where it runs now and restarts its score. Without a mark, the same readings leave
-/// its settled score nearly whole; and when it moved late in a window (s19b: w3 had moved a
-/// window before the pins), the next window is compared with that one, still mostly on the
-/// node it left.
-#[test]
-fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
-    const S: u64 = 1_000_000_000;
-    let reading = |n0: u64, n1: u64| {
-        let cpu_ns = [(0, n0), (1, n1)]
-            .into_iter()
-            .filter(|(_, v)| *v > 0)
-            .collect();
-        [(
-            "bench/w".to_string(),
-            crate::ebpf::Sample {
-                cpu_ns,
-                ..Default::default()
-            },
-        )]
+/// `bench/w`'s cumulative CPU time on nodes 0 and 1, as a CPU-time source reads it.
+fn w_reading(n0: u64, n1: u64) -> std::collections::BTreeMap<String, crate::ebpf::Sample> {
+    let cpu_ns = [(0, n0), (1, n1)]
         .into_iter()
-        .collect::<std::collections::BTreeMap<_, _>>()
-    };
-    #[derive(PartialEq)]
-    enum Moved {
-        /// Before the mark, in the last window.
-        BeforeTheMark,
-        /// The same readings without a mark.
-        Unmarked,
-        /// Late in the last window (75 % of it on node 0), this window all on node 1.
-        LateInTheLastWindow,
-        /// Late in the last window, read by a source that does not see moves (the /proc
-        /// fallback, which charges a thread's time to the CPU it is on at the read).
-        BlindSource,
-        /// Before the mark, then back on node 0 in the next window (after 0.6 s more on
-        /// node 1 before that window's mark): a shift is not followed by another at once
-        /// (helper-26: a tenant flipping its affinity every period).
-        FlipsBack,
-        /// A fresh workload (no CPU time in the rounds before): 1 s on node 0 (touching its
-        /// memory), then on node 1 from just before the mark; no last window to compare
-        /// with, the part of this one before the mark is (vm-bench s21a: w3 moved itself
-        /// right before the pins, in its first window, and was moved a round later).
-        Fresh,
-    }
-    let smoothed_after = |moved: Moved| {
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    [(
+        "bench/w".to_string(),
+        crate::ebpf::Sample {
+            cpu_ns,
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .collect()
+}
+
+/// A daemon managing `bench/w` (cpus 0-7 of two nodes, 256 MiB on node 0, dry run) and an
+/// engine reading `readings` one per round or mark; `sees_moves` as the source says.
+struct ShiftRig {
+    _root: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    d: Daemon,
+    engine: Engine,
+    adm: super::admission::Admission,
+}
+
+impl ShiftRig {
+    fn new(
+        readings: std::collections::VecDeque<
+            std::collections::BTreeMap<String, crate::ebpf::Sample>,
+        >,
+        sees_moves: bool,
+    ) -> ShiftRig {
         let root = tempfile::tempdir().unwrap();
         let w = root.path().join("bench/w");
         std::fs::create_dir_all(&w).unwrap();
@@ -1043,25 +1028,75 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
             s.cfg.cgroups.kubernetes = false;
             s.cfg.daemon.dry_run = true;
         }
-        // Three rounds local on node 0; then 0.3 s on node 1 before the mark and 0.2 s after.
-        let mut readings: std::collections::VecDeque<_> = if moved == Moved::Fresh {
-            [reading(0, 0), reading(0, 0), reading(0, 0)].into()
-        } else {
-            [reading(10 * S, 0), reading(12 * S, 0), reading(14 * S, 0)].into()
-        };
-        let marked = matches!(
-            moved,
-            Moved::BeforeTheMark | Moved::FlipsBack | Moved::Fresh
+        let engine = Engine::new(
+            cgroups.clone(),
+            Box::new(Scripted(readings, sees_moves)),
+            Path::new("/proc"),
         );
-        if moved == Moved::Fresh {
-            readings.push_back(reading(S, 0));
-            readings.push_back(reading(S, S / 5));
-        } else {
-            if marked {
-                readings.push_back(reading(15 * S + S / 2, 3 * S / 10));
-            }
-            readings.push_back(reading(15 * S + S / 2, S / 2));
+        let adm = super::admission::Admission::new(
+            d.clone(),
+            std::sync::Arc::new(super::writer::CgroupCpusetWriter(cgroups)),
+        );
+        ShiftRig {
+            _root: root,
+            _state: state,
+            d,
+            engine,
+            adm,
         }
+    }
+
+    fn round(&mut self) {
+        self.engine.round(&self.adm);
+    }
+
+    fn mark(&mut self) {
+        self.engine.mark(&self.adm);
+    }
+
+    fn state(&self) -> crate::controller::CgroupState {
+        self.d.lock().state.controller.cgroups["bench/w"].clone()
+    }
+}
+
+/// vm-bench (w3, 5 of 9 boots): a workload whose threads moved themselves to the other node
+/// shortly before an operator's pin of its neighbours (no cpuset change of its own) was
+/// averaged with where it had been and moved one round after them. The round loop now takes
+/// a mark (a reading of the counters) at the first event of a burst and halfway through a
+/// period; a cgroup whose CPU time since the mark is on another node than in the last window
+/// is seen where it runs now and restarts its score. Without a mark, the same readings leave
+/// its settled score nearly whole; and when it moved late in a window (s19b: w3 had moved a
+/// window before the pins), the next window is compared with that one, still mostly on the
+/// node it left.
+#[test]
+fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
+    const S: u64 = 1_000_000_000;
+    let reading = w_reading;
+    #[derive(PartialEq)]
+    enum Moved {
+        /// Before the mark, in the last window.
+        BeforeTheMark,
+        /// The same readings without a mark.
+        Unmarked,
+        /// Late in the last window (75 % of it on node 0), this window all on node 1.
+        LateInTheLastWindow,
+        /// Late in the last window, read by a source that does not see moves (the /proc
+        /// fallback, which charges a thread's time to the CPU it is on at the read).
+        BlindSource,
+        /// Before the mark, then back on node 0 in the next window (after 0.6 s more on
+        /// node 1 before that window's mark): a shift is not followed by another at once
+        /// (helper-26: a tenant flipping its affinity every period).
+        FlipsBack,
+    }
+    let smoothed_after = |moved: Moved| {
+        // Three rounds local on node 0; then 0.3 s on node 1 before the mark and 0.2 s after.
+        let mut readings: std::collections::VecDeque<_> =
+            [reading(10 * S, 0), reading(12 * S, 0), reading(14 * S, 0)].into();
+        let marked = matches!(moved, Moved::BeforeTheMark | Moved::FlipsBack);
+        if marked {
+            readings.push_back(reading(15 * S + S / 2, 3 * S / 10));
+        }
+        readings.push_back(reading(15 * S + S / 2, S / 2));
         if moved == Moved::FlipsBack {
             readings.push_back(reading(15 * S + S / 2, S + S / 10));
             readings.push_back(reading(17 * S + S / 2, S + S / 10));
@@ -1069,48 +1104,31 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
             readings.push_back(reading(15 * S + S / 2, 5 * S / 2));
         }
-        let mut engine = Engine::new(
-            cgroups.clone(),
-            Box::new(Scripted(readings, moved != Moved::BlindSource)),
-            Path::new("/proc"),
-        );
-        let adm = super::admission::Admission::new(
-            d.clone(),
-            std::sync::Arc::new(super::writer::CgroupCpusetWriter(cgroups)),
-        );
+        let mut rig = ShiftRig::new(readings, moved != Moved::BlindSource);
         for _ in 0..3 {
-            engine.round(&adm);
+            rig.round();
         }
-        if moved != Moved::Fresh {
-            assert_eq!(
-                d.lock().state.controller.cgroups["bench/w"].smoothed,
-                Some(1.0),
-                "local on node 0 so far"
-            );
-        }
+        assert_eq!(rig.state().smoothed, Some(1.0), "local on node 0 so far");
         if marked || moved == Moved::BlindSource {
-            engine.mark(&adm);
-            assert_eq!(engine.marked(), marked, "no marks without");
+            rig.mark();
+            assert_eq!(rig.engine.marked(), marked, "no marks without");
         }
-        engine.round(&adm);
+        rig.round();
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
-            let s = d.lock().state.controller.cgroups["bench/w"]
-                .smoothed
-                .unwrap();
+            let s = rig.state().smoothed.unwrap();
             assert!(s > 0.9, "the window of the move, mostly on node 0: {s}");
-            engine.round(&adm);
+            rig.round();
         }
         if moved == Moved::FlipsBack {
-            let c = d.lock().state.controller.cgroups["bench/w"].clone();
+            let c = rig.state();
             assert_eq!((c.smoothed, c.smoothed_weight), (Some(0.0), 0.0), "shifted");
-            engine.mark(&adm);
-            engine.round(&adm);
-            let c = d.lock().state.controller.cgroups["bench/w"].clone();
+            rig.mark();
+            rig.round();
+            let c = rig.state();
             assert!(c.smoothed_weight > 0.0, "not shifted again: {c:?}");
         }
-        assert!(!engine.marked(), "a mark serves one round");
-        let s = d.lock().state.controller.cgroups["bench/w"].smoothed;
-        s.unwrap()
+        assert!(!rig.engine.marked(), "a mark serves one round");
+        rig.state().smoothed.unwrap()
     };
     assert_eq!(
         smoothed_after(Moved::BeforeTheMark),
@@ -1123,16 +1141,94 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         flipped > 0.0 && flipped < 1.0,
         "its window after the shift, 0.6 s of 2.6 on node 1, counted as it ran: {flipped}"
     );
-    assert_eq!(
-        smoothed_after(Moved::Fresh),
-        0.0,
-        "a fresh workload that moved itself is seen where it runs now"
-    );
     let blind = smoothed_after(Moved::BlindSource);
     assert!(blind > 0.9, "no mark, no move said: {blind}");
     let unmarked = smoothed_after(Moved::Unmarked);
     assert!(
         unmarked > 0.9,
         "a short window barely moves a settled score: {unmarked}"
+    );
+}
+
+/// vm-bench s21a (memonly boot 3, 2node boots 1-2): w3 touched its memory on node 0 and moved
+/// itself to node 1 right before the pins, in its first busy window; with no last window to
+/// compare with it was moved a round after the others. A workload with no reference is
+/// compared with the part of this window before the mark: seen where it runs now when that
+/// part has ≥ 500 ms (counted from the last round's reading, not from its start), and, after
+/// a shift, its empty reference holds for one round only.
+#[test]
+fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() {
+    const S: u64 = 1_000_000_000;
+    let r = w_reading;
+    // Idle for three rounds, 1 s on node 0 before the mark, 0.2 s on node 1 after it.
+    let mut rig = ShiftRig::new(
+        [r(0, 0), r(0, 0), r(0, 0), r(S, 0), r(S, S / 5)].into(),
+        true,
+    );
+    for _ in 0..3 {
+        rig.round();
+    }
+    rig.mark();
+    rig.round();
+    // (Without: its window, 1 s of 1.2 on node 0, near its memory: 0.83.)
+    assert_eq!(
+        rig.state().smoothed,
+        Some(0.0),
+        "a fresh workload that moved itself is seen where it runs now"
+    );
+    // 0.4 s on node 0 over three short windows (none a reference), 0.3 s more before the
+    // mark: 0.7 s since its start, but 0.3 s since the last round's reading, too little.
+    let mut rig = ShiftRig::new(
+        [
+            r(S / 10, 0),
+            r(S / 5, 0),
+            r(2 * S / 5, 0),
+            r(7 * S / 10, 0),
+            r(7 * S / 10, S / 5),
+        ]
+        .into(),
+        true,
+    );
+    for _ in 0..3 {
+        rig.round();
+    }
+    rig.mark();
+    rig.round();
+    let c = rig.state();
+    assert!(
+        c.smoothed.is_some_and(|s| s > 0.0),
+        "0.3 s before the mark is no reference: {c:?}"
+    );
+    // A shift, an idle round (0.1 s), then 1 s on node 0 before the mark and 0.3 s on node 1
+    // after it: shifted again (the shift's empty reference held for the idle round only).
+    let mut rig = ShiftRig::new(
+        [
+            r(10 * S, 0),
+            r(12 * S, 0),
+            r(14 * S, 0),
+            r(15 * S + S / 2, 3 * S / 10),
+            r(15 * S + S / 2, S / 2),
+            r(15 * S + S / 2, 6 * S / 10),
+            r(16 * S + S / 2, 6 * S / 10),
+            r(16 * S + S / 2, 9 * S / 10),
+        ]
+        .into(),
+        true,
+    );
+    for _ in 0..3 {
+        rig.round();
+    }
+    rig.mark();
+    rig.round();
+    assert_eq!(rig.state().smoothed_weight, 0.0, "shifted");
+    rig.round();
+    assert!(rig.state().smoothed_weight > 0.0, "idle: no shift");
+    rig.mark();
+    rig.round();
+    let c = rig.state();
+    assert_eq!(
+        (c.smoothed, c.smoothed_weight),
+        (Some(0.0), 0.0),
+        "shifted again two rounds later"
     );
 }

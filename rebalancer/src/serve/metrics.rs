@@ -220,7 +220,7 @@ impl Metrics {
         );
         r.register(
             "pages_migrated",
-            "Pages migrated by rebalancer's moves (what page moves reported; the planned figure where the cpuset.mems write migrates)",
+            "Pages migrated by rebalancer's moves (what page moves reported, 0 when the pages were already in place; the planned figure where the cpuset.mems write migrates)",
             m.pages_migrated.clone(),
         );
         r.register(
