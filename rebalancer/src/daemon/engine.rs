@@ -1164,6 +1164,8 @@ impl Engine {
                     } else {
                         tracing::trace!(cgroup = %cg, ?before, ?recent, "CPU time in the last window and now");
                     }
+                } else if sees_moves {
+                    tracing::trace!(cgroup = %cg, ?recent, marked = at_mark.is_some(), "CPU time now; no last window to compare with");
                 }
                 // Where its threads may run now (the nodes of its cpuset, which bounds every
                 // thread): CPU time spent elsewhere this period predates a re-pin or a move

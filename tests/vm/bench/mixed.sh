@@ -204,9 +204,10 @@ case $MGR in
         echo "# numad log (tail):"; tail -12 /var/log/numad.log ;;
     rebalancer)
         # Rounds that queued a move are kept (their time stamp is when the round decided).
-        echo "# daemon log (moves):"; grep -v -e 'moves=0 queued=0' -e 'eBPF source' -e 'round start' -e 'in the last window and now' /tmp/bench-daemon.log | tail -60
+        echo "# daemon log (moves):"; grep -v -e 'moves=0 queued=0' -e 'eBPF source' -e 'round start' -e 'in the last window and now' -e 'no last window to compare' /tmp/bench-daemon.log | tail -60
         echo "# daemon log (w3 from the start to the pins' follow-up: CPU time in the last window and now, and its moves):"
-        awk '/round brought forward/ {n++} n <= 2 && /bench\/w3/ && /last window|moved to another node|move/' /tmp/bench-daemon.log | tail -12
+        # (up to w3's line of the follow-up round, the second brought forward by the pins)
+        awk '/round brought forward/ {n++} n > 2 {exit} /bench\/w3/ && /last window|moved to another node|move/ {print; if (n == 2 && !/move applied/) exit}' /tmp/bench-daemon.log | tail -16
         for w in w1 w2 w3; do
             echo "# rebalancer explain bench/$w:"; $BIN explain bench/$w 2>&1 | head -40
         done ;;
