@@ -20,7 +20,7 @@ use crate::{
     config::Config,
     controller::{
         self,
-        observe::{SHIFT_MIN_BEFORE_NS, SHIFT_MIN_CPU_NS},
+        observe::{ShiftGuard, SHIFT_MIN_BEFORE_NS, SHIFT_MIN_CPU_NS},
         CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs, Observations,
         Outcome,
     },
@@ -1136,15 +1136,16 @@ impl Engine {
                 // below, which keeps it within the cpuset). Where they run now: since the
                 // mark, where one was taken and saw enough of it, else the whole window.
                 let at_mark = mark.and_then(|m| m.get(cg));
-                let recent = at_mark
+                let since_mark = at_mark
                     .map(|m| now.delta(m).cpu_ns)
                     .filter(|r| r.values().sum::<u64>() >= SHIFT_MIN_CPU_NS);
-                let recent = recent.as_ref().unwrap_or(&o.cpu_ns_per_node).clone();
+                let recent = since_mark.as_ref().unwrap_or(&o.cpu_ns_per_node).clone();
                 // Compared with its last window that said where it ran; a workload with none
                 // (managed at the last round but idle until now: a fresh task that moved
                 // itself right after touching its memory) with the part of this window
-                // before the mark. Not in the round after a shift (its entry is then empty,
-                // see below).
+                // before the mark, and since the mark (not the whole window, which holds
+                // that part), with the tests for a fresh workload (`ShiftGuard::FRESH`). Not
+                // in the round after a shift (its entry is then empty, see below).
                 let prev_or_zero = prev.cloned().unwrap_or_default();
                 let earlier = at_mark
                     .filter(|_| !self.ran.contains_key(cg))
@@ -1157,9 +1158,15 @@ impl Engine {
                             .all(|(n, &v)| m.cpu_ns.get(n).is_some_and(|&x| x >= v))
                     })
                     .map(|m| m.delta(&prev_or_zero).cpu_ns);
-                let before = self.ran.get(cg).or(earlier.as_ref());
+                let (before, guard) = match self.ran.get(cg) {
+                    Some(r) => (Some(r), ShiftGuard::REFERENCE),
+                    None => (
+                        earlier.as_ref().filter(|_| since_mark.is_some()),
+                        ShiftGuard::FRESH,
+                    ),
+                };
                 if let Some(before) = before.filter(|_| sees_moves) {
-                    if o.follow_recent(before, &recent) {
+                    if o.follow(before, &recent, guard) {
                         tracing::debug!(cgroup = %cg, ?before, ?recent, "its threads moved to another node: its score restarts where they run now");
                     } else {
                         tracing::trace!(cgroup = %cg, ?before, ?recent, "CPU time in the last window and now");

@@ -1154,8 +1154,9 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
 /// itself to node 1 right before the pins, in its first busy window; with no last window to
 /// compare with it was moved a round after the others. A workload with no reference is
 /// compared with the part of this window before the mark: seen where it runs now when that
-/// part has ≥ 500 ms (counted from the last round's reading, not from its start), and, after
-/// a shift, its empty reference holds for one round only.
+/// part has ≥ 200 ms (counted from the last round's reading, not from its start; no node need
+/// have held 70 % of it, `ShiftGuard::FRESH`), and, after a shift, its empty reference holds
+/// for one round only.
 #[test]
 fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() {
     const S: u64 = 1_000_000_000;
@@ -1176,15 +1177,15 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         Some(0.0),
         "a fresh workload that moved itself is seen where it runs now"
     );
-    // 0.4 s on node 0 over three short windows (none a reference), 0.3 s more before the
-    // mark: 0.7 s since its start, but 0.3 s since the last round's reading, too little.
+    // 0.4 s on node 0 over three short windows (none a reference), 0.15 s more before the
+    // mark: 0.55 s since its start, but 0.15 s since the last round's reading, too little.
     let mut rig = ShiftRig::new(
         [
             r(S / 10, 0),
             r(S / 5, 0),
             r(2 * S / 5, 0),
-            r(7 * S / 10, 0),
-            r(7 * S / 10, S / 5),
+            r(55 * S / 100, 0),
+            r(55 * S / 100, S / 5),
         ]
         .into(),
         true,
@@ -1197,7 +1198,31 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     let c = rig.state();
     assert!(
         c.smoothed.is_some_and(|s| s > 0.0),
-        "0.3 s before the mark is no reference: {c:?}"
+        "0.15 s before the mark is no reference: {c:?}"
+    );
+    // vm-bench s21c memonly boot 2: 0.28 s on node 0 and 0.18 s already on node 1 before the
+    // mark (61 % on node 0, 0.47 s: no reference by the last window's tests), 0.22 s on node
+    // 1 since: seen where it runs now.
+    let mut rig = ShiftRig::new(
+        [
+            r(0, 0),
+            r(0, 0),
+            r(0, 0),
+            r(283 * S / 1000, 182 * S / 1000),
+            r(283 * S / 1000, 404 * S / 1000),
+        ]
+        .into(),
+        true,
+    );
+    for _ in 0..3 {
+        rig.round();
+    }
+    rig.mark();
+    rig.round();
+    assert_eq!(
+        rig.state().smoothed,
+        Some(0.0),
+        "fresh, partly moved before the mark"
     );
     // A shift, an idle round (0.1 s), then 1 s on node 0 before the mark and 0.3 s on node 1
     // after it: shifted again (the shift's empty reference held for the idle round only).
