@@ -169,10 +169,10 @@ impl CgroupObs {
     /// against that one, still mostly where it was. (One settled less wholly can be missed in
     /// both when it moves near the mark.) A workload with no last window that said where it
     /// ran (idle until now, or new: from its second round, the first to have a mark of it)
-    /// is compared with the part of this window before the mark instead (`daemon::engine`;
-    /// a fresh workload that ran ≥ 70 % on one node before the mark and spreads after it
-    /// can be said to move: its window is then counted as it runs now). A workload spread
-    /// over nodes (no node with
+    /// is compared with the part of this window before the mark instead, once, while its
+    /// score is young (`daemon::engine`, [`ShiftGuard::FRESH`]: a fresh workload that spreads
+    /// after the mark can be said to move, its window then counted as it runs now). A
+    /// workload spread over nodes (no node with
     /// [`SHIFT_SETTLED`] of its time) is not said to have moved by a few recent samples that
     /// all fell on one of its nodes; it is only when its last window happened to show
     /// [`SHIFT_SETTLED`] on one node (see [`SHIFT_MIN_BEFORE_NS`]).
@@ -376,6 +376,10 @@ pub const SHIFT_MIN_CPU_NS: u64 = 50_000_000;
 /// and far less with more samples; a busy thread has it in a fifth of the default period).
 pub const SHIFT_MIN_BEFORE_NS: u64 = 500_000_000;
 
+/// A cgroup whose score has folded this many periods is not fresh (its history, restored at
+/// a restart or built since, is not risked on [`ShiftGuard::FRESH`]'s fewer samples).
+pub const FRESH_MAX_PERIODS: u64 = 8;
+
 /// What [`CgroupObs::follow`] asks of the readings it compares.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ShiftGuard {
@@ -400,9 +404,11 @@ impl ShiftGuard {
     /// any node, and partly already on the new one; vm-bench s21c: 0.44–0.49 s before the
     /// mark, 61–81 % on the first node). Its score has little history to keep, so no node
     /// need have held 70 % before; more samples on both sides instead: 20 before, 15 since
-    /// at 99 Hz (an even split over two nodes then passes the > 0.5 moved share with its
-    /// largest share on another node about once in 400 first windows, and only in its first
-    /// busy window: later ones have a reference).
+    /// at the default 99 Hz (independent samples of a workload split evenly over two nodes
+    /// then pass the > 0.5 moved share with the largest share on another node about once in
+    /// 400 tries, over three nodes once in 250, four once in 120; fewer at a lower
+    /// `ebpf.sample_hz`). The engine tries it once per cgroup, while its score is young
+    /// ([`FRESH_MAX_PERIODS`]): later windows have a reference.
     pub const FRESH: ShiftGuard = ShiftGuard {
         min_before_ns: 200_000_000,
         settled: 0.0,

@@ -20,7 +20,7 @@ use crate::{
     config::Config,
     controller::{
         self,
-        observe::{ShiftGuard, SHIFT_MIN_BEFORE_NS, SHIFT_MIN_CPU_NS},
+        observe::{ShiftGuard, FRESH_MAX_PERIODS, SHIFT_MIN_BEFORE_NS, SHIFT_MIN_CPU_NS},
         CgroupFile, CgroupObs, CgroupWriteError, CgroupWriter, Constraints, NodeObs, Observations,
         Outcome,
     },
@@ -607,6 +607,9 @@ pub struct Engine {
     /// Each managed cgroup's CPU time per node in the last window that said where it ran (as
     /// that round counted it): what `CgroupObs::follow_recent` compares the latest with.
     ran: BTreeMap<String, BTreeMap<u32, u64>>,
+    /// Managed cgroups compared once with the part of a window before its mark
+    /// (`ShiftGuard::FRESH`): that is for a fresh workload, once.
+    fresh_tried: std::collections::BTreeSet<String>,
     /// Rounds skipped since the last one that observed (see [`Engine::skipped_in_a_row`]).
     skipped_in_a_row: u32,
     /// Online CPUs and nodes at the last topology check (see [`Engine::refresh_topology`]).
@@ -652,6 +655,7 @@ impl Engine {
             last_round: None,
             mark: None,
             ran: BTreeMap::new(),
+            fresh_tried: Default::default(),
             skipped_in_a_row: 0,
             topo_fingerprint: None,
             written: None,
@@ -1082,6 +1086,12 @@ impl Engine {
         let mark = mark.as_ref();
         let sees_moves = self.cpu_source.sees_moves();
         let mut ran = BTreeMap::new();
+        // The managed cgroups compared with the part of a window before its mark so far.
+        let mut fresh_tried: std::collections::BTreeSet<String> = managed
+            .iter()
+            .filter(|cg| self.fresh_tried.contains(*cg))
+            .cloned()
+            .collect();
 
         let mut obs = Observations {
             period_ns,
@@ -1146,16 +1156,27 @@ impl Engine {
                 // before the mark, and since the mark (not the whole window, which holds
                 // that part), with the tests for a fresh workload (`ShiftGuard::FRESH`). Not
                 // in the round after a shift (its entry is then empty, see below).
+                // Once per cgroup (a light workload that never has a reference window is
+                // not tested every round), and only while its score is young (not a history
+                // restored at a restart).
                 let prev_or_zero = prev.cloned().unwrap_or_default();
+                let grew = |a: &Sample, b: &Sample| {
+                    a.cpu_ns
+                        .iter()
+                        .all(|(n, &v)| b.cpu_ns.get(n).copied().unwrap_or(0) >= v)
+                };
                 let earlier = at_mark
-                    .filter(|_| !self.ran.contains_key(cg))
+                    .filter(|_| !self.ran.contains_key(cg) && !self.fresh_tried.contains(cg))
                     // Counters that went back (the cgroup re-created at its path since the
-                    // last round) say nothing of where it ran before the mark.
-                    .filter(|m| {
-                        prev_or_zero
-                            .cpu_ns
-                            .iter()
-                            .all(|(n, &v)| m.cpu_ns.get(n).is_some_and(|&x| x >= v))
+                    // last round or the mark) say nothing of where it ran.
+                    .filter(|m| grew(&prev_or_zero, m) && grew(m, &now))
+                    .filter(|_| {
+                        d.lock()
+                            .state
+                            .controller
+                            .cgroups
+                            .get(cg)
+                            .is_none_or(|s| s.periods < FRESH_MAX_PERIODS)
                     })
                     .map(|m| m.delta(&prev_or_zero).cpu_ns);
                 let (before, guard) = match self.ran.get(cg) {
@@ -1165,6 +1186,9 @@ impl Engine {
                         ShiftGuard::FRESH,
                     ),
                 };
+                if guard == ShiftGuard::FRESH && before.is_some() && sees_moves {
+                    fresh_tried.insert(cg.clone());
+                }
                 if let Some(before) = before.filter(|_| sees_moves) {
                     if o.follow(before, &recent, guard) {
                         tracing::debug!(cgroup = %cg, ?before, ?recent, "its threads moved to another node: its score restarts where they run now");
@@ -1223,6 +1247,7 @@ impl Engine {
         }
         self.prev = cumulative;
         self.ran = ran;
+        self.fresh_tried = fresh_tried;
         if let Some(Ok(t)) = &mut self.written {
             t.end_round();
         }

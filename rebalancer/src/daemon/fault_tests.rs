@@ -1224,6 +1224,46 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         Some(0.0),
         "fresh, partly moved before the mark"
     );
+    // Once per cgroup (helper-29: a light workload, never 500 ms in a window, was tested every
+    // round): 0.3 s on node 0 before the mark and 0.16 s after (no move), then 0.3 s on node
+    // 0 before the next mark and 0.16 s on node 1 after: not tested again.
+    let mut rig = ShiftRig::new(
+        [
+            r(0, 0),
+            r(3 * S / 10, 0),
+            r(46 * S / 100, 0),
+            r(76 * S / 100, 0),
+            r(76 * S / 100, 16 * S / 100),
+        ]
+        .into(),
+        true,
+    );
+    rig.round();
+    for _ in 0..2 {
+        rig.mark();
+        rig.round();
+    }
+    let c = rig.state();
+    assert!(
+        c.smoothed.is_some_and(|s| s > 0.0),
+        "tested once only: {c:?}"
+    );
+    // Not a young score (8 periods of 0.1 s, as a history restored at a restart would be):
+    // not tested at all.
+    let mut readings: std::collections::VecDeque<_> = (1..=8).map(|i| r(i * S / 10, 0)).collect();
+    readings.push_back(r(11 * S / 10, 0));
+    readings.push_back(r(11 * S / 10, S / 5));
+    let mut rig = ShiftRig::new(readings, true);
+    for _ in 0..8 {
+        rig.round();
+    }
+    rig.mark();
+    rig.round();
+    let c = rig.state();
+    assert!(
+        c.smoothed.is_some_and(|s| s > 0.0),
+        "a score of 8 periods is not fresh: {c:?}"
+    );
     // A shift, an idle round (0.1 s), then 1 s on node 0 before the mark and 0.3 s on node 1
     // after it: shifted again (the shift's empty reference held for the idle round only).
     let mut rig = ShiftRig::new(
