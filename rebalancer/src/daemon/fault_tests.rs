@@ -1050,6 +1050,22 @@ impl ShiftRig {
         self.engine.round(&self.adm);
     }
 
+    /// The state of `bench/w` after `rounds` rounds, a mark and one more round.
+    fn marked_after(
+        readings: std::collections::VecDeque<
+            std::collections::BTreeMap<String, crate::ebpf::Sample>,
+        >,
+        rounds: usize,
+    ) -> crate::controller::CgroupState {
+        let mut rig = ShiftRig::new(readings, true);
+        for _ in 0..rounds {
+            rig.round();
+        }
+        rig.mark();
+        rig.round();
+        rig.state()
+    }
+
     fn mark(&mut self) {
         self.engine.mark(&self.adm);
     }
@@ -1162,24 +1178,16 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     const S: u64 = 1_000_000_000;
     let r = w_reading;
     // Idle for three rounds, 1 s on node 0 before the mark, 0.2 s on node 1 after it.
-    let mut rig = ShiftRig::new(
-        [r(0, 0), r(0, 0), r(0, 0), r(S, 0), r(S, S / 5)].into(),
-        true,
-    );
-    for _ in 0..3 {
-        rig.round();
-    }
-    rig.mark();
-    rig.round();
+    let c = ShiftRig::marked_after([r(0, 0), r(0, 0), r(0, 0), r(S, 0), r(S, S / 5)].into(), 3);
     // (Without: its window, 1 s of 1.2 on node 0, near its memory: 0.83.)
     assert_eq!(
-        rig.state().smoothed,
+        c.smoothed,
         Some(0.0),
         "a fresh workload that moved itself is seen where it runs now"
     );
     // 0.4 s on node 0 over three short windows (none a reference), 0.15 s more before the
     // mark: 0.55 s since its start, but 0.15 s since the last round's reading, too little.
-    let mut rig = ShiftRig::new(
+    let c = ShiftRig::marked_after(
         [
             r(S / 10, 0),
             r(S / 5, 0),
@@ -1188,14 +1196,8 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
             r(55 * S / 100, S / 5),
         ]
         .into(),
-        true,
+        3,
     );
-    for _ in 0..3 {
-        rig.round();
-    }
-    rig.mark();
-    rig.round();
-    let c = rig.state();
     assert!(
         c.smoothed.is_some_and(|s| s > 0.0),
         "0.15 s before the mark is no reference: {c:?}"
@@ -1203,7 +1205,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     // vm-bench s21c memonly boot 2: 0.28 s on node 0 and 0.18 s already on node 1 before the
     // mark (61 % on node 0, 0.47 s: no reference by the last window's tests), 0.22 s on node
     // 1 since: seen where it runs now.
-    let mut rig = ShiftRig::new(
+    let c = ShiftRig::marked_after(
         [
             r(0, 0),
             r(0, 0),
@@ -1212,18 +1214,9 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
             r(283 * S / 1000, 404 * S / 1000),
         ]
         .into(),
-        true,
+        3,
     );
-    for _ in 0..3 {
-        rig.round();
-    }
-    rig.mark();
-    rig.round();
-    assert_eq!(
-        rig.state().smoothed,
-        Some(0.0),
-        "fresh, partly moved before the mark"
-    );
+    assert_eq!(c.smoothed, Some(0.0), "fresh, partly moved before the mark");
     // Once per cgroup (helper-29: a light workload, never 500 ms in a window, was tested every
     // round): 0.3 s on node 0 before the mark and 0.16 s after (no move), then 0.3 s on node
     // 0 before the next mark and 0.16 s on node 1 after: not tested again.
@@ -1253,13 +1246,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     let mut readings: std::collections::VecDeque<_> = (1..=8).map(|i| r(i * S / 10, 0)).collect();
     readings.push_back(r(11 * S / 10, 0));
     readings.push_back(r(11 * S / 10, S / 5));
-    let mut rig = ShiftRig::new(readings, true);
-    for _ in 0..8 {
-        rig.round();
-    }
-    rig.mark();
-    rig.round();
-    let c = rig.state();
+    let c = ShiftRig::marked_after(readings, 8);
     assert!(
         c.smoothed.is_some_and(|s| s > 0.0),
         "a score of 8 periods is not fresh: {c:?}"
