@@ -419,7 +419,7 @@ pub struct ControllerConfig {
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
-    /// and no move may push a node past it — except a relief move that takes contention away
+    /// (those `relief` allows) and no move may push a node past it — except a relief move that takes contention away
     /// and leaves the node less pressed (runnable per CPU) than the most pressed node it
     /// leaves, where run queues (`ebpf::runq`) and the workload's own wait (`own_wait`) are
     /// measured.
@@ -456,9 +456,12 @@ pub enum Relief {
     /// Only a workload the rebalancer has moved before (`CgroupState::moves`): where its own
     /// move put a workload, it keeps it from contention. A workload still where admission
     /// placed it stays (skipped as `no-relief`): in the simulator such moves pay on the sum
-    /// of runs but made 10 of 180 runs slower than never moving, and what separates them is
+    /// of runs but made 27 of 360 runs (six machines) slower than never moving, and what separates them is
     /// the other workloads' next phases, which nothing measured before the move tells
-    /// (BENCHMARKS.md, "Relief only where the rebalancer placed a workload").
+    /// (BENCHMARKS.md, "Relief only where the rebalancer placed a workload"). "Moved before"
+    /// is the controller state's count: kept in the checkpoint, lost with the cgroup's state
+    /// (a round it is not observed in, a checkpoint that cannot be used), kept after an
+    /// operator's re-pin; a dry run moves nothing, so it never shows such relief.
     #[default]
     Moved,
     /// Any workload (the most relief on the sum of runs, and some runs slower than Static).

@@ -1538,6 +1538,7 @@ fn relief_moves_only_a_workload_the_rebalancer_has_moved() {
         let d = p.decision("a").unwrap();
         assert_eq!(d.trigger, Some(Trigger::PoorLocality), "{relief:?}: {d:#?}");
         assert_ne!(d.outcome, Outcome::Skipped(Skip::NoRelief), "{d:#?}");
+        assert!(!d.considered.is_empty(), "{d:#?}");
         assert!(d.considered.iter().all(|c| c.relief == 0.0), "{d:#?}");
     }
 }
