@@ -5,12 +5,15 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+//! - `image`: the daemon's OCI image archive (see image.rs), for `ctr images import`.
 //! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
 mod containerd;
 mod fuzz;
+mod image;
+mod oci;
 mod overhead;
 mod setup;
 mod vm;
@@ -50,6 +53,8 @@ enum Cmd {
         #[arg(long = "target")]
         targets: Vec<String>,
     },
+    /// Write the daemon's OCI image archive (static binary + default config; no Docker needed).
+    Image,
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -68,6 +73,7 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::all(),
         Cmd::EbpfOverhead(a) => overhead::run(a),
         Cmd::BuildEbpf => build_ebpf().map(drop),
+        Cmd::Image => image::build().map(drop),
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
         Cmd::VmTest(a) => vm::vm_test(&a),
         Cmd::VmBench(a) => vm::vm_bench(&a),
@@ -159,6 +165,8 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     lap("clippy", &mut steps);
     sh(cargo().args(["build", "-p", "cri-tool"]))?;
+    // The deployment root test runs this image; the guest tests reuse its musl build.
+    image::build()?;
     sh(cargo().args(["test", "--no-run"]))?;
     lap("build host tests", &mut steps);
     let fuzz_log = root().join("target/fuzz-build.log");
