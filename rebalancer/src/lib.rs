@@ -17,6 +17,7 @@ pub mod pages;
 pub mod placement;
 pub mod procfs;
 pub mod runwait;
+pub mod sdnotify;
 pub mod serve;
 pub mod sim;
 pub mod topology;

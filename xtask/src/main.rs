@@ -158,10 +158,18 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     }
     lap("setup", &mut steps);
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // The alerting rules: valid, and firing (and not) as their unit tests say.
+    let rules = root().join("config/prometheus");
+    sh(Command::new("promtool")
+        .current_dir(&rules)
+        .args(["check", "rules", "rules.yaml"]))?;
+    sh(Command::new("promtool")
+        .current_dir(&rules)
+        .args(["test", "rules", "rules_test.yaml"]))?;
     let obj = build_ebpf()?;
     // Inherited by every cargo below, the guest's musl build included.
     std::env::set_var("REBALANCER_EBPF_OBJ", &obj);
-    lap("fmt, eBPF object", &mut steps);
+    lap("fmt, alert rules, eBPF object", &mut steps);
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     lap("clippy", &mut steps);
     sh(cargo().args(["build", "-p", "cri-tool"]))?;

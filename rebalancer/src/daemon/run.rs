@@ -242,6 +242,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     tracing::info!(socket = %cfg.server.socket.display(), "admission API listening");
     let mut health_tick = tokio::time::interval(Duration::from_millis(500));
     let mut failure: Option<String> = None;
+    // systemd (Type=notify): READY once the admission door is up — the NRI plugin registered
+    // with the runtime, or the watcher / API running —, then WATCHDOG while no component is dead.
+    let notifier = crate::sdnotify::Notifier::from_env();
+    let mut ready_sent = false;
     loop {
         tokio::select! {
             n = &mut limit_rx => {
@@ -258,11 +262,23 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             _ = health_tick.tick() => {
                 // A component dead for a while: exit non-zero so systemd / the DaemonSet
                 // restarts the daemon (a restart reconciles from the live cgroups).
-                if let Some(dead) = metrics.health.dead().into_iter().find(|d| d.for_ >= crate::health::EXIT_AFTER) {
+                let dead = metrics.health.dead();
+                if let Some(dead) = dead.iter().find(|d| d.for_ >= crate::health::EXIT_AFTER) {
                     let msg = format!("component {} dead for {:.1?} ({}); exiting to be restarted", dead.component, dead.for_, dead.reason);
                     tracing::error!("{msg}");
                     failure = Some(msg);
                     break;
+                }
+                if notifier.enabled() {
+                    if !ready_sent && (mode != AdmissionMode::Nri || metrics.nri_connected.get() == 1) {
+                        ready_sent = true;
+                        if let Err(e) = notifier.send("READY=1") {
+                            tracing::warn!(error = %e, "sd_notify READY=1 failed");
+                        }
+                    }
+                    if ready_sent && dead.is_empty() {
+                        let _ = notifier.send("WATCHDOG=1");
+                    }
                 }
             }
             _ = sigint.recv() => { tracing::info!("SIGINT received, stopping"); break; }
