@@ -35,6 +35,7 @@ fn show(r: Result<CpuSet, CpuError>) -> String {
         Ok(s) => s.to_string(),
         Err(CpuError::SmtAlignment { .. }) => "SMTAlignmentError".into(),
         Err(CpuError::Insufficient { .. }) => "insufficient".into(),
+        Err(CpuError::Take(e)) => e.to_string(),
     }
 }
 
