@@ -9,6 +9,7 @@
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod apiserver;
 mod containerd;
 mod fuzz;
 mod overhead;
@@ -65,7 +66,7 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Setup => setup::all(),
+        Cmd::Setup => setup::all()?.wait(),
         Cmd::EbpfOverhead(a) => overhead::run(a),
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
@@ -134,15 +135,22 @@ fn build_ebpf() -> Result<()> {
 }
 
 fn test(no_setup: bool, no_vm: bool) -> Result<()> {
-    if !no_setup {
-        setup::all()?;
-    }
+    // The API server's Go build runs while fmt and clippy do.
+    let server = if no_setup {
+        apiserver::Build::done()
+    } else {
+        setup::all()?
+    };
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
-    // The NRI root test must find the containerd that setup installed, not skip.
+    server.wait()?;
+    // The NRI and NodeResourceTopology root tests must find the containerd and API server
+    // that setup installed, not skip.
     sh(cargo()
         .args(["test", "--", "--test-threads=1"])
-        .env("REBALANCER_REQUIRE_CONTAINERD", "1"))?;
+        .env("REBALANCER_REQUIRE_CONTAINERD", "1")
+        .env("REBALANCER_REQUIRE_APISERVER", "1")
+        .env("REBALANCER_APISERVER_DIR", apiserver::dir()))?;
     if no_vm {
         eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
     } else {

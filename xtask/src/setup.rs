@@ -39,7 +39,8 @@ pub fn apt(pkgs: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-pub fn all() -> Result<()> {
+/// Installs everything; the API server's Go build may still be running when it returns.
+pub fn all() -> Result<crate::apiserver::Build> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         sh(Command::new("rustup").args([
@@ -93,5 +94,6 @@ pub fn all() -> Result<()> {
     ])?;
     // containerd + runc + a test image for the NRI tests, in the project's own folder.
     crate::containerd::install()?;
-    Ok(())
+    // etcd + apiextensions-apiserver for the NodeResourceTopology export test.
+    crate::apiserver::install()
 }
