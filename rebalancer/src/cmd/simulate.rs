@@ -1,11 +1,14 @@
 //! `rebalancer simulate`: run a workload trace on a fixture machine under the rebalancer and
-//! the static / AutoNUMA-like / oracle baselines (see `sim`), or `--generate` a seeded trace.
+//! the static / AutoNUMA-like / oracle baselines (see `sim`), or `--generate` a seeded trace,
+//! or `--machines N`: every trace kind on N generated machines, the tune / held-out measure
+//! (`sim::heldout`).
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 
 use crate::config::Config;
+use crate::sim::heldout::{self, Half};
 use crate::sim::{self, Kind, Policy, SimConfig, Workload};
 use crate::topology::sysfs;
 
@@ -13,11 +16,31 @@ use crate::topology::sysfs;
 pub struct SimulateArgs {
     /// A sysfs tree (directory standing for /sys) or a fixture name under
     /// tests/fixtures/sysfs (epyc-nps4, intel-snc, gpu-nic, kunpeng920, …).
-    #[arg(long, value_name = "DIR|NAME", required_unless_present = "generate")]
+    #[arg(
+        long,
+        value_name = "DIR|NAME",
+        required_unless_present_any = ["generate", "machines"]
+    )]
     pub topology: Option<String>,
     /// The workload trace (JSON, as printed by --generate); "-" reads stdin.
-    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present_any = ["generate", "machines"]
+    )]
     pub workload: Option<PathBuf>,
+    /// Instead of one trace: every trace kind on this many generated machines (seeds from
+    /// --first-machine), Static, Rebalancer and Oracle on each, with the share of the
+    /// oracle's gain the rebalancer captures per case and summed per half.
+    #[arg(long, value_name = "N", conflicts_with_all = ["topology", "workload", "generate"])]
+    pub machines: Option<u64>,
+    /// Seed of the first generated machine of --machines.
+    #[arg(long, default_value_t = 1000, requires = "machines")]
+    pub first_machine: u64,
+    /// Which half of --machines to run: even machine seeds are the tune half, odd ones are
+    /// held out.
+    #[arg(long, value_enum, default_value = "both", requires = "machines")]
+    pub half: Half,
     /// Print a generated trace of this kind on stdout instead of simulating.
     #[arg(long, value_enum, value_name = "KIND")]
     pub generate: Option<Kind>,
@@ -49,6 +72,9 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         let w = sim::generate(kind, a.seed);
         println!("{}", serde_json::to_string_pretty(&w)?);
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(n) = a.machines {
+        return sweep(&a, n);
     }
     let (Some(topo_arg), Some(wl)) = (a.topology.as_deref(), a.workload.as_deref()) else {
         bail!("--topology and --workload are required unless --generate is given");
@@ -92,6 +118,33 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     }
     if a.moves || a.attribute {
         diagnose(&topo, &name, &trace, &sc, &report, a.attribute)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--machines`: the tune / held-out measure, one row per case as it finishes (stderr), the
+/// table and the per-half summary on stdout.
+fn sweep(a: &SimulateArgs, n: u64) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(a.config.as_deref())?;
+    let sc = SimConfig {
+        placement: cfg.placement,
+        controller: cfg.controller,
+        ..SimConfig::default()
+    };
+    let mut results = Vec::new();
+    for (case, kind) in heldout::cases(a.first_machine, n, a.half) {
+        let r = heldout::run_case(case, kind, &sc)
+            .with_context(|| format!("machine {} trace {}", case.machine, case.kind))?;
+        eprintln!(
+            "{} {}: static {:.4} rebalancer {:.4} oracle {:.4}",
+            r.machine_name, case.kind, r.static_slowdown, r.rebalancer_slowdown, r.oracle_slowdown
+        );
+        results.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print!("{}", heldout::table(&results));
     }
     Ok(ExitCode::SUCCESS)
 }
