@@ -1503,11 +1503,11 @@ mod tests {
         assert_eq!(cpus.len(), 2, "{cpus}");
         assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), cpus);
         // a quota, when there is one, is the request
-        let q = request(&gp, &ctr("q", &gp, 100_000, 2048, 1 << 30), None)
+        let q = request(&gp, &ctr("b", &gp, 100_000, 2048, 1 << 30), None)
             .unwrap()
             .unwrap();
         assert_eq!(q.pod.containers[0].cpu_request_millis, 1000);
-        let e = request(&gp, &ctr("n", &gp, 0, 0, 1 << 30), None).unwrap_err();
+        let e = request(&gp, &ctr("c", &gp, 0, 0, 1 << 30), None).unwrap_err();
         assert!(e.contains("no CPU quota or shares"), "{e}");
         // pod-level totals the same way
         let totals = api::LinuxResources {

@@ -167,7 +167,9 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     let live: Vec<String> = live.into_iter().collect();
     let mut out: Vec<WatchOutcome> = gone.iter().map(|g| removed(adm, g)).collect();
     out.extend(policy::pods_gone(adm, &live));
-    for rel in &live {
+    // refused ones stay refused (and fenced) until they go: not asked again every period
+    let refused = adm.daemon.lock().refused.clone();
+    for rel in live.iter().filter(|r| !refused.contains(*r)) {
         match retry.created(adm, cgroups, rel, Instant::now()) {
             WatchOutcome::Ignored | WatchOutcome::NotReady { .. } => {}
             o => out.push(o),
