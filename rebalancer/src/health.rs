@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn silence_past_the_limit_is_death_and_stopping_is_not() {
-        // Seen at chosen instants (REVIEW7 T10): no sleep, so no preemption between a beat and
+        // Seen at chosen instants: no sleep, so no preemption between a beat and
         // a look can pass for silence, and the silence is real however slow the machine.
         let ms = Duration::from_millis;
         let h = Health::default();

@@ -264,7 +264,7 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
-    // helper-25: but not twice in a row. That fix came 10 s after the move before it; when
+    // But not twice in a row. That fix came 10 s after the move before it; when
     // the thread flips back, the next waits for its cooldown (a tenant flipping its affinity
     // every round would have its memory migrated back and forth every round).
     let mut st = st;
@@ -291,7 +291,7 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
-    // helper-27: our move left its mems wide (0-3) with its memory meant for node 1, where
+    // Our move left its mems wide (0-3) with its memory meant for node 1, where
     // its threads may run; the tenant pulled the memory back to node 0 with its own memory
     // policy. Not bound where it may not run: the cooldown holds.
     let mut st = moved_at("w", 95_000);
