@@ -19,9 +19,12 @@ pub struct SimulateArgs {
     #[arg(
         long,
         value_name = "DIR|NAME",
-        required_unless_present_any = ["generate", "machines"]
+        required_unless_present_any = ["generate", "machines", "machine"]
     )]
     pub topology: Option<String>,
+    /// Instead of --topology: the generated machine of this seed (see --machines).
+    #[arg(long, value_name = "SEED", conflicts_with = "topology")]
+    pub machine: Option<u64>,
     /// The workload trace (JSON, as printed by --generate); "-" reads stdin.
     #[arg(
         long,
@@ -76,19 +79,35 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = a.machines {
         return sweep(&a, n);
     }
-    let (Some(topo_arg), Some(wl)) = (a.topology.as_deref(), a.workload.as_deref()) else {
-        bail!("--topology and --workload are required unless --generate is given");
+    let Some(wl) = a.workload.as_deref() else {
+        bail!("--workload is required unless --generate or --machines is given");
     };
-    let root = fixture_dir(topo_arg)?;
-    let topo =
-        sysfs::read(&root).with_context(|| format!("reading topology under {}", root.display()))?;
+    let (topo, name) = match (a.topology.as_deref(), a.machine) {
+        (_, Some(seed)) => {
+            let m = sim::machines::machine(seed);
+            (m.topology, m.name)
+        }
+        (Some(arg), None) => {
+            let root = fixture_dir(arg)?;
+            let topo = sysfs::read(&root)
+                .with_context(|| format!("reading topology under {}", root.display()))?;
+            let name = Path::new(arg)
+                .file_name()
+                .map_or(arg.to_string(), |n| n.to_string_lossy().into_owned());
+            (topo, name)
+        }
+        (None, None) => bail!("--topology or --machine is required unless --generate is given"),
+    };
     let text = if wl == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading the workload from stdin")?
     } else {
         std::fs::read_to_string(wl).with_context(|| format!("reading {}", wl.display()))?
     };
     let trace = Workload::from_json(&text).with_context(|| format!("in {}", wl.display()))?;
-    let cfg = Config::load(a.config.as_deref())?;
+    let mut cfg = Config::load(a.config.as_deref())?;
+    // A machine with more nodes than kubelet's default limit: as its operator would, raise it.
+    let limit = &mut cfg.placement.max_allowable_numa_nodes;
+    *limit = (*limit).max(topo.nodes.len() as u32);
     let sc = SimConfig {
         placement: cfg.placement,
         controller: cfg.controller,
@@ -107,9 +126,6 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         a.policy.clone()
     };
     policies.dedup();
-    let name = Path::new(topo_arg)
-        .file_name()
-        .map_or(topo_arg.to_string(), |n| n.to_string_lossy().into_owned());
     let report = sim::simulate(&topo, &name, &trace, &sc, &policies)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
