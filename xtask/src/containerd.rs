@@ -57,7 +57,7 @@ pub fn install() -> Result<()> {
     let debs = dir.join("debs");
     let _ = fs::remove_dir_all(&debs);
     fs::create_dir_all(&debs)?;
-    let apt = private_apt(&dir)?;
+    let apt = private_apt(&dir, &["bookworm", "trixie"])?;
     for (suite, pkg) in PACKAGES {
         sh(Command::new("apt-get").args(&apt).current_dir(&debs).args([
             "download",
@@ -97,9 +97,9 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
-/// apt options for a private source list (bookworm and trixie): its own lists and cache, so
+/// apt options for a private source list (the Debian `suites`): its own lists and cache, so
 /// the host's apt configuration and state stay as they are. Runs `apt-get update` on it.
-pub(crate) fn private_apt(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn private_apt(dir: &Path, suites: &[&str]) -> Result<Vec<String>> {
     let apt = dir.join("apt");
     for d in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(apt.join(d))?;
@@ -116,11 +116,12 @@ pub(crate) fn private_apt(dir: &Path) -> Result<Vec<String>> {
     let list = apt.join("sources.list");
     fs::write(
         &list,
-        ["bookworm", "trixie"]
+        suites
+            .iter()
             .map(|suite| {
                 format!("deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {uri} {suite} main\n")
             })
-            .concat(),
+            .collect::<String>(),
     )?;
     let opts: Vec<String> = [
         format!("Dir::Etc::sourcelist={}", list.display()),

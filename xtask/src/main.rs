@@ -10,6 +10,7 @@
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
 //! - `fuzz`: every cargo-fuzz target briefly, from its committed corpus (see fuzz.rs).
+mod apiserver;
 mod containerd;
 mod fuzz;
 mod image;
@@ -70,7 +71,7 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Setup => setup::all(),
+        Cmd::Setup => setup::all()?.wait(),
         Cmd::EbpfOverhead(a) => overhead::run(a),
         Cmd::BuildEbpf => build_ebpf().map(drop),
         Cmd::Image => image::build().map(drop),
@@ -153,9 +154,12 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         let total: f64 = steps.iter().map(|(_, s)| s).sum();
         steps.push((name, t0.elapsed().as_secs_f64() - total));
     };
-    if !no_setup {
-        setup::all()?;
-    }
+    // The API server's Go build runs while fmt, the eBPF object and clippy do.
+    let server = if no_setup {
+        apiserver::Build::done()
+    } else {
+        setup::all()?
+    };
     lap("setup", &mut steps);
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
     // The alerting rules: valid, and firing (and not) as their unit tests say.
@@ -182,10 +186,15 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         let log = fuzz_log.clone();
         std::thread::spawn(move || fuzz::build(Some(&log)))
     };
-    // The NRI root test must find the containerd that setup installed, not skip.
+    server.wait()?;
+    lap("API server build (rest of)", &mut steps);
+    // The NRI and NodeResourceTopology root tests must find the containerd and API server
+    // that setup installed, not skip.
     let host = sh(cargo()
         .args(["test", "--", "--test-threads=1"])
-        .env("REBALANCER_REQUIRE_CONTAINERD", "1"));
+        .env("REBALANCER_REQUIRE_CONTAINERD", "1")
+        .env("REBALANCER_REQUIRE_APISERVER", "1")
+        .env("REBALANCER_APISERVER_DIR", apiserver::dir()));
     let fuzz_built = fuzz_build.join().expect("fuzz build thread");
     host?;
     fuzz_built.with_context(|| format!("fuzz build; its log: {}", fuzz_log.display()))?;

@@ -52,7 +52,8 @@ pub fn ebpf_nightly() -> Result<String> {
         .with_context(|| format!("no `channel = \"...\"` in {}", f.display()))
 }
 
-pub fn all() -> Result<()> {
+/// Installs everything; the API server's Go build may still be running when it returns.
+pub fn all() -> Result<crate::apiserver::Build> {
     let nightly = ebpf_nightly()?;
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
     if !toolchains.lines().any(|l| l.starts_with(&nightly)) {
@@ -101,5 +102,6 @@ pub fn all() -> Result<()> {
     ])?;
     // containerd + runc + a test image for the NRI tests, in the project's own folder.
     crate::containerd::install()?;
-    Ok(())
+    // etcd + apiextensions-apiserver for the NodeResourceTopology export test.
+    crate::apiserver::install()
 }

@@ -96,7 +96,7 @@ pub fn kernel(suite: &str) -> Result<PathBuf> {
     let apt = if suite == "bookworm" {
         Vec::new()
     } else {
-        crate::containerd::private_apt(&dir)?
+        crate::containerd::private_apt(&dir, &["bookworm", "trixie"])?
     };
     let pkg = kernel_package(&apt, suite)?;
     let dl = dir.join("download");
