@@ -433,13 +433,11 @@ pub struct ControllerConfig {
     /// Move Guaranteed (exclusive-CPU) containers too (as whole cores).
     pub move_exclusive: bool,
     /// A node at or above this CPU busy fraction is overloaded: its workloads become candidates
-    /// (those `relief` allows) and no move may push a node past it — except a relief move that takes contention away
+    /// (a relief move takes one to a node with room) and no move may push a node past it — except a relief move that takes contention away
     /// and leaves the node less pressed (runnable per CPU) than the most pressed node it
     /// leaves, where run queues (`ebpf::runq`) and the workload's own wait (`own_wait`) are
     /// measured.
     pub overload_busy: f64,
-    /// Which workloads on overloaded nodes a relief move may take away (see [`Relief`]).
-    pub relief: Relief,
     /// Measure each workload's own wait on the run queues (`crate::runwait`: its threads'
     /// `run_delay`, summed per cgroup each round), so its demand on a crowded node is what it
     /// wants, not an estimate from its node's queue.
@@ -458,29 +456,6 @@ pub struct ControllerConfig {
     /// minor fault per written page per period; needs CONFIG_MEM_SOFT_DIRTY (checked at start,
     /// skipped with the reason in `status` where absent).
     pub written_pages: bool,
-}
-
-/// Which workloads a relief move (trigger: most of its CPU time on overloaded nodes while
-/// another node has room) may take off an overloaded node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Relief {
-    /// None: a move only for locality or threads crossing nodes.
-    Off,
-    /// Only a workload the rebalancer has moved before (`CgroupState::moves`): where its own
-    /// move put a workload, it keeps it from contention. A workload still where admission
-    /// placed it stays (skipped as `no-relief`): in the simulator such moves pay on the sum
-    /// of runs but made 27 of 360 runs (six machines) slower than never moving, and what
-    /// separates them is the other workloads' next phases, which nothing measured before the
-    /// move tells (BENCHMARKS.md, "Relief only where the rebalancer placed a workload"). With
-    /// relief only here no run of 720 was slower than Static, Kubelet or AutoNUMA. "Moved before"
-    /// is the controller state's count: kept in the checkpoint, lost with the cgroup's state
-    /// (a round it is not observed in, a checkpoint that cannot be used), kept after an
-    /// operator's re-pin; a dry run moves nothing, so it never shows such relief.
-    #[default]
-    Moved,
-    /// Any workload (the most relief on the sum of runs, and some runs slower than Static).
-    All,
 }
 
 /// Coexistence with the kernel's own NUMA balancing.
@@ -514,7 +489,6 @@ impl Default for ControllerConfig {
             admission_load_periods: 0,
             move_exclusive: false,
             overload_busy: 0.9,
-            relief: Relief::Moved,
             own_wait: true,
             autonuma: AutoNuma::Warn,
             cross_node_migration_cost_us: 50.0,

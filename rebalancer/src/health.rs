@@ -35,6 +35,12 @@ enum State {
         reason: String,
         since: Instant,
     },
+    /// Not doing its job but still working around it (see [`Reporter::failing`]): unhealthy,
+    /// yet no reason to restart the daemon.
+    Failing {
+        reason: String,
+        since: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -60,6 +66,9 @@ pub struct Dead {
     pub component: String,
     pub reason: String,
     pub for_: Duration,
+    /// Whether a restart is the cure (false: a failing component that works around it, where
+    /// a restart would fail the same way).
+    pub restart: bool,
 }
 
 impl Health {
@@ -135,6 +144,13 @@ impl Health {
                     component: name.clone(),
                     reason: reason.clone(),
                     for_: now.duration_since(*since),
+                    restart: true,
+                }),
+                State::Failing { reason, since } => Some(Dead {
+                    component: name.clone(),
+                    reason: reason.clone(),
+                    for_: now.duration_since(*since),
+                    restart: false,
                 }),
                 State::Running => {
                     let silent = now.duration_since(c.last_beat);
@@ -142,6 +158,7 @@ impl Health {
                         component: name.clone(),
                         reason: format!("no progress for {silent:.1?} (limit {m:?})"),
                         for_: silent - m,
+                        restart: true,
                     })
                 }
                 State::Stopped => None,
@@ -223,6 +240,39 @@ impl Reporter {
         }
     }
 
+    /// The component fails for `reason` but keeps running a fallback (unhealthy in /healthz,
+    /// never a restart: the cause is outside the daemon). A new reason replaces the old one.
+    pub fn failing(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        if let Some(c) = self.health.lock().get_mut(&self.name) {
+            match &mut c.state {
+                State::Failing { reason: r, .. } => *r = reason,
+                State::Running => {
+                    c.state = State::Failing {
+                        reason,
+                        since: Instant::now(),
+                    }
+                }
+                State::Dead { .. } | State::Stopped => {}
+            }
+        }
+        self.health.set_up(&self.name, false);
+    }
+
+    /// A failing component works again.
+    pub fn recovered(&self) {
+        let mut up = false;
+        if let Some(c) = self.health.lock().get_mut(&self.name) {
+            if matches!(c.state, State::Failing { .. }) {
+                c.state = State::Running;
+            }
+            up = c.state == State::Running;
+        }
+        if up {
+            self.health.set_up(&self.name, true);
+        }
+    }
+
     /// The component failed and stops: dead with `reason`.
     pub fn failed(mut self, reason: impl Into<String>) {
         self.done = true;
@@ -273,6 +323,32 @@ mod tests {
         .get()
     }
 
+    /// A failing component (a fallback running) is unhealthy with its reason, but not one a
+    /// restart cures; recovered, it is healthy again. A dead one stays dead.
+    #[test]
+    fn a_failing_component_is_unhealthy_but_no_restart_and_recovers() {
+        let h = Health::default();
+        let r = h.register("inotify", None);
+        r.failing("no inotify instance left");
+        let d = h.dead();
+        assert_eq!(d.len(), 1);
+        assert!(!d[0].restart);
+        assert_eq!(up(&h, "inotify"), 0);
+        let text = h.report().unwrap_err();
+        assert!(text.contains("inotify: no inotify instance left"), "{text}");
+        r.failing("no inotify watch left");
+        assert!(h.report().unwrap_err().contains("watch left"));
+        r.recovered();
+        assert_eq!(h.report(), Ok("ok\n".into()));
+        assert_eq!(up(&h, "inotify"), 1);
+        let k = h.register("watcher", None);
+        drop(k);
+        assert!(h.dead()[0].restart);
+        let k = h.register("watcher", None);
+        k.failed("gone");
+        assert!(h.dead().iter().all(|d| d.restart));
+    }
+
     #[test]
     fn a_panicked_or_returned_thread_is_dead_and_named() {
         let h = Health::default();
@@ -295,7 +371,7 @@ mod tests {
 
     #[test]
     fn silence_past_the_limit_is_death_and_stopping_is_not() {
-        // Seen at chosen instants (REVIEW7 T10): no sleep, so no preemption between a beat and
+        // Seen at chosen instants: no sleep, so no preemption between a beat and
         // a look can pass for silence, and the silence is real however slow the machine.
         let ms = Duration::from_millis;
         let h = Health::default();

@@ -237,7 +237,7 @@ fn per_cgroup_maps_hold_one_value_per_entry() {
     eprintln!("per-cgroup maps (name, type, memlock bytes): {maps:?}");
 }
 
-/// helper-17: an LRU map evicts one (cgroup, node) entry of a cgroup; the cgroup's counts must
+/// An LRU map evicts one (cgroup, node) entry of a cgroup; the cgroup's counts must
 /// not go back (the next period would read 0 for its other nodes, or with a "reset" rule their
 /// lifetime), and the entry made again counts from 0.
 #[test]
@@ -270,7 +270,7 @@ fn an_evicted_entry_takes_no_counts_back() {
         3,
         "the entry made again counts from 0"
     );
-    // helper-18: out of the watch list for one read (its entries deleted, the engine forgets
+    // Out of the watch list for one read (its entries deleted, the engine forgets
     // its baseline), then watched again: it counts from then, not its lifetime.
     sampler
         .watch_only(&Default::default(), &[])
@@ -632,11 +632,11 @@ fn sync_cpus_closes_and_reopens_a_cpus_perf_events() {
     assert!(moved(&sampler, 1) >= 10, "CPU 1 not sampled again");
 }
 
-/// helper-15: any cgroup's events created map entries, so a tenant with many cgroups could
+/// Any cgroup's events created map entries, so a tenant with many cgroups could
 /// keep the LRU maps full and evict a managed workload's counters. Once the daemon names its
 /// cgroups (`watch_only`), only they are counted: a busy cgroup outside the list creates no
 /// entry and its events are counted as `unwatched`; a watched one is read as before, with the
-/// time of a cgroup below it (listed under its id: helper-15 M3, a container whose processes
+/// time of a cgroup below it (listed under its id: a container whose processes
 /// live in a sub-cgroup read as idle) added to its own; a cgroup dropped from the list has its
 /// entries deleted at the next read.
 #[test]

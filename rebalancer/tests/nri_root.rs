@@ -794,3 +794,78 @@ fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
     assert_eq!(a.live_cpus(), a_cpus);
     ctd.remove_pods();
 }
+
+/// A dry run under single-numa-node on a 4-node topology (fixture): the pod it would refuse
+/// (21 CPUs fit no node of 20) starts, untouched — its cpuset is the runtime's (every CPU of
+/// the machine, from its first instruction and in the runtime's spec), nothing is booked, and
+/// the refusal it would have made is logged and counted.
+#[test]
+fn a_dry_run_lets_a_pod_it_would_refuse_start_untouched() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let mut ctd = Containerd::start(&install);
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    let fixture = workspace().join("tests/fixtures/sysfs/intel-snc");
+    let d = nri_daemon(
+        &ctd.nri_sock(),
+        &format!("sysfs_root = \"{}\"\ndry_run = true", fixture.display()),
+        "[placement]\npolicy = \"single-numa-node\"\n",
+    );
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let wide = ctd.pod("unaligned", "guaranteed");
+    let w = ctd
+        .container(
+            &wide,
+            "wide",
+            serde_json::json!({"cpu_quota": 2_100_000, "cpu_period": 100000, "cpu_shares": 21 * 1024, "memory_limit": 67108864}),
+        )
+        .unwrap_or_else(|e| panic!("a dry run refused CreateContainer: {e}\n{}", d.log_text()));
+    let (cpus, _) = w.first_print();
+    assert_eq!(cpus, all, "the container runs where the runtime put it");
+    assert_eq!(w.live_cpus(), all);
+    assert!(d.status()["pods"].as_array().is_some_and(|p| p.is_empty()));
+    assert_eq!(d.metric("rebalancer_dry_run_refusals_total"), Some(1.0));
+    let log = d.log_text();
+    assert!(
+        log.contains("dry run: CreateContainer would be refused") && log.contains("SingleNumaNode"),
+        "{log}"
+    );
+    ctd.remove_pods();
+}
+
+/// kubelet with `cpuCFSQuota: false`: a Guaranteed container created with `cpu_quota = 0`
+/// and `cpu_shares = 2048` asks for 2 CPUs through its shares and runs, from its first
+/// instruction, on 2 CPUs the daemon gives it exclusively.
+#[test]
+fn a_guaranteed_container_without_a_cfs_quota_runs_on_exclusive_cpus() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    if all.len() < 2 {
+        println!("SKIP: 2 exclusive CPUs need 2 CPUs, this machine has {all}");
+        return;
+    }
+    let mut ctd = Containerd::start(&install);
+    let d = nri_daemon(&ctd.nri_sock(), "", "");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let gp = ctd.pod("no-quota", "guaranteed");
+    let g = ctd
+        .container(
+            &gp,
+            "g",
+            res(r#"{"cpu_quota":0,"cpu_period":100000,"cpu_shares":2048,"memory_limit":67108864}"#),
+        )
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", d.log_text()));
+    let (cpus, mems) = g.first_print();
+    assert_eq!(cpus.len(), 2, "{cpus}");
+    let (dc, dm, excl) = decision(&d, &g.id).expect("admitted");
+    assert_eq!((&cpus, &mems, excl), (&dc, &dm, true));
+    let excl_cpus: CpuSet = serde_json::from_value(d.status()["exclusive_cpus"].clone()).unwrap();
+    assert_eq!(excl_cpus, cpus, "the books give it its CPUs exclusively");
+    assert_eq!(g.live_cpus(), cpus);
+    ctd.remove_pods();
+}

@@ -6,6 +6,9 @@
 //! be handed out again). A restart reconciles from the checkpoint without double allocation.
 //! Under `placement.scope = "pod"` a pod's containers, made one at a time, share the affinity
 //! computed from the pod cgroup's limits, and the pod's remaining CPUs are held for them.
+//! With every inotify instance of its user taken (by another process of the same uid, under a
+//! lowered `fs.inotify.max_user_instances`), the daemon reports it in /healthz and still places
+//! new containers within two control periods, and recovers once an instance is free.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -48,6 +51,16 @@ fn start_daemon(dir: &Path, kubernetes_root: &str) -> Child {
 
 /// [`start_daemon`] with `extra` appended to the config file (more sections).
 fn start_daemon_with(dir: &Path, kubernetes_root: &str, extra: &str) -> Child {
+    start_daemon_every(dir, kubernetes_root, extra, 60_000).0
+}
+
+/// [`start_daemon_with`] with a control period of `period_ms`; the child and its metrics port.
+fn start_daemon_every(
+    dir: &Path,
+    kubernetes_root: &str,
+    extra: &str,
+    period_ms: u64,
+) -> (Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -57,7 +70,7 @@ fn start_daemon_with(dir: &Path, kubernetes_root: &str, extra: &str) -> Child {
     std::fs::write(
         &cfg,
         format!(
-            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = 60000\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n[cgroups]\nkubernetes_root = \"/{kubernetes_root}\"\n{extra}",
+            "[daemon]\nstate_dir = \"{0}/state\"\n[ebpf]\nenabled = false\n[controller]\nperiod_ms = {period_ms}\n[server]\nsocket = \"{0}/s.sock\"\nmetrics_listen = \"127.0.0.1:{port}\"\n[cgroups]\nkubernetes_root = \"/{kubernetes_root}\"\n{extra}",
             dir.display()
         ),
     )
@@ -75,7 +88,7 @@ fn start_daemon_with(dir: &Path, kubernetes_root: &str, extra: &str) -> Child {
         assert!(Instant::now() < deadline, "daemon did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    (child, port)
 }
 
 /// Polls until `file` reads non-empty; returns the time it took.
@@ -481,4 +494,196 @@ fn pod_scope_holds_the_pods_cpus_for_its_containers() {
         assert!(Instant::now() < deadline, "pod P never released: {v}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Every inotify instance root may have, held by this process (another process of the
+/// daemon's uid, as a uid-0 tenant container would): `fs.inotify.max_user_instances` lowered
+/// to a few while held. Dropped: the limit restored and the instances closed.
+struct InotifyHog {
+    prev: Option<String>,
+    fds: Vec<i32>,
+}
+
+const MAX_USER_INSTANCES: &str = "/proc/sys/fs/inotify/max_user_instances";
+
+impl InotifyHog {
+    fn take_all(limit: u32) -> InotifyHog {
+        let prev = std::fs::read_to_string(MAX_USER_INSTANCES).unwrap();
+        std::fs::write(MAX_USER_INSTANCES, limit.to_string()).unwrap();
+        let mut hog = InotifyHog {
+            prev: Some(prev),
+            fds: Vec::new(),
+        };
+        loop {
+            let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+                break;
+            }
+            hog.fds.push(fd);
+            assert!(
+                hog.fds.len() <= limit as usize,
+                "the per-user limit did not hold"
+            );
+        }
+        hog
+    }
+
+    /// The limit back as it was (the instances still held).
+    fn restore(&mut self) {
+        if let Some(prev) = self.prev.take() {
+            let _ = std::fs::write(MAX_USER_INSTANCES, prev.trim());
+        }
+    }
+}
+
+impl Drop for InotifyHog {
+    fn drop(&mut self) {
+        self.restore();
+        for fd in self.fds.drain(..) {
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// /healthz on the metrics port: (status code, body).
+fn healthz(port: u16) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        s,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body.to_string())
+}
+
+/// A process of the daemon's uid holds every inotify instance the user may have when the
+/// daemon starts: its watcher cannot start. /healthz turns non-200 naming the cause, the
+/// daemon does not exit, and a new container is still placed — by the reconcile of each
+/// control period — within two periods. Once an instance can be had again, the watcher
+/// starts, /healthz is 200, and containers are placed at once again.
+#[test]
+fn without_inotify_instances_health_fails_and_containers_are_still_placed() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: no cgroups");
+        return;
+    };
+    let Ok((root, version)) = cg
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, v)| (p.to_path_buf(), v))
+    else {
+        println!("SKIP: no cpuset controller");
+        return;
+    };
+    if !Path::new(MAX_USER_INSTANCES).exists() {
+        println!("SKIP: no {MAX_USER_INSTANCES}");
+        return;
+    }
+    if version == Version::V2 {
+        let _ = cg.enable_cpuset_v2("");
+    }
+    let top = format!("rbt-inotify-{}", std::process::id());
+    let kube = format!("{top}/kubepods");
+    let all = cg.effective_cpus("").unwrap();
+    let mems = cg.effective_mems("").unwrap();
+    let mut clean = Cleanup {
+        dirs: Vec::new(),
+        daemon: None,
+    };
+    let uid = format!("0000eeee-bbbb-cccc-dddd-{:012}", std::process::id());
+    let pod = format!("{kube}/besteffort/pod{uid}");
+    for rel in [top.as_str(), &kube, &format!("{kube}/besteffort"), &pod] {
+        cg.create_cpuset(rel, &all, &mems).expect("create parent");
+        if version == Version::V2 {
+            let _ = cg.enable_cpuset_v2(rel);
+        }
+        clean.dirs.push(root.join(rel));
+    }
+    let period = Duration::from_millis(1000);
+    let mut hog = InotifyHog::take_all(16);
+    println!("holding {} inotify instances", hog.fds.len());
+    let state = tempfile::tempdir().unwrap();
+    let (child, port) = start_daemon_every(state.path(), &kube, "", period.as_millis() as u64);
+    clean.daemon = Some(child);
+    let t0 = Instant::now();
+    let (code, body) = loop {
+        let (code, body) = healthz(port);
+        if code != 200 && code != 0 {
+            break (code, body);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "/healthz stayed {code}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!("/healthz without inotify: {code} {}", body.trim());
+    assert!(
+        body.contains("inotify") && body.contains("max_user_instances"),
+        "{body}"
+    );
+
+    // A new container: placed by a period's reconcile, within two periods.
+    let c_dir = root.join(&pod).join("c".repeat(64));
+    let t1 = Instant::now();
+    std::fs::create_dir(&c_dir).unwrap();
+    clean.dirs.push(c_dir.clone());
+    let lat = wait_written(&c_dir.join("cpuset.cpus"), t1)
+        .expect("a container made without inotify was never placed");
+    println!(
+        "placed without inotify {:.0} ms after mkdir",
+        lat.as_secs_f64() * 1e3
+    );
+    assert!(
+        lat <= 2 * period,
+        "placed after {lat:?}, more than two periods"
+    );
+    let alive = clean.daemon.as_mut().unwrap().try_wait().unwrap().is_none();
+    assert!(alive, "the daemon exited for want of inotify");
+    assert_eq!(healthz(port).0, 503, "still failing while inotify is short");
+
+    // An instance can be had again: the watcher starts within a period or two.
+    hog.restore();
+    let t2 = Instant::now();
+    while healthz(port).0 != 200 {
+        assert!(
+            t2.elapsed() < 3 * period,
+            "/healthz never recovered: {:?}",
+            healthz(port)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "healthy again {:.0} ms after the limit was restored",
+        t2.elapsed().as_secs_f64() * 1e3
+    );
+    drop(hog);
+    let d_dir = root.join(&pod).join("d".repeat(64));
+    let t3 = Instant::now();
+    std::fs::create_dir(&d_dir).unwrap();
+    clean.dirs.push(d_dir.clone());
+    let lat = wait_written(&d_dir.join("cpuset.cpus"), t3).expect("never placed with inotify");
+    println!(
+        "placed with inotify again {:.1} ms after mkdir",
+        lat.as_secs_f64() * 1e3
+    );
 }

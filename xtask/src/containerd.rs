@@ -20,7 +20,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::sh;
 
@@ -155,71 +155,12 @@ fn build_image(busybox: &Path, out: &Path) -> Result<()> {
     ] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
     }
-    let blobs = work.join("layout/blobs/sha256");
-    fs::create_dir_all(&blobs)?;
-    let layer = work.join("layer.tar");
-    sh(Command::new("tar")
-        .args([
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "--mtime=@0",
-            "--sort=name",
-        ])
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&layer)
-        .arg("."))?;
-    let layer_sha = sha256(&layer)?;
-    let layer_size = fs::metadata(&layer)?.len();
-    fs::rename(&layer, blobs.join(&layer_sha))?;
-    let config = format!(
-        r#"{{"architecture":"amd64","os":"linux","config":{{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","infinity"]}},"rootfs":{{"type":"layers","diff_ids":["sha256:{layer_sha}"]}}}}"#
-    );
-    let (config_sha, config_size) = blob(&blobs, config.as_bytes())?;
-    let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:{config_sha}","size":{config_size}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:{layer_sha}","size":{layer_size}}}]}}"#
-    );
-    let (manifest_sha, manifest_size) = blob(&blobs, manifest.as_bytes())?;
-    let layout = work.join("layout");
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    crate::oci::archive(
+        &rootfs,
+        r#"{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","infinity"]}"#,
+        IMAGE,
+        &out.join("rb-busybox.oci.tar"),
     )?;
-    fs::write(
-        layout.join("index.json"),
-        format!(
-            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{manifest_sha}","size":{manifest_size},"annotations":{{"io.containerd.image.name":"{IMAGE}","org.opencontainers.image.ref.name":"test"}}}}]}}"#
-        ),
-    )?;
-    sh(Command::new("tar")
-        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
-        .arg(&layout)
-        .arg("-cf")
-        .arg(out.join("rb-busybox.oci.tar"))
-        .args(["oci-layout", "index.json", "blobs"]))?;
     fs::remove_dir_all(&work)?;
     Ok(())
-}
-
-fn blob(dir: &Path, bytes: &[u8]) -> Result<(String, usize)> {
-    let tmp = dir.join("tmp");
-    fs::write(&tmp, bytes)?;
-    let sha = sha256(&tmp)?;
-    fs::rename(&tmp, dir.join(&sha))?;
-    Ok((sha, bytes.len()))
-}
-
-fn sha256(p: &Path) -> Result<String> {
-    let out = Command::new("sha256sum")
-        .arg(p)
-        .output()
-        .context("running sha256sum")?;
-    let s = String::from_utf8(out.stdout)?;
-    s.split_whitespace()
-        .next()
-        .map(str::to_string)
-        .filter(|h| h.len() == 64)
-        .with_context(|| format!("sha256sum {}: {s:?}", p.display()))
 }

@@ -12,8 +12,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::{root, sh};
 
-/// `rustup run nightly cargo …` in the repo root, clean of the outer (stable) cargo's env.
-fn nightly_cargo() -> Command {
+/// `rustup run <pinned nightly> cargo …` in the repo root, clean of the outer (stable) cargo's env.
+fn nightly_cargo() -> Result<Command> {
+    let nightly = crate::setup::ebpf_nightly()?;
     let mut c = Command::new("rustup");
     c.current_dir(root())
         .env_remove("RUSTUP_TOOLCHAIN")
@@ -22,18 +23,18 @@ fn nightly_cargo() -> Command {
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("CARGO")
         .env("REBALANCER_NO_EBPF", "1")
-        .args(["run", "nightly", "cargo"]);
-    c
+        .args(["run", &nightly, "cargo"]);
+    Ok(c)
 }
 
 fn ensure_cargo_fuzz() -> Result<()> {
-    let have = nightly_cargo()
+    let have = nightly_cargo()?
         .args(["fuzz", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !have {
         crate::setup::all()?;
-        sh(nightly_cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+        sh(nightly_cargo()?.args(["install", "cargo-fuzz", "--locked"]))?;
     }
     Ok(())
 }
@@ -54,7 +55,23 @@ fn targets(fuzz_dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Builds all targets once, then runs each (or those named) for `seconds`.
+/// Builds every target (what `run` then runs); with `log`, its output goes there instead of
+/// the terminal (when it runs alongside the host tests).
+pub fn build(log: Option<&Path>) -> Result<()> {
+    ensure_cargo_fuzz()?;
+    let mut c = nightly_cargo()?;
+    c.args(["fuzz", "build"]).args(FLAGS);
+    if let Some(log) = log {
+        let f =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        c.stdout(f.try_clone()?).stderr(f);
+    }
+    sh(&mut c)
+}
+
+const FLAGS: [&str; 3] = ["--sanitizer", "none", "--debug-assertions"];
+
+/// Builds all targets (a no-op when `build` ran), then runs each (or those named) for `seconds`.
 pub fn run(seconds: u64, only: &[String]) -> Result<()> {
     let fuzz_dir = root().join("fuzz");
     let all = targets(&fuzz_dir)?;
@@ -67,18 +84,16 @@ pub fn run(seconds: u64, only: &[String]) -> Result<()> {
         .iter()
         .filter(|t| only.is_empty() || only.contains(t))
         .collect();
-    ensure_cargo_fuzz()?;
-    let flags = ["--sanitizer", "none", "--debug-assertions"];
-    sh(nightly_cargo().args(["fuzz", "build"]).args(flags))?;
+    build(None)?;
     let mut failed = Vec::new();
     for t in chosen {
         let corpus = fuzz_dir.join("corpus").join(t);
         let scratch = fuzz_dir.join("target").join("scratch-corpus").join(t);
         std::fs::create_dir_all(&scratch)
             .with_context(|| format!("creating {}", scratch.display()))?;
-        let mut c = nightly_cargo();
+        let mut c = nightly_cargo()?;
         c.args(["fuzz", "run"])
-            .args(flags)
+            .args(FLAGS)
             .arg(t)
             .arg(&scratch)
             .arg(&corpus)

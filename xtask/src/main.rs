@@ -5,6 +5,7 @@
 //! - `build-ebpf`: builds the eBPF object (release, BTF) into target/bpfel-unknown-none/release.
 //! - `test`: setup, then fmt --check, clippy -D warnings and every test tier.
 //! - `run`: setup, then the daemon with its embedded default config.
+//! - `image`: the daemon's OCI image archive (see image.rs), for `ctr images import`.
 //! - `vm-test`: multi-NUMA guest scenarios under QEMU (see `vm`).
 //! - `vm-bench`: no manager / AutoNUMA / numad / rebalancer side by side in one guest (see
 //!   `vm::bench`); a benchmark, not part of `test`.
@@ -12,6 +13,8 @@
 mod apiserver;
 mod containerd;
 mod fuzz;
+mod image;
+mod oci;
 mod overhead;
 mod setup;
 mod vm;
@@ -51,6 +54,8 @@ enum Cmd {
         #[arg(long = "target")]
         targets: Vec<String>,
     },
+    /// Write the daemon's OCI image archive (static binary + default config; no Docker needed).
+    Image,
     /// Build and run the daemon with the embedded default config (extra args are passed on).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -68,7 +73,8 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Setup => setup::all()?.wait(),
         Cmd::EbpfOverhead(a) => overhead::run(a),
-        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::BuildEbpf => build_ebpf().map(drop),
+        Cmd::Image => image::build().map(drop),
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
         Cmd::VmTest(a) => vm::vm_test(&a),
         Cmd::VmBench(a) => vm::vm_bench(&a),
@@ -107,16 +113,20 @@ pub fn sh(c: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn build_ebpf() -> Result<()> {
+/// Builds the eBPF object (release, BTF) with the pinned nightly, exactly as aya-build does from
+/// rebalancer/build.rs, and returns its path.
+pub fn build_ebpf() -> Result<std::path::PathBuf> {
+    let nightly = setup::ebpf_nightly()?;
     let mut c = Command::new("rustup");
     c.current_dir(root().join("rebalancer-ebpf"))
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
         .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env("CARGO_TARGET_DIR", root().join("target"))
         .args([
             "run",
-            "nightly",
+            &nightly,
             "cargo",
             "build",
             "--release",
@@ -126,31 +136,61 @@ fn build_ebpf() -> Result<()> {
         .args(["--target", "bpfel-unknown-none", "--bin", "rebalancer"])
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+            "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
         );
     sh(&mut c)?;
     let obj = root().join("target/bpfel-unknown-none/release/rebalancer");
     eprintln!("eBPF object: {}", obj.display());
-    Ok(())
+    Ok(obj)
 }
 
+/// Every check, in an order that builds each thing once: the eBPF object once for every
+/// profile (REBALANCER_EBPF_OBJ, see rebalancer/build.rs), the host tests compiled before they
+/// run so the fuzz targets' nightly build can use the core the serial test run leaves idle.
 fn test(no_setup: bool, no_vm: bool) -> Result<()> {
-    // The API server's Go build runs while fmt and clippy do.
+    let t0 = std::time::Instant::now();
+    let mut steps: Vec<(&str, f64)> = Vec::new();
+    let lap = |name, steps: &mut Vec<(&str, f64)>| {
+        let total: f64 = steps.iter().map(|(_, s)| s).sum();
+        steps.push((name, t0.elapsed().as_secs_f64() - total));
+    };
+    // The API server's Go build runs while fmt, the eBPF object and clippy do.
     let server = if no_setup {
         apiserver::Build::done()
     } else {
         setup::all()?
     };
+    lap("setup", &mut steps);
     sh(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    let obj = build_ebpf()?;
+    // Inherited by every cargo below, the guest's musl build included.
+    std::env::set_var("REBALANCER_EBPF_OBJ", &obj);
+    lap("fmt, eBPF object", &mut steps);
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    lap("clippy", &mut steps);
+    sh(cargo().args(["build", "-p", "cri-tool"]))?;
+    // The deployment root test runs this image; the guest tests reuse its musl build.
+    image::build()?;
+    sh(cargo().args(["test", "--no-run"]))?;
+    lap("build host tests", &mut steps);
+    let fuzz_log = root().join("target/fuzz-build.log");
+    let fuzz_build = {
+        let log = fuzz_log.clone();
+        std::thread::spawn(move || fuzz::build(Some(&log)))
+    };
     server.wait()?;
+    lap("API server build (rest of)", &mut steps);
     // The NRI and NodeResourceTopology root tests must find the containerd and API server
     // that setup installed, not skip.
-    sh(cargo()
+    let host = sh(cargo()
         .args(["test", "--", "--test-threads=1"])
         .env("REBALANCER_REQUIRE_CONTAINERD", "1")
         .env("REBALANCER_REQUIRE_APISERVER", "1")
-        .env("REBALANCER_APISERVER_DIR", apiserver::dir()))?;
+        .env("REBALANCER_APISERVER_DIR", apiserver::dir()));
+    let fuzz_built = fuzz_build.join().expect("fuzz build thread");
+    host?;
+    fuzz_built.with_context(|| format!("fuzz build; its log: {}", fuzz_log.display()))?;
+    lap("run host tests (fuzz build alongside)", &mut steps);
     if no_vm {
         eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
     } else {
@@ -160,7 +200,13 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         vm::vm_test(&vm::VmTestArgs::default())?;
         vm::selftest()?;
     }
+    lap("guest tests", &mut steps);
     eprintln!("xtask test: every fuzz target briefly, from its committed corpus");
     fuzz::run(5, &[])?;
+    lap("fuzz runs", &mut steps);
+    eprintln!("xtask test: passed in {:.0}s", t0.elapsed().as_secs_f64());
+    for (name, secs) in &steps {
+        eprintln!("  {secs:>6.0}s  {name}");
+    }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Idempotent installation of build and test prerequisites on a fresh machine.
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::sh;
 
@@ -39,14 +39,28 @@ pub fn apt(pkgs: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// The nightly the eBPF crate builds with: `channel` of rebalancer-ebpf/rust-toolchain.toml
+/// (pinned to the bpf-linker's LLVM). The fuzz targets use it too.
+pub fn ebpf_nightly() -> Result<String> {
+    let f = crate::root().join("rebalancer-ebpf/rust-toolchain.toml");
+    let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+    text.lines()
+        .find_map(|l| {
+            let v = l.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+            Some(v.trim().trim_matches('"').to_string())
+        })
+        .with_context(|| format!("no `channel = \"...\"` in {}", f.display()))
+}
+
 /// Installs everything; the API server's Go build may still be running when it returns.
 pub fn all() -> Result<crate::apiserver::Build> {
+    let nightly = ebpf_nightly()?;
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"]));
-    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+    if !toolchains.lines().any(|l| l.starts_with(&nightly)) {
         sh(Command::new("rustup").args([
             "toolchain",
             "install",
-            "nightly",
+            &nightly,
             "--profile",
             "minimal",
             "--component",
@@ -58,16 +72,10 @@ pub fn all() -> Result<crate::apiserver::Build> {
         "list",
         "--installed",
         "--toolchain",
-        "nightly",
+        &nightly,
     ]));
     if !comps.lines().any(|l| l.starts_with("rust-src")) {
-        sh(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
+        sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &nightly]))?;
     }
     let stable = output(Command::new("rustup").args(["component", "list", "--installed"]));
     for comp in ["rustfmt", "clippy"] {

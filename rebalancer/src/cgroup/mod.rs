@@ -15,9 +15,8 @@
 //! and so returns empty effective sets; creating a cgroup writes every controller of the parent
 //! into `cgroup.subtree_control`; its readers turn read errors into empty defaults (an empty
 //! cpuset looks like a valid answer — exactly what our invariants forbid); and it finds mounts
-//! from the global `/proc/self/mountinfo` rather than a root we pass in. Its v1 cpuset reader is
-//! right, so the root test (`tests/cgroup_root.rs`) uses it as an independent check of what we
-//! wrote on v1.
+//! from the global `/proc/self/mountinfo` rather than a root we pass in. The root test
+//! (`tests/cgroup_root.rs`) checks what we wrote by reading the kernel's file itself.
 use std::{
     fs,
     io::Write,

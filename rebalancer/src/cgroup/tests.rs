@@ -392,7 +392,7 @@ fn walk_roots_walks_only_the_roots_and_fails_when_the_hierarchy_is_gone() {
     assert!(cg.walk_roots(Controller::Cpuset, &roots).is_err());
 }
 
-/// helper-17: a tenant nesting its delegated cgroups past PATH_MAX made `walk` fail with
+/// A tenant nesting its delegated cgroups past PATH_MAX made `walk` fail with
 /// ENAMETOOLONG at every round (and the health check restart the daemon in a loop). The rest
 /// is walked; what cannot be named is left out.
 #[test]

@@ -1,7 +1,9 @@
 //! `rebalancer hints merge`: the Topology Manager merge as a command (conformance contract,
-//! ../shared/conformance/README.md), and `rebalancer hints memory`: one Memory Manager
-//! operation per case (../shared/conformance/memory-manager.md). One case object on stdin, or
-//! `--file` with an array of cases (for `memory` also `{"cases": [...]}`); one JSON result line
+//! ../shared/conformance/README.md), `rebalancer hints memory`: one Memory Manager
+//! operation per case (../shared/conformance/memory-manager.md), and `rebalancer hints cpu`:
+//! kubelet's static-policy CPU take per case (../shared/conformance/cpu-manager.md). One case
+//! object on stdin, or `--file` with an array of cases (for `memory` and `cpu` also
+//! `{"cases": [...]}`); one JSON result line
 //! per case on stdout, in order. A malformed case gets an
 //! `{"error": …}` line and a message on stderr naming its index and field; the exit status is
 //! then 2 (the other cases still print their result). Input that is not JSON at all, or a file
@@ -14,8 +16,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::placement::memory_case;
 use crate::placement::merge_case::{decision_json, error_json, parse_case, CaseError};
+use crate::placement::{cpu_case, memory_case};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum HintsCommand {
@@ -38,6 +40,16 @@ pub enum HintsCommand {
         #[arg(long)]
         file: Option<std::path::PathBuf>,
     },
+    /// kubelet's static-policy CPU take (takeByTopologyNUMAPacked / NUMADistributed) per case:
+    /// a machine's CPUs, the available ones, a request and the options.
+    ///
+    /// Prints one line per case: {"cpus":"0-3,8"} or {"error":"…"} (kubelet's error text).
+    /// Exit status 2 when a case is malformed.
+    Cpu {
+        /// A JSON file holding an array of cases, or {"cases": [...]}.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+    },
 }
 
 pub fn run(c: HintsCommand) -> anyhow::Result<ExitCode> {
@@ -51,6 +63,11 @@ pub fn run(c: HintsCommand) -> anyhow::Result<ExitCode> {
             memory_case::parse_case(case)
                 .map(|c| memory_case::outcome_json(&c.evaluate()))
                 .map_err(|e| (memory_case::error_line(index, &e), e))
+        }),
+        HintsCommand::Cpu { file } => run_cases("cpu", file.as_deref(), &|case, index| {
+            cpu_case::parse_case(case)
+                .map(|c| cpu_case::outcome_json(&c.evaluate()))
+                .map_err(|e| (error_json(index, &e), e))
         }),
     }
 }
@@ -75,7 +92,7 @@ fn run_cases(name: &str, file: Option<&std::path::Path>, eval: &Eval) -> anyhow:
     };
     let cases = match input {
         Value::Array(items) => items,
-        Value::Object(mut o) if name == "memory" && o.get("cases").is_some_and(Value::is_array) => {
+        Value::Object(mut o) if name != "merge" && o.get("cases").is_some_and(Value::is_array) => {
             match o.remove("cases") {
                 Some(Value::Array(items)) => items,
                 _ => Vec::new(),

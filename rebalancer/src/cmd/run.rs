@@ -15,6 +15,10 @@ pub struct RunArgs {
     /// Directory standing for /sys (overrides daemon.sysfs_root).
     #[arg(long, value_name = "DIR")]
     pub sysfs_root: Option<PathBuf>,
+    /// Address of /metrics and /healthz (overrides server.metrics_listen), e.g. the node's IP
+    /// from the Kubernetes downward API: `--metrics-listen $(NODE_IP):9717`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// Stop after this many control periods (0 = run until signalled). For tests.
     #[arg(long, default_value_t = 0)]
     pub rounds: u64,
@@ -27,6 +31,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(root) = a.sysfs_root.clone() {
         cfg.daemon.sysfs_root = root;
+    }
+    if let Some(listen) = a.metrics_listen.clone() {
+        cfg.server.metrics_listen = listen;
     }
     init_tracing(&cfg.daemon.log_level);
     // Two workers: the listeners (API, /metrics, /healthz) never queue behind each other; the

@@ -1,11 +1,14 @@
 //! `rebalancer simulate`: run a workload trace on a fixture machine under the rebalancer and
-//! the static / AutoNUMA-like / oracle baselines (see `sim`), or `--generate` a seeded trace.
+//! the static / AutoNUMA-like / oracle baselines (see `sim`), or `--generate` a seeded trace,
+//! or `--machines N`: every trace kind on N generated machines, the tune / held-out measure
+//! (`sim::heldout`).
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 
 use crate::config::Config;
+use crate::sim::heldout::{self, Half};
 use crate::sim::{self, Kind, Policy, SimConfig, Workload};
 use crate::topology::sysfs;
 
@@ -13,11 +16,34 @@ use crate::topology::sysfs;
 pub struct SimulateArgs {
     /// A sysfs tree (directory standing for /sys) or a fixture name under
     /// tests/fixtures/sysfs (epyc-nps4, intel-snc, gpu-nic, kunpeng920, …).
-    #[arg(long, value_name = "DIR|NAME", required_unless_present = "generate")]
+    #[arg(
+        long,
+        value_name = "DIR|NAME",
+        required_unless_present_any = ["generate", "machines", "machine"]
+    )]
     pub topology: Option<String>,
+    /// Instead of --topology: the generated machine of this seed (see --machines).
+    #[arg(long, value_name = "SEED", conflicts_with = "topology")]
+    pub machine: Option<u64>,
     /// The workload trace (JSON, as printed by --generate); "-" reads stdin.
-    #[arg(long, value_name = "FILE", required_unless_present = "generate")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present_any = ["generate", "machines"]
+    )]
     pub workload: Option<PathBuf>,
+    /// Instead of one trace: every trace kind on this many generated machines (seeds from
+    /// --first-machine), Static, Rebalancer and Oracle on each, with the share of the
+    /// oracle's gain the rebalancer captures per case and summed per half.
+    #[arg(long, value_name = "N", conflicts_with_all = ["topology", "workload", "generate"])]
+    pub machines: Option<u64>,
+    /// Seed of the first generated machine of --machines.
+    #[arg(long, default_value_t = 1000, requires = "machines")]
+    pub first_machine: u64,
+    /// Which half of --machines to run: even machine seeds are the tune half, odd ones are
+    /// held out.
+    #[arg(long, value_enum, default_value = "both", requires = "machines")]
+    pub half: Half,
     /// Print a generated trace of this kind on stdout instead of simulating.
     #[arg(long, value_enum, value_name = "KIND")]
     pub generate: Option<Kind>,
@@ -50,19 +76,38 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&w)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let (Some(topo_arg), Some(wl)) = (a.topology.as_deref(), a.workload.as_deref()) else {
-        bail!("--topology and --workload are required unless --generate is given");
+    if let Some(n) = a.machines {
+        return sweep(&a, n);
+    }
+    let Some(wl) = a.workload.as_deref() else {
+        bail!("--workload is required unless --generate or --machines is given");
     };
-    let root = fixture_dir(topo_arg)?;
-    let topo =
-        sysfs::read(&root).with_context(|| format!("reading topology under {}", root.display()))?;
+    let (topo, name) = match (a.topology.as_deref(), a.machine) {
+        (_, Some(seed)) => {
+            let m = sim::machines::machine(seed);
+            (m.topology, m.name)
+        }
+        (Some(arg), None) => {
+            let root = fixture_dir(arg)?;
+            let topo = sysfs::read(&root)
+                .with_context(|| format!("reading topology under {}", root.display()))?;
+            let name = Path::new(arg)
+                .file_name()
+                .map_or(arg.to_string(), |n| n.to_string_lossy().into_owned());
+            (topo, name)
+        }
+        (None, None) => bail!("--topology or --machine is required unless --generate is given"),
+    };
     let text = if wl == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading the workload from stdin")?
     } else {
         std::fs::read_to_string(wl).with_context(|| format!("reading {}", wl.display()))?
     };
     let trace = Workload::from_json(&text).with_context(|| format!("in {}", wl.display()))?;
-    let cfg = Config::load(a.config.as_deref())?;
+    let mut cfg = Config::load(a.config.as_deref())?;
+    // A machine with more nodes than kubelet's default limit: as its operator would, raise it.
+    let limit = &mut cfg.placement.max_allowable_numa_nodes;
+    *limit = (*limit).max(topo.nodes.len() as u32);
     let sc = SimConfig {
         placement: cfg.placement,
         controller: cfg.controller,
@@ -81,9 +126,6 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
         a.policy.clone()
     };
     policies.dedup();
-    let name = Path::new(topo_arg)
-        .file_name()
-        .map_or(topo_arg.to_string(), |n| n.to_string_lossy().into_owned());
     let report = sim::simulate(&topo, &name, &trace, &sc, &policies)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -92,6 +134,33 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     }
     if a.moves || a.attribute {
         diagnose(&topo, &name, &trace, &sc, &report, a.attribute)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--machines`: the tune / held-out measure, one row per case as it finishes (stderr), the
+/// table and the per-half summary on stdout.
+fn sweep(a: &SimulateArgs, n: u64) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(a.config.as_deref())?;
+    let sc = SimConfig {
+        placement: cfg.placement,
+        controller: cfg.controller,
+        ..SimConfig::default()
+    };
+    let mut results = Vec::new();
+    for (case, kind) in heldout::cases(a.first_machine, n, a.half) {
+        let r = heldout::run_case(case, kind, &sc)
+            .with_context(|| format!("machine {} trace {}", case.machine, case.kind))?;
+        eprintln!(
+            "{} {}: static {:.4} rebalancer {:.4} oracle {:.4}",
+            r.machine_name, case.kind, r.static_slowdown, r.rebalancer_slowdown, r.oracle_slowdown
+        );
+        results.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print!("{}", heldout::table(&results));
     }
     Ok(ExitCode::SUCCESS)
 }

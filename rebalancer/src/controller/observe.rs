@@ -401,7 +401,7 @@ impl ShiftGuard {
     };
     /// Against the part of this window before the mark, for a workload with no last window
     /// (a fresh one: it touched its memory, then moved itself, often before it had 500 ms on
-    /// any node, and partly already on the new one; vm-bench s21c: 0.44–0.49 s before the
+    /// any node, and partly already on the new one; in the guest benchmark, 0.44–0.49 s before the
     /// mark, 61–81 % on the first node). Its score has little history to keep, so no node
     /// need have held 70 % before; more samples on both sides instead: 20 before, 15 since
     /// at the default 99 Hz (independent samples of a workload split evenly over two nodes
@@ -521,7 +521,7 @@ mod tests {
     }
 
     /// A fresh workload (no last window) compared with the part of its window before the
-    /// mark (vm-bench s21c: w3 had 0.3–0.4 s on its first node and some already on the
+    /// mark (in the guest benchmark, w3 had 0.3–0.4 s on its first node and some already on the
     /// second before the pins' mark): no settled node needed, more samples on both sides.
     #[test]
     fn a_fresh_workload_that_moved_itself_is_seen_from_fewer_samples() {

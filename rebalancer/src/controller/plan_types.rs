@@ -204,9 +204,6 @@ pub enum Skip {
     MaxMoves,
     /// A move of this cgroup planned by an earlier round is still being applied.
     InFlight,
-    /// Only an overload makes it a candidate, and `controller.relief` does not move it: off,
-    /// or `moved` and the rebalancer has never moved it (it is where admission placed it).
-    NoRelief,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

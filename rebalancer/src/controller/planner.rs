@@ -17,7 +17,7 @@ use super::plan_types::{
 };
 use super::target::{Picks, Projection};
 use super::{CgroupState, ControllerState};
-use crate::config::{ControllerConfig, Relief};
+use crate::config::ControllerConfig;
 use crate::topology::Topology;
 
 /// A cgroup's instant score this period and its evidence (see `locality::instant`).
@@ -310,23 +310,7 @@ fn evaluate(
     now_ms: u64,
 ) -> Eval {
     let smoothed = st.and_then(|s| s.smoothed).or(inst.map(|(s, _)| s));
-    let trigger = proj.trigger(cg, smoothed, cfg, true);
-    // Relief only as `controller.relief` allows: else the cgroup is a candidate for what else
-    // it shows, and one that shows only an overload is told so.
-    let relief_ok = match cfg.relief {
-        Relief::All => true,
-        Relief::Moved => st.is_some_and(|s| s.moves > 0),
-        Relief::Off => false,
-    };
-    let (trigger, no_relief) = match trigger {
-        Some(Trigger::Overloaded { .. }) if !relief_ok => {
-            match proj.trigger(cg, smoothed, cfg, false) {
-                Some(t) => (Some(t), false),
-                None => (trigger, true),
-            }
-        }
-        t => (t, false),
-    };
+    let trigger = proj.trigger(cg, smoothed, cfg);
     let decision = Decision {
         cgroup: cg.id.clone(),
         locality: inst.map(|(s, _)| s),
@@ -366,9 +350,6 @@ fn evaluate(
     }
     if c.exclusive && !cfg.move_exclusive {
         return eval(Outcome::Skipped(Skip::Exclusive));
-    }
-    if no_relief {
-        return eval(Outcome::Skipped(Skip::NoRelief));
     }
     // Memory bound to nodes where the threads may no longer run (the operator moved them):
     // fixed now, not after the cooldown; but not twice in a row (a tenant flipping its

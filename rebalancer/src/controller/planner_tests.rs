@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::config::{ControllerConfig, Relief};
+use crate::config::ControllerConfig;
 use crate::cpuset::CpuSet;
 use crate::topology::{Topology, TopologyBuilder};
 
@@ -137,14 +137,9 @@ fn check(c: Case) {
     );
 }
 
-/// The defaults, but relief for any workload on an overloaded node: the relief mechanics below
-/// are tested on workloads the rebalancer has not moved; `controller.relief`'s own rule has
-/// its own test.
+/// The defaults.
 fn cfg() -> ControllerConfig {
-    ControllerConfig {
-        relief: Relief::All,
-        ..ControllerConfig::default()
-    }
+    ControllerConfig::default()
 }
 
 fn moved_at(id: &str, at: u64) -> ControllerState {
@@ -269,7 +264,7 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
-    // helper-25: but not twice in a row. That fix came 10 s after the move before it; when
+    // But not twice in a row. That fix came 10 s after the move before it; when
     // the thread flips back, the next waits for its cooldown (a tenant flipping its affinity
     // every round would have its memory migrated back and forth every round).
     let mut st = st;
@@ -296,7 +291,7 @@ fn planner_rules() {
             &[("w", "moved")],
         )
     });
-    // helper-27: our move left its mems wide (0-3) with its memory meant for node 1, where
+    // Our move left its mems wide (0-3) with its memory meant for node 1, where
     // its threads may run; the tenant pulled the memory back to node 0 with its own memory
     // policy. Not bound where it may not run: the cooldown holds.
     let mut st = moved_at("w", 95_000);
@@ -1467,78 +1462,4 @@ fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
         )),
         "single nodes refused for size: {d:#?}"
     );
-}
-
-/// `controller.relief`: by default (`moved`) a relief move takes only a workload the
-/// rebalancer has moved before off an overloaded node; one still where admission placed it is
-/// skipped as `no-relief`, its trigger shown, unless something else (its locality) makes it a
-/// candidate. `all` moves either, `off` neither. The world of
-/// `a_relief_move_may_pass_overload_busy_into_a_less_pressed_node`: `a` on node 0, whose queue
-/// wants 2× its CPUs, nodes 1–3 at 0.6×.
-#[test]
-fn relief_moves_only_a_workload_the_rebalancer_has_moved() {
-    let run = |relief: Relief, moved: bool, mem_node: u32| {
-        let a = waited(
-            cg("a", &[(0, 2.0)], &[(mem_node, 16)], "0-3,16-19", "0-3"),
-            &[(0, 2.0)],
-        );
-        let mut obs = world(vec![a]);
-        for (&n, o) in obs.nodes.iter_mut() {
-            let r: f64 = if n == 0 { 2.0 } else { 0.6 };
-            o.cpu_busy = r.min(1.0);
-            o.runnable = Some(r);
-        }
-        let mut state = ControllerState::default();
-        for _ in 0..61 {
-            state.observe(&obs, 0.5);
-        }
-        if moved {
-            state.cgroups.get_mut("a").unwrap().moves = 1;
-        }
-        let cfg = ControllerConfig {
-            relief,
-            ..ControllerConfig::default()
-        };
-        assert_eq!(ControllerConfig::default().relief, Relief::Moved);
-        plan(&machine(), &obs, &state, &cfg, 0)
-    };
-    let overloaded = |p: &Plan| {
-        matches!(
-            p.decision("a").unwrap().trigger,
-            Some(Trigger::Overloaded { .. })
-        )
-    };
-    for (relief, moved, want_move) in [
-        (Relief::Moved, false, false),
-        (Relief::Moved, true, true),
-        (Relief::All, false, true),
-        (Relief::All, true, true),
-        (Relief::Off, false, false),
-        (Relief::Off, true, false),
-    ] {
-        let p = run(relief, moved, 0);
-        let d = p.decision("a").unwrap();
-        assert!(overloaded(&p), "{relief:?} moved={moved}: {d:#?}");
-        if want_move {
-            assert_eq!(p.moves.len(), 1, "{relief:?} moved={moved}: {d:#?}");
-            assert!(
-                !p.moves[0].to_cpus.is_subset(&machine().nodes[0].cpus),
-                "{p:#?}"
-            );
-        } else {
-            assert!(p.moves.is_empty(), "{relief:?} moved={moved}: {p:#?}");
-            assert_eq!(d.outcome, Outcome::Skipped(Skip::NoRelief), "{d:#?}");
-            assert!(d.considered.is_empty(), "{d:#?}");
-        }
-    }
-    // Its memory on node 1 while it runs on node 0: a candidate for its locality whatever
-    // `relief` says, priced without relief where relief is not allowed.
-    for relief in [Relief::Moved, Relief::Off] {
-        let p = run(relief, false, 1);
-        let d = p.decision("a").unwrap();
-        assert_eq!(d.trigger, Some(Trigger::PoorLocality), "{relief:?}: {d:#?}");
-        assert_ne!(d.outcome, Outcome::Skipped(Skip::NoRelief), "{d:#?}");
-        assert!(!d.considered.is_empty(), "{d:#?}");
-        assert!(d.considered.iter().all(|c| c.relief == 0.0), "{d:#?}");
-    }
 }

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::*;
-use crate::config::{ControllerConfig, Relief};
+use crate::config::ControllerConfig;
 use crate::cpuset::CpuSet;
 use crate::topology::{Topology, TopologyBuilder};
 
@@ -390,7 +390,6 @@ fn mixed_rounds_decide_as_before() {
                 move_exclusive: true,
                 migration_budget_mib: 4096,
                 max_moves_per_round: 12,
-                relief: Relief::All,
                 ..ControllerConfig::default()
             },
         ),
@@ -398,7 +397,6 @@ fn mixed_rounds_decide_as_before() {
             "tight",
             ControllerConfig {
                 migration_budget_mib: 256,
-                relief: Relief::All,
                 ..ControllerConfig::default()
             },
         ),
@@ -459,7 +457,6 @@ fn mixed_rounds_decide_as_before() {
         "skip:no-feasible-target",
         "skip:no-better-target",
         "skip:below-min-gain",
-        "skip:no-relief",
         "move:plain",
         "move:staged",
         "move:stage-continued",

@@ -119,7 +119,7 @@ fn a_workload_that_moved_itself_restarts_its_score() {
     // Not shifted: the same short window moves a settled score only a little.
     let mut st = settled();
     assert!(fold(&mut st, PERIOD_MS / 10, 1, "0-7") > 0.9);
-    // helper-25: measured accesses (hinting faults here) are the whole window's, not
+    // Measured accesses (hinting faults here) are the whole window's, not
     // re-weighted to where its threads run now: the history still tempers them.
     let mut st = settled();
     let mut obs = window(PERIOD_MS / 10, 1, "0-7");
@@ -135,7 +135,7 @@ fn a_workload_that_moved_itself_restarts_its_score() {
     assert!(s > 0.9, "not restarted: {s}");
 }
 
-/// helper-22: the window that saw the pin runs from the round before, mostly before the pin,
+/// The window that saw the pin runs from the round before, mostly before the pin,
 /// so it seeds the restarted score with no weight: the next window, all after the pin,
 /// replaces it however short (a short follow-up must not be outweighed by the seed).
 #[test]
@@ -193,7 +193,7 @@ fn nodes_of_cpus_are_the_nodes_the_set_touches() {
     assert_eq!(t.nodes_of_cpus(&CpuSet::new()), CpuSet::new());
 }
 
-/// helper-23: a re-pin seen in a window with no evidence clears the old score (it does not
+/// A re-pin seen in a window with no evidence clears the old score (it does not
 /// stay as the new placement's); after the daemon's own move (the score already cleared by
 /// `record_move`), the next window is mostly after the move and keeps its weight.
 #[test]

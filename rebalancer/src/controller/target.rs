@@ -314,17 +314,15 @@ impl<'t> Projection<'t> {
         ns as f64 / obs.period_ns as f64
     }
 
-    /// The trigger that makes `cg` a candidate, if any; `relief`: whether an overload may
-    /// make it one (`controller.relief`).
+    /// The trigger that makes `cg` a candidate, if any.
     pub fn trigger(
         &self,
         cg: &CgroupObs,
         smoothed: Option<f64>,
         cfg: &ControllerConfig,
-        relief: bool,
     ) -> Option<Trigger> {
         let total = cg.total_cpu_ns();
-        if total > 0 && relief {
+        if total > 0 {
             let is_hot = |(&n, &ns): (&u32, &u64)| ns > 0 && self.busy(n) >= cfg.overload_busy;
             let hot_ns = cg
                 .cpu_ns_per_node

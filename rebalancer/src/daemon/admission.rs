@@ -876,7 +876,7 @@ impl Admission {
         }
         {
             let s = self.daemon.lock();
-            if s.fenced.is_empty() || s.cfg.daemon.dry_run {
+            if (s.fenced.is_empty() && s.refused.is_empty()) || s.cfg.daemon.dry_run {
                 return Vec::new();
             }
         }
@@ -908,7 +908,7 @@ impl Admission {
             };
             match result {
                 Ok(()) => {
-                    tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "kubelet pod's container without kubelet CPUs fenced off the exclusive CPUs again (its cpuset was rewritten)");
+                    tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "unaccounted container (kubelet's without kubelet CPUs, or not admitted) fenced off the exclusive CPUs again");
                     out.push(change);
                 }
                 Err(e) => {
@@ -1024,9 +1024,9 @@ pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<
     out
 }
 
-/// The changes that keep kubelet's containers without kubelet CPUs (`Shared::fenced`) off the
-/// exclusive CPUs as they are now (`live`); forgets those whose pod kubelet no longer holds and
-/// those whose cgroup is gone.
+/// The changes that keep kubelet's containers without kubelet CPUs (`Shared::fenced`) and the
+/// containers not admitted (`Shared::refused`) off the exclusive CPUs as they are now
+/// (`live`); forgets those whose pod kubelet no longer holds and those whose cgroup is gone.
 fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
     let fenced = {
         let mut s = d.lock();
@@ -1039,9 +1039,14 @@ fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<Cpu
             s.fenced.remove(&cg);
             s.fence_failures.remove(&cg);
         }
-        let fenced: Vec<(String, (CpuSet, CpuSet))> = (s.fenced.iter())
+        let mut fenced: Vec<(String, (CpuSet, CpuSet))> = (s.fenced.iter())
             .map(|(cg, uid)| (cg.clone(), fence_of(&s, uid)))
             .collect();
+        // containers not admitted: off every exclusive CPU
+        if !s.refused.is_empty() {
+            let all = exclusive_and_pool(&s);
+            fenced.extend(s.refused.iter().map(|cg| (cg.clone(), all.clone())));
+        }
         fenced
     };
     let mut out = Vec::new();
@@ -1061,6 +1066,7 @@ fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<Cpu
         let mut s = d.lock();
         for cg in &vanished {
             s.fenced.remove(cg);
+            s.refused.remove(cg);
             s.fence_failures.remove(cg);
         }
     }

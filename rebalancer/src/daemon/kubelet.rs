@@ -522,6 +522,11 @@ pub struct Status {
     pub adopted: Vec<String>,
     /// The errors of the last read (files not adopted, entries refused).
     pub errors: Vec<String>,
+    /// What the operator should know although nothing failed: the configured directory does
+    /// not exist (kubelet's directory not mounted into the daemon's pod reads as "adopt
+    /// nothing", and the daemon would hand out CPUs kubelet has pinned).
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// Each file's part of the adoption, kept when a later read of that file fails.
     #[serde(skip)]
     cpu_part: Assignments,
@@ -692,6 +697,12 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
             .inc();
     }
     status.errors = errors.iter().map(|e| e.to_string()).collect();
+    status.warnings = missing_dir_warning(&status.state_dir).into_iter().collect();
+    for w in &status.warnings {
+        if !old.warnings.contains(w) {
+            tracing::warn!("{w}");
+        }
+    }
     let before = s.state.allocator.exclusive_cpus();
     let refused = install(s, &assigned, &mut status.adopted);
     status.shrink_pending = old.shrink_pending || s.state.allocator.exclusive_cpus() != before;
@@ -710,6 +721,16 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
     }
     metrics.kubelet_adopted.set(status.adopted.len() as i64);
     s.kubelet = status;
+}
+
+/// The warning for a configured state directory that is not a directory here.
+fn missing_dir_warning(dir: &Path) -> Option<String> {
+    (!dir.as_os_str().is_empty() && !dir.is_dir()).then(|| {
+        format!(
+            "kubelet state directory {} does not exist: nothing of kubelet's CPU / Memory Manager is adopted; mount kubelet's directory (read-only), or set kubernetes.kubelet_state_dir = \"\" where no kubelet runs",
+            dir.display()
+        )
+    })
 }
 
 /// [`read_files`] then [`install_files`] on a `Shared` that is behind no lock (tests).

@@ -514,3 +514,26 @@ fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
     assert_eq!(cpus(&fake), CpuSet::parse("0-4,6-7").unwrap());
     assert!(!adm.refresh_kubelet());
 }
+
+#[test]
+fn a_missing_state_dir_is_a_warning_in_status_an_existing_empty_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = shared(dir.path());
+    let m = Metrics::default();
+    adopt(&mut s, &m);
+    assert!(s.kubelet.warnings.is_empty(), "{:?}", s.kubelet.warnings);
+    let gone = dir.path().join("not-mounted");
+    s.cfg.kubernetes.kubelet_state_dir = gone.clone();
+    adopt(&mut s, &m);
+    assert_eq!(s.kubelet.warnings.len(), 1);
+    assert!(
+        s.kubelet.warnings[0].contains(&gone.display().to_string()),
+        "{:?}",
+        s.kubelet.warnings
+    );
+    assert!(s.kubelet.errors.is_empty());
+    // off: no warning
+    s.cfg.kubernetes.kubelet_state_dir = Default::default();
+    adopt(&mut s, &m);
+    assert!(s.kubelet.warnings.is_empty());
+}

@@ -86,6 +86,11 @@ pub struct Shared {
     /// cpuset with a child, a parent without the CPUs): retried each round, logged at the 1st,
     /// 2nd, 4th, 8th, … failure so one stuck cgroup does not flood the log.
     pub fence_failures: BTreeMap<String, u32>,
+    /// Kubernetes containers the watcher found but could not admit (refused, or their cgroup
+    /// read failed): unaccounted, and fenced off the exclusive CPUs as `fenced` are, whenever
+    /// those change, until their cgroup goes. Not checkpointed: the start-up reconcile finds
+    /// them again.
+    pub refused: std::collections::BTreeSet<String>,
     /// Consecutive rounds in which some bound shared container could not be set to its pool
     /// (`admission::shared_changes`: a write failed after exclusive CPUs were taken, so it may
     /// still run on them); 0 when the last attempt wrote all. Retried each round
@@ -119,6 +124,7 @@ impl Shared {
             overuse: Default::default(),
             fenced: Default::default(),
             fence_failures: Default::default(),
+            refused: Default::default(),
             shrink_failures: 0,
             ckpt: Default::default(),
             admission: crate::config::AdmissionMode::Off,

@@ -116,6 +116,16 @@ fn cpu_millis(cpu: Option<&api::LinuxCpu>) -> (u64, u64) {
     (limit, shares)
 }
 
+/// A Guaranteed container's CPU: its quota, or without one (kubelet's `cpuCFSQuota: false`)
+/// the request its shares carry.
+fn guaranteed_millis(limit_millis: u64, shares_millis: u64) -> u64 {
+    if limit_millis > 0 {
+        limit_millis
+    } else {
+        shares_millis
+    }
+}
+
 /// kubelet's shares = millis * 1024 / 1000 (at least 2), inverted.
 fn millis_from_shares(shares: u64) -> u64 {
     if shares <= 2 {
@@ -182,8 +192,8 @@ pub fn request(
     let mut hp1g = 0;
     for h in res.map(|r| r.hugepage_limits.as_slice()).unwrap_or(&[]) {
         match h.page_size.as_str() {
-            "2MB" => hp2m += h.limit,
-            "1GB" => hp1g += h.limit,
+            "2MB" => hp2m = u64::saturating_add(hp2m, h.limit),
+            "1GB" => hp1g = u64::saturating_add(hp1g, h.limit),
             other => {
                 return Err(format!(
                     "container {}: hugepage size {other:?} unknown (2MB and 1GB are)",
@@ -194,16 +204,18 @@ pub fn request(
     }
     let container = match qos {
         Qos::Guaranteed => {
-            if limit_millis == 0 || mem_limit == 0 {
+            // kubelet with `cpuCFSQuota: false` sets no quota: the request is in the shares
+            let millis = guaranteed_millis(limit_millis, shares_millis);
+            if millis == 0 || mem_limit == 0 {
                 return Err(format!(
-                    "container {} ({}) of Guaranteed pod {pod_uid} has no CPU quota or memory limit",
+                    "container {} ({}) of Guaranteed pod {pod_uid} has no CPU quota or shares, or no memory limit",
                     c.id, c.name
                 ));
             }
             Container {
                 name: c.name.clone(),
-                cpu_request_millis: limit_millis,
-                cpu_limit_millis: limit_millis,
+                cpu_request_millis: millis,
+                cpu_limit_millis: millis,
                 memory_bytes: mem_limit,
                 memory_limit_bytes: mem_limit,
                 hugepages_2mi_bytes: hp2m,
@@ -246,10 +258,11 @@ fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Contain
         .as_ref()
         .and_then(|m| m.limit.as_ref())
         .map_or(0, |l| l.value.max(0) as u64);
+    let cpu = guaranteed_millis(limit, shares);
     let c = match qos {
-        Qos::Guaranteed if limit > 0 && mem > 0 => Container {
-            cpu_request_millis: limit,
-            cpu_limit_millis: limit,
+        Qos::Guaranteed if cpu > 0 && mem > 0 => Container {
+            cpu_request_millis: cpu,
+            cpu_limit_millis: cpu,
             memory_bytes: mem,
             memory_limit_bytes: mem,
             ..Default::default()
@@ -609,6 +622,20 @@ impl Policy {
         self.rewrite(stale);
     }
 
+    /// A removed container the plugin did not place (kubelet's, fenced or left alone): what
+    /// it was given and its fence are forgotten now, not at the next Synchronize.
+    fn forget_unplaced(&self, c: &api::Container) {
+        let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+        if path.is_empty() {
+            return;
+        }
+        let cg = cgroup_rel(path);
+        self.runtime.untrack(&cg);
+        let mut s = self.d().lock();
+        s.fenced.remove(&cg);
+        s.fence_failures.remove(&cg);
+    }
+
     /// Releases a placed container; `true` when it held an allocation.
     fn release(&mut self, id: &str, durability: Durability) -> bool {
         let Some(t) = self.containers.remove(id) else {
@@ -641,6 +668,18 @@ impl Policy {
                 false
             }
         }
+    }
+
+    /// Fails CreateContainer with `why`; a dry run lets the container start as the runtime
+    /// makes it instead, logging and counting the refusal it would have made.
+    fn refuse(&self, id: &str, why: String) -> Result<api::CreateContainerResponse, String> {
+        if self.dry_run() {
+            tracing::warn!(container = %id, error = %why, "dry run: CreateContainer would be refused; left as the runtime makes it");
+            self.d().metrics.dry_run_refusals.inc();
+            return Ok(Default::default());
+        }
+        tracing::warn!(container = %id, error = %why, "CreateContainer refused");
+        Err(why)
     }
 
     /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
@@ -777,9 +816,12 @@ impl Handler for Policy {
 
     fn synchronize(
         &mut self,
-        req: api::SynchronizeRequest,
+        mut req: api::SynchronizeRequest,
     ) -> Result<api::SynchronizeResponse, String> {
-        self.pods = req.pods.iter().map(|p| (p.id.clone(), p.clone())).collect();
+        // moved, not cloned: the request is as large as the runtime's whole node
+        let listed: Vec<String> = req.pods.iter().map(|p| p.uid.clone()).collect();
+        let pods = std::mem::take(&mut req.pods);
+        self.pods = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
         self.containers.clear();
         let mut updates = Vec::new();
         let mut live = Vec::new();
@@ -862,12 +904,9 @@ impl Handler for Policy {
         for cg in &gone_members {
             self.admission.unbind(cg, Durability::Deferred);
         }
-        let listed: Vec<&str> = req.pods.iter().map(|p| p.uid.as_str()).collect();
         let mut pods_gone = 0;
         for uid in self.admission.held_pods() {
-            if !listed.contains(&uid.as_str())
-                && self.admission.pod_gone(&uid, Durability::Deferred)
-            {
+            if !listed.contains(&uid) && self.admission.pod_gone(&uid, Durability::Deferred) {
                 pods_gone += 1;
             }
         }
@@ -899,7 +938,7 @@ impl Handler for Policy {
             tracing::warn!(error = %e, "checkpoint after synchronize failed");
         }
         tracing::info!(
-            pods = req.pods.len(),
+            pods = listed.len(),
             containers = req.containers.len(),
             placed = self.containers.len(),
             released = gone.len(),
@@ -930,11 +969,11 @@ impl Handler for Policy {
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
                 self.admission.record_invalid();
-                return Err(format!("rebalancer: {e}"));
+                return self.refuse(&c.id, format!("rebalancer: {e}"));
             }
         };
         // kubelet writes its state file at admission, before CreateContainer: a changed file
-        // is read again first (REVIEW4 R2), and the shared containers it shrank ride this answer
+        // is read again first, and the shared containers it shrank ride this answer
         let refreshed = self.admission.refresh_kubelet();
         if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
             let update = if refreshed {
@@ -956,11 +995,15 @@ impl Handler for Policy {
         }
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
-            return Err(format!("rebalancer: container {} created twice", c.id));
+            return self.refuse(
+                &c.id,
+                format!("rebalancer: container {} created twice", c.id),
+            );
         }
-        let (cpus, mems, updates) = self
-            .admit(&r, &c.id, &pod.id, Durability::Deferred)
-            .inspect_err(|e| tracing::warn!(container = %c.id, pod = %pod.name, error = %e, "CreateContainer refused"))?;
+        let (cpus, mems, updates) = match self.admit(&r, &c.id, &pod.id, Durability::Deferred) {
+            Ok(a) => a,
+            Err(e) => return self.refuse(&c.id, e),
+        };
         // Checkpointed soon (coalesced), not before answering: if the daemon dies first, the
         // runtime's Synchronize on reconnect lists the container and it is adopted again.
         self.admission.request_checkpoint();
@@ -1011,6 +1054,8 @@ impl Handler for Policy {
                     .ok_or("rebalancer: RemoveContainer without its container")?;
                 if self.release(&c.id, Durability::Deferred) {
                     self.regrow_unsolicited();
+                } else {
+                    self.forget_unplaced(&c);
                 }
             }
             // A stopped sandbox (a completed pod keeps it until the pod object goes) frees
@@ -1025,6 +1070,9 @@ impl Handler for Policy {
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
                     let mut s = self.d().lock();
+                    for (cg, _) in s.fenced.iter().filter(|(_, uid)| **uid == pod.uid) {
+                        self.runtime.untrack(cg);
+                    }
                     s.fenced.retain(|_, uid| *uid != pod.uid);
                     let fenced = std::mem::take(&mut s.fence_failures);
                     s.fence_failures = (fenced.into_iter())
@@ -1438,6 +1486,96 @@ mod tests {
         );
     }
 
+    /// kubelet with `cpuCFSQuota: false`: a Guaranteed container comes without a quota, its
+    /// request in the shares (milli * 1024 / 1000). 2048 shares ask for 2 CPUs, given
+    /// exclusively; without shares or memory limit it is refused with the reason.
+    #[test]
+    fn a_guaranteed_container_without_a_quota_gets_its_shares_as_exclusive_cpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let c = ctr("a", &gp, 0, 2048, 1 << 30);
+        let r = request(&gp, &c, None).unwrap().unwrap();
+        assert_eq!(r.pod.containers[0].cpu_request_millis, 2000);
+        assert_eq!(r.pod.containers[0].cpu_limit_millis, 2000);
+        let cpus = adjusted_cpus(&create(&mut p, &gp, &c).unwrap());
+        assert_eq!(cpus.len(), 2, "{cpus}");
+        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), cpus);
+        // a quota, when there is one, is the request
+        let q = request(&gp, &ctr("b", &gp, 100_000, 2048, 1 << 30), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(q.pod.containers[0].cpu_request_millis, 1000);
+        let e = request(&gp, &ctr("c", &gp, 0, 0, 1 << 30), None).unwrap_err();
+        assert!(e.contains("no CPU quota or shares"), "{e}");
+        // pod-level totals the same way
+        let totals = api::LinuxResources {
+            cpu: Some(api::LinuxCpu {
+                shares: Some(api::OptionalUInt64 { value: 4096 }),
+                ..Default::default()
+            }),
+            memory: Some(api::LinuxMemory {
+                limit: Some(api::OptionalInt64 { value: 1 << 30 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let t = container_of(&totals, Qos::Guaranteed, "pod").unwrap();
+        assert_eq!((t.cpu_request_millis, t.cpu_limit_millis), (4000, 4000));
+    }
+
+    /// Hugepage limits from the runtime are summed without overflow.
+    #[test]
+    fn hugepage_limits_from_the_runtime_saturate() {
+        let gp = pod("g", "");
+        let mut c = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        let res = c.linux.as_mut().unwrap().resources.as_mut().unwrap();
+        for page_size in ["2MB", "2MB", "1GB", "1GB"] {
+            res.hugepage_limits.push(api::HugepageLimit {
+                page_size: page_size.into(),
+                limit: u64::MAX - 1,
+            });
+        }
+        let r = request(&gp, &c, None).unwrap().unwrap();
+        let k = &r.pod.containers[0];
+        assert_eq!(
+            (k.hugepages_2mi_bytes, k.hugepages_1gi_bytes),
+            (u64::MAX, u64::MAX)
+        );
+    }
+
+    /// A dry run refuses nothing: a container it would refuse (too big, or bad input) starts
+    /// as the runtime makes it, the would-be refusal counted; the same container without the
+    /// dry run is refused.
+    #[test]
+    fn a_dry_run_lets_a_container_it_would_refuse_start_untouched() {
+        for dry in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut p = policy(dir.path());
+            p.d().lock().cfg.daemon.dry_run = dry;
+            let gp = pod("g", "");
+            run_pod(&mut p, &gp);
+            let before = p.d().lock().state.clone();
+            let big = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20));
+            let mut bad = ctr("b", &gp, 100_000, 1024, 1 << 20);
+            bad.linux.as_mut().unwrap().resources = None;
+            let bad = create(&mut p, &gp, &bad);
+            if dry {
+                for r in [big, bad] {
+                    let r = r.expect("a dry run refuses nothing");
+                    assert!(r.adjust.is_none() && r.update.is_empty(), "{r:?}");
+                }
+                assert_eq!(p.d().metrics.dry_run_refusals.get(), 2);
+            } else {
+                assert!(big.unwrap_err().contains("InsufficientCPU"));
+                assert!(bad.unwrap_err().contains("without linux resources"));
+                assert_eq!(p.d().metrics.dry_run_refusals.get(), 0);
+            }
+            assert_eq!(p.d().lock().state, before, "nothing booked");
+        }
+    }
+
     #[test]
     fn bad_input_gets_a_clear_error_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -1456,7 +1594,7 @@ mod tests {
         assert!(e.contains("without linux resources"), "{e}");
         // No memory limit: not a Guaranteed container.
         let e = create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 0)).unwrap_err();
-        assert!(e.contains("no CPU quota or memory limit"), "{e}");
+        assert!(e.contains("no memory limit"), "{e}");
         // Pod / container mismatch.
         let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
         c.pod_sandbox_id = "elsewhere".into();
@@ -1935,7 +2073,17 @@ mod tests {
                 k.name
             );
         }
-        // the sandbox gone: nothing of it is fenced any more
+        // a kubelet container removed: what it was given and its fence go with it at once
+        let side_cg = request(&kp, &side, None).unwrap().unwrap().cgroup;
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RemoveContainer as i32,
+            pod: Some(kp.clone()),
+            container: Some(side.clone()),
+        })
+        .unwrap();
+        assert!(p.runtime.given(&side_cg).is_none());
+        assert!(!p.d().lock().fenced.contains_key(&side_cg));
+        // the sandbox gone: nothing of it is fenced or remembered any more
         p.state_change(api::StateChangeEvent {
             event: api::Event::RemovePodSandbox as i32,
             pod: Some(kp.clone()),
@@ -1943,6 +2091,10 @@ mod tests {
         })
         .unwrap();
         assert!(p.d().lock().fenced.is_empty());
+        for k in [&bare, &off] {
+            let cg = request(&kp, k, None).unwrap().unwrap().cgroup;
+            assert!(p.runtime.given(&cg).is_none(), "{cg} still remembered");
+        }
     }
 
     /// The unsolicited-updates decision at Configure: `auto` follows the version rule for the

@@ -204,12 +204,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             for o in super::watcher::reconcile(&admission, &cgroups) {
                 tracing::info!(outcome = ?o, "reconciled at start");
             }
-            match super::watcher::spawn(admission.clone(), cgroups.clone()) {
-                Ok(_) => tracing::info!("cgroup watcher running (inotify)"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cgroup watcher unavailable; new cgroups are admitted at the next restart only")
-                }
-            }
+            super::watcher::supervise(admission.clone(), cgroups.clone())
+                .context("starting the cgroup watcher's supervisor thread")?;
         }
         AdmissionMode::Off => tracing::info!("admission: off (admission API only)"),
     }
@@ -262,7 +258,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
             _ = health_tick.tick() => {
                 // A component dead for a while: exit non-zero so systemd / the DaemonSet
                 // restarts the daemon (a restart reconciles from the live cgroups).
-                if let Some(dead) = metrics.health.dead().into_iter().find(|d| d.for_ >= crate::health::EXIT_AFTER) {
+                if let Some(dead) = metrics.health.dead().into_iter().find(|d| d.restart && d.for_ >= crate::health::EXIT_AFTER) {
                     let msg = format!("component {} dead for {:.1?} ({}); exiting to be restarted", dead.component, dead.for_, dead.reason);
                     tracing::error!("{msg}");
                     failure = Some(msg);

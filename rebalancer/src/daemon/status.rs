@@ -179,6 +179,12 @@ impl StatusDoc {
                 }
             );
         }
+        for w in &self.admission.kubelet.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
+        for e in &self.admission.kubelet.errors {
+            let _ = writeln!(s, "kubelet state error: {e}");
+        }
         let _ = writeln!(
             s,
             "{:<38} {:<12} {:<16} {:<10} {:<9}",

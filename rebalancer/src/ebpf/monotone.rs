@@ -298,7 +298,7 @@ mod tests {
             .unwrap_or_default()
     }
 
-    /// helper-17: one evicted (cgroup, node) entry made the cgroup's sum go back, and the
+    /// One evicted (cgroup, node) entry made the cgroup's sum go back, and the
     /// period counted every other node's lifetime (902 migrations for 2).
     #[test]
     fn an_evicted_entry_counts_from_zero_and_the_others_count_their_growth() {
@@ -322,7 +322,7 @@ mod tests {
         assert_eq!(c.delta(&b).migrations, 150);
     }
 
-    /// helper-19: a tenant whose entries keep vanishing (evicted) on ever new nodes must not
+    /// A tenant whose entries keep vanishing (evicted) on ever new nodes must not
     /// grow the state past one carried entry per cgroup for `EVENTS`.
     #[test]
     fn vanished_events_keys_fold_into_one_per_cgroup() {
@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(s.migrations, total + 7);
     }
 
-    /// helper-18: a key a walk skipped (entry by entry, an eviction under its feet) and found
+    /// A key a walk skipped (entry by entry, an eviction under its feet) and found
     /// again must not count its whole value a second time.
     #[test]
     fn a_key_a_walk_may_have_skipped_keeps_its_last_value() {
@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(d.delta(&c).migrations, 5);
     }
 
-    /// helper-18: a cgroup out of the watch list for one round (emptied, or its parent closed)
+    /// A cgroup out of the watch list for one round (emptied, or its parent closed)
     /// came back with its lifetime counts, the engine having forgotten its baseline.
     #[test]
     fn keys_of_cgroups_not_kept_are_forgotten_and_pass_through() {
@@ -380,7 +380,7 @@ mod tests {
         assert_eq!(a.migrations, 10);
     }
 
-    /// helper-18: one field below its last value means the entry was made again; the other
+    /// One field below its last value means the entry was made again; the other
     /// fields then hold only what they counted since, and count it all.
     #[test]
     fn a_reset_is_decided_for_the_whole_entry() {

@@ -910,7 +910,7 @@ impl Sampler {
 mod tests {
     use super::*;
 
-    /// helper-17: a tenant's sub-cgroups filled the watch list and containers admitted later
+    /// A tenant's sub-cgroups filled the watch list and containers admitted later
     /// were not counted at all.
     #[test]
     fn managed_cgroups_are_watched_before_any_sub_cgroup() {
@@ -931,20 +931,20 @@ mod tests {
         assert_eq!(plan_watch(&ids, &[], 100), ids);
         // Less room than managed cgroups: managed ones only.
         assert!(plan_watch(&ids, &[], 3).iter().all(|(id, to)| id == to));
-        // Those named first before the others (helper-18: a delegated user's cgroups under a
+        // Those named first before the others (a delegated user's cgroups under a
         // configured root ahead of Kubernetes containers by id).
         assert_eq!(
             plan_watch(&ids, &[4, 3, 99], 2),
             BTreeMap::from([(3, 3), (4, 4)]),
             "an id in `first` that is not managed is ignored"
         );
-        // helper-19: those named first and the cgroups below them before any other managed
+        // Those named first and the cgroups below them before any other managed
         // cgroup (a container whose processes live in a sub-cgroup reads as idle without it).
         assert_eq!(
             plan_watch(&ids, &[2], 4),
             BTreeMap::from([(2, 2), (200, 2), (1, 1), (3, 3)])
         );
-        // Every sub-cgroup of those named first before a configured cgroup (helper-20: the
+        // Every sub-cgroup of those named first before a configured cgroup (the
         // daemon passed every managed id as `first`, and a user's cgroups took the slots).
         let mut ids: BTreeMap<u64, u64> = (100..110).map(|s| (s, 1)).collect();
         ids.extend([(1, 1), (2, 2), (200, 2), (201, 2)]);

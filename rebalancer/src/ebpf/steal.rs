@@ -292,12 +292,12 @@ mod tests {
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1150), (1, 1100)]));
         // ... and nothing until it passes its highest value (1400) again: a dip within the
-        // pending bound was time not yet seen, not new time (helper-18)
+        // pending bound was time not yet seen, not new time
         let mut s = BTreeMap::from([(7, sample(&[(0, 1450), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 1200), (1, 1100)]));
         // a dip past the pending bound (node 0's CPU × 1 ms) is an entry made again: it counts on
-        // from its new value (helper-19), not only once past its old highest
+        // from its new value, not only once past its old highest
         let deep = 1450 + 5_000_000;
         let mut s = BTreeMap::from([(7, sample(&[(0, deep), (1, 1100)]))]);
         c.apply(None, &nodes, &mut s);

@@ -114,9 +114,103 @@ pub struct Options {
 /// short enough that a wedged connection is noticed well within a control period.
 pub const UPDATE_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The most memory a request may take once decoded, as [`decoded_bound`] estimates it: a
+/// message within the byte limit can still decode to far more (an empty nested message is
+/// 2 bytes on the wire and a whole struct in memory). A real node's Synchronize (hundreds of
+/// containers, each with its env, mounts and annotations) stays well below it.
+pub const MAX_DECODED: usize = 256 << 20;
+
+/// An upper bound of what protobuf `b` takes once decoded into the NRI API's structs: each
+/// length-delimited field that parses as a message counts as the largest struct it could be
+/// (and its fields are counted within), every other field as a few words. None when it
+/// passes `limit` (the walk stops there).
+pub fn decoded_bound(b: &[u8], limit: usize) -> Option<usize> {
+    const MESSAGE: usize = std::mem::size_of::<api::Container>();
+    const FIELD: usize = 32;
+    fn varint(b: &[u8], i: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *b.get(*i)?;
+            *i += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    enum Stop {
+        Malformed,
+        TooBig,
+    }
+    // The cost of `b` when it is a well-formed sequence of fields.
+    fn walk(b: &[u8], depth: u32, used: usize, limit: usize) -> Result<usize, Stop> {
+        let mut i = 0;
+        let mut cost = 0usize;
+        while i < b.len() {
+            let key = varint(b, &mut i).ok_or(Stop::Malformed)?;
+            if key >> 3 == 0 {
+                return Err(Stop::Malformed);
+            }
+            cost += FIELD;
+            let skip = |i: &mut usize, n: usize| {
+                *i = i
+                    .checked_add(n)
+                    .filter(|&e| e <= b.len())
+                    .ok_or(Stop::Malformed)?;
+                Ok(())
+            };
+            match key & 7 {
+                0 => {
+                    varint(b, &mut i).ok_or(Stop::Malformed)?;
+                }
+                1 => skip(&mut i, 8)?,
+                5 => skip(&mut i, 4)?,
+                2 => {
+                    let len = varint(b, &mut i)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or(Stop::Malformed)?;
+                    let start = i;
+                    skip(&mut i, len)?;
+                    cost += len;
+                    if depth < 16 {
+                        match walk(&b[start..i], depth + 1, used + cost, limit) {
+                            Ok(c) => cost += MESSAGE + c,
+                            // bytes or a string, not a message
+                            Err(Stop::Malformed) => {}
+                            Err(Stop::TooBig) => return Err(Stop::TooBig),
+                        }
+                    }
+                }
+                _ => return Err(Stop::Malformed),
+            }
+            if used + cost > limit {
+                return Err(Stop::TooBig);
+            }
+        }
+        Ok(cost)
+    }
+    match walk(b, 0, 0, limit) {
+        Ok(c) => Some(c),
+        // prost refuses it, with its own error
+        Err(Stop::Malformed) => Some(b.len()),
+        Err(Stop::TooBig) => None,
+    }
+}
+
 /// Answers one request on the Plugin service: the response payload, or a status.
 pub fn dispatch(h: &mut dyn Handler, req: &Request) -> Result<Vec<u8>, Status> {
     fn decode<M: prost::Message + Default>(what: &str, b: &[u8]) -> Result<M, Status> {
+        if decoded_bound(b, MAX_DECODED).is_none() {
+            return Err(Status {
+                code: CODE_INVALID_ARGUMENT,
+                message: format!(
+                    "rebalancer: {what} of {} bytes would take more than {} MiB decoded",
+                    b.len(),
+                    MAX_DECODED >> 20
+                ),
+            });
+        }
         M::decode(b).map_err(|e| Status {
             code: CODE_INVALID_ARGUMENT,
             message: format!("rebalancer: malformed {what}: {e}"),
@@ -252,6 +346,15 @@ pub fn run_once(
         }
         if let Some(e) = failed {
             break Err(e);
+        }
+        // Checked here too: a runtime that keeps the socket busy never lets a read time out.
+        if conn
+            .awaiting
+            .is_some_and(|(_, sent)| sent.elapsed() > opts.update_deadline)
+        {
+            conn.awaiting = None;
+            h.updates_timed_out();
+            break Err(SessionError::UpdateTimeout(opts.update_deadline));
         }
     };
     if conn.awaiting.is_some() {
@@ -436,6 +539,46 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
 
+    /// A Synchronize of a million empty containers is 2 MiB on the wire (within the byte
+    /// limit) but gigabytes decoded: refused before decoding, with the reason. A real one
+    /// (containers with their fields) passes, and so does what is not a message at all
+    /// (prost refuses that itself).
+    #[test]
+    fn a_message_small_on_the_wire_but_huge_decoded_is_refused_before_decoding() {
+        let bomb = api::SynchronizeRequest {
+            containers: vec![api::Container::default(); 1_000_000],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(bomb.len() < crate::nri::wire::MAX_TTRPC, "{}", bomb.len());
+        assert_eq!(decoded_bound(&bomb, MAX_DECODED), None);
+        let req = Request {
+            service: PLUGIN_SERVICE.into(),
+            method: "Synchronize".into(),
+            payload: bomb,
+            ..Default::default()
+        };
+        let st = dispatch(&mut Plugin::default(), &req).unwrap_err();
+        assert_eq!(st.code, CODE_INVALID_ARGUMENT);
+        assert!(st.message.contains("decoded"), "{}", st.message);
+        // a node's worth of real containers passes
+        let c = api::Container {
+            id: "a".repeat(64),
+            name: "app".into(),
+            args: vec!["sleep".into(), "3600".into()],
+            env: (0..40).map(|i| format!("VAR{i}=value")).collect(),
+            annotations: (0..20).map(|i| (format!("k{i}"), "v".into())).collect(),
+            ..Default::default()
+        };
+        let real = api::SynchronizeRequest {
+            containers: vec![c; 1000],
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(decoded_bound(&real, MAX_DECODED).is_some());
+        assert!(decoded_bound(&[0xff, 0xff, 0xff], MAX_DECODED).is_some());
+    }
+
     /// Registers, then wants to send one unsolicited update; records what it was told.
     #[derive(Default)]
     struct Plugin {
@@ -522,6 +665,17 @@ mod tests {
     /// waiting for ever with every later update blocked behind it.
     #[test]
     fn an_unanswered_update_ends_the_connection_at_the_deadline() {
+        unanswered_update(false);
+    }
+
+    /// The same while the runtime keeps the socket busy (an event every 5 ms, never a quiet
+    /// poll): the deadline is still kept.
+    #[test]
+    fn an_unanswered_update_ends_a_busy_connection_at_the_deadline() {
+        unanswered_update(true);
+    }
+
+    fn unanswered_update(busy: bool) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nri.sock");
         let listener = UnixListener::bind(&path).unwrap();
@@ -552,6 +706,30 @@ mod tests {
                         .unwrap();
                     } else if req.method == "UpdateContainers" {
                         updates += 1; // never answered
+                        if busy {
+                            let mut w = s.try_clone().unwrap();
+                            std::thread::spawn(move || {
+                                let ev = Request {
+                                    service: PLUGIN_SERVICE.into(),
+                                    method: "StateChange".into(),
+                                    payload: api::StateChangeEvent::default().encode_to_vec(),
+                                    ..Default::default()
+                                }
+                                .encode_to_vec();
+                                for stream in (2u32..).step_by(2) {
+                                    let f = wire::encode(
+                                        wire::PLUGIN_CONN,
+                                        stream,
+                                        wire::TYPE_REQUEST,
+                                        &ev,
+                                    );
+                                    if w.write_all(&f).is_err() {
+                                        return;
+                                    }
+                                    std::thread::sleep(Duration::from_millis(5));
+                                }
+                            });
+                        }
                     }
                 }
             }
@@ -562,9 +740,16 @@ mod tests {
             index: "50".into(),
             update_deadline: Duration::from_millis(300),
         };
-        let mut p = Plugin::default();
+        let (tx, rx) = std::sync::mpsc::channel();
         let t0 = Instant::now();
-        let r = run_once(&opts, &mut p, &AtomicBool::new(false));
+        std::thread::spawn(move || {
+            let mut p = Plugin::default();
+            let r = run_once(&opts, &mut p, &AtomicBool::new(false));
+            let _ = tx.send((r, p));
+        });
+        let (r, p) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the session kept waiting past the deadline");
         assert!(matches!(r, Err(SessionError::UpdateTimeout(_))), "{r:?}");
         assert!(t0.elapsed() >= Duration::from_millis(300));
         assert!(p.timed_out && p.down);

@@ -817,7 +817,7 @@ impl Allocator {
                     CpuError::SmtAlignment { .. } => {
                         Rejection::new(R::SmtAlignmentError, e.to_string())
                     }
-                    CpuError::Insufficient { .. } => {
+                    CpuError::Insufficient { .. } | CpuError::Take(_) => {
                         Rejection::new(R::InsufficientCpu, e.to_string())
                     }
                 })?;

@@ -940,7 +940,7 @@ fn admission_sees_measured_load_only_among_the_choices_the_rules_leave() {
     assert_eq!(show(&seen), "0-7,64-71|0|s");
 }
 
-/// REVIEW7 A7: the starvation guard skips kubelet's Memory Manager entries without CPUs (pods
+/// The starvation guard skips kubelet's Memory Manager entries without CPUs (pods
 /// under the reserved uid prefix) and nothing else: a shared container of ours booked without
 /// CPUs (no path does so today) makes an exclusive admission refused, not silently allowed.
 #[test]

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use crate::cpuset::CpuSet;
+use crate::placement::cpu_take::{self, CpuInfo, CpuTopology, Strategy, TakeError};
 use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
 
@@ -26,6 +27,24 @@ pub enum CpuError {
     },
     #[error("not enough CPUs available to satisfy request: requested={requested}, available={available}")]
     Insufficient { requested: usize, available: usize },
+    /// kubelet's take failed otherwise (its "failed to allocate cpus" / accounting errors).
+    #[error("{0}")]
+    Take(TakeError),
+}
+
+impl From<TakeError> for CpuError {
+    fn from(e: TakeError) -> CpuError {
+        match e {
+            TakeError::NotEnough {
+                requested,
+                available,
+            } => CpuError::Insufficient {
+                requested,
+                available,
+            },
+            other => CpuError::Take(other),
+        }
+    }
 }
 
 /// Options of the static policy (kubelet `--cpu-manager-policy-options`).
@@ -58,6 +77,8 @@ pub struct CpuView {
     /// (socket, die) → CPUs.
     pub dies: BTreeMap<(u32, u32), CpuSet>,
     pub cpus_per_core: usize,
+    /// The same CPUs as kubelet's `CPUTopology`, for the take (`cpu_take`).
+    pub kubelet: CpuTopology,
 }
 
 impl CpuView {
@@ -77,7 +98,9 @@ impl CpuView {
             clusters: BTreeMap::new(),
             dies: BTreeMap::new(),
             cpus_per_core: 1,
+            kubelet: CpuTopology::new([]),
         };
+        let mut infos = Vec::new();
         for c in topo.cpus.iter().filter(|c| c.online) {
             let Some(node) = c.node else { continue };
             let core = c.siblings.first().unwrap_or(c.id).min(c.id);
@@ -95,7 +118,17 @@ impl CpuView {
                 v.clusters.entry(k).or_default().insert(c.id);
             }
             v.dies.entry((c.socket, c.die)).or_default().insert(c.id);
+            // kubelet's discovery: a core by its lowest thread id, the uncore cache by the L3
+            // id or, without one, the socket
+            infos.push(CpuInfo {
+                cpu: c.id,
+                core,
+                socket: c.socket,
+                numa: node,
+                uncore: c.l3.unwrap_or(c.socket),
+            });
         }
+        v.kubelet = CpuTopology::new(infos);
         v.cpus_per_core = v.cores.values().map(|s| s.len()).max().unwrap_or(1).max(1);
         v
     }
@@ -290,35 +323,6 @@ impl<'a> Acc<'a> {
                 && self.need >= all.len()
             {
                 self.take(&all);
-            }
-        }
-    }
-
-    /// Single CPUs in spread order: per node (packed order), thread i of every core before
-    /// thread i + 1 of any.
-    fn take_remaining_spread(&mut self) {
-        let cores = self.sorted_cores();
-        let mut by_node: Vec<(u32, Vec<Vec<u32>>)> = Vec::new();
-        for c in cores {
-            let cpus: Vec<u32> = self.v.cores[&c].intersection(&self.avail).iter().collect();
-            let Some(&first) = cpus.first() else { continue };
-            let node = self.v.node_of.get(&first).copied().unwrap_or(0);
-            match by_node.iter_mut().find(|(n, _)| *n == node) {
-                Some((_, l)) => l.push(cpus),
-                None => by_node.push((node, vec![cpus])),
-            }
-        }
-        for (_, cores) in by_node {
-            let depth = cores.iter().map(Vec::len).max().unwrap_or(0);
-            for i in 0..depth {
-                for core in &cores {
-                    if self.satisfied() {
-                        return;
-                    }
-                    if let Some(&cpu) = core.get(i) {
-                        self.take(&std::iter::once(cpu).collect());
-                    }
-                }
             }
         }
     }
@@ -519,50 +523,6 @@ pub fn take_packed_with(
     Ok(acc.result)
 }
 
-/// kubelet's packed take with the spread CPU sorting (distribute-cpus-across-cores): whole
-/// sockets and nodes as the packed take, then single CPUs one per core — the first free thread
-/// of every core of a node before any second thread — instead of whole cores.
-pub fn take_spread(
-    v: &CpuView,
-    available: &CpuSet,
-    n: usize,
-    prefer_uncore: bool,
-) -> Result<CpuSet, CpuError> {
-    let mut acc = Acc::new(v, available, n);
-    if acc.need > acc.avail.len() {
-        return Err(CpuError::Insufficient {
-            requested: n,
-            available: acc.avail.len(),
-        });
-    }
-    if !acc.satisfied() {
-        if v.sockets_first() {
-            acc.take_full_sockets();
-            if !acc.satisfied() {
-                acc.take_full_nodes();
-            }
-        } else {
-            acc.take_full_nodes();
-            if !acc.satisfied() {
-                acc.take_full_sockets();
-            }
-        }
-    }
-    if !acc.satisfied() && prefer_uncore {
-        acc.take_uncore();
-    }
-    if !acc.satisfied() {
-        acc.take_remaining_spread();
-    }
-    if !acc.satisfied() {
-        return Err(CpuError::Insufficient {
-            requested: n,
-            available: available.len(),
-        });
-    }
-    Ok(acc.result)
-}
-
 fn std_dev(xs: &[i64]) -> f64 {
     if xs.is_empty() {
         return 0.0;
@@ -728,31 +688,50 @@ pub fn take_distributed(
     take_packed_with(v, available, n, false, clusters)
 }
 
-/// kubelet's `takeByTopology` dispatch on the options.
+/// kubelet's `takeByTopology` dispatch on the options: `cpu_take`, the very code
+/// `rebalancer hints cpu` runs. TAP's topology-cluster-affinity, which kubelet does not have,
+/// keeps its own cluster packing where the machine has CPU clusters.
 pub fn take_by_topology(
     v: &CpuView,
     available: &CpuSet,
     n: usize,
     opts: &StaticOptions,
 ) -> Result<CpuSet, CpuError> {
-    if opts.distribute_across_numa {
+    let available = available.intersection(&v.online);
+    if opts.cluster_affinity && !v.clusters.is_empty() {
+        if opts.distribute_across_numa {
+            let group = if opts.full_pcpus_only {
+                v.cpus_per_core
+            } else {
+                1
+            };
+            return take_distributed(v, &available, n, group, true);
+        }
+        return take_packed_with(v, &available, n, opts.prefer_align_by_uncorecache, true);
+    }
+    let strategy = if opts.distribute_across_cores {
+        Strategy::Spread
+    } else {
+        Strategy::Packed
+    };
+    let got = if opts.distribute_across_numa {
+        // kubelet's cpuGroupSize: CPUs per core under full-pcpus-only, else 1
         let group = if opts.full_pcpus_only {
-            v.cpus_per_core
+            v.kubelet.cpus_per_core().max(1)
         } else {
             1
         };
-        return take_distributed(v, available, n, group, opts.cluster_affinity);
-    }
-    if opts.distribute_across_cores {
-        return take_spread(v, available, n, opts.prefer_align_by_uncorecache);
-    }
-    take_packed_with(
-        v,
-        available,
-        n,
-        opts.prefer_align_by_uncorecache,
-        opts.cluster_affinity,
-    )
+        cpu_take::take_distributed(&v.kubelet, &available, n, group, strategy)
+    } else {
+        cpu_take::take_packed(
+            &v.kubelet,
+            &available,
+            n,
+            strategy,
+            opts.prefer_align_by_uncorecache,
+        )
+    };
+    Ok(got?)
 }
 
 /// kubelet's `allocateCPUs`: checks full-pcpus-only, then takes from the CPUs aligned with

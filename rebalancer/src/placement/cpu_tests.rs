@@ -35,6 +35,7 @@ fn show(r: Result<CpuSet, CpuError>) -> String {
         Ok(s) => s.to_string(),
         Err(CpuError::SmtAlignment { .. }) => "SMTAlignmentError".into(),
         Err(CpuError::Insufficient { .. }) => "insufficient".into(),
+        Err(CpuError::Take(e)) => e.to_string(),
     }
 }
 
@@ -223,7 +224,7 @@ fn hints_for_every_mask_preferred_at_minimal_width() {
     );
 }
 
-/// REVIEW9 F6: on 16 nodes (pruned candidates: widths 1-2 and all nodes) a pod reusing CPUs of
+/// On 16 nodes (pruned candidates: widths 1-2 and all nodes) a pod reusing CPUs of
 /// nodes 0, 5 and 9 gets kubelet's narrowest reusing hint {0,5,9}, not only all-nodes.
 #[test]
 fn reusable_cpus_past_twelve_nodes_keep_their_nodes_mask() {

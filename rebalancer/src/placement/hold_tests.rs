@@ -235,7 +235,7 @@ fn containers_beyond_the_totals_or_against_the_pods_qos_are_refused() {
     assert_eq!(a, before);
 }
 
-/// REVIEW3 #4: a door whose totals leave out the hugepages (NRI's pod_resources has none)
+/// A door whose totals leave out the hugepages (NRI's pod_resources has none)
 /// books a pod's memory and hugepages as the containers it has seen, not as the first one:
 /// the second 8 GiB of 1 GiB pages grows the pod's booking, so another pod asking for the
 /// machine's last 8 GiB of them is refused until that container is gone.

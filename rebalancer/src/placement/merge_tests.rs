@@ -742,7 +742,7 @@ fn random_mask(rng: &mut Rng, nodes: u32, width: u32) -> NodeMask {
 }
 
 /// `lists` providers of `hints` random non-preferred masks of nodes/2 ..= 7·nodes/8 nodes each
-/// (REVIEW8's wide case).
+/// (a wide case).
 fn wide_case(seed: u64, nodes: u32, lists: usize, hints: usize) -> Vec<ProviderHints> {
     let mut rng = Rng(seed);
     (0..lists)
@@ -757,7 +757,7 @@ fn wide_case(seed: u64, nodes: u32, lists: usize, hints: usize) -> Vec<ProviderH
         .collect()
 }
 
-/// REVIEW8's kubelet-shaped case: CPU and memory list every mask of two or more nodes (preferred:
+/// The kubelet-shaped case: CPU and memory list every mask of two or more nodes (preferred:
 /// the pairs inside nodes 0..5), a device on the last node lists every mask containing it
 /// (preferred: that node alone). No mask is preferred by all three.
 fn kubelet_shaped(nodes: u32) -> Vec<ProviderHints> {
@@ -841,7 +841,7 @@ fn wide_random_hints_at_64_nodes() {
     let providers = wide_case(64, 64, 8, 8);
     let numa = machine(64);
     assert_eq!(merge(BE, &opts(false), &numa, &providers), h(WIDE64, false));
-    // REVIEW8's larger shape (20 lists of 12) finishes too; its result has no oracle here, but
+    // The larger shape (20 lists of 12) finishes too; its result has no oracle here, but
     // it must be a reachable mask: contained in one hint of every list.
     let big = wide_case(65, 64, 20, 12);
     let got = merge(BE, &opts(false), &numa, &big).affinity.unwrap();

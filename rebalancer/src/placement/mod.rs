@@ -9,6 +9,8 @@ pub mod numa_info;
 pub use mask::{NodeMask, TopologyHint};
 pub mod admission;
 pub mod cpu;
+pub mod cpu_case;
+pub mod cpu_take;
 pub mod device;
 pub mod memory;
 pub mod memory_case;

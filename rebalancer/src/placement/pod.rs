@@ -331,7 +331,7 @@ mod tests {
         assert!(p.validate().unwrap_err().contains("above limit"));
     }
 
-    /// REVIEW4 R10: the adopted kubelet pods' key prefix cannot be admitted (its pods would be
+    /// The adopted kubelet pods' key prefix cannot be admitted (its pods would be
     /// released by the next kubelet reload while their containers run on).
     #[test]
     fn the_kubelet_uid_prefix_is_reserved() {

@@ -83,6 +83,8 @@ pub struct Metrics {
     pub moves_skipped: Family<ReasonLabel, Counter>,
     pub admission_requests: Family<ResultLabel, Counter>,
     pub admission_rejections: Family<ReasonLabel, Counter>,
+    /// Containers a dry run let start that it would have refused (NRI CreateContainer).
+    pub dry_run_refusals: Counter,
     pub admission_duration: Histogram,
     pub round_duration: Histogram,
     /// Control rounds that observed nothing, by reason (`cgroup-walk`, `sample-read`).
@@ -144,6 +146,7 @@ impl Metrics {
             moves_skipped: Family::default(),
             admission_requests: Family::default(),
             admission_rejections: Family::default(),
+            dry_run_refusals: Counter::default(),
             admission_duration: Histogram::new([
                 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25,
             ]),
@@ -253,6 +256,11 @@ impl Metrics {
             "admission_rejections",
             "Admission rejections, by reason",
             m.admission_rejections.clone(),
+        );
+        r.register(
+            "dry_run_refusals",
+            "Containers a dry run let start as the runtime made them that it would have refused",
+            m.dry_run_refusals.clone(),
         );
         r.register_with_unit(
             "admission_duration",

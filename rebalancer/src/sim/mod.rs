@@ -5,12 +5,16 @@
 //! - `model`: the cost model (latency by SLIT distance, bandwidth saturation, contention,
 //!   migration cost);
 //! - `workload`: the trace format; `generate`: seeded trace generators;
-//! - `run`: the discrete-time loop and the kernel model; `baselines`: what each policy does.
+//! - `run`: the discrete-time loop and the kernel model; `baselines`: what each policy does;
+//! - `machines`: seeded machines the tuning never saw; `heldout`: the tune / held-out measure
+//!   over them (the share of the oracle's gain over Static a policy captures).
 
 use serde::Serialize;
 
 pub mod baselines;
 pub mod generate;
+pub mod heldout;
+pub mod machines;
 pub mod model;
 pub mod run;
 pub mod workload;
@@ -96,9 +100,16 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| policy | locality | remote % over time | slowdown | moves (reversals) | migrated GiB | pages migrated | cross-node sched migrations | admitted / rejected |"
+        "| policy | locality | remote % over time | slowdown | oracle's gain captured | moves (reversals) | migrated GiB | pages migrated | cross-node sched migrations | admitted / rejected |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    let slowdown = |q| {
+        r.policies
+            .iter()
+            .find(|p| p.policy == q)
+            .map(|p| p.slowdown)
+    };
+    let (stat, oracle) = (slowdown(Policy::Static), slowdown(Policy::Oracle));
     for p in &r.policies {
         let tl: Vec<String> = p
             .remote_timeline
@@ -107,11 +118,16 @@ pub fn table(r: &Report) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "| {:?} | {:.3} | {} | {:.3} | {} ({}) | {:.2} | {} | {} | {} / {} |",
+            "| {:?} | {:.3} | {} | {:.3} | {} | {} ({}) | {:.2} | {} | {} | {} / {} |",
             p.policy,
             p.mean_locality,
             tl.join(" "),
             p.slowdown,
+            match (stat, oracle) {
+                (Some(st), Some(o)) => heldout::captured(st, p.slowdown, o)
+                    .map_or("-".into(), |c| format!("{:.0}%", c * 100.0)),
+                _ => "-".into(),
+            },
             p.moves,
             p.move_reversals,
             p.bytes_migrated as f64 / (1u64 << 30) as f64,
@@ -123,7 +139,7 @@ pub fn table(r: &Report) -> String {
         if p.invariant_violations > 0 {
             let _ = writeln!(
                 s,
-                "| ^ {} INVARIANT VIOLATIONS | | | | | | | |",
+                "| ^ {} INVARIANT VIOLATIONS | | | | | | | | |",
                 p.invariant_violations
             );
         }

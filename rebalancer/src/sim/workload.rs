@@ -38,8 +38,8 @@ pub struct Workload {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MachineAdditions {
-    /// Synthetic PCI devices (e.g. GPUs on an EPYC fixture that has none); a node beyond the
-    /// machine's is wrapped modulo the node count.
+    /// Synthetic PCI devices (e.g. GPUs on an EPYC fixture that has none); node `i` is the
+    /// machine's `i`-th node with CPUs, wrapped modulo their count.
     #[serde(default)]
     pub devices: Vec<PciDevice>,
     /// 1 GiB hugepages reserved per node (replaces the fixture's count).
@@ -153,8 +153,14 @@ impl Workload {
     /// The fixture's machine with this trace's additions.
     pub fn machine(&self, base: &Topology) -> Topology {
         let mut t = base.clone();
-        let n = t.nodes.len().max(1) as u32;
-        let ids: Vec<u32> = t.node_ids().collect();
+        // Devices sit on nodes with CPUs (a PCI device is never on a memory-only node).
+        let ids: Vec<u32> = t
+            .nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| n.id)
+            .collect();
+        let n = ids.len().max(1) as u32;
         for d in &self.machine.devices {
             let mut d = d.clone();
             d.node = d

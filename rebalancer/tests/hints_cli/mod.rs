@@ -1,4 +1,4 @@
-//! Running `rebalancer hints <SUB>` (merge, memory) through the real binary: from a file, from
+//! Running `rebalancer hints <SUB>` (merge, memory, cpu) through the real binary: from a file, from
 //! stdin, and its JSON-lines output. Shared by `hints_merge.rs` and `hints_memory.rs`.
 
 use std::io::Write;

@@ -74,6 +74,12 @@ struct PodSpec {
     log_dir: String,
     #[serde(default)]
     namespace: Option<String>,
+    /// The pod's annotations (kubelet passes them to the sandbox; NRI shows them to plugins).
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+    /// `hostPID: true`: the pod shares the host's PID namespace.
+    #[serde(default)]
+    host_pid: bool,
     /// The pod's totals as kubelet ≥ 1.26 sets them on the sandbox (`linux.resources`: the sums
     /// of its containers' requests and limits), which containerd passes to NRI plugins as
     /// `PodSandbox.linux.pod_resources`.
@@ -110,9 +116,51 @@ struct ContainerSpec {
     memory_limit: i64,
     #[serde(default)]
     hugepages_2m: u64,
+    /// The image's entrypoint when empty (kubelet: `command` unset).
+    #[serde(default)]
     command: Vec<String>,
+    #[serde(default)]
+    args: Vec<String>,
     /// Relative to the pod's log_dir.
     log_path: String,
+    /// Default: the test busybox image.
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default)]
+    env: Vec<(String, String)>,
+    #[serde(default)]
+    mounts: Vec<MountSpec>,
+    #[serde(default)]
+    security: SecuritySpec,
+}
+
+/// A volume mount as kubelet hands it to the runtime (hostPath and configMap alike: a host
+/// directory bound into the container).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MountSpec {
+    host_path: String,
+    container_path: String,
+    #[serde(default)]
+    readonly: bool,
+}
+
+/// The container's securityContext as kubelet translates it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecuritySpec {
+    #[serde(default)]
+    add_capabilities: Vec<String>,
+    #[serde(default)]
+    drop_capabilities: Vec<String>,
+    #[serde(default)]
+    readonly_rootfs: bool,
+    /// `allowPrivilegeEscalation: false`.
+    #[serde(default)]
+    no_new_privs: bool,
+    /// `seccompProfile: {type: RuntimeDefault}`.
+    #[serde(default)]
+    seccomp_runtime_default: bool,
 }
 
 fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
@@ -139,6 +187,7 @@ fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
         hostname: String::new(),
         log_directory: p.log_dir.clone(),
         labels,
+        annotations: p.annotations.clone(),
         linux: Some(cri::LinuxPodSandboxConfig {
             cgroup_parent: parent,
             resources: p.resources.as_ref().map(|r| cri::LinuxContainerResources {
@@ -149,7 +198,7 @@ fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
                 ..Default::default()
             }),
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(host_network()),
+                namespace_options: Some(host_network(p.host_pid)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -158,10 +207,15 @@ fn sandbox_config(p: &PodSpec) -> Result<cri::PodSandboxConfig> {
     })
 }
 
-fn host_network() -> cri::NamespaceOption {
+fn host_network(host_pid: bool) -> cri::NamespaceOption {
+    let pid = if host_pid {
+        cri::NamespaceMode::Node
+    } else {
+        cri::NamespaceMode::Container
+    };
     cri::NamespaceOption {
         network: cri::NamespaceMode::Node as i32,
-        pid: cri::NamespaceMode::Container as i32,
+        pid: pid as i32,
         ipc: cri::NamespaceMode::Pod as i32,
         ..Default::default()
     }
@@ -226,16 +280,50 @@ async fn main() -> Result<()> {
                     attempt: 0,
                 }),
                 image: Some(cri::ImageSpec {
-                    image: IMAGE.into(),
+                    image: s.image.clone().unwrap_or_else(|| IMAGE.into()),
                     ..Default::default()
                 }),
                 command: s.command.clone(),
+                args: s.args.clone(),
+                envs: s
+                    .env
+                    .iter()
+                    .map(|(key, value)| cri::KeyValue {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                mounts: s
+                    .mounts
+                    .iter()
+                    .map(|m| cri::Mount {
+                        container_path: m.container_path.clone(),
+                        host_path: m.host_path.clone(),
+                        readonly: m.readonly,
+                        ..Default::default()
+                    })
+                    .collect(),
                 log_path: s.log_path.clone(),
                 labels,
                 linux: Some(cri::LinuxContainerConfig {
                     resources: Some(resources),
                     security_context: Some(cri::LinuxContainerSecurityContext {
-                        namespace_options: Some(host_network()),
+                        namespace_options: Some(host_network(s.pod.host_pid)),
+                        capabilities: Some(cri::Capability {
+                            add_capabilities: s.security.add_capabilities.clone(),
+                            drop_capabilities: s.security.drop_capabilities.clone(),
+                            ..Default::default()
+                        }),
+                        readonly_rootfs: s.security.readonly_rootfs,
+                        no_new_privs: s.security.no_new_privs,
+                        seccomp: Some(cri::SecurityProfile {
+                            profile_type: if s.security.seccomp_runtime_default {
+                                cri::security_profile::ProfileType::RuntimeDefault
+                            } else {
+                                cri::security_profile::ProfileType::Unconfined
+                            } as i32,
+                            ..Default::default()
+                        }),
                         ..Default::default()
                     }),
                 }),

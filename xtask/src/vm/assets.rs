@@ -133,7 +133,7 @@ pub fn kernel(suite: &str) -> Result<PathBuf> {
     Ok(vmlinuz)
 }
 
-fn musl_target() -> Result<()> {
+pub(crate) fn musl_target() -> Result<()> {
     let installed = stdout_of(Command::new("rustup").args(["target", "list", "--installed"]))?;
     if !installed.lines().any(|l| l.trim() == MUSL) {
         sh(Command::new("rustup").args(["target", "add", MUSL]))?;

@@ -9,7 +9,7 @@
 //! - `assets`: packages, kernel cache, static builds, initramfs; `qemu`: boot and console.
 //! - `bench`: `cargo xtask vm-bench`, the side-by-side benchmark (no manager, AutoNUMA, numad,
 //!   rebalancer) in one boot.
-mod assets;
+pub mod assets;
 mod bench;
 mod judge;
 mod qemu;

@@ -23,43 +23,36 @@ use crate::{
 
 /// How long a container's limits may take to appear after its cgroup: a runtime makes the
 /// directory first and writes cpu.max / memory.max / cpu.weight just after (on v2 they live in
-/// the directory itself), so at the inotify event they usually still show the defaults.
+/// the directory itself), so at the inotify event they usually still show the defaults. Until
+/// then the cgroup waits in the watcher's retry queue (never on its thread); after it, it is
+/// admitted as it shows.
 pub const LIMITS_GRACE: Duration = Duration::from_millis(250);
 
 /// The kernel's default cgroup v2 cpu.weight: what a new cgroup shows before its runtime
 /// writes the container's (kubelet's 2.6-CPU request maps to it too, and is rare).
 const DEFAULT_V2_WEIGHT: u64 = 100;
 
-/// Waits at most `grace` until a container cgroup shows what its QoS class implies it will get:
-/// a Guaranteed one a CPU quota and a memory limit (it always has both); a Burstable one on
-/// cgroup v2 a cpu.weight other than the kernel default (v1's default shares equal a 1-CPU
-/// request, so there is nothing to wait for). `false` when they never appeared.
-pub fn await_limits(cgroups: &Cgroups, rel: &str, qos: Qos, grace: Duration) -> bool {
-    let t0 = Instant::now();
+/// Whether a container cgroup shows what its QoS class implies it will get: a Guaranteed one a
+/// memory limit and its CPU (a quota, or without CFS quota a cpu.weight other than the
+/// kernel default on cgroup v2); a Burstable one on cgroup v2 a cpu.weight other than the
+/// default (v1's default shares equal a 1-CPU request, so there is nothing to wait for).
+pub fn limits_ready(cgroups: &Cgroups, rel: &str, qos: Qos) -> bool {
     let v2_cpu = cgroups
         .hierarchy(Controller::Cpu)
         .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
-    loop {
-        let ready = match qos {
-            Qos::Guaranteed => {
-                cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some())
-                    && cgroups.memory_max(rel).is_ok_and(|m| m.is_some())
-            }
-            Qos::Burstable => {
-                !v2_cpu
-                    || cgroups
-                        .cpu_weight(rel)
-                        .is_ok_and(|w| w != DEFAULT_V2_WEIGHT)
-            }
-            Qos::BestEffort => true,
-        };
-        if ready {
-            return true;
+    let weight_set = || {
+        !v2_cpu
+            || cgroups
+                .cpu_weight(rel)
+                .is_ok_and(|w| w != DEFAULT_V2_WEIGHT)
+    };
+    match qos {
+        Qos::Guaranteed => {
+            cgroups.memory_max(rel).is_ok_and(|m| m.is_some())
+                && (cgroups.cpu_max(rel).is_ok_and(|m| m.quota_us.is_some()) || weight_set())
         }
-        if t0.elapsed() >= grace {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
+        Qos::Burstable => weight_set(),
+        Qos::BestEffort => true,
     }
 }
 
@@ -83,6 +76,11 @@ pub enum WatchOutcome {
     Released {
         cgroup: String,
     },
+    /// Its limits have not appeared yet (see [`LIMITS_GRACE`]): nothing done, to be seen
+    /// again from the retry queue.
+    NotReady {
+        cgroup: String,
+    },
     /// The cgroup was removed before its cpuset could be written (its container exited at
     /// once): the admission was undone. A normal race, logged at debug level.
     Vanished {
@@ -101,6 +99,7 @@ impl WatchOutcome {
         !matches!(
             self,
             WatchOutcome::Ignored
+                | WatchOutcome::NotReady { .. }
                 | WatchOutcome::Rejected { .. }
                 | WatchOutcome::WriteFailed { .. }
         )
@@ -115,6 +114,20 @@ pub fn request_millis_from_weight(weight: u64) -> u64 {
         return 0;
     }
     (shares * 1000).div_ceil(1024)
+}
+
+/// A Guaranteed container's CPU request from its cpu.weight, for one kubelet runs without a
+/// CFS quota (`cpuCFSQuota: false`): the whole CPU count whose kubelet shares map to exactly
+/// this weight when there is one (what a pinning node's containers ask for, and what exclusive
+/// CPUs need), the approximate inverse otherwise.
+pub fn guaranteed_millis_from_weight(weight: u64) -> u64 {
+    let approx = request_millis_from_weight(weight);
+    let whole = (approx + 500) / 1000;
+    if whole > 0 && crate::cgroup::files::shares_to_weight(whole.saturating_mul(1024)) == weight {
+        whole * 1000
+    } else {
+        approx
+    }
 }
 
 /// The single-container pod the watcher admits for a container cgroup it does not know.
@@ -152,6 +165,14 @@ pub fn container_for(cgroups: &Cgroups, rel: &str, name: &str, qos: Qos) -> Cont
         (0, 0)
     };
     let (req, mem_req) = match qos {
+        // without a CFS quota kubelet still writes the request as the weight
+        Qos::Guaranteed if limit_millis == 0 => (
+            cgroups
+                .cpu_weight(rel)
+                .map(guaranteed_millis_from_weight)
+                .unwrap_or(0),
+            mem_limit,
+        ),
         Qos::Guaranteed => (limit_millis, mem_limit),
         Qos::Burstable => (weight_req.max(1), 0),
         Qos::BestEffort => (0, 0),
@@ -159,11 +180,7 @@ pub fn container_for(cgroups: &Cgroups, rel: &str, name: &str, qos: Qos) -> Cont
     Container {
         name: name.into(),
         cpu_request_millis: if qos == Qos::BestEffort { 0 } else { req },
-        cpu_limit_millis: if qos == Qos::Guaranteed {
-            limit_millis
-        } else {
-            0
-        },
+        cpu_limit_millis: if qos == Qos::Guaranteed { req } else { 0 },
         memory_bytes: mem_req,
         memory_limit_bytes: if qos == Qos::Guaranteed { mem_limit } else { 0 },
         hugepages_2mi_bytes: h2,
@@ -172,8 +189,9 @@ pub fn container_for(cgroups: &Cgroups, rel: &str, name: &str, qos: Qos) -> Cont
     }
 }
 
-/// Handles a cgroup that appeared: admit (or bind) and write its cpuset (unless dry-run). The
-/// change is not checkpointed here (see `Durability::Deferred`).
+/// Handles a cgroup that appeared (first seen at `t0`): admit (or bind) and write its cpuset
+/// (unless dry-run); `NotReady` while its limits are still to come within [`LIMITS_GRACE`]
+/// of `t0`. The change is not checkpointed here (see `Durability::Deferred`).
 pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
     let (kind, kubernetes, known, kube_root, pod_scope) = {
@@ -232,7 +250,10 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         ..
     } = classify_in(&rel, kube_root.as_deref(), &[])
     {
-        if !known && !await_limits(cgroups, &rel, q, LIMITS_GRACE) {
+        if !known && !limits_ready(cgroups, &rel, q) {
+            if t0.elapsed() < LIMITS_GRACE {
+                return WatchOutcome::NotReady { cgroup: rel };
+            }
             tracing::warn!(cgroup = %rel, qos = ?q, "container cgroup still without the limits of its QoS class (cpu.max / memory.max, or cpu.weight) after {LIMITS_GRACE:?}; admitting what it shows");
         }
     }
@@ -279,6 +300,19 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
             since: t0,
         }),
     };
+    // Not admitted: kept fenced off the exclusive CPUs as they change, until it goes.
+    let refused = matches!(
+        answer,
+        Err(AdmitError::Rejected { .. } | AdmitError::Invalid(_))
+    );
+    {
+        let mut s = adm.daemon.lock();
+        if refused && !s.cfg.daemon.dry_run {
+            s.refused.insert(rel.clone());
+        } else {
+            s.refused.remove(&rel);
+        }
+    }
     match answer {
         Ok(a) => {
             let p = &a.placements[0];
@@ -327,6 +361,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
 /// checkpointed here.
 pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
+    adm.daemon.lock().refused.remove(&rel);
     if adm.unbind(&rel, Durability::Deferred).is_some() {
         tracing::info!(cgroup = %rel, "container cgroup removed; released");
         return WatchOutcome::Released { cgroup: rel };

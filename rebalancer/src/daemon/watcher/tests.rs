@@ -102,15 +102,19 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
         matches!(&o, WatchOutcome::Admitted { cpus, .. } if cpus == "0-3"),
         "{o:?}"
     );
-    // A Guaranteed 1-CPU container whose runtime writes its limits 30 ms after mkdir.
+    // A Guaranteed 1-CPU container whose runtime writes its limits after mkdir: queued, not
+    // waited for, then admitted when seen again.
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
-    let (gdir, t0) = (root.join(&g), Instant::now());
-    let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(30));
-        guaranteed_limits(&gdir);
-    });
-    let o = on_created(&d, &cg, &g, t0);
-    writer.join().unwrap();
+    let mut retry = Retry::default();
+    let o = retry.created(&d, &cg, &g, Instant::now());
+    assert_eq!(o, WatchOutcome::NotReady { cgroup: g.clone() });
+    assert!(!retry.is_empty());
+    assert!(retry.revisit(&d, &cg).is_empty(), "still not ready");
+    guaranteed_limits(&root.join(&g));
+    let mut done = retry.revisit(&d, &cg);
+    assert!(retry.is_empty());
+    assert_eq!(done.len(), 1, "{done:?}");
+    let o = done.remove(0);
     let WatchOutcome::Admitted { cpus, mems, .. } = &o else {
         panic!("{o:?}")
     };
@@ -139,14 +143,24 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
         &format!("kubepods.slice/kubepods-pod{}.slice", us.replace('8', "9")),
         "c",
     );
-    let t = Instant::now();
-    assert!(!await_limits(
-        &cg,
-        &never,
-        Qos::Guaranteed,
-        Duration::from_millis(20)
+    assert!(!limits_ready(&cg, &never, Qos::Guaranteed));
+    let seen = Instant::now() - LIMITS_GRACE;
+    let o = retry.created(&d, &cg, &never, seen);
+    assert!(!matches!(o, WatchOutcome::NotReady { .. }), "{o:?}");
+    assert!(retry.is_empty());
+    // A queued cgroup removed before its limits came is dropped.
+    let gone = container(
+        root,
+        &format!("kubepods.slice/kubepods-pod{}.slice", us.replace('8', "7")),
+        "d",
+    );
+    assert!(matches!(
+        retry.created(&d, &cg, &gone, Instant::now()),
+        WatchOutcome::NotReady { .. }
     ));
-    assert!(t.elapsed() < Duration::from_secs(1));
+    std::fs::remove_dir_all(root.join(&gone)).unwrap();
+    assert!(retry.revisit(&d, &cg).is_empty());
+    assert!(retry.is_empty());
 }
 
 /// A writer that fails every write to one cgroup while told to (a v1 cpuset whose child
@@ -308,16 +322,14 @@ fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
         &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{us}.slice"),
         "b",
     );
-    // The runtime writes the 500m request's weight 30 ms after the directory appears; until
-    // then the kernel default (100, i.e. ~2.6 CPUs) shows.
-    let bdir = root.join(&b);
-    let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(30));
-        std::fs::write(bdir.join("cpu.weight"), "20\n").unwrap();
-    });
-    let o = on_created(&d, &cg, &b, Instant::now());
-    writer.join().unwrap();
-    assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
+    // The runtime writes the 500m request's weight after the directory appears; until then
+    // the kernel default (100, i.e. ~2.6 CPUs) shows, and the cgroup waits in the queue.
+    let mut retry = Retry::default();
+    let o = retry.created(&d, &cg, &b, Instant::now());
+    assert!(matches!(o, WatchOutcome::NotReady { .. }), "{o:?}");
+    std::fs::write(root.join(&b).join("cpu.weight"), "20\n").unwrap();
+    let o = retry.revisit(&d, &cg);
+    assert!(matches!(o[..], [WatchOutcome::Admitted { .. }]), "{o:?}");
     let s = d.daemon.lock();
     let pod = s.state.allocator.pods.values().next().unwrap();
     assert!(
@@ -358,6 +370,41 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     let now = cg.cpus(&b).unwrap();
     assert!(!now.is_empty() && now.is_disjoint(&excl), "{now} vs {excl}");
     assert_eq!(now, CpuSet::parse("0-3").unwrap().difference(&excl));
+    // Kept in the books as fenced: the runtime writing it back onto the exclusive CPUs is
+    // undone at the next round.
+    assert!(d.daemon.lock().refused.contains(&b));
+    put(
+        root,
+        &format!("{b}/cpuset.cpus"),
+        "0-3
+",
+    );
+    let changed = d.refence();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(cg.cpus(&b).unwrap().is_disjoint(&excl));
+    // The exclusive set changing (the Guaranteed container gone, the refused one on every
+    // CPU again, a 2-CPU container admitted): fenced off the new exclusive CPUs at that
+    // admission, never an empty cpuset.
+    assert!(matches!(on_removed(&d, &g), WatchOutcome::Released { .. }));
+    put(root, &format!("{b}/cpuset.cpus"), "0-3\n");
+    let third = UID.replace('8', "7").replace('-', "_");
+    let g2 = container(
+        root,
+        &format!("kubepods.slice/kubepods-pod{third}.slice"),
+        "c",
+    );
+    put(root, &format!("{g2}/cpu.max"), "200000 100000\n");
+    put(root, &format!("{g2}/memory.max"), "67108864\n");
+    let excl2 = admitted_cpus(&on_created(&d, &cg, &g2, Instant::now()));
+    let now = cg.cpus(&b).unwrap();
+    assert!(
+        !now.is_empty() && now.is_disjoint(&excl2),
+        "refused container on {now}, {excl2} exclusive now"
+    );
+    // Its cgroup gone: released from the books.
+    std::fs::remove_dir_all(root.join(&b)).unwrap();
+    on_removed(&d, &b);
+    assert!(d.daemon.lock().refused.is_empty());
 }
 
 #[test]
@@ -436,6 +483,7 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
     let mut watches = BTreeMap::new();
     let mut found = Vec::new();
     let mask = WatchMask::CREATE | WatchMask::ONLYDIR;
+    let mut failed = None;
     add_tree(
         &mut ino,
         &mut watches,
@@ -444,7 +492,12 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
         mask,
         &mut found,
         &m,
+        &mut failed,
     );
+    let why = failed
+        .take()
+        .expect("a watch that could not be added is reported");
+    assert!(why.contains("cannot watch"), "{why}");
     add_tree(
         &mut ino,
         &mut watches,
@@ -453,7 +506,9 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
         mask,
         &mut found,
         &m,
+        &mut failed,
     );
+    assert_eq!(failed, None, "a directory removed meanwhile is no failure");
     add_tree(
         &mut ino,
         &mut watches,
@@ -462,6 +517,7 @@ fn a_directory_that_cannot_be_watched_is_counted_by_errno() {
         mask,
         &mut found,
         &m,
+        &mut None,
     );
     assert_eq!(watches.len(), 1, "only the directory is watched");
     let text = m.render();
@@ -546,6 +602,7 @@ fn the_watcher_watches_only_the_paths_to_kubelets_root_its_tiers_and_pods() {
         WatchMask::CREATE | WatchMask::ONLYDIR,
         &mut found,
         &m,
+        &mut None,
     );
     let mut watched: Vec<String> = watches
         .values()
@@ -598,19 +655,104 @@ fn a_hierarchy_that_cannot_be_walked_releases_nothing() {
     assert_eq!(s.state.allocator.pods.len(), 1);
 }
 
-/// Review item 1: running out of inotify watches (ENOSPC) is a component failure in
-/// /healthz, not only a counter.
+/// A directory that cannot be watched (ENOSPC: out of watches) is counted by errno and
+/// named, with the sysctl to raise, in the reason the watcher hands its supervisor.
 #[test]
-fn an_enospc_watch_failure_fails_a_health_component() {
+fn an_enospc_watch_failure_names_the_sysctl() {
     let m = Metrics::default();
-    assert!(m.health.dead().is_empty());
     let e = std::io::Error::from_raw_os_error(libc::ENOSPC);
-    watch_failed(&m, Path::new("/sys/fs/cgroup/kubepods/x"), &e);
+    let why = watch_failed(&m, Path::new("/sys/fs/cgroup/kubepods/x"), &e);
     watch_failed(&m, Path::new("/sys/fs/cgroup/kubepods/y"), &e);
-    let dead = m.health.dead();
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0].component, "inotify_watches");
-    assert!(dead[0].reason.contains("max_user_watches"), "{dead:?}");
+    assert!(
+        why.contains("kubepods/x") && why.contains("max_user_watches"),
+        "{why}"
+    );
+    let n = m
+        .inotify_watch_failures
+        .get_or_create(&crate::serve::metrics::ReasonLabel {
+            reason: "ENOSPC".into(),
+        })
+        .get();
+    assert_eq!(n, 2);
+}
+
+/// A watcher that cannot start (no inotify instance left): the `inotify` component fails with
+/// the reason — never one a restart is asked to cure — and the supervisor reconciles every
+/// period instead, so a container made meanwhile is still admitted; once a watcher starts
+/// the component is healthy again and the reconciling stops. A watcher that later loses a
+/// watch hands back to reconciling the same way.
+#[test]
+fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_period() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake_with(root, |c| c.controller.period_ms = 10);
+    let works = Arc::new(AtomicBool::new(false));
+    let lose = Arc::new(AtomicBool::new(false));
+    let starts = Arc::new(AtomicUsize::new(0));
+    let why = Arc::new(std::sync::Mutex::new(
+        "no inotify instance (Too many open files); raise fs.inotify.max_user_instances"
+            .to_string(),
+    ));
+    let (w, l, n, y) = (works.clone(), lose.clone(), starts.clone(), why.clone());
+    let sup = supervise_with(d.clone(), cg.clone(), move |adm, _, lost| {
+        n.fetch_add(1, Ordering::SeqCst);
+        if !w.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other(y.lock().unwrap().clone()));
+        }
+        let l = l.clone();
+        Ok(std::thread::spawn(move || {
+            while !adm.daemon.stopping() {
+                if l.swap(false, Ordering::SeqCst) {
+                    *lost.lock().unwrap() = Some("cannot watch x (ENOSPC)".into());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }))
+    })
+    .unwrap();
+    let health = d.daemon.metrics.health.clone();
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    wait("the inotify component to fail", &|| {
+        !health.dead().is_empty()
+    });
+    let dead = health.dead();
+    assert_eq!(dead[0].component, "inotify");
+    assert!(!dead[0].restart, "{dead:?}");
+    assert!(dead[0].reason.contains("max_user_instances"), "{dead:?}");
+    // without inotify, a new container is admitted by a round's reconcile
+    let be = besteffort_container(root);
+    wait("the reconcile to admit the container", &|| {
+        d.daemon.lock().state.bindings.contains_key(&be)
+    });
+    assert!(
+        starts.load(Ordering::SeqCst) >= 2,
+        "inotify tried again each period"
+    );
+    works.store(true, Ordering::SeqCst);
+    wait("the watcher to start", &|| health.dead().is_empty());
+    // a watch lost (and inotify short again): failing again, reconciling again
+    *why.lock().unwrap() = "cannot watch x (ENOSPC); raise fs.inotify.max_user_watches".into();
+    works.store(false, Ordering::SeqCst);
+    lose.store(true, Ordering::SeqCst);
+    wait("the lost watch to show", &|| {
+        health.dead().iter().any(|x| x.reason.contains("ENOSPC"))
+    });
+    std::fs::remove_dir_all(root.join(&be)).unwrap();
+    wait("the reconcile to release the container", &|| {
+        !d.daemon.lock().state.bindings.contains_key(&be)
+    });
+    works.store(true, Ordering::SeqCst);
+    wait("a whole watcher again", &|| health.dead().is_empty());
+    d.daemon.request_stop();
+    sup.join().unwrap();
 }
 
 /// A Guaranteed pod cgroup as kubelet makes it: the pod's summed CPU quota and memory limit.
@@ -893,4 +1035,44 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
     );
     assert!(adm.refence().is_empty(), "both as they should be");
     assert_eq!(cg.cpus(&app).unwrap(), CpuSet::parse("3").unwrap());
+}
+
+/// kubelet with `cpuCFSQuota: false`: a Guaranteed container's cgroup has no quota (cpu.max
+/// "max"), its request only in its weight (2 CPUs: shares 2048, weight 79 on v2). It is ready
+/// as it is, asks for exactly 2 CPUs and gets 2 exclusive ones.
+#[test]
+fn a_guaranteed_container_without_a_quota_gets_its_weight_as_exclusive_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    put(root, &format!("{g}/memory.max"), "67108864\n");
+    assert!(!limits_ready(&cg, &g, Qos::Guaranteed), "default weight");
+    let weight = crate::cgroup::files::shares_to_weight(2048);
+    put(root, &format!("{g}/cpu.weight"), &format!("{weight}\n"));
+    assert!(limits_ready(&cg, &g, Qos::Guaranteed));
+    let c = container_for(&cg, &g, "a", Qos::Guaranteed);
+    assert_eq!((c.cpu_request_millis, c.cpu_limit_millis), (2000, 2000));
+    let cpus = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    assert_eq!(cpus.len(), 2, "{cpus}");
+    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), cpus);
+}
+
+/// The weight inverse lands on whole CPUs wherever kubelet's whole-CPU shares map (every
+/// count a node here could give), and stays the plain inverse between them.
+#[test]
+fn whole_cpu_weights_invert_exactly() {
+    for n in 1..=256u64 {
+        let w = crate::cgroup::files::shares_to_weight(n * 1024);
+        assert_eq!(
+            guaranteed_millis_from_weight(w),
+            n * 1000,
+            "{n} CPUs, weight {w}"
+        );
+    }
+    // 1500m: shares 1536, no whole CPU maps to its weight
+    let w = crate::cgroup::files::shares_to_weight(1536);
+    let m = guaranteed_millis_from_weight(w);
+    assert!((1450..=1550).contains(&m), "{m}");
 }
