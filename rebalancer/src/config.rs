@@ -86,6 +86,16 @@ pub struct KubernetesConfig {
     /// kubelet's root directory: its `cpu_manager_state` / `memory_manager_state` under a
     /// static policy are adopted (exclusive, never re-placed). Empty: not read.
     pub kubelet_state_dir: PathBuf,
+    /// Keep this node's NodeResourceTopology object (topology.node.k8s.io/v1alpha2, read by
+    /// the scheduler plugin NodeResourceTopologyMatch) equal to the books. Off by default.
+    pub export_topology: bool,
+    /// The API server for the export: a kubeconfig file (its current context); empty: the
+    /// pod's service account (in-cluster).
+    pub kubeconfig: PathBuf,
+    /// The node's name (the object's name); empty: `$NODE_NAME`, else the hostname.
+    pub node_name: String,
+    /// The least time between two writes of the object (changes in between are coalesced).
+    pub export_interval_ms: u64,
 }
 
 /// `kubernetes.nri_runtime_updates`: `"auto"`, `true` or `false`.
@@ -134,6 +144,10 @@ impl Default for KubernetesConfig {
             nri_plugin_index: "50".into(),
             nri_runtime_updates: RuntimeUpdates::Auto,
             kubelet_state_dir: "/var/lib/kubelet".into(),
+            export_topology: false,
+            kubeconfig: PathBuf::new(),
+            node_name: String::new(),
+            export_interval_ms: 1000,
         }
     }
 }
@@ -576,6 +590,12 @@ impl Config {
             return Err(bad(
                 "kubernetes.nri_plugin_index",
                 "must be two digits, e.g. \"50\"".into(),
+            ));
+        }
+        if self.kubernetes.export_interval_ms == 0 {
+            return Err(bad(
+                "kubernetes.export_interval_ms",
+                "must be at least 1 (the API server is written at most this often)".into(),
             ));
         }
         if self.placement.max_allowable_numa_nodes < 8 {

@@ -7,6 +7,10 @@
 //! loop exits non-zero once a component has been dead for [`EXIT_AFTER`] so that systemd or the
 //! DaemonSet restarts it (a restart reconciles from the live cgroups).
 //!
+//! A component that works but cannot do all of its job (the NodeResourceTopology exporter
+//! while the API server is down or refuses) is *degraded*: named with its reason in `/healthz`
+//! (still 200: restarting the daemon would not help) and `rebalancer_component_degraded`.
+//!
 //! No I/O; the lock is held only to read or flip a few fields.
 
 use std::{
@@ -44,6 +48,8 @@ struct Component {
     state: State,
     last_beat: Instant,
     max_silence: Option<Duration>,
+    /// Working, but not fully: why.
+    degraded: Option<String>,
 }
 
 /// The registry, cheap to clone.
@@ -51,6 +57,7 @@ struct Component {
 pub struct Health {
     inner: Arc<Mutex<BTreeMap<String, Component>>>,
     up: Family<ComponentLabel, Gauge>,
+    degraded: Family<ComponentLabel, Gauge>,
 }
 
 /// A dead component: its name, why, and for how long.
@@ -66,10 +73,14 @@ pub struct Dead {
 
 impl Health {
     /// A registry exporting `rebalancer_component_up` through `up`.
-    pub fn new(up: Family<ComponentLabel, Gauge>) -> Health {
+    pub fn new(
+        up: Family<ComponentLabel, Gauge>,
+        degraded: Family<ComponentLabel, Gauge>,
+    ) -> Health {
         Health {
             inner: Default::default(),
             up,
+            degraded,
         }
     }
 
@@ -86,6 +97,7 @@ impl Health {
                 state: State::Running,
                 last_beat: Instant::now(),
                 max_silence,
+                degraded: None,
             },
         );
         self.set_up(name, true);
@@ -164,11 +176,24 @@ impl Health {
         self.lock().get(name).and_then(|c| c.max_silence)
     }
 
-    /// The `/healthz` answer: `Ok("ok\n")`, or `Err(text naming each dead component)`.
+    /// Every degraded component and why.
+    pub fn degraded(&self) -> Vec<(String, String)> {
+        self.lock()
+            .iter()
+            .filter_map(|(n, c)| Some((n.clone(), c.degraded.clone()?)))
+            .collect()
+    }
+
+    /// The `/healthz` answer: `Ok("ok\n")` (followed by the degraded components and why), or
+    /// `Err(text naming each dead component)`.
     pub fn report(&self) -> Result<String, String> {
         let dead = self.dead();
         if dead.is_empty() {
-            return Ok("ok\n".into());
+            let mut s = String::from("ok\n");
+            for (name, reason) in self.degraded() {
+                s.push_str(&format!("degraded: {name}: {reason}\n"));
+            }
+            return Ok(s);
         }
         let mut s = String::from("unhealthy:\n");
         for d in dead {
@@ -192,6 +217,20 @@ impl Reporter {
         if let Some(c) = self.health.lock().get_mut(&self.name) {
             c.last_beat = Instant::now();
         }
+    }
+
+    /// Working but not fully (`Some(why)`), or fully again (`None`).
+    pub fn set_degraded(&self, why: Option<String>) {
+        let on = why.is_some();
+        if let Some(c) = self.health.lock().get_mut(&self.name) {
+            c.degraded = why;
+        }
+        self.health
+            .degraded
+            .get_or_create(&ComponentLabel {
+                component: self.name.clone(),
+            })
+            .set(on as i64);
     }
 
     /// A new maximum silence (the component's pace changed, e.g. a reloaded period).
@@ -352,6 +391,16 @@ mod tests {
         r.stopped();
         assert!(h.dead_at(Instant::now() + ms(60)).is_empty());
         assert!(h.dead().is_empty());
+        let k = h.register("kubernetes", None);
+        k.set_degraded(Some("API server: connection refused".into()));
+        assert_eq!(
+            h.report(),
+            Ok("ok\ndegraded: kubernetes: API server: connection refused\n".into())
+        );
+        assert_eq!(up(&h, "kubernetes"), 1);
+        k.set_degraded(None);
+        assert_eq!(h.report(), Ok("ok\n".into()));
+        k.stopped();
         h.register("nri", None).failed("connection lost");
         assert_eq!(
             h.report().unwrap_err(),

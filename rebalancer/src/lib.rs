@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod ebpf;
 pub mod health;
 pub mod nri;
+pub mod nrt;
 pub mod pages;
 pub mod placement;
 pub mod procfs;

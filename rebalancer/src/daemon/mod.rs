@@ -106,6 +106,8 @@ pub struct Shared {
     pub kubelet: kubelet::Status,
     /// The runtime that configured the NRI plugin (`status`).
     pub nri_runtime: status::NriRuntime,
+    /// The NodeResourceTopology exporter's state (None: export off).
+    pub topology_export: Option<crate::nrt::export::ExportStatus>,
 }
 
 impl Shared {
@@ -129,6 +131,7 @@ impl Shared {
             nri_connected: false,
             kubelet: Default::default(),
             nri_runtime: Default::default(),
+            topology_export: None,
         }
     }
 
@@ -228,6 +231,32 @@ pub struct Daemon {
     pub metrics: Metrics,
     /// Events that want a round soon, and the daemon's own cpuset.cpus writes (`trigger`).
     pub rounds: Arc<trigger::Hub>,
+    /// Counts the books' changes (every one is checkpointed); the topology export waits on it.
+    pub books: Arc<BooksChanged>,
+}
+
+/// A count of the books' changes that a thread can wait on.
+#[derive(Debug, Default)]
+pub struct BooksChanged {
+    count: Mutex<u64>,
+    changed: std::sync::Condvar,
+}
+
+impl BooksChanged {
+    pub fn bump(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.changed.notify_all();
+    }
+
+    pub fn count(&self) -> u64 {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until the count is past `seen`, at most `timeout`.
+    pub fn wait_past(&self, seen: u64, timeout: std::time::Duration) {
+        let c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.changed.wait_timeout_while(c, timeout, |c| *c <= seen);
+    }
 }
 
 impl Daemon {
@@ -238,6 +267,7 @@ impl Daemon {
             stopping: Default::default(),
             metrics,
             rounds: Default::default(),
+            books: Default::default(),
         }
     }
 
@@ -274,6 +304,7 @@ impl Daemon {
                 s.ckpt.clone(),
             )
         };
+        self.books.bump();
         let bytes = checkpoint::encode(&dir, &state)?;
         w.write(&dir, gen, &bytes)
     }

@@ -209,6 +209,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         }
         AdmissionMode::Off => tracing::info!("admission: off (admission API only)"),
     }
+    if cfg.kubernetes.export_topology {
+        crate::nrt::export::spawn(daemon.clone())
+            .context("starting the NodeResourceTopology export thread")?;
+    }
     let cpu_source = cpu_time_source(&daemon, &cgroups);
     tracing::info!(
         source = cpu_source.name(),

@@ -29,6 +29,9 @@ pub struct StatusDoc {
     /// Which door admits Kubernetes containers, and the NRI plugin's connection.
     #[serde(default)]
     pub admission: StatusAdmission,
+    /// The NodeResourceTopology export (absent when off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_export: Option<crate::nrt::export::ExportStatus>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -138,6 +141,7 @@ impl StatusDoc {
                 nri_runtime: s.nri_runtime.clone(),
                 kubelet: s.kubelet.clone(),
             },
+            topology_export: s.topology_export.clone(),
         }
     }
 
@@ -160,6 +164,21 @@ impl StatusDoc {
             "exclusive cpus: {}  reserved: {}",
             self.exclusive_cpus, self.reserved_cpus
         );
+        if let Some(e) = &self.topology_export {
+            let _ = writeln!(
+                s,
+                "topology export: {} (node {}, server {}, {} writes){}",
+                e.state,
+                e.node,
+                e.server,
+                e.writes,
+                if e.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", e.reason)
+                }
+            );
+        }
         for w in &self.admission.kubelet.warnings {
             let _ = writeln!(s, "warning: {w}");
         }

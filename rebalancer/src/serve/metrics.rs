@@ -186,6 +186,12 @@ impl Metrics {
             "1 while a daemon component (watcher, checkpointer, rounds, ...) is alive, 0 once dead",
             component_up.clone(),
         );
+        let component_degraded = Family::<ComponentLabel, Gauge>::default();
+        r.register(
+            "component_degraded",
+            "1 while a component works but not fully (e.g. the NodeResourceTopology export while the API server is down or refuses; /healthz says why)",
+            component_degraded.clone(),
+        );
         r.register(
             "http_connections",
             "Open connections per listener (metrics, api)",
@@ -383,7 +389,7 @@ impl Metrics {
         );
         Metrics {
             registry: std::sync::Arc::new(r),
-            health: crate::health::Health::new(component_up),
+            health: crate::health::Health::new(component_up, component_degraded),
             ..m
         }
     }
