@@ -869,3 +869,110 @@ fn a_guaranteed_container_without_a_cfs_quota_runs_on_exclusive_cpus() {
     assert_eq!(g.live_cpus(), cpus);
     ctd.remove_pods();
 }
+
+/// What a process started in the container now is allowed to run on (`Cpus_allowed_list` of
+/// an exec'd process's /proc/self/status): what the container runs on, not what the books say.
+fn exec_cpus(ctd: &Containerd, id: &str) -> CpuSet {
+    let out = ctd
+        .cri(&["exec", id, "grep", "Cpus_allowed_list", "/proc/self/status"])
+        .unwrap_or_else(|e| panic!("exec in {id}: {e}"));
+    let v = out
+        .split_once(':')
+        .unwrap_or_else(|| panic!("Cpus_allowed_list in {out:?}"))
+        .1;
+    CpuSet::parse(v.trim()).unwrap_or_else(|e| panic!("{out:?}: {e}"))
+}
+
+/// A CreateContainer answer the runtime gave up waiting for: the daemon is stopped (SIGSTOP)
+/// once the Guaranteed pod's sandbox exists, so containerd waits its plugin_request_timeout
+/// (2 s here), closes the plugin and creates and starts the container with no adjustment, on
+/// every CPU. Continued, the daemon books the container late and its answer is lost; at the
+/// reconnect's Synchronize the runtime reports the container running unplaced, and within a
+/// few seconds it runs on its booked exclusive CPU and the shared container off it — read
+/// from inside both containers, by a process exec'd there. Control rounds are set 10 minutes
+/// apart, so the repair seen is the reconnect's, not a round's.
+#[test]
+fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups()
+        .unwrap()
+        .effective_cpus("")
+        .unwrap_or_default();
+    if all.len() < 2 {
+        eprintln!(
+            "SKIP: an exclusive CPU beside a shared one needs 2 CPUs, this machine has {all}"
+        );
+        return;
+    }
+    let mut ctd = Containerd::start(&install);
+    let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let bp = ctd.pod("burstable", "burstable");
+    let b = ctd.container(&bp, "b", res(BURSTABLE)).unwrap();
+    assert_eq!(b.first_print().0, all);
+    let syncs = |d: &common::Daemon| {
+        d.log_text()
+            .matches("synchronized with the runtime")
+            .count()
+    };
+    let synced_before = syncs(&d);
+
+    let gp = ctd.pod("guaranteed", "guaranteed");
+    d.signal(libc::SIGSTOP);
+    let created = ctd.container(&gp, "g", res(GUARANTEED_1CPU));
+    let timed_out = ctd.log().contains("context deadline exceeded");
+    let g = match created {
+        Ok(g) => g,
+        Err(e) => {
+            d.signal(libc::SIGCONT);
+            panic!("CreateContainer g: {e}\n{}", ctd.log());
+        }
+    };
+    let (first, _) = g.first_print();
+    d.signal(libc::SIGCONT);
+    assert!(
+        timed_out,
+        "containerd did not give up on the plugin:\n{}",
+        ctd.log()
+    );
+    assert_eq!(first, all, "the container started unplaced");
+
+    wait_for(
+        "the reconnect's Synchronize",
+        Duration::from_secs(20),
+        || syncs(&d) > synced_before,
+    );
+    let t_sync = Instant::now();
+    let (booked, _, excl) = decision(&d, &g.id).expect("the late answer's booking");
+    assert!(excl && booked.len() == 1, "{booked} exclusive {excl}");
+    let (mut g_runs, mut b_runs) = (CpuSet::new(), CpuSet::new());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        (g_runs, b_runs) = (exec_cpus(&ctd, &g.id), exec_cpus(&ctd, &b.id));
+        if g_runs == booked && b_runs.is_disjoint(&booked) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        g_runs,
+        booked,
+        "the Guaranteed container runs on its booked CPU:\n{}",
+        d.log_text()
+    );
+    assert_eq!(
+        b_runs,
+        all.difference(&booked),
+        "the shared container runs off the exclusive CPU"
+    );
+    assert_eq!(g.live_cpus(), booked);
+    assert_eq!(ctd.inspect(&g.id), booked, "the runtime's spec agrees");
+    println!(
+        "late answer repaired {:?} after the reconnect's Synchronize: guaranteed on {g_runs}, burstable on {b_runs}",
+        t_sync.elapsed()
+    );
+    ctd.remove_pods();
+}

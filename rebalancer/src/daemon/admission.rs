@@ -812,6 +812,50 @@ impl Admission {
         out
     }
 
+    /// Every bound container that runs elsewhere than the books say (`seen`: what cgroupfs
+    /// and the runtime report; `daemon::reconcile`) set back to its booked cpuset. Compared
+    /// first without `order` (a round's reads do not hold up admissions); only when something
+    /// differs is `order` taken and the comparison made again under it, from the books
+    /// admissions leave. The changes written; none in a dry run.
+    pub fn repair(
+        &self,
+        seen: impl Fn(&str) -> Option<super::reconcile::Seen>,
+    ) -> Vec<CpusetChange> {
+        let books = {
+            let s = self.daemon.lock();
+            if s.cfg.daemon.dry_run {
+                return Vec::new();
+            }
+            super::reconcile::booked(&s)
+        };
+        if super::reconcile::repairs(&books, &seen).is_empty() {
+            return Vec::new();
+        }
+        let _order = self.order();
+        let books = {
+            let s = self.daemon.lock();
+            if s.cfg.daemon.dry_run {
+                return Vec::new();
+            }
+            super::reconcile::booked(&s)
+        };
+        let mut out = Vec::new();
+        for change in super::reconcile::repairs(&books, &seen) {
+            match self.write_noted(&change) {
+                Ok(()) => {
+                    tracing::warn!(cgroup = %change.cgroup, cpus = %change.cpus, mems = ?change.mems, "container ran elsewhere than booked; set back to its booked cpuset");
+                    self.daemon.metrics.books_repairs.inc();
+                    out.push(change);
+                }
+                Err(super::writer::WriteError::Vanished { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(cgroup = %change.cgroup, error = %e, "setting a container back to its booked cpuset failed (tried again every round)")
+                }
+            }
+        }
+        out
+    }
+
     /// The shared containers set to their pool again when a write of an earlier attempt
     /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
     /// another's exclusive ones. Each round, from `refence`. The changes written.
@@ -870,14 +914,22 @@ impl Admission {
     /// reads of every fenced cgroup); only when some need a write is `order` taken and they are
     /// read again under it, so the fence is computed from the books admissions leave.
     pub fn refence(&self) -> Vec<CpusetChange> {
+        let repaired = self.repair(|cg| {
+            self.writer.cpus(cg).map(|c| super::reconcile::Seen {
+                cpus: vec![c],
+                mems: None,
+            })
+        });
+        let mut out = repaired;
         let reshrunk = self.reshrink();
         if !reshrunk.is_empty() {
-            return reshrunk;
+            out.extend(reshrunk);
+            return out;
         }
         {
             let s = self.daemon.lock();
             if (s.fenced.is_empty() && s.refused.is_empty()) || s.cfg.daemon.dry_run {
-                return Vec::new();
+                return out;
             }
         }
         let live = |cg: &str| self.writer.cpus(cg);
@@ -885,14 +937,13 @@ impl Admission {
         // a cgroup fenced as it should be (whoever fixed it) starts its failure count afresh
         (self.daemon.lock().fence_failures).retain(|cg, _| wanted.iter().any(|c| c.cgroup == *cg));
         if wanted.is_empty() {
-            return Vec::new();
+            return out;
         }
         let _order = self.order();
         // a reload may have turned dry-run on while the first pass ran without `order`
         if self.daemon.lock().cfg.daemon.dry_run {
-            return Vec::new();
+            return out;
         }
-        let mut out = Vec::new();
         for change in fenced_changes(&self.daemon, &live) {
             let result = self.write_noted(&change);
             let failures = {

@@ -843,3 +843,230 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
         books_agree(&d, &f).unwrap();
     }
 }
+
+/// The admission service's writer over the fake cgroupfs and a fake runtime: each write also
+/// becomes the container's spec, as the runtime applies a hook answer or an update.
+#[derive(Clone)]
+struct FakeNode {
+    cgroupfs: Arc<Mutex<FakeCgroups>>,
+    /// cgroup → (cpus, mems) of the runtime's spec; empty sets: none given.
+    spec: Arc<Mutex<BTreeMap<String, (CpuSet, CpuSet)>>>,
+}
+
+impl CpusetWriter for FakeNode {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        FakeCpuset(self.cgroupfs.clone()).write(c)?;
+        let mut spec = self.spec.lock().unwrap();
+        let e = spec.entry(c.cgroup.clone()).or_default();
+        e.0 = c.cpus.clone();
+        if let Some(m) = &c.mems {
+            e.1 = m.clone();
+        }
+        Ok(())
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        FakeCpuset(self.cgroupfs.clone()).cpus(cgroup)
+    }
+}
+
+impl FakeNode {
+    /// What a reconcile sees of `cg`: cgroupfs's cpus and the runtime's spec (no mems in the
+    /// spec: it never got ours), as NRI's Synchronize reports it.
+    fn seen(&self, cg: &str) -> Option<super::reconcile::Seen> {
+        let live = self.cpus(cg)?;
+        let (cpus, mems) = self
+            .spec
+            .lock()
+            .unwrap()
+            .get(cg)
+            .cloned()
+            .unwrap_or_default();
+        Some(super::reconcile::Seen {
+            cpus: vec![live, cpus],
+            mems: mems.is_empty().then(CpuSet::new),
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Books(Op),
+    /// The runtime started the k-th live container (modulo) unplaced, on every CPU and node:
+    /// an answer it gave up waiting for.
+    LostAnswer(usize),
+    /// The n-th cpuset.cpus write from now on fails.
+    FailWrite(usize),
+    /// CPU c goes offline (its exclusive holder gets a replacement), or back online.
+    Hotplug(u32),
+    /// The daemon dies and restarts from its checkpoint, written just before or not.
+    Restart(bool),
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        4 => op().prop_map(Event::Books),
+        1 => any::<usize>().prop_map(Event::LostAnswer),
+        1 => (1usize..=3).prop_map(Event::FailWrite),
+        1 => (0u32..8).prop_map(Event::Hotplug),
+        1 => any::<bool>().prop_map(Event::Restart),
+    ]
+}
+
+/// Once reconciled: every bound container the books can place (its CPUs online) runs on
+/// exactly its booked cpuset (and mems, where the runtime gave none), no cpuset is empty, and
+/// no bound container runs on another's exclusive CPU.
+fn node_agrees(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
+    let s = d.lock();
+    let books = super::reconcile::booked(&s);
+    for b in &books {
+        let cpus = fake
+            .cpus(&b.cgroup)
+            .ok_or(format!("{} not in the fake", b.cgroup))?;
+        if *cpus != b.cpus {
+            return Err(format!("{}: runs on {cpus}, booked {}", b.cgroup, b.cpus));
+        }
+    }
+    for cg in s.state.bindings.keys() {
+        let cpus = fake.cpus(cg).ok_or(format!("{cg} not in the fake"))?;
+        if cpus.is_empty() || fake.mems(cg).is_none_or(|m| m.is_empty()) {
+            return Err(format!("{cg}: empty cpuset"));
+        }
+        for e in books.iter().filter(|e| e.exclusive && e.cgroup != *cg) {
+            if !cpus.is_disjoint(&e.cpus) {
+                return Err(format!(
+                    "{cg} runs on {cpus}, {} of them {}'s exclusive; booked {:?}",
+                    cpus.intersection(&e.cpus),
+                    e.cgroup,
+                    super::admission::bound_container(&s, cg).map(|c| &c.placement)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+    /// Random admissions, releases, moves, CPU hotplug, failed writes, answers the runtime
+    /// gave up on and daemon restarts (from a fresh or a stale checkpoint) against a fake
+    /// cgroupfs and a fake runtime: after each step and a reconcile — what NRI's Synchronize
+    /// and each control round do — what runs is what the books say (`node_agrees`).
+    #[test]
+    fn once_reconciled_every_bound_container_runs_as_booked(
+        events in proptest::collection::vec(event(), 1..40),
+    ) {
+        let World { _dir, ctl, mut d, fake, .. } = world(true);
+        let node = FakeNode { cgroupfs: fake.clone(), spec: Default::default() };
+        let mut adm = Admission::new(d.clone(), Arc::new(node.clone()));
+        let mut live: Vec<(String, String, crate::placement::pod::Pod)> = Vec::new();
+        let mut now = 1_000_000u64;
+        for (i, ev) in events.iter().enumerate() {
+            match ev {
+                Event::Books(Op::Guaranteed(cpus, mib, n) | Op::Burstable(cpus, mib, n)) => {
+                    let g = matches!(ev, Event::Books(Op::Guaranteed(..)));
+                    let (uid, cg) = (format!("p{i}/c"), format!("kubepods/p{i}/c"));
+                    {
+                        let mut f = fake.lock().unwrap();
+                        f.insert(&cg, "0-7", "0-1");
+                        f.set_memory(&cg, &[(*n, mib * MIB)]);
+                    }
+                    let p = pod(&uid, if g { cpus * 1000 } else { *cpus }, mib * MIB, g);
+                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                        Ok(_) => live.push((uid, cg, p)),
+                        Err(_) => fake.lock().unwrap().remove(&cg),
+                    }
+                }
+                Event::Books(Op::Release(k)) if !live.is_empty() => {
+                    let (_, cg, _) = live.remove(k % live.len());
+                    fake.lock().unwrap().remove(&cg);
+                    adm.unbind(&cg, Durability::Deferred);
+                }
+                Event::Books(Op::Release(_)) => {}
+                Event::Books(Op::Round(n)) => {
+                    let mut f = fake.lock().unwrap();
+                    let obs = observe(&d, &f, *n);
+                    let state = {
+                        let mut s = d.lock();
+                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.clone()
+                    };
+                    let topo_now = d.lock().topo.clone();
+                    let plan = controller::plan(&topo_now, &obs, &state, &ctl, now);
+                    apply_moves(&d, &mut *f, &plan.moves, now, false);
+                    now += ctl.cooldown_ms + 1;
+                }
+                Event::LostAnswer(k) if !live.is_empty() => {
+                    let (_, cg, _) = &live[k % live.len()];
+                    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+                    node.spec.lock().unwrap().insert(cg.clone(), Default::default());
+                }
+                Event::LostAnswer(_) => {}
+                Event::FailWrite(n) => {
+                    fake.lock().unwrap().fail_write(controller::CgroupFile::Cpus, *n, controller::FakeFailure::Busy);
+                }
+                Event::Hotplug(c) => {
+                    let online = {
+                        let mut s = d.lock();
+                        let others_online = s.topo.online_cpus().len() > 2;
+                        let cpu = s.topo.cpus.iter_mut().find(|x| x.id == *c).unwrap();
+                        if cpu.online && !others_online {
+                            continue;
+                        }
+                        cpu.online = !cpu.online;
+                        let (on, node) = (cpu.online, cpu.node);
+                        // as sysfs shows it: a node lists its online CPUs
+                        let n = s.topo.nodes.iter_mut().find(|n| Some(n.id) == node).unwrap();
+                        n.cpus = if on {
+                            n.cpus.union(&CpuSet::from_iter([*c]))
+                        } else {
+                            n.cpus.difference(&CpuSet::from_iter([*c]))
+                        };
+                        on
+                    };
+                    if !online {
+                        adm.replace_offline();
+                    }
+                }
+                Event::Restart(checkpointed) => {
+                    if *checkpointed {
+                        adm.checkpoint().unwrap();
+                    }
+                    let (cfg, topo_now) = { let s = d.lock(); (s.cfg.clone(), s.topo.clone()) };
+                    let restored = super::run::restore(&cfg, &topo_now).unwrap();
+                    d = Daemon::new(Shared::new(topo_now, cfg, restored), Metrics::default());
+                    adm = Admission::new(d.clone(), Arc::new(node.clone()));
+                    // the start-up reconcile's releases and admissions, over the fake
+                    let gone: Vec<String> = (d.lock().state.bindings.keys())
+                        .filter(|cg| !live.iter().any(|(_, l, _)| l == *cg))
+                        .cloned()
+                        .collect();
+                    for cg in gone {
+                        adm.unbind(&cg, Durability::Deferred);
+                    }
+                    let mut kept = Vec::new();
+                    for (uid, cg, p) in std::mem::take(&mut live) {
+                        if d.lock().state.bindings.contains_key(&cg) {
+                            kept.push((uid, cg, p));
+                            continue;
+                        }
+                        match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                            Ok(_) => kept.push((uid, cg, p)),
+                            Err(_) => fake.lock().unwrap().remove(&cg),
+                        }
+                    }
+                    live = kept;
+                }
+            }
+            // The reconcile, as often as writes fail (each injected failure fails one write).
+            for _ in 0..4 {
+                adm.repair(|cg| node.seen(cg));
+                adm.refence();
+            }
+            let f = fake.lock().unwrap();
+            if let Err(e) = node_agrees(&d, &f) {
+                prop_assert!(false, "after step {i} {ev:?} (events {events:?}): {e}");
+            }
+        }
+    }
+}

@@ -23,6 +23,7 @@ pub mod kubelet;
 pub mod lock;
 pub mod nri;
 pub mod nri_updates;
+pub mod reconcile;
 pub mod run;
 pub mod status;
 pub mod trigger;

@@ -397,6 +397,19 @@ fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxReso
     }
 }
 
+/// The cpus and mems a container's spec holds, as the runtime reports them (empty: none set,
+/// the container runs on its parent's).
+fn spec_cpuset(c: &api::Container) -> (CpuSet, CpuSet) {
+    let cpu = (c.linux.as_ref())
+        .and_then(|l| l.resources.as_ref())
+        .and_then(|r| r.cpu.as_ref());
+    let parse = |v: Option<&String>| {
+        v.and_then(|v| CpuSet::parse(v).ok())
+            .unwrap_or_else(CpuSet::new)
+    };
+    (parse(cpu.map(|c| &c.cpus)), parse(cpu.map(|c| &c.mems)))
+}
+
 fn update(id: &str, cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerUpdate {
     super::nri_updates::update(id, Some(cpus), mems)
 }
@@ -826,11 +839,16 @@ impl Handler for Policy {
         let mut updates = Vec::new();
         let mut live = Vec::new();
         let mut adopt = Vec::new();
+        // what the runtime says each container runs on (its spec's cpuset), by cgroup
+        let mut reported = BTreeMap::new();
         let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
         for c in &req.containers {
+            // a paused container still holds what it was given
             let running = matches!(
                 api::ContainerState::try_from(c.state),
-                Ok(api::ContainerState::ContainerCreated | api::ContainerState::ContainerRunning)
+                Ok(api::ContainerState::ContainerCreated
+                    | api::ContainerState::ContainerRunning
+                    | api::ContainerState::ContainerPaused)
             );
             let Some(pod) = self.pods.get(&c.pod_sandbox_id).cloned() else {
                 tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
@@ -856,6 +874,7 @@ impl Handler for Policy {
             match bound {
                 // Placed before the restart: kept as it is, once.
                 Some(b) => {
+                    reported.insert(r.cgroup.clone(), spec_cpuset(c));
                     self.containers.insert(
                         c.id.clone(),
                         Tracked {
@@ -934,6 +953,21 @@ impl Handler for Policy {
         if !gone.is_empty() || !gone_members.is_empty() || pods_gone > 0 {
             updates.extend(self.regrow(true));
         }
+        // Every bound container the runtime runs elsewhere than booked (an answer it gave up
+        // waiting for started it unplaced; an update it never got): set back, through it.
+        let repaired = self.admission.repair(|cg| {
+            let (cpus, mems) = reported.get(cg)?;
+            let mut seen = super::reconcile::Seen {
+                cpus: vec![cpus.clone()],
+                // no mems in its spec: it never got ours
+                mems: mems.is_empty().then(CpuSet::new),
+            };
+            seen.cpus.extend(self.writer.cpus(cg));
+            Some(seen)
+        });
+        if !repaired.is_empty() {
+            updates.extend(self.drain(None, true).1);
+        }
         if let Err(e) = self.admission.checkpoint() {
             tracing::warn!(error = %e, "checkpoint after synchronize failed");
         }
@@ -942,6 +976,7 @@ impl Handler for Policy {
             containers = req.containers.len(),
             placed = self.containers.len(),
             released = gone.len(),
+            repaired = repaired.len(),
             "synchronized with the runtime"
         );
         updates.extend(self.queued_for_hook());
@@ -1666,13 +1701,26 @@ mod tests {
         run_pod(&mut p, &gp);
         let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
         let g2 = ctr("c", &gp, 100_000, 1024, 1 << 20);
-        create(&mut p, &gp, &g).unwrap();
+        let answer = create(&mut p, &gp, &g).unwrap();
         create(&mut p, &gp, &g2).unwrap();
         let excl = p.d().lock().state.allocator.exclusive_cpus();
         // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
         let mut p = Policy::new(p.d().clone(), None, p.runtime.clone());
         let mut running = g.clone();
         running.state = api::ContainerState::ContainerRunning as i32;
+        // the runtime applied g's adjustment: its spec reports it
+        let given = answer
+            .adjust
+            .unwrap()
+            .linux
+            .unwrap()
+            .resources
+            .unwrap()
+            .cpu
+            .unwrap();
+        let spec = running.linux.as_mut().unwrap().resources.as_mut().unwrap();
+        let cpu = spec.cpu.as_mut().unwrap();
+        (cpu.cpus, cpu.mems) = (given.cpus, given.mems);
         let mut g3 = ctr("d", &gp, 100_000, 1024, 1 << 20);
         g3.state = api::ContainerState::ContainerRunning as i32;
         let r = p
@@ -1697,6 +1745,45 @@ mod tests {
             .is_empty());
         assert_eq!(r.update.len(), 1, "only the adopted container is updated");
         assert_eq!(r.update[0].container_id, g3.id);
+    }
+
+    /// A CreateContainer answer the runtime gave up waiting for: the daemon booked the
+    /// container, the runtime started it with no cpuset (and so reports none). The reconnect's
+    /// Synchronize sets it to its booked CPU; a paused container counts as running (kept,
+    /// repaired), not gone.
+    #[test]
+    fn synchronize_repairs_a_bound_container_the_runtime_started_unplaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let booked = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let mut p = Policy::new(p.d().clone(), None, p.runtime.clone());
+        let mut paused = g.clone();
+        paused.state = api::ContainerState::ContainerPaused as i32;
+        let r = p
+            .synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![paused],
+            })
+            .unwrap();
+        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
+        assert_eq!(r.update.len(), 1, "{:?}", r.update);
+        assert_eq!(r.update[0].container_id, g.id);
+        let cpu = r.update[0]
+            .linux
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .cpu
+            .as_ref()
+            .unwrap();
+        assert_eq!(CpuSet::parse(&cpu.cpus).unwrap(), booked);
+        assert!(!cpu.mems.is_empty(), "the mems it never got are given too");
+        assert_eq!(p.d().metrics.books_repairs.get(), 1);
     }
 
     #[test]

@@ -128,6 +128,8 @@ pub struct Metrics {
     /// Shared containers the last attempt could not set to their pool (still on CPUs that
     /// became exclusive): retried every round.
     pub shared_pool_pending: Gauge,
+    /// Bound containers found running elsewhere than booked and set back (`daemon::reconcile`).
+    pub books_repairs: Counter,
 }
 
 impl Metrics {
@@ -179,6 +181,7 @@ impl Metrics {
             kubelet_state_errors: Family::default(),
             kubelet_adopted: Gauge::default(),
             shared_pool_pending: Gauge::default(),
+            books_repairs: Counter::default(),
         };
         let component_up = Family::<ComponentLabel, Gauge>::default();
         r.register(
@@ -386,6 +389,11 @@ impl Metrics {
             "shared_pool_pending_containers",
             "Shared containers whose cpuset the last attempt could not set to their pool (a failed write: they may still run on CPUs that became exclusive); retried every round",
             m.shared_pool_pending.clone(),
+        );
+        r.register(
+            "books_repairs",
+            "Bound containers found running on another cpuset than the books give them (an NRI answer the runtime did not wait for, a runtime write after ours, a failed write) and set back",
+            m.books_repairs.clone(),
         );
         Metrics {
             registry: std::sync::Arc::new(r),

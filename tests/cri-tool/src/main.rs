@@ -56,6 +56,13 @@ enum Cmd {
     },
     /// Lists containers as JSON lines: id, pod id, name, state.
     Ps,
+    /// ExecSync: runs `cmd` in the container (10 s at most); prints its stdout, fails with
+    /// its stderr when it exits non-zero.
+    Exec {
+        id: String,
+        #[arg(required = true, trailing_var_arg = true)]
+        cmd: Vec<String>,
+    },
     /// ContainerStatus (verbose): the runtime's view of a container's cpuset as JSON —
     /// `cpus` / `mems` from its status resources, `spec_cpus` / `spec_mems` from the OCI spec
     /// the runtime keeps (containerd's verbose info).
@@ -341,6 +348,24 @@ async fn main() -> Result<()> {
         Cmd::Start { id } => {
             c.start_container(cri::StartContainerRequest { container_id: id })
                 .await?;
+        }
+        Cmd::Exec { id, cmd } => {
+            let r = c
+                .exec_sync(cri::ExecSyncRequest {
+                    container_id: id,
+                    cmd,
+                    timeout: 10,
+                })
+                .await?
+                .into_inner();
+            if r.exit_code != 0 {
+                bail!(
+                    "exit code {}: {}",
+                    r.exit_code,
+                    String::from_utf8_lossy(&r.stderr)
+                );
+            }
+            print!("{}", String::from_utf8_lossy(&r.stdout));
         }
         Cmd::Stop { id } => {
             c.stop_container(cri::StopContainerRequest {

@@ -175,6 +175,17 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
             o => out.push(o),
         }
     }
+    // What the books restored or kept, against what the containers run on now (the books
+    // are not changed: logged and counted by `repair`).
+    let live_cpus = crate::daemon::writer::CgroupCpusetWriter(cgroups.clone());
+    adm.repair(|cg| {
+        crate::daemon::writer::CpusetWriter::cpus(&live_cpus, cg).map(|c| {
+            crate::daemon::reconcile::Seen {
+                cpus: vec![c],
+                mems: None,
+            }
+        })
+    });
     if out.iter().any(WatchOutcome::changed) {
         checkpoint(adm);
     }
