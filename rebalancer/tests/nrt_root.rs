@@ -454,10 +454,12 @@ fn burstable(uid: &str) -> Value {
         "memory_bytes": 256u64 << 20}]})
 }
 
+/// A CPU set as `status` sends it: a JSON array of CPU ids.
 fn cpuset(s: &Value) -> Vec<u32> {
-    rebalancer::cpuset::CpuSet::parse(s.as_str().unwrap_or(""))
-        .unwrap()
+    s.as_array()
+        .unwrap_or_else(|| panic!("a CPU set as a JSON array, got {s}"))
         .iter()
+        .map(|v| v.as_u64().expect("a CPU id") as u32)
         .collect()
 }
 

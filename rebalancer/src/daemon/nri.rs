@@ -403,10 +403,7 @@ fn spec_cpuset(c: &api::Container) -> (CpuSet, CpuSet) {
     let cpu = (c.linux.as_ref())
         .and_then(|l| l.resources.as_ref())
         .and_then(|r| r.cpu.as_ref());
-    let parse = |v: Option<&String>| {
-        v.and_then(|v| CpuSet::parse(v).ok())
-            .unwrap_or_else(CpuSet::new)
-    };
+    let parse = |v: Option<&String>| v.and_then(|v| CpuSet::parse(v).ok()).unwrap_or_default();
     (parse(cpu.map(|c| &c.cpus)), parse(cpu.map(|c| &c.mems)))
 }
 

@@ -25,7 +25,7 @@ pub enum Half {
 
 impl Half {
     pub fn of(machine_seed: u64) -> Half {
-        if machine_seed % 2 == 0 {
+        if machine_seed.is_multiple_of(2) {
             Half::Tune
         } else {
             Half::HeldOut

@@ -88,6 +88,7 @@ pub fn machine(seed: u64) -> Machine {
     let cxl = rng.range(14, 20) as u32;
     let asymmetric = rng.range(0, 1) == 1;
     let mut dist = vec![vec![10u32; n]; n];
+    #[allow(clippy::needless_range_loop)] // a symmetric matrix: both [i][j] and [j][i] are set
     for i in 0..n {
         for j in (i + 1)..n {
             let (a, b) = (i as u32, j as u32);
