@@ -887,7 +887,7 @@ impl Admission {
             s.fenced.insert(cg.into(), pod_uid.into());
             fence_of(&s, pod_uid)
         };
-        // The runtime writes the container's cpuset after this (REVIEW7 A3): a round soon
+        // The runtime writes the container's cpuset after this: a round soon
         // fences it again (`refence`), at the latest the next period's.
         self.daemon.rounds.wake(super::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
@@ -904,7 +904,7 @@ impl Admission {
         }
     }
 
-    /// kubelet's containers without kubelet CPUs fenced again as they are now (REVIEW7 A3): the
+    /// kubelet's containers without kubelet CPUs fenced again as they are now: the
     /// watcher fences one at mkdir, but the runtime writes the spec's cpuset after that (and on
     /// cgroup v1 a fresh cpuset cgroup is empty until the runtime copies its parent's into it,
     /// so the fence at mkdir has nothing to fence). Each control round calls this, so such a
@@ -1034,7 +1034,7 @@ pub fn fence_cpus(current: &CpuSet, excl: &CpuSet, pool: &CpuSet) -> Option<CpuS
 }
 
 /// What a container of kubelet's pod `pod_uid` is fenced off, and the pool it falls back on:
-/// the exclusive CPUs but the pod's own kubelet CPUs (REVIEW7 A4). A cgroup does not say which
+/// the exclusive CPUs but the pod's own kubelet CPUs. A cgroup does not say which
 /// container it is, so every container of the pod is fenced: one kubelet gave CPUs runs on a
 /// subset of the pod's own, which this leaves it (`fence_cpus` None: no write); a sidecar on
 /// kubelet's shared pool is kept off every other exclusive CPU.

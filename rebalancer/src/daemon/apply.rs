@@ -583,7 +583,7 @@ fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
     super::admission::shrink_outcome(d, failed);
 }
 
-/// REVIEW2 P5: someone else wrote the cgroup's cpus (`found`) while its move migrated. The
+/// Someone else wrote the cgroup's cpus (`found`) while its move migrated. The
 /// books were moved to `mv.to_cpus` when the move began; they follow what the cgroup holds
 /// now when the books allow it there (no one else's exclusive or reserved CPUs), so the
 /// allocator neither reserves CPUs the container left nor hands out the ones it runs on.

@@ -797,7 +797,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
             f.writes()
         );
     }
-    // REVIEW2 P5: the container is bound and exclusive; the books moved to the move's cpus
+    // The container is bound and exclusive; the books moved to the move's cpus
     // when it began, and follow the operator's pin when it is abandoned (they would
     // otherwise reserve CPUs it left, and hand out the one it runs on).
     let (_dir, d) = daemon(2, 1024);
@@ -1204,7 +1204,7 @@ fn pages_only_others_map_are_left_where_they_are() {
 
 /// A move whose mems were to be left wide but whose finish failed (here: putting v1's
 /// memory_migrate back) is rolled back like any other: not counted as left wide, no target
-/// kept for the planner, no move recorded (helper-27, helper-28).
+/// kept for the planner, no move recorded.
 #[test]
 fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
     let mut fake = FakeCgroups::v1().with("w", "0-3", "0-1");

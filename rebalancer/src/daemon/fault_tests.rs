@@ -668,7 +668,7 @@ fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart(
     assert_eq!(restored.allocator.exclusive_cpus().len(), 2);
 }
 
-/// helper-15: a read that missed a cgroup (its id not resolved at that read, or entries
+/// A read that missed a cgroup (its id not resolved at that read, or entries
 /// evicted) gave it 0, which became the baseline: the next period's CPU time was everything
 /// since the sampler started (10 s read as one 2 s period: 5 CPUs of demand that never was).
 /// A cgroup a read did not find now keeps its previous reading.
@@ -730,7 +730,7 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
     );
 }
 
-/// helper-16: with CPU time from /proc (no on-CPU program), only cgroups with an eBPF entry
+/// With CPU time from /proc (no on-CPU program), only cgroups with an eBPF entry
 /// got it, and a pinned workload that never migrates or faults has none: it read 0 CPU.
 #[test]
 fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
@@ -759,7 +759,7 @@ fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
     assert_eq!(out["pod/b"].total_cpu_ns(), 2_000_000_000);
 }
 
-/// helper-16: a round skipped because the cgroup walk (or the samples' read) failed was
+/// A round skipped because the cgroup walk (or the samples' read) failed was
 /// silent: no metric, and the round loop still reported itself healthy, so a lasting failure
 /// left the daemon running with nothing observed. Each skip is counted by reason, and the
 /// engine says how many in a row (the loop beats health only when that is 0).
@@ -793,7 +793,7 @@ fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
     );
 }
 
-/// helper-15: with every on-CPU program refused (or a CPU offline during the first attach)
+/// With every on-CPU program refused (or a CPU offline during the first attach)
 /// and only the tracepoints attached, the daemon took CPU time from the eBPF maps, which
 /// then read 0 for every workload for good. CPU time now comes from /proc unless an `on_cpu:`
 /// source attached.
@@ -873,7 +873,7 @@ fn the_watch_list_counts_sub_cgroups_under_their_managed_cgroup() {
     );
 }
 
-/// helper-18/19/20: the watch list takes these first, so Kubernetes containers come before the
+/// The watch list takes these first, so Kubernetes containers come before the
 /// cgroups under configured roots (a delegated user may make any number there, with names that
 /// sort first), whatever the paths' order.
 #[test]
@@ -1101,7 +1101,7 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         BlindSource,
         /// Before the mark, then back on node 0 in the next window (after 0.6 s more on
         /// node 1 before that window's mark): a shift is not followed by another at once
-        /// (helper-26: a tenant flipping its affinity every period).
+        /// (a tenant flipping its affinity every period).
         FlipsBack,
     }
     let smoothed_after = |moved: Moved| {
@@ -1166,7 +1166,7 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
     );
 }
 
-/// vm-bench s21a (memonly boot 3, 2node boots 1-2): w3 touched its memory on node 0 and moved
+/// In the guest benchmark (memonly boot 3, 2node boots 1-2), w3 touched its memory on node 0 and moved
 /// itself to node 1 right before the pins, in its first busy window; with no last window to
 /// compare with it was moved a round after the others. A workload with no reference is
 /// compared with the part of this window before the mark: seen where it runs now when that
@@ -1202,7 +1202,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         c.smoothed.is_some_and(|s| s > 0.0),
         "0.15 s before the mark is no reference: {c:?}"
     );
-    // vm-bench s21c memonly boot 2: 0.28 s on node 0 and 0.18 s already on node 1 before the
+    // In the guest benchmark (memonly boot 2), 0.28 s on node 0 and 0.18 s already on node 1 before the
     // mark (61 % on node 0, 0.47 s: no reference by the last window's tests), 0.22 s on node
     // 1 since: seen where it runs now.
     let c = ShiftRig::marked_after(
@@ -1217,7 +1217,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         3,
     );
     assert_eq!(c.smoothed, Some(0.0), "fresh, partly moved before the mark");
-    // Once per cgroup (helper-29: a light workload, never 500 ms in a window, was tested every
+    // Once per cgroup (a light workload, never 500 ms in a window, was tested every
     // round): 0.3 s on node 0 before the mark and 0.16 s after (no move), then 0.3 s on node
     // 0 before the next mark and 0.16 s on node 1 after: not tested again.
     let mut rig = ShiftRig::new(

@@ -834,7 +834,7 @@ fn install(
 /// container of the pod). None when the pod is not kubelet's. `Some(false)`: the pod is
 /// kubelet's (a Memory Manager entry, or CPUs for another of its containers) but this
 /// container runs on no CPU of kubelet's own: it must still not run on the exclusive CPUs
-/// (REVIEW4 R9), so its cpus are fenced off them (`admission::fence_cpus`), its mems left to
+///, so its cpus are fenced off them (`admission::fence_cpus`), its mems left to
 /// kubelet.
 pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Option<bool> {
     let p = s

@@ -156,7 +156,7 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
         &s,
         &format!("kubepods/podother/{}", "a".repeat(64))
     ));
-    // under kubelet's --cgroup-root as configured, as the engine classifies it (REVIEW4 R11)
+    // under kubelet's --cgroup-root as configured, as the engine classifies it
     let rooted = format!("custom/kubepods/pod{POD}/{}", "a".repeat(64));
     assert!(!pinned(&s, &rooted), "not under the default roots");
     s.cfg.cgroups.kubernetes_root = Some("custom/kubepods".into());
@@ -174,7 +174,7 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
     assert!(s.kubelet.errors.is_empty());
 }
 
-/// REVIEW4 R9: which of a kubelet pod's containers kubelet gave CPUs. A container with a
+/// Which of a kubelet pod's containers kubelet gave CPUs. A container with a
 /// CPU entry is kubelet's; another container of that pod, and every container of a pod with
 /// only Memory Manager entries, is not (its cpus are fenced off the exclusive CPUs).
 #[test]
@@ -458,7 +458,7 @@ impl crate::daemon::writer::CpusetWriter for FakeCpuset {
     }
 }
 
-/// REVIEW4 R2 (part): kubelet's files are read again when they change (a `stat` at each
+/// Kubelet's files are read again when they change (a `stat` at each
 /// CreateContainer hook and control round, `Admission::refresh_kubelet`), not only at start
 /// and SIGHUP; a newly adopted kubelet CPU leaves our shared containers at once, and a pod
 /// gone from the file gives its CPUs back.

@@ -346,7 +346,7 @@ enum Kubelets {
     /// Not a kubelet pod's: the plugin admits it.
     No,
     /// kubelet's: with kubelet CPUs (or in a dry run) left as kubelet made it (None); without
-    /// them, its cpus fenced off the exclusive CPUs (REVIEW4 R9: `admission::fence_cpus`), its
+    /// them, its cpus fenced off the exclusive CPUs (`admission::fence_cpus`), its
     /// mems left to kubelet — the cpus to give, None when it is already off them.
     Theirs(Option<CpuSet>),
 }
@@ -609,7 +609,7 @@ impl Policy {
         self.runtime.take_for_hook()
     }
 
-    /// REVIEW4 R6: the hooked updates due now whose container was given newer cpus since:
+    /// The hooked updates due now whose container was given newer cpus since:
     /// where cgroupfs holds the answer's old cpus, the runtime overwrote the newer write:
     /// written again and told again; where it holds the newer ones, looked at again later;
     /// anything else is someone else's write, left alone.
@@ -1136,7 +1136,7 @@ impl Handler for Policy {
         if self.dry_run() {
             return Vec::new();
         }
-        // hook answers the runtime has had time to apply: newer writes put back (REVIEW4 R6)
+        // hook answers the runtime has had time to apply: newer writes put back
         self.settle_hooked();
         self.runtime.take_batch()
     }
@@ -1415,7 +1415,7 @@ mod tests {
         assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
     }
 
-    /// REVIEW4 R11: a dry run turned on by a reload sends nothing to the runtime, not even
+    /// A dry run turned on by a reload sends nothing to the runtime, not even
     /// what was queued before it, which it holds back (the same steps without the dry run
     /// send the update).
     #[test]
@@ -1457,7 +1457,7 @@ mod tests {
         }
     }
 
-    /// REVIEW4 R2 (part): kubelet's static CPU Manager assigns a CPU after the daemon started
+    /// Kubelet's static CPU Manager assigns a CPU after the daemon started
     /// (its state file is written at admission, before CreateContainer). At that
     /// CreateContainer the changed file is read again: the container is kubelet's (no
     /// adjustment, nothing booked for it), and the shared container on that CPU leaves it in
@@ -2065,7 +2065,7 @@ mod tests {
         );
     }
 
-    /// REVIEW4 R9: a container of a kubelet pod that kubelet gave no CPUs (a sidecar on
+    /// A container of a kubelet pod that kubelet gave no CPUs (a sidecar on
     /// kubelet's default set, or any container when CPU Manager is `none` and only the Memory
     /// Manager has entries) is neither admitted nor left on the exclusive CPUs: its cpus are
     /// fenced off kubelet's and ours, its mems left to kubelet; kubelet's own container keeps
@@ -2140,7 +2140,7 @@ mod tests {
             .unwrap();
         cpu.cpus = fenced.to_string();
         assert!(create(&mut p, &kp, &off).unwrap().adjust.is_none());
-        // REVIEW7 A1: an exclusive CPU admitted after them is fenced off them too
+        // An exclusive CPU admitted after them is fenced off them too
         let mut g2 = pod("9", "");
         g2.uid = "00000009-1b4a-4c6d-9e8f-7a6b5c4d3e2f".into();
         g2.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/pod{}", g2.uid);

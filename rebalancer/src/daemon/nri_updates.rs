@@ -400,7 +400,7 @@ impl Runtime {
         out
     }
 
-    /// REVIEW4 R6: the hooked updates due now whose container was given other cpus since
+    /// The hooked updates due now whose container was given other cpus since
     /// (an out-of-hook write under `Daemon::order` while the runtime was still applying the
     /// answer, which may put the older cpus over it). The plugin compares cgroupfs: the
     /// answer's cpus there mean the runtime overwrote the newer write (written again and told
@@ -890,7 +890,7 @@ mod tests {
             .contains("rebalancer_nri_direct_writes_total{"));
     }
 
-    /// REVIEW4 R1: a write made while the plugin is disconnected is what a reconnect sends —
+    /// A write made while the plugin is disconnected is what a reconnect sends —
     /// never the value queued before the disconnect (which the runtime would apply over the
     /// newer cgroupfs write, onto CPUs the books may have given away).
     #[test]
@@ -990,7 +990,7 @@ mod tests {
         assert!(rt.set_updates(true), "one timeout is not yet for good");
         assert_eq!(rt.take_batch().len(), 1);
         // a second one: the next Configure cannot turn unsolicited updates on again
-        // (REVIEW4 R8: no flapping); the change, still queued, rides the next hook's answer
+        // (No flapping); the change, still queued, rides the next hook's answer
         assert_eq!(rt.timed_out(), vec!["a".to_string()]);
         rt.set_connected(true);
         assert!(!rt.set_updates(true));
@@ -999,7 +999,7 @@ mod tests {
         assert_eq!(rt.take_for_hook().len(), 1);
     }
 
-    /// REVIEW4 R6: an update carried in a hook's answer is applied by the runtime after the
+    /// An update carried in a hook's answer is applied by the runtime after the
     /// hook returns, one container after the other; a newer out-of-hook write meanwhile may be
     /// overwritten by it. Once the answer is due (later for the containers further in it), a
     /// container given other cpus since is handed to the plugin to compare with cgroupfs,
@@ -1061,7 +1061,7 @@ mod tests {
         assert_eq!(looks, HOOK_LOOKS as usize);
     }
 
-    /// REVIEW4 R8: a shrink that names many containers goes out in batches of at most
+    /// A shrink that names many containers goes out in batches of at most
     /// MAX_BATCH, one in flight at a time, each answered before the next; all are sent once.
     #[test]
     fn many_queued_updates_go_out_in_bounded_batches() {

@@ -569,7 +569,7 @@ mod tests {
             }
         };
         // The daemon moves b: noted first, as the writers do; seen as its own, and nobody is
-        // woken (REVIEW7 T11: asserted, not only left to the next step). In a correct trigger
+        // woken (Asserted, not only left to the next step). In a correct trigger
         // neither can happen, however late: no false failure by timing.
         let others = count("other");
         own_write("2-3");

@@ -231,7 +231,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     if let Some(cpus) = kubelets {
         // kubelet's static managers placed the pod (adopted from their state files); its mems
         // are kubelet's. A cgroup does not say which container it is, so each is fenced off
-        // the exclusive CPUs but the pod's own kubelet CPUs (REVIEW7 A4): a container kubelet
+        // the exclusive CPUs but the pod's own kubelet CPUs: a container kubelet
         // gave CPUs runs within the pod's own and is left as it is, a sidecar on kubelet's
         // shared pool keeps off the other exclusive CPUs. Again at each round (`refence`):
         // the runtime writes the cpuset after this.

@@ -859,7 +859,7 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
     }
 }
 
-/// REVIEW4 R9, the watcher's side: a pod with only kubelet Memory Manager entries (CPU Manager
+/// The watcher's side of fencing: a pod with only kubelet Memory Manager entries (CPU Manager
 /// `none`, or a non-integer Guaranteed pod) is kubelet's, but kubelet gave none of its
 /// containers CPUs: each is fenced off the exclusive CPUs (its mems left to kubelet), not
 /// admitted (a pod with kubelet CPUs: see the sidecar test below).
@@ -942,7 +942,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         assert!(!s.state.bindings.contains_key(&k));
         assert_eq!(s.state.allocator.exclusive_cpus(), ours);
     }
-    // REVIEW7 A1: an exclusive CPU admitted after it is fenced off it too
+    // An exclusive CPU admitted after it is fenced off it too
     let later = admit_exclusive(&adm, &cg, &root, &UID.replace('8', "7"), "d");
     assert_eq!(
         cg.cpus(&k).unwrap(),
@@ -951,7 +951,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
             .difference(&ours)
             .difference(&later)
     );
-    // REVIEW7 A3: the runtime writes the spec's cpuset after the fence at mkdir (kubelet's
+    // The runtime writes the spec's cpuset after the fence at mkdir (kubelet's
     // default set: every CPU); the next round's `refence` fences it again.
     let fence = CpuSet::parse("0-3")
         .unwrap()
@@ -990,7 +990,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     assert!(adm.daemon.lock().fenced.is_empty());
 }
 
-/// REVIEW7 A4: a pod kubelet's CPU Manager gave CPUs to one container: every container of it
+/// A pod kubelet's CPU Manager gave CPUs to one container: every container of it
 /// is fenced off the exclusive CPUs but the pod's own (a cgroup does not say which container
 /// it is). The container kubelet gave CPUs is within the pod's own and is not written; a
 /// sidecar on every CPU keeps off ours.
