@@ -133,10 +133,17 @@ pub fn kernel(suite: &str) -> Result<PathBuf> {
     Ok(vmlinuz)
 }
 
+/// The musl target and a C compiler for it: the TLS client's `ring` builds C and assembly,
+/// and cc-rs looks for `x86_64-linux-musl-gcc`, which Debian ships as `musl-gcc`
+/// (musl-tools). Every cargo this process starts inherits the compiler setting.
 pub(crate) fn musl_target() -> Result<()> {
     let installed = stdout_of(Command::new("rustup").args(["target", "list", "--installed"]))?;
     if !installed.lines().any(|l| l.trim() == MUSL) {
         sh(Command::new("rustup").args(["target", "add", MUSL]))?;
+    }
+    setup::apt(&["musl-tools"])?;
+    if std::env::var_os("CC_x86_64_unknown_linux_musl").is_none() {
+        std::env::set_var("CC_x86_64_unknown_linux_musl", "musl-gcc");
     }
     Ok(())
 }
