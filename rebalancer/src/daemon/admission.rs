@@ -10,6 +10,7 @@
 //! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
 //! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
 //! Admission::unbind(cgroup, durability)                -> Option<Binding>
+//! Admission::resize(cgroup, container, durability)     -> Result<Option<ContainerPlacement>, AdmitError>
 //! Admission::replace_offline()                         -> usize
 //! Admission::checkpoint() / request_checkpoint() / record_invalid()
 //! ```
@@ -590,6 +591,97 @@ impl Admission {
             self.shrink_locked_order(dry_run);
         }
         Some(b)
+    }
+
+    /// A bound container's requests changed in place (a resize: NRI UpdateContainer, or the
+    /// limits the watcher reads): its placement follows as `Allocator::resize` decides, or
+    /// the resize is refused and nothing changes. A grow moves the shared containers off the
+    /// CPUs it takes before its own cpuset is written; a shrink writes its own first, then the
+    /// shared pool grows, so no CPU is ever both exclusive and shared. `Ok(None)`: the
+    /// placement stays as it is.
+    pub fn resize(
+        &self,
+        cgroup: &str,
+        new: &crate::placement::pod::Container,
+        durability: Durability,
+    ) -> Result<Option<ContainerPlacement>, AdmitError> {
+        let _order = self.order();
+        let (before, placement, dry_run) = {
+            let mut s = self.daemon.lock();
+            let Some(b) = s.state.bindings.get(cgroup).cloned() else {
+                return Err(AdmitError::Invalid(format!(
+                    "container cgroup {cgroup} is not bound"
+                )));
+            };
+            let sh = &mut *s;
+            let before = sh.state.allocator.clone();
+            let r = sh.state.allocator.resize(
+                &sh.topo,
+                &sh.cfg.placement,
+                &b.pod_uid,
+                &b.container,
+                new,
+            );
+            match r {
+                Ok(p) => (before, p, sh.cfg.daemon.dry_run),
+                Err(rejection) => {
+                    drop(s);
+                    self.daemon
+                        .metrics
+                        .admission_rejections
+                        .get_or_create(&ReasonLabel {
+                            reason: rejection.reason.to_string(),
+                        })
+                        .inc();
+                    return Err(AdmitError::Rejected {
+                        rejection,
+                        fenced: None,
+                    });
+                }
+            }
+        };
+        let old = {
+            let s = self.daemon.lock();
+            let b = &s.state.bindings[cgroup];
+            (before.pods.get(&b.pod_uid))
+                .and_then(|p| {
+                    p.containers
+                        .iter()
+                        .find(|c| c.placement.container == b.container)
+                })
+                .map(|c| c.placement.clone())
+        };
+        if old.as_ref() == Some(&placement) {
+            return Ok(None);
+        }
+        let excl_before = before.exclusive_cpus();
+        let grew = {
+            let s = self.daemon.lock();
+            !s.state.allocator.exclusive_cpus().is_subset(&excl_before)
+        };
+        if grew {
+            self.shrink_locked_order(dry_run);
+        }
+        if !dry_run {
+            if let Err(e) = self.write_own(cgroup, &placement) {
+                self.daemon.lock().state.allocator = before;
+                // the shared containers back to the pool the books say again
+                self.shrink_locked_order(dry_run);
+                return Err(match e {
+                    WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
+                    _ => AdmitError::WriteFailed(cgroup.into()),
+                });
+            }
+        }
+        if !grew {
+            self.shrink_locked_order(dry_run);
+        }
+        match durability {
+            Durability::Durable => self.checkpoint_logged(),
+            Durability::Deferred => self.request_checkpoint(),
+        }
+        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        Ok(Some(placement))
     }
 
     /// Exclusive CPUs that went offline are replaced (`Allocator::replace_offline`): each

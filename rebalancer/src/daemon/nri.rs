@@ -61,6 +61,7 @@ pub const EVENTS: &[api::Event] = &[
     api::Event::StopPodSandbox,
     api::Event::RemovePodSandbox,
     api::Event::CreateContainer,
+    api::Event::UpdateContainer,
     api::Event::StopContainer,
     api::Event::RemoveContainer,
 ];
@@ -692,6 +693,18 @@ impl Policy {
         Err(why)
     }
 
+    /// Fails UpdateContainer with `why`; a dry run lets the update through unchanged instead,
+    /// logging and counting the refusal it would have made.
+    fn refuse_update(&self, id: &str, why: String) -> Result<api::UpdateContainerResponse, String> {
+        if self.dry_run() {
+            tracing::warn!(container = %id, error = %why, "dry run: UpdateContainer would be refused; left to the runtime");
+            self.d().metrics.dry_run_refusals.inc();
+            return Ok(Default::default());
+        }
+        tracing::warn!(container = %id, error = %why, "UpdateContainer refused");
+        Err(why)
+    }
+
     /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
     fn free_by_node(&self) -> String {
         let s = self.d().lock();
@@ -1054,6 +1067,70 @@ impl Handler for Policy {
             update: updates.into_iter().chain(self.queued_for_hook()).collect(),
             evict: vec![],
         })
+    }
+
+    /// An in-place resize (CRI `UpdateContainerResources`): the placed container's new
+    /// requests go through the admission service (`Admission::resize`); its new cpuset rides
+    /// the answer as an update of the container itself, which the runtime merges into the
+    /// resources it applies, and the shared containers that change ride it too. A resize the
+    /// books cannot take fails the update with the reason (a dry run logs and counts it).
+    fn update_container(
+        &mut self,
+        req: api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
+            self.admission.record_invalid();
+            return Err("rebalancer: UpdateContainer without its pod or container".into());
+        };
+        let Some(t) = self.containers.get(&c.id).cloned() else {
+            // not placed by the plugin (not Kubernetes', kubelet's, or never admitted)
+            return Ok(api::UpdateContainerResponse {
+                update: self.queued_for_hook(),
+                ..Default::default()
+            });
+        };
+        // the container as it will be: its spec with the resources asked for now
+        let mut next = c.clone();
+        if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
+            l.resources = Some(r);
+        }
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        let asked = match request(pod, &next, kube_root.as_deref()) {
+            Ok(Some(r)) => r.pod.containers[0].clone(),
+            Ok(None) => return Ok(Default::default()),
+            Err(e) => return self.refuse_update(&c.id, format!("rebalancer: {e}")),
+        };
+        self.writer.take();
+        match self
+            .admission
+            .resize(&t.cgroup, &asked, Durability::Deferred)
+        {
+            Ok(placed) => {
+                let (mine, mut updates) = self.drain(Some(&t.cgroup), true);
+                if let Some(p) = &placed {
+                    tracing::info!(container = %c.id, cgroup = %t.cgroup, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized");
+                }
+                updates.extend(self.queued_for_hook());
+                // last: the runtime takes its resized container's resources from its update
+                updates.extend(mine.map(|m| update(&c.id, &m.cpus, m.mems.as_ref())));
+                Ok(api::UpdateContainerResponse {
+                    update: updates,
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                self.writer.take();
+                let why = format!(
+                    "rebalancer refused the resize of container {} ({}) to {}m CPU, {} MiB memory: {e} [{}]",
+                    c.id,
+                    c.name,
+                    asked.cpu_request(),
+                    asked.memory_request() >> 20,
+                    self.free_by_node()
+                );
+                self.refuse_update(&c.id, why)
+            }
+        }
     }
 
     fn stop_container(
@@ -1555,6 +1632,104 @@ mod tests {
         };
         let t = container_of(&totals, Qos::Guaranteed, "pod").unwrap();
         assert_eq!((t.cpu_request_millis, t.cpu_limit_millis), (4000, 4000));
+    }
+
+    /// An UpdateContainer of a placed Guaranteed container: its resources as CRI
+    /// `UpdateContainerResources` gives them.
+    fn resize(
+        p: &mut Policy,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+        quota: i64,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let next = ctr(
+            &c.id[..1],
+            pod,
+            quota,
+            (quota as u64) * 1024 / 100_000,
+            1 << 30,
+        );
+        p.update_container(api::UpdateContainerRequest {
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+            linux_resources: next.linux.unwrap().resources,
+        })
+    }
+
+    fn updated_cpus(r: &api::UpdateContainerResponse, id: &str) -> Option<CpuSet> {
+        let u = r.update.iter().rev().find(|u| u.container_id == id)?;
+        let cpu = u.linux.as_ref()?.resources.as_ref()?.cpu.as_ref()?;
+        Some(CpuSet::parse(&cpu.cpus).unwrap())
+    }
+
+    /// Resize through NRI (2 nodes x 2 CPUs): a Guaranteed container grown from 1 to 2 CPUs
+    /// keeps its CPU and takes the other of its node, the shared container moved off them in
+    /// the same answer and the resized container's own update last (the runtime applies
+    /// that one to it); a grow past its node fails the update with the reason and changes
+    /// nothing; a shrink gives a CPU back to the shared container. The books agree each time.
+    #[test]
+    fn a_resize_grows_within_the_node_refuses_past_it_and_shrinks_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let (gp, bp) = (pod("g", ""), pod("b", "burstable/"));
+        run_pod(&mut p, &gp);
+        run_pod(&mut p, &bp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        let one = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let b = ctr("b", &bp, 0, 512, 0);
+        create(&mut p, &bp, &b).unwrap();
+        let excl = |p: &Policy| p.d().lock().state.allocator.exclusive_cpus();
+
+        let r = resize(&mut p, &gp, &g, 200_000).unwrap();
+        let two = updated_cpus(&r, &g.id).expect("the resized container's update");
+        assert_eq!(r.update.last().unwrap().container_id, g.id, "{r:?}");
+        assert_eq!(two.len(), 2);
+        assert!(one.is_subset(&two), "{one} kept in {two}");
+        assert_eq!(excl(&p), two, "the books agree");
+        if let Some(bc) = updated_cpus(&r, &b.id) {
+            assert!(bc.is_disjoint(&two), "shared {bc} off {two}");
+        }
+        let shared = p
+            .writer
+            .cpus(&request(&bp, &b, None).unwrap().unwrap().cgroup);
+        assert!(shared.is_none_or(|s| s.is_disjoint(&two)));
+
+        let before = p.d().lock().state.clone();
+        let e = resize(&mut p, &gp, &g, 300_000).unwrap_err();
+        assert!(
+            e.contains("refused the resize") && e.contains("InsufficientCPU"),
+            "{e}"
+        );
+        assert_eq!(
+            p.d().lock().state,
+            before,
+            "a refused resize changes nothing"
+        );
+
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        let back = updated_cpus(&r, &g.id).unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(back.is_subset(&two));
+        assert_eq!(excl(&p), back);
+        // the same request again: nothing to change, no update of it
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        assert!(updated_cpus(&r, &g.id).is_none(), "{r:?}");
+    }
+
+    /// A dry run never refuses a resize: the update goes through untouched, the refusal
+    /// counted.
+    #[test]
+    fn a_dry_run_lets_a_resize_it_would_refuse_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        create(&mut p, &gp, &g).unwrap();
+        p.d().lock().cfg.daemon.dry_run = true;
+        let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
+        assert!(r.update.is_empty(), "{r:?}");
+        assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
     }
 
     /// Hugepage limits from the runtime are summed without overflow.
