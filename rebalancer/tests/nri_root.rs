@@ -1090,7 +1090,9 @@ fn ctr(ctd: &Containerd, args: &[&str]) {
 /// A paused container (`ctr task pause`: the cgroup freezer) keeps its exclusive CPU through
 /// a Synchronize (containerd restarted, the plugin reconnects): the books still give it the
 /// CPU, its cgroup still has it, and a Guaranteed container created afterwards gets the other
-/// CPU, never the paused one's.
+/// CPU, never the paused one's. containerd 1.7, restarted, finds the task paused, counts the
+/// container unknown and leaves it out of the Synchronize: the daemon keeps it because its
+/// cgroup still holds processes.
 #[test]
 fn a_paused_container_keeps_its_exclusive_cpus_through_a_synchronize() {
     let _serial = common::serial();
@@ -1146,10 +1148,8 @@ fn a_paused_container_keeps_its_exclusive_cpus_through_a_synchronize() {
         "cgroupfs of both"
     );
     ctr(&ctd, &["task", "resume", &p.id]);
-    assert_eq!(
-        exec_cpus(&ctd, &p.id),
-        mine,
-        "resumed, it runs on its CPU alone"
-    );
+    // (the runtime counts it unknown now: no exec into it; its cgroup says where it runs)
+    assert_eq!(p.live_cpus(), mine, "resumed, it runs on its CPU alone");
+    assert!(g.live_cpus().is_disjoint(&mine));
     ctd.remove_pods();
 }

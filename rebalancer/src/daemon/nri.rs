@@ -342,6 +342,15 @@ impl CpusetWriter for NriWriter {
     }
 }
 
+/// The runtime's container id at the end of a container cgroup's path (cgroupfs
+/// `…/<id>`, systemd `…/cri-containerd-<id>.scope`); None when it does not look like one.
+fn container_id_of(cgroup: &str) -> Option<String> {
+    let last = cgroup.rsplit('/').next()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = last.rsplit('-').next()?;
+    (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+}
+
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
 enum Kubelets {
     /// Not a kubelet pod's: the plugin admits it.
@@ -681,6 +690,47 @@ impl Policy {
         }
     }
 
+    /// Synchronize: bound containers the runtime did not list but whose cgroups still hold
+    /// processes still run on what they hold (containerd 1.7, restarted, reports a container
+    /// it finds paused as unknown and leaves it out of the list): they keep their allocation,
+    /// counted `live` and tracked again, until they go (RemoveContainer, or a later
+    /// Synchronize that finds their cgroup empty or gone).
+    fn keep_unlisted(&mut self, live: &mut Vec<String>) {
+        let Some(cgroups) = self.writer.cgroups.clone() else {
+            return;
+        };
+        let unlisted: Vec<(String, String)> = {
+            let s = self.d().lock();
+            (s.state.bindings.iter())
+                .filter(|(cg, _)| !live.contains(cg))
+                .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
+                .collect()
+        };
+        for (cg, key) in unlisted {
+            let procs = cgroups.procs(crate::cgroup::Controller::Cpuset, &cg);
+            if !procs.is_ok_and(|p| !p.is_empty()) {
+                continue;
+            }
+            tracing::warn!(cgroup = %cg, "synchronize: a bound container the runtime did not list still has processes (paused, or in a state the runtime cannot tell); it keeps its allocation");
+            live.push(cg.clone());
+            if let Some(id) = container_id_of(&cg) {
+                let uid = key.split('/').next().unwrap_or_default();
+                let pod_id = (self.pods.values())
+                    .find(|p| p.uid == uid)
+                    .map(|p| p.id.clone())
+                    .unwrap_or_default();
+                self.containers.insert(
+                    id,
+                    Tracked {
+                        key,
+                        cgroup: cg,
+                        pod_id,
+                    },
+                );
+            }
+        }
+    }
+
     /// Fails CreateContainer with `why`; a dry run lets the container start as the runtime
     /// makes it instead, logging and counting the refusal it would have made.
     fn refuse(&self, id: &str, why: String) -> Result<api::CreateContainerResponse, String> {
@@ -897,6 +947,7 @@ impl Handler for Policy {
                 None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
+        self.keep_unlisted(&mut live);
         self.runtime.retrack(
             self.containers
                 .iter()
@@ -1730,6 +1781,18 @@ mod tests {
         let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
         assert!(r.update.is_empty(), "{r:?}");
         assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
+    }
+
+    #[test]
+    fn a_container_cgroup_names_its_runtime_id() {
+        let id = "ab".repeat(32);
+        for cg in [
+            format!("kubepods/burstable/pod{UID}/{id}"),
+            format!("kubepods.slice/kubepods-pod.slice/cri-containerd-{id}.scope"),
+        ] {
+            assert_eq!(container_id_of(&cg).as_deref(), Some(id.as_str()), "{cg}");
+        }
+        assert_eq!(container_id_of("kubepods/pod1/short"), None);
     }
 
     /// Hugepage limits from the runtime are summed without overflow.
