@@ -235,12 +235,18 @@ impl Admission {
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
             let before = sh.state.allocator.clone();
-            match sh.state.allocator.admit_member_seeing(
-                &sh.topo,
-                &sh.cfg.placement,
-                req.member,
-                &sh.overuse,
-            ) {
+            let r = sh
+                .state
+                .allocator
+                .admit_member_seeing(&sh.topo, &sh.cfg.placement, req.member, &sh.overuse)
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator = before.clone();
+                        Err(rejection)
+                    }
+                });
+            match r {
                 Ok(p) => (p, dry_run, before),
                 Err(rejection) => {
                     let fence = (!dry_run).then(|| exclusive_and_pool(sh));
@@ -353,11 +359,16 @@ impl Admission {
             }
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
-            match sh
-                .state
-                .allocator
+            let r = (sh.state.allocator)
                 .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
-            {
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator.release(&pod.uid);
+                        Err(rejection)
+                    }
+                });
+            match r {
                 Ok(p) => (p, dry_run),
                 Err(rejection) => {
                     let fence = match req.bind {
@@ -615,13 +626,17 @@ impl Admission {
             };
             let sh = &mut *s;
             let before = sh.state.allocator.clone();
-            let r = sh.state.allocator.resize(
-                &sh.topo,
-                &sh.cfg.placement,
-                &b.pod_uid,
-                &b.container,
-                new,
-            );
+            let r = sh
+                .state
+                .allocator
+                .resize(&sh.topo, &sh.cfg.placement, &b.pod_uid, &b.container, new)
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator = before.clone();
+                        Err(rejection)
+                    }
+                });
             match r {
                 Ok(p) => (before, p, sh.cfg.daemon.dry_run),
                 Err(rejection) => {
@@ -1136,6 +1151,29 @@ fn fence_of(s: &Shared, pod_uid: &str) -> (CpuSet, CpuSet) {
 }
 
 /// The exclusive CPUs and the shared pool now.
+/// Containers the books do not hold — refused ones, and kubelet's fenced ones — run on the
+/// shared pool: a change that makes the last shared CPU exclusive while one of them lives
+/// would leave it nowhere to be fenced to, sharing a CPU given exclusively. Such a change is
+/// refused (checked on the books it leaves, before anything is written).
+fn leaves_unadmitted_no_cpu(s: &Shared) -> Option<Rejection> {
+    let waiting = s.refused.len() + s.fenced.len();
+    if waiting == 0
+        || !s
+            .state
+            .allocator
+            .shared_pool(&CpuView::new(&s.topo))
+            .is_empty()
+    {
+        return None;
+    }
+    Some(Rejection::new(
+        crate::placement::pod::RejectionReason::InsufficientCpu,
+        format!(
+            "exclusive CPUs would leave no shared CPU for the {waiting} running container(s) not admitted (refused, or kubelet's), which must keep off them"
+        ),
+    ))
+}
+
 pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
     (
         s.state.allocator.exclusive_cpus(),
