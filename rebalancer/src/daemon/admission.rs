@@ -256,6 +256,8 @@ impl Admission {
                 }
             }
         };
+        let mut placement = placement;
+        self.keep_memory_where_it_is(cg, uid, &mut placement);
         // The pod's hold may have taken (or given back) exclusive CPUs besides the container's.
         let exclusive_changed =
             before.exclusive_cpus() != self.daemon.lock().state.allocator.exclusive_cpus();
@@ -385,7 +387,9 @@ impl Admission {
             .bind
             .zip(placements.first())
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
-        if let (Some((cg, _)), Some(p)) = (&bound, placements.first()) {
+        let mut placements = placements;
+        if let (Some((cg, _)), Some(p)) = (&bound, placements.first_mut()) {
+            self.keep_memory_where_it_is(cg, &pod.uid, p);
             if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
                 self.daemon.lock().state.allocator.release(&pod.uid);
                 return Err(e);
@@ -825,6 +829,36 @@ impl Admission {
             },
         );
         Ok(())
+    }
+
+    /// Adoption of a container that already runs (the start-up reconcile without usable books,
+    /// NRI Synchronize, a late event): its placement's mems are widened by the nodes its memory
+    /// is on now, in the books too, instead of narrowed in the write — the kernel migrates a
+    /// cgroup's memory inside a mems write that narrows it (v2; v1 with memory_migrate), one
+    /// container after another, outside `migration_budget_mib`, with admissions waiting behind
+    /// it. Narrowing is left to the control rounds, which move memory within the budget. A new
+    /// container has no memory yet and gets its placement's mems as they are.
+    fn keep_memory_where_it_is(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
+        let Some(nodes) = self.writer.memory_nodes(cg) else {
+            return;
+        };
+        let wide = p.mems.union(&nodes);
+        if wide == p.mems {
+            return;
+        }
+        tracing::info!(cgroup = %cg, placed = %p.mems, memory_on = %nodes, mems = %wide, "running container adopted with its memory where it is; control rounds narrow its mems within the migration budget");
+        // the mems only: its Memory Manager booking stays on the placement's nodes (booked
+        // over both, they would become one NUMA group and pull later pods' memory across)
+        let mut s = self.daemon.lock();
+        let booked = (s.state.allocator.pods.get_mut(uid)).and_then(|pod| {
+            pod.containers
+                .iter_mut()
+                .find(|c| c.placement.container == p.container)
+        });
+        if let Some(c) = booked {
+            c.placement.mems = wide.clone();
+        }
+        p.mems = wide;
     }
 
     /// Every cpuset write of the service: noted as the daemon's own first, so the round

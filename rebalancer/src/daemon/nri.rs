@@ -340,6 +340,10 @@ impl CpusetWriter for NriWriter {
         });
         live.or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
+
+    fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
+        super::writer::memory_nodes_of(self.cgroups.as_ref()?, cgroup)
+    }
 }
 
 /// The runtime's container id at the end of a container cgroup's path (cgroupfs
