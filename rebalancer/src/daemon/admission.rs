@@ -235,11 +235,12 @@ impl Admission {
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
             let before = sh.state.allocator.clone();
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
             let r = sh
                 .state
                 .allocator
                 .admit_member_seeing(&sh.topo, &sh.cfg.placement, req.member, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
                     None => Ok(p),
                     Some(rejection) => {
                         sh.state.allocator = before.clone();
@@ -361,9 +362,10 @@ impl Admission {
             }
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
             let r = (sh.state.allocator)
                 .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
                     None => Ok(p),
                     Some(rejection) => {
                         sh.state.allocator.release(&pod.uid);
@@ -630,11 +632,12 @@ impl Admission {
             };
             let sh = &mut *s;
             let before = sh.state.allocator.clone();
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
             let r = sh
                 .state
                 .allocator
                 .resize(&sh.topo, &sh.cfg.placement, &b.pod_uid, &b.container, new)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh) {
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
                     None => Ok(p),
                     Some(rejection) => {
                         sh.state.allocator = before.clone();
@@ -1188,16 +1191,12 @@ fn fence_of(s: &Shared, pod_uid: &str) -> (CpuSet, CpuSet) {
 /// Containers the books do not hold — refused ones, and kubelet's fenced ones — run on the
 /// shared pool: a change that makes the last shared CPU exclusive while one of them lives
 /// would leave it nowhere to be fenced to, sharing a CPU given exclusively. Such a change is
-/// refused (checked on the books it leaves, before anything is written).
-fn leaves_unadmitted_no_cpu(s: &Shared) -> Option<Rejection> {
+/// refused (checked on the books it leaves, before anything is written). `had_pool`: whether
+/// the shared pool had a CPU before the change ([`shared_pool_left`]); one already empty (a
+/// pod scope hold took it) is not this change's doing.
+fn leaves_unadmitted_no_cpu(s: &Shared, had_pool: bool) -> Option<Rejection> {
     let waiting = s.refused.len() + s.fenced.len();
-    if waiting == 0
-        || !s
-            .state
-            .allocator
-            .shared_pool(&CpuView::new(&s.topo))
-            .is_empty()
-    {
+    if !had_pool || waiting == 0 || shared_pool_left(s) {
         return None;
     }
     Some(Rejection::new(
@@ -1206,6 +1205,18 @@ fn leaves_unadmitted_no_cpu(s: &Shared) -> Option<Rejection> {
             "exclusive CPUs would leave no shared CPU for the {waiting} running container(s) not admitted (refused, or kubelet's), which must keep off them"
         ),
     ))
+}
+
+/// Whether a container not admitted (refused, or kubelet's fenced) lives.
+fn has_unadmitted(s: &Shared) -> bool {
+    !(s.refused.is_empty() && s.fenced.is_empty())
+}
+
+/// Whether the shared pool has a CPU now.
+fn shared_pool_left(s: &Shared) -> bool {
+    !(s.state.allocator)
+        .shared_pool(&CpuView::new(&s.topo))
+        .is_empty()
 }
 
 pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {

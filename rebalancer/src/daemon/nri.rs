@@ -2025,6 +2025,44 @@ mod tests {
         assert_eq!(p.d().metrics.books_repairs.get(), 1);
     }
 
+    /// A bound container the runtime leaves out of a Synchronize (containerd 1.7, restarted,
+    /// counts a paused one unknown and omits it) keeps its allocation while its cgroup holds
+    /// processes; with its cgroup empty it is released.
+    #[test]
+    fn synchronize_keeps_an_unlisted_container_whose_cgroup_still_has_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpuset cpu memory\n").unwrap();
+        let cgroups = Cgroups::new(crate::cgroup::mode::Mounts::scan_root(root).unwrap());
+        let mut p = policy(root);
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let booked = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let cg = request(&gp, &g, None).unwrap().unwrap().cgroup;
+        std::fs::create_dir_all(root.join(&cg)).unwrap();
+        let procs = root.join(&cg).join("cgroup.procs");
+        let sync = |p: &mut Policy| {
+            p.synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![],
+            })
+            .unwrap()
+        };
+        std::fs::write(&procs, "4242\n").unwrap();
+        let mut p = Policy::new(p.d().clone(), Some(cgroups), p.runtime.clone());
+        sync(&mut p);
+        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
+        assert!(p.d().lock().state.bindings.contains_key(&cg));
+        std::fs::write(&procs, "").unwrap();
+        sync(&mut p);
+        assert!(
+            p.d().lock().state.bindings.is_empty(),
+            "released once empty"
+        );
+        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+    }
+
     #[test]
     fn init_cpus_are_reused_by_app_containers_and_a_sidecar_keeps_its_own() {
         let dir = tempfile::tempdir().unwrap();
