@@ -41,6 +41,7 @@ use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
+use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +54,11 @@ pub struct Request {
     pub pod: Pod,
     /// The pod's totals (`pod_resources`), for pod scope; None when the runtime sent none.
     pub totals: Option<Container>,
+    /// The container's device nodes (`linux.devices`), resolved to PCI devices at admission
+    /// ([`Policy::attached_devices`]); empty for a container that may open every device (an
+    /// allow-all device rule: a privileged container sees the host's devices, none of them
+    /// given to it).
+    pub devices: Vec<DevNode>,
 }
 
 /// Events the plugin subscribes to.
@@ -234,6 +240,24 @@ pub fn request(
             ..Default::default()
         },
     };
+    let all_devices_allowed = res.is_some_and(|r| {
+        r.devices
+            .iter()
+            .any(|d| d.allow && matches!(d.r#type.as_str(), "" | "a") && d.major.is_none())
+    });
+    let devices = match linux {
+        Some(l) if !all_devices_allowed => l
+            .devices
+            .iter()
+            .map(|d| DevNode {
+                kind: d.r#type.clone(),
+                major: d.major,
+                minor: d.minor,
+                path: d.path.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let short: String = c.id.chars().take(12).collect();
     let key = format!("{pod_uid}/{short}");
     Ok(Some(Request {
@@ -246,6 +270,7 @@ pub fn request(
             init_containers: Vec::new(),
         },
         totals,
+        devices,
     }))
 }
 
@@ -714,6 +739,42 @@ impl Policy {
             .join(", ")
     }
 
+    /// The PCI devices behind `r`'s device nodes, resolved below the configured sysfs root
+    /// (`topology::devnode`; sysfs reads, so no lock is held), that the topology knows: the
+    /// device provider's hints come from their PCI NUMA node. Each node's outcome is logged
+    /// at debug; a PCI device the topology does not list (hot-plugged after the topology was
+    /// read) is left out with a warning.
+    fn attached_devices(&self, r: &Request) -> Vec<String> {
+        if r.devices.is_empty() {
+            return Vec::new();
+        }
+        let (root, known) = {
+            let s = self.d().lock();
+            let known: std::collections::BTreeSet<String> =
+                s.topo.devices.iter().map(|d| d.address.clone()).collect();
+            (s.cfg.daemon.sysfs_root.clone(), known)
+        };
+        let mut out: Vec<String> = Vec::new();
+        for dev in &r.devices {
+            let (kind, major, minor, path) = (&dev.kind, dev.major, dev.minor, &dev.path);
+            match devnode::resolve(&root, dev) {
+                Resolution::Pci { address, node } if known.contains(&address) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, pci = %address, numa_node = ?node, "device node of a container aligned with its PCI device");
+                    if !out.contains(&address) {
+                        out.push(address);
+                    }
+                }
+                Resolution::Pci { address, .. } => {
+                    tracing::warn!(cgroup = %r.cgroup, %path, major, minor, pci = %address, "device node's PCI device is not in the topology read at start; not aligned");
+                }
+                Resolution::Unresolved(why) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, reason = why, "device node not aligned");
+                }
+            }
+        }
+        out
+    }
+
     /// Admits one request (bound to its cgroup): (cpus, mems) and the other containers'
     /// updates, or the refusal message.
     fn admit(
@@ -723,6 +784,16 @@ impl Policy {
         pod_id: &str,
         durability: Durability,
     ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
+        let attached = self.attached_devices(r);
+        let with_devices;
+        let r = if attached.is_empty() {
+            r
+        } else {
+            let mut x = r.clone();
+            x.pod.containers[0].attached_devices = attached;
+            with_devices = x;
+            &with_devices
+        };
         self.writer.take();
         let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
         let res = match r.key.split_once('/').filter(|_| pod_scope) {
@@ -769,11 +840,23 @@ impl Policy {
             Err(e) => {
                 self.writer.take();
                 let c = &r.pod.containers[0];
-                let ask = format!(
+                let mut ask = format!(
                     "asks {}m CPU, {} MiB memory",
                     c.cpu_request(),
                     c.memory_request() >> 20
                 );
+                if !c.attached_devices.is_empty() {
+                    let s = self.d().lock();
+                    let on = |a: &String| {
+                        let node = s.topo.devices.iter().find(|d| &d.address == a);
+                        match node.and_then(|d| d.node) {
+                            Some(n) => format!("{a} on node {n}"),
+                            None => format!("{a} on no known node"),
+                        }
+                    };
+                    let devs: Vec<String> = c.attached_devices.iter().map(on).collect();
+                    ask.push_str(&format!(", has devices {}", devs.join(", ")));
+                }
                 Err(match e {
                     AdmitError::Rejected { rejection, .. } => format!(
                         "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",

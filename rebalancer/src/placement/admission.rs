@@ -664,11 +664,13 @@ impl Allocator {
             .map(|m| m.into_iter().map(|(k, v)| (k, Some(v))).collect());
         let mut by_resource = BTreeMap::new();
         let mut addresses = Vec::new();
+        let mut attached = Vec::new();
         for c in containers {
             for (r, n) in &c.devices {
                 *by_resource.entry(r.clone()).or_insert(0) += n;
             }
             addresses.extend(c.device_addresses.iter().cloned());
+            attached.extend(c.attached_devices.iter().cloned());
         }
         let dev_hints = self
             .devices
@@ -678,6 +680,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &by_resource,
                     addresses: &addresses,
+                    attached: &attached,
                 },
             )
             .map_err(device_rejection)?;
@@ -865,6 +868,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &c.devices,
                     addresses: &c.device_addresses,
+                    attached: &c.attached_devices,
                 },
                 affinity,
                 &DeviceOwner {

@@ -71,7 +71,8 @@ pub struct PodMember<'a> {
     pub container: &'a Container,
 }
 
-/// `totals`, raised field by field to at least `c` (the pod is at least its container).
+/// `totals`, raised field by field to at least `c` (the pod is at least its container); the
+/// pod's attached devices known so far are the container's (no door sees a pod's devices).
 fn at_least(totals: &Container, c: &Container) -> Container {
     Container {
         name: "pod".into(),
@@ -81,6 +82,7 @@ fn at_least(totals: &Container, c: &Container) -> Container {
         memory_limit_bytes: totals.memory_limit_bytes.max(c.memory_limit_bytes),
         hugepages_2mi_bytes: totals.hugepages_2mi_bytes.max(c.hugepages_2mi_bytes),
         hugepages_1gi_bytes: totals.hugepages_1gi_bytes.max(c.hugepages_1gi_bytes),
+        attached_devices: c.attached_devices.clone(),
         ..Default::default()
     }
 }
