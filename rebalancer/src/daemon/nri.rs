@@ -2335,4 +2335,59 @@ mod tests {
         assert_eq!(cpu_millis(Some(&cpu(i64::MAX, 1))).0, u64::MAX);
         assert_eq!(cpu_millis(None), (0, 0));
     }
+
+    /// A container's device nodes become the device provider's hints: its GPU (char 241:1,
+    /// on node 1 through the sysfs root) puts it on node 1 under single-numa-node; a block
+    /// device with the same numbers, or the same GPU in a container that may open every device
+    /// (privileged), aligns nothing and the container lands where kubelet's merge puts it
+    /// first (node 0).
+    #[test]
+    fn a_containers_device_nodes_steer_its_numa_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let pci = sys.join("bus/pci/devices/0000:c1:00.0");
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.join("dev/char/241:1")).unwrap();
+        std::os::unix::fs::symlink(&pci, sys.join("dev/char/241:1/device")).unwrap();
+        let placed = |kind: &str, allow_all: bool| {
+            let mut p = policy(dir.path());
+            {
+                let mut s = p.d().lock();
+                s.cfg.daemon.sysfs_root = sys.clone();
+                s.cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
+                s.topo.devices.push(crate::topology::PciDevice {
+                    address: "0000:c1:00.0".into(),
+                    class: crate::topology::DeviceClass::Gpu,
+                    node: Some(1),
+                    vendor: None,
+                    device: None,
+                });
+            }
+            let gp = pod("g", "");
+            run_pod(&mut p, &gp);
+            let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+            let l = c.linux.as_mut().unwrap();
+            l.devices.push(api::LinuxDevice {
+                path: "/dev/gpu1".into(),
+                r#type: kind.into(),
+                major: 241,
+                minor: 1,
+                ..Default::default()
+            });
+            if allow_all {
+                l.resources.as_mut().unwrap().devices.push(api::LinuxDeviceCgroup {
+                    allow: true,
+                    r#type: "a".into(),
+                    access: "rwm".into(),
+                    ..Default::default()
+                });
+            }
+            adjusted_cpus(&create(&mut p, &gp, &c).unwrap())
+        };
+        // 2 nodes x 2 CPUs: node 0 = 0-1, node 1 = 2-3
+        assert_eq!(placed("c", false).to_string(), "2");
+        assert_eq!(placed("b", false).to_string(), "0");
+        assert_eq!(placed("c", true).to_string(), "0");
+    }
 }
