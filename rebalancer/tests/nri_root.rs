@@ -1144,6 +1144,28 @@ fn a_containers_device_node_aligns_its_cpus_and_memory_through_nri() {
     let explained: serde_json::Value =
         serde_json::from_str(&api_get(&d, &format!("/v1/explain/{}", g0.cgroup))).unwrap();
     assert!(explained["binding"].is_object(), "{explained}");
+    // the Topology Manager decision, in explain and in the log: the device's hint, the
+    // CPU provider's, the merged one
+    let topology = &explained["admission"]["topology"];
+    assert_eq!(
+        topology["providers"]["device"]["pci:0000:41:00.0"], "[0 preferred]",
+        "{explained}"
+    );
+    assert_eq!(
+        topology["providers"]["cpu"]["cpu"], "[0 preferred, 1 preferred, 0-1]",
+        "{explained}"
+    );
+    assert_eq!(topology["merged"], "0 preferred", "{explained}");
+    let line = d
+        .log_text()
+        .lines()
+        .find(|l| l.contains("topology hints merged") && l.contains(&g0.id[..12]))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no decision log line:\n{}", d.log_text()));
+    println!("decision log line: {line}");
+    assert!(line.contains("cpu: cpu [0 preferred, 1 preferred, 0-1]"), "{line}");
+    assert!(line.contains("device: pci:0000:41:00.0 [0 preferred]"), "{line}");
+    assert!(line.contains("merged=0 preferred"), "{line}");
 
     // Another container with the same GPU (shared, not busy): node 0 has no CPU left.
     let p0b = ctd.pod("gpu-node0-b", "guaranteed");

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod cpu;
 pub mod cpu_case;
 pub mod cpu_take;
+pub mod decision;
 pub mod device;
 pub mod memory;
 pub mod memory_case;

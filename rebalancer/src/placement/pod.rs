@@ -243,6 +243,10 @@ pub struct ContainerPlacement {
     /// PCI addresses of the devices given to the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// The Topology Manager decision behind `affinity` (each provider's hints, the merged
+    /// hint); None under policy none and for placements adopted from kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<crate::placement::decision::HintDecision>,
 }
 
 /// Why a pod was refused (kubelet's reason names where kubelet has one).
