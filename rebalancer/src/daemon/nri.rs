@@ -19,6 +19,11 @@
 //! Admissions and releases are checkpointed soon after (coalesced), not before the answer: the
 //! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
 //!
+//! A container's device nodes (`linux.devices`) are resolved through the configured sysfs root
+//! to the PCI devices behind them (`topology::devnode`) and admitted as the container's
+//! `attached_devices`: the device provider's hints follow their PCI NUMA node, as for the
+//! admission API's `device_addresses` (docs/kubernetes-and-nri.md says what is not seen).
+//!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
 //! (as the watcher keys its admissions), bound to its cgroup path. Under
 //! `placement.scope = "pod"` it is admitted as one container of its pod (keyed by the pod uid,
