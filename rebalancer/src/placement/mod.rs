@@ -18,3 +18,5 @@ pub mod memory_case;
 pub mod pod;
 pub mod quantity;
 pub mod shared;
+#[cfg(test)]
+mod cpu_case_props;
