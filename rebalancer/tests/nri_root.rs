@@ -1014,7 +1014,11 @@ fn two_node_fixture(root: &Path) {
             if n == 0 { "10 21\n" } else { "21 10\n" },
         )
         .unwrap();
-        std::fs::write(d.join("meminfo"), meminfo.replace("Node 0", &format!("Node {n}"))).unwrap();
+        std::fs::write(
+            d.join("meminfo"),
+            meminfo.replace("Node 0", &format!("Node {n}")),
+        )
+        .unwrap();
         let pci = root.join(format!("bus/pci/devices/0000:{}:00.0", ["41", "c1"][n]));
         std::fs::create_dir_all(&pci).unwrap();
         for (f, v) in [
@@ -1033,7 +1037,12 @@ fn two_node_fixture(root: &Path) {
 }
 
 /// CreateContainer alone (no start); Ok(container id) or Err(the runtime's error).
-fn create_only(ctd: &Containerd, pod: &Pod, name: &str, res: serde_json::Value) -> Result<String, String> {
+fn create_only(
+    ctd: &Containerd,
+    pod: &Pod,
+    name: &str,
+    res: serde_json::Value,
+) -> Result<String, String> {
     let mut spec = serde_json::json!({
         "pod_id": pod.id, "pod": pod.spec, "name": name,
         "command": ["/bin/sh", "-c", "exec sleep 3600"],
@@ -1049,10 +1058,16 @@ fn create_only(ctd: &Containerd, pod: &Pod, name: &str, res: serde_json::Value) 
 fn api_get(d: &common::Daemon, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(out)
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(out)
 }
 
 /// Devices on the NRI door: a container given a device node (a char device made with mknod,
@@ -1116,8 +1131,15 @@ fn a_containers_device_node_aligns_its_cpus_and_memory_through_nri() {
     let id1 = create_only(&ctd, &p1, "g1", guaranteed_with(1))
         .unwrap_or_else(|e| panic!("CreateContainer g1: {e}\n{}", d.log_text()));
     let (cpus, mems, excl) = decision(&d, &id1).expect("g1 admitted");
-    assert_eq!((cpus.to_string(), mems.to_string(), excl), ("0".into(), "1".into(), true));
-    assert_eq!(ctd.inspect(&id1).to_string(), "0", "the runtime's spec has the answer");
+    assert_eq!(
+        (cpus.to_string(), mems.to_string(), excl),
+        ("0".into(), "1".into(), true)
+    );
+    assert_eq!(
+        ctd.inspect(&id1).to_string(),
+        "0",
+        "the runtime's spec has the answer"
+    );
     let started = ctd.cri(&["start", &id1]);
     println!("start of g1 (mems 1 on a one-node machine): {started:?}");
     assert!(
@@ -1163,8 +1185,14 @@ fn a_containers_device_node_aligns_its_cpus_and_memory_through_nri() {
         .map(str::to_string)
         .unwrap_or_else(|| panic!("no decision log line:\n{}", d.log_text()));
     println!("decision log line: {line}");
-    assert!(line.contains("cpu: cpu [0 preferred, 1 preferred, 0-1]"), "{line}");
-    assert!(line.contains("device: pci:0000:41:00.0 [0 preferred]"), "{line}");
+    assert!(
+        line.contains("cpu: cpu [0 preferred, 1 preferred, 0-1]"),
+        "{line}"
+    );
+    assert!(
+        line.contains("device: pci:0000:41:00.0 [0 preferred]"),
+        "{line}"
+    );
     assert!(line.contains("merged=0 preferred"), "{line}");
 
     // Another container with the same GPU (shared, not busy): node 0 has no CPU left.

@@ -236,7 +236,10 @@ async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Re
     // its admission: the placement booked for it, with the Topology Manager decision
     let admission = binding.and_then(|b| {
         let pod = s.state.allocator.pods.get(&b.pod_uid)?;
-        let c = pod.containers.iter().find(|c| c.placement.container == b.container)?;
+        let c = pod
+            .containers
+            .iter()
+            .find(|c| c.placement.container == b.container)?;
         Some(&c.placement)
     });
     (StatusCode::OK, Json(json!({"cgroup": cgroup, "binding": binding, "admission": admission, "controller": ctl, "last_decision": decision}))).into_response()

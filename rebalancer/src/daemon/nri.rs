@@ -2381,12 +2381,16 @@ mod tests {
                 ..Default::default()
             });
             if allow_all {
-                l.resources.as_mut().unwrap().devices.push(api::LinuxDeviceCgroup {
-                    allow: true,
-                    r#type: "a".into(),
-                    access: "rwm".into(),
-                    ..Default::default()
-                });
+                l.resources
+                    .as_mut()
+                    .unwrap()
+                    .devices
+                    .push(api::LinuxDeviceCgroup {
+                        allow: true,
+                        r#type: "a".into(),
+                        access: "rwm".into(),
+                        ..Default::default()
+                    });
             }
             adjusted_cpus(&create(&mut p, &gp, &c).unwrap())
         };

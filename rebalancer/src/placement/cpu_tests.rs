@@ -432,8 +432,22 @@ fn distribute_cpus_across_cores() {
         ("one thread per core", "0-15", 4, None, s, "0-3"),
         ("packed takes whole cores", "0-15", 4, None, p, "0-1,8-9"),
         ("aligned to node 1", "0-15", 2, Some(&[1]), s, "4-5"),
-        ("a whole node is still whole", "0-15", 8, None, s, "0-3,8-11"),
-        ("a whole node, then one CPU per core", "0-15", 10, None, s, "0-5,8-11"),
+        (
+            "a whole node is still whole",
+            "0-15",
+            8,
+            None,
+            s,
+            "0-3,8-11",
+        ),
+        (
+            "a whole node, then one CPU per core",
+            "0-15",
+            10,
+            None,
+            s,
+            "0-5,8-11",
+        ),
     ];
     check(cases, &machine(4));
 }
@@ -455,7 +469,14 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
     let cases: &[Case] = &[
         // kubelet: "0,8" (socket 0 packed: node 0 first, off the affinity's node 1)
         ("fits the affinity's node", "0-15", 2, Some(&[1]), a, "2,10"),
-        ("the same without the option", "0-15", 2, Some(&[1]), p, "2,10"),
+        (
+            "the same without the option",
+            "0-15",
+            2,
+            Some(&[1]),
+            p,
+            "2,10",
+        ),
         // node 1 gives 4; the other 2 from its socket (node 0) with the option, and without
         // it from the fullest socket anywhere (socket 1 has only core 4 left)
         (
@@ -475,14 +496,7 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
             "2-4,10-12",
         ),
         // the socket cannot give it all: the rest of the machine
-        (
-            "past the socket",
-            "0-15",
-            10,
-            Some(&[1]),
-            a,
-            "0-4,8-12",
-        ),
+        ("past the socket", "0-15", 10, Some(&[1]), a, "0-4,8-12"),
     ];
     check(cases, &v);
 }
@@ -555,7 +569,9 @@ fn every_option_reaches_admission() {
     ];
     for (name, cfg, n, want) in cases {
         let mut a = Allocator::new(&topo, &cfg).unwrap();
-        let first = a.admit(&topo, &cfg, &pod("first", 2)).unwrap()[0].cpus.clone();
+        let first = a.admit(&topo, &cfg, &pod("first", 2)).unwrap()[0]
+            .cpus
+            .clone();
         let got = match a.admit(&topo, &cfg, &pod("p", n)) {
             Ok(p) => p[0].cpus.to_string(),
             Err(r) => r.reason.to_string(),

@@ -10,6 +10,8 @@ pub use mask::{NodeMask, TopologyHint};
 pub mod admission;
 pub mod cpu;
 pub mod cpu_case;
+#[cfg(test)]
+mod cpu_case_props;
 pub mod cpu_take;
 pub mod decision;
 pub mod device;
@@ -18,5 +20,3 @@ pub mod memory_case;
 pub mod pod;
 pub mod quantity;
 pub mod shared;
-#[cfg(test)]
-mod cpu_case_props;

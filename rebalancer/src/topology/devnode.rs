@@ -133,10 +133,19 @@ mod tests {
         };
         link(
             "226:128",
-            &class("renderD128", Some(Path::new("../../../pci0000:00/0000:41:00.0"))),
+            &class(
+                "renderD128",
+                Some(Path::new("../../../pci0000:00/0000:41:00.0")),
+            ),
         );
-        link("226:129", &class("renderD129", Some(&bus.join("0000:42:00.0"))));
-        link("226:130", &class("renderD130", Some(&bus.join("0000:43:00.0"))));
+        link(
+            "226:129",
+            &class("renderD129", Some(&bus.join("0000:42:00.0"))),
+        );
+        link(
+            "226:130",
+            &class("renderD130", Some(&bus.join("0000:43:00.0"))),
+        );
         link("1:3", &class("null", None));
         link("189:1", &class("usbdev", Some(&usb)));
         // the block device with a char device's numbers resolves to nothing
