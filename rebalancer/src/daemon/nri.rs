@@ -2342,10 +2342,10 @@ mod tests {
     }
 
     /// A container's device nodes become the device provider's hints: its GPU (char 241:1,
-    /// on node 1 through the sysfs root) puts it on node 1 under single-numa-node; a block
-    /// device with the same numbers, or the same GPU in a container that may open every device
-    /// (privileged), aligns nothing and the container lands where kubelet's merge puts it
-    /// first (node 0).
+    /// on node 1 through the sysfs root) puts it on node 1 under single-numa-node, restricted
+    /// and best-effort (policy none aligns nothing, as kubelet's); a block device with the
+    /// same numbers, or the same GPU in a container that may open every device (privileged),
+    /// aligns nothing and the container lands where kubelet's merge puts it first (node 0).
     #[test]
     fn a_containers_device_nodes_steer_its_numa_node() {
         let dir = tempfile::tempdir().unwrap();
@@ -2355,12 +2355,13 @@ mod tests {
         std::fs::write(pci.join("numa_node"), "1\n").unwrap();
         std::fs::create_dir_all(sys.join("dev/char/241:1")).unwrap();
         std::os::unix::fs::symlink(&pci, sys.join("dev/char/241:1/device")).unwrap();
-        let placed = |kind: &str, allow_all: bool| {
+        use crate::config::TopologyPolicy as T;
+        let placed = |kind: &str, allow_all: bool, policy_is: T| {
             let mut p = policy(dir.path());
             {
                 let mut s = p.d().lock();
                 s.cfg.daemon.sysfs_root = sys.clone();
-                s.cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
+                s.cfg.placement.policy = policy_is;
                 s.topo.devices.push(crate::topology::PciDevice {
                     address: "0000:c1:00.0".into(),
                     class: crate::topology::DeviceClass::Gpu,
@@ -2395,8 +2396,11 @@ mod tests {
             adjusted_cpus(&create(&mut p, &gp, &c).unwrap())
         };
         // 2 nodes x 2 CPUs: node 0 = 0-1, node 1 = 2-3
-        assert_eq!(placed("c", false).to_string(), "2");
-        assert_eq!(placed("b", false).to_string(), "0");
-        assert_eq!(placed("c", true).to_string(), "0");
+        for t in [T::SingleNumaNode, T::Restricted, T::BestEffort] {
+            assert_eq!(placed("c", false, t).to_string(), "2", "{t:?}");
+        }
+        assert_eq!(placed("c", false, T::None).to_string(), "0");
+        assert_eq!(placed("b", false, T::SingleNumaNode).to_string(), "0");
+        assert_eq!(placed("c", true, T::SingleNumaNode).to_string(), "0");
     }
 }
