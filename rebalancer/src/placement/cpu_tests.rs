@@ -501,6 +501,42 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
     check(cases, &v);
 }
 
+/// kubelet's own align-by-socket case (policy_static_test.go, topoDualSocketMultiNumaPerSocketHT:
+/// node n = CPUs 10n..10n+9 and 40+10n.., sockets of two nodes), free CPUs 2, 11, 21, 22,
+/// two CPUs for the hint {0, 2}. kubelet answers 2,11 with the option (CPU 11 is on node 1,
+/// outside the hint and so outside the container's mems) and 2,21 without; the engine answers
+/// 2,21 both ways: the hint's nodes can give both CPUs.
+#[test]
+fn kubelets_align_by_socket_case_keeps_to_the_hints_nodes() {
+    let v = CpuView::new(
+        &TopologyBuilder {
+            sockets: 2,
+            nodes_per_socket: 2,
+            cores_per_node: 10,
+            threads_per_core: 2,
+            ..Default::default()
+        }
+        .build(),
+    );
+    let a = StaticOptions {
+        align_by_socket: true,
+        ..opts(false, false, false)
+    };
+    let p = opts(false, false, false);
+    let cases: &[Case] = &[
+        ("align-by-socket", "2,11,21-22", 2, Some(&[0, 2]), a, "2,21"),
+        (
+            "without it (kubelet: 2,21)",
+            "2,11,21-22",
+            2,
+            Some(&[0, 2]),
+            p,
+            "2,21",
+        ),
+    ];
+    check(cases, &v);
+}
+
 /// Every option reaches the engine's exclusive take: on the same machine, after a first
 /// 2-CPU pod (core 0, CPUs 0 and 8, except under distribute-cpus-across-cores), one admission
 /// per option through `Allocator::admit` gets the CPUs that option's take gives on the free
