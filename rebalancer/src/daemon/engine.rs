@@ -1445,8 +1445,8 @@ pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap
 
 /// Constraints of a cgroup bound to an admitted container (None when not bound).
 pub(crate) fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
-    if super::kubelet::pinned(s, cg) {
-        // kubelet's static managers placed it: never moved
+    if super::kubelet::pinned(s, cg) || super::annotations::pinned(s, cg) {
+        // kubelet's static managers placed it, or its pod asks not to be moved: never moved
         return Some(Constraints {
             pinned: true,
             ..Default::default()

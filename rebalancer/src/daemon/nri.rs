@@ -341,6 +341,15 @@ impl CpusetWriter for NriWriter {
     }
 }
 
+/// Records what `pod`'s annotations ask (`daemon::annotations`), logging values we do not know.
+fn note_annotations(asked: &mut BTreeMap<String, super::annotations::Ask>, pod: &api::PodSandbox) {
+    let (ask, unknown) = super::annotations::parse(&pod.annotations);
+    for u in unknown {
+        tracing::warn!(pod = %pod.uid, annotation = %u, "pod annotation not understood; it asks nothing");
+    }
+    super::annotations::note(asked, &pod.uid, ask);
+}
+
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
 enum Kubelets {
     /// Not a kubelet pod's: the plugin admits it.
@@ -440,6 +449,7 @@ impl Policy {
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
     fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.split('/').next().unwrap_or_default();
+        let left_to_runtime = (self.d().lock().state.annotated.get(uid)).is_some_and(|a| a.runtime);
         let given = c
             .linux
             .as_ref()
@@ -449,12 +459,22 @@ impl Policy {
         // (kubelet's answer, the cpus to fence to, what it runs on once the answer applies)
         let (assigned, fenced, runs) = {
             let mut s = self.d().lock();
-            let assigned = super::kubelet::cpu_assigned(&s, uid, Some(&c.name));
+            // a pod left to the runtime by its annotation is treated as one of kubelet's
+            // without kubelet CPUs: not admitted, only fenced (as containers never admitted)
+            let assigned = if left_to_runtime {
+                Some(false)
+            } else {
+                super::kubelet::cpu_assigned(&s, uid, Some(&c.name))
+            };
             if assigned != Some(false) || s.cfg.daemon.dry_run {
                 (assigned, None, None)
             } else {
                 // fenced again as exclusive CPUs come (`admission::shared_changes`)
-                s.fenced.insert(r.cgroup.clone(), uid.to_string());
+                if left_to_runtime {
+                    s.refused.insert(r.cgroup.clone());
+                } else {
+                    s.fenced.insert(r.cgroup.clone(), uid.to_string());
+                }
                 // only CPUs online now (a spec's set from before a hotplug would make the
                 // runtime's cpuset write fail); no set, or none online: every online CPU
                 let online = s.topo.online_cpus();
@@ -478,6 +498,10 @@ impl Policy {
             Some(true) => {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
                 Kubelets::Theirs(None)
+            }
+            Some(false) if left_to_runtime => {
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod annotated {}=runtime: not admitted, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
+                Kubelets::Theirs(fenced)
             }
             Some(false) => {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
@@ -643,6 +667,7 @@ impl Policy {
         self.runtime.untrack(&cg);
         let mut s = self.d().lock();
         s.fenced.remove(&cg);
+        s.refused.remove(&cg);
         s.fence_failures.remove(&cg);
     }
 
@@ -831,6 +856,14 @@ impl Handler for Policy {
         // moved, not cloned: the request is as large as the runtime's whole node
         let listed: Vec<String> = req.pods.iter().map(|p| p.uid.clone()).collect();
         let pods = std::mem::take(&mut req.pods);
+        {
+            // the runtime's pods are all there is: what gone pods asked goes with them
+            let mut s = self.d().lock();
+            s.state.annotated.clear();
+            for p in &pods {
+                note_annotations(&mut s.state.annotated, p);
+            }
+        }
         self.pods = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
         self.containers.clear();
         let mut updates = Vec::new();
@@ -1078,6 +1111,9 @@ impl Handler for Policy {
         match event {
             api::Event::RunPodSandbox => {
                 let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
+                let mut s = self.d().lock();
+                note_annotations(&mut s.state.annotated, &pod);
+                drop(s);
                 self.pods.insert(pod.id.clone(), pod);
             }
             api::Event::RemoveContainer => {
@@ -1098,6 +1134,7 @@ impl Handler for Policy {
                     .ok_or("rebalancer: a pod sandbox event without its pod")?;
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
+                    self.d().lock().state.annotated.remove(&pod.uid);
                 }
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
@@ -1374,6 +1411,88 @@ mod tests {
             r.cgroup
         );
         assert!(request(&gp, &sc, None).unwrap().is_none());
+    }
+
+    /// A pod annotated to be left to the runtime is neither admitted nor moved, yet fenced off
+    /// the exclusive CPUs handed out after it; one annotated never to move is admitted as usual
+    /// and pinned for the planner; its twin without the annotation is not.
+    #[test]
+    fn annotated_pods_get_less_and_take_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let with_uid = |id: &str, qos: &str, uid: &str, ann: &[(&str, &str)]| {
+            let mut pd = pod(id, qos);
+            pd.uid = uid.into();
+            pd.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/{qos}pod{uid}");
+            pd.annotations = ann
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            pd
+        };
+        use crate::daemon::annotations::{ADMISSION, REBALANCE};
+        let lp = with_uid(
+            "l",
+            "burstable/",
+            "0000000l-0000-0000-0000-000000000000",
+            &[(ADMISSION, "runtime")],
+        );
+        let kp = with_uid(
+            "k",
+            "burstable/",
+            "0000000k-0000-0000-0000-000000000000",
+            &[(REBALANCE, "never")],
+        );
+        let tp = with_uid(
+            "t",
+            "burstable/",
+            "0000000t-0000-0000-0000-000000000000",
+            &[(REBALANCE, "sometimes")],
+        );
+        let gp = with_uid("g", "", "0000000g-0000-0000-0000-000000000000", &[]);
+        for pd in [&lp, &kp, &tp, &gp] {
+            run_pod(&mut p, pd);
+        }
+        let left = ctr("a", &lp, 0, 512, 0);
+        assert!(create(&mut p, &lp, &left).unwrap().adjust.is_none());
+        let kept = ctr("b", &kp, 0, 512, 0);
+        assert!(!adjusted_cpus(&create(&mut p, &kp, &kept).unwrap()).is_empty());
+        let twin = ctr("c", &tp, 0, 512, 0);
+        assert!(!adjusted_cpus(&create(&mut p, &tp, &twin).unwrap()).is_empty());
+        let cg = |c: &api::Container| cgroup_rel(&c.linux.as_ref().unwrap().cgroups_path);
+        {
+            let s = p.d().lock();
+            assert!(
+                !s.state.bindings.contains_key(&cg(&left)),
+                "left to the runtime: not admitted"
+            );
+            assert!(s.state.bindings.contains_key(&cg(&kept)));
+            let pinned =
+                |c| crate::daemon::engine::bound_constraints(&s, &cg(c)).is_some_and(|c| c.pinned);
+            assert!(pinned(&left) && pinned(&kept));
+            assert!(!pinned(&twin), "an unknown value asks nothing");
+        }
+        // exclusive CPUs for a Guaranteed pod: the left-alone container is fenced off them
+        let rg = create(&mut p, &gp, &ctr("d", &gp, 200_000, 2048, 1 << 30)).unwrap();
+        let excl = adjusted_cpus(&rg);
+        // (a container the plugin did not place is written where it lives, as kubelet's are)
+        let given = p.runtime.given(&cg(&left)).unwrap();
+        let fenced = given.cpus.unwrap();
+        assert!(
+            !fenced.is_empty() && fenced.is_disjoint(&excl),
+            "{fenced} vs {excl}"
+        );
+        assert!(given.mems.is_none(), "its mems stay the runtime's");
+        // gone with its pod: the checkpointed ask too
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RemovePodSandbox as i32,
+            pod: Some(kp.clone()),
+            container: None,
+        })
+        .unwrap();
+        let s = p.d().lock();
+        assert!(!s.state.annotated.contains_key(&kp.uid));
+        assert!(s.state.annotated.contains_key(&lp.uid));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
                 .context("building the allocator from config")?,
             bindings: Default::default(),
             controller: ControllerState::default(),
+            annotated: Default::default(),
         })
     };
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
