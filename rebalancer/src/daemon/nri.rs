@@ -1472,6 +1472,62 @@ mod tests {
             assert!(pinned(&left) && pinned(&kept));
             assert!(!pinned(&twin), "an unknown value asks nothing");
         }
+        // Control rounds: each container runs where it was placed and has its memory on the
+        // other node. The planner moves the twin there and never the pinned one.
+        let moved = {
+            use crate::controller::{self, CgroupObs, NodeObs, Observations};
+            let s = p.d().lock();
+            let mut obs = Observations {
+                period_ns: 2_000_000_000,
+                nodes: (s.topo.nodes.iter())
+                    .map(|n| {
+                        (
+                            n.id,
+                            NodeObs {
+                                cpu_busy: 0.2,
+                                free_bytes: 8 << 30,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            for c in [&kept, &twin] {
+                let cg = cg(c);
+                let b = &s.state.bindings[&cg];
+                let cpus = s
+                    .state
+                    .allocator
+                    .current_cpus(&b.pod_uid, &b.container)
+                    .unwrap();
+                let here = s.topo.node_of_cpu(cpus.iter().next().unwrap()).unwrap();
+                let there = 1 - here;
+                obs.cgroups.push(CgroupObs {
+                    id: cg.clone(),
+                    cpu_ns_per_node: [(here, 1_000_000_000)].into(),
+                    mem_bytes_per_node: [(there, 256 << 20)].into(),
+                    mems: [here].into_iter().collect(),
+                    cpus,
+                    constraints: crate::daemon::engine::bound_constraints(&s, &cg).unwrap(),
+                    ..Default::default()
+                });
+            }
+            let ctl = s.cfg.controller.clone();
+            let mut state = s.state.controller.clone();
+            let mut moved = std::collections::BTreeSet::new();
+            for round in 0..20u64 {
+                state.observe(&obs, ctl.ewma_alpha);
+                let plan = controller::plan(&s.topo, &obs, &state, &ctl, 1_000_000 + round * 2_000);
+                moved.extend(plan.moves.into_iter().map(|m| m.cgroup));
+            }
+            moved
+        };
+        assert!(moved.contains(&cg(&twin)), "the twin is moved: {moved:?}");
+        assert!(
+            !moved.contains(&cg(&kept)),
+            "the annotated pod is never moved: {moved:?}"
+        );
         // exclusive CPUs for a Guaranteed pod: the left-alone container is fenced off them
         let rg = create(&mut p, &gp, &ctr("d", &gp, 200_000, 2048, 1 << 30)).unwrap();
         let excl = adjusted_cpus(&rg);
