@@ -270,6 +270,16 @@ state = "{d}/state"
     /// RunPodSandbox; `totals` (cpu_quota / cpu_period / cpu_shares / memory_limit) set on the
     /// sandbox's `linux.resources` as kubelet ≥ 1.26 does.
     fn pod_with(&mut self, name: &str, qos: &str, totals: Option<serde_json::Value>) -> Pod {
+        self.pod_full(name, qos, totals, serde_json::json!({}))
+    }
+
+    fn pod_full(
+        &mut self,
+        name: &str,
+        qos: &str,
+        totals: Option<serde_json::Value>,
+        annotations: serde_json::Value,
+    ) -> Pod {
         let uid = format!(
             "{:08x}-0000-4000-8000-{:012x}",
             std::process::id(),
@@ -277,8 +287,8 @@ state = "{d}/state"
         );
         let log_dir = self.log_dir().join(name);
         std::fs::create_dir_all(&log_dir).unwrap();
-        let mut spec =
-            serde_json::json!({"name": name, "uid": uid, "qos": qos, "log_dir": log_dir});
+        let mut spec = serde_json::json!({"name": name, "uid": uid, "qos": qos,
+            "log_dir": log_dir, "annotations": annotations});
         if let Some(t) = totals {
             spec["resources"] = t;
         }
@@ -297,6 +307,15 @@ state = "{d}/state"
             uid,
             qos: qos.into(),
         }
+    }
+
+    /// RunPodSandbox of a pod with these annotations (kubelet passes a pod's annotations to
+    /// the sandbox; NRI shows them to plugins).
+    fn pod_annotated(&mut self, name: &str, qos: &str, annotations: &[(&str, &str)]) -> Pod {
+        let ann: serde_json::Map<_, _> = (annotations.iter())
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        self.pod_full(name, qos, None, ann.into())
     }
 
     /// CreateContainer + StartContainer; Err(CreateContainer's error).
@@ -975,4 +994,93 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
         t_sync.elapsed()
     );
     ctd.remove_pods();
+}
+
+/// Per-pod annotations, read from the NRI PodSandbox: a pod annotated
+/// `rebalancer.io/admission: runtime` keeps the cpuset the runtime gave it (its unannotated
+/// twin, given the same, is placed by the daemon) and is not booked, yet it is fenced off a
+/// CPU given exclusively later; a pod annotated `rebalancer.io/rebalance: never` is admitted as
+/// usual and its ask is in the checkpoint, so a restart honours it from the first round.
+#[test]
+fn annotated_pods_keep_what_the_runtime_gave_them_and_are_fenced() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let mut ctd = Containerd::start(&install);
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    let d = nri_daemon(&ctd.nri_sock(), "", "");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    // what kubelet's static CPU Manager would give a Burstable container: one CPU
+    let one: CpuSet = all.iter().last().into_iter().collect();
+    let mut given = res(BURSTABLE);
+    given["cpuset_cpus"] = one.to_string().into();
+
+    let lp = ctd.pod_annotated(
+        "left",
+        "burstable",
+        &[("rebalancer.io/admission", "runtime")],
+    );
+    let l = ctd.container(&lp, "l", given.clone()).unwrap();
+    // no cpuset from the runtime: it runs on its parent's CPUs, as the runtime left it
+    let l2 = ctd.container(&lp, "l2", res(BURSTABLE)).unwrap();
+    let tp = ctd.pod("twin", "burstable");
+    let t = ctd.container(&tp, "t", given).unwrap();
+    let (l_cpus, _) = l.first_print();
+    let (t_cpus, _) = t.first_print();
+    assert_eq!(l_cpus, one, "left to the runtime: the runtime's cpuset");
+    assert_eq!(ctd.inspect(&l.id), one);
+    assert_eq!(l2.first_print().0, all);
+    assert_ne!(t_cpus, one, "the unannotated twin is placed by the daemon");
+    assert_eq!(decision(&d, &t.id).map(|x| x.0), Some(t_cpus.clone()));
+    assert!(decision(&d, &l.id).is_none() && decision(&d, &l2.id).is_none());
+    let bound = d.status()["bindings"].clone();
+    for c in [&l, &l2] {
+        assert!(
+            bound.get(&c.cgroup).is_none(),
+            "{} booked: {bound}",
+            c.cgroup
+        );
+    }
+
+    let kp = ctd.pod_annotated("kept", "burstable", &[("rebalancer.io/rebalance", "never")]);
+    let k = ctd.container(&kp, "k", res(BURSTABLE)).unwrap();
+    let (k_cpus, _) = k.first_print();
+    assert_eq!(
+        decision(&d, &k.id).map(|x| x.0),
+        Some(k_cpus.clone()),
+        "admitted as usual"
+    );
+    wait_for("the ask in the checkpoint", Duration::from_secs(10), || {
+        d.checkpoint().is_some_and(|p| {
+            p.annotated.get(&kp.uid).is_some_and(|a| a.never_move)
+                && p.annotated.get(&lp.uid).is_some_and(|a| a.runtime)
+                && !p.annotated.contains_key(&tp.uid)
+        })
+    });
+
+    // an exclusive CPU for a Guaranteed pod: the left-alone containers keep off it
+    let gp = ctd.pod("guaranteed", "guaranteed");
+    let g = ctd.container(&gp, "g", res(GUARANTEED_1CPU)).unwrap();
+    let (g_cpus, _) = g.first_print();
+    wait_for(
+        "the left-alone containers fenced",
+        Duration::from_secs(10),
+        || {
+            [&l, &l2]
+                .iter()
+                .all(|c| c.live_cpus().is_disjoint(&g_cpus) && !c.live_cpus().is_empty())
+        },
+    );
+    assert_eq!(l2.live_cpus(), all.difference(&g_cpus));
+    println!(
+        "runtime gave {one}: left {l_cpus} -> {}, twin {t_cpus}, kept {k_cpus}, guaranteed {g_cpus}",
+        l.live_cpus()
+    );
+    ctd.remove_pods();
+    wait_for(
+        "pod removal to forget the asks",
+        Duration::from_secs(10),
+        || d.checkpoint().is_some_and(|p| p.annotated.is_empty()),
+    );
 }

@@ -341,13 +341,18 @@ impl CpusetWriter for NriWriter {
     }
 }
 
-/// Records what `pod`'s annotations ask (`daemon::annotations`), logging values we do not know.
-fn note_annotations(asked: &mut BTreeMap<String, super::annotations::Ask>, pod: &api::PodSandbox) {
+/// Records what `pod`'s annotations ask (`daemon::annotations`), logging values we do not know;
+/// `true` when it asks something.
+fn note_annotations(
+    asked: &mut BTreeMap<String, super::annotations::Ask>,
+    pod: &api::PodSandbox,
+) -> bool {
     let (ask, unknown) = super::annotations::parse(&pod.annotations);
     for u in unknown {
         tracing::warn!(pod = %pod.uid, annotation = %u, "pod annotation not understood; it asks nothing");
     }
     super::annotations::note(asked, &pod.uid, ask);
+    !ask.is_empty()
 }
 
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
@@ -1111,9 +1116,10 @@ impl Handler for Policy {
         match event {
             api::Event::RunPodSandbox => {
                 let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
-                let mut s = self.d().lock();
-                note_annotations(&mut s.state.annotated, &pod);
-                drop(s);
+                let asks = note_annotations(&mut self.d().lock().state.annotated, &pod);
+                if asks {
+                    self.admission.request_checkpoint();
+                }
                 self.pods.insert(pod.id.clone(), pod);
             }
             api::Event::RemoveContainer => {
@@ -1134,7 +1140,10 @@ impl Handler for Policy {
                     .ok_or("rebalancer: a pod sandbox event without its pod")?;
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
-                    self.d().lock().state.annotated.remove(&pod.uid);
+                    let asked = self.d().lock().state.annotated.remove(&pod.uid);
+                    if asked.is_some() {
+                        self.admission.request_checkpoint();
+                    }
                 }
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
