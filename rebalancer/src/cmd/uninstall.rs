@@ -51,9 +51,11 @@ pub fn targets(
 ) -> Vec<String> {
     let mut out: BTreeSet<String> = bound.iter().cloned().collect();
     for cg in walked {
+        // the walk names cgroups from the hierarchy's root (`/a/b`), the books without it
+        let cg = cg.trim_start_matches('/');
         if let CgroupKind::Container { pod_uid, .. } = classify_in(cg, kubernetes_root, &[]) {
             if !kubelets.contains(&pod_uid) {
-                out.insert(cg.clone());
+                out.insert(cg.to_string());
             }
         }
     }
@@ -181,10 +183,13 @@ mod tests {
             "kubepods".to_string(),
             "kubepods/burstable".into(),
             format!("kubepods/burstable/pod{uid}"),
-            format!("kubepods/burstable/pod{uid}/{id}"),
+            format!("/kubepods/burstable/pod{uid}/{id}"),
             format!("kubepods/pod{theirs}/{id}"),
         ];
-        let bound = vec!["system.slice/db.service".to_string()];
+        let bound = vec![
+            "system.slice/db.service".to_string(),
+            format!("kubepods/burstable/pod{uid}/{id}"),
+        ];
         assert_eq!(
             targets(&bound, &[theirs.to_string()].into(), &walked, None),
             vec![
