@@ -395,10 +395,117 @@ impl Metrics {
             "Bound containers found running on another cpuset than the books give them (an NRI answer the runtime did not wait for, a runtime write after ours, a failed write) and set back",
             m.books_repairs.clone(),
         );
-        Metrics {
+        let m = Metrics {
             registry: std::sync::Arc::new(r),
             health: crate::health::Health::new(component_up, component_degraded),
             ..m
+        };
+        m.init_known_series();
+        m
+    }
+
+    /// Creates, at 0, the series of every labelled counter whose label values are known in
+    /// advance, as Prometheus client libraries advise: a family with no series is absent from
+    /// a scrape, so `rate()` and `increase()` on it (alerts, panels) see no data instead of 0
+    /// until its first event, and the first event's increase is lost. The values are those
+    /// the code counts under (each list says where they come from); a value not listed still
+    /// appears on its first use.
+    fn init_known_series(&self) {
+        let reasons = |f: &Family<ReasonLabel, Counter>, values: &[&str]| {
+            for v in values {
+                let _ = f.get_or_create(&ReasonLabel {
+                    reason: v.to_string(),
+                });
+            }
+        };
+        // `daemon::apply::trigger_name`
+        reasons(
+            &self.moves_applied,
+            &["poor-locality", "overloaded", "migrating"],
+        );
+        // `daemon::apply`: the budget, a blocked writer, the books' refusals (`move_allowed`)
+        reasons(
+            &self.moves_skipped,
+            &[
+                "budget",
+                "blocked",
+                "books-exclusive",
+                "books-memory",
+                "books-reserved",
+                "books-shared-starved",
+            ],
+        );
+        // `controller::actuator::ApplyError::reason` and the cgroup write's errno classes
+        reasons(
+            &self.moves_failed,
+            &[
+                "busy",
+                "invalid",
+                "no-space",
+                "permission",
+                "io",
+                "vanished",
+                "stale",
+                "read",
+                "verify",
+                "empty-target",
+                "rollback-failed",
+                "stopped",
+                "panic",
+            ],
+        );
+        // `daemon::engine`: a round that observed nothing
+        reasons(&self.rounds_skipped, &["cgroup-walk", "sample-read"]);
+        // `daemon::watcher`: errno of a watch that could not be added
+        reasons(
+            &self.inotify_watch_failures,
+            &["ENOSPC", "ENOMEM", "EACCES", "other"],
+        );
+        // `daemon::nri_updates`: unsolicited updates' results
+        reasons(&self.nri_updates, &["applied", "failed", "timeout"]);
+        // `daemon::nri_updates::Direct::label`
+        reasons(
+            &self.nri_direct_writes,
+            &["not-connected", "not-runtime-container"],
+        );
+        // `daemon::kubelet::KubeletStateError::reason`, and assignments refused
+        reasons(
+            &self.kubelet_state_errors,
+            &[
+                "read",
+                "parse",
+                "checksum",
+                "invalid",
+                "unverified",
+                "unsupported",
+                "kind",
+                "size",
+                "refused",
+            ],
+        );
+        // kubelet's rejection reasons the allocator gives (`placement`)
+        reasons(
+            &self.admission_rejections,
+            &[
+                "TopologyAffinityError",
+                "InsufficientCPU",
+                "InsufficientMemory",
+                "InsufficientDevices",
+                "SMTAlignmentError",
+                "MemoryNUMAGroupError",
+            ],
+        );
+        // `daemon::admission::Admission::count`
+        for result in ["admitted", "rejected", "invalid", "write_failed", "timeout"] {
+            let _ = self.admission_requests.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
+        // `daemon::engine`: the evidence a moved cgroup's score came from
+        for evidence in ["hinting-faults", "pmu", "share-model", "none"] {
+            let _ = self.moves_by_evidence.get_or_create(&EvidenceLabel {
+                evidence: evidence.into(),
+            });
         }
     }
 
