@@ -1334,7 +1334,8 @@ impl Engine {
         if let Err(e) = d.checkpoint() {
             tracing::warn!(error = %e, "checkpoint failed");
         }
-        d.metrics.set_cgroup_scores(&scores);
+        let kube_root = d.lock().cfg.cgroups.kubernetes_root.clone();
+        d.metrics.set_cgroup_scores(&scores, kube_root.as_deref());
         d.metrics.managed_cgroups.set(managed.len() as i64);
         if let Some((n, stale, deleted)) = self.cpu_source.map_entries() {
             d.metrics.ebpf_map_entries.set(n as i64);

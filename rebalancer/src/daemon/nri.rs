@@ -341,6 +341,16 @@ impl CpusetWriter for NriWriter {
     }
 }
 
+/// A container's Kubernetes names, for the per-cgroup series' labels.
+fn names_of(pod: &api::PodSandbox, c: &api::Container) -> crate::serve::metrics::WorkloadNames {
+    crate::serve::metrics::WorkloadNames {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        container: c.name.clone(),
+    }
+}
+
 /// Records what `pod`'s annotations ask (`daemon::annotations`), logging values we do not know;
 /// `true` when it asks something.
 fn note_annotations(
@@ -877,6 +887,7 @@ impl Handler for Policy {
         // what the runtime says each container runs on (its spec's cpuset), by cgroup
         let mut reported = BTreeMap::new();
         let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        self.d().metrics.forget_workloads();
         for c in &req.containers {
             // a paused container still holds what it was given
             let running = matches!(
@@ -900,6 +911,7 @@ impl Handler for Policy {
             if !running {
                 continue;
             }
+            self.d().metrics.name_workload(&r.cgroup, names_of(&pod, c));
             if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
                 updates.extend(fenced.map(|cpus| update(&c.id, &cpus, None)));
                 continue;
@@ -1042,6 +1054,7 @@ impl Handler for Policy {
                 return self.refuse(&c.id, format!("rebalancer: {e}"));
             }
         };
+        self.d().metrics.name_workload(&r.cgroup, names_of(pod, c));
         // kubelet writes its state file at admission, before CreateContainer: a changed file
         // is read again first, and the shared containers it shrank ride this answer
         let refreshed = self.admission.refresh_kubelet();
@@ -1126,6 +1139,10 @@ impl Handler for Policy {
                 let c = ev
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
+                let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+                self.d()
+                    .metrics
+                    .forget_workload(Some(&cgroup_rel(path)), None);
                 if self.release(&c.id, Durability::Deferred) {
                     self.regrow_unsolicited();
                 } else {
@@ -1140,6 +1157,7 @@ impl Handler for Policy {
                     .ok_or("rebalancer: a pod sandbox event without its pod")?;
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
+                    self.d().metrics.forget_workload(None, Some(&pod.uid));
                     let asked = self.d().lock().state.annotated.remove(&pod.uid);
                     if asked.is_some() {
                         self.admission.request_checkpoint();
@@ -1537,6 +1555,15 @@ mod tests {
             !moved.contains(&cg(&kept)),
             "the annotated pod is never moved: {moved:?}"
         );
+        // the per-cgroup series carry the names NRI gave
+        let d = p.d().clone();
+        d.metrics.set_cgroup_scores(&[(cg(&kept), 0.5, 0.5)], None);
+        let want = format!(
+            "cgroup=\"{}\",namespace=\"\",pod=\"pod-k\",pod_uid=\"{}\",container=\"cb\"",
+            cg(&kept),
+            kp.uid
+        );
+        assert!(d.metrics.render().contains(&want), "{want}");
         // exclusive CPUs for a Guaranteed pod: the left-alone container is fenced off them
         let rg = create(&mut p, &gp, &ctr("d", &gp, 200_000, 2048, 1 << 30)).unwrap();
         let excl = adjusted_cpus(&rg);
