@@ -22,247 +22,16 @@ mod common;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use rebalancer::cpuset::CpuSet;
 
-const IMAGE_TAR: &str = "image/rb-busybox.oci.tar";
+use common::containerd::{install_dir as preflight, workspace, Containerd};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn install_dir() -> PathBuf {
-    std::env::var_os("REBALANCER_CONTAINERD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/containerd"))
-}
-
-/// Whether the test can run here; prints `SKIP: …` when not.
-fn preflight() -> Option<PathBuf> {
-    common::root_cgroups()?;
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs.lines().any(|l| l.trim_end().ends_with("overlay")) {
-        println!("SKIP: the kernel has no overlayfs (containerd's snapshotter needs it)");
-        return None;
-    }
-    let dir = install_dir();
-    let need = [
-        "root/usr/bin/containerd",
-        "root/usr/bin/ctr",
-        "root/usr/sbin/runc",
-        IMAGE_TAR,
-    ];
-    if let Some(missing) = need.iter().find(|p| !dir.join(p).exists()) {
-        let msg = format!(
-            "{} missing: run `cargo xtask setup` (installs containerd, runc and the test image)",
-            dir.join(missing).display()
-        );
-        if std::env::var_os("REBALANCER_REQUIRE_CONTAINERD").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        println!("SKIP: {msg}");
-        return None;
-    }
-    Some(dir)
-}
-
-/// The CRI test client, built (or brought up to date) once per test run.
-fn cri_tool() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("cri-tool");
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-p", "cri-tool"])
-            .current_dir(workspace())
-            .status()
-            .unwrap();
-        assert!(st.success(), "building cri-tool failed");
-    });
-    bin
-}
-
-/// A private containerd: own root, state, sockets, NRI on, restrict_oom_score_adj, cgroupfs.
-struct Containerd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    install: PathBuf,
-    pods: Vec<String>,
-    /// Pod cgroup parents made (kubelet would remove them; here the test does).
-    parents: Vec<String>,
-}
-
+/// The plugin-side view of pods and containers this file's tests make.
 impl Containerd {
-    fn start(install: &Path) -> Containerd {
-        let dir = tempfile::Builder::new()
-            .prefix("rb-containerd")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let d = dir.path();
-        for sub in [
-            "root",
-            "state",
-            "cni",
-            "opt",
-            "nri/conf.d",
-            "nri/plugins",
-            "logs",
-        ] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        let runc = install.join("root/usr/sbin/runc");
-        let cfg = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/library/rb-busybox:test"
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni"
-    conf_dir = "{d}/cni"
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  plugin_config_path = "{d}/nri/conf.d"
-  plugin_path = "{d}/nri/plugins"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-  socket_path = "{d}/nri.sock"
-"#,
-            d = d.display(),
-            runc = runc.display()
-        );
-        std::fs::write(d.join("config.toml"), cfg).unwrap();
-        let mut c = Containerd {
-            child: None,
-            dir,
-            install: install.to_path_buf(),
-            pods: Vec::new(),
-            parents: Vec::new(),
-        };
-        c.spawn();
-        let out = Command::new(install.join("root/usr/bin/ctr"))
-            .arg("-a")
-            .arg(c.sock())
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(install.join(IMAGE_TAR))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ctr images import: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c
-    }
-
-    fn path_env(&self) -> String {
-        format!(
-            "{}:{}:{}",
-            self.install.join("root/usr/bin").display(),
-            self.install.join("root/usr/sbin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("containerd.log"))
-            .unwrap();
-        let child = Command::new(self.install.join("root/usr/bin/containerd"))
-            .arg("--config")
-            .arg(self.dir.path().join("config.toml"))
-            .env("PATH", self.path_env())
-            .current_dir(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.sock().exists() && self.nri_sock().exists()) {
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not start:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGTERM and wait; the containers keep running in their shims.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = std::fs::remove_file(self.nri_sock());
-            let _ = std::fs::remove_file(self.sock());
-        }
-    }
-
-    fn sock(&self) -> PathBuf {
-        self.dir.path().join("containerd.sock")
-    }
-
-    fn nri_sock(&self) -> PathBuf {
-        self.dir.path().join("nri.sock")
-    }
-
-    fn log_dir(&self) -> PathBuf {
-        self.dir.path().join("logs")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
-    }
-
-    /// Runs cri-tool; Ok(stdout) or Err(stderr).
-    fn cri(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(cri_tool())
-            .arg("--socket")
-            .arg(self.sock())
-            .args(args)
-            .output()
-            .unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
     fn pod(&mut self, name: &str, qos: &str) -> Pod {
         self.pod_with(name, qos, None)
     }
@@ -292,14 +61,7 @@ state = "{d}/state"
         if let Some(t) = totals {
             spec["resources"] = t;
         }
-        let id = self
-            .cri(&["pod", &spec.to_string()])
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
-        self.pods.push(id.clone());
-        self.parents.push(match qos {
-            "guaranteed" => format!("kubepods/pod{uid}"),
-            q => format!("kubepods/{q}/pod{uid}"),
-        });
+        let id = self.run_pod(&spec);
         Pod {
             id,
             spec,
@@ -347,59 +109,9 @@ state = "{d}/state"
         })
     }
 
-    /// Stops and removes every pod (their containers with them).
     /// The runtime's view of a container's cpus: the OCI spec it keeps for it.
     fn inspect(&self, id: &str) -> CpuSet {
-        let out = self
-            .cri(&["inspect", id])
-            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"));
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let cpus = v["spec_cpus"]
-            .as_str()
-            .unwrap_or_else(|| panic!("spec_cpus in {out}"));
-        CpuSet::parse(cpus).unwrap_or_else(|e| panic!("spec_cpus in {out}: {e}"))
-    }
-
-    fn remove_pods(&mut self) {
-        for p in std::mem::take(&mut self.pods) {
-            let _ = self.cri(&["stop-pod", &p]);
-            let _ = self.cri(&["rm-pod", &p]);
-        }
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        if self.child.is_none() && !self.pods.is_empty() {
-            self.spawn();
-        }
-        self.remove_pods();
-        self.stop();
-        // The pod cgroups runc made (every v1 hierarchy, or the v2 one); then the QoS tiers
-        // and kubepods if nothing else is in them (rmdir refuses a non-empty cgroup).
-        let mut dirs: Vec<String> = self.parents.clone();
-        dirs.extend(["kubepods/burstable", "kubepods/besteffort", "kubepods"].map(String::from));
-        let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        for d in &dirs {
-            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(d));
-            for h in &hierarchies {
-                let _ = std::fs::remove_dir(h.join(d));
-            }
-        }
-        // Leftover mounts (a failed run) must go before the folder can.
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let base = self.dir.path().to_string_lossy().into_owned();
-        let mut points: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&base))
-            .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        for p in points {
-            let _ = Command::new("umount").arg("-l").arg(p).status();
-        }
+        self.spec_cpus(id)
     }
 }
 
@@ -517,7 +229,7 @@ fn containers_are_placed_at_creation_through_nri() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
     let t0 = Instant::now();
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     // This machine's topology as a sysfs copy the test can take a CPU offline in.
     let sysfs = tempfile::tempdir().unwrap();
     let cp = Command::new("cp")
@@ -755,7 +467,7 @@ fn containers_are_placed_at_creation_through_nri() {
 fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let online = common::root_cgroups()
         .unwrap()
         .effective_cpus("")
@@ -828,7 +540,7 @@ fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
 fn a_dry_run_lets_a_pod_it_would_refuse_start_untouched() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
     let fixture = workspace().join("tests/fixtures/sysfs/intel-snc");
     let d = nri_daemon(
@@ -872,7 +584,7 @@ fn a_guaranteed_container_without_a_cfs_quota_runs_on_exclusive_cpus() {
         println!("SKIP: 2 exclusive CPUs need 2 CPUs, this machine has {all}");
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -930,7 +642,7 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
         );
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -1011,7 +723,7 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
 fn annotated_pods_keep_what_the_runtime_gave_them_and_are_fenced() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
     let d = nri_daemon(&ctd.nri_sock(), "", "");
     wait_for("the plugin to register", Duration::from_secs(20), || {
