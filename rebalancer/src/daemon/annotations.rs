@@ -95,7 +95,9 @@ mod tests {
 
     #[test]
     fn only_the_known_values_ask_anything() {
-        let cases: &[(&[(&str, &str)], Ask, usize)] = &[
+        // (annotations, what they ask, notes of unknown values)
+        type Case<'a> = (&'a [(&'a str, &'a str)], Ask, usize);
+        let cases: &[Case] = &[
             (&[], Ask::default(), 0),
             (
                 &[(REBALANCE, "never")],

@@ -73,7 +73,7 @@ pub fn cri_tool() -> PathBuf {
 pub struct Containerd {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
-    install: PathBuf,
+    pub install: PathBuf,
     nri_sock: PathBuf,
     /// Pod sandboxes made, removed (last first) on drop.
     pub pods: Vec<String>,
