@@ -50,6 +50,14 @@ pub enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Simulate a workload trace on a fixture machine: rebalancer vs static, AutoNUMA, oracle.
     Simulate(cmd::simulate::SimulateArgs),
+    /// Hand every managed container cgroup its parent's cpuset.cpus / cpuset.mems back and
+    /// restore kernel.numa_balancing as it was before the daemon (root; the daemon stopped).
+    ///
+    /// Stop the daemon first: while one holds the state directory's lock this refuses (unless
+    /// --force). Managed containers: the checkpoint's bindings and the Kubernetes containers
+    /// under kubelet's cgroup root, except pods kubelet's static managers placed. See
+    /// docs/operations.md.
+    Uninstall(cmd::uninstall::UninstallArgs),
 }
 
 /// Entry point of the binary.
@@ -67,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::Top(a) => cmd::top::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Simulate(a) => cmd::simulate::run(a),
+        Command::Uninstall(a) => cmd::uninstall::run(a),
     };
     match result {
         Ok(code) => code,

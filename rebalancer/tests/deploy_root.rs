@@ -25,7 +25,7 @@ mod common;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -35,39 +35,9 @@ use rebalancer::{
 };
 use serde_yaml_ng::Value;
 
-const BUSYBOX_TAR: &str = "image/rb-busybox.oci.tar";
+use common::containerd::{install_dir, workspace, Containerd};
+
 const NODE_IP: &str = "127.0.0.1";
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn install_dir() -> Option<PathBuf> {
-    common::root_cgroups()?;
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs.lines().any(|l| l.trim_end().ends_with("overlay")) {
-        println!("SKIP: the kernel has no overlayfs (containerd's snapshotter needs it)");
-        return None;
-    }
-    let dir = std::env::var_os("REBALANCER_CONTAINERD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/containerd"));
-    if !dir.join("root/usr/bin/containerd").exists() {
-        let msg = format!(
-            "{} has no containerd: run `cargo xtask setup`",
-            dir.display()
-        );
-        if std::env::var_os("REBALANCER_REQUIRE_CONTAINERD").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        println!("SKIP: {msg}");
-        return None;
-    }
-    Some(dir)
-}
 
 /// `cargo xtask image`: the archive's path (the last line it prints).
 fn build_image() -> PathBuf {
@@ -81,18 +51,6 @@ fn build_image() -> PathBuf {
     assert!(out.status.success(), "cargo xtask image failed");
     let text = String::from_utf8(out.stdout).unwrap();
     PathBuf::from(text.lines().last().expect("the archive's path").trim())
-}
-
-fn cri_tool() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "cri-tool"])
-        .current_dir(workspace())
-        .status()
-        .unwrap();
-    assert!(st.success(), "building cri-tool failed");
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("cri-tool")
 }
 
 /// The manifest's documents by kind.
@@ -166,146 +124,11 @@ fn cpu_manager_state(default: &str, entries: &[(&str, &str, &str)]) -> String {
     )
 }
 
-/// A private containerd serving CRI in its own folder and NRI at `nri_sock`.
-struct Containerd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    install: PathBuf,
-    cri_tool: PathBuf,
-    pods: Vec<String>,
-    parents: Vec<String>,
-}
-
+/// The DaemonSet test's pods and containers: cri-tool specs as kubelet would send them.
 impl Containerd {
-    fn start(install: &Path, nri_sock: &Path) -> Containerd {
-        let dir = tempfile::Builder::new()
-            .prefix("rb-deploy")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let d = dir.path();
-        for sub in ["root", "state", "cni", "opt", "nri/conf.d", "nri/plugins"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        let cfg = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/library/rb-busybox:test"
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni"
-    conf_dir = "{d}/cni"
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  plugin_config_path = "{d}/nri/conf.d"
-  plugin_path = "{d}/nri/plugins"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-  socket_path = "{nri}"
-"#,
-            d = d.display(),
-            runc = install.join("root/usr/sbin/runc").display(),
-            nri = nri_sock.display(),
-        );
-        std::fs::write(d.join("config.toml"), cfg).unwrap();
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
-        let path = format!(
-            "{}:{}:{}",
-            install.join("root/usr/bin").display(),
-            install.join("root/usr/sbin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let child = Command::new(install.join("root/usr/bin/containerd"))
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .env("PATH", path)
-            .current_dir(d)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let c = Containerd {
-            child: Some(child),
-            install: install.to_path_buf(),
-            cri_tool: cri_tool(),
-            dir,
-            pods: Vec::new(),
-            parents: Vec::new(),
-        };
-        wait("containerd's sockets", 30, || {
-            c.sock().exists() && nri_sock.exists()
-        });
-        c
-    }
-
-    fn sock(&self) -> PathBuf {
-        self.dir.path().join("containerd.sock")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
-    }
-
-    fn import(&self, archive: &Path) {
-        let out = Command::new(self.install.join("root/usr/bin/ctr"))
-            .arg("-a")
-            .arg(self.sock())
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ctr images import {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn cri(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(&self.cri_tool)
-            .arg("--socket")
-            .arg(self.sock())
-            .args(args)
-            .output()
-            .unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
     /// RunPodSandbox; returns (sandbox id, pod spec for its containers).
     fn pod(&mut self, pod: serde_json::Value) -> (String, serde_json::Value) {
-        let id = self
-            .cri(&["pod", &pod.to_string()])
-            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", self.log()));
-        self.pods.push(id.clone());
-        let uid = pod["uid"].as_str().unwrap();
-        self.parents.push(match pod["qos"].as_str().unwrap() {
-            "guaranteed" => format!("kubepods/pod{uid}"),
-            q => format!("kubepods/{q}/pod{uid}"),
-        });
-        (id, pod)
+        (self.run_pod(&pod), pod)
     }
 
     /// CreateContainer + StartContainer; the container id.
@@ -316,53 +139,6 @@ state = "{d}/state"
         self.cri(&["start", &id])
             .unwrap_or_else(|e| panic!("StartContainer: {e}\n{}", self.log()));
         id
-    }
-
-    fn spec_cpus(&self, id: &str) -> CpuSet {
-        let out = self.cri(&["inspect", id]).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        CpuSet::parse(v["spec_cpus"].as_str().unwrap_or_default()).unwrap()
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        for p in std::mem::take(&mut self.pods).iter().rev() {
-            let _ = self.cri(&["stop-pod", p]);
-            let _ = self.cri(&["rm-pod", p]);
-        }
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let mut dirs = self.parents.clone();
-        dirs.extend(["kubepods/burstable", "kubepods/besteffort", "kubepods"].map(String::from));
-        let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        for d in &dirs {
-            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(d));
-            for h in &hierarchies {
-                let _ = std::fs::remove_dir(h.join(d));
-            }
-        }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let base = self.dir.path().to_string_lossy().into_owned();
-        let mut points: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&base))
-            .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        for p in points {
-            let _ = Command::new("umount").arg("-l").arg(p).status();
-        }
     }
 }
 
@@ -505,8 +281,7 @@ fn the_daemonset_runs_on_containerd_as_its_manifest_says() {
         "kubelet's state directory mounted read-only"
     );
 
-    let mut containerd = Containerd::start(&install, &nri_sock);
-    containerd.import(&install.join(BUSYBOX_TAR));
+    let mut containerd = Containerd::start(&install, Some(&nri_sock));
     containerd.import(&build_image());
 
     // The DaemonSet's pod and container, as kubelet would create them.

@@ -22,247 +22,16 @@ mod common;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use rebalancer::cpuset::CpuSet;
 
-const IMAGE_TAR: &str = "image/rb-busybox.oci.tar";
+use common::containerd::{install_dir as preflight, workspace, Containerd};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn install_dir() -> PathBuf {
-    std::env::var_os("REBALANCER_CONTAINERD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/containerd"))
-}
-
-/// Whether the test can run here; prints `SKIP: …` when not.
-fn preflight() -> Option<PathBuf> {
-    common::root_cgroups()?;
-    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs.lines().any(|l| l.trim_end().ends_with("overlay")) {
-        println!("SKIP: the kernel has no overlayfs (containerd's snapshotter needs it)");
-        return None;
-    }
-    let dir = install_dir();
-    let need = [
-        "root/usr/bin/containerd",
-        "root/usr/bin/ctr",
-        "root/usr/sbin/runc",
-        IMAGE_TAR,
-    ];
-    if let Some(missing) = need.iter().find(|p| !dir.join(p).exists()) {
-        let msg = format!(
-            "{} missing: run `cargo xtask setup` (installs containerd, runc and the test image)",
-            dir.join(missing).display()
-        );
-        if std::env::var_os("REBALANCER_REQUIRE_CONTAINERD").is_some_and(|v| v == "1") {
-            panic!("{msg}");
-        }
-        println!("SKIP: {msg}");
-        return None;
-    }
-    Some(dir)
-}
-
-/// The CRI test client, built (or brought up to date) once per test run.
-fn cri_tool() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("cri-tool");
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "-p", "cri-tool"])
-            .current_dir(workspace())
-            .status()
-            .unwrap();
-        assert!(st.success(), "building cri-tool failed");
-    });
-    bin
-}
-
-/// A private containerd: own root, state, sockets, NRI on, restrict_oom_score_adj, cgroupfs.
-struct Containerd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    install: PathBuf,
-    pods: Vec<String>,
-    /// Pod cgroup parents made (kubelet would remove them; here the test does).
-    parents: Vec<String>,
-}
-
+/// The plugin-side view of pods and containers this file's tests make.
 impl Containerd {
-    fn start(install: &Path) -> Containerd {
-        let dir = tempfile::Builder::new()
-            .prefix("rb-containerd")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let d = dir.path();
-        for sub in [
-            "root",
-            "state",
-            "cni",
-            "opt",
-            "nri/conf.d",
-            "nri/plugins",
-            "logs",
-        ] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        let runc = install.join("root/usr/sbin/runc");
-        let cfg = format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/library/rb-busybox:test"
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        BinaryName = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni"
-    conf_dir = "{d}/cni"
-[plugins."io.containerd.nri.v1.nri"]
-  disable = false
-  disable_connections = false
-  plugin_config_path = "{d}/nri/conf.d"
-  plugin_path = "{d}/nri/plugins"
-  plugin_registration_timeout = "5s"
-  plugin_request_timeout = "2s"
-  socket_path = "{d}/nri.sock"
-"#,
-            d = d.display(),
-            runc = runc.display()
-        );
-        std::fs::write(d.join("config.toml"), cfg).unwrap();
-        let mut c = Containerd {
-            child: None,
-            dir,
-            install: install.to_path_buf(),
-            pods: Vec::new(),
-            parents: Vec::new(),
-        };
-        c.spawn();
-        let out = Command::new(install.join("root/usr/bin/ctr"))
-            .arg("-a")
-            .arg(c.sock())
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(install.join(IMAGE_TAR))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ctr images import: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        c
-    }
-
-    fn path_env(&self) -> String {
-        format!(
-            "{}:{}:{}",
-            self.install.join("root/usr/bin").display(),
-            self.install.join("root/usr/sbin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("containerd.log"))
-            .unwrap();
-        let child = Command::new(self.install.join("root/usr/bin/containerd"))
-            .arg("--config")
-            .arg(self.dir.path().join("config.toml"))
-            .env("PATH", self.path_env())
-            .current_dir(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.sock().exists() && self.nri_sock().exists()) {
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not start:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGTERM and wait; the containers keep running in their shims.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = std::fs::remove_file(self.nri_sock());
-            let _ = std::fs::remove_file(self.sock());
-        }
-    }
-
-    fn sock(&self) -> PathBuf {
-        self.dir.path().join("containerd.sock")
-    }
-
-    fn nri_sock(&self) -> PathBuf {
-        self.dir.path().join("nri.sock")
-    }
-
-    fn log_dir(&self) -> PathBuf {
-        self.dir.path().join("logs")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
-    }
-
-    /// Runs cri-tool; Ok(stdout) or Err(stderr).
-    fn cri(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(cri_tool())
-            .arg("--socket")
-            .arg(self.sock())
-            .args(args)
-            .output()
-            .unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
     fn pod(&mut self, name: &str, qos: &str) -> Pod {
         self.pod_with(name, qos, None)
     }
@@ -270,6 +39,16 @@ state = "{d}/state"
     /// RunPodSandbox; `totals` (cpu_quota / cpu_period / cpu_shares / memory_limit) set on the
     /// sandbox's `linux.resources` as kubelet ≥ 1.26 does.
     fn pod_with(&mut self, name: &str, qos: &str, totals: Option<serde_json::Value>) -> Pod {
+        self.pod_full(name, qos, totals, serde_json::json!({}))
+    }
+
+    fn pod_full(
+        &mut self,
+        name: &str,
+        qos: &str,
+        totals: Option<serde_json::Value>,
+        annotations: serde_json::Value,
+    ) -> Pod {
         let uid = format!(
             "{:08x}-0000-4000-8000-{:012x}",
             std::process::id(),
@@ -277,19 +56,12 @@ state = "{d}/state"
         );
         let log_dir = self.log_dir().join(name);
         std::fs::create_dir_all(&log_dir).unwrap();
-        let mut spec =
-            serde_json::json!({"name": name, "uid": uid, "qos": qos, "log_dir": log_dir});
+        let mut spec = serde_json::json!({"name": name, "uid": uid, "qos": qos,
+            "log_dir": log_dir, "annotations": annotations});
         if let Some(t) = totals {
             spec["resources"] = t;
         }
-        let id = self
-            .cri(&["pod", &spec.to_string()])
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.log()));
-        self.pods.push(id.clone());
-        self.parents.push(match qos {
-            "guaranteed" => format!("kubepods/pod{uid}"),
-            q => format!("kubepods/{q}/pod{uid}"),
-        });
+        let id = self.run_pod(&spec);
         Pod {
             id,
             spec,
@@ -297,6 +69,15 @@ state = "{d}/state"
             uid,
             qos: qos.into(),
         }
+    }
+
+    /// RunPodSandbox of a pod with these annotations (kubelet passes a pod's annotations to
+    /// the sandbox; NRI shows them to plugins).
+    fn pod_annotated(&mut self, name: &str, qos: &str, annotations: &[(&str, &str)]) -> Pod {
+        let ann: serde_json::Map<_, _> = (annotations.iter())
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        self.pod_full(name, qos, None, ann.into())
     }
 
     /// CreateContainer + StartContainer; Err(CreateContainer's error).
@@ -328,59 +109,9 @@ state = "{d}/state"
         })
     }
 
-    /// Stops and removes every pod (their containers with them).
     /// The runtime's view of a container's cpus: the OCI spec it keeps for it.
     fn inspect(&self, id: &str) -> CpuSet {
-        let out = self
-            .cri(&["inspect", id])
-            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"));
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let cpus = v["spec_cpus"]
-            .as_str()
-            .unwrap_or_else(|| panic!("spec_cpus in {out}"));
-        CpuSet::parse(cpus).unwrap_or_else(|e| panic!("spec_cpus in {out}: {e}"))
-    }
-
-    fn remove_pods(&mut self) {
-        for p in std::mem::take(&mut self.pods) {
-            let _ = self.cri(&["stop-pod", &p]);
-            let _ = self.cri(&["rm-pod", &p]);
-        }
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        if self.child.is_none() && !self.pods.is_empty() {
-            self.spawn();
-        }
-        self.remove_pods();
-        self.stop();
-        // The pod cgroups runc made (every v1 hierarchy, or the v2 one); then the QoS tiers
-        // and kubepods if nothing else is in them (rmdir refuses a non-empty cgroup).
-        let mut dirs: Vec<String> = self.parents.clone();
-        dirs.extend(["kubepods/burstable", "kubepods/besteffort", "kubepods"].map(String::from));
-        let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        for d in &dirs {
-            let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(d));
-            for h in &hierarchies {
-                let _ = std::fs::remove_dir(h.join(d));
-            }
-        }
-        // Leftover mounts (a failed run) must go before the folder can.
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let base = self.dir.path().to_string_lossy().into_owned();
-        let mut points: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(&base))
-            .collect();
-        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        for p in points {
-            let _ = Command::new("umount").arg("-l").arg(p).status();
-        }
+        self.spec_cpus(id)
     }
 }
 
@@ -498,7 +229,7 @@ fn containers_are_placed_at_creation_through_nri() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
     let t0 = Instant::now();
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     // This machine's topology as a sysfs copy the test can take a CPU offline in.
     let sysfs = tempfile::tempdir().unwrap();
     let cp = Command::new("cp")
@@ -591,8 +322,14 @@ fn containers_are_placed_at_creation_through_nri() {
         g_cpus,
         "the runtime's spec of the container"
     );
-    assert!(
-        !d.metrics().contains("rebalancer_nri_direct_writes_total"),
+    // (its series exist from the start, at 0)
+    let direct: f64 = (d.metrics().lines())
+        .filter(|l| l.starts_with("rebalancer_nri_direct_writes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        direct,
+        0.0,
         "a change of a runtime container was written to cgroupfs directly: {}",
         d.metrics()
     );
@@ -730,7 +467,7 @@ fn containers_are_placed_at_creation_through_nri() {
 fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let online = common::root_cgroups()
         .unwrap()
         .effective_cpus("")
@@ -803,7 +540,7 @@ fn a_pod_scope_pod_is_admitted_one_container_at_a_time_through_nri() {
 fn a_dry_run_lets_a_pod_it_would_refuse_start_untouched() {
     let _serial = common::serial();
     let Some(install) = preflight() else { return };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
     let fixture = workspace().join("tests/fixtures/sysfs/intel-snc");
     let d = nri_daemon(
@@ -847,7 +584,7 @@ fn a_guaranteed_container_without_a_cfs_quota_runs_on_exclusive_cpus() {
         println!("SKIP: 2 exclusive CPUs need 2 CPUs, this machine has {all}");
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -905,7 +642,7 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
         );
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -977,6 +714,95 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
     ctd.remove_pods();
 }
 
+/// Per-pod annotations, read from the NRI PodSandbox: a pod annotated
+/// `rebalancer.io/admission: runtime` keeps the cpuset the runtime gave it (its unannotated
+/// twin, given the same, is placed by the daemon) and is not booked, yet it is fenced off a
+/// CPU given exclusively later; a pod annotated `rebalancer.io/rebalance: never` is admitted as
+/// usual and its ask is in the checkpoint, so a restart honours it from the first round.
+#[test]
+fn annotated_pods_keep_what_the_runtime_gave_them_and_are_fenced() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let mut ctd = Containerd::start(&install, None);
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    let d = nri_daemon(&ctd.nri_sock(), "", "");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    // what kubelet's static CPU Manager would give a Burstable container: one CPU
+    let one: CpuSet = all.iter().last().into_iter().collect();
+    let mut given = res(BURSTABLE);
+    given["cpuset_cpus"] = one.to_string().into();
+
+    let lp = ctd.pod_annotated(
+        "left",
+        "burstable",
+        &[("rebalancer.io/admission", "runtime")],
+    );
+    let l = ctd.container(&lp, "l", given.clone()).unwrap();
+    // no cpuset from the runtime: it runs on its parent's CPUs, as the runtime left it
+    let l2 = ctd.container(&lp, "l2", res(BURSTABLE)).unwrap();
+    let tp = ctd.pod("twin", "burstable");
+    let t = ctd.container(&tp, "t", given).unwrap();
+    let (l_cpus, _) = l.first_print();
+    let (t_cpus, _) = t.first_print();
+    assert_eq!(l_cpus, one, "left to the runtime: the runtime's cpuset");
+    assert_eq!(ctd.inspect(&l.id), one);
+    assert_eq!(l2.first_print().0, all);
+    assert_ne!(t_cpus, one, "the unannotated twin is placed by the daemon");
+    assert_eq!(decision(&d, &t.id).map(|x| x.0), Some(t_cpus.clone()));
+    assert!(decision(&d, &l.id).is_none() && decision(&d, &l2.id).is_none());
+    let bound = d.status()["bindings"].clone();
+    for c in [&l, &l2] {
+        assert!(
+            bound.get(&c.cgroup).is_none(),
+            "{} booked: {bound}",
+            c.cgroup
+        );
+    }
+
+    let kp = ctd.pod_annotated("kept", "burstable", &[("rebalancer.io/rebalance", "never")]);
+    let k = ctd.container(&kp, "k", res(BURSTABLE)).unwrap();
+    let (k_cpus, _) = k.first_print();
+    assert_eq!(
+        decision(&d, &k.id).map(|x| x.0),
+        Some(k_cpus.clone()),
+        "admitted as usual"
+    );
+    wait_for("the ask in the checkpoint", Duration::from_secs(10), || {
+        d.checkpoint().is_some_and(|p| {
+            p.annotated.get(&kp.uid).is_some_and(|a| a.never_move)
+                && p.annotated.get(&lp.uid).is_some_and(|a| a.runtime)
+                && !p.annotated.contains_key(&tp.uid)
+        })
+    });
+
+    // an exclusive CPU for a Guaranteed pod: the left-alone containers keep off it
+    let gp = ctd.pod("guaranteed", "guaranteed");
+    let g = ctd.container(&gp, "g", res(GUARANTEED_1CPU)).unwrap();
+    let (g_cpus, _) = g.first_print();
+    wait_for(
+        "the left-alone containers fenced",
+        Duration::from_secs(10),
+        || {
+            [&l, &l2]
+                .iter()
+                .all(|c| c.live_cpus().is_disjoint(&g_cpus) && !c.live_cpus().is_empty())
+        },
+    );
+    assert_eq!(l2.live_cpus(), all.difference(&g_cpus));
+    println!(
+        "runtime gave {one}: left {l_cpus} -> {}, twin {t_cpus}, kept {k_cpus}, guaranteed {g_cpus}",
+        l.live_cpus()
+    );
+    ctd.remove_pods();
+    wait_for(
+        "pod removal to forget the asks",
+        Duration::from_secs(10),
+        || d.checkpoint().is_some_and(|p| p.annotated.is_empty()),
+    );
+}
+
 /// The books' exclusive CPUs, from `status`.
 fn exclusive_cpus(d: &common::Daemon) -> CpuSet {
     serde_json::from_value(d.status()["exclusive_cpus"].clone()).expect("exclusive_cpus")
@@ -1006,7 +832,7 @@ fn a_cri_resize_grows_exclusive_cpus_or_is_refused_with_the_reason() {
         println!("SKIP: the refusal needs exactly 2 CPUs (a shared container keeps one), this machine has {all}");
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -1102,7 +928,7 @@ fn a_paused_container_keeps_its_exclusive_cpus_through_a_synchronize() {
         println!("SKIP: 2 exclusive CPUs need 2 CPUs, this machine has {all}");
         return;
     }
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
     wait_for("the plugin to register", Duration::from_secs(20), || {
         connected(&d)
@@ -1293,7 +1119,7 @@ fn a_containers_device_node_aligns_its_cpus_and_memory_through_nri() {
         r["devices"] = gpu(n);
         r
     };
-    let mut ctd = Containerd::start(&install);
+    let mut ctd = Containerd::start(&install, None);
     let d = nri_daemon(
         &ctd.nri_sock(),
         &format!("sysfs_root = \"{}\"", fixture.path().display()),

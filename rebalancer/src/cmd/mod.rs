@@ -9,3 +9,4 @@ pub mod sample;
 pub mod simulate;
 pub mod top;
 pub mod topology;
+pub mod uninstall;

@@ -1334,7 +1334,8 @@ impl Engine {
         if let Err(e) = d.checkpoint() {
             tracing::warn!(error = %e, "checkpoint failed");
         }
-        d.metrics.set_cgroup_scores(&scores);
+        let kube_root = d.lock().cfg.cgroups.kubernetes_root.clone();
+        d.metrics.set_cgroup_scores(&scores, kube_root.as_deref());
         d.metrics.managed_cgroups.set(managed.len() as i64);
         if let Some((n, stale, deleted)) = self.cpu_source.map_entries() {
             d.metrics.ebpf_map_entries.set(n as i64);
@@ -1445,8 +1446,8 @@ pub(crate) fn promised_unused(s: &super::Shared, obs: &Observations) -> BTreeMap
 
 /// Constraints of a cgroup bound to an admitted container (None when not bound).
 pub(crate) fn bound_constraints(s: &super::Shared, cg: &str) -> Option<Constraints> {
-    if super::kubelet::pinned(s, cg) {
-        // kubelet's static managers placed it: never moved
+    if super::kubelet::pinned(s, cg) || super::annotations::pinned(s, cg) {
+        // kubelet's static managers placed it, or its pod asks not to be moved: never moved
         return Some(Constraints {
             pinned: true,
             ..Default::default()

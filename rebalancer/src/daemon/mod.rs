@@ -16,6 +16,7 @@ use std::{
 };
 
 pub mod admission;
+pub mod annotations;
 pub mod api;
 pub mod apply;
 pub mod engine;
@@ -62,6 +63,10 @@ pub struct Persisted {
     /// cgroup path (relative to the hierarchy root) → admitted container.
     pub bindings: BTreeMap<String, Binding>,
     pub controller: ControllerState,
+    /// What pods' annotations ask (pod uid → ask), as the runtime last told it over NRI
+    /// (`annotations`): kept here so a restart honours them before the runtime reconnects.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotated: BTreeMap<String, annotations::Ask>,
 }
 
 /// Everything the daemon's tasks share.
@@ -170,6 +175,7 @@ impl Shared {
                 allocator,
                 bindings: Default::default(),
                 controller: Default::default(),
+                annotated: Default::default(),
             },
         ))
     }

@@ -385,6 +385,30 @@ fn container_id_of(cgroup: &str) -> Option<String> {
     (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
+/// A container's Kubernetes names, for the per-cgroup series' labels.
+fn names_of(pod: &api::PodSandbox, c: &api::Container) -> crate::serve::metrics::WorkloadNames {
+    crate::serve::metrics::WorkloadNames {
+        namespace: pod.namespace.clone(),
+        pod: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        container: c.name.clone(),
+    }
+}
+
+/// Records what `pod`'s annotations ask (`daemon::annotations`), logging values we do not know;
+/// `true` when it asks something.
+fn note_annotations(
+    asked: &mut BTreeMap<String, super::annotations::Ask>,
+    pod: &api::PodSandbox,
+) -> bool {
+    let (ask, unknown) = super::annotations::parse(&pod.annotations);
+    for u in unknown {
+        tracing::warn!(pod = %pod.uid, annotation = %u, "pod annotation not understood; it asks nothing");
+    }
+    super::annotations::note(asked, &pod.uid, ask);
+    !ask.is_empty()
+}
+
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
 enum Kubelets {
     /// Not a kubelet pod's: the plugin admits it.
@@ -484,6 +508,7 @@ impl Policy {
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
     fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.split('/').next().unwrap_or_default();
+        let left_to_runtime = (self.d().lock().state.annotated.get(uid)).is_some_and(|a| a.runtime);
         let given = c
             .linux
             .as_ref()
@@ -493,12 +518,22 @@ impl Policy {
         // (kubelet's answer, the cpus to fence to, what it runs on once the answer applies)
         let (assigned, fenced, runs) = {
             let mut s = self.d().lock();
-            let assigned = super::kubelet::cpu_assigned(&s, uid, Some(&c.name));
+            // a pod left to the runtime by its annotation is treated as one of kubelet's
+            // without kubelet CPUs: not admitted, only fenced (as containers never admitted)
+            let assigned = if left_to_runtime {
+                Some(false)
+            } else {
+                super::kubelet::cpu_assigned(&s, uid, Some(&c.name))
+            };
             if assigned != Some(false) || s.cfg.daemon.dry_run {
                 (assigned, None, None)
             } else {
                 // fenced again as exclusive CPUs come (`admission::shared_changes`)
-                s.fenced.insert(r.cgroup.clone(), uid.to_string());
+                if left_to_runtime {
+                    s.refused.insert(r.cgroup.clone());
+                } else {
+                    s.fenced.insert(r.cgroup.clone(), uid.to_string());
+                }
                 // only CPUs online now (a spec's set from before a hotplug would make the
                 // runtime's cpuset write fail); no set, or none online: every online CPU
                 let online = s.topo.online_cpus();
@@ -522,6 +557,10 @@ impl Policy {
             Some(true) => {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
                 Kubelets::Theirs(None)
+            }
+            Some(false) if left_to_runtime => {
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod annotated {}=runtime: not admitted, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
+                Kubelets::Theirs(fenced)
             }
             Some(false) => {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
@@ -687,6 +726,7 @@ impl Policy {
         self.runtime.untrack(&cg);
         let mut s = self.d().lock();
         s.fenced.remove(&cg);
+        s.refused.remove(&cg);
         s.fence_failures.remove(&cg);
     }
 
@@ -986,6 +1026,14 @@ impl Handler for Policy {
         // moved, not cloned: the request is as large as the runtime's whole node
         let listed: Vec<String> = req.pods.iter().map(|p| p.uid.clone()).collect();
         let pods = std::mem::take(&mut req.pods);
+        {
+            // the runtime's pods are all there is: what gone pods asked goes with them
+            let mut s = self.d().lock();
+            s.state.annotated.clear();
+            for p in &pods {
+                note_annotations(&mut s.state.annotated, p);
+            }
+        }
         self.pods = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
         self.containers.clear();
         let mut updates = Vec::new();
@@ -994,6 +1042,7 @@ impl Handler for Policy {
         // what the runtime says each container runs on (its spec's cpuset), by cgroup
         let mut reported = BTreeMap::new();
         let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        self.d().metrics.forget_workloads();
         for c in &req.containers {
             // a paused container still holds what it was given
             let running = matches!(
@@ -1017,6 +1066,7 @@ impl Handler for Policy {
             if !running {
                 continue;
             }
+            self.d().metrics.name_workload(&r.cgroup, names_of(&pod, c));
             if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
                 updates.extend(fenced.map(|cpus| update(&c.id, &cpus, None)));
                 continue;
@@ -1160,6 +1210,7 @@ impl Handler for Policy {
                 return self.refuse(&c.id, format!("rebalancer: {e}"));
             }
         };
+        self.d().metrics.name_workload(&r.cgroup, names_of(pod, c));
         // kubelet writes its state file at admission, before CreateContainer: a changed file
         // is read again first, and the shared containers it shrank ride this answer
         let refreshed = self.admission.refresh_kubelet();
@@ -1298,12 +1349,20 @@ impl Handler for Policy {
         match event {
             api::Event::RunPodSandbox => {
                 let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
+                let asks = note_annotations(&mut self.d().lock().state.annotated, &pod);
+                if asks {
+                    self.admission.request_checkpoint();
+                }
                 self.pods.insert(pod.id.clone(), pod);
             }
             api::Event::RemoveContainer => {
                 let c = ev
                     .container
                     .ok_or("rebalancer: RemoveContainer without its container")?;
+                let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+                self.d()
+                    .metrics
+                    .forget_workload(Some(&cgroup_rel(path)), None);
                 if self.release(&c.id, Durability::Deferred) {
                     self.regrow_unsolicited();
                 } else {
@@ -1318,6 +1377,11 @@ impl Handler for Policy {
                     .ok_or("rebalancer: a pod sandbox event without its pod")?;
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
+                    self.d().metrics.forget_workload(None, Some(&pod.uid));
+                    let asked = self.d().lock().state.annotated.remove(&pod.uid);
+                    if asked.is_some() {
+                        self.admission.request_checkpoint();
+                    }
                 }
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
@@ -1594,6 +1658,153 @@ mod tests {
             r.cgroup
         );
         assert!(request(&gp, &sc, None).unwrap().is_none());
+    }
+
+    /// A pod annotated to be left to the runtime is neither admitted nor moved, yet fenced off
+    /// the exclusive CPUs handed out after it; one annotated never to move is admitted as usual
+    /// and pinned for the planner; its twin without the annotation is not.
+    #[test]
+    fn annotated_pods_get_less_and_take_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let with_uid = |id: &str, qos: &str, uid: &str, ann: &[(&str, &str)]| {
+            let mut pd = pod(id, qos);
+            pd.uid = uid.into();
+            pd.linux.as_mut().unwrap().cgroup_parent = format!("/kubepods/{qos}pod{uid}");
+            pd.annotations = ann
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            pd
+        };
+        use crate::daemon::annotations::{ADMISSION, REBALANCE};
+        let lp = with_uid(
+            "l",
+            "burstable/",
+            "0000000l-0000-0000-0000-000000000000",
+            &[(ADMISSION, "runtime")],
+        );
+        let kp = with_uid(
+            "k",
+            "burstable/",
+            "0000000k-0000-0000-0000-000000000000",
+            &[(REBALANCE, "never")],
+        );
+        let tp = with_uid(
+            "t",
+            "burstable/",
+            "0000000t-0000-0000-0000-000000000000",
+            &[(REBALANCE, "sometimes")],
+        );
+        let gp = with_uid("g", "", "0000000g-0000-0000-0000-000000000000", &[]);
+        for pd in [&lp, &kp, &tp, &gp] {
+            run_pod(&mut p, pd);
+        }
+        let left = ctr("a", &lp, 0, 512, 0);
+        assert!(create(&mut p, &lp, &left).unwrap().adjust.is_none());
+        let kept = ctr("b", &kp, 0, 512, 0);
+        assert!(!adjusted_cpus(&create(&mut p, &kp, &kept).unwrap()).is_empty());
+        let twin = ctr("c", &tp, 0, 512, 0);
+        assert!(!adjusted_cpus(&create(&mut p, &tp, &twin).unwrap()).is_empty());
+        let cg = |c: &api::Container| cgroup_rel(&c.linux.as_ref().unwrap().cgroups_path);
+        {
+            let s = p.d().lock();
+            assert!(
+                !s.state.bindings.contains_key(&cg(&left)),
+                "left to the runtime: not admitted"
+            );
+            assert!(s.state.bindings.contains_key(&cg(&kept)));
+            let pinned =
+                |c| crate::daemon::engine::bound_constraints(&s, &cg(c)).is_some_and(|c| c.pinned);
+            assert!(pinned(&left) && pinned(&kept));
+            assert!(!pinned(&twin), "an unknown value asks nothing");
+        }
+        // Control rounds: each container runs where it was placed and has its memory on the
+        // other node. The planner moves the twin there and never the pinned one.
+        let moved = {
+            use crate::controller::{self, CgroupObs, NodeObs, Observations};
+            let s = p.d().lock();
+            let mut obs = Observations {
+                period_ns: 2_000_000_000,
+                nodes: (s.topo.nodes.iter())
+                    .map(|n| {
+                        (
+                            n.id,
+                            NodeObs {
+                                cpu_busy: 0.2,
+                                free_bytes: 8 << 30,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            for c in [&kept, &twin] {
+                let cg = cg(c);
+                let b = &s.state.bindings[&cg];
+                let cpus = s
+                    .state
+                    .allocator
+                    .current_cpus(&b.pod_uid, &b.container)
+                    .unwrap();
+                let here = s.topo.node_of_cpu(cpus.iter().next().unwrap()).unwrap();
+                let there = 1 - here;
+                obs.cgroups.push(CgroupObs {
+                    id: cg.clone(),
+                    cpu_ns_per_node: [(here, 1_000_000_000)].into(),
+                    mem_bytes_per_node: [(there, 256 << 20)].into(),
+                    mems: [here].into_iter().collect(),
+                    cpus,
+                    constraints: crate::daemon::engine::bound_constraints(&s, &cg).unwrap(),
+                    ..Default::default()
+                });
+            }
+            let ctl = s.cfg.controller.clone();
+            let mut state = s.state.controller.clone();
+            let mut moved = std::collections::BTreeSet::new();
+            for round in 0..20u64 {
+                state.observe(&obs, ctl.ewma_alpha);
+                let plan = controller::plan(&s.topo, &obs, &state, &ctl, 1_000_000 + round * 2_000);
+                moved.extend(plan.moves.into_iter().map(|m| m.cgroup));
+            }
+            moved
+        };
+        assert!(moved.contains(&cg(&twin)), "the twin is moved: {moved:?}");
+        assert!(
+            !moved.contains(&cg(&kept)),
+            "the annotated pod is never moved: {moved:?}"
+        );
+        // the per-cgroup series carry the names NRI gave
+        let d = p.d().clone();
+        d.metrics.set_cgroup_scores(&[(cg(&kept), 0.5, 0.5)], None);
+        let want = format!(
+            "cgroup=\"{}\",namespace=\"\",pod=\"pod-k\",pod_uid=\"{}\",container=\"cb\"",
+            cg(&kept),
+            kp.uid
+        );
+        assert!(d.metrics.render().contains(&want), "{want}");
+        // exclusive CPUs for a Guaranteed pod: the left-alone container is fenced off them
+        let rg = create(&mut p, &gp, &ctr("d", &gp, 200_000, 2048, 1 << 30)).unwrap();
+        let excl = adjusted_cpus(&rg);
+        // (a container the plugin did not place is written where it lives, as kubelet's are)
+        let given = p.runtime.given(&cg(&left)).unwrap();
+        let fenced = given.cpus.unwrap();
+        assert!(
+            !fenced.is_empty() && fenced.is_disjoint(&excl),
+            "{fenced} vs {excl}"
+        );
+        assert!(given.mems.is_none(), "its mems stay the runtime's");
+        // gone with its pod: the checkpointed ask too
+        p.state_change(api::StateChangeEvent {
+            event: api::Event::RemovePodSandbox as i32,
+            pod: Some(kp.clone()),
+            container: None,
+        })
+        .unwrap();
+        let s = p.d().lock();
+        assert!(!s.state.annotated.contains_key(&kp.uid));
+        assert!(s.state.annotated.contains_key(&lp.uid));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! their own thread ([`spawn_rounds`]), so the API, `/metrics` and `/healthz` answer while a
 //! round migrates.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{mpsc, Arc},
     time::{Duration, Instant},
 };
@@ -34,6 +34,7 @@ pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow:
                 .context("building the allocator from config")?,
             bindings: Default::default(),
             controller: ControllerState::default(),
+            annotated: Default::default(),
         })
     };
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
@@ -186,7 +187,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let listener = socket::bind(&cfg.server.socket, gid)?;
 
     // Only once nothing can fail at start any more: an early error must not leave it off.
-    let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma);
+    let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma, &cfg.daemon.state_dir);
     daemon.lock().admission = mode;
     let nri_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     match mode {
@@ -310,7 +311,9 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         Err(e) => tracing::warn!(error = %e, "final checkpoint not written: its task failed"),
     }
     if let Some(old) = autonuma_restore {
-        let _ = std::fs::write(NUMA_BALANCING, old);
+        if std::fs::write(NUMA_BALANCING, old).is_ok() {
+            let _ = std::fs::remove_file(cfg.daemon.state_dir.join(NUMA_BALANCING_RECORD));
+        }
     }
     if let Some(msg) = failure {
         anyhow::bail!(msg);
@@ -582,37 +585,62 @@ fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engi
     }
 }
 
-const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
+pub const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
+
+/// The file in the state directory that holds `kernel.numa_balancing` as it was before the
+/// daemon turned it off; removed once restored. A daemon that dies without restoring it
+/// (SIGKILL, a crash) leaves it for the next daemon and for `rebalancer uninstall`.
+pub const NUMA_BALANCING_RECORD: &str = "numa_balancing.before";
 
 /// Detects kernel AutoNUMA and follows `controller.autonuma`. Returns the value to restore on
-/// exit when it was turned off.
-fn coexist_with_autonuma(choice: crate::config::AutoNuma) -> Option<String> {
+/// exit when it was turned off (recorded in `state_dir` first).
+fn coexist_with_autonuma(choice: crate::config::AutoNuma, state_dir: &Path) -> Option<String> {
     use crate::config::AutoNuma;
     let Ok(cur) = std::fs::read_to_string(NUMA_BALANCING) else {
         tracing::info!("kernel NUMA balancing not present (no {NUMA_BALANCING})");
         return None;
     };
     let cur = cur.trim().to_string();
+    let record = state_dir.join(NUMA_BALANCING_RECORD);
     if cur == "0" {
+        // Off because an earlier daemon turned it off and died before restoring it: the record
+        // says what the operator had, which this daemon restores in its place.
+        let before = std::fs::read_to_string(&record).unwrap_or_default();
+        let before = before.trim();
+        if !before.is_empty() && before != "0" {
+            if choice == AutoNuma::Disable {
+                tracing::info!(was = %before, "kernel NUMA balancing stays off; it was turned off by an earlier daemon, restored on exit");
+                return Some(before.to_string());
+            }
+            tracing::info!(was = %before, "kernel NUMA balancing restored: an earlier daemon turned it off and did not restore it");
+            if std::fs::write(NUMA_BALANCING, before).is_ok() {
+                let _ = std::fs::remove_file(&record);
+            }
+            return None;
+        }
         tracing::info!("kernel NUMA balancing (AutoNUMA) is off");
         return None;
     }
+    // on, so any record is stale (restored by someone else)
+    let _ = std::fs::remove_file(&record);
     match choice {
         AutoNuma::Leave => None,
         AutoNuma::Warn => {
             tracing::warn!(value = %cur, "kernel NUMA balancing (AutoNUMA) is on: it migrates pages toward threads on its own and can undo placements; set controller.autonuma = \"disable\" to turn it off while rebalancer runs");
             None
         }
-        AutoNuma::Disable => match std::fs::write(NUMA_BALANCING, "0") {
-            Ok(()) => {
-                tracing::info!(was = %cur, "kernel NUMA balancing turned off while rebalancer runs");
-                Some(cur)
+        AutoNuma::Disable => {
+            match std::fs::write(&record, &cur).and_then(|()| std::fs::write(NUMA_BALANCING, "0")) {
+                Ok(()) => {
+                    tracing::info!(was = %cur, "kernel NUMA balancing turned off while rebalancer runs");
+                    Some(cur)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not turn kernel NUMA balancing off");
+                    None
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not turn kernel NUMA balancing off");
-                None
-            }
-        },
+        }
     }
 }
 

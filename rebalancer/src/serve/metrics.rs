@@ -12,9 +12,26 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+/// A per-cgroup series' labels: the cgroup, and the Kubernetes names where the daemon knows
+/// them, to join with kube-state-metrics (`namespace`, `pod`, `container` from NRI; `pod_uid`
+/// from the cgroup path, for the watcher too). Empty where unknown (Prometheus drops empty
+/// labels).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CgroupLabel {
     pub cgroup: String,
+    pub namespace: String,
+    pub pod: String,
+    pub pod_uid: String,
+    pub container: String,
+}
+
+/// What the runtime said a container cgroup is (NRI): its pod's namespace and name, its name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkloadNames {
+    pub namespace: String,
+    pub pod: String,
+    pub pod_uid: String,
+    pub container: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +88,10 @@ type FGauge = Gauge<f64, AtomicU64>;
 pub struct Metrics {
     registry: std::sync::Arc<Registry>,
     pub top_n: usize,
+    /// Container cgroup → its Kubernetes names, as the NRI plugin learnt them (one entry per
+    /// container the runtime runs: added at CreateContainer and Synchronize, removed with the
+    /// container or its pod), for the per-cgroup series' labels.
+    names: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, WorkloadNames>>>,
     pub cgroup_locality: Family<CgroupLabel, FGauge>,
     pub cgroup_remote_access: Family<CgroupLabel, FGauge>,
     pub cross_node_migrations: Counter,
@@ -138,6 +159,7 @@ impl Metrics {
         let m = Metrics {
             registry: Default::default(),
             top_n,
+            names: Default::default(),
             cgroup_locality: Family::default(),
             cgroup_remote_access: Family::default(),
             cross_node_migrations: Counter::default(),
@@ -395,21 +417,170 @@ impl Metrics {
             "Bound containers found running on another cpuset than the books give them (an NRI answer the runtime did not wait for, a runtime write after ours, a failed write) and set back",
             m.books_repairs.clone(),
         );
-        Metrics {
+        let m = Metrics {
             registry: std::sync::Arc::new(r),
             health: crate::health::Health::new(component_up, component_degraded),
             ..m
+        };
+        m.init_known_series();
+        m
+    }
+
+    /// Creates, at 0, the series of every labelled counter whose label values are known in
+    /// advance, as Prometheus client libraries advise: a family with no series is absent from
+    /// a scrape, so `rate()` and `increase()` on it (alerts, panels) see no data instead of 0
+    /// until its first event, and the first event's increase is lost. The values are those
+    /// the code counts under (each list says where they come from); a value not listed still
+    /// appears on its first use.
+    fn init_known_series(&self) {
+        let reasons = |f: &Family<ReasonLabel, Counter>, values: &[&str]| {
+            for v in values {
+                let _ = f.get_or_create(&ReasonLabel {
+                    reason: v.to_string(),
+                });
+            }
+        };
+        // `daemon::apply::trigger_name`
+        reasons(
+            &self.moves_applied,
+            &["poor-locality", "overloaded", "migrating"],
+        );
+        // `daemon::apply`: the budget, a blocked writer, the books' refusals (`move_allowed`)
+        reasons(
+            &self.moves_skipped,
+            &[
+                "budget",
+                "blocked",
+                "books-exclusive",
+                "books-memory",
+                "books-reserved",
+                "books-shared-starved",
+            ],
+        );
+        // `controller::actuator::ApplyError::reason` and the cgroup write's errno classes
+        reasons(
+            &self.moves_failed,
+            &[
+                "busy",
+                "invalid",
+                "no-space",
+                "permission",
+                "io",
+                "vanished",
+                "stale",
+                "read",
+                "verify",
+                "empty-target",
+                "rollback-failed",
+                "stopped",
+                "panic",
+            ],
+        );
+        // `daemon::engine`: a round that observed nothing
+        reasons(&self.rounds_skipped, &["cgroup-walk", "sample-read"]);
+        // `daemon::watcher`: errno of a watch that could not be added
+        reasons(
+            &self.inotify_watch_failures,
+            &["ENOSPC", "ENOMEM", "EACCES", "other"],
+        );
+        // `daemon::nri_updates`: unsolicited updates' results
+        reasons(&self.nri_updates, &["applied", "failed", "timeout"]);
+        // `daemon::nri_updates::Direct::label`
+        reasons(
+            &self.nri_direct_writes,
+            &["not-connected", "not-runtime-container"],
+        );
+        // `daemon::kubelet::KubeletStateError::reason`, and assignments refused
+        reasons(
+            &self.kubelet_state_errors,
+            &[
+                "read",
+                "parse",
+                "checksum",
+                "invalid",
+                "unverified",
+                "unsupported",
+                "kind",
+                "size",
+                "refused",
+            ],
+        );
+        // kubelet's rejection reasons the allocator gives (`placement`)
+        reasons(
+            &self.admission_rejections,
+            &[
+                "TopologyAffinityError",
+                "InsufficientCPU",
+                "InsufficientMemory",
+                "InsufficientDevices",
+                "SMTAlignmentError",
+                "MemoryNUMAGroupError",
+            ],
+        );
+        // `daemon::admission::Admission::count`
+        for result in ["admitted", "rejected", "invalid", "write_failed", "timeout"] {
+            let _ = self.admission_requests.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
+        // `daemon::engine`: the evidence a moved cgroup's score came from
+        for evidence in ["hinting-faults", "pmu", "share-model", "none"] {
+            let _ = self.moves_by_evidence.get_or_create(&EvidenceLabel {
+                evidence: evidence.into(),
+            });
         }
     }
 
-    /// Replaces the per-cgroup series with the `top_n` lowest-locality cgroups.
-    pub fn set_cgroup_scores(&self, scores: &[(String, f64, f64)]) {
+    fn names(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, WorkloadNames>> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the Kubernetes names of container cgroup `cgroup`.
+    pub fn name_workload(&self, cgroup: &str, names: WorkloadNames) {
+        self.names().insert(cgroup.to_string(), names);
+    }
+
+    /// Forgets the names of `cgroup`, or of every container of pod `pod_uid`.
+    pub fn forget_workload(&self, cgroup: Option<&str>, pod_uid: Option<&str>) {
+        let mut n = self.names();
+        if let Some(cg) = cgroup {
+            n.remove(cg);
+        }
+        if let Some(uid) = pod_uid {
+            n.retain(|_, w| w.pod_uid != uid);
+        }
+    }
+
+    /// Forgets every name (the runtime lists all it runs again).
+    pub fn forget_workloads(&self) {
+        self.names().clear();
+    }
+
+    /// Replaces the per-cgroup series with the `top_n` lowest-locality cgroups, labelled with
+    /// their Kubernetes names where known (`kubernetes_root`: kubelet's cgroup root, to read a
+    /// pod's uid from a cgroup path).
+    pub fn set_cgroup_scores(&self, scores: &[(String, f64, f64)], kubernetes_root: Option<&str>) {
         self.cgroup_locality.clear();
         self.cgroup_remote_access.clear();
         let mut sorted: Vec<&(String, f64, f64)> = scores.iter().collect();
         sorted.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let names = self.names();
         for (cg, locality, remote) in sorted.into_iter().take(self.top_n) {
-            let l = CgroupLabel { cgroup: cg.clone() };
+            let known = names
+                .get(cg.trim_start_matches('/'))
+                .cloned()
+                .unwrap_or_default();
+            let pod_uid = crate::cgroup::kube::classify_in(cg, kubernetes_root, &[])
+                .pod_uid()
+                .map(str::to_string)
+                .unwrap_or(known.pod_uid);
+            let l = CgroupLabel {
+                cgroup: cg.clone(),
+                namespace: known.namespace,
+                pod: known.pod,
+                pod_uid,
+                container: known.container,
+            };
             self.cgroup_locality.get_or_create(&l).set(*locality);
             self.cgroup_remote_access.get_or_create(&l).set(*remote);
         }
@@ -444,21 +615,41 @@ mod tests {
         m.node_memory_free
             .get_or_create(&NodeLabel { node: "0".into() })
             .set(42);
-        m.set_cgroup_scores(&[
-            ("a".into(), 0.9, 0.1),
-            ("b".into(), 0.2, 0.8),
-            ("c".into(), 0.5, 0.5),
-        ]);
+        let uid = "8d5c3f2e-1b4a-4c6d-9e8f-7a6b5c4d3e2f";
+        let b = format!("kubepods/burstable/pod{uid}/{}", "b".repeat(64));
+        m.name_workload(
+            &b,
+            WorkloadNames {
+                namespace: "shop".into(),
+                pod: "db-0".into(),
+                pod_uid: uid.into(),
+                container: "postgres".into(),
+            },
+        );
+        m.set_cgroup_scores(
+            &[
+                ("a".into(), 0.9, 0.1),
+                (b.clone(), 0.2, 0.8),
+                ("c".into(), 0.5, 0.5),
+            ],
+            None,
+        );
         let text = m.render();
         for want in [
             "rebalancer_pages_migrated_total 5",
             "rebalancer_admission_duration_seconds_count 1",
             "rebalancer_node_memory_free_bytes{node=\"0\"} 42",
-            "rebalancer_cgroup_locality_ratio{cgroup=\"b\"} 0.2",
-            "rebalancer_cgroup_locality_ratio{cgroup=\"c\"} 0.5",
+            &format!("rebalancer_cgroup_locality_ratio{{cgroup=\"{b}\",namespace=\"shop\",pod=\"db-0\",pod_uid=\"{uid}\",container=\"postgres\"}} 0.2"),
+            "rebalancer_cgroup_locality_ratio{cgroup=\"c\",namespace=\"\",pod=\"\",pod_uid=\"\",container=\"\"} 0.5",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+        // the watcher's view: no names, the pod's uid from the path; forgotten with its pod
+        m.forget_workload(None, Some(uid));
+        m.set_cgroup_scores(&[(b.clone(), 0.2, 0.8)], None);
+        let text = m.render();
+        let want = format!("rebalancer_cgroup_remote_access_ratio{{cgroup=\"{b}\",namespace=\"\",pod=\"\",pod_uid=\"{uid}\",container=\"\"}} 0.8");
+        assert!(text.contains(&want), "missing {want:?} in\n{text}");
         assert!(
             !text.contains("cgroup=\"a\""),
             "top-N must bound the cgroup series"

@@ -5,7 +5,11 @@
 //!
 //! The daemon watches the whole cpuset hierarchy, so two daemons must not run at once: every
 //! test that starts one holds [`serial`] for its whole run.
+//!
+//! `containerd`: a private containerd driven through its CRI (`nri_root`, `deploy_root`).
 #![allow(dead_code)]
+
+pub mod containerd;
 
 use std::{
     collections::BTreeSet,

@@ -129,6 +129,9 @@ struct ContainerSpec {
     memory_limit: i64,
     #[serde(default)]
     hugepages_2m: u64,
+    /// `cpuset_cpus` as kubelet's CPU Manager sets it (empty: none).
+    #[serde(default)]
+    cpuset_cpus: String,
     /// The image's entrypoint when empty (kubelet: `command` unset).
     #[serde(default)]
     command: Vec<String>,
@@ -294,6 +297,7 @@ async fn main() -> Result<()> {
                 } else {
                     vec![]
                 },
+                cpuset_cpus: s.cpuset_cpus.clone(),
                 ..Default::default()
             };
             let labels = HashMap::from([
