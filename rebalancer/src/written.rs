@@ -346,7 +346,10 @@ garbage
         assert_eq!(t.sample(proc_root, &[me]), None, "first period only clears");
         t.end_round();
         assert!(t.sample(proc_root, &[me]).is_some());
-        assert_eq!(t.left, 0, "8 entries read of a process with far more mapped");
+        assert_eq!(
+            t.left, 0,
+            "8 entries read of a process with far more mapped"
+        );
         assert_eq!(t.sample(proc_root, &[me]), None);
         assert_eq!(t.skipped, 1);
     }

@@ -98,7 +98,9 @@ fn written_pages_cost_per_gib() {
     // At most a second of CPU per GiB per period: past that no period of seconds affords it.
     assert!(ms(scan + lookup) < 1000.0);
     if let Err(why) = probe(proc_root) {
-        eprintln!("SKIP (faults and the whole sample): soft-dirty tracking unavailable here: {why}");
+        eprintln!(
+            "SKIP (faults and the whole sample): soft-dirty tracking unavailable here: {why}"
+        );
         return;
     }
     let (base_cpu, base_faults) = write_all(&mut buf, 2); // no clear: no faults expected
@@ -112,7 +114,9 @@ fn written_pages_cost_per_gib() {
         write_cpu.push(c);
         write_faults.push(f);
         let (c0, _) = thread_usage();
-        let w = t.sample(proc_root, &[me]).expect("a period after the clear");
+        let w = t
+            .sample(proc_root, &[me])
+            .expect("a period after the clear");
         let (c1, _) = thread_usage();
         t.end_round();
         sample_cpu.push(c1 - c0);
@@ -126,7 +130,9 @@ fn written_pages_cost_per_gib() {
     }
     // A period in which the buffer was not written: only the pagemap read is left.
     let (c0, _) = thread_usage();
-    let idle = t.sample(proc_root, &[me]).expect("a period after the clear");
+    let idle = t
+        .sample(proc_root, &[me])
+        .expect("a period after the clear");
     let (c1, _) = thread_usage();
     let idle_cpu = c1 - c0;
     let idle_written: u64 = idle.values().sum();

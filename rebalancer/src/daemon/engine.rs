@@ -1254,6 +1254,13 @@ impl Engine {
         self.ran = ran;
         self.fresh_tried = fresh_tried;
         if let Some(Ok(t)) = &mut self.written {
+            if t.skipped > 0 {
+                tracing::debug!(
+                    processes = t.skipped,
+                    budget_pages = t.budget,
+                    "written pages: the period's pagemap budget ran out; the processes past it keep the share model"
+                );
+            }
             t.end_round();
         }
         // Memory the Memory Manager promised Guaranteed containers and they have not touched
