@@ -19,6 +19,11 @@
 //! Admissions and releases are checkpointed soon after (coalesced), not before the answer: the
 //! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
 //!
+//! A container's device nodes (`linux.devices`) are resolved through the configured sysfs root
+//! to the PCI devices behind them (`topology::devnode`) and admitted as the container's
+//! `attached_devices`: the device provider's hints follow their PCI NUMA node, as for the
+//! admission API's `device_addresses` (docs/kubernetes-and-nri.md says what is not seen).
+//!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
 //! (as the watcher keys its admissions), bound to its cgroup path. Under
 //! `placement.scope = "pod"` it is admitted as one container of its pod (keyed by the pod uid,
@@ -41,6 +46,7 @@ use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
+use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +59,11 @@ pub struct Request {
     pub pod: Pod,
     /// The pod's totals (`pod_resources`), for pod scope; None when the runtime sent none.
     pub totals: Option<Container>,
+    /// The container's device nodes (`linux.devices`), resolved to PCI devices at admission
+    /// ([`Policy::attached_devices`]); empty for a container that may open every device (an
+    /// allow-all device rule: a privileged container sees the host's devices, none of them
+    /// given to it).
+    pub devices: Vec<DevNode>,
 }
 
 /// Events the plugin subscribes to.
@@ -61,6 +72,7 @@ pub const EVENTS: &[api::Event] = &[
     api::Event::StopPodSandbox,
     api::Event::RemovePodSandbox,
     api::Event::CreateContainer,
+    api::Event::UpdateContainer,
     api::Event::StopContainer,
     api::Event::RemoveContainer,
 ];
@@ -234,6 +246,24 @@ pub fn request(
             ..Default::default()
         },
     };
+    let all_devices_allowed = res.is_some_and(|r| {
+        r.devices
+            .iter()
+            .any(|d| d.allow && matches!(d.r#type.as_str(), "" | "a") && d.major.is_none())
+    });
+    let devices = match linux {
+        Some(l) if !all_devices_allowed => l
+            .devices
+            .iter()
+            .map(|d| DevNode {
+                kind: d.r#type.clone(),
+                major: d.major,
+                minor: d.minor,
+                path: d.path.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let short: String = c.id.chars().take(12).collect();
     let key = format!("{pod_uid}/{short}");
     Ok(Some(Request {
@@ -246,6 +276,7 @@ pub fn request(
             init_containers: Vec::new(),
         },
         totals,
+        devices,
     }))
 }
 
@@ -339,6 +370,19 @@ impl CpusetWriter for NriWriter {
         });
         live.or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
+
+    fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
+        super::writer::memory_nodes_of(self.cgroups.as_ref()?, cgroup)
+    }
+}
+
+/// The runtime's container id at the end of a container cgroup's path (cgroupfs
+/// `…/<id>`, systemd `…/cri-containerd-<id>.scope`); None when it does not look like one.
+fn container_id_of(cgroup: &str) -> Option<String> {
+    let last = cgroup.rsplit('/').next()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = last.rsplit('-').next()?;
+    (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
@@ -680,6 +724,47 @@ impl Policy {
         }
     }
 
+    /// Synchronize: bound containers the runtime did not list but whose cgroups still hold
+    /// processes still run on what they hold (containerd 1.7, restarted, reports a container
+    /// it finds paused as unknown and leaves it out of the list): they keep their allocation,
+    /// counted `live` and tracked again, until they go (RemoveContainer, or a later
+    /// Synchronize that finds their cgroup empty or gone).
+    fn keep_unlisted(&mut self, live: &mut Vec<String>) {
+        let Some(cgroups) = self.writer.cgroups.clone() else {
+            return;
+        };
+        let unlisted: Vec<(String, String)> = {
+            let s = self.d().lock();
+            (s.state.bindings.iter())
+                .filter(|(cg, _)| !live.contains(cg))
+                .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
+                .collect()
+        };
+        for (cg, key) in unlisted {
+            let procs = cgroups.procs(crate::cgroup::Controller::Cpuset, &cg);
+            if !procs.is_ok_and(|p| !p.is_empty()) {
+                continue;
+            }
+            tracing::warn!(cgroup = %cg, "synchronize: a bound container the runtime did not list still has processes (paused, or in a state the runtime cannot tell); it keeps its allocation");
+            live.push(cg.clone());
+            if let Some(id) = container_id_of(&cg) {
+                let uid = key.split('/').next().unwrap_or_default();
+                let pod_id = (self.pods.values())
+                    .find(|p| p.uid == uid)
+                    .map(|p| p.id.clone())
+                    .unwrap_or_default();
+                self.containers.insert(
+                    id,
+                    Tracked {
+                        key,
+                        cgroup: cg,
+                        pod_id,
+                    },
+                );
+            }
+        }
+    }
+
     /// Fails CreateContainer with `why`; a dry run lets the container start as the runtime
     /// makes it instead, logging and counting the refusal it would have made.
     fn refuse(&self, id: &str, why: String) -> Result<api::CreateContainerResponse, String> {
@@ -689,6 +774,18 @@ impl Policy {
             return Ok(Default::default());
         }
         tracing::warn!(container = %id, error = %why, "CreateContainer refused");
+        Err(why)
+    }
+
+    /// Fails UpdateContainer with `why`; a dry run lets the update through unchanged instead,
+    /// logging and counting the refusal it would have made.
+    fn refuse_update(&self, id: &str, why: String) -> Result<api::UpdateContainerResponse, String> {
+        if self.dry_run() {
+            tracing::warn!(container = %id, error = %why, "dry run: UpdateContainer would be refused; left to the runtime");
+            self.d().metrics.dry_run_refusals.inc();
+            return Ok(Default::default());
+        }
+        tracing::warn!(container = %id, error = %why, "UpdateContainer refused");
         Err(why)
     }
 
@@ -714,6 +811,42 @@ impl Policy {
             .join(", ")
     }
 
+    /// The PCI devices behind `r`'s device nodes, resolved below the configured sysfs root
+    /// (`topology::devnode`; sysfs reads, so no lock is held), that the topology knows: the
+    /// device provider's hints come from their PCI NUMA node. Each node's outcome is logged
+    /// at debug; a PCI device the topology does not list (hot-plugged after the topology was
+    /// read) is left out with a warning.
+    fn attached_devices(&self, r: &Request) -> Vec<String> {
+        if r.devices.is_empty() {
+            return Vec::new();
+        }
+        let (root, known) = {
+            let s = self.d().lock();
+            let known: std::collections::BTreeSet<String> =
+                s.topo.devices.iter().map(|d| d.address.clone()).collect();
+            (s.cfg.daemon.sysfs_root.clone(), known)
+        };
+        let mut out: Vec<String> = Vec::new();
+        for dev in &r.devices {
+            let (kind, major, minor, path) = (&dev.kind, dev.major, dev.minor, &dev.path);
+            match devnode::resolve(&root, dev) {
+                Resolution::Pci { address, node } if known.contains(&address) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, pci = %address, numa_node = ?node, "device node of a container aligned with its PCI device");
+                    if !out.contains(&address) {
+                        out.push(address);
+                    }
+                }
+                Resolution::Pci { address, .. } => {
+                    tracing::warn!(cgroup = %r.cgroup, %path, major, minor, pci = %address, "device node's PCI device is not in the topology read at start; not aligned");
+                }
+                Resolution::Unresolved(why) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, reason = why, "device node not aligned");
+                }
+            }
+        }
+        out
+    }
+
     /// Admits one request (bound to its cgroup): (cpus, mems) and the other containers'
     /// updates, or the refusal message.
     fn admit(
@@ -723,6 +856,16 @@ impl Policy {
         pod_id: &str,
         durability: Durability,
     ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
+        let attached = self.attached_devices(r);
+        let with_devices;
+        let r = if attached.is_empty() {
+            r
+        } else {
+            let mut x = r.clone();
+            x.pod.containers[0].attached_devices = attached;
+            with_devices = x;
+            &with_devices
+        };
         self.writer.take();
         let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
         let res = match r.key.split_once('/').filter(|_| pod_scope) {
@@ -769,11 +912,23 @@ impl Policy {
             Err(e) => {
                 self.writer.take();
                 let c = &r.pod.containers[0];
-                let ask = format!(
+                let mut ask = format!(
                     "asks {}m CPU, {} MiB memory",
                     c.cpu_request(),
                     c.memory_request() >> 20
                 );
+                if !c.attached_devices.is_empty() {
+                    let s = self.d().lock();
+                    let on = |a: &String| {
+                        let node = s.topo.devices.iter().find(|d| &d.address == a);
+                        match node.and_then(|d| d.node) {
+                            Some(n) => format!("{a} on node {n}"),
+                            None => format!("{a} on no known node"),
+                        }
+                    };
+                    let devs: Vec<String> = c.attached_devices.iter().map(on).collect();
+                    ask.push_str(&format!(", has devices {}", devs.join(", ")));
+                }
                 Err(match e {
                     AdmitError::Rejected { rejection, .. } => format!(
                         "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",
@@ -884,6 +1039,7 @@ impl Handler for Policy {
                 None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
+        self.keep_unlisted(&mut live);
         self.runtime.retrack(
             self.containers
                 .iter()
@@ -1054,6 +1210,70 @@ impl Handler for Policy {
             update: updates.into_iter().chain(self.queued_for_hook()).collect(),
             evict: vec![],
         })
+    }
+
+    /// An in-place resize (CRI `UpdateContainerResources`): the placed container's new
+    /// requests go through the admission service (`Admission::resize`); its new cpuset rides
+    /// the answer as an update of the container itself, which the runtime merges into the
+    /// resources it applies, and the shared containers that change ride it too. A resize the
+    /// books cannot take fails the update with the reason (a dry run logs and counts it).
+    fn update_container(
+        &mut self,
+        req: api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
+            self.admission.record_invalid();
+            return Err("rebalancer: UpdateContainer without its pod or container".into());
+        };
+        let Some(t) = self.containers.get(&c.id).cloned() else {
+            // not placed by the plugin (not Kubernetes', kubelet's, or never admitted)
+            return Ok(api::UpdateContainerResponse {
+                update: self.queued_for_hook(),
+                ..Default::default()
+            });
+        };
+        // the container as it will be: its spec with the resources asked for now
+        let mut next = c.clone();
+        if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
+            l.resources = Some(r);
+        }
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        let asked = match request(pod, &next, kube_root.as_deref()) {
+            Ok(Some(r)) => r.pod.containers[0].clone(),
+            Ok(None) => return Ok(Default::default()),
+            Err(e) => return self.refuse_update(&c.id, format!("rebalancer: {e}")),
+        };
+        self.writer.take();
+        match self
+            .admission
+            .resize(&t.cgroup, &asked, Durability::Deferred)
+        {
+            Ok(placed) => {
+                let (mine, mut updates) = self.drain(Some(&t.cgroup), true);
+                if let Some(p) = &placed {
+                    tracing::info!(container = %c.id, cgroup = %t.cgroup, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized");
+                }
+                updates.extend(self.queued_for_hook());
+                // last: the runtime takes its resized container's resources from its update
+                updates.extend(mine.map(|m| update(&c.id, &m.cpus, m.mems.as_ref())));
+                Ok(api::UpdateContainerResponse {
+                    update: updates,
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                self.writer.take();
+                let why = format!(
+                    "rebalancer refused the resize of container {} ({}) to {}m CPU, {} MiB memory: {e} [{}]",
+                    c.id,
+                    c.name,
+                    asked.cpu_request(),
+                    asked.memory_request() >> 20,
+                    self.free_by_node()
+                );
+                self.refuse_update(&c.id, why)
+            }
+        }
     }
 
     fn stop_container(
@@ -1557,6 +1777,116 @@ mod tests {
         assert_eq!((t.cpu_request_millis, t.cpu_limit_millis), (4000, 4000));
     }
 
+    /// An UpdateContainer of a placed Guaranteed container: its resources as CRI
+    /// `UpdateContainerResources` gives them.
+    fn resize(
+        p: &mut Policy,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+        quota: i64,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let next = ctr(
+            &c.id[..1],
+            pod,
+            quota,
+            (quota as u64) * 1024 / 100_000,
+            1 << 30,
+        );
+        p.update_container(api::UpdateContainerRequest {
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+            linux_resources: next.linux.unwrap().resources,
+        })
+    }
+
+    fn updated_cpus(r: &api::UpdateContainerResponse, id: &str) -> Option<CpuSet> {
+        let u = r.update.iter().rev().find(|u| u.container_id == id)?;
+        let cpu = u.linux.as_ref()?.resources.as_ref()?.cpu.as_ref()?;
+        Some(CpuSet::parse(&cpu.cpus).unwrap())
+    }
+
+    /// Resize through NRI (2 nodes x 2 CPUs): a Guaranteed container grown from 1 to 2 CPUs
+    /// keeps its CPU and takes the other of its node, the shared container moved off them in
+    /// the same answer and the resized container's own update last (the runtime applies
+    /// that one to it); a grow past its node fails the update with the reason and changes
+    /// nothing; a shrink gives a CPU back to the shared container. The books agree each time.
+    #[test]
+    fn a_resize_grows_within_the_node_refuses_past_it_and_shrinks_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let (gp, bp) = (pod("g", ""), pod("b", "burstable/"));
+        run_pod(&mut p, &gp);
+        run_pod(&mut p, &bp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        let one = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let b = ctr("b", &bp, 0, 512, 0);
+        create(&mut p, &bp, &b).unwrap();
+        let excl = |p: &Policy| p.d().lock().state.allocator.exclusive_cpus();
+
+        let r = resize(&mut p, &gp, &g, 200_000).unwrap();
+        let two = updated_cpus(&r, &g.id).expect("the resized container's update");
+        assert_eq!(r.update.last().unwrap().container_id, g.id, "{r:?}");
+        assert_eq!(two.len(), 2);
+        assert!(one.is_subset(&two), "{one} kept in {two}");
+        assert_eq!(excl(&p), two, "the books agree");
+        if let Some(bc) = updated_cpus(&r, &b.id) {
+            assert!(bc.is_disjoint(&two), "shared {bc} off {two}");
+        }
+        let shared = p
+            .writer
+            .cpus(&request(&bp, &b, None).unwrap().unwrap().cgroup);
+        assert!(shared.is_none_or(|s| s.is_disjoint(&two)));
+
+        let before = p.d().lock().state.clone();
+        let e = resize(&mut p, &gp, &g, 300_000).unwrap_err();
+        assert!(
+            e.contains("refused the resize") && e.contains("InsufficientCPU"),
+            "{e}"
+        );
+        assert_eq!(
+            p.d().lock().state,
+            before,
+            "a refused resize changes nothing"
+        );
+
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        let back = updated_cpus(&r, &g.id).unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(back.is_subset(&two));
+        assert_eq!(excl(&p), back);
+        // the same request again: nothing to change, no update of it
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        assert!(updated_cpus(&r, &g.id).is_none(), "{r:?}");
+    }
+
+    /// A dry run never refuses a resize: the update goes through untouched, the refusal
+    /// counted.
+    #[test]
+    fn a_dry_run_lets_a_resize_it_would_refuse_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        create(&mut p, &gp, &g).unwrap();
+        p.d().lock().cfg.daemon.dry_run = true;
+        let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
+        assert!(r.update.is_empty(), "{r:?}");
+        assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
+    }
+
+    #[test]
+    fn a_container_cgroup_names_its_runtime_id() {
+        let id = "ab".repeat(32);
+        for cg in [
+            format!("kubepods/burstable/pod{UID}/{id}"),
+            format!("kubepods.slice/kubepods-pod.slice/cri-containerd-{id}.scope"),
+        ] {
+            assert_eq!(container_id_of(&cg).as_deref(), Some(id.as_str()), "{cg}");
+        }
+        assert_eq!(container_id_of("kubepods/pod1/short"), None);
+    }
+
     /// Hugepage limits from the runtime are summed without overflow.
     #[test]
     fn hugepage_limits_from_the_runtime_saturate() {
@@ -1781,6 +2111,44 @@ mod tests {
         assert_eq!(CpuSet::parse(&cpu.cpus).unwrap(), booked);
         assert!(!cpu.mems.is_empty(), "the mems it never got are given too");
         assert_eq!(p.d().metrics.books_repairs.get(), 1);
+    }
+
+    /// A bound container the runtime leaves out of a Synchronize (containerd 1.7, restarted,
+    /// counts a paused one unknown and omits it) keeps its allocation while its cgroup holds
+    /// processes; with its cgroup empty it is released.
+    #[test]
+    fn synchronize_keeps_an_unlisted_container_whose_cgroup_still_has_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpuset cpu memory\n").unwrap();
+        let cgroups = Cgroups::new(crate::cgroup::mode::Mounts::scan_root(root).unwrap());
+        let mut p = policy(root);
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let booked = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let cg = request(&gp, &g, None).unwrap().unwrap().cgroup;
+        std::fs::create_dir_all(root.join(&cg)).unwrap();
+        let procs = root.join(&cg).join("cgroup.procs");
+        let sync = |p: &mut Policy| {
+            p.synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![],
+            })
+            .unwrap()
+        };
+        std::fs::write(&procs, "4242\n").unwrap();
+        let mut p = Policy::new(p.d().clone(), Some(cgroups), p.runtime.clone());
+        sync(&mut p);
+        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
+        assert!(p.d().lock().state.bindings.contains_key(&cg));
+        std::fs::write(&procs, "").unwrap();
+        sync(&mut p);
+        assert!(
+            p.d().lock().state.bindings.is_empty(),
+            "released once empty"
+        );
+        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
     }
 
     #[test]
@@ -2251,5 +2619,68 @@ mod tests {
         assert_eq!(cpu_millis(Some(&cpu(-1, 100_000))).0, 0);
         assert_eq!(cpu_millis(Some(&cpu(i64::MAX, 1))).0, u64::MAX);
         assert_eq!(cpu_millis(None), (0, 0));
+    }
+
+    /// A container's device nodes become the device provider's hints: its GPU (char 241:1,
+    /// on node 1 through the sysfs root) puts it on node 1 under single-numa-node, restricted
+    /// and best-effort (policy none aligns nothing, as kubelet's); a block device with the
+    /// same numbers, or the same GPU in a container that may open every device (privileged),
+    /// aligns nothing and the container lands where kubelet's merge puts it first (node 0).
+    #[test]
+    fn a_containers_device_nodes_steer_its_numa_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let pci = sys.join("bus/pci/devices/0000:c1:00.0");
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.join("dev/char/241:1")).unwrap();
+        std::os::unix::fs::symlink(&pci, sys.join("dev/char/241:1/device")).unwrap();
+        use crate::config::TopologyPolicy as T;
+        let placed = |kind: &str, allow_all: bool, policy_is: T| {
+            let mut p = policy(dir.path());
+            {
+                let mut s = p.d().lock();
+                s.cfg.daemon.sysfs_root = sys.clone();
+                s.cfg.placement.policy = policy_is;
+                s.topo.devices.push(crate::topology::PciDevice {
+                    address: "0000:c1:00.0".into(),
+                    class: crate::topology::DeviceClass::Gpu,
+                    node: Some(1),
+                    vendor: None,
+                    device: None,
+                });
+            }
+            let gp = pod("g", "");
+            run_pod(&mut p, &gp);
+            let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+            let l = c.linux.as_mut().unwrap();
+            l.devices.push(api::LinuxDevice {
+                path: "/dev/gpu1".into(),
+                r#type: kind.into(),
+                major: 241,
+                minor: 1,
+                ..Default::default()
+            });
+            if allow_all {
+                l.resources
+                    .as_mut()
+                    .unwrap()
+                    .devices
+                    .push(api::LinuxDeviceCgroup {
+                        allow: true,
+                        r#type: "a".into(),
+                        access: "rwm".into(),
+                        ..Default::default()
+                    });
+            }
+            adjusted_cpus(&create(&mut p, &gp, &c).unwrap())
+        };
+        // 2 nodes x 2 CPUs: node 0 = 0-1, node 1 = 2-3
+        for t in [T::SingleNumaNode, T::Restricted, T::BestEffort] {
+            assert_eq!(placed("c", false, t).to_string(), "2", "{t:?}");
+        }
+        assert_eq!(placed("c", false, T::None).to_string(), "0");
+        assert_eq!(placed("b", false, T::SingleNumaNode).to_string(), "0");
+        assert_eq!(placed("c", true, T::SingleNumaNode).to_string(), "0");
     }
 }

@@ -13,6 +13,7 @@ use crate::config::{
 };
 use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
+use crate::placement::decision::HintDecision;
 use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceState};
 use crate::placement::memory::{
     reusable_on, update_reusable, ContainerKind, MemoryAllocation, MemoryError, MemoryRequest,
@@ -36,6 +37,8 @@ pub use crate::placement::merge::ProviderHints;
 
 #[path = "hold.rs"]
 mod hold;
+#[path = "resize.rs"]
+mod resize;
 pub use hold::{PodHold, PodMember};
 
 /// Why an allocator could not be built from the machine and config.
@@ -553,15 +556,16 @@ impl Allocator {
         let mut reuse = Reuse::default();
         let mut out = Vec::new();
         for (c, kind) in pod.in_order() {
-            let hint = match pod_hint {
-                Some(h) => h,
+            let (hint, decision) = match &pod_hint {
+                Some(h) => h.clone(),
                 None => {
                     self.hint_for(topo, cfg, &view, qos, &[c], None, Some((&pod.uid, &reuse)))?
                 }
             };
-            let a = self.allocate(
+            let mut a = self.allocate(
                 topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse, overuse,
             )?;
+            a.placement.topology = decision;
             if kind == ContainerKind::App {
                 out.push(a.placement.clone());
             }
@@ -627,7 +631,8 @@ impl Allocator {
     /// Collects the providers' hints for `containers` (one container, or the whole pod in pod
     /// scope), merges them and applies the policy's admission rule and the tie-break strategy.
     /// `reuse`: the pod (uid) and what its init containers left to reuse, which the CPU and
-    /// memory hints count as kubelet's do (container scope).
+    /// memory hints count as kubelet's do (container scope). With the hint, the decision that
+    /// gave it (None under policy none, which merges nothing).
     #[allow(clippy::too_many_arguments)]
     fn hint_for(
         &self,
@@ -638,9 +643,9 @@ impl Allocator {
         containers: &[&Container],
         effective: Option<&Demand>,
         reuse: Option<(&str, &Reuse)>,
-    ) -> Result<TopologyHint, Rejection> {
+    ) -> Result<(TopologyHint, Option<HintDecision>), Rejection> {
         if cfg.policy == TopologyPolicy::None {
-            return Ok(TopologyHint::new(None, false));
+            return Ok((TopologyHint::new(None, false), None));
         }
         let summed = Demand::of(cfg, qos, containers);
         let demand = effective.unwrap_or(&summed);
@@ -664,11 +669,13 @@ impl Allocator {
             .map(|m| m.into_iter().map(|(k, v)| (k, Some(v))).collect());
         let mut by_resource = BTreeMap::new();
         let mut addresses = Vec::new();
+        let mut attached = Vec::new();
         for c in containers {
             for (r, n) in &c.devices {
                 *by_resource.entry(r.clone()).or_insert(0) += n;
             }
             addresses.extend(c.device_addresses.iter().cloned());
+            attached.extend(c.attached_devices.iter().cloned());
         }
         let dev_hints = self
             .devices
@@ -678,6 +685,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &by_resource,
                     addresses: &addresses,
+                    attached: &attached,
                 },
             )
             .map_err(device_rejection)?;
@@ -689,13 +697,16 @@ impl Allocator {
             &numa,
             &providers,
         );
+        let decision = HintDecision::new(&["cpu", "memory", "device"], &providers, &hint);
         let admit = merge::admit(cfg.policy, &hint);
         if !admit {
             return Err(Rejection::new(
                 R::TopologyAffinityError,
                 format!(
-                    "no preferred NUMA affinity under policy {:?} (best merged hint {:?})",
-                    cfg.policy, hint.affinity
+                    "no preferred NUMA affinity under policy {:?} (best merged hint {:?}; hints: {})",
+                    cfg.policy,
+                    hint.affinity,
+                    decision.hints_line()
                 ),
             ));
         }
@@ -707,7 +718,7 @@ impl Allocator {
                 aff,
             ));
         }
-        Ok(hint)
+        Ok((hint, Some(decision)))
     }
 
     /// Balance, not pack: among the masks as wide as `chosen` that every provider prefers
@@ -865,6 +876,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &c.devices,
                     addresses: &c.device_addresses,
+                    attached: &c.attached_devices,
                 },
                 affinity,
                 &DeviceOwner {
@@ -939,6 +951,7 @@ impl Allocator {
                 mems,
                 affinity,
                 devices,
+                topology: None,
             },
             charges,
             memory,

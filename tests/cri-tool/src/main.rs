@@ -42,6 +42,12 @@ enum Cmd {
     Start {
         id: String,
     },
+    /// UpdateContainerResources (kubelet's in-place resize) from a JSON of cpu_quota,
+    /// cpu_period, cpu_shares, memory_limit; fails with the runtime's error.
+    Update {
+        id: String,
+        spec: String,
+    },
     Stop {
         id: String,
     },
@@ -137,8 +143,22 @@ struct ContainerSpec {
     env: Vec<(String, String)>,
     #[serde(default)]
     mounts: Vec<MountSpec>,
+    /// Device nodes as kubelet hands a device plugin's devices to the runtime.
+    #[serde(default)]
+    devices: Vec<DeviceSpec>,
     #[serde(default)]
     security: SecuritySpec,
+}
+
+/// A host device node given to the container (CRI `Device`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceSpec {
+    host_path: String,
+    container_path: String,
+    /// cgroup permissions, e.g. "rw" (default "rwm").
+    #[serde(default)]
+    permissions: Option<String>,
 }
 
 /// A volume mount as kubelet hands it to the runtime (hostPath and configMap alike: a host
@@ -310,6 +330,15 @@ async fn main() -> Result<()> {
                         ..Default::default()
                     })
                     .collect(),
+                devices: s
+                    .devices
+                    .iter()
+                    .map(|d| cri::Device {
+                        container_path: d.container_path.clone(),
+                        host_path: d.host_path.clone(),
+                        permissions: d.permissions.clone().unwrap_or_else(|| "rwm".into()),
+                    })
+                    .collect(),
                 log_path: s.log_path.clone(),
                 labels,
                 linux: Some(cri::LinuxContainerConfig {
@@ -348,6 +377,21 @@ async fn main() -> Result<()> {
         Cmd::Start { id } => {
             c.start_container(cri::StartContainerRequest { container_id: id })
                 .await?;
+        }
+        Cmd::Update { id, spec } => {
+            let r: PodResources = serde_json::from_str(&spec).context("resources")?;
+            c.update_container_resources(cri::UpdateContainerResourcesRequest {
+                container_id: id,
+                linux: Some(cri::LinuxContainerResources {
+                    cpu_period: r.cpu_period,
+                    cpu_quota: r.cpu_quota,
+                    cpu_shares: r.cpu_shares,
+                    memory_limit_in_bytes: r.memory_limit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?;
         }
         Cmd::Exec { id, cmd } => {
             let r = c
