@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The simulator table of BENCHMARKS.md ("Every trace, seeds, and a small machine"): every trace
+# The simulator's peer table of BENCHMARKS.md ("Simulator: against the peers"): every trace
 # generator × seeds × machines, policies Rebalancer, Static, Kubelet, AutoNUMA, one Markdown row
 # per run with whether the Rebalancer's slowdown is ≤ min(Static, Kubelet, AutoNUMA).
 #

@@ -417,10 +417,6 @@ pub struct ControllerConfig {
     /// starts a round this long after the last event of a burst (at most 4× after the first),
     /// so one round sees the whole burst; 0 = rounds on the period only.
     pub event_settle_ms: u64,
-    /// A workload with more memory to move than a round's budget allows is moved in stages:
-    /// CPUs first, then its pages a budget at a time (move_pages(2)), mems narrowed once the
-    /// rest fits. Off: such a move waits (for ever, if its memory never fits).
-    pub staged_migration: bool,
     /// Cost of migrating one GiB, in the same units as the saving (remote-access ns avoided).
     pub migration_cost_per_gib: f64,
     /// Horizon over which a move's saving is counted.
@@ -452,9 +448,10 @@ pub struct ControllerConfig {
     /// (0 = never on migrations alone).
     pub migration_trigger_per_s: f64,
     /// Sample which pages each managed workload writes (soft-dirty bits: /proc/PID/clear_refs
-    /// and pagemap) and weight its locality by them instead of by resident memory. Costs one
-    /// minor fault per written page per period; needs CONFIG_MEM_SOFT_DIRTY (checked at start,
-    /// skipped with the reason in `status` where absent).
+    /// and pagemap) and weight its locality by them instead of by resident memory (on by
+    /// default; see `written` for what it reads). Costs one minor fault per written page per
+    /// period; needs CONFIG_MEM_SOFT_DIRTY (checked at start, skipped with the reason in
+    /// `status` and `probe` where absent).
     pub written_pages: bool,
 }
 
@@ -483,7 +480,6 @@ impl Default for ControllerConfig {
             apply_threads: 4,
             apply_nice: default_apply_nice(),
             event_settle_ms: 200,
-            staged_migration: true,
             migration_cost_per_gib: 1.0,
             horizon_ms: 60_000,
             admission_load_periods: 0,
@@ -493,7 +489,7 @@ impl Default for ControllerConfig {
             autonuma: AutoNuma::Warn,
             cross_node_migration_cost_us: 50.0,
             migration_trigger_per_s: 100.0,
-            written_pages: false,
+            written_pages: true,
         }
     }
 }

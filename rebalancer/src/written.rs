@@ -13,10 +13,16 @@
 //! Why soft-dirty: DAMON (CONFIG_DAMON_VADDR) and idle page tracking (CONFIG_IDLE_PAGE_TRACKING)
 //! would see reads too, but Debian's cloud kernel, for one, has neither; CONFIG_MEM_SOFT_DIRTY
 //! is on in Debian, Ubuntu, RHEL and Fedora kernels (CRIU needs it). Writes only: a read-only
-//! hot set is invisible (the share model then stays in charge when nothing was written). The
-//! cost is one minor fault per written page per period, and a pagemap read of every private
-//! writable mapping: opt-in (`controller.written_pages`). [`probe`] checks the kernel tracks
-//! the bits before the daemon relies on them.
+//! hot set is invisible (the share model then stays in charge when nothing was written).
+//!
+//! On by default (`controller.written_pages`) where [`probe`] finds the kernel tracks the bits;
+//! where it does not, `probe` and `status` say why and the share model decides. Its cost is
+//! bounded twice: the daemon reads only cgroups whose memory is on two nodes or more (on one
+//! node the written pages are where the resident ones are, so weighting by them changes
+//! nothing), and a period reads at most [`PERIOD_PAGES`] pagemap entries over all cgroups
+//! (processes past it are neither read nor cleared, so they take no extra faults). What is
+//! left is one minor fault per written page per period and the pagemap read (BENCHMARKS.md,
+//! "Measured access": per GiB of resident memory, from the test `written_root`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -34,6 +40,11 @@ pub const PM_PRESENT: u64 = 1 << 63;
 const BATCH: u64 = 65_536;
 /// Most pages looked at per process per period (64 GiB of mappings).
 const MAX_PAGES: u64 = 16 << 20;
+/// Most pagemap entries one period reads over every process (2 GiB of mappings). Measured on
+/// the build VM (`written_root`): the scan costs about 17 ms of CPU per GiB and the node lookup
+/// of written pages about 60 ms per GiB written, so a period pays at most about 150 ms (3% of
+/// a CPU at the default 5 s period) when all of it was written, 34 ms when none was.
+pub const PERIOD_PAGES: u64 = 512 << 10;
 /// Fewer written bytes than this in a period is no evidence (the share model decides).
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;
 
@@ -84,14 +95,15 @@ fn read_entries(pagemap: &File, start: u64, n: u64) -> io::Result<Vec<u64>> {
         .collect())
 }
 
-/// Addresses of `pid`'s pages written since the last [`clear`] (at most [`MAX_PAGES`] looked
-/// at).
-pub fn written_addresses(proc_root: &Path, pid: u32) -> io::Result<Vec<u64>> {
+/// Addresses of `pid`'s pages written since the last [`clear`], and how many pagemap entries
+/// were read for them (at most `limit`, and at most [`MAX_PAGES`]).
+pub fn written_addresses(proc_root: &Path, pid: u32, limit: u64) -> io::Result<(Vec<u64>, u64)> {
     let dir = proc_root.join(pid.to_string());
     let maps = std::fs::read_to_string(dir.join("maps"))?;
     let pagemap = File::open(dir.join("pagemap"))?;
     let mut out = Vec::new();
-    let mut left = MAX_PAGES;
+    let limit = limit.min(MAX_PAGES);
+    let mut left = limit;
     for (start, end) in private_writable(&maps) {
         let mut a = start;
         while a < end && left > 0 {
@@ -105,12 +117,17 @@ pub fn written_addresses(proc_root: &Path, pid: u32) -> io::Result<Vec<u64>> {
             a += entries.len() as u64 * PAGE;
         }
     }
-    Ok(out)
+    Ok((out, limit - left))
 }
 
-/// Bytes of `pid` written since the last [`clear`], per node of the page now.
-pub fn written_per_node(proc_root: &Path, pid: u32) -> io::Result<BTreeMap<u32, u64>> {
-    let addrs = written_addresses(proc_root, pid)?;
+/// Bytes of `pid` written since the last [`clear`], per node of the page now, and the pagemap
+/// entries read for them (at most `limit`).
+pub fn written_per_node(
+    proc_root: &Path,
+    pid: u32,
+    limit: u64,
+) -> io::Result<(BTreeMap<u32, u64>, u64)> {
+    let (addrs, read) = written_addresses(proc_root, pid, limit)?;
     let mut out = BTreeMap::new();
     for chunk in addrs.chunks(4096) {
         for node in crate::pages::query_nodes(pid, chunk)? {
@@ -119,7 +136,7 @@ pub fn written_per_node(proc_root: &Path, pid: u32) -> io::Result<BTreeMap<u32, 
             }
         }
     }
-    Ok(out)
+    Ok((out, read))
 }
 
 /// Whether this kernel tracks soft-dirty bits, tried on a page of our own: cleared by
@@ -162,14 +179,40 @@ pub fn probe(proc_root: &Path) -> Result<(), String> {
 }
 
 /// Per-round bookkeeping: a process's first read would report every page it ever wrote, so
-/// a pid is only cleared the first time it is seen and read from the next period on.
-#[derive(Debug, Default)]
+/// a pid is only cleared the first time it is seen and read from the next period on. The
+/// round's pagemap budget ([`PERIOD_PAGES`] unless set) is spent in the order cgroups are
+/// sampled; a process reached once it is spent is left alone (not read, not cleared) and
+/// counted in `skipped`. One left cleared from an earlier period and read later reports the
+/// writes of those periods together: still where its writes go, over a longer window.
+#[derive(Debug)]
 pub struct Tracker {
     cleared: BTreeSet<u32>,
     seen: BTreeSet<u32>,
+    /// Pagemap entries one round may read.
+    pub budget: u64,
+    left: u64,
+    /// Processes of this round left alone for want of budget.
+    pub skipped: u64,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker::with_budget(PERIOD_PAGES)
+    }
 }
 
 impl Tracker {
+    /// A tracker that reads at most `budget` pagemap entries per round.
+    pub fn with_budget(budget: u64) -> Self {
+        Tracker {
+            cleared: BTreeSet::new(),
+            seen: BTreeSet::new(),
+            budget,
+            left: budget,
+            skipped: 0,
+        }
+    }
+
     /// Bytes per node the processes `pids` wrote since the last period, then cleared for the
     /// next; `None` when none of them was cleared a period ago (no measurement yet). A process
     /// that exits meanwhile is skipped.
@@ -177,9 +220,14 @@ impl Tracker {
         let mut out: Option<BTreeMap<u32, u64>> = None;
         for &pid in pids {
             self.seen.insert(pid);
+            if self.left == 0 {
+                self.skipped += 1;
+                continue;
+            }
             if self.cleared.contains(&pid) {
-                match written_per_node(proc_root, pid) {
-                    Ok(m) => {
+                match written_per_node(proc_root, pid, self.left) {
+                    Ok((m, read)) => {
+                        self.left = self.left.saturating_sub(read);
                         let o = out.get_or_insert_with(BTreeMap::new);
                         for (n, b) in m {
                             *o.entry(n).or_default() += b;
@@ -201,10 +249,13 @@ impl Tracker {
         out
     }
 
-    /// Forgets processes not seen since the last call (they exited or left the cgroups).
+    /// Forgets processes not seen since the last call (they exited or left the cgroups) and
+    /// gives the next round its budget again.
     pub fn end_round(&mut self) {
         let seen = std::mem::take(&mut self.seen);
         self.cleared.retain(|p| seen.contains(p));
+        self.left = self.budget;
+        self.skipped = 0;
     }
 }
 
@@ -275,5 +326,34 @@ garbage
             None,
             "forgotten after a round unseen"
         );
+    }
+
+    /// A round's budget spent: the processes past it are neither read nor cleared (no faults
+    /// for pages nobody will read), and the next round has its budget again.
+    #[test]
+    fn a_spent_budget_leaves_the_rest_alone() {
+        let proc_root = Path::new("/proc");
+        if let Err(why) = probe(proc_root) {
+            eprintln!("SKIP: soft-dirty tracking unavailable here: {why}");
+            return;
+        }
+        let me = std::process::id();
+        let mut t = Tracker::with_budget(0);
+        assert_eq!(t.sample(proc_root, &[me]), None);
+        assert_eq!(t.skipped, 1);
+        assert!(t.cleared.is_empty(), "not cleared past the budget");
+        t.end_round();
+        assert_eq!(t.skipped, 0);
+        // A budget of a few entries: read (so cleared and measured), then spent.
+        let mut t = Tracker::with_budget(8);
+        assert_eq!(t.sample(proc_root, &[me]), None, "first period only clears");
+        t.end_round();
+        assert!(t.sample(proc_root, &[me]).is_some());
+        assert_eq!(
+            t.left, 0,
+            "8 entries read of a process with far more mapped"
+        );
+        assert_eq!(t.sample(proc_root, &[me]), None);
+        assert_eq!(t.skipped, 1);
     }
 }

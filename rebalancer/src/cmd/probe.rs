@@ -1,4 +1,5 @@
-//! `rebalancer probe`: which eBPF / PMU sources this kernel supports, and the cgroup mode.
+//! `rebalancer probe`: which eBPF / PMU sources this kernel supports, the measured access source
+//! (written pages), and the cgroup mode.
 //! It really loads and attaches every source (then detaches them), so "available" means the
 //! verifier accepted the program and the attach point exists.
 use std::process::ExitCode;
@@ -37,8 +38,18 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let (sampler, sources) = Sampler::start_with(&topo, &cfg.ebpf, true);
+    let (sampler, mut sources) = Sampler::start_with(&topo, &cfg.ebpf, true);
     drop(sampler);
+    // The measured access source (`controller.written_pages`), probed as the daemon does.
+    const WRITTEN: &str = "written_pages:soft_dirty";
+    sources.push(match crate::written::probe(std::path::Path::new("/proc")) {
+        Ok(()) if cfg.controller.written_pages => SourceStatus::ok(
+            WRITTEN,
+            "soft-dirty bits via clear_refs + pagemap, nodes via move_pages",
+        ),
+        Ok(()) => SourceStatus::skipped(WRITTEN, "available, off (controller.written_pages)"),
+        Err(why) => SourceStatus::skipped(WRITTEN, why),
+    });
     let report = Report {
         sources,
         kernel: probe::kernel_release(),

@@ -539,7 +539,7 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
         .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
-        (cfg.staged_migration && budget > 0 && budget >= full / 4)
+        (budget > 0 && budget >= full / 4)
             .then(|| acceptable().min_by(rank))
             .flatten()
     };

@@ -947,18 +947,9 @@ fn more_memory_than_the_budget_moves_in_stages() {
 }
 
 #[test]
-fn staging_off_or_stalled_or_overridden_falls_back() {
+fn staging_stalled_or_overridden_falls_back() {
     let topo = machine();
     let (obs, cfg) = staged_world();
-    // Off: the move waits for a budget it never gets.
-    let off = ControllerConfig {
-        staged_migration: false,
-        ..cfg.clone()
-    };
-    let p = plan(&topo, &obs, &ControllerState::default(), &off, 0);
-    assert!(p.moves.is_empty());
-    assert_eq!(kind(&p.decision("big").unwrap().outcome), "skip:budget");
-
     let p = plan(&topo, &obs, &ControllerState::default(), &cfg, 0);
     let first = p.moves[0].clone();
     assert!(first.stage.is_some());

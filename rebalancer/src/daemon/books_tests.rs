@@ -220,7 +220,6 @@ fn world(move_exclusive: bool) -> World {
     let mut cfg = Config::default();
     cfg.daemon.state_dir = dir.path().join("state");
     cfg.controller.move_exclusive = move_exclusive;
-    cfg.controller.staged_migration = false;
     cfg.controller.migration_budget_mib = 4096;
     let ctl = cfg.controller.clone();
     let d = Daemon::new(

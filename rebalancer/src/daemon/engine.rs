@@ -1100,6 +1100,8 @@ impl Engine {
             // The allocator's: the reservations in force (see `admission::reconfigure`).
             reserved_cpus,
         };
+        // Probed (and reported in `status`) at the first round, whether or not a cgroup needs it.
+        let _ = self.written_tracker(d, cfg.controller.written_pages);
         {
             for cg in &managed {
                 let (Ok(cpus), Ok(mems)) = (
@@ -1232,7 +1234,10 @@ impl Engine {
                 {
                     o.wait_ns_per_node = crate::runwait::split(wait, &o.cpu_ns_per_node, &runnable);
                 }
-                if cfg.controller.written_pages {
+                // Only where its memory is on two nodes or more: on one node its written
+                // pages are where its resident ones are, and weighting by them changes nothing.
+                let mem_nodes = o.mem_bytes_per_node.values().filter(|&&b| b > 0).count();
+                if cfg.controller.written_pages && mem_nodes >= 2 {
                     let proc_root = self.proc_root.clone();
                     let pids = self
                         .cgroups
@@ -1249,6 +1254,13 @@ impl Engine {
         self.ran = ran;
         self.fresh_tried = fresh_tried;
         if let Some(Ok(t)) = &mut self.written {
+            if t.skipped > 0 {
+                tracing::debug!(
+                    processes = t.skipped,
+                    budget_pages = t.budget,
+                    "written pages: the period's pagemap budget ran out; the processes past it keep the share model"
+                );
+            }
             t.end_round();
         }
         // Memory the Memory Manager promised Guaranteed containers and they have not touched

@@ -36,7 +36,6 @@ kubernetes = false
 [controller]
 period_ms = 2000
 migration_budget_mib = 2048
-staged_migration = false
 [server]
 socket = "/run/rebalancer/rebalancer.sock"
 metrics_listen = "127.0.0.1:9717"
