@@ -376,6 +376,20 @@ impl CpusetWriter for NriWriter {
     }
 }
 
+/// Whether an UpdateContainer's resources carry a size: CPU shares or quota, or a memory
+/// limit (zero counts as unset, as containerd fills the CRI request's unset fields).
+fn asks_a_size(r: Option<&api::LinuxResources>) -> bool {
+    let Some(r) = r else { return false };
+    let cpu = r.cpu.as_ref().is_some_and(|c| {
+        c.shares.as_ref().is_some_and(|v| v.value != 0)
+            || c.quota.as_ref().is_some_and(|v| v.value != 0)
+    });
+    let memory = (r.memory.as_ref())
+        .and_then(|m| m.limit.as_ref())
+        .is_some_and(|v| v.value != 0);
+    cpu || memory
+}
+
 /// The runtime's container id at the end of a container cgroup's path (cgroupfs
 /// `…/<id>`, systemd `…/cri-containerd-<id>.scope`); None when it does not look like one.
 fn container_id_of(cgroup: &str) -> Option<String> {
@@ -827,6 +841,22 @@ impl Policy {
         }
         tracing::warn!(container = %id, error = %why, "UpdateContainer refused");
         Err(why)
+    }
+
+    /// An update of placed container `id` to the cpus it has now, when `r` names a cpuset
+    /// (kubelet's CPU Manager writes its own pools that way) and this is no dry run.
+    fn pin_current(
+        &self,
+        id: &str,
+        cgroup: &str,
+        r: Option<&api::LinuxResources>,
+    ) -> Option<api::ContainerUpdate> {
+        let names = (r.and_then(|r| r.cpu.as_ref())).is_some_and(|c| !c.cpus.is_empty());
+        if !names || self.dry_run() {
+            return None;
+        }
+        let cpus = self.writer.cpus(cgroup)?;
+        Some(update(id, &cpus, None))
     }
 
     /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
@@ -1283,6 +1313,20 @@ impl Handler for Policy {
                 ..Default::default()
             });
         };
+        // An update that names no CPU shares or quota and no memory limit (kubelet's CPU
+        // Manager sends its cpuset alone; containerd passes the CRI request's fields, zero
+        // where unset) asks for no size: not a resize, whatever QoS its zeros would read as.
+        // Either way, a cpuset it names is answered with the one the container has: the
+        // runtime would apply the asked one over the books otherwise.
+        let pin = self.pin_current(&c.id, &t.cgroup, req.linux_resources.as_ref());
+        if !asks_a_size(req.linux_resources.as_ref()) {
+            let mut update = self.queued_for_hook();
+            update.extend(pin);
+            return Ok(api::UpdateContainerResponse {
+                update,
+                ..Default::default()
+            });
+        }
         // the container as it will be: its spec with the resources asked for now
         let mut next = c.clone();
         if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
@@ -1306,7 +1350,10 @@ impl Handler for Policy {
                 }
                 updates.extend(self.queued_for_hook());
                 // last: the runtime takes its resized container's resources from its update
-                updates.extend(mine.map(|m| update(&c.id, &m.cpus, m.mems.as_ref())));
+                match mine {
+                    Some(m) => updates.push(update(&c.id, &m.cpus, m.mems.as_ref())),
+                    None => updates.extend(pin),
+                }
                 Ok(api::UpdateContainerResponse {
                     update: updates,
                     ..Default::default()
@@ -2084,6 +2131,51 @@ mod tests {
         let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
         assert!(r.update.is_empty(), "{r:?}");
         assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
+    }
+
+    /// An UpdateContainer carrying a cpuset alone (kubelet's CPU Manager reconcile,
+    /// `crictl update --cpuset-cpus`; containerd zeroes the unset fields) is not a resize: it
+    /// is neither refused as a QoS change nor booked, and a real resize still is.
+    #[test]
+    fn an_update_without_a_size_is_not_a_resize() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        create(&mut p, &gp, &g).unwrap();
+        let before = p.d().lock().state.clone();
+        let zero_i = Some(api::OptionalInt64 { value: 0 });
+        let r = p
+            .update_container(api::UpdateContainerRequest {
+                pod: Some(gp.clone()),
+                container: Some(g.clone()),
+                linux_resources: Some(api::LinuxResources {
+                    cpu: Some(api::LinuxCpu {
+                        shares: Some(api::OptionalUInt64 { value: 0 }),
+                        quota: zero_i,
+                        period: Some(api::OptionalUInt64 { value: 0 }),
+                        cpus: "0-3".into(),
+                        ..Default::default()
+                    }),
+                    memory: Some(api::LinuxMemory {
+                        limit: zero_i,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .expect("a cpuset-only update is not refused");
+        let placed = before.allocator.exclusive_cpus();
+        assert_eq!(
+            updated_cpus(&r, &g.id),
+            Some(placed.clone()),
+            "the cpuset it has, not the asked one: {r:?}"
+        );
+        assert_eq!(r.update.last().unwrap().container_id, g.id);
+        assert_eq!(p.d().lock().state, before, "nothing booked");
+        assert!(resize(&mut p, &gp, &g, 200_000).is_ok());
+        assert_ne!(p.d().lock().state, before, "a real resize is still booked");
     }
 
     #[test]

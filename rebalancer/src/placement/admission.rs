@@ -581,8 +581,8 @@ impl Allocator {
     fn check_capacity(&self, view: &CpuView, pod: &Pod) -> Result<(u64, MemoryRequest), Rejection> {
         let cpu = pod.effective(Container::cpu_request);
         let allocatable = view.online.difference(&self.reserved_cpus).len() as u64 * 1000;
-        let used: u64 = self.pods.values().map(|p| p.cpu_request_millis).sum();
-        if used + cpu > allocatable {
+        let used = (self.pods.values()).fold(0u64, |a, p| a.saturating_add(p.cpu_request_millis));
+        if used.saturating_add(cpu) > allocatable {
             return Err(Rejection::new(
                 R::InsufficientCpu,
                 format!(
@@ -595,7 +595,7 @@ impl Allocator {
         for (r, &b) in &mem {
             let alloc = self.allocatable_memory(*r);
             let used = self.booked_memory(*r, None);
-            if used + b > alloc {
+            if used.saturating_add(b) > alloc {
                 return Err(Rejection::new(
                     R::InsufficientMemory,
                     format!(

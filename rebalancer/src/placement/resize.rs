@@ -72,9 +72,8 @@ impl Allocator {
         let allocatable = view.online.difference(&self.reserved_cpus).len() as u64 * 1000;
         let used: u64 = (self.pods.iter())
             .filter(|(k, _)| *k != uid)
-            .map(|(_, p)| p.cpu_request_millis)
-            .sum();
-        if used + cpu > allocatable {
+            .fold(0u64, |a, (_, p)| a.saturating_add(p.cpu_request_millis));
+        if used.saturating_add(cpu) > allocatable {
             return Err(Rejection::new(
                 R::InsufficientCpu,
                 format!(
@@ -89,7 +88,7 @@ impl Allocator {
                 self.allocatable_memory(*r),
                 self.booked_memory(*r, Some(uid)),
             );
-            if used + b > alloc {
+            if used.saturating_add(b) > alloc {
                 return Err(Rejection::new(
                     R::InsufficientMemory,
                     format!(

@@ -175,3 +175,25 @@ fn a_resize_that_changes_the_qos_class_or_an_unknown_pod_is_refused() {
     assert!(e.details.contains("not admitted"), "{e}");
     assert_eq!(a, before);
 }
+
+/// A request near u64::MAX (the NRI door saturates a hostile CFS quota) is refused for
+/// capacity with other pods booked, never wrapped past the check.
+#[test]
+fn a_huge_request_is_refused_not_wrapped() {
+    let mut a = admitted(&[("g", c(1000, G, true)), ("b", c(500, G, false))]);
+    let before = a.clone();
+    for millis in [u64::MAX, u64::MAX - 499] {
+        let e = a
+            .resize(&topo(), &cfg(), "b", "c", &c(millis, G, false))
+            .unwrap_err();
+        assert_eq!(e.reason, RejectionReason::InsufficientCpu, "{e:?}");
+        assert_eq!(a, before, "a refused resize changes nothing");
+    }
+    let pod = Pod {
+        uid: "h".into(),
+        containers: vec![c(u64::MAX, G, false)],
+        init_containers: Vec::new(),
+    };
+    let e = a.admit(&topo(), &cfg(), &pod).unwrap_err();
+    assert_eq!(e.reason, RejectionReason::InsufficientCpu, "{e:?}");
+}
