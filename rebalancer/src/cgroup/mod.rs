@@ -378,6 +378,28 @@ impl Cgroups {
         files::parse_procs(&p, &self.read(&p)?)
     }
 
+    /// Whether a process runs in the cgroup or anywhere below it: `populated` of
+    /// `cgroup.events` (v2). A container may keep its processes in nested cgroups (systemd or
+    /// a container runtime inside it), where its own `cgroup.procs` is empty. v1 has no such
+    /// file: its `cgroup.procs` and those of every cgroup below it.
+    pub fn populated(&self, c: Controller, rel: &str) -> Result<bool, CgroupError> {
+        let (dir, v) = self.dir(c, rel)?;
+        match v {
+            Version::V2 => {
+                let p = dir.join("cgroup.events");
+                Ok(self.read(&p)?.lines().any(|l| l.trim() == "populated 1"))
+            }
+            Version::V1 => {
+                for sub in self.walk(c, rel)? {
+                    if !self.procs(c, &sub)?.is_empty() {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            }
+        }
+    }
+
     /// Threads (tids) of the cgroup in controller `c`'s hierarchy: `cgroup.threads` (v2, every
     /// thread of its processes) or `tasks` (v1).
     pub fn threads(&self, c: Controller, rel: &str) -> Result<Vec<u32>, CgroupError> {

@@ -439,3 +439,23 @@ fn a_tree_nested_past_path_max_does_not_fail_the_walk() {
         .expect("walk_roots does not fail either");
     assert!(roots.iter().all(|p| p.starts_with("/tenant")));
 }
+
+#[test]
+fn populated_counts_processes_in_nested_cgroups() {
+    let d = tempfile::tempdir().unwrap();
+    let cg = fake_v2(d.path());
+    put(d.path(), "k.slice/cgroup.events", "populated 1\nfrozen 1\n");
+    // its own procs are empty: the processes are below it
+    assert!(cg.procs(Controller::Cpuset, "k.slice").unwrap().is_empty());
+    assert!(cg.populated(Controller::Cpuset, "k.slice").unwrap());
+    put(d.path(), "k.slice/cgroup.events", "populated 0\nfrozen 0\n");
+    assert!(!cg.populated(Controller::Cpuset, "k.slice").unwrap());
+
+    let d = tempfile::tempdir().unwrap();
+    let cg = fake_v1(d.path());
+    put(d.path(), "cpuset/pod/cgroup.procs", "");
+    assert!(cg.procs(Controller::Cpuset, "/pod").unwrap().is_empty());
+    assert!(cg.populated(Controller::Cpuset, "/pod").unwrap(), "c1 below it has 17 and 4242");
+    put(d.path(), "cpuset/pod/c1/cgroup.procs", "");
+    assert!(!cg.populated(Controller::Cpuset, "/pod").unwrap());
+}

@@ -795,8 +795,9 @@ impl Policy {
                 .collect()
         };
         for (cg, key) in unlisted {
-            let procs = cgroups.procs(crate::cgroup::Controller::Cpuset, &cg);
-            if !procs.is_ok_and(|p| !p.is_empty()) {
+            // populated, not its own procs: a paused container's processes may all be in
+            // cgroups nested below its own
+            if !(cgroups.populated(crate::cgroup::Controller::Cpuset, &cg)).unwrap_or(false) {
                 continue;
             }
             tracing::warn!(cgroup = %cg, "synchronize: a bound container the runtime did not list still has processes (paused, or in a state the runtime cannot tell); it keeps its allocation");
@@ -2418,7 +2419,7 @@ mod tests {
 
     /// A bound container the runtime leaves out of a Synchronize (containerd 1.7, restarted,
     /// counts a paused one unknown and omits it) keeps its allocation while its cgroup holds
-    /// processes; with its cgroup empty it is released.
+    /// processes, its own or below it; with its cgroup empty it is released.
     #[test]
     fn synchronize_keeps_an_unlisted_container_whose_cgroup_still_has_processes() {
         let dir = tempfile::tempdir().unwrap();
@@ -2432,7 +2433,9 @@ mod tests {
         let booked = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
         let cg = request(&gp, &g, None).unwrap().unwrap().cgroup;
         std::fs::create_dir_all(root.join(&cg)).unwrap();
-        let procs = root.join(&cg).join("cgroup.procs");
+        // its processes in a cgroup nested below its own (its own cgroup.procs empty)
+        std::fs::write(root.join(&cg).join("cgroup.procs"), "").unwrap();
+        let events = root.join(&cg).join("cgroup.events");
         let sync = |p: &mut Policy| {
             p.synchronize(api::SynchronizeRequest {
                 pods: vec![gp.clone()],
@@ -2440,12 +2443,12 @@ mod tests {
             })
             .unwrap()
         };
-        std::fs::write(&procs, "4242\n").unwrap();
+        std::fs::write(&events, "populated 1\nfrozen 1\n").unwrap();
         let mut p = Policy::new(p.d().clone(), Some(cgroups), p.runtime.clone());
         sync(&mut p);
         assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
         assert!(p.d().lock().state.bindings.contains_key(&cg));
-        std::fs::write(&procs, "").unwrap();
+        std::fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
         sync(&mut p);
         assert!(
             p.d().lock().state.bindings.is_empty(),
