@@ -455,7 +455,10 @@ fn populated_counts_processes_in_nested_cgroups() {
     let cg = fake_v1(d.path());
     put(d.path(), "cpuset/pod/cgroup.procs", "");
     assert!(cg.procs(Controller::Cpuset, "/pod").unwrap().is_empty());
-    assert!(cg.populated(Controller::Cpuset, "/pod").unwrap(), "c1 below it has 17 and 4242");
+    assert!(
+        cg.populated(Controller::Cpuset, "/pod").unwrap(),
+        "c1 below it has 17 and 4242"
+    );
     put(d.path(), "cpuset/pod/c1/cgroup.procs", "");
     assert!(!cg.populated(Controller::Cpuset, "/pod").unwrap());
 }

@@ -48,6 +48,12 @@ use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
 use crate::topology::devnode::{self, DevNode, Resolution};
 
+/// Device nodes of one container resolved through sysfs for alignment (three sysfs reads
+/// each, on the CreateContainer path): a container spec may carry many (CDI injection), and
+/// the answer must come well within the runtime's plugin timeout. Real accelerators number a
+/// few per container.
+const MAX_RESOLVED_DEVICES: usize = 64;
+
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
@@ -882,7 +888,7 @@ impl Policy {
             .join(", ")
     }
 
-    /// The PCI devices behind `r`'s device nodes, resolved below the configured sysfs root
+    /// The PCI devices behind `r`'s first [`MAX_RESOLVED_DEVICES`] device nodes, resolved below the configured sysfs root
     /// (`topology::devnode`; sysfs reads, so no lock is held), that the topology knows: the
     /// device provider's hints come from their PCI NUMA node. Each node's outcome is logged
     /// at debug; a PCI device the topology does not list (hot-plugged after the topology was
@@ -897,8 +903,11 @@ impl Policy {
                 s.topo.devices.iter().map(|d| d.address.clone()).collect();
             (s.cfg.daemon.sysfs_root.clone(), known)
         };
+        if r.devices.len() > MAX_RESOLVED_DEVICES {
+            tracing::warn!(cgroup = %r.cgroup, devices = r.devices.len(), resolved = MAX_RESOLVED_DEVICES, "container has more device nodes than are resolved for alignment; the rest are not aligned");
+        }
         let mut out: Vec<String> = Vec::new();
-        for dev in &r.devices {
+        for dev in r.devices.iter().take(MAX_RESOLVED_DEVICES) {
             let (kind, major, minor, path) = (&dev.kind, dev.major, dev.minor, &dev.path);
             match devnode::resolve(&root, dev) {
                 Resolution::Pci { address, node } if known.contains(&address) => {
