@@ -706,6 +706,15 @@ impl Config {
                 "cannot be used with full_pcpus_only (kubelet refuses the pair)".into(),
             ));
         }
+        if self.placement.align_by_socket && self.placement.policy == TopologyPolicy::SingleNumaNode
+        {
+            // kubelet refuses it too: one NUMA node per container cannot be socket-aligned
+            return Err(bad(
+                "placement.align_by_socket",
+                "cannot be used with policy = \"single-numa-node\" (kubelet refuses the pair)"
+                    .into(),
+            ));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for r in &self.placement.reserved_memory {
             if !seen.insert(r.node) {
@@ -826,6 +835,10 @@ mod tests {
             (
                 "[placement]\nfull_pcpus_only = true\ndistribute_cpus_across_cores = true",
                 "placement.distribute_cpus_across_cores",
+            ),
+            (
+                "[placement]\npolicy = \"single-numa-node\"\nalign_by_socket = true",
+                "placement.align_by_socket",
             ),
             (
                 "[placement]\ncpu_manager_policy = \"dynamic\"",

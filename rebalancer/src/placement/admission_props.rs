@@ -97,7 +97,8 @@ fn config() -> impl Strategy<Value = PlacementConfig> {
                 },
                 full_pcpus_only: full,
                 distribute_cpus_across_numa: dist,
-                align_by_socket: sock,
+                // the config refuses align-by-socket with single-numa-node, as kubelet does
+                align_by_socket: sock && policy != TopologyPolicy::SingleNumaNode,
                 prefer_align_cpus_by_uncorecache: l3,
                 reserved_cpus: CpuSet::parse("0,64").unwrap(),
                 strict_cpu_reservation: sock,
@@ -182,7 +183,19 @@ fn invariants(t: &Topology, c: &PlacementConfig, a: &Allocator) -> Result<(), St
                 TopologyPolicy::Restricted | TopologyPolicy::SingleNumaNode
             );
             let mems = NodeMask::from_ids(pl.mems.iter()).unwrap();
-            if aligned && !view.nodes_of(&pl.cpus).is_subset_of(mems) {
+            // align-by-socket aligns at the sockets of the affinity's nodes, as kubelet does
+            let within = if c.align_by_socket {
+                let nodes = view.cpus_of_mask(mems);
+                (view.sockets.values())
+                    .filter(|s| !s.is_disjoint(&nodes))
+                    .fold(CpuSet::new(), |a, s| a.union(s))
+            } else {
+                view.cpus_of_mask(mems)
+            };
+            if aligned && pl.exclusive && !pl.cpus.is_subset(&within) {
+                return Err(format!("{who}: cpus {} outside mems {}", pl.cpus, pl.mems));
+            }
+            if aligned && !pl.exclusive && !view.nodes_of(&pl.cpus).is_subset_of(mems) {
                 return Err(format!("{who}: cpus {} outside mems {}", pl.cpus, pl.mems));
             }
             if c.policy == TopologyPolicy::SingleNumaNode && pl.exclusive && mems.count() != 1 {

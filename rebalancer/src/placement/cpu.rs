@@ -735,7 +735,7 @@ pub fn take_by_topology(
 }
 
 /// kubelet's `allocateCPUs`: checks full-pcpus-only, then takes from the CPUs aligned with
-/// `affinity` first (then the rest of their sockets with align-by-socket), the rest anywhere.
+/// `affinity` first (its nodes, or with align-by-socket their whole sockets), the rest anywhere.
 pub fn allocate_exclusive(
     v: &CpuView,
     available: &CpuSet,
@@ -762,21 +762,19 @@ pub fn allocate_exclusive(
     }
     let mut result = CpuSet::new();
     if let Some(mask) = affinity {
-        let aligned = v.cpus_of_mask(mask).intersection(&available);
-        result = take_by_topology(v, &aligned, aligned.len().min(n), opts)?;
-        if opts.align_by_socket && result.len() < n {
-            // kubelet widens the aligned set to whole sockets; we take the hint's nodes first
-            // so that the CPUs stay on the memory's nodes whenever they can
-            let socks = v
-                .sockets
-                .values()
-                .filter(|s| !s.is_disjoint(&aligned))
+        let nodes = v.cpus_of_mask(mask);
+        // kubelet's getAlignedCPUs: the affinity's NUMA nodes, or with align-by-socket every
+        // socket they touch, whole (so a container can get CPUs of its socket off its memory's
+        // nodes while those have room, as kubelet gives them)
+        let aligned = if opts.align_by_socket {
+            (v.sockets.values())
+                .filter(|s| !s.is_disjoint(&nodes))
                 .fold(CpuSet::new(), |a, s| a.union(s))
-                .intersection(&available)
-                .difference(&result);
-            let k = socks.len().min(n - result.len());
-            result = result.union(&take_by_topology(v, &socks, k, opts)?);
+        } else {
+            nodes
         }
+        .intersection(&available);
+        result = take_by_topology(v, &aligned, aligned.len().min(n), opts)?;
     }
     let rest = take_by_topology(v, &available.difference(&result), n - result.len(), opts)?;
     Ok(result.union(&rest))

@@ -459,7 +459,7 @@ fn distribute_cpus_across_cores() {
 /// the sockets only for what those nodes cannot give, before the rest of the machine
 /// (docs/configuration.md).
 #[test]
-fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
+fn align_by_socket_takes_the_affinitys_whole_sockets() {
     let v = two_sockets();
     let a = StaticOptions {
         align_by_socket: true,
@@ -467,8 +467,8 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
     };
     let p = opts(false, false, false);
     let cases: &[Case] = &[
-        // kubelet: "0,8" (socket 0 packed: node 0 first, off the affinity's node 1)
-        ("fits the affinity's node", "0-15", 2, Some(&[1]), a, "2,10"),
+        // as kubelet: socket 0 packed, node 0 first, off the affinity's node 1
+        ("fits the affinity's node", "0-15", 2, Some(&[1]), a, "0,8"),
         (
             "the same without the option",
             "0-15",
@@ -477,15 +477,16 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
             p,
             "2,10",
         ),
-        // node 1 gives 4; the other 2 from its socket (node 0) with the option, and without
-        // it from the fullest socket anywhere (socket 1 has only core 4 left)
+        // with the option, as kubelet: packed over the affinity's whole socket (node 0 whole,
+        // then a core of node 1); without it node 1 gives 4 and the other 2 come from the
+        // fullest socket anywhere (socket 1 has only core 4 left)
         (
             "the rest from the affinity's socket",
             "0-4,8-12",
             6,
             Some(&[1]),
             a,
-            "0,2-3,8,10-11",
+            "0-2,8-10",
         ),
         (
             "the rest anywhere without the option",
@@ -503,11 +504,10 @@ fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
 
 /// kubelet's own align-by-socket case (policy_static_test.go, topoDualSocketMultiNumaPerSocketHT:
 /// node n = CPUs 10n..10n+9 and 40+10n.., sockets of two nodes), free CPUs 2, 11, 21, 22,
-/// two CPUs for the hint {0, 2}. kubelet answers 2,11 with the option (CPU 11 is on node 1,
-/// outside the hint and so outside the container's mems) and 2,21 without; the engine answers
-/// 2,21 both ways: the hint's nodes can give both CPUs.
+/// two CPUs for the hint {0, 2}: 2,11 with the option (CPU 11 is on node 1, outside the hint
+/// and so outside the container's mems) and 2,21 without, as kubelet answers.
 #[test]
-fn kubelets_align_by_socket_case_keeps_to_the_hints_nodes() {
+fn kubelets_align_by_socket_case() {
     let v = CpuView::new(
         &TopologyBuilder {
             sockets: 2,
@@ -524,7 +524,7 @@ fn kubelets_align_by_socket_case_keeps_to_the_hints_nodes() {
     };
     let p = opts(false, false, false);
     let cases: &[Case] = &[
-        ("align-by-socket", "2,11,21-22", 2, Some(&[0, 2]), a, "2,21"),
+        ("align-by-socket", "2,11,21-22", 2, Some(&[0, 2]), a, "2,11"),
         (
             "without it (kubelet: 2,21)",
             "2,11,21-22",
