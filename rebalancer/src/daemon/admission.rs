@@ -1302,12 +1302,73 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
     Ok(())
 }
 
+/// A move's cpus booked before they are written (see [`book_move`]); given back to
+/// [`settle_move`] once the writes ended. Not clonable: one settle per booking.
+#[must_use = "a booking holds CPUs until it is settled"]
+#[derive(Debug)]
+pub struct Booked {
+    cgroup: String,
+    /// The bound container and the cpus the books gave it before (None: unbound).
+    bound: Option<(String, String, CpuSet)>,
+    /// The exclusive CPUs once booked: what the shared containers were set against.
+    exclusive: CpuSet,
+}
+
+/// The first half of a move's change: under the locks, with no I/O, the move is checked
+/// against the books ([`move_allowed`]: none of its new CPUs exclusive, held ones included)
+/// and the bound container's cpus are booked at the target. An exclusive container's old and
+/// new CPUs are held (`Allocator::in_flight`): no admission hands them out and no shared
+/// container is set onto them while the writes run, with no lock held. `Ok(None)`: nothing to
+/// book (a dry run, or the cpus stay).
+pub fn book_move(
+    d: &Daemon,
+    mv: &crate::controller::Move,
+    dry_run: bool,
+) -> Result<Option<Booked>, BooksRefusal> {
+    let _order = d.order();
+    move_allowed(d, mv)?;
+    if dry_run || mv.to_cpus == mv.from_cpus {
+        return Ok(None);
+    }
+    let mut s = d.lock();
+    let own =
+        bound_container(&s, &mv.cgroup).map(|c| (c.placement.exclusive, c.placement.cpus.clone()));
+    if own.as_ref().is_some_and(|(excl, _)| *excl) {
+        let held = mv.from_cpus.union(&mv.to_cpus);
+        s.state.allocator.in_flight.insert(mv.cgroup.clone(), held);
+    }
+    let binding = s.state.bindings.get(&mv.cgroup).cloned();
+    let bound = binding.zip(own).map(|(b, (_, cpus))| {
+        (s.state.allocator).record_move_cpus(&b.pod_uid, &b.container, &mv.to_cpus);
+        (b.pod_uid, b.container, cpus)
+    });
+    Ok(Some(Booked {
+        cgroup: mv.cgroup.clone(),
+        bound,
+        exclusive: s.state.allocator.exclusive_cpus(),
+    }))
+}
+
+/// The second half of a move's change, once its writes ended: the held CPUs are let go, and
+/// the booked cpus stay when they were `written`, else the books go back to what they were.
+/// Returns whether the exclusive CPUs differ from those at the booking (this move's, or an
+/// admission's while the writes ran): the shared containers then follow ([`shared_changes`],
+/// written by the caller with no lock held), the moved one included.
+pub fn settle_move(d: &Daemon, booked: Booked, written: bool) -> bool {
+    let _order = d.order();
+    let mut s = d.lock();
+    s.state.allocator.in_flight.remove(&booked.cgroup);
+    if let (false, Some((uid, container, cpus))) = (written, &booked.bound) {
+        s.state.allocator.record_move_cpus(uid, container, cpus);
+    }
+    booked.exclusive != s.state.allocator.exclusive_cpus()
+}
+
 /// A move's cpus were written: the bound container's placement follows them — its CPUs (for a
 /// shared container, its pool and the CPU charges spread over it) — so later admissions
-/// decide on what cgroupfs holds. Call with `order` held since [`move_allowed`] passed and
-/// over the cpus write, so no admission comes between the check, the write and this record.
-/// Unbound cgroups have nothing in the books. Returns true when exclusive CPUs changed (the
-/// shared containers then follow: [`shared_changes`]).
+/// decide on what cgroupfs holds: for cpus someone else wrote (a move's are booked by
+/// [`book_move`]). Call with `order` held. Unbound cgroups have nothing in the books. Returns
+/// true when exclusive CPUs changed (the shared containers then follow: [`shared_changes`]).
 pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> bool {
     let mut s = d.lock();
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {

@@ -571,8 +571,10 @@ impl CgroupWriter for RacingWriter {
 /// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
 /// container onto them. Before the fix the round's check and write ran outside the allocator
 /// lock: the admission's shrink saw the shared container where it was (or was overwritten by
-/// the round's write) and the container ended on the new exclusive CPUs. Now the admission
-/// waits for the round's cpus write and its record, and its shrink then sees the new cpus.
+/// the round's write) and the container ended on the new exclusive CPUs. Now the move is
+/// booked before its write (the admission's shrink sees its target) and settled after it:
+/// the exclusive CPUs changed meanwhile, so the shared containers, the moved one included,
+/// are set to their pool again.
 #[test]
 fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_cpus() {
     let World {
