@@ -929,18 +929,39 @@ fn node_agrees(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
             return Err(format!("{}: runs on {cpus}, booked {}", b.cgroup, b.cpus));
         }
     }
+    // Hotplug can leave no online CPU outside the exclusive ones, or take every CPU of an
+    // exclusive container when none can replace them: such a container has nowhere of its own
+    // to run, `booked` leaves it out (never an empty cpuset) and the kernel runs it on what is
+    // online. Only then may a bound container be left out and share.
+    let exclusive =
+        (books.iter().filter(|b| b.exclusive)).fold(CpuSet::new(), |acc, b| acc.union(&b.cpus));
+    let no_pool = s.topo.online_cpus().difference(&exclusive).is_empty();
     for cg in s.state.bindings.keys() {
         let cpus = fake.cpus(cg).ok_or(format!("{cg} not in the fake"))?;
         if cpus.is_empty() || fake.mems(cg).is_none_or(|m| m.is_empty()) {
             return Err(format!("{cg}: empty cpuset"));
         }
+        if !books.iter().any(|b| b.cgroup == *cg) {
+            let stranded = super::admission::bound_container(&s, cg).is_some_and(|c| {
+                c.placement.exclusive && c.placement.cpus.is_disjoint(&s.topo.online_cpus())
+            });
+            if no_pool || stranded {
+                continue;
+            }
+            return Err(format!(
+                "{cg} is bound but not booked while the shared pool has CPUs: {:?}, online {}",
+                super::admission::bound_container(&s, cg).map(|c| &c.placement),
+                s.topo.online_cpus()
+            ));
+        }
         for e in books.iter().filter(|e| e.exclusive && e.cgroup != *cg) {
             if !cpus.is_disjoint(&e.cpus) {
                 return Err(format!(
-                    "{cg} runs on {cpus}, {} of them {}'s exclusive; booked {:?}",
+                    "{cg} runs on {cpus}, {} of them {}'s exclusive; booked {:?}; online {}; books {books:?}",
                     cpus.intersection(&e.cpus),
                     e.cgroup,
-                    super::admission::bound_container(&s, cg).map(|c| &c.placement)
+                    super::admission::bound_container(&s, cg).map(|c| &c.placement),
+                    s.topo.online_cpus(),
                 ));
             }
         }
@@ -1008,7 +1029,7 @@ proptest! {
                     fake.lock().unwrap().fail_write(controller::CgroupFile::Cpus, *n, controller::FakeFailure::Busy);
                 }
                 Event::Hotplug(c) => {
-                    let online = {
+                    {
                         let mut s = d.lock();
                         let others_online = s.topo.online_cpus().len() > 2;
                         let cpu = s.topo.cpus.iter_mut().find(|x| x.id == *c).unwrap();
@@ -1024,11 +1045,10 @@ proptest! {
                         } else {
                             n.cpus.difference(&CpuSet::from_iter([*c]))
                         };
-                        on
-                    };
-                    if !online {
-                        adm.replace_offline();
                     }
+                    // as the daemon does on every topology change (`Engine::refresh_topology`):
+                    // a CPU back online can make whole an exclusive container left short
+                    adm.replace_offline();
                 }
                 Event::Restart(checkpointed) => {
                     if *checkpointed {
