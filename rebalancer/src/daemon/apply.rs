@@ -3,12 +3,15 @@
 //! metrics updated, and the migration budget enforced once more on what is actually applied
 //! (the planner already keeps to it; this is the actuator-side guard of the invariant).
 //!
-//! Each move is checked against the allocator's books just before it is written
-//! (`admission::move_allowed`: no reserved or other container's exclusive CPU, Memory Manager
-//! memory only where it fits) and, once written, recorded in them
-//! (`admission::record_cpus_locked_order`, `admission::record_mems`), so the allocator and
-//! cgroupfs agree after every move. The check, the cpus write and its record happen under the
-//! allocator lock (`Daemon::order`), ordered with admissions; the memory migration after it.
+//! Each move is a change of the books in two halves around its writes, with no lock held
+//! across a write: `admission::book_move` checks it against the books (`move_allowed`: no
+//! reserved, held or other container's exclusive CPU, Memory Manager memory only where it
+//! fits), books its cpus and holds an exclusive container's old and new CPUs; the writes up to
+//! cpuset.cpus run; `admission::settle_move` keeps the booking when the cpus were written and
+//! gives it back when not, and the shared containers follow when the exclusive CPUs changed
+//! meanwhile. The mems are recorded once migrated (`admission::record_mems`), so the allocator
+//! and cgroupfs agree after every move. The locks are taken only inside those functions, which
+//! get no writer.
 //!
 //! The daemon's rounds hand their moves to [`Applier`]: up to `controller.apply_threads`
 //! writer threads, each applying whole moves through that same per-move path with a writer of

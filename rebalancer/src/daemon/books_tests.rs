@@ -903,6 +903,10 @@ enum Event {
     Hotplug(u32),
     /// The daemon dies and restarts from its checkpoint, written just before or not.
     Restart(bool),
+    /// A control round (every workload on this node) during whose first cpus write a
+    /// Guaranteed pod of this many CPUs is admitted: the move's CPUs are held in the books
+    /// while its writes run, with no lock held.
+    RacingRound(u32, u64),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -912,6 +916,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (1usize..=3).prop_map(Event::FailWrite),
         1 => (0u32..8).prop_map(Event::Hotplug),
         1 => any::<bool>().prop_map(Event::Restart),
+        2 => (0u32..2, 1u64..=2).prop_map(|(n, c)| Event::RacingRound(n, c)),
     ]
 }
 
@@ -1017,6 +1022,57 @@ proptest! {
                     let topo_now = d.lock().topo.clone();
                     let plan = controller::plan(&topo_now, &obs, &state, &ctl, now);
                     apply_moves(&d, &mut *f, &plan.moves, now, false);
+                    now += ctl.cooldown_ms + 1;
+                }
+                Event::RacingRound(n, cpus) => {
+                    let plan = {
+                        let f = fake.lock().unwrap();
+                        let obs = observe(&d, &f, *n);
+                        let state = {
+                            let mut s = d.lock();
+                            s.state.controller.observe(&obs, ctl.ewma_alpha);
+                            s.state.controller.clone()
+                        };
+                        let topo_now = d.lock().topo.clone();
+                        controller::plan(&topo_now, &obs, &state, &ctl, now)
+                    };
+                    let (uid, cg) = (format!("p{i}/c"), format!("kubepods/p{i}/c"));
+                    fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+                    let p = pod(&uid, cpus * 1000, 64 * MIB, true);
+                    let admitted = Arc::new(Mutex::new(None));
+                    let overlap = Arc::new(Mutex::new(None));
+                    let racing = {
+                        let (adm, p, cg, admitted, overlap, fake) = (adm.clone(), p.clone(), cg.clone(), admitted.clone(), overlap.clone(), fake.clone());
+                        move || {
+                            let r = adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() });
+                            *admitted.lock().unwrap() = Some(r.is_ok());
+                            // while the move's write is under way: the CPUs just handed out
+                            // are none an exclusive container still runs on
+                            let s = adm.daemon.lock();
+                            let f = fake.lock().unwrap();
+                            let Some(ours) = super::admission::bound_container(&s, &cg).map(|c| c.placement.cpus.clone()) else { return };
+                            for other in s.state.bindings.keys().filter(|o| **o != cg) {
+                                let exclusive = super::admission::bound_container(&s, other).is_some_and(|c| c.placement.exclusive);
+                                let on = f.cpus(other).cloned().unwrap_or_default();
+                                if exclusive && !on.is_disjoint(&ours) {
+                                    *overlap.lock().unwrap() = Some(format!("{cg} given {ours} while {other} still runs on {on}"));
+                                }
+                            }
+                        }
+                    };
+                    let mut w = RacingWriter { fake: fake.clone(), d: d.clone(), hook: Some(Box::new(racing)), racer: None };
+                    apply_moves(&d, &mut w, &plan.moves, now, false);
+                    prop_assert!(w.racer.is_none(), "a move's write held the change lock");
+                    let overlap = overlap.lock().unwrap().take();
+                    prop_assert!(overlap.is_none(), "step {i}: {overlap:?}");
+                    if let Some(hook) = w.hook.take() {
+                        hook(); // no move wrote cpus: admitted after the round
+                    }
+                    if admitted.lock().unwrap().take() == Some(true) {
+                        live.push((uid, cg, p));
+                    } else {
+                        fake.lock().unwrap().remove(&cg);
+                    }
                     now += ctl.cooldown_ms + 1;
                 }
                 Event::LostAnswer(k) if !live.is_empty() => {
