@@ -52,7 +52,7 @@ fn failure(method: &str, path: &str, status: u16, body: &[u8]) -> String {
         .unwrap_or_default();
     let hint = match status {
         401 => " (credentials refused)",
-        403 => " (RBAC: see config/kubernetes/rbac-noderesourcetopology.yaml)",
+        403 => " (RBAC: see config/overlays/noderesourcetopology/rbac.yaml)",
         404 => " (is the NodeResourceTopology CRD installed? config/kubernetes/noderesourcetopology-crd.yaml)",
         _ => "",
     };
