@@ -1302,11 +1302,13 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
     Ok(())
 }
 
-/// A move's cpus booked before they are written (see [`book_move`]); given back to
-/// [`settle_move`] once the writes ended. Not clonable: one settle per booking.
+/// A move's cpus booked before they are written (see [`book_move`]); settled once the writes
+/// ended ([`Booked::settle`]). Not clonable: one settle per booking. Dropped unsettled (a
+/// panic in the move's writes) it is given back, so no CPU stays held.
 #[must_use = "a booking holds CPUs until it is settled"]
-#[derive(Debug)]
 pub struct Booked {
+    d: Daemon,
+    settled: bool,
     cgroup: String,
     /// The bound container and the cpus the books gave it before (None: unbound).
     bound: Option<(String, String, CpuSet)>,
@@ -1343,25 +1345,56 @@ pub fn book_move(
         (b.pod_uid, b.container, cpus)
     });
     Ok(Some(Booked {
+        d: d.clone(),
+        settled: false,
         cgroup: mv.cgroup.clone(),
         bound,
         exclusive: s.state.allocator.exclusive_cpus(),
     }))
 }
 
-/// The second half of a move's change, once its writes ended: the held CPUs are let go, and
-/// the booked cpus stay when they were `written`, else the books go back to what they were.
-/// Returns whether the exclusive CPUs differ from those at the booking (this move's, or an
-/// admission's while the writes ran): the shared containers then follow ([`shared_changes`],
-/// written by the caller with no lock held), the moved one included.
-pub fn settle_move(d: &Daemon, booked: Booked, written: bool) -> bool {
-    let _order = d.order();
-    let mut s = d.lock();
-    s.state.allocator.in_flight.remove(&booked.cgroup);
-    if let (false, Some((uid, container, cpus))) = (written, &booked.bound) {
-        s.state.allocator.record_move_cpus(uid, container, cpus);
+impl Booked {
+    /// The second half of a move's change, once its writes ended: the held CPUs are let go,
+    /// and the booked cpus stay when they were `written`, else the books go back to what they
+    /// were. Returns whether the exclusive CPUs differ from those at the booking (this move's,
+    /// or an admission's while the writes ran): the shared containers then follow
+    /// ([`shared_changes`], written by the caller with no lock held), the moved one included.
+    pub fn settle(mut self, written: bool) -> bool {
+        self.settled = true;
+        let _order = self.d.order();
+        let mut s = self.d.lock();
+        s.state.allocator.in_flight.remove(&self.cgroup);
+        if let (false, Some((uid, container, cpus))) = (written, &self.bound) {
+            s.state.allocator.record_move_cpus(uid, container, cpus);
+        }
+        self.exclusive != s.state.allocator.exclusive_cpus()
     }
-    booked.exclusive != s.state.allocator.exclusive_cpus()
+}
+
+impl Drop for Booked {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a move's booking was never settled (its writes panicked); given back");
+            let booked = Booked {
+                d: self.d.clone(),
+                settled: false,
+                cgroup: std::mem::take(&mut self.cgroup),
+                bound: self.bound.take(),
+                exclusive: std::mem::take(&mut self.exclusive),
+            };
+            self.settled = true;
+            booked.settle(false);
+        }
+    }
+}
+
+impl std::fmt::Debug for Booked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Booked")
+            .field("cgroup", &self.cgroup)
+            .field("bound", &self.bound)
+            .finish()
+    }
 }
 
 /// A move's cpus were written: the bound container's placement follows them — its CPUs (for a

@@ -7,7 +7,7 @@
 //! across a write: `admission::book_move` checks it against the books (`move_allowed`: no
 //! reserved, held or other container's exclusive CPU, Memory Manager memory only where it
 //! fits), books its cpus and holds an exclusive container's old and new CPUs; the writes up to
-//! cpuset.cpus run; `admission::settle_move` keeps the booking when the cpus were written and
+//! cpuset.cpus run; `admission::Booked::settle` keeps the booking when the cpus were written and
 //! gives it back when not, and the shared containers follow when the exclusive CPUs changed
 //! meanwhile. The mems are recorded once migrated (`admission::record_mems`), so the allocator
 //! and cgroupfs agree after every move. The locks are taken only inside those functions, which
@@ -293,7 +293,7 @@ fn apply_one(
     let begun = controller::begin(mv, w, dry_run);
     if let Some(b) = booked {
         let written = matches!(&begun, Ok(controller::Begun::CpusMoved(_)));
-        if super::admission::settle_move(d, b, written) {
+        if b.settle(written) {
             // An exclusive container moved: the shared pool follows it.
             shared_follow(d, w);
         }
@@ -563,7 +563,7 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
     if let Err(e) = &written {
         tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
     }
-    if booked.is_some_and(|b| super::admission::settle_move(d, b, written.is_ok())) {
+    if booked.is_some_and(|b| b.settle(written.is_ok())) {
         shared_follow(d, w);
     }
 }

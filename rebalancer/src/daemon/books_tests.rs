@@ -568,6 +568,62 @@ impl CgroupWriter for RacingWriter {
     }
 }
 
+/// A move whose cpus write panics (a bug in a writer; the writer threads catch it and go on)
+/// gives its booking back as it unwinds: no CPU stays held, and the books keep the cpus the
+/// container runs on.
+#[test]
+fn a_move_whose_write_panics_gives_its_booking_back() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let g = "kubepods/p0/c";
+    fake.lock().unwrap().insert(g, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p0", 1000, 256 * MIB, true),
+        bind: Some(g),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(g).unwrap(), f.read_mems(g).unwrap())
+    };
+    assert_eq!(from_cpus.len(), 1, "exclusive: {from_cpus}");
+    let to = CpuSet::parse("5").unwrap();
+    assert_ne!(from_cpus, to);
+    let mv = controller::Move {
+        cgroup: g.into(),
+        from_cpus: from_cpus.clone(),
+        to_cpus: to,
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    let mut w = RacingWriter {
+        fake: fake.clone(),
+        d: d.clone(),
+        hook: Some(Box::new(|| panic!("a bug in a writer"))),
+        racer: None,
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        apply_moves(&d, &mut w, &[mv], 1_000_000, false)
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    {
+        let s = d.lock();
+        let a = &s.state.allocator;
+        assert!(a.in_flight.is_empty(), "held: {:?}", a.in_flight);
+        assert_eq!(a.exclusive_cpus(), from_cpus);
+    }
+    books_agree(&d, &fake.lock().unwrap()).unwrap();
+}
+
 /// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
 /// container onto them. Before the fix the round's check and write ran outside the allocator
 /// lock: the admission's shrink saw the shared container where it was (or was overwritten by
