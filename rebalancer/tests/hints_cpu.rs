@@ -1,8 +1,10 @@
 //! `rebalancer hints cpu` through the real binary: the shared conformance examples (when the
 //! shared/ directory is beside the clone), our committed copy of them, kubelet's own
 //! takeByTopologyNUMAPacked / spread / NUMADistributed / uncore-cache test tables
-//! (`conformance/cpu-cases.json`, with the expected sets of cpu_assignment_test.go), stdin
-//! mode, and the error contract (exit status 2, index and field named).
+//! (`conformance/cpu-cases.json`, with the expected sets of cpu_assignment_test.go, and
+//! policy_static_test.go's TestStaticPolicyAdd cases without a topology hint, where
+//! allocateCPUs is the take on the free CPUs), stdin mode, and the error contract (exit
+//! status 2, index and field named).
 
 mod hints_cli;
 

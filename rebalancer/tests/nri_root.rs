@@ -976,3 +976,234 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
     );
     ctd.remove_pods();
 }
+
+/// A sysfs root standing for this 2-CPU machine split into two NUMA nodes, node 0 = CPU 1 and
+/// node 1 = CPU 0 (so the one real memory node, 0, is paired with the CPU a default placement
+/// does not take first), with two GPUs: `0000:41:00.0` on node 0 and `0000:c1:00.0` on node
+/// 1, each behind the character device `241:<node>` (`dev/char/241:N/device` → the PCI
+/// function, as the kernel links them).
+fn two_node_fixture(root: &Path) {
+    let src = workspace().join("tests/fixtures/sysfs/this-machine");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", src.display()))
+        .arg(root)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let nodes = root.join("devices/system/node");
+    let node0 = nodes.join("node0");
+    let meminfo = std::fs::read_to_string(node0.join("meminfo")).unwrap();
+    std::fs::create_dir_all(nodes.join("node1")).unwrap();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(node0.join("hugepages"))
+        .arg(nodes.join("node1"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for (n, cpu, other) in [(0, 1, 0), (1, 0, 1)] {
+        let d = nodes.join(format!("node{n}"));
+        let _ = std::fs::remove_file(d.join(format!("cpu{other}")));
+        let _ = std::fs::remove_file(d.join(format!("cpu{cpu}")));
+        std::os::unix::fs::symlink(format!("../../cpu/cpu{cpu}"), d.join(format!("cpu{cpu}")))
+            .unwrap();
+        std::fs::write(d.join("cpulist"), format!("{cpu}\n")).unwrap();
+        std::fs::write(
+            d.join("distance"),
+            if n == 0 { "10 21\n" } else { "21 10\n" },
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("meminfo"),
+            meminfo.replace("Node 0", &format!("Node {n}")),
+        )
+        .unwrap();
+        let pci = root.join(format!("bus/pci/devices/0000:{}:00.0", ["41", "c1"][n]));
+        std::fs::create_dir_all(&pci).unwrap();
+        for (f, v) in [
+            ("class", "0x030200"),
+            ("vendor", "0x10de"),
+            ("device", "0x20b0"),
+            ("numa_node", &n.to_string()),
+        ] {
+            std::fs::write(pci.join(f), format!("{v}\n")).unwrap();
+        }
+        let entry = root.join(format!("dev/char/241:{n}"));
+        std::fs::create_dir_all(&entry).unwrap();
+        std::os::unix::fs::symlink(&pci, entry.join("device")).unwrap();
+    }
+    std::fs::write(nodes.join("online"), "0-1\n").unwrap();
+}
+
+/// CreateContainer alone (no start); Ok(container id) or Err(the runtime's error).
+fn create_only(
+    ctd: &Containerd,
+    pod: &Pod,
+    name: &str,
+    res: serde_json::Value,
+) -> Result<String, String> {
+    let mut spec = serde_json::json!({
+        "pod_id": pod.id, "pod": pod.spec, "name": name,
+        "command": ["/bin/sh", "-c", "exec sleep 3600"],
+        "log_path": format!("{name}.log"),
+    });
+    for (k, v) in res.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    ctd.cri(&["container", &spec.to_string()])
+}
+
+/// `GET path` on the daemon's API socket: the body.
+fn api_get(d: &common::Daemon, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(out)
+}
+
+/// Devices on the NRI door: a container given a device node (a char device made with mknod,
+/// major:minor 241:N, which the fixture sysfs root maps to a GPU on NUMA node N) gets its
+/// exclusive CPU and cpuset.mems on the GPU's node under single-numa-node, and is refused
+/// with the reason when that node has no CPU left.
+///
+/// The fixture's node 0 is CPU 1 (the machine's only memory node is 0, so a container on
+/// node 0 starts and prints what it runs on). A container with the node-1 GPU is answered
+/// node 1 (CPU 0, mems 1) — where no placement without the device would put it on an empty
+/// machine (kubelet's merge takes the lowest node) — and, this machine having no memory node
+/// 1, runc cannot apply those mems: the answer is read from the books and from the runtime's
+/// spec, and the start's failure names cpuset.mems.
+#[test]
+fn a_containers_device_node_aligns_its_cpus_and_memory_through_nri() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups()
+        .unwrap()
+        .effective_cpus("")
+        .unwrap_or_default();
+    if all != CpuSet::parse("0-1").unwrap() {
+        println!("SKIP: the two-node fixture stands for a machine of CPUs 0-1, this one has {all}");
+        return;
+    }
+    let fixture = tempfile::tempdir().unwrap();
+    two_node_fixture(fixture.path());
+    let devs = tempfile::tempdir().unwrap();
+    for n in 0..2 {
+        let p = devs.path().join(format!("gpu{n}"));
+        let st = Command::new("mknod")
+            .arg(&p)
+            .args(["c", "241", &n.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mknod {}", p.display());
+    }
+    let gpu = |n: u32| {
+        serde_json::json!([{
+            "host_path": devs.path().join(format!("gpu{n}")),
+            "container_path": format!("/dev/gpu{n}"),
+        }])
+    };
+    let guaranteed_with = |n: u32| {
+        let mut r = res(GUARANTEED_1CPU);
+        r["devices"] = gpu(n);
+        r
+    };
+    let mut ctd = Containerd::start(&install);
+    let d = nri_daemon(
+        &ctd.nri_sock(),
+        &format!("sysfs_root = \"{}\"", fixture.path().display()),
+        "[controller]\nperiod_ms = 600000\n[placement]\npolicy = \"single-numa-node\"\n",
+    );
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+
+    // The node-1 GPU: answered node 1, which this machine cannot give memory on.
+    let p1 = ctd.pod("gpu-node1", "guaranteed");
+    let id1 = create_only(&ctd, &p1, "g1", guaranteed_with(1))
+        .unwrap_or_else(|e| panic!("CreateContainer g1: {e}\n{}", d.log_text()));
+    let (cpus, mems, excl) = decision(&d, &id1).expect("g1 admitted");
+    assert_eq!(
+        (cpus.to_string(), mems.to_string(), excl),
+        ("0".into(), "1".into(), true)
+    );
+    assert_eq!(
+        ctd.inspect(&id1).to_string(),
+        "0",
+        "the runtime's spec has the answer"
+    );
+    let started = ctd.cri(&["start", &id1]);
+    println!("start of g1 (mems 1 on a one-node machine): {started:?}");
+    assert!(
+        started.as_ref().is_err_and(|e| e.contains("cpuset.mems")),
+        "{started:?}"
+    );
+    ctd.cri(&["rm", &id1]).unwrap();
+    wait_for("g1's release", Duration::from_secs(5), || {
+        decision(&d, &id1).is_none()
+    });
+
+    // The node-0 GPU: on node 0 (CPU 1, mems 0) from the first instruction.
+    let p0 = ctd.pod("gpu-node0", "guaranteed");
+    let g0 = ctd
+        .container(&p0, "g0", guaranteed_with(0))
+        .unwrap_or_else(|e| panic!("CreateContainer g0: {e}\n{}", d.log_text()));
+    let (c0, m0) = g0.first_print();
+    assert_eq!((c0.to_string(), m0.to_string()), ("1".into(), "0".into()));
+    assert_eq!(
+        decision(&d, &g0.id),
+        Some((c0.clone(), m0.clone(), true)),
+        "the books agree with what it runs on"
+    );
+    let explained: serde_json::Value =
+        serde_json::from_str(&api_get(&d, &format!("/v1/explain/{}", g0.cgroup))).unwrap();
+    assert!(explained["binding"].is_object(), "{explained}");
+    // the Topology Manager decision, in explain and in the log: the device's hint, the
+    // CPU provider's, the merged one
+    let topology = &explained["admission"]["topology"];
+    assert_eq!(
+        topology["providers"]["device"]["pci:0000:41:00.0"], "[0 preferred]",
+        "{explained}"
+    );
+    assert_eq!(
+        topology["providers"]["cpu"]["cpu"], "[0 preferred, 1 preferred, 0-1]",
+        "{explained}"
+    );
+    assert_eq!(topology["merged"], "0 preferred", "{explained}");
+    let line = d
+        .log_text()
+        .lines()
+        .find(|l| l.contains("topology hints merged") && l.contains(&g0.id[..12]))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no decision log line:\n{}", d.log_text()));
+    println!("decision log line: {line}");
+    assert!(
+        line.contains("cpu: cpu [0 preferred, 1 preferred, 0-1]"),
+        "{line}"
+    );
+    assert!(
+        line.contains("device: pci:0000:41:00.0 [0 preferred]"),
+        "{line}"
+    );
+    assert!(line.contains("merged=0 preferred"), "{line}");
+
+    // Another container with the same GPU (shared, not busy): node 0 has no CPU left.
+    let p0b = ctd.pod("gpu-node0-b", "guaranteed");
+    let err = ctd
+        .container(&p0b, "g0b", guaranteed_with(0))
+        .err()
+        .expect("node 0 is full: single-numa-node cannot align the GPU's container");
+    println!("refusal as the runtime reports it: {}", err.trim());
+    assert!(err.contains("TopologyAffinityError"), "{err}");
+    assert!(err.contains("0000:41:00.0 on node 0"), "{err}");
+    assert!(err.contains("node 0: 0 of 1 CPUs free"), "{err}");
+    ctd.remove_pods();
+}

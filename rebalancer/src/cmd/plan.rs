@@ -145,7 +145,7 @@ mod tests {
         assert_eq!(
             out,
             "pod a (Guaranteed): admitted\n  c: cpus 0,8 mems 0 affinity 0 exclusive\n\
-             pod b (Guaranteed): rejected: TopologyAffinityError: no preferred NUMA affinity under policy SingleNumaNode (best merged hint None)\n\
+             pod b (Guaranteed): rejected: TopologyAffinityError: no preferred NUMA affinity under policy SingleNumaNode (best merged hint None; hints: cpu: cpu [0-1 preferred]; memory: memory [0 preferred, 1 preferred])\n\
              pod c (BestEffort): admitted\n  c: cpus 1-7,9-15 mems 0-1 affinity - shared\n"
         );
         let err = parse_pods(r#"[{"uid":"a","containers":[]},{"uid":"b","bogus":1}]"#).unwrap_err();

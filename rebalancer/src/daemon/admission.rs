@@ -315,10 +315,12 @@ impl Admission {
             Ok(a) => {
                 self.count("admitted");
                 m.admission_duration.observe(a.micros as f64 / 1e6);
+                log_decisions(a);
             }
             Err(AdmitError::Invalid(_)) => self.count("invalid"),
             Err(AdmitError::Rejected { rejection, .. }) => {
                 self.count("rejected");
+                tracing::debug!(target: DECISION_TARGET, reason = %rejection, "admission refused");
                 m.admission_rejections
                     .get_or_create(&ReasonLabel {
                         reason: rejection.reason.to_string(),
@@ -1013,6 +1015,31 @@ pub(crate) fn shrink_outcome(d: &Daemon, failed: usize) {
     d.metrics.shared_pool_pending.set(failed as i64);
     if n > 0 && n.is_power_of_two() {
         tracing::warn!(containers = failed, attempts = n, "shared containers could not be set to their pool: they may run on exclusive CPUs until a retry succeeds (every round)");
+    }
+}
+
+/// The log target of the Topology Manager decisions: `RUST_LOG` or `daemon.log_level`
+/// `info,rebalancer::topology_manager=debug` turns them on alone.
+pub const DECISION_TARGET: &str = "rebalancer::topology_manager";
+
+/// kubelet's decision log (`TopologyHints` per provider, `ContainerTopologyHint`): one line
+/// per placed container at debug, with each provider's hints, the merged hint and the
+/// affinity it got. A refusal's reason carries the hints too (`TopologyAffinityError`).
+fn log_decisions(a: &Admitted) {
+    for p in &a.placements {
+        let Some(d) = &p.topology else { continue };
+        let affinity = p.affinity.map(|m| m.to_cpuset());
+        tracing::debug!(
+            target: DECISION_TARGET,
+            pod = %a.uid,
+            container = %p.container,
+            hints = %d.hints_line(),
+            merged = %d.merged,
+            affinity = ?affinity.map(|m| m.to_string()),
+            cpus = %p.cpus,
+            mems = %p.mems,
+            "topology hints merged"
+        );
     }
 }
 

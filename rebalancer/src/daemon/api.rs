@@ -6,7 +6,8 @@
 //!   "ContainersStillBound", cgroups}` while containers of it are bound and running (their
 //!   CPUs would be handed to the next admission);
 //! - `GET /v1/status` → pods, placements, exclusive CPUs, sources, controller counters;
-//! - `GET /v1/explain/{cgroup}` → the cgroup's binding and the controller's last decision;
+//! - `GET /v1/explain/{cgroup}` → the cgroup's binding, its admission (placement and the
+//!   Topology Manager decision: each provider's hints, the merged hint) and the controller's last decision;
 //! - `GET /v1/top?limit=N` → nodes × the N busiest workloads of the last round (`serve::top`).
 //!
 //! Bodies are limited to [`MAX_BODY`] bytes and parsed strictly (unknown fields refused); a bad
@@ -232,7 +233,16 @@ async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Re
             format!("cgroup {cgroup:?} is not managed"),
         );
     }
-    (StatusCode::OK, Json(json!({"cgroup": cgroup, "binding": binding, "controller": ctl, "last_decision": decision}))).into_response()
+    // its admission: the placement booked for it, with the Topology Manager decision
+    let admission = binding.and_then(|b| {
+        let pod = s.state.allocator.pods.get(&b.pod_uid)?;
+        let c = pod
+            .containers
+            .iter()
+            .find(|c| c.placement.container == b.container)?;
+        Some(&c.placement)
+    });
+    (StatusCode::OK, Json(json!({"cgroup": cgroup, "binding": binding, "admission": admission, "controller": ctl, "last_decision": decision}))).into_response()
 }
 
 #[cfg(test)]

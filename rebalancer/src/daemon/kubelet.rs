@@ -806,6 +806,7 @@ fn install(
                     mems,
                     affinity: (!mask.is_empty()).then_some(mask),
                     devices: Vec::new(),
+                    topology: None,
                 },
                 kind: Default::default(),
                 charges: Default::default(),

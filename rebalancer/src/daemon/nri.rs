@@ -19,6 +19,11 @@
 //! Admissions and releases are checkpointed soon after (coalesced), not before the answer: the
 //! runtime remembers what runs, and Synchronize re-adopts anything the checkpoint missed.
 //!
+//! A container's device nodes (`linux.devices`) are resolved through the configured sysfs root
+//! to the PCI devices behind them (`topology::devnode`) and admitted as the container's
+//! `attached_devices`: the device provider's hints follow their PCI NUMA node, as for the
+//! admission API's `device_addresses` (docs/kubernetes-and-nri.md says what is not seen).
+//!
 //! Each container is admitted as its own allocator entry keyed `<pod uid>/<container id, 12>`
 //! (as the watcher keys its admissions), bound to its cgroup path. Under
 //! `placement.scope = "pod"` it is admitted as one container of its pod (keyed by the pod uid,
@@ -41,6 +46,7 @@ use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
+use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// One container's admission request, from the NRI pod and container.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +59,11 @@ pub struct Request {
     pub pod: Pod,
     /// The pod's totals (`pod_resources`), for pod scope; None when the runtime sent none.
     pub totals: Option<Container>,
+    /// The container's device nodes (`linux.devices`), resolved to PCI devices at admission
+    /// ([`Policy::attached_devices`]); empty for a container that may open every device (an
+    /// allow-all device rule: a privileged container sees the host's devices, none of them
+    /// given to it).
+    pub devices: Vec<DevNode>,
 }
 
 /// Events the plugin subscribes to.
@@ -234,6 +245,24 @@ pub fn request(
             ..Default::default()
         },
     };
+    let all_devices_allowed = res.is_some_and(|r| {
+        r.devices
+            .iter()
+            .any(|d| d.allow && matches!(d.r#type.as_str(), "" | "a") && d.major.is_none())
+    });
+    let devices = match linux {
+        Some(l) if !all_devices_allowed => l
+            .devices
+            .iter()
+            .map(|d| DevNode {
+                kind: d.r#type.clone(),
+                major: d.major,
+                minor: d.minor,
+                path: d.path.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let short: String = c.id.chars().take(12).collect();
     let key = format!("{pod_uid}/{short}");
     Ok(Some(Request {
@@ -246,6 +275,7 @@ pub fn request(
             init_containers: Vec::new(),
         },
         totals,
+        devices,
     }))
 }
 
@@ -714,6 +744,42 @@ impl Policy {
             .join(", ")
     }
 
+    /// The PCI devices behind `r`'s device nodes, resolved below the configured sysfs root
+    /// (`topology::devnode`; sysfs reads, so no lock is held), that the topology knows: the
+    /// device provider's hints come from their PCI NUMA node. Each node's outcome is logged
+    /// at debug; a PCI device the topology does not list (hot-plugged after the topology was
+    /// read) is left out with a warning.
+    fn attached_devices(&self, r: &Request) -> Vec<String> {
+        if r.devices.is_empty() {
+            return Vec::new();
+        }
+        let (root, known) = {
+            let s = self.d().lock();
+            let known: std::collections::BTreeSet<String> =
+                s.topo.devices.iter().map(|d| d.address.clone()).collect();
+            (s.cfg.daemon.sysfs_root.clone(), known)
+        };
+        let mut out: Vec<String> = Vec::new();
+        for dev in &r.devices {
+            let (kind, major, minor, path) = (&dev.kind, dev.major, dev.minor, &dev.path);
+            match devnode::resolve(&root, dev) {
+                Resolution::Pci { address, node } if known.contains(&address) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, pci = %address, numa_node = ?node, "device node of a container aligned with its PCI device");
+                    if !out.contains(&address) {
+                        out.push(address);
+                    }
+                }
+                Resolution::Pci { address, .. } => {
+                    tracing::warn!(cgroup = %r.cgroup, %path, major, minor, pci = %address, "device node's PCI device is not in the topology read at start; not aligned");
+                }
+                Resolution::Unresolved(why) => {
+                    tracing::debug!(cgroup = %r.cgroup, %path, %kind, major, minor, reason = why, "device node not aligned");
+                }
+            }
+        }
+        out
+    }
+
     /// Admits one request (bound to its cgroup): (cpus, mems) and the other containers'
     /// updates, or the refusal message.
     fn admit(
@@ -723,6 +789,16 @@ impl Policy {
         pod_id: &str,
         durability: Durability,
     ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
+        let attached = self.attached_devices(r);
+        let with_devices;
+        let r = if attached.is_empty() {
+            r
+        } else {
+            let mut x = r.clone();
+            x.pod.containers[0].attached_devices = attached;
+            with_devices = x;
+            &with_devices
+        };
         self.writer.take();
         let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
         let res = match r.key.split_once('/').filter(|_| pod_scope) {
@@ -769,11 +845,23 @@ impl Policy {
             Err(e) => {
                 self.writer.take();
                 let c = &r.pod.containers[0];
-                let ask = format!(
+                let mut ask = format!(
                     "asks {}m CPU, {} MiB memory",
                     c.cpu_request(),
                     c.memory_request() >> 20
                 );
+                if !c.attached_devices.is_empty() {
+                    let s = self.d().lock();
+                    let on = |a: &String| {
+                        let node = s.topo.devices.iter().find(|d| &d.address == a);
+                        match node.and_then(|d| d.node) {
+                            Some(n) => format!("{a} on node {n}"),
+                            None => format!("{a} on no known node"),
+                        }
+                    };
+                    let devs: Vec<String> = c.attached_devices.iter().map(on).collect();
+                    ask.push_str(&format!(", has devices {}", devs.join(", ")));
+                }
                 Err(match e {
                     AdmitError::Rejected { rejection, .. } => format!(
                         "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",
@@ -2251,5 +2339,68 @@ mod tests {
         assert_eq!(cpu_millis(Some(&cpu(-1, 100_000))).0, 0);
         assert_eq!(cpu_millis(Some(&cpu(i64::MAX, 1))).0, u64::MAX);
         assert_eq!(cpu_millis(None), (0, 0));
+    }
+
+    /// A container's device nodes become the device provider's hints: its GPU (char 241:1,
+    /// on node 1 through the sysfs root) puts it on node 1 under single-numa-node, restricted
+    /// and best-effort (policy none aligns nothing, as kubelet's); a block device with the
+    /// same numbers, or the same GPU in a container that may open every device (privileged),
+    /// aligns nothing and the container lands where kubelet's merge puts it first (node 0).
+    #[test]
+    fn a_containers_device_nodes_steer_its_numa_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let pci = sys.join("bus/pci/devices/0000:c1:00.0");
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("numa_node"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.join("dev/char/241:1")).unwrap();
+        std::os::unix::fs::symlink(&pci, sys.join("dev/char/241:1/device")).unwrap();
+        use crate::config::TopologyPolicy as T;
+        let placed = |kind: &str, allow_all: bool, policy_is: T| {
+            let mut p = policy(dir.path());
+            {
+                let mut s = p.d().lock();
+                s.cfg.daemon.sysfs_root = sys.clone();
+                s.cfg.placement.policy = policy_is;
+                s.topo.devices.push(crate::topology::PciDevice {
+                    address: "0000:c1:00.0".into(),
+                    class: crate::topology::DeviceClass::Gpu,
+                    node: Some(1),
+                    vendor: None,
+                    device: None,
+                });
+            }
+            let gp = pod("g", "");
+            run_pod(&mut p, &gp);
+            let mut c = ctr("a", &gp, 100_000, 1024, 1 << 20);
+            let l = c.linux.as_mut().unwrap();
+            l.devices.push(api::LinuxDevice {
+                path: "/dev/gpu1".into(),
+                r#type: kind.into(),
+                major: 241,
+                minor: 1,
+                ..Default::default()
+            });
+            if allow_all {
+                l.resources
+                    .as_mut()
+                    .unwrap()
+                    .devices
+                    .push(api::LinuxDeviceCgroup {
+                        allow: true,
+                        r#type: "a".into(),
+                        access: "rwm".into(),
+                        ..Default::default()
+                    });
+            }
+            adjusted_cpus(&create(&mut p, &gp, &c).unwrap())
+        };
+        // 2 nodes x 2 CPUs: node 0 = 0-1, node 1 = 2-3
+        for t in [T::SingleNumaNode, T::Restricted, T::BestEffort] {
+            assert_eq!(placed("c", false, t).to_string(), "2", "{t:?}");
+        }
+        assert_eq!(placed("c", false, T::None).to_string(), "0");
+        assert_eq!(placed("b", false, T::SingleNumaNode).to_string(), "0");
+        assert_eq!(placed("c", true, T::SingleNumaNode).to_string(), "0");
     }
 }

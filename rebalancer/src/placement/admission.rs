@@ -13,6 +13,7 @@ use crate::config::{
 };
 use crate::cpuset::CpuSet;
 use crate::placement::cpu::{self, CpuError, CpuView, StaticOptions};
+use crate::placement::decision::HintDecision;
 use crate::placement::device::{DeviceError, DeviceOwner, DeviceRequest, DeviceState};
 use crate::placement::memory::{
     reusable_on, update_reusable, ContainerKind, MemoryAllocation, MemoryError, MemoryRequest,
@@ -562,15 +563,16 @@ impl Allocator {
         let mut reuse = Reuse::default();
         let mut out = Vec::new();
         for (c, kind) in pod.in_order() {
-            let hint = match pod_hint {
-                Some(h) => h,
+            let (hint, decision) = match &pod_hint {
+                Some(h) => h.clone(),
                 None => {
                     self.hint_for(topo, cfg, &view, qos, &[c], None, Some((&pod.uid, &reuse)))?
                 }
             };
-            let a = self.allocate(
+            let mut a = self.allocate(
                 topo, cfg, &view, qos, &pod.uid, c, kind, hint, &mut reuse, overuse,
             )?;
+            a.placement.topology = decision;
             if kind == ContainerKind::App {
                 out.push(a.placement.clone());
             }
@@ -636,7 +638,8 @@ impl Allocator {
     /// Collects the providers' hints for `containers` (one container, or the whole pod in pod
     /// scope), merges them and applies the policy's admission rule and the tie-break strategy.
     /// `reuse`: the pod (uid) and what its init containers left to reuse, which the CPU and
-    /// memory hints count as kubelet's do (container scope).
+    /// memory hints count as kubelet's do (container scope). With the hint, the decision that
+    /// gave it (None under policy none, which merges nothing).
     #[allow(clippy::too_many_arguments)]
     fn hint_for(
         &self,
@@ -647,9 +650,9 @@ impl Allocator {
         containers: &[&Container],
         effective: Option<&Demand>,
         reuse: Option<(&str, &Reuse)>,
-    ) -> Result<TopologyHint, Rejection> {
+    ) -> Result<(TopologyHint, Option<HintDecision>), Rejection> {
         if cfg.policy == TopologyPolicy::None {
-            return Ok(TopologyHint::new(None, false));
+            return Ok((TopologyHint::new(None, false), None));
         }
         let summed = Demand::of(cfg, qos, containers);
         let demand = effective.unwrap_or(&summed);
@@ -673,11 +676,13 @@ impl Allocator {
             .map(|m| m.into_iter().map(|(k, v)| (k, Some(v))).collect());
         let mut by_resource = BTreeMap::new();
         let mut addresses = Vec::new();
+        let mut attached = Vec::new();
         for c in containers {
             for (r, n) in &c.devices {
                 *by_resource.entry(r.clone()).or_insert(0) += n;
             }
             addresses.extend(c.device_addresses.iter().cloned());
+            attached.extend(c.attached_devices.iter().cloned());
         }
         let dev_hints = self
             .devices
@@ -687,6 +692,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &by_resource,
                     addresses: &addresses,
+                    attached: &attached,
                 },
             )
             .map_err(device_rejection)?;
@@ -698,13 +704,16 @@ impl Allocator {
             &numa,
             &providers,
         );
+        let decision = HintDecision::new(&["cpu", "memory", "device"], &providers, &hint);
         let admit = merge::admit(cfg.policy, &hint);
         if !admit {
             return Err(Rejection::new(
                 R::TopologyAffinityError,
                 format!(
-                    "no preferred NUMA affinity under policy {:?} (best merged hint {:?})",
-                    cfg.policy, hint.affinity
+                    "no preferred NUMA affinity under policy {:?} (best merged hint {:?}; hints: {})",
+                    cfg.policy,
+                    hint.affinity,
+                    decision.hints_line()
                 ),
             ));
         }
@@ -716,7 +725,7 @@ impl Allocator {
                 aff,
             ));
         }
-        Ok(hint)
+        Ok((hint, Some(decision)))
     }
 
     /// Balance, not pack: among the masks as wide as `chosen` that every provider prefers
@@ -874,6 +883,7 @@ impl Allocator {
                 DeviceRequest {
                     by_resource: &c.devices,
                     addresses: &c.device_addresses,
+                    attached: &c.attached_devices,
                 },
                 affinity,
                 &DeviceOwner {
@@ -948,6 +958,7 @@ impl Allocator {
                 mems,
                 affinity,
                 devices,
+                topology: None,
             },
             charges,
             memory,

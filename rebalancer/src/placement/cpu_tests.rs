@@ -403,3 +403,249 @@ fn topology_cluster_affinity_with_smt_and_full_pcpus_only() {
     ];
     check(cases, &v);
 }
+
+/// 2 sockets × 2 nodes × 2 cores × 2 threads: node0 = 0-1,8-9 and node1 = 2-3,10-11 on
+/// socket 0; node2 = 4-5,12-13 and node3 = 6-7,14-15 on socket 1; siblings N and N+8.
+fn two_sockets() -> CpuView {
+    CpuView::new(
+        &TopologyBuilder {
+            sockets: 2,
+            nodes_per_socket: 2,
+            cores_per_node: 2,
+            threads_per_core: 2,
+            ..Default::default()
+        }
+        .build(),
+    )
+}
+
+/// distribute-cpus-across-cores (kubelet's spread strategy): one CPU of each free core
+/// before any core's sibling, whole nodes and sockets still first.
+#[test]
+fn distribute_cpus_across_cores() {
+    let s = StaticOptions {
+        distribute_across_cores: true,
+        ..opts(false, false, false)
+    };
+    let p = opts(false, false, false);
+    let cases: &[Case] = &[
+        ("one thread per core", "0-15", 4, None, s, "0-3"),
+        ("packed takes whole cores", "0-15", 4, None, p, "0-1,8-9"),
+        ("aligned to node 1", "0-15", 2, Some(&[1]), s, "4-5"),
+        (
+            "a whole node is still whole",
+            "0-15",
+            8,
+            None,
+            s,
+            "0-3,8-11",
+        ),
+        (
+            "a whole node, then one CPU per core",
+            "0-15",
+            10,
+            None,
+            s,
+            "0-5,8-11",
+        ),
+    ];
+    check(cases, &machine(4));
+}
+
+/// align-by-socket. kubelet widens the aligned CPUs to the affinity's whole sockets and
+/// takes packed from them, which can leave the affinity's nodes (and so the memory's: a
+/// container's mems are its affinity) while they have room. The engine keeps the documented
+/// invariant instead — CPUs within the admitted nodes whenever they suffice — and widens to
+/// the sockets only for what those nodes cannot give, before the rest of the machine
+/// (docs/configuration.md).
+#[test]
+fn align_by_socket_takes_the_affinitys_nodes_then_their_sockets() {
+    let v = two_sockets();
+    let a = StaticOptions {
+        align_by_socket: true,
+        ..opts(false, false, false)
+    };
+    let p = opts(false, false, false);
+    let cases: &[Case] = &[
+        // kubelet: "0,8" (socket 0 packed: node 0 first, off the affinity's node 1)
+        ("fits the affinity's node", "0-15", 2, Some(&[1]), a, "2,10"),
+        (
+            "the same without the option",
+            "0-15",
+            2,
+            Some(&[1]),
+            p,
+            "2,10",
+        ),
+        // node 1 gives 4; the other 2 from its socket (node 0) with the option, and without
+        // it from the fullest socket anywhere (socket 1 has only core 4 left)
+        (
+            "the rest from the affinity's socket",
+            "0-4,8-12",
+            6,
+            Some(&[1]),
+            a,
+            "0,2-3,8,10-11",
+        ),
+        (
+            "the rest anywhere without the option",
+            "0-4,8-12",
+            6,
+            Some(&[1]),
+            p,
+            "2-4,10-12",
+        ),
+        // the socket cannot give it all: the rest of the machine
+        ("past the socket", "0-15", 10, Some(&[1]), a, "0-4,8-12"),
+    ];
+    check(cases, &v);
+}
+
+/// kubelet's own align-by-socket case (policy_static_test.go, topoDualSocketMultiNumaPerSocketHT:
+/// node n = CPUs 10n..10n+9 and 40+10n.., sockets of two nodes), free CPUs 2, 11, 21, 22,
+/// two CPUs for the hint {0, 2}. kubelet answers 2,11 with the option (CPU 11 is on node 1,
+/// outside the hint and so outside the container's mems) and 2,21 without; the engine answers
+/// 2,21 both ways: the hint's nodes can give both CPUs.
+#[test]
+fn kubelets_align_by_socket_case_keeps_to_the_hints_nodes() {
+    let v = CpuView::new(
+        &TopologyBuilder {
+            sockets: 2,
+            nodes_per_socket: 2,
+            cores_per_node: 10,
+            threads_per_core: 2,
+            ..Default::default()
+        }
+        .build(),
+    );
+    let a = StaticOptions {
+        align_by_socket: true,
+        ..opts(false, false, false)
+    };
+    let p = opts(false, false, false);
+    let cases: &[Case] = &[
+        ("align-by-socket", "2,11,21-22", 2, Some(&[0, 2]), a, "2,21"),
+        (
+            "without it (kubelet: 2,21)",
+            "2,11,21-22",
+            2,
+            Some(&[0, 2]),
+            p,
+            "2,21",
+        ),
+    ];
+    check(cases, &v);
+}
+
+/// Every option reaches the engine's exclusive take: on the same machine, after a first
+/// 2-CPU pod (core 0, CPUs 0 and 8, except under distribute-cpus-across-cores), one admission
+/// per option through `Allocator::admit` gets the CPUs that option's take gives on the free
+/// CPUs.
+#[test]
+fn every_option_reaches_admission() {
+    use crate::config::PlacementConfig;
+    use crate::placement::admission::{Allocator, Container, Pod};
+    let topo = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 2,
+        cores_per_node: 4,
+        threads_per_core: 2,
+        cores_per_l3: 2,
+        ..Default::default()
+    }
+    .build();
+    let pod = |uid: &str, n: u64| Pod {
+        uid: uid.into(),
+        containers: vec![Container {
+            name: "c".into(),
+            cpu_limit_millis: n * 1000,
+            memory_limit_bytes: 1 << 20,
+            ..Default::default()
+        }],
+        init_containers: vec![],
+    };
+    let base = PlacementConfig {
+        memory_manager_policy: crate::config::MemoryManagerPolicy::None,
+        policy: crate::config::TopologyPolicy::None,
+        ..Default::default()
+    };
+    let with = |f: &dyn Fn(&mut PlacementConfig)| {
+        let mut c = base.clone();
+        f(&mut c);
+        c
+    };
+    let cases: Vec<(&str, PlacementConfig, u64, &str)> = vec![
+        ("packed: whole cores", base.clone(), 4, "1-2,9-10"),
+        (
+            "full-pcpus-only refuses a split core",
+            with(&|c| c.full_pcpus_only = true),
+            3,
+            "SMTAlignmentError",
+        ),
+        (
+            "distribute-cpus-across-numa: both nodes",
+            with(&|c| c.distribute_cpus_across_numa = true),
+            12,
+            "1-6,9-14",
+        ),
+        (
+            "distribute-cpus-across-cores: one per core",
+            with(&|c| c.distribute_cpus_across_cores = true),
+            4,
+            // the first pod took 0-1 (one CPU of two cores); then one CPU of each of four
+            // more cores (packed: two whole cores, 1-2,9-10)
+            "2-5",
+        ),
+        (
+            "prefer-align-cpus-by-uncorecache: a whole free L3",
+            with(&|c| c.prefer_align_cpus_by_uncorecache = true),
+            4,
+            "2-3,10-11",
+        ),
+    ];
+    for (name, cfg, n, want) in cases {
+        let mut a = Allocator::new(&topo, &cfg).unwrap();
+        let first = a.admit(&topo, &cfg, &pod("first", 2)).unwrap()[0]
+            .cpus
+            .clone();
+        let got = match a.admit(&topo, &cfg, &pod("p", n)) {
+            Ok(p) => p[0].cpus.to_string(),
+            Err(r) => r.reason.to_string(),
+        };
+        assert_eq!(got, want, "{name}");
+        // the very take `hints cpu` runs, on the CPUs the first pod left (full-pcpus-only is
+        // allocateCPUs' check before any take)
+        if !cfg.full_pcpus_only {
+            let free = CpuView::new(&topo).online.difference(&first);
+            let direct = cpu_take_of(&topo, &cfg, &free, n).unwrap();
+            assert_eq!(got, direct, "{name}: admission and the take differ");
+        }
+    }
+}
+
+/// `cpu_take` with the options of `cfg` on `free` CPUs of `topo` (`hints cpu`'s path).
+fn cpu_take_of(
+    topo: &crate::topology::Topology,
+    cfg: &crate::config::PlacementConfig,
+    free: &CpuSet,
+    n: u64,
+) -> Result<String, String> {
+    let v = CpuView::new(topo);
+    let strategy = if cfg.distribute_cpus_across_cores {
+        cpu_take::Strategy::Spread
+    } else {
+        cpu_take::Strategy::Packed
+    };
+    let got = if cfg.distribute_cpus_across_numa {
+        cpu_take::take_distributed(&v.kubelet, free, n as usize, 1, strategy)
+    } else {
+        cpu_take::take_packed(
+            &v.kubelet,
+            free,
+            n as usize,
+            strategy,
+            cfg.prefer_align_cpus_by_uncorecache,
+        )
+    };
+    got.map(|c| c.to_string()).map_err(|e| e.to_string())
+}

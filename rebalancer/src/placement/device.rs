@@ -29,6 +29,9 @@ pub struct DeviceState {
 pub struct DeviceRequest<'a> {
     pub by_resource: &'a BTreeMap<String, u32>,
     pub addresses: &'a [String],
+    /// Devices the container already has (hints only, never assigned): see
+    /// `Container::attached_devices`.
+    pub attached: &'a [String],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,7 +62,8 @@ impl DeviceState {
             .collect()
     }
 
-    /// Hints per requested resource (and per requested address, keyed `pci:<address>`).
+    /// Hints per requested resource (and per requested or attached address, keyed
+    /// `pci:<address>`).
     /// A resource none of whose devices has a NUMA node gets `None` (no preference), as in
     /// kubelet; devices without a node count in no mask.
     /// `None` overall when nothing is requested.
@@ -104,7 +108,7 @@ impl DeviceState {
                 .collect();
             out.insert(res.clone(), Some(hints));
         }
-        for a in req.addresses {
+        for a in req.addresses.iter().chain(req.attached) {
             let d = topo
                 .devices
                 .iter()
@@ -120,7 +124,8 @@ impl DeviceState {
 
     /// Assigns the requested devices to `owner`: named addresses as given, resources from the
     /// free devices of their class — those on `affinity`'s nodes first, then those without a
-    /// node, then the rest, each by address. Atomic: on error nothing is assigned.
+    /// node, then the rest, each by address. Attached devices are not assigned (the runtime
+    /// gave them). Atomic: on error nothing is assigned.
     pub fn allocate(
         &mut self,
         topo: &Topology,
@@ -256,6 +261,7 @@ mod tests {
             let req = DeviceRequest {
                 by_resource: &by,
                 addresses: &[],
+                attached: &[],
             };
             let h = s.hints(&t, &classes(), req).unwrap().unwrap();
             let got: String = masks_only(show(&h[*res]));
@@ -299,6 +305,7 @@ mod tests {
         let req = DeviceRequest {
             by_resource: &by,
             addresses: &[],
+            attached: &[],
         };
         let got = s
             .allocate(&t, &classes(), req, Some(NodeMask::single(3)), &owner("a"))
@@ -308,6 +315,7 @@ mod tests {
         let busy = DeviceRequest {
             by_resource: &by,
             addresses: &addr,
+            attached: &[],
         };
         let before = s.clone();
         assert!(matches!(
@@ -319,6 +327,7 @@ mod tests {
         let unknown = DeviceRequest {
             by_resource: &by,
             addresses: &addr,
+            attached: &[],
         };
         assert!(s.hints(&t, &classes(), unknown).is_err());
         s.release("a");

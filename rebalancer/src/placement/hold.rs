@@ -51,6 +51,9 @@ pub struct PodHold {
     pub totals: Container,
     /// The pod's merged hint: every container of the pod is allocated within it.
     pub hint: TopologyHint,
+    /// The decision that gave `hint` (shown with each of the pod's containers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<crate::placement::decision::HintDecision>,
     /// Exclusive CPUs set aside (in no container's cpuset; no one else's either).
     pub cpus: CpuSet,
     /// Memory Manager memory set aside on the pod's nodes.
@@ -71,7 +74,8 @@ pub struct PodMember<'a> {
     pub container: &'a Container,
 }
 
-/// `totals`, raised field by field to at least `c` (the pod is at least its container).
+/// `totals`, raised field by field to at least `c` (the pod is at least its container); the
+/// pod's attached devices known so far are the container's (no door sees a pod's devices).
 fn at_least(totals: &Container, c: &Container) -> Container {
     Container {
         name: "pod".into(),
@@ -81,6 +85,7 @@ fn at_least(totals: &Container, c: &Container) -> Container {
         memory_limit_bytes: totals.memory_limit_bytes.max(c.memory_limit_bytes),
         hugepages_2mi_bytes: totals.hugepages_2mi_bytes.max(c.hugepages_2mi_bytes),
         hugepages_1gi_bytes: totals.hugepages_1gi_bytes.max(c.hugepages_1gi_bytes),
+        attached_devices: c.attached_devices.clone(),
         ..Default::default()
     }
 }
@@ -152,7 +157,7 @@ impl Allocator {
             // The pod's QoS is its totals' (the doors shape them by the pod's QoS class).
             let qos = whole.qos();
             let (cpu_total, mem_total) = self.check_capacity(&view, &whole)?;
-            let hint = self.hint_for(topo, cfg, &view, qos, &[&totals], None, None)?;
+            let (hint, decision) = self.hint_for(topo, cfg, &view, qos, &[&totals], None, None)?;
             self.pods.insert(
                 m.pod_uid.to_string(),
                 AdmittedPod {
@@ -163,6 +168,7 @@ impl Allocator {
                     hold: Some(PodHold {
                         totals,
                         hint,
+                        decision,
                         cpus: CpuSet::new(),
                         memory: None,
                         members: BTreeMap::new(),
@@ -242,7 +248,7 @@ impl Allocator {
             prefer: hold.cpus.clone(),
             ..Reuse::default()
         };
-        let a = self.allocate(
+        let mut a = self.allocate(
             topo,
             cfg,
             &view,
@@ -254,6 +260,7 @@ impl Allocator {
             &mut reuse,
             overuse,
         )?;
+        a.placement.topology = hold.decision.clone();
         // A container beyond the pod's totals (wrong or missing totals) may not fit the pod's
         // affinity: restricted and single-numa-node refuse it, as kubelet's admission would
         // have refused the pod it belongs to; best-effort lets it spill, as kubelet does.

@@ -10,7 +10,10 @@ pub use mask::{NodeMask, TopologyHint};
 pub mod admission;
 pub mod cpu;
 pub mod cpu_case;
+#[cfg(test)]
+mod cpu_case_props;
 pub mod cpu_take;
+pub mod decision;
 pub mod device;
 pub mod memory;
 pub mod memory_case;

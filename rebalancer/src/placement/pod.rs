@@ -47,6 +47,12 @@ pub struct Container {
     /// Specific PCI devices by address, e.g. ["0000:41:00.0"].
     #[serde(default)]
     pub device_addresses: Vec<String>,
+    /// PCI devices the runtime already gave the container (its device nodes, resolved through
+    /// sysfs at the NRI door): the device provider's hints come from them as from
+    /// `device_addresses`, but they are not assigned, so containers that share a device (a
+    /// GPU shared by design, a sidecar beside its app) are never refused as busy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attached_devices: Vec<String>,
     /// `"Always"` on an init container makes it a sidecar; nothing else is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
@@ -237,6 +243,10 @@ pub struct ContainerPlacement {
     /// PCI addresses of the devices given to the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// The Topology Manager decision behind `affinity` (each provider's hints, the merged
+    /// hint); None under policy none and for placements adopted from kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<crate::placement::decision::HintDecision>,
 }
 
 /// Why a pod was refused (kubelet's reason names where kubelet has one).

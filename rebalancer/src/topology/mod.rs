@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
 
+pub mod devnode;
 pub mod sysfs;
 
 /// Hugepage counts for one page size on one node.

@@ -137,8 +137,22 @@ struct ContainerSpec {
     env: Vec<(String, String)>,
     #[serde(default)]
     mounts: Vec<MountSpec>,
+    /// Device nodes as kubelet hands a device plugin's devices to the runtime.
+    #[serde(default)]
+    devices: Vec<DeviceSpec>,
     #[serde(default)]
     security: SecuritySpec,
+}
+
+/// A host device node given to the container (CRI `Device`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceSpec {
+    host_path: String,
+    container_path: String,
+    /// cgroup permissions, e.g. "rw" (default "rwm").
+    #[serde(default)]
+    permissions: Option<String>,
 }
 
 /// A volume mount as kubelet hands it to the runtime (hostPath and configMap alike: a host
@@ -308,6 +322,15 @@ async fn main() -> Result<()> {
                         host_path: m.host_path.clone(),
                         readonly: m.readonly,
                         ..Default::default()
+                    })
+                    .collect(),
+                devices: s
+                    .devices
+                    .iter()
+                    .map(|d| cri::Device {
+                        container_path: d.container_path.clone(),
+                        host_path: d.host_path.clone(),
+                        permissions: d.permissions.clone().unwrap_or_else(|| "rwm".into()),
                     })
                     .collect(),
                 log_path: s.log_path.clone(),
