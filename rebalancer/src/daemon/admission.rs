@@ -1159,6 +1159,7 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
     s.state
         .bindings
         .iter()
+        .filter(|(cg, _)| !s.moving.contains(*cg))
         .filter_map(|(cg, b)| {
             let c = s
                 .state
@@ -1360,6 +1361,7 @@ pub fn book_move(
         return Ok(None);
     }
     let mut s = d.lock();
+    s.moving.insert(mv.cgroup.clone());
     let own =
         bound_container(&s, &mv.cgroup).map(|c| (c.placement.exclusive, c.placement.cpus.clone()));
     if own.as_ref().is_some_and(|(excl, _)| *excl) {
@@ -1390,6 +1392,7 @@ impl Booked {
         self.settled = true;
         let _order = self.d.order();
         let mut s = self.d.lock();
+        s.moving.remove(&self.cgroup);
         s.state.allocator.in_flight.remove(&self.cgroup);
         if let (false, Some((uid, container, cpus))) = (written, &self.bound) {
             s.state.allocator.record_move_cpus(uid, container, cpus);

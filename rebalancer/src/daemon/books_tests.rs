@@ -568,6 +568,74 @@ impl CgroupWriter for RacingWriter {
     }
 }
 
+/// A reconcile while a move's writes run leaves the moving container alone: the books already
+/// say where it goes, cgroupfs still says where it was, and a repair written then would race
+/// the move's own write (its settle sets the container right).
+#[test]
+fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let g = "kubepods/p0/c";
+    fake.lock().unwrap().insert(g, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p0", 1000, 256 * MIB, true),
+        bind: Some(g),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(g).unwrap(), f.read_mems(g).unwrap())
+    };
+    let to = CpuSet::parse("5").unwrap();
+    let mv = controller::Move {
+        cgroup: g.into(),
+        from_cpus,
+        to_cpus: to.clone(),
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    let repaired = Arc::new(Mutex::new(None));
+    let racing = {
+        let (adm, fake, repaired) = (adm.clone(), fake.clone(), repaired.clone());
+        move || {
+            let changes = adm.repair(|cg| {
+                fake.lock()
+                    .unwrap()
+                    .cpus(cg)
+                    .map(|c| super::reconcile::Seen {
+                        cpus: vec![c.clone()],
+                        mems: None,
+                    })
+            });
+            *repaired.lock().unwrap() = Some(changes);
+        }
+    };
+    let mut w = RacingWriter {
+        fake: fake.clone(),
+        d: d.clone(),
+        hook: Some(Box::new(racing)),
+        racer: None,
+    };
+    let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
+    assert_eq!(applied.applied, 1, "{applied:?}");
+    assert_eq!(
+        repaired.lock().unwrap().take(),
+        Some(vec![]),
+        "repaired while moving"
+    );
+    assert_eq!(fake.lock().unwrap().cpus(g), Some(&to));
+    books_agree(&d, &fake.lock().unwrap()).unwrap();
+}
+
 /// A move whose cpus write panics (a bug in a writer; the writer threads catch it and go on)
 /// gives its booking back as it unwinds: no CPU stays held, and the books keep the cpus the
 /// container runs on.

@@ -97,6 +97,10 @@ pub struct Shared {
     /// still run on them); 0 when the last attempt wrote all. Retried each round
     /// (`Admission::refence`) while above 0.
     pub shrink_failures: u32,
+    /// Cgroups whose move is booked and being written (`admission::book_move` until
+    /// `Booked::settle`): neither a repair nor a shrink writes them meanwhile (the move's own
+    /// read of their cpus would find someone else's write); the settle sets them right.
+    pub moving: std::collections::BTreeSet<String>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
     pub admission: crate::config::AdmissionMode,
     /// Whether the NRI plugin is registered with the runtime now.
@@ -125,6 +129,7 @@ impl Shared {
             fence_failures: Default::default(),
             refused: Default::default(),
             shrink_failures: 0,
+            moving: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
             kubelet: Default::default(),
