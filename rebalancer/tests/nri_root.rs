@@ -977,6 +977,183 @@ fn an_answer_the_runtime_gave_up_on_is_repaired_at_the_reconnect() {
     ctd.remove_pods();
 }
 
+/// The books' exclusive CPUs, from `status`.
+fn exclusive_cpus(d: &common::Daemon) -> CpuSet {
+    serde_json::from_value(d.status()["exclusive_cpus"].clone()).expect("exclusive_cpus")
+}
+
+/// A Guaranteed container's CRI resources with `cpus` CPUs (kubelet's quota and shares).
+fn guaranteed(cpus: i64) -> String {
+    serde_json::json!({
+        "cpu_quota": cpus * 100_000, "cpu_period": 100_000,
+        "cpu_shares": cpus * 1024, "memory_limit": 67_108_864,
+    })
+    .to_string()
+}
+
+/// In-place resize through the CRI (kubelet's `UpdateContainerResources`, which containerd
+/// hands the plugin as NRI UpdateContainer): a Guaranteed container raised from 1 to 2 CPUs
+/// runs on 2 exclusive CPUs, the one it had kept — read from inside it (an exec'd process),
+/// from cgroupfs and from the runtime's spec — and the books agree; lowered back to 1 it gives
+/// a CPU back. With a shared container beside it (this machine has 2 CPUs, and a shared
+/// container keeps one), the same raise fails the CRI call with the reason, and nothing moves.
+#[test]
+fn a_cri_resize_grows_exclusive_cpus_or_is_refused_with_the_reason() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    if all.len() != 2 {
+        println!("SKIP: the refusal needs exactly 2 CPUs (a shared container keeps one), this machine has {all}");
+        return;
+    }
+    let mut ctd = Containerd::start(&install);
+    let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let gp = ctd.pod("resize", "guaranteed");
+    let g = ctd.container(&gp, "g", res(GUARANTEED_1CPU)).unwrap();
+    let (one, _) = g.first_print();
+    assert_eq!(one.len(), 1, "{one}");
+
+    let t = Instant::now();
+    ctd.cri(&["update", &g.id, &guaranteed(2)])
+        .unwrap_or_else(|e| panic!("the raise to 2 CPUs: {e}\n{}", d.log_text()));
+    let took = t.elapsed();
+    let runs = exec_cpus(&ctd, &g.id);
+    assert_eq!(runs, all, "the container runs on 2 CPUs:\n{}", d.log_text());
+    assert!(one.is_subset(&runs));
+    assert_eq!(g.live_cpus(), all, "cgroupfs");
+    assert_eq!(ctd.inspect(&g.id), all, "the runtime's spec");
+    let (booked, _, excl) = decision(&d, &g.id).expect("admitted");
+    assert_eq!((&booked, excl), (&all, true), "the books agree");
+    assert_eq!(
+        exclusive_cpus(&d),
+        all,
+        "the books give it both exclusively"
+    );
+    println!("raised to 2 exclusive CPUs in {took:?}: {runs}");
+
+    ctd.cri(&["update", &g.id, &guaranteed(1)])
+        .unwrap_or_else(|e| panic!("the lowering to 1 CPU: {e}\n{}", d.log_text()));
+    let back = exec_cpus(&ctd, &g.id);
+    assert_eq!(back.len(), 1, "{back}");
+    assert_eq!(g.live_cpus(), back);
+    assert_eq!(ctd.inspect(&g.id), back);
+    assert_eq!(
+        exclusive_cpus(&d),
+        back,
+        "the other CPU is back in the pool"
+    );
+
+    let bp = ctd.pod("beside", "burstable");
+    let b = ctd.container(&bp, "b", res(BURSTABLE)).unwrap();
+    let shared = all.difference(&back);
+    assert_eq!(b.first_print().0, shared);
+    let books = d.status()["pods"].clone();
+    let e = ctd
+        .cri(&["update", &g.id, &guaranteed(2)])
+        .expect_err("a raise that would leave the shared container no CPU");
+    assert!(
+        e.contains("rebalancer refused the resize") && e.contains("InsufficientCPU"),
+        "the reason: {e}"
+    );
+    println!("refused: {}", e.trim());
+    assert_eq!(
+        d.status()["pods"],
+        books,
+        "a refused resize changes nothing"
+    );
+    assert_eq!(exec_cpus(&ctd, &g.id), back);
+    assert_eq!(exec_cpus(&ctd, &b.id), shared);
+    assert_eq!(b.live_cpus(), shared);
+    assert_eq!(ctd.inspect(&g.id), back);
+    ctd.remove_pods();
+}
+
+/// `ctr` on the test's containerd, in kubelet's namespace.
+fn ctr(ctd: &Containerd, args: &[&str]) {
+    let out = Command::new(ctd.install.join("root/usr/bin/ctr"))
+        .arg("--address")
+        .arg(ctd.sock())
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A paused container (`ctr task pause`: the cgroup freezer) keeps its exclusive CPU through
+/// a Synchronize (containerd restarted, the plugin reconnects): the books still give it the
+/// CPU, its cgroup still has it, and a Guaranteed container created afterwards gets the other
+/// CPU, never the paused one's. containerd 1.7, restarted, finds the task paused, counts the
+/// container unknown and leaves it out of the Synchronize: the daemon keeps it because its
+/// cgroup still holds processes.
+#[test]
+fn a_paused_container_keeps_its_exclusive_cpus_through_a_synchronize() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups().unwrap().effective_cpus("").unwrap();
+    if all.len() < 2 {
+        println!("SKIP: 2 exclusive CPUs need 2 CPUs, this machine has {all}");
+        return;
+    }
+    let mut ctd = Containerd::start(&install);
+    let d = nri_daemon(&ctd.nri_sock(), "", "[controller]\nperiod_ms = 600000\n");
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let pp = ctd.pod("paused", "guaranteed");
+    let p = ctd.container(&pp, "p", res(GUARANTEED_1CPU)).unwrap();
+    let (mine, _) = p.first_print();
+    ctr(&ctd, &["task", "pause", &p.id]);
+    let syncs = |d: &common::Daemon| {
+        d.log_text()
+            .matches("synchronized with the runtime")
+            .count()
+    };
+    let before = syncs(&d);
+    ctd.stop();
+    ctd.spawn();
+    wait_for(
+        "the reconnect's Synchronize",
+        Duration::from_secs(30),
+        || syncs(&d) > before && connected(&d),
+    );
+    let sync = d
+        .log_text()
+        .lines()
+        .rev()
+        .find(|l| l.contains("synchronized with the runtime"))
+        .unwrap_or_default()
+        .to_string();
+    println!("after the restart: {sync}");
+    assert_eq!(
+        decision(&d, &p.id).map(|x| x.0),
+        Some(mine.clone()),
+        "{sync}"
+    );
+    assert!(mine.is_subset(&exclusive_cpus(&d)));
+    assert_eq!(p.live_cpus(), mine, "cgroupfs of the paused container");
+    let gp = ctd.pod("after", "guaranteed");
+    let g = ctd.container(&gp, "g", res(GUARANTEED_1CPU)).unwrap();
+    let (theirs, _) = g.first_print();
+    assert!(theirs.is_disjoint(&mine), "{theirs} vs the paused {mine}");
+    assert!(
+        g.live_cpus().is_disjoint(&p.live_cpus()),
+        "cgroupfs of both"
+    );
+    ctr(&ctd, &["task", "resume", &p.id]);
+    // (the runtime counts it unknown now: no exec into it; its cgroup says where it runs)
+    assert_eq!(p.live_cpus(), mine, "resumed, it runs on its CPU alone");
+    assert!(g.live_cpus().is_disjoint(&mine));
+    ctd.remove_pods();
+}
+
 /// A sysfs root standing for this 2-CPU machine split into two NUMA nodes, node 0 = CPU 1 and
 /// node 1 = CPU 0 (so the one real memory node, 0, is paired with the CPU a default placement
 /// does not take first), with two GPUs: `0000:41:00.0` on node 0 and `0000:c1:00.0` on node

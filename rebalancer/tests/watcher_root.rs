@@ -9,6 +9,9 @@
 //! With every inotify instance of its user taken (by another process of the same uid, under a
 //! lowered `fs.inotify.max_user_instances`), the daemon reports it in /healthz and still places
 //! new containers within two control periods, and recovers once an instance is free.
+//! A refused container never shares a CPU later given exclusively to another.
+mod common;
+
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -686,4 +689,184 @@ fn without_inotify_instances_health_fails_and_containers_are_still_placed() {
         "placed with inotify again {:.1} ms after mkdir",
         lat.as_secs_f64() * 1e3
     );
+}
+
+/// A process that is killed (and reaped) on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `Cpus_allowed_list` of a process: where the kernel lets it run now.
+fn allowed_cpus(pid: u32) -> CpuSet {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let v = st
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    CpuSet::parse(v.trim()).unwrap()
+}
+
+/// A refused container never shares a CPU later given exclusively (real cgroups in kubelet's
+/// cgroupfs layout, v1 cpu / memory limits written before the cpuset directory appears, as
+/// the runtime writes them, and a process in each container). Under single-numa-node, a
+/// Burstable container asking for more CPUs than the machine has is refused and runs where the
+/// runtime put it (every CPU); a Guaranteed 1-CPU container admitted after it gets a CPU the
+/// refused one is moved off; a Guaranteed container that would take every CPU left is refused
+/// too (the refused one would have nowhere to go). Checked in both cgroups and in the refused
+/// container's process's own `Cpus_allowed_list`, over a few control rounds.
+#[test]
+fn a_refused_container_never_shares_a_cpu_given_exclusively() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: no cgroups");
+        return;
+    };
+    let Ok(root) = cg
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, _)| p.to_path_buf())
+    else {
+        println!("SKIP: no cpuset controller");
+        return;
+    };
+    let all = cg.effective_cpus("").unwrap();
+    let mems = cg.effective_mems("").unwrap();
+    let n = all.len();
+    if n < 2 {
+        println!("SKIP: needs 2 CPUs");
+        return;
+    }
+    let pid = std::process::id();
+    let top = format!("rbt-refused-{pid}");
+    let kube = format!("{top}/kubepods");
+    let (r_pod, g_pod, h_pod) = (
+        format!("{kube}/burstable/pod0000aaaa-bbbb-cccc-dddd-{pid:012}"),
+        format!("{kube}/pod0000aaaa-bbbb-cccc-eeee-{pid:012}"),
+        format!("{kube}/pod0000aaaa-bbbb-cccc-ffff-{pid:012}"),
+    );
+    let (r_rel, g_rel, h_rel) = (
+        format!("{r_pod}/{}", "e".repeat(64)),
+        format!("{g_pod}/{}", "a".repeat(64)),
+        format!("{h_pod}/{}", "b".repeat(64)),
+    );
+    let mut clean = Cleanup {
+        dirs: Vec::new(),
+        daemon: None,
+    };
+    // the runtime's limits first: the refused one asks for more than the machine, g for one
+    // CPU, h for every CPU g leaves
+    let shares = ((n + 2) * 1024).to_string();
+    let mut v1 = v1_limit(
+        &cg,
+        Controller::Cpu,
+        &r_rel,
+        "cpu.shares",
+        &shares,
+        &mut clean,
+    );
+    for (rel, cpus) in [(&g_rel, 1), (&h_rel, n - 1)] {
+        let quota = (cpus * 100_000).to_string();
+        v1 &= v1_limit(
+            &cg,
+            Controller::Cpu,
+            rel,
+            "cpu.cfs_quota_us",
+            &quota,
+            &mut clean,
+        );
+        v1 &= v1_limit(
+            &cg,
+            Controller::Memory,
+            rel,
+            "memory.limit_in_bytes",
+            "268435456",
+            &mut clean,
+        );
+    }
+    if !v1 {
+        println!("SKIP: needs separate v1 cpu and memory hierarchies (the limits of a v2 container cgroup appear with it)");
+        return;
+    }
+    for rel in [
+        top.as_str(),
+        &kube,
+        &format!("{kube}/burstable"),
+        &r_pod,
+        &g_pod,
+        &h_pod,
+    ] {
+        cg.create_cpuset(rel, &all, &mems).expect("create parent");
+        clean.dirs.push(root.join(rel));
+    }
+    let state = tempfile::tempdir().unwrap();
+    let (daemon, port) = start_daemon_every(
+        state.path(),
+        &kube,
+        "[placement]\npolicy = \"single-numa-node\"\n",
+        500,
+    );
+    clean.daemon = Some(daemon);
+    let sock = state.path().join("s.sock");
+    let rejected = || {
+        common::metric_value(
+            &common::metrics_at(port),
+            "rebalancer_admission_requests_total{result=\"rejected\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let read = |rel: &str| cg.cpus(rel).unwrap();
+
+    // the refused container, as runc makes it: its cpuset, then its process in it
+    cg.create_cpuset(&r_rel, &all, &mems).unwrap();
+    clean.dirs.push(root.join(&r_rel));
+    let sleeper = Process(Command::new("sleep").arg("600").spawn().unwrap());
+    cg.add_proc(Controller::Cpuset, &r_rel, sleeper.0.id())
+        .unwrap();
+    common::wait_for(10, "the refusal", || rejected() >= 1.0);
+    assert!(status(&sock)["bindings"].get(&r_rel).is_none());
+    assert_eq!(read(&r_rel), all, "refused: left as the runtime made it");
+
+    let g = root.join(&g_rel);
+    std::fs::create_dir(&g).unwrap();
+    clean.dirs.push(g.clone());
+    wait_written(&g.join("cpuset.cpus"), Instant::now()).expect("g never admitted");
+    let excl = read(&g_rel);
+    assert_eq!(excl.len(), 1, "{excl}");
+    let booked: CpuSet = serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap();
+    assert_eq!(booked, excl);
+    common::wait_for(
+        10,
+        "the refused container moved off the exclusive CPU",
+        || read(&r_rel).is_disjoint(&excl),
+    );
+
+    let h = root.join(&h_rel);
+    std::fs::create_dir(&h).unwrap();
+    clean.dirs.push(h.clone());
+    common::wait_for(10, "h's refusal", || rejected() >= 2.0);
+    let booked: CpuSet = serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap();
+    assert_eq!(booked, excl, "h was not given the refused container's CPUs");
+    // a few control rounds (every 500 ms): it stays off every exclusive CPU, never empty
+    for _ in 0..6 {
+        let (r, mine) = (read(&r_rel), allowed_cpus(sleeper.0.id()));
+        assert!(
+            !r.is_empty() && r.is_disjoint(&excl),
+            "refused on {r}, {excl} exclusive"
+        );
+        assert!(mine.is_disjoint(&excl), "its process may run on {mine}");
+        assert!(read(&g_rel).is_disjoint(&r), "cgroupfs of both");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("refused container on {}, exclusive {excl}", read(&r_rel));
+    drop(sleeper);
 }

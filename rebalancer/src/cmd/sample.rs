@@ -67,7 +67,7 @@ fn wait(secs: u64) {
             tv_sec: if secs == 0 {
                 1 << 40
             } else {
-                secs as libc::time_t
+                secs as _
             },
             tv_nsec: 0,
         };

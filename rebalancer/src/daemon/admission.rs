@@ -10,6 +10,7 @@
 //! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
 //! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
 //! Admission::unbind(cgroup, durability)                -> Option<Binding>
+//! Admission::resize(cgroup, container, durability)     -> Result<Option<ContainerPlacement>, AdmitError>
 //! Admission::replace_offline()                         -> usize
 //! Admission::checkpoint() / request_checkpoint() / record_invalid()
 //! ```
@@ -234,12 +235,19 @@ impl Admission {
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
             let before = sh.state.allocator.clone();
-            match sh.state.allocator.admit_member_seeing(
-                &sh.topo,
-                &sh.cfg.placement,
-                req.member,
-                &sh.overuse,
-            ) {
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+            let r = sh
+                .state
+                .allocator
+                .admit_member_seeing(&sh.topo, &sh.cfg.placement, req.member, &sh.overuse)
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator = before.clone();
+                        Err(rejection)
+                    }
+                });
+            match r {
                 Ok(p) => (p, dry_run, before),
                 Err(rejection) => {
                     let fence = (!dry_run).then(|| exclusive_and_pool(sh));
@@ -249,6 +257,8 @@ impl Admission {
                 }
             }
         };
+        let mut placement = placement;
+        self.keep_memory_where_it_is(cg, uid, &mut placement);
         // The pod's hold may have taken (or given back) exclusive CPUs besides the container's.
         let exclusive_changed =
             before.exclusive_cpus() != self.daemon.lock().state.allocator.exclusive_cpus();
@@ -354,11 +364,17 @@ impl Admission {
             }
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
-            match sh
-                .state
-                .allocator
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+            let r = (sh.state.allocator)
                 .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
-            {
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator.release(&pod.uid);
+                        Err(rejection)
+                    }
+                });
+            match r {
                 Ok(p) => (p, dry_run),
                 Err(rejection) => {
                     let fence = match req.bind {
@@ -375,7 +391,9 @@ impl Admission {
             .bind
             .zip(placements.first())
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
-        if let (Some((cg, _)), Some(p)) = (&bound, placements.first()) {
+        let mut placements = placements;
+        if let (Some((cg, _)), Some(p)) = (&bound, placements.first_mut()) {
+            self.keep_memory_where_it_is(cg, &pod.uid, p);
             if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
                 self.daemon.lock().state.allocator.release(&pod.uid);
                 return Err(e);
@@ -594,6 +612,102 @@ impl Admission {
         Some(b)
     }
 
+    /// A bound container's requests changed in place (a resize: NRI UpdateContainer, or the
+    /// limits the watcher reads): its placement follows as `Allocator::resize` decides, or
+    /// the resize is refused and nothing changes. A grow moves the shared containers off the
+    /// CPUs it takes before its own cpuset is written; a shrink writes its own first, then the
+    /// shared pool grows, so no CPU is ever both exclusive and shared. `Ok(None)`: the
+    /// placement stays as it is.
+    pub fn resize(
+        &self,
+        cgroup: &str,
+        new: &crate::placement::pod::Container,
+        durability: Durability,
+    ) -> Result<Option<ContainerPlacement>, AdmitError> {
+        let _order = self.order();
+        let (before, placement, dry_run) = {
+            let mut s = self.daemon.lock();
+            let Some(b) = s.state.bindings.get(cgroup).cloned() else {
+                return Err(AdmitError::Invalid(format!(
+                    "container cgroup {cgroup} is not bound"
+                )));
+            };
+            let sh = &mut *s;
+            let before = sh.state.allocator.clone();
+            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+            let r = sh
+                .state
+                .allocator
+                .resize(&sh.topo, &sh.cfg.placement, &b.pod_uid, &b.container, new)
+                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
+                    None => Ok(p),
+                    Some(rejection) => {
+                        sh.state.allocator = before.clone();
+                        Err(rejection)
+                    }
+                });
+            match r {
+                Ok(p) => (before, p, sh.cfg.daemon.dry_run),
+                Err(rejection) => {
+                    drop(s);
+                    self.daemon
+                        .metrics
+                        .admission_rejections
+                        .get_or_create(&ReasonLabel {
+                            reason: rejection.reason.to_string(),
+                        })
+                        .inc();
+                    return Err(AdmitError::Rejected {
+                        rejection,
+                        fenced: None,
+                    });
+                }
+            }
+        };
+        let old = {
+            let s = self.daemon.lock();
+            let b = &s.state.bindings[cgroup];
+            (before.pods.get(&b.pod_uid))
+                .and_then(|p| {
+                    p.containers
+                        .iter()
+                        .find(|c| c.placement.container == b.container)
+                })
+                .map(|c| c.placement.clone())
+        };
+        if old.as_ref() == Some(&placement) {
+            return Ok(None);
+        }
+        let excl_before = before.exclusive_cpus();
+        let grew = {
+            let s = self.daemon.lock();
+            !s.state.allocator.exclusive_cpus().is_subset(&excl_before)
+        };
+        if grew {
+            self.shrink_locked_order(dry_run);
+        }
+        if !dry_run {
+            if let Err(e) = self.write_own(cgroup, &placement) {
+                self.daemon.lock().state.allocator = before;
+                // the shared containers back to the pool the books say again
+                self.shrink_locked_order(dry_run);
+                return Err(match e {
+                    WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
+                    _ => AdmitError::WriteFailed(cgroup.into()),
+                });
+            }
+        }
+        if !grew {
+            self.shrink_locked_order(dry_run);
+        }
+        match durability {
+            Durability::Durable => self.checkpoint_logged(),
+            Durability::Deferred => self.request_checkpoint(),
+        }
+        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        Ok(Some(placement))
+    }
+
     /// Exclusive CPUs that went offline are replaced (`Allocator::replace_offline`): each
     /// container's cgroup gets its new cpuset, and shared containers move off CPUs that just
     /// became exclusive. Returns how many placements were replaced. Checkpointed by the caller.
@@ -720,6 +834,36 @@ impl Admission {
             },
         );
         Ok(())
+    }
+
+    /// Adoption of a container that already runs (the start-up reconcile without usable books,
+    /// NRI Synchronize, a late event): its placement's mems are widened by the nodes its memory
+    /// is on now, in the books too, instead of narrowed in the write — the kernel migrates a
+    /// cgroup's memory inside a mems write that narrows it (v2; v1 with memory_migrate), one
+    /// container after another, outside `migration_budget_mib`, with admissions waiting behind
+    /// it. Narrowing is left to the control rounds, which move memory within the budget. A new
+    /// container has no memory yet and gets its placement's mems as they are.
+    fn keep_memory_where_it_is(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
+        let Some(nodes) = self.writer.memory_nodes(cg) else {
+            return;
+        };
+        let wide = p.mems.union(&nodes);
+        if wide == p.mems {
+            return;
+        }
+        tracing::info!(cgroup = %cg, placed = %p.mems, memory_on = %nodes, mems = %wide, "running container adopted with its memory where it is; control rounds narrow its mems within the migration budget");
+        // the mems only: its Memory Manager booking stays on the placement's nodes (booked
+        // over both, they would become one NUMA group and pull later pods' memory across)
+        let mut s = self.daemon.lock();
+        let booked = (s.state.allocator.pods.get_mut(uid)).and_then(|pod| {
+            pod.containers
+                .iter_mut()
+                .find(|c| c.placement.container == p.container)
+        });
+        if let Some(c) = booked {
+            c.placement.mems = wide.clone();
+        }
+        p.mems = wide;
     }
 
     /// Every cpuset write of the service: noted as the daemon's own first, so the round
@@ -1071,6 +1215,37 @@ fn fence_of(s: &Shared, pod_uid: &str) -> (CpuSet, CpuSet) {
 }
 
 /// The exclusive CPUs and the shared pool now.
+/// Containers the books do not hold — refused ones, and kubelet's fenced ones — run on the
+/// shared pool: a change that makes the last shared CPU exclusive while one of them lives
+/// would leave it nowhere to be fenced to, sharing a CPU given exclusively. Such a change is
+/// refused (checked on the books it leaves, before anything is written). `had_pool`: whether
+/// the shared pool had a CPU before the change ([`shared_pool_left`]); one already empty (a
+/// pod scope hold took it) is not this change's doing.
+fn leaves_unadmitted_no_cpu(s: &Shared, had_pool: bool) -> Option<Rejection> {
+    let waiting = s.refused.len() + s.fenced.len();
+    if !had_pool || waiting == 0 || shared_pool_left(s) {
+        return None;
+    }
+    Some(Rejection::new(
+        crate::placement::pod::RejectionReason::InsufficientCpu,
+        format!(
+            "exclusive CPUs would leave no shared CPU for the {waiting} running container(s) not admitted (refused, or kubelet's), which must keep off them"
+        ),
+    ))
+}
+
+/// Whether a container not admitted (refused, or kubelet's fenced) lives.
+fn has_unadmitted(s: &Shared) -> bool {
+    !(s.refused.is_empty() && s.fenced.is_empty())
+}
+
+/// Whether the shared pool has a CPU now.
+fn shared_pool_left(s: &Shared) -> bool {
+    !(s.state.allocator)
+        .shared_pool(&CpuView::new(&s.topo))
+        .is_empty()
+}
+
 pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
     (
         s.state.allocator.exclusive_cpus(),

@@ -72,6 +72,7 @@ pub const EVENTS: &[api::Event] = &[
     api::Event::StopPodSandbox,
     api::Event::RemovePodSandbox,
     api::Event::CreateContainer,
+    api::Event::UpdateContainer,
     api::Event::StopContainer,
     api::Event::RemoveContainer,
 ];
@@ -369,6 +370,19 @@ impl CpusetWriter for NriWriter {
         });
         live.or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
+
+    fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
+        super::writer::memory_nodes_of(self.cgroups.as_ref()?, cgroup)
+    }
+}
+
+/// The runtime's container id at the end of a container cgroup's path (cgroupfs
+/// `…/<id>`, systemd `…/cri-containerd-<id>.scope`); None when it does not look like one.
+fn container_id_of(cgroup: &str) -> Option<String> {
+    let last = cgroup.rsplit('/').next()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = last.rsplit('-').next()?;
+    (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// A container of a pod kubelet's static managers placed, or not (`Policy::kubelets`).
@@ -710,6 +724,47 @@ impl Policy {
         }
     }
 
+    /// Synchronize: bound containers the runtime did not list but whose cgroups still hold
+    /// processes still run on what they hold (containerd 1.7, restarted, reports a container
+    /// it finds paused as unknown and leaves it out of the list): they keep their allocation,
+    /// counted `live` and tracked again, until they go (RemoveContainer, or a later
+    /// Synchronize that finds their cgroup empty or gone).
+    fn keep_unlisted(&mut self, live: &mut Vec<String>) {
+        let Some(cgroups) = self.writer.cgroups.clone() else {
+            return;
+        };
+        let unlisted: Vec<(String, String)> = {
+            let s = self.d().lock();
+            (s.state.bindings.iter())
+                .filter(|(cg, _)| !live.contains(cg))
+                .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
+                .collect()
+        };
+        for (cg, key) in unlisted {
+            let procs = cgroups.procs(crate::cgroup::Controller::Cpuset, &cg);
+            if !procs.is_ok_and(|p| !p.is_empty()) {
+                continue;
+            }
+            tracing::warn!(cgroup = %cg, "synchronize: a bound container the runtime did not list still has processes (paused, or in a state the runtime cannot tell); it keeps its allocation");
+            live.push(cg.clone());
+            if let Some(id) = container_id_of(&cg) {
+                let uid = key.split('/').next().unwrap_or_default();
+                let pod_id = (self.pods.values())
+                    .find(|p| p.uid == uid)
+                    .map(|p| p.id.clone())
+                    .unwrap_or_default();
+                self.containers.insert(
+                    id,
+                    Tracked {
+                        key,
+                        cgroup: cg,
+                        pod_id,
+                    },
+                );
+            }
+        }
+    }
+
     /// Fails CreateContainer with `why`; a dry run lets the container start as the runtime
     /// makes it instead, logging and counting the refusal it would have made.
     fn refuse(&self, id: &str, why: String) -> Result<api::CreateContainerResponse, String> {
@@ -719,6 +774,18 @@ impl Policy {
             return Ok(Default::default());
         }
         tracing::warn!(container = %id, error = %why, "CreateContainer refused");
+        Err(why)
+    }
+
+    /// Fails UpdateContainer with `why`; a dry run lets the update through unchanged instead,
+    /// logging and counting the refusal it would have made.
+    fn refuse_update(&self, id: &str, why: String) -> Result<api::UpdateContainerResponse, String> {
+        if self.dry_run() {
+            tracing::warn!(container = %id, error = %why, "dry run: UpdateContainer would be refused; left to the runtime");
+            self.d().metrics.dry_run_refusals.inc();
+            return Ok(Default::default());
+        }
+        tracing::warn!(container = %id, error = %why, "UpdateContainer refused");
         Err(why)
     }
 
@@ -972,6 +1039,7 @@ impl Handler for Policy {
                 None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
+        self.keep_unlisted(&mut live);
         self.runtime.retrack(
             self.containers
                 .iter()
@@ -1142,6 +1210,70 @@ impl Handler for Policy {
             update: updates.into_iter().chain(self.queued_for_hook()).collect(),
             evict: vec![],
         })
+    }
+
+    /// An in-place resize (CRI `UpdateContainerResources`): the placed container's new
+    /// requests go through the admission service (`Admission::resize`); its new cpuset rides
+    /// the answer as an update of the container itself, which the runtime merges into the
+    /// resources it applies, and the shared containers that change ride it too. A resize the
+    /// books cannot take fails the update with the reason (a dry run logs and counts it).
+    fn update_container(
+        &mut self,
+        req: api::UpdateContainerRequest,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
+            self.admission.record_invalid();
+            return Err("rebalancer: UpdateContainer without its pod or container".into());
+        };
+        let Some(t) = self.containers.get(&c.id).cloned() else {
+            // not placed by the plugin (not Kubernetes', kubelet's, or never admitted)
+            return Ok(api::UpdateContainerResponse {
+                update: self.queued_for_hook(),
+                ..Default::default()
+            });
+        };
+        // the container as it will be: its spec with the resources asked for now
+        let mut next = c.clone();
+        if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
+            l.resources = Some(r);
+        }
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        let asked = match request(pod, &next, kube_root.as_deref()) {
+            Ok(Some(r)) => r.pod.containers[0].clone(),
+            Ok(None) => return Ok(Default::default()),
+            Err(e) => return self.refuse_update(&c.id, format!("rebalancer: {e}")),
+        };
+        self.writer.take();
+        match self
+            .admission
+            .resize(&t.cgroup, &asked, Durability::Deferred)
+        {
+            Ok(placed) => {
+                let (mine, mut updates) = self.drain(Some(&t.cgroup), true);
+                if let Some(p) = &placed {
+                    tracing::info!(container = %c.id, cgroup = %t.cgroup, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized");
+                }
+                updates.extend(self.queued_for_hook());
+                // last: the runtime takes its resized container's resources from its update
+                updates.extend(mine.map(|m| update(&c.id, &m.cpus, m.mems.as_ref())));
+                Ok(api::UpdateContainerResponse {
+                    update: updates,
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                self.writer.take();
+                let why = format!(
+                    "rebalancer refused the resize of container {} ({}) to {}m CPU, {} MiB memory: {e} [{}]",
+                    c.id,
+                    c.name,
+                    asked.cpu_request(),
+                    asked.memory_request() >> 20,
+                    self.free_by_node()
+                );
+                self.refuse_update(&c.id, why)
+            }
+        }
     }
 
     fn stop_container(
@@ -1645,6 +1777,116 @@ mod tests {
         assert_eq!((t.cpu_request_millis, t.cpu_limit_millis), (4000, 4000));
     }
 
+    /// An UpdateContainer of a placed Guaranteed container: its resources as CRI
+    /// `UpdateContainerResources` gives them.
+    fn resize(
+        p: &mut Policy,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+        quota: i64,
+    ) -> Result<api::UpdateContainerResponse, String> {
+        let next = ctr(
+            &c.id[..1],
+            pod,
+            quota,
+            (quota as u64) * 1024 / 100_000,
+            1 << 30,
+        );
+        p.update_container(api::UpdateContainerRequest {
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+            linux_resources: next.linux.unwrap().resources,
+        })
+    }
+
+    fn updated_cpus(r: &api::UpdateContainerResponse, id: &str) -> Option<CpuSet> {
+        let u = r.update.iter().rev().find(|u| u.container_id == id)?;
+        let cpu = u.linux.as_ref()?.resources.as_ref()?.cpu.as_ref()?;
+        Some(CpuSet::parse(&cpu.cpus).unwrap())
+    }
+
+    /// Resize through NRI (2 nodes x 2 CPUs): a Guaranteed container grown from 1 to 2 CPUs
+    /// keeps its CPU and takes the other of its node, the shared container moved off them in
+    /// the same answer and the resized container's own update last (the runtime applies
+    /// that one to it); a grow past its node fails the update with the reason and changes
+    /// nothing; a shrink gives a CPU back to the shared container. The books agree each time.
+    #[test]
+    fn a_resize_grows_within_the_node_refuses_past_it_and_shrinks_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let (gp, bp) = (pod("g", ""), pod("b", "burstable/"));
+        run_pod(&mut p, &gp);
+        run_pod(&mut p, &bp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        let one = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let b = ctr("b", &bp, 0, 512, 0);
+        create(&mut p, &bp, &b).unwrap();
+        let excl = |p: &Policy| p.d().lock().state.allocator.exclusive_cpus();
+
+        let r = resize(&mut p, &gp, &g, 200_000).unwrap();
+        let two = updated_cpus(&r, &g.id).expect("the resized container's update");
+        assert_eq!(r.update.last().unwrap().container_id, g.id, "{r:?}");
+        assert_eq!(two.len(), 2);
+        assert!(one.is_subset(&two), "{one} kept in {two}");
+        assert_eq!(excl(&p), two, "the books agree");
+        if let Some(bc) = updated_cpus(&r, &b.id) {
+            assert!(bc.is_disjoint(&two), "shared {bc} off {two}");
+        }
+        let shared = p
+            .writer
+            .cpus(&request(&bp, &b, None).unwrap().unwrap().cgroup);
+        assert!(shared.is_none_or(|s| s.is_disjoint(&two)));
+
+        let before = p.d().lock().state.clone();
+        let e = resize(&mut p, &gp, &g, 300_000).unwrap_err();
+        assert!(
+            e.contains("refused the resize") && e.contains("InsufficientCPU"),
+            "{e}"
+        );
+        assert_eq!(
+            p.d().lock().state,
+            before,
+            "a refused resize changes nothing"
+        );
+
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        let back = updated_cpus(&r, &g.id).unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(back.is_subset(&two));
+        assert_eq!(excl(&p), back);
+        // the same request again: nothing to change, no update of it
+        let r = resize(&mut p, &gp, &g, 100_000).unwrap();
+        assert!(updated_cpus(&r, &g.id).is_none(), "{r:?}");
+    }
+
+    /// A dry run never refuses a resize: the update goes through untouched, the refusal
+    /// counted.
+    #[test]
+    fn a_dry_run_lets_a_resize_it_would_refuse_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = policy(dir.path());
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
+        create(&mut p, &gp, &g).unwrap();
+        p.d().lock().cfg.daemon.dry_run = true;
+        let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
+        assert!(r.update.is_empty(), "{r:?}");
+        assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
+    }
+
+    #[test]
+    fn a_container_cgroup_names_its_runtime_id() {
+        let id = "ab".repeat(32);
+        for cg in [
+            format!("kubepods/burstable/pod{UID}/{id}"),
+            format!("kubepods.slice/kubepods-pod.slice/cri-containerd-{id}.scope"),
+        ] {
+            assert_eq!(container_id_of(&cg).as_deref(), Some(id.as_str()), "{cg}");
+        }
+        assert_eq!(container_id_of("kubepods/pod1/short"), None);
+    }
+
     /// Hugepage limits from the runtime are summed without overflow.
     #[test]
     fn hugepage_limits_from_the_runtime_saturate() {
@@ -1869,6 +2111,44 @@ mod tests {
         assert_eq!(CpuSet::parse(&cpu.cpus).unwrap(), booked);
         assert!(!cpu.mems.is_empty(), "the mems it never got are given too");
         assert_eq!(p.d().metrics.books_repairs.get(), 1);
+    }
+
+    /// A bound container the runtime leaves out of a Synchronize (containerd 1.7, restarted,
+    /// counts a paused one unknown and omits it) keeps its allocation while its cgroup holds
+    /// processes; with its cgroup empty it is released.
+    #[test]
+    fn synchronize_keeps_an_unlisted_container_whose_cgroup_still_has_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpuset cpu memory\n").unwrap();
+        let cgroups = Cgroups::new(crate::cgroup::mode::Mounts::scan_root(root).unwrap());
+        let mut p = policy(root);
+        let gp = pod("g", "");
+        run_pod(&mut p, &gp);
+        let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
+        let booked = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
+        let cg = request(&gp, &g, None).unwrap().unwrap().cgroup;
+        std::fs::create_dir_all(root.join(&cg)).unwrap();
+        let procs = root.join(&cg).join("cgroup.procs");
+        let sync = |p: &mut Policy| {
+            p.synchronize(api::SynchronizeRequest {
+                pods: vec![gp.clone()],
+                containers: vec![],
+            })
+            .unwrap()
+        };
+        std::fs::write(&procs, "4242\n").unwrap();
+        let mut p = Policy::new(p.d().clone(), Some(cgroups), p.runtime.clone());
+        sync(&mut p);
+        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
+        assert!(p.d().lock().state.bindings.contains_key(&cg));
+        std::fs::write(&procs, "").unwrap();
+        sync(&mut p);
+        assert!(
+            p.d().lock().state.bindings.is_empty(),
+            "released once empty"
+        );
+        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
     }
 
     #[test]

@@ -42,6 +42,24 @@ pub trait CpusetWriter: Send + Sync {
     /// The container's cpus as set now (its own `cpuset.cpus`, or the effective set when that
     /// is empty); None when unreadable.
     fn cpus(&self, cgroup: &str) -> Option<CpuSet>;
+    /// The NUMA nodes a container's memory is on now (`memory.numa_stat`); None when it has
+    /// none or it cannot be read. Admission keeps an adopted container's mems on these
+    /// rather than narrow them in its write: the kernel would migrate the memory inside that
+    /// write, outside any budget (see `Admission`'s adoption).
+    fn memory_nodes(&self, _cgroup: &str) -> Option<CpuSet> {
+        None
+    }
+}
+
+/// The nodes of `cgroup`'s memory by its `memory.numa_stat` (anonymous, file and hugetlb
+/// pages); None when it has none or cannot be read.
+pub fn memory_nodes_of(cgroups: &Cgroups, cgroup: &str) -> Option<CpuSet> {
+    let st = cgroups.numa_stat(cgroup).ok()?;
+    let nodes: CpuSet = [&st.anon, &st.file, &st.hugetlb]
+        .into_iter()
+        .flat_map(|b| b.iter().filter(|(_, v)| **v > 0).map(|(n, _)| *n))
+        .collect();
+    (!nodes.is_empty()).then_some(nodes)
 }
 
 /// [`CpusetWriter`] over cgroupfs.
@@ -73,5 +91,9 @@ impl CpusetWriter for CgroupCpusetWriter {
             Ok(c) if !c.is_empty() => Some(c),
             _ => self.0.effective_cpus(cgroup).ok(),
         }
+    }
+
+    fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
+        memory_nodes_of(&self.0, cgroup)
     }
 }

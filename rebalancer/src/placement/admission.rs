@@ -37,6 +37,8 @@ pub use crate::placement::merge::ProviderHints;
 
 #[path = "hold.rs"]
 mod hold;
+#[path = "resize.rs"]
+mod resize;
 pub use hold::{PodHold, PodMember};
 
 /// Why an allocator could not be built from the machine and config.

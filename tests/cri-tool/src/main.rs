@@ -42,6 +42,12 @@ enum Cmd {
     Start {
         id: String,
     },
+    /// UpdateContainerResources (kubelet's in-place resize) from a JSON of cpu_quota,
+    /// cpu_period, cpu_shares, memory_limit; fails with the runtime's error.
+    Update {
+        id: String,
+        spec: String,
+    },
     Stop {
         id: String,
     },
@@ -371,6 +377,21 @@ async fn main() -> Result<()> {
         Cmd::Start { id } => {
             c.start_container(cri::StartContainerRequest { container_id: id })
                 .await?;
+        }
+        Cmd::Update { id, spec } => {
+            let r: PodResources = serde_json::from_str(&spec).context("resources")?;
+            c.update_container_resources(cri::UpdateContainerResourcesRequest {
+                container_id: id,
+                linux: Some(cri::LinuxContainerResources {
+                    cpu_period: r.cpu_period,
+                    cpu_quota: r.cpu_quota,
+                    cpu_shares: r.cpu_shares,
+                    memory_limit_in_bytes: r.memory_limit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?;
         }
         Cmd::Exec { id, cmd } => {
             let r = c

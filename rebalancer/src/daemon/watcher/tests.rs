@@ -407,6 +407,111 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     assert!(d.daemon.lock().refused.is_empty());
 }
 
+/// A refused container runs on the shared pool: an exclusive admission that would take the
+/// last shared CPU is refused while it lives (it would have nowhere to be fenced to), and
+/// admitted once it is gone.
+#[test]
+fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    put(root, &format!("{g}/cpu.max"), "200000 100000\n");
+    put(root, &format!("{g}/memory.max"), "67108864\n");
+    let excl = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    let other = UID.replace('8', "9").replace('-', "_");
+    let b = container(
+        root,
+        &format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{other}.slice"),
+        "b",
+    );
+    put(root, &format!("{b}/cpu.weight"), "313\n");
+    put(root, &format!("{b}/cpuset.cpus.effective"), "0-3\n");
+    assert!(matches!(
+        on_created(&d, &cg, &b, Instant::now()),
+        WatchOutcome::Rejected { .. }
+    ));
+    let fenced = cg.cpus(&b).unwrap();
+    assert_eq!(fenced, CpuSet::parse("0-3").unwrap().difference(&excl));
+    let third = UID.replace('8', "7").replace('-', "_");
+    let g2 = container(
+        root,
+        &format!("kubepods.slice/kubepods-pod{third}.slice"),
+        "c",
+    );
+    put(root, &format!("{g2}/cpu.max"), "200000 100000\n");
+    put(root, &format!("{g2}/memory.max"), "67108864\n");
+    let o = on_created(&d, &cg, &g2, Instant::now());
+    let WatchOutcome::Rejected { reason, .. } = &o else {
+        panic!("the last shared CPU was made exclusive under a refused container: {o:?}")
+    };
+    assert_eq!(reason, "InsufficientCPU");
+    assert_eq!(
+        cg.cpus(&b).unwrap(),
+        fenced,
+        "the refused container keeps its CPU"
+    );
+    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), excl);
+    // the refused container gone, the same request fits
+    std::fs::remove_dir_all(root.join(&b)).unwrap();
+    on_removed(&d, &b);
+    on_removed(&d, &g2);
+    let excl2 = admitted_cpus(&on_created(&d, &cg, &g2, Instant::now()));
+    assert_eq!(excl2, fenced);
+}
+
+/// A start without usable books: a running container whose memory is on node 1 is adopted on
+/// node 0's CPU with its mems widened by node 1 — written so (the kernel migrates nothing when
+/// mems grow) and booked so, so the reconcile finds nothing to repair — and the narrowing is
+/// left to the control rounds' budgeted moves. A new container (no memory yet) gets its
+/// placement's mems as they are.
+#[test]
+fn a_running_container_is_adopted_with_its_memory_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    let us = UID.replace('-', "_");
+    let a = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    guaranteed_limits(&root.join(&a));
+    put(
+        root,
+        &format!("{a}/memory.numa_stat"),
+        "anon N0=0 N1=1073741824\nfile N0=0 N1=0\n",
+    );
+    let o = on_created(&d, &cg, &a, Instant::now());
+    let cpus = admitted_cpus(&o);
+    let WatchOutcome::Admitted { mems, .. } = &o else {
+        unreachable!()
+    };
+    let (mems, written) = (CpuSet::parse(mems).unwrap(), cg.mems(&a).unwrap());
+    assert_eq!(written, mems);
+    assert!(written.contains(1), "its memory's node kept: {written}");
+    let s = d.daemon.lock();
+    let booked = s
+        .state
+        .allocator
+        .placements()
+        .find(|p| p.cpus == cpus)
+        .unwrap();
+    assert_eq!(booked.mems, written, "the books agree");
+    drop(s);
+    assert!(d.repair(|_| None).is_empty());
+    // a new container: nothing to keep
+    let other = UID.replace('8', "9").replace('-', "_");
+    let b = container(
+        root,
+        &format!("kubepods.slice/kubepods-pod{other}.slice"),
+        "b",
+    );
+    guaranteed_limits(&root.join(&b));
+    let o = on_created(&d, &cg, &b, Instant::now());
+    let WatchOutcome::Admitted { mems, .. } = &o else {
+        panic!("{o:?}")
+    };
+    assert_eq!(CpuSet::parse(mems).unwrap().len(), 1, "{o:?}");
+}
+
 #[test]
 fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
     let dir = tempfile::tempdir().unwrap();
