@@ -64,11 +64,7 @@ fn wait(secs: u64) {
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         let ts = libc::timespec {
-            tv_sec: if secs == 0 {
-                1 << 40
-            } else {
-                secs as _
-            },
+            tv_sec: if secs == 0 { 1 << 40 } else { secs as _ },
             tv_nsec: 0,
         };
         libc::sigtimedwait(&set, std::ptr::null_mut(), &ts);
