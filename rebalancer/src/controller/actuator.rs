@@ -315,8 +315,8 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
 
 /// The first half of [`apply`]: the checks, then the writes up to and including cpuset.cpus
 /// (memory_migrate on, mems widened); the rest — narrowing mems (the kernel migrates the
-/// memory then) and the page moves — is [`finish`]. The daemon holds its allocator lock over
-/// this half only, so a long migration never blocks admissions.
+/// memory then) and the page moves — is [`finish`]. The daemon books the move before this
+/// half and settles it after (`daemon::apply`), no lock held over either half.
 pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun, ApplyError> {
     let cg = mv.cgroup.as_str();
     for (set, file) in [

@@ -1334,6 +1334,7 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
     s.state
         .bindings
         .iter()
+        .filter(|(cg, _)| !s.moving.contains(*cg))
         .filter_map(|(cg, b)| {
             let c = s
                 .state
@@ -1504,12 +1505,108 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
     Ok(())
 }
 
+/// A move's cpus booked before they are written (see [`book_move`]); settled once the writes
+/// ended ([`Booked::settle`]). Not clonable: one settle per booking. Dropped unsettled (a
+/// panic in the move's writes) it is given back, so no CPU stays held.
+#[must_use = "a booking holds CPUs until it is settled"]
+pub struct Booked {
+    d: Daemon,
+    settled: bool,
+    cgroup: String,
+    /// The bound container and the cpus the books gave it before (None: unbound).
+    bound: Option<(String, String, CpuSet)>,
+    /// The exclusive CPUs once booked: what the shared containers were set against.
+    exclusive: CpuSet,
+}
+
+/// The first half of a move's change: under the locks, with no I/O, the move is checked
+/// against the books ([`move_allowed`]: none of its new CPUs exclusive, held ones included)
+/// and the bound container's cpus are booked at the target. An exclusive container's old and
+/// new CPUs are held (`Allocator::in_flight`): no admission hands them out and no shared
+/// container is set onto them while the writes run, with no lock held. `Ok(None)`: nothing to
+/// book (a dry run, or the cpus stay).
+pub fn book_move(
+    d: &Daemon,
+    mv: &crate::controller::Move,
+    dry_run: bool,
+) -> Result<Option<Booked>, BooksRefusal> {
+    let _order = d.order();
+    move_allowed(d, mv)?;
+    if dry_run || mv.to_cpus == mv.from_cpus {
+        return Ok(None);
+    }
+    let mut s = d.lock();
+    s.moving.insert(mv.cgroup.clone());
+    let own =
+        bound_container(&s, &mv.cgroup).map(|c| (c.placement.exclusive, c.placement.cpus.clone()));
+    if own.as_ref().is_some_and(|(excl, _)| *excl) {
+        let held = mv.from_cpus.union(&mv.to_cpus);
+        s.state.allocator.in_flight.insert(mv.cgroup.clone(), held);
+    }
+    let binding = s.state.bindings.get(&mv.cgroup).cloned();
+    let bound = binding.zip(own).map(|(b, (_, cpus))| {
+        (s.state.allocator).record_move_cpus(&b.pod_uid, &b.container, &mv.to_cpus);
+        (b.pod_uid, b.container, cpus)
+    });
+    Ok(Some(Booked {
+        d: d.clone(),
+        settled: false,
+        cgroup: mv.cgroup.clone(),
+        bound,
+        exclusive: s.state.allocator.exclusive_cpus(),
+    }))
+}
+
+impl Booked {
+    /// The second half of a move's change, once its writes ended: the held CPUs are let go,
+    /// and the booked cpus stay when they were `written`, else the books go back to what they
+    /// were. Returns whether the exclusive CPUs differ from those at the booking (this move's,
+    /// or an admission's while the writes ran): the shared containers then follow
+    /// ([`shared_changes`], written by the caller with no lock held), the moved one included.
+    pub fn settle(mut self, written: bool) -> bool {
+        self.settled = true;
+        let _order = self.d.order();
+        let mut s = self.d.lock();
+        s.moving.remove(&self.cgroup);
+        s.state.allocator.in_flight.remove(&self.cgroup);
+        if let (false, Some((uid, container, cpus))) = (written, &self.bound) {
+            s.state.allocator.record_move_cpus(uid, container, cpus);
+        }
+        self.exclusive != s.state.allocator.exclusive_cpus()
+    }
+}
+
+impl Drop for Booked {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a move's booking was never settled (its writes panicked); given back");
+            let booked = Booked {
+                d: self.d.clone(),
+                settled: false,
+                cgroup: std::mem::take(&mut self.cgroup),
+                bound: self.bound.take(),
+                exclusive: std::mem::take(&mut self.exclusive),
+            };
+            self.settled = true;
+            booked.settle(false);
+        }
+    }
+}
+
+impl std::fmt::Debug for Booked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Booked")
+            .field("cgroup", &self.cgroup)
+            .field("bound", &self.bound)
+            .finish()
+    }
+}
+
 /// A move's cpus were written: the bound container's placement follows them — its CPUs (for a
 /// shared container, its pool and the CPU charges spread over it) — so later admissions
-/// decide on what cgroupfs holds. Call with `order` held since [`move_allowed`] passed and
-/// over the cpus write, so no admission comes between the check, the write and this record.
-/// Unbound cgroups have nothing in the books. Returns true when exclusive CPUs changed (the
-/// shared containers then follow: [`shared_changes`]).
+/// decide on what cgroupfs holds: for cpus someone else wrote (a move's are booked by
+/// [`book_move`]). Call with `order` held. Unbound cgroups have nothing in the books. Returns
+/// true when exclusive CPUs changed (the shared containers then follow: [`shared_changes`]).
 pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> bool {
     let mut s = d.lock();
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {

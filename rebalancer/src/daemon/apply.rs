@@ -3,12 +3,15 @@
 //! metrics updated, and the migration budget enforced once more on what is actually applied
 //! (the planner already keeps to it; this is the actuator-side guard of the invariant).
 //!
-//! Each move is checked against the allocator's books just before it is written
-//! (`admission::move_allowed`: no reserved or other container's exclusive CPU, Memory Manager
-//! memory only where it fits) and, once written, recorded in them
-//! (`admission::record_cpus_locked_order`, `admission::record_mems`), so the allocator and
-//! cgroupfs agree after every move. The check, the cpus write and its record happen under the
-//! allocator lock (`Daemon::order`), ordered with admissions; the memory migration after it.
+//! Each move is a change of the books in two halves around its writes, with no lock held
+//! across a write: `admission::book_move` checks it against the books (`move_allowed`: no
+//! reserved, held or other container's exclusive CPU, Memory Manager memory only where it
+//! fits), books its cpus and holds an exclusive container's old and new CPUs; the writes up to
+//! cpuset.cpus run; `admission::Booked::settle` keeps the booking when the cpus were written and
+//! gives it back when not, and the shared containers follow when the exclusive CPUs changed
+//! meanwhile. The mems are recorded once migrated (`admission::record_mems`), so the allocator
+//! and cgroupfs agree after every move. The locks are taken only inside those functions, which
+//! get no writer.
 //!
 //! The daemon's rounds hand their moves to [`Applier`]: up to `controller.apply_threads`
 //! writer threads, each applying whole moves through that same per-move path with a writer of
@@ -270,14 +273,13 @@ fn apply_one(
         }
     };
     let w = &mut Noting { w, d };
-    // The allocator lock (`Daemon::order`) is held from the books check over the cpus
-    // write to its record, so no admission comes between them: one that makes the target
-    // CPUs exclusive either ran before (the check refuses, or the cpus read is stale) or
-    // runs after (its shrink sees the new cpus). The mems write that migrates the memory,
-    // and a stage's page moves, run after it is released.
-    let begun = {
-        let _order = d.order();
-        if let Err(reason) = super::admission::move_allowed(d, mv) {
+    // The books first (`admission::book_move`: checked, the target cpus booked, the CPUs the
+    // move leaves and takes held from admissions), then the writes up to the cpus with no
+    // lock held, then the books settled: kept when the cpus were written, given back when
+    // not. An admission meanwhile cannot take the held CPUs, and waits for no write.
+    let booked = match super::admission::book_move(d, mv, dry_run) {
+        Ok(b) => b,
+        Err(reason) => {
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
             d.metrics
                 .moves_skipped
@@ -287,15 +289,15 @@ fn apply_one(
                 .inc();
             return Outcome::Refused(reason);
         }
-        let begun = controller::begin(mv, w, dry_run);
-        if let Ok(controller::Begun::CpusMoved(_)) = &begun {
-            if super::admission::record_cpus_locked_order(d, mv) {
-                // An exclusive container moved: the shared pool follows it.
-                shared_follow(d, w);
-            }
-        }
-        begun
     };
+    let begun = controller::begin(mv, w, dry_run);
+    if let Some(b) = booked {
+        let written = matches!(&begun, Ok(controller::Begun::CpusMoved(_)));
+        if b.settle(written) {
+            // An exclusive container moved: the shared pool follows it.
+            shared_follow(d, w);
+        }
+    }
     if let Ok(controller::Begun::CpusMoved(_)) = &begun {
         // The books changed with the cpus: on disk before the migration, so a stop (or a
         // crash) in the middle of it keeps them (encoded and written outside the locks).
@@ -523,7 +525,7 @@ fn apply_one(
 }
 
 /// The second half of `mv` failed (its mems are rolled back, its new cpus kept): the cpus go
-/// back too, as a move of their own under the allocator lock — only when the books still
+/// back too, as a move of their own (booked, written with no lock held, settled) — only when the books still
 /// allow the old cpus (an admission may have made them exclusive meanwhile; then the new cpus,
 /// recorded and valid, stay). Nothing is written when the move kept the cpus, or when the
 /// cgroup's cpus are no longer the ones the move wrote: someone else (the operator, kubelet)
@@ -541,7 +543,6 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         bytes_to_migrate: 0,
         ..mv.clone()
     };
-    let _order = d.order();
     match w.read_cpus(&mv.cgroup) {
         Ok(now) if now == mv.to_cpus => {}
         Ok(now) => {
@@ -550,34 +551,44 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         }
         Err(_) => return, // vanished, or unreadable: nothing to put back
     }
-    if let Err(reason) = super::admission::move_allowed(d, &back) {
-        tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
-        return;
-    }
-    match w.write_cpus(&mv.cgroup, &mv.from_cpus) {
-        Ok(()) => record_cpus(d, w, &back),
-        Err(e) => {
-            tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
+    // As a move of its own: booked and held, written with no lock held, settled.
+    let booked = match super::admission::book_move(d, &back, false) {
+        Ok(b) => b,
+        Err(reason) => {
+            tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
+            return;
         }
+    };
+    let written = w.write_cpus(&mv.cgroup, &mv.from_cpus);
+    if let Err(e) = &written {
+        tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
     }
-}
-
-/// The books follow `m`'s cpus (written); an exclusive container's move makes the shared
-/// containers follow their pool. Call with `order` held.
-fn record_cpus(d: &Daemon, w: &mut dyn CgroupWriter, m: &Move) {
-    if super::admission::record_cpus_locked_order(d, m) {
+    if booked.is_some_and(|b| b.settle(written.is_ok())) {
         shared_follow(d, w);
     }
 }
 
-/// The shared containers set to their pool after an exclusive container's cpus changed; a
-/// failed write is retried every round (`admission::shrink_outcome`). Call with `order` held.
+/// How many times the shared containers are set to their pool after one change: another
+/// change's shrink, written at the same time from books a moment older or newer, may land
+/// after ours; reading back and writing again converges on the books as they are.
+const FOLLOW_PASSES: usize = 3;
+
+/// The shared containers set to their pool after an exclusive container's cpus changed,
+/// with no lock held (see [`FOLLOW_PASSES`]); a failed write is retried every round
+/// (`admission::shrink_outcome`).
 fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
     let mut failed = 0;
-    for c in super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok()) {
-        if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
-            tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
-            failed += 1;
+    for _ in 0..FOLLOW_PASSES {
+        let changes = super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok());
+        if changes.is_empty() {
+            break;
+        }
+        failed = 0;
+        for c in changes {
+            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
+                failed += 1;
+            }
         }
     }
     super::admission::shrink_outcome(d, failed);
@@ -598,15 +609,21 @@ fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::
         bytes_to_migrate: 0,
         ..mv.clone()
     };
-    let _order = d.order();
-    match super::admission::move_allowed(d, &follow) {
-        Ok(()) => {
-            tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
-            record_cpus(d, w, &follow);
+    let followed = {
+        let _order = d.order();
+        match super::admission::move_allowed(d, &follow) {
+            Ok(()) => {
+                tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
+                super::admission::record_cpus_locked_order(d, &follow)
+            }
+            Err(reason) => {
+                tracing::warn!(cgroup = %mv.cgroup, cpus = %found, reason, "move abandoned for someone else's cpus, which the books give to others; the books keep the move's");
+                false
+            }
         }
-        Err(reason) => {
-            tracing::warn!(cgroup = %mv.cgroup, cpus = %found, reason, "move abandoned for someone else's cpus, which the books give to others; the books keep the move's");
-        }
+    };
+    if followed {
+        shared_follow(d, w);
     }
 }
 

@@ -567,11 +567,137 @@ impl CgroupWriter for RacingWriter {
     }
 }
 
+/// A reconcile while a move's writes run leaves the moving container alone: the books already
+/// say where it goes, cgroupfs still says where it was, and a repair written then would race
+/// the move's own write (its settle sets the container right).
+#[test]
+fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let g = "kubepods/p0/c";
+    fake.lock().unwrap().insert(g, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p0", 1000, 256 * MIB, true),
+        bind: Some(g),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(g).unwrap(), f.read_mems(g).unwrap())
+    };
+    let to = CpuSet::parse("5").unwrap();
+    let mv = controller::Move {
+        cgroup: g.into(),
+        from_cpus,
+        to_cpus: to.clone(),
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    let repaired = Arc::new(Mutex::new(None));
+    let racing = {
+        let (adm, fake, repaired) = (adm.clone(), fake.clone(), repaired.clone());
+        move || {
+            let changes = adm.repair(|cg| {
+                fake.lock()
+                    .unwrap()
+                    .cpus(cg)
+                    .map(|c| super::reconcile::Seen {
+                        cpus: vec![c.clone()],
+                        mems: None,
+                    })
+            });
+            *repaired.lock().unwrap() = Some(changes);
+        }
+    };
+    let mut w = RacingWriter {
+        fake: fake.clone(),
+        d: d.clone(),
+        hook: Some(Box::new(racing)),
+        racer: None,
+    };
+    let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
+    assert_eq!(applied.applied, 1, "{applied:?}");
+    assert_eq!(
+        repaired.lock().unwrap().take(),
+        Some(vec![]),
+        "repaired while moving"
+    );
+    assert_eq!(fake.lock().unwrap().cpus(g), Some(&to));
+    books_agree(&d, &fake.lock().unwrap()).unwrap();
+}
+
+/// A move whose cpus write panics (a bug in a writer; the writer threads catch it and go on)
+/// gives its booking back as it unwinds: no CPU stays held, and the books keep the cpus the
+/// container runs on.
+#[test]
+fn a_move_whose_write_panics_gives_its_booking_back() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let g = "kubepods/p0/c";
+    fake.lock().unwrap().insert(g, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p0", 1000, 256 * MIB, true),
+        bind: Some(g),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(g).unwrap(), f.read_mems(g).unwrap())
+    };
+    assert_eq!(from_cpus.len(), 1, "exclusive: {from_cpus}");
+    let to = CpuSet::parse("5").unwrap();
+    assert_ne!(from_cpus, to);
+    let mv = controller::Move {
+        cgroup: g.into(),
+        from_cpus: from_cpus.clone(),
+        to_cpus: to,
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    };
+    let mut w = RacingWriter {
+        fake: fake.clone(),
+        d: d.clone(),
+        hook: Some(Box::new(|| panic!("a bug in a writer"))),
+        racer: None,
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        apply_moves(&d, &mut w, &[mv], 1_000_000, false)
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    {
+        let s = d.lock();
+        let a = &s.state.allocator;
+        assert!(a.in_flight.is_empty(), "held: {:?}", a.in_flight);
+        assert_eq!(a.exclusive_cpus(), from_cpus);
+    }
+    books_agree(&d, &fake.lock().unwrap()).unwrap();
+}
+
 /// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
 /// container onto them. Before the fix the round's check and write ran outside the allocator
 /// lock: the admission's shrink saw the shared container where it was (or was overwritten by
-/// the round's write) and the container ended on the new exclusive CPUs. Now the admission
-/// waits for the round's cpus write and its record, and its shrink then sees the new cpus.
+/// the round's write) and the container ended on the new exclusive CPUs. Now the move is
+/// booked before its write (the admission's shrink sees its target) and settled after it:
+/// the exclusive CPUs changed meanwhile, so the shared containers, the moved one included,
+/// are set to their pool again.
 #[test]
 fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_cpus() {
     let World {
@@ -900,6 +1026,10 @@ enum Event {
     Hotplug(u32),
     /// The daemon dies and restarts from its checkpoint, written just before or not.
     Restart(bool),
+    /// A control round (every workload on this node) during whose first cpus write a
+    /// Guaranteed pod of this many CPUs is admitted: the move's CPUs are held in the books
+    /// while its writes run, with no lock held.
+    RacingRound(u32, u64),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -909,6 +1039,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (1usize..=3).prop_map(Event::FailWrite),
         1 => (0u32..8).prop_map(Event::Hotplug),
         1 => any::<bool>().prop_map(Event::Restart),
+        2 => (0u32..2, 1u64..=2).prop_map(|(n, c)| Event::RacingRound(n, c)),
     ]
 }
 
@@ -1014,6 +1145,57 @@ proptest! {
                     let topo_now = d.lock().topo.clone();
                     let plan = controller::plan(&topo_now, &obs, &state, &ctl, now);
                     apply_moves(&d, &mut *f, &plan.moves, now, false);
+                    now += ctl.cooldown_ms + 1;
+                }
+                Event::RacingRound(n, cpus) => {
+                    let plan = {
+                        let f = fake.lock().unwrap();
+                        let obs = observe(&d, &f, *n);
+                        let state = {
+                            let mut s = d.lock();
+                            s.state.controller.observe(&obs, ctl.ewma_alpha);
+                            s.state.controller.clone()
+                        };
+                        let topo_now = d.lock().topo.clone();
+                        controller::plan(&topo_now, &obs, &state, &ctl, now)
+                    };
+                    let (uid, cg) = (format!("p{i}/c"), format!("kubepods/p{i}/c"));
+                    fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+                    let p = pod(&uid, cpus * 1000, 64 * MIB, true);
+                    let admitted = Arc::new(Mutex::new(None));
+                    let overlap = Arc::new(Mutex::new(None));
+                    let racing = {
+                        let (adm, p, cg, admitted, overlap, fake) = (adm.clone(), p.clone(), cg.clone(), admitted.clone(), overlap.clone(), fake.clone());
+                        move || {
+                            let r = adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() });
+                            *admitted.lock().unwrap() = Some(r.is_ok());
+                            // while the move's write is under way: the CPUs just handed out
+                            // are none an exclusive container still runs on
+                            let s = adm.daemon.lock();
+                            let f = fake.lock().unwrap();
+                            let Some(ours) = super::admission::bound_container(&s, &cg).map(|c| c.placement.cpus.clone()) else { return };
+                            for other in s.state.bindings.keys().filter(|o| **o != cg) {
+                                let exclusive = super::admission::bound_container(&s, other).is_some_and(|c| c.placement.exclusive);
+                                let on = f.cpus(other).cloned().unwrap_or_default();
+                                if exclusive && !on.is_disjoint(&ours) {
+                                    *overlap.lock().unwrap() = Some(format!("{cg} given {ours} while {other} still runs on {on}"));
+                                }
+                            }
+                        }
+                    };
+                    let mut w = RacingWriter { fake: fake.clone(), d: d.clone(), hook: Some(Box::new(racing)), racer: None };
+                    apply_moves(&d, &mut w, &plan.moves, now, false);
+                    prop_assert!(w.racer.is_none(), "a move's write held the change lock");
+                    let overlap = overlap.lock().unwrap().take();
+                    prop_assert!(overlap.is_none(), "step {i}: {overlap:?}");
+                    if let Some(hook) = w.hook.take() {
+                        hook(); // no move wrote cpus: admitted after the round
+                    }
+                    if admitted.lock().unwrap().take() == Some(true) {
+                        live.push((uid, cg, p));
+                    } else {
+                        fake.lock().unwrap().remove(&cg);
+                    }
                     now += ctl.cooldown_ms + 1;
                 }
                 Event::LostAnswer(k) if !live.is_empty() => {

@@ -102,8 +102,10 @@ pub struct Shared {
     /// still run on them); 0 when the last attempt wrote all. Retried each round
     /// (`Admission::refence`) while above 0.
     pub shrink_failures: u32,
-    /// Orders checkpoint writes (see [`CheckpointWriter`]).
-    pub ckpt: Arc<CheckpointWriter>,
+    /// Cgroups whose move is booked and being written (`admission::book_move` until
+    /// `Booked::settle`): neither a repair nor a shrink writes them meanwhile (the move's own
+    /// read of their cpus would find someone else's write); the settle sets them right.
+    pub moving: std::collections::BTreeSet<String>,
     /// The admission mode in force (`[kubernetes] admission`, `auto` resolved), for `status`.
     pub admission: crate::config::AdmissionMode,
     /// Whether the NRI plugin is registered with the runtime now.
@@ -132,7 +134,7 @@ impl Shared {
             fence_failures: Default::default(),
             refused: Default::default(),
             shrink_failures: 0,
-            ckpt: Default::default(),
+            moving: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
             kubelet: Default::default(),
@@ -240,6 +242,9 @@ pub struct Daemon {
     pub rounds: Arc<trigger::Hub>,
     /// Counts the books' changes (every one is checkpointed); the topology export waits on it.
     pub books: Arc<BooksChanged>,
+    /// Orders checkpoint writes (see [`CheckpointWriter`]). Beside the state, not in it: no
+    /// I/O is reachable through the state lock's guard.
+    ckpt: Arc<CheckpointWriter>,
 }
 
 /// A count of the books' changes that a thread can wait on.
@@ -275,6 +280,7 @@ impl Daemon {
             metrics,
             rounds: Default::default(),
             books: Default::default(),
+            ckpt: Default::default(),
         }
     }
 
@@ -301,19 +307,14 @@ impl Daemon {
     /// holds up an admission, the watcher or the API (the NRI hook waited for a 200-pod
     /// encoding in the state lock: the bulk of its p99).
     pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        let (dir, gen, state, w) = {
+        let (dir, gen, state) = {
             let s = self.lock();
-            let gen = s.ckpt.next_generation();
-            (
-                s.cfg.daemon.state_dir.clone(),
-                gen,
-                s.state.clone(),
-                s.ckpt.clone(),
-            )
+            let gen = self.ckpt.next_generation();
+            (s.cfg.daemon.state_dir.clone(), gen, s.state.clone())
         };
         self.books.bump();
         let bytes = checkpoint::encode(&dir, &state)?;
-        w.write(&dir, gen, &bytes)
+        self.ckpt.write(&dir, gen, &bytes)
     }
 
     /// Locks the shared state. A panic in another holder does not make the state unusable:

@@ -2,9 +2,9 @@
 //! moves, the CPU-hotplug replacement (`Admission::replace_offline`), the shared pool's shrink
 //! after an API admission — and how the runtime's view of them is kept in step.
 //!
-//! Every such change is **written to cgroupfs first**, by the writer, under `Daemon::order`
-//! (the books' invariant: check, write and record under one lock, so no admission can hand out
-//! CPUs a container has not left yet), and then told to the runtime so its container spec
+//! Every such change is **written to cgroupfs first**, by the writer (a move's booked first with
+//! its CPUs held, settled after: no admission can hand out CPUs a container has not left yet;
+//! an admission's shrink under `Daemon::order`), and then told to the runtime so its container spec
 //! (`runc update`) says the same: queued here and sent either in the next hook answer that may
 //! carry updates of other containers (CreateContainer / StopContainer / Synchronize: applied by
 //! the runtime inside its own hook, no lock-order hazard) or, when the connection allows it, as
@@ -833,8 +833,7 @@ mod tests {
         }
     }
 
-    /// N2: a move of a runtime container is in cgroupfs when the writer returns (under the
-    /// caller's `Daemon::order`), before the runtime answered or even got it; the runtime then
+    /// N2: a move of a runtime container is in cgroupfs when the writer returns, before the runtime answered or even got it; the runtime then
     /// gets one update with the final cpus and mems. N5: nothing waits for the runtime (it
     /// never answers here), so a stop is never held up by it.
     #[test]

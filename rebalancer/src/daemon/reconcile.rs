@@ -32,7 +32,8 @@ pub struct Seen {
     pub mems: Option<CpuSet>,
 }
 
-/// Every bound container's booked cpuset, its CPUs that are online (as the kernel leaves a
+/// Every bound container's booked cpuset (but those whose move is being written:
+/// `Shared::moving`), its CPUs that are online (as the kernel leaves a
 /// cpuset when a CPU goes offline; an exclusive one's replacement is the hotplug
 /// replacement's to make). A shared container with none left gets the shared pool now; one
 /// with nothing left at all is left out: never an empty cpuset.
@@ -42,6 +43,7 @@ pub fn booked(s: &Shared) -> Vec<Booked> {
     // a shared container none of whose CPUs is left runs on the shared pool, as a fenced one
     let pool = pool.difference(&exclusive).intersection(&online);
     (s.state.bindings.keys())
+        .filter(|cg| !s.moving.contains(*cg))
         .filter_map(|cg| {
             let p = &super::admission::bound_container(s, cg)?.placement;
             let cpus = if p.exclusive {

@@ -108,6 +108,12 @@ pub struct Allocator {
     pub memory: MemoryState,
     pub devices: DeviceState,
     pub pods: BTreeMap<String, AdmittedPod>,
+    /// CPUs held while an exclusive container's cpus are written (`daemon::apply`: a move's
+    /// old and new CPUs), by cgroup: exclusive until the write ended, so no admission hands
+    /// them out and no shared container is set onto them meanwhile. Not checkpointed: a write
+    /// under way does not outlive the daemon.
+    #[serde(skip)]
+    pub in_flight: BTreeMap<String, CpuSet>,
 }
 
 impl Allocator {
@@ -135,17 +141,20 @@ impl Allocator {
             memory: MemoryState::new(topo, &cfg.reserved_memory)?,
             devices: DeviceState::default(),
             pods: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
         })
     }
 
-    /// CPUs held exclusively by admitted containers, and by pods for their containers still
-    /// to come (`PodHold`).
+    /// CPUs held exclusively by admitted containers, by pods for their containers still
+    /// to come (`PodHold`), and by exclusive containers' changes under way (`in_flight`).
     pub fn exclusive_cpus(&self) -> CpuSet {
         let held = self
             .pods
             .values()
             .filter_map(|p| p.hold.as_ref())
-            .fold(CpuSet::new(), |a, h| a.union(&h.cpus));
+            .map(|h| &h.cpus)
+            .chain(self.in_flight.values())
+            .fold(CpuSet::new(), |a, h| a.union(h));
         self.placements()
             .filter(|p| p.exclusive)
             .fold(held, |a, p| a.union(&p.cpus))
