@@ -50,7 +50,7 @@ fn settled() -> ControllerState {
     st
 }
 
-/// Helper-20 (2026-12-04): an event round's window a tenth of a period long was folded in
+/// An event round's window a tenth of a period long was folded in
 /// like a whole period's. Now a window weighs by its length: five fifths of a period move
 /// the score exactly as far as one whole period, and one fifth far less.
 #[test]

@@ -556,8 +556,7 @@ fn a_stop_during_the_page_moves_cuts_the_move_short() {
     );
 }
 
-/// vm-bench 4node-asym, run C boot 2 (2026-12-04): migrate_pages(2) placed a few pages a
-/// call, each call counted as progress, and the writer looped on it for the rest of the window
+/// In a 4-node guest, migrate_pages(2) placed a few pages a call, each call counted as progress, and the writer looped on it for the rest of the window
 /// (32 s of the daemon's CPU, w2's mems never narrowed). A step that moves a small part of
 /// what it asked for ends the page moves: the narrowing write migrates the rest.
 #[test]
@@ -1110,7 +1109,7 @@ fn writers_migrate_at_their_nice_value() {
     }
 }
 
-/// vm-bench 2026-12-05 (s19a, s20a): after a writer moved a workload's pages, what was left
+/// In the guest, after a writer moved a workload's pages, what was left
 /// off the target was pages other processes map (the binary's text), and the narrowing mems
 /// write migrated them MOVE_ALL for 8–32 s, stalling every process that maps them and every
 /// other cgroup's cpuset write. When that is all that is left (at most a sixteenth of the

@@ -893,7 +893,7 @@ fn the_watch_list_knows_the_kubernetes_containers() {
     assert_eq!(super::engine::containers_of(&cfg, &managed), [c1, c2]);
 }
 
-/// vm-bench 2026-12-05 (2node, all three boots): workloads started in empty cgroups under a
+/// In a 2-node guest, workloads started in empty cgroups under a
 /// configured root and were pinned 1.7 s later; the trigger watched only cgroups with
 /// processes at the last round's end, the round that first saw them ended after the pins, and
 /// the pins waited for the next period round. Every cgroup the walk finds where cgroups are

@@ -1,5 +1,5 @@
 //! Rounds on events, not only on the period: an operator's write to a managed cgroup's
-//! `cpuset.cpus` (an inotify watch on the file, IN_MODIFY | IN_CLOSE_WRITE) or a new
+//! `cpuset.cpus` (an inotify watch on the file, IN_CLOSE_WRITE: when the writer is done) or a new
 //! container's placement (`admission`) starts a round soon, not up to a period later.
 //!
 //! - [`Hub`] (one per daemon, in [`super::Daemon`]): where events are sent (`wake`) and where
@@ -18,8 +18,7 @@
 //!   sooner than `settle` after any round, so a stream of events (pod churn, a user rewriting
 //!   a file) costs at most one event round a second (half the period when that is shorter)
 //!   beside the period's own; a period round that happened to start just before an
-//!   operator's pin does not hold the pin's round back (it did, by up to a second, before
-//!   2026-12-04). An event round's window of samples can be short: the controller weighs
+//!   operator's pin does not hold the pin's round back. An event round's window of samples can be short: the controller weighs
 //!   it by its length, and restarts a cgroup's score when its nodes changed
 //!   (`controller::CgroupState::fold`), so a sliver of samples does not sway a settled
 //!   score as a period would, and a pinned cgroup's score starts again (its CPU time is
@@ -294,7 +293,11 @@ impl CpusetTrigger {
                             me.forget(&ev.wd);
                             continue;
                         }
-                        if !ev.mask.intersects(EventMask::MODIFY | EventMask::CLOSE_WRITE) {
+                        // The close decides. A plain modify can come before the value is
+                        // written: opening with O_TRUNC (the shell's `>`, and the daemon's own
+                        // writer) reports one, while the file still holds the old value, so
+                        // the daemon's own write would read as someone else's.
+                        if !ev.mask.contains(EventMask::CLOSE_WRITE) {
                             continue;
                         }
                         let Some((path, cg)) = me.lookup(&ev.wd) else {
@@ -305,12 +308,6 @@ impl CpusetTrigger {
                         let now = std::fs::read_to_string(&path)
                             .ok()
                             .and_then(|s| CpuSet::parse(s.trim()).ok());
-                        // Empty or unreadable after a plain modify: a rewrite under way (a
-                        // truncate before the write, on a regular file); its close decides.
-                        let settled = now.as_ref().is_some_and(|c| !c.is_empty());
-                        if !settled && !ev.mask.contains(EventMask::CLOSE_WRITE) {
-                            continue;
-                        }
                         let own = now.as_ref().is_some_and(|c| d.rounds.is_own(&cg, c));
                         me.metrics
                             .trigger_writes
@@ -396,7 +393,7 @@ impl CpusetTrigger {
                 over += 1;
                 continue;
             }
-            match w.watches.add(p, WatchMask::MODIFY | WatchMask::CLOSE_WRITE) {
+            match w.watches.add(p, WatchMask::CLOSE_WRITE) {
                 Ok(wd) => {
                     w.by_wd.insert(wd.clone(), (p.clone(), cg.clone()));
                     w.by_path.insert(p.clone(), (wd, cg.clone()));
@@ -628,11 +625,9 @@ mod tests {
         }
     }
 
-    /// vm-bench 4node-asym (2026-12-04): a period round that started 0.6 s before an
-    /// operator's re-pin held the pin's round back to a second after it; now the pin's round
-    /// comes `settle` after the pin (the gap counts from the last event round), and never
-    /// sooner than `settle` after any round. (Half the gap after any round, tried in
-    /// 2026-12-04's runs C and D, held the pin's round back 0.35-0.46 s in every boot.)
+    /// A period round that started 0.6 s before an operator's re-pin must not hold the pin's
+    /// round back to a second after it: the pin's round comes `settle` after the pin (the gap
+    /// counts from the last event round), and never sooner than `settle` after any round.
     #[test]
     fn a_period_round_does_not_hold_back_an_event_round() {
         let t0 = Instant::now();
