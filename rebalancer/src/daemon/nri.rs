@@ -826,27 +826,16 @@ impl Policy {
         }
     }
 
-    /// Fails CreateContainer with `why`; a dry run lets the container start as the runtime
-    /// makes it instead, logging and counting the refusal it would have made.
-    fn refuse(&self, id: &str, why: String) -> Result<api::CreateContainerResponse, String> {
+    /// Fails the `hook` (CreateContainer, UpdateContainer) with `why`; a dry run lets the
+    /// container start or the update through as the runtime makes it instead (the empty
+    /// answer), logging and counting the refusal it would have made.
+    fn refuse<T: Default>(&self, hook: &str, id: &str, why: String) -> Result<T, String> {
         if self.dry_run() {
-            tracing::warn!(container = %id, error = %why, "dry run: CreateContainer would be refused; left as the runtime makes it");
+            tracing::warn!(container = %id, error = %why, "dry run: {hook} would be refused; left as the runtime makes it");
             self.d().metrics.dry_run_refusals.inc();
-            return Ok(Default::default());
+            return Ok(T::default());
         }
-        tracing::warn!(container = %id, error = %why, "CreateContainer refused");
-        Err(why)
-    }
-
-    /// Fails UpdateContainer with `why`; a dry run lets the update through unchanged instead,
-    /// logging and counting the refusal it would have made.
-    fn refuse_update(&self, id: &str, why: String) -> Result<api::UpdateContainerResponse, String> {
-        if self.dry_run() {
-            tracing::warn!(container = %id, error = %why, "dry run: UpdateContainer would be refused; left to the runtime");
-            self.d().metrics.dry_run_refusals.inc();
-            return Ok(Default::default());
-        }
-        tracing::warn!(container = %id, error = %why, "UpdateContainer refused");
+        tracing::warn!(container = %id, error = %why, "{hook} refused");
         Err(why)
     }
 
@@ -1247,7 +1236,7 @@ impl Handler for Policy {
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
                 self.admission.record_invalid();
-                return self.refuse(&c.id, format!("rebalancer: {e}"));
+                return self.refuse("CreateContainer", &c.id, format!("rebalancer: {e}"));
             }
         };
         self.d().metrics.name_workload(&r.cgroup, names_of(pod, c));
@@ -1275,13 +1264,14 @@ impl Handler for Policy {
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
             return self.refuse(
+                "CreateContainer",
                 &c.id,
                 format!("rebalancer: container {} created twice", c.id),
             );
         }
         let (cpus, mems, updates) = match self.admit(&r, &c.id, &pod.id, Durability::Deferred) {
             Ok(a) => a,
-            Err(e) => return self.refuse(&c.id, e),
+            Err(e) => return self.refuse("CreateContainer", &c.id, e),
         };
         // Checkpointed soon (coalesced), not before answering: if the daemon dies first, the
         // runtime's Synchronize on reconnect lists the container and it is adopted again.
@@ -1346,7 +1336,7 @@ impl Handler for Policy {
         let asked = match request(pod, &next, kube_root.as_deref()) {
             Ok(Some(r)) => r.pod.containers[0].clone(),
             Ok(None) => return Ok(Default::default()),
-            Err(e) => return self.refuse_update(&c.id, format!("rebalancer: {e}")),
+            Err(e) => return self.refuse("UpdateContainer", &c.id, format!("rebalancer: {e}")),
         };
         self.writer.take();
         match self
@@ -1379,7 +1369,7 @@ impl Handler for Policy {
                     asked.memory_request() >> 20,
                     self.free_by_node()
                 );
-                self.refuse_update(&c.id, why)
+                self.refuse("UpdateContainer", &c.id, why)
             }
         }
     }

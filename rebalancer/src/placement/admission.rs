@@ -323,12 +323,8 @@ impl Allocator {
             // The lost CPUs are not in the exclusive pool (offline); the kept ones are held.
             let pool = self.exclusive_pool(&view, cfg.overcommit_ratio);
             let strict = StaticOptions {
-                full_pcpus_only: cfg.full_pcpus_only,
                 distribute_across_numa: false,
-                distribute_across_cores: cfg.distribute_cpus_across_cores,
-                align_by_socket: cfg.align_by_socket,
-                prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
-                cluster_affinity: cfg.topology_cluster_affinity,
+                ..StaticOptions::of(cfg)
             };
             let loose = StaticOptions {
                 full_pcpus_only: false,
@@ -811,14 +807,7 @@ impl Allocator {
         // exclusive CPUs first (kubelet's CPU manager allocates before the memory manager)
         let exclusive = match exclusive_cpus(cfg, qos, c) {
             Some(n) => {
-                let opts = StaticOptions {
-                    full_pcpus_only: cfg.full_pcpus_only,
-                    distribute_across_numa: cfg.distribute_cpus_across_numa,
-                    distribute_across_cores: cfg.distribute_cpus_across_cores,
-                    align_by_socket: cfg.align_by_socket,
-                    prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
-                    cluster_affinity: cfg.topology_cluster_affinity,
-                };
+                let opts = StaticOptions::of(cfg);
                 // kubelet: the assignable CPUs plus those the pod's init containers may hand on
                 let pool = self
                     .exclusive_pool(view, cfg.overcommit_ratio)

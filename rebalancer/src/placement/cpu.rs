@@ -60,6 +60,20 @@ pub struct StaticOptions {
     pub cluster_affinity: bool,
 }
 
+impl StaticOptions {
+    /// The options as the placement config sets them (kubelet's policy options).
+    pub fn of(cfg: &crate::config::PlacementConfig) -> Self {
+        StaticOptions {
+            full_pcpus_only: cfg.full_pcpus_only,
+            distribute_across_numa: cfg.distribute_cpus_across_numa,
+            distribute_across_cores: cfg.distribute_cpus_across_cores,
+            align_by_socket: cfg.align_by_socket,
+            prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
+            cluster_affinity: cfg.topology_cluster_affinity,
+        }
+    }
+}
+
 /// Read-only index of the online CPUs by node, socket, core and L3 group.
 #[derive(Clone, Debug)]
 pub struct CpuView {

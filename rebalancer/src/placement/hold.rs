@@ -460,10 +460,8 @@ impl Allocator {
             let opts = StaticOptions {
                 full_pcpus_only: false,
                 distribute_across_numa: false,
-                distribute_across_cores: cfg.distribute_cpus_across_cores,
                 align_by_socket: false,
-                prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
-                cluster_affinity: cfg.topology_cluster_affinity,
+                ..StaticOptions::of(cfg)
             };
             let shared = self.shared_pool(view);
             let kept = ours;

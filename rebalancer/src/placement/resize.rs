@@ -181,14 +181,7 @@ impl Allocator {
         n: usize,
         within: &CpuSet,
     ) -> Result<CpuSet, Rejection> {
-        let opts = StaticOptions {
-            full_pcpus_only: cfg.full_pcpus_only,
-            distribute_across_numa: cfg.distribute_cpus_across_numa,
-            distribute_across_cores: cfg.distribute_cpus_across_cores,
-            align_by_socket: cfg.align_by_socket,
-            prefer_align_by_uncorecache: cfg.prefer_align_cpus_by_uncorecache,
-            cluster_affinity: cfg.topology_cluster_affinity,
-        };
+        let opts = StaticOptions::of(cfg);
         let affinity = old.placement.affinity;
         let have = if old.placement.exclusive {
             old.placement.cpus.intersection(&view.online)
