@@ -464,8 +464,8 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
 /// A start without usable books: a running container whose memory is on node 1 is adopted on
 /// node 0's CPU with its mems widened by node 1 — written so (the kernel migrates nothing when
 /// mems grow) and booked so, so the reconcile finds nothing to repair — and the narrowing is
-/// left to the control rounds' budgeted moves. A new container (no memory yet) gets its
-/// placement's mems as they are.
+/// left to the control rounds' budgeted moves. A new container the watcher sees gets its
+/// placement's mems as they are, even with memory off them already.
 #[test]
 fn a_running_container_is_adopted_with_its_memory_where_it_is() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,7 +479,8 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         &format!("{a}/memory.numa_stat"),
         "anon N0=0 N1=1073741824\nfile N0=0 N1=0\n",
     );
-    let o = on_created(&d, &cg, &a, Instant::now());
+    // the start-up reconcile (`run`) adopts what runs
+    let o = super::reconcile(&d.adopting(), &cg).remove(0);
     let cpus = admitted_cpus(&o);
     let WatchOutcome::Admitted { mems, .. } = &o else {
         unreachable!()
@@ -505,11 +506,17 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         "b",
     );
     guaranteed_limits(&root.join(&b));
+    put(
+        root,
+        &format!("{b}/memory.numa_stat"),
+        "anon N0=0 N1=1048576\nfile N0=0 N1=0\n",
+    );
     let o = on_created(&d, &cg, &b, Instant::now());
     let WatchOutcome::Admitted { mems, .. } = &o else {
         panic!("{o:?}")
     };
     assert_eq!(CpuSet::parse(mems).unwrap().len(), 1, "{o:?}");
+    assert_eq!(cg.mems(&b).unwrap().len(), 1, "written as placed");
 }
 
 #[test]
