@@ -918,7 +918,7 @@ fn a_resize_written_to_a_containers_limits_follows_in_watcher_mode() {
         dirs: Vec::new(),
         daemon: None,
     };
-    let mut quota = |cpus: usize, clean: &mut Cleanup| {
+    let quota = |cpus: usize, clean: &mut Cleanup| {
         let q = (cpus * 100_000).to_string();
         v1_limit(&cg, Controller::Cpu, &g_rel, "cpu.cfs_quota_us", &q, clean)
     };

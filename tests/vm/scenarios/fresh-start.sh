@@ -4,8 +4,9 @@
 # issue's 1 GiB each does not fit the guest's 512 MiB nodes), and checks, from the kernel and
 # cgroupfs:
 # - the start-up adopts them without migrating their memory: nothing migrated before the daemon
-#   answers, and each Guaranteed one keeps the exclusive CPU it ran on, its mems widened by the
-#   node its memory is on (`Admission::adopting`);
+#   answers, the Guaranteed ones adopted with their mems widened by the node their memory is on
+#   (`Admission::adopting`), and G1 kept on the exclusive CPU it ran on, which a fresh admission
+#   would not pick (G2's may be kept for the shared containers admitted before it);
 # - no more than `migration_budget_mib` is migrated per round (the kernel's pgmigrate_success:
 #   cumulatively no more than a budget per round started, and no more than one budget within any
 #   0.5 s, rounds being $PERIOD_MS ms apart);
@@ -102,11 +103,13 @@ us() { kv written_us "$1"; }
     fail "$at_answer pages migrated by the time the daemon answered, after $rounds_at_answer rounds (budget $budget_pages pages a round): the start-up migrated memory"
 [ "$total" -le $((rounds * budget_pages)) ] || fail "$total pages migrated in $rounds rounds: more than the budget of $budget_pages pages a round"
 [ "$maxwin" -le $budget_pages ] || fail "$maxwin pages migrated within 0.5 s, past the budget of $budget_pages pages a round"
-[ "$g1" = "$T2" ] && [ "$g2" = "$T1" ] || fail "the Guaranteed containers were moved at start: G1 $T2 -> $g1, G2 $T1 -> $g2"
+# G1, the first Guaranteed one adopted, runs where a fresh admission would not put it; G2 may
+# find its CPU kept for the shared containers (then it is placed anew, on its memory's node)
+[ "$g1" = "$T2" ] || fail "G1 was moved at start: $T2 -> $g1"
 for g in $G1 $G2; do
     grep "adopted with its memory where it is" $LOG | grep -q "cgroup=${g#$CG/} " ||
         fail "${g#$CG/} was not adopted with its mems widened by its memory's node $from"
 done
 f=$(us "$first"); n=$(us "$normal")
 [ "$f" -le $((n * 4 + 250000)) ] || fail "the first admission after the start took ${f} us, more than 4x a later one (${n} us) plus 250 ms"
-verdict $S PASS "start-up migrated $at_answer pages; $total pages in $rounds rounds (budget $budget_pages a round, at most $maxwin within 0.5 s); Guaranteed kept on their CPUs ($g1, $g2) with mems $g1m, $g2m; first admission after start ${f} us, later ${n} us"
+verdict $S PASS "start-up migrated $at_answer pages; $total pages in $rounds rounds (budget $budget_pages a round, at most $maxwin within 0.5 s); G1 kept on CPU $g1 (mems now $g1m), G2 on $g2 (was $T1, mems now $g2m); first admission after start ${f} us, later ${n} us"
