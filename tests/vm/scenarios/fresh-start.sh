@@ -46,8 +46,8 @@ kdir kubepods.slice/kubepods-burstable.slice && kdir kubepods.slice/kubepods-bes
 # run NAME REL CPUS MEM_NODE FILE=VALUE...: a container cgroup with a hog that first-touches
 # $MIB MiB on node MEM_NODE, then runs confined to CPUS. Sets D.
 run() {
-    _n=$1; D=$CG/$2; _cpus=$3; _mem=$4; shift 4
-    kdir "$(dirname "$2")" || fail "cannot make the pod cgroup of $_n"
+    _n=$1; _rel=$2; D=$CG/$2; _cpus=$3; _mem=$4; shift 4
+    kdir "$(dirname "$_rel")" || fail "cannot make the pod cgroup of $_n"
     mkdir "$D" || fail "cannot make $D"
     for _kv in "$@"; do echo "${_kv#*=}" > "$D/${_kv%%=*}" || fail "$_n: cannot write $_kv"; done
     sh -c "echo \$\$ > $D/cgroup.procs && exec guest-tool hog --mib $MIB --from-node $_mem --seconds 300 --interval-ms 5000" > /tmp/fs-$_n.out 2>&1 &
