@@ -610,11 +610,11 @@ fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::
         ..mv.clone()
     };
     let followed = {
-        let _order = d.order();
-        match super::admission::move_allowed(d, &follow) {
+        let mut s = d.lock();
+        match super::admission::move_allowed_in(&s, &follow) {
             Ok(()) => {
                 tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
-                super::admission::record_cpus_locked_order(d, &follow)
+                super::admission::record_cpus(&mut s, &follow)
             }
             Err(reason) => {
                 tracing::warn!(cgroup = %mv.cgroup, cpus = %found, reason, "move abandoned for someone else's cpus, which the books give to others; the books keep the move's");

@@ -523,13 +523,10 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
 }
 
 /// The control round's writer over the shared fake that, at its first cpuset.cpus write, runs
-/// `hook` (an admission racing the round) — inline when the allocator lock is free, else on a
-/// thread that waits for it (joined by the test).
+/// `hook` (an admission racing the round) inline: the move holds no lock across its writes.
 struct RacingWriter {
     fake: Arc<Mutex<FakeCgroups>>,
-    d: Daemon,
     hook: Option<Box<dyn FnOnce() + Send>>,
-    racer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl CgroupWriter for RacingWriter {
@@ -541,12 +538,9 @@ impl CgroupWriter for RacingWriter {
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         if let Some(hook) = self.hook.take() {
-            let free = self.d.order.try_lock().is_ok();
-            if free {
-                hook();
-            } else {
-                self.racer = Some(std::thread::spawn(hook));
-            }
+            // no lock is held across a move's writes: the racing change runs here, inline
+            assert!(!super::state_held(), "a move's write with the state lock held");
+            hook();
         }
         self.fake.lock().unwrap().write_cpus(cg, cpus)
     }
@@ -620,9 +614,7 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
     };
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(racing)),
-        racer: None,
     };
     let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
     assert_eq!(applied.applied, 1, "{applied:?}");
@@ -674,9 +666,7 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
     };
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(|| panic!("a bug in a writer"))),
-        racer: None,
     };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         apply_moves(&d, &mut w, &[mv], 1_000_000, false)
@@ -737,7 +727,6 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
     let racing = adm.clone();
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(move || {
             racing
                 .admit(AdmitRequest {
@@ -748,12 +737,8 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
                 })
                 .unwrap();
         })),
-        racer: None,
     };
     let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
-    if let Some(t) = w.racer.take() {
-        t.join().unwrap();
-    }
     assert!(
         w.hook.is_none(),
         "the admission ran during the round's write"
@@ -1183,9 +1168,8 @@ proptest! {
                             }
                         }
                     };
-                    let mut w = RacingWriter { fake: fake.clone(), d: d.clone(), hook: Some(Box::new(racing)), racer: None };
+                    let mut w = RacingWriter { fake: fake.clone(), hook: Some(Box::new(racing)) };
                     apply_moves(&d, &mut w, &plan.moves, now, false);
-                    prop_assert!(w.racer.is_none(), "a move's write held the change lock");
                     let overlap = overlap.lock().unwrap().take();
                     prop_assert!(overlap.is_none(), "step {i}: {overlap:?}");
                     if let Some(hook) = w.hook.take() {

@@ -414,11 +414,13 @@ impl CgroupWriter for RealWriter<'_> {
             .map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        super::writer::io_edge();
         self.0
             .write_cpus(cg, cpus)
             .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
     }
     fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        super::writer::io_edge();
         self.0
             .write_mems(cg, mems)
             .map_err(|e| wrap(cg, CgroupFile::Mems, e))
@@ -449,6 +451,7 @@ impl CgroupWriter for RealWriter<'_> {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
+        super::writer::io_edge();
         self.move_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
     }
     fn migrate_pages(
@@ -457,6 +460,7 @@ impl CgroupWriter for RealWriter<'_> {
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
+        super::writer::io_edge();
         self.migrate_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
     }
 }
