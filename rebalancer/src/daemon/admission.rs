@@ -139,7 +139,7 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
-    /// The caller's deadline passed while it waited for the change lock: nothing was admitted.
+    /// The caller's deadline passed before its change was booked: nothing was admitted.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was admitted"
     )]
@@ -153,7 +153,7 @@ pub enum ReleaseError {
     NotAdmitted(String),
     #[error("release undone: {0}")]
     Checkpoint(#[source] CheckpointError),
-    /// The caller's deadline passed while it waited for the change lock: nothing was released.
+    /// The caller's deadline passed before its change was booked: nothing was released.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was released"
     )]
@@ -201,7 +201,7 @@ impl Admission {
     }
 
     /// As [`Admission::admit`], but refused with [`AdmitError::DeadlinePassed`], changing
-    /// nothing, when the change lock is had only after `deadline`: a caller that has given up
+    /// nothing, when the state lock is had only after `deadline`: a caller that has given up
     /// (the API's request timeout) never finds the pod admitted behind its back. Once past the
     /// check the admission runs to its end and its outcome is the answer.
     pub fn admit_by(
@@ -517,7 +517,7 @@ impl Admission {
     /// The API's release (`DELETE /v1/pods/{uid}`): refused with
     /// [`ReleaseError::StillBound`] while containers of the pod are bound and their cgroups
     /// live (freeing the CPUs they run on would hand them to the next admission: an overlap),
-    /// and with [`ReleaseError::DeadlinePassed`] when the change lock is had only after
+    /// and with [`ReleaseError::DeadlinePassed`] when the state lock is had only after
     /// `deadline`. A binding whose cgroup is gone (the watcher not yet told) is dropped.
     pub fn release_unbound(
         &self,

@@ -251,8 +251,8 @@ impl CgroupWriter for Noting<'_> {
 /// step (`pages::Walk`), so a smaller step costs no more queries.
 const PREMIGRATE_STEP: u64 = 16 << 20;
 
-/// One move: the books check, the writes up to cpuset.cpus and their record under
-/// `Daemon::order`; then (with `premigrate`) the cgroup's pages moved toward the target by
+/// One move: the books check and booking under the state lock, the writes up to cpuset.cpus
+/// with none, the settle under it; then (with `premigrate`) the cgroup's pages moved toward the target by
 /// this thread, the mems write that migrates the rest, and the record of the move.
 fn apply_one(
     d: &Daemon,

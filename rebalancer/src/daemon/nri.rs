@@ -327,7 +327,7 @@ struct Tracked {
 /// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
 /// runtime (the new container's as its CreateContainer adjustment, others' as container
 /// updates). A change of a container that already runs is also written to cgroupfs at once,
-/// under the admission's `Daemon::order` (the books never run ahead of cgroupfs; the runtime
+/// booked before it is written (the books never run ahead of cgroupfs; the runtime
 /// then applies the same values to its spec). What each container was last given is
 /// remembered in the shared [`Runtime`]; readers see cgroupfs, and that only for a container
 /// the runtime has not created yet.

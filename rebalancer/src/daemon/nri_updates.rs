@@ -4,7 +4,7 @@
 //!
 //! Every such change is **written to cgroupfs first**, by the writer (a move's booked first with
 //! its CPUs held, settled after: no admission can hand out CPUs a container has not left yet;
-//! an admission's shrink under `Daemon::order`), and then told to the runtime so its container spec
+//! an admission's shrink planned from the books and written with no lock held), and then told to the runtime so its container spec
 //! (`runc update`) says the same: queued here and sent either in the next hook answer that may
 //! carry updates of other containers (CreateContainer / StopContainer / Synchronize: applied by
 //! the runtime inside its own hook, no lock-order hazard) or, when the connection allows it, as
@@ -29,7 +29,7 @@
 //! unsolicited updates off for good after [`STICKY_TIMEOUTS`] (no flapping; `status` says why).
 //! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
 //! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
-//! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
+//! names it for the plugin to write again and queues it again; the same
 //! for what was in flight when the connection went, and for what rode a hook's answer once it
 //! has settled ([`HOOK_SETTLE`]: the runtime applies those after the hook returns).
 //!
@@ -401,7 +401,7 @@ impl Runtime {
     }
 
     /// The hooked updates due now whose container was given other cpus since
-    /// (an out-of-hook write under `Daemon::order` while the runtime was still applying the
+    /// (an out-of-hook write while the runtime was still applying the
     /// answer, which may put the older cpus over it). The plugin compares cgroupfs: the
     /// answer's cpus there mean the runtime overwrote the newer write (written again and told
     /// again); the newer cpus mean not yet or not at all, so it is looked at again, up to
@@ -630,7 +630,7 @@ impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
 
 /// The admission service's [`CpusetWriter`] for the threads other than the plugin's in NRI
 /// mode (control round: hotplug replacement; API admissions' shrink): written to cgroupfs
-/// (under the caller's `Daemon::order`), then told to the runtime.
+/// (with no lock held), then told to the runtime.
 pub struct RuntimeCpusetWriter {
     pub runtime: Arc<Runtime>,
     pub cgroupfs: CgroupCpusetWriter,
@@ -1022,7 +1022,7 @@ mod tests {
         assert_eq!(rt.take_for_hook().len(), 3, "all ride the answer");
         let t0 = Instant::now();
         assert!(rt.settle_hooked(t0).is_empty(), "not due yet");
-        // a and c are moved again (under order) while the runtime applies the answer
+        // a and c are moved again while the runtime applies the answer
         rt.submit("a", Some(&set("2")), None).unwrap();
         rt.submit("c", Some(&set("6")), None).unwrap();
         assert_eq!(rt.take_for_hook().len(), 2);

@@ -322,8 +322,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     Ok(())
 }
 
-/// Runs SIGHUP reloads off the main loop, one at a time: a reload waits for the allocator's
-/// change lock (an admission's fsync, a hotplug replacement), and the loop must keep polling
+/// Runs SIGHUP reloads off the main loop, one at a time: a reload waits for the state lock,
+/// and the loop must keep polling
 /// SIGTERM meanwhile. A SIGHUP while one is running queues one more (it re-reads the file, so
 /// any number of SIGHUPs in the meantime are one reload); `after` runs after each.
 struct Reloader {
