@@ -14,7 +14,8 @@
 //!
 //! [`Runtime`] is shared by the plugin thread (`daemon::nri`, which knows which cgroup is which
 //! runtime container and owns the socket) and the writers of the other threads:
-//! - [`RuntimeMoveWriter`], the control round's `CgroupWriter` in NRI mode;
+//! - the moves' writer (`engine::OwnedWriter`), which tells it each cpuset write
+//!   ([`Runtime::written`]);
 //! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
 //!
 //! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
@@ -44,13 +45,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    engine::RealWriter,
-    writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError},
-};
+use super::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::{
     cgroup::Cgroups,
-    controller::{CgroupWriteError, CgroupWriter},
     cpuset::CpuSet,
     nri::api,
     serve::{metrics::ReasonLabel, Metrics},
@@ -547,6 +544,24 @@ impl Runtime {
     }
 
     /// Tells the runtime of a write already made; counted when it cannot be told.
+    /// A cpuset write of the moves' writer is in cgroupfs: told to the runtime. A mems write
+    /// carries the cpus with it (`cpus_now`) when the runtime never gave the container any (an
+    /// adopted container): its spec would otherwise name mems without cpus.
+    pub fn written(
+        &self,
+        cg: &str,
+        cpus: Option<&CpuSet>,
+        mems: Option<&CpuSet>,
+        cpus_now: impl FnOnce() -> Option<CpuSet>,
+    ) {
+        let given = match (cpus, mems) {
+            (None, Some(_)) if self.given(cg).and_then(|g| g.cpus).is_none() => cpus_now(),
+            _ => None,
+        };
+        let what = if mems.is_some() { "mems" } else { "cpus" };
+        self.tell(cg, cpus.or(given.as_ref()), mems, what);
+    }
+
     fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
         if let Err(why) = self.submit(cg, cpus, mems) {
             self.count_direct(cg, why, what);
@@ -569,62 +584,6 @@ pub fn update(id: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::Co
             }),
         }),
         ignore_failure: true,
-    }
-}
-
-/// The control round's [`CgroupWriter`] in NRI mode (see the module doc): every write goes to
-/// cgroupfs through `real` (the cgroup layer's [`RealWriter`]) and is then told to the runtime.
-pub struct RuntimeMoveWriter<'a, W = RealWriter<'a>> {
-    pub real: W,
-    pub runtime: &'a Runtime,
-}
-
-impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
-    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.real.read_cpus(cg)
-    }
-    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.real.read_mems(cg)
-    }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.real.write_cpus(cg, cpus)?;
-        self.runtime.tell(cg, Some(cpus), None, "cpus");
-        Ok(())
-    }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.real.write_mems(cg, mems)?;
-        // The runtime needs the cpus with them when it never gave any (an adopted container).
-        let cpus = match self.runtime.given(cg).and_then(|g| g.cpus) {
-            Some(_) => None,
-            None => self.real.read_cpus(cg).ok(),
-        };
-        self.runtime.tell(cg, cpus.as_ref(), Some(mems), "mems");
-        Ok(())
-    }
-    fn needs_memory_migrate(&self) -> bool {
-        self.real.needs_memory_migrate()
-    }
-    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
-        self.real.read_memory_migrate(cg)
-    }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.real.set_memory_migrate(cg, on)
-    }
-    fn move_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        self.real.move_pages(cg, toward, max_bytes)
-    }
-    fn migrate_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        self.real.migrate_pages(cg, toward, max_bytes)
     }
 }
 
@@ -661,7 +620,7 @@ impl RuntimeCpusetWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::FakeCgroups;
+    use crate::controller::{CgroupWriteError, CgroupWriter, FakeCgroups};
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap()
@@ -786,9 +745,13 @@ mod tests {
     /// The fake kernel, shared by the "runtime" (a thread applying the batches, as runc
     /// update does) and the daemon's writer, which counts what it writes itself.
     #[derive(Clone)]
-    struct Shared(Arc<Mutex<FakeCgroups>>, Arc<Mutex<Vec<String>>>);
+    struct Shared<'a>(
+        Arc<Mutex<FakeCgroups>>,
+        Arc<Mutex<Vec<String>>>,
+        Option<&'a Runtime>,
+    );
 
-    impl CgroupWriter for Shared {
+    impl CgroupWriter for Shared<'_> {
         fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.0.lock().unwrap().read_cpus(cg)
         }
@@ -797,11 +760,19 @@ mod tests {
         }
         fn write_cpus(&mut self, cg: &str, c: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("cpus {cg} {c}"));
-            self.0.lock().unwrap().write_cpus(cg, c)
+            self.0.lock().unwrap().write_cpus(cg, c)?;
+            if let Some(rt) = self.2 {
+                rt.written(cg, Some(c), None, || None);
+            }
+            Ok(())
         }
         fn write_mems(&mut self, cg: &str, m: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("mems {cg} {m}"));
-            self.0.lock().unwrap().write_mems(cg, m)
+            self.0.lock().unwrap().write_mems(cg, m)?;
+            if let Some(rt) = self.2 {
+                rt.written(cg, None, Some(m), || self.read_cpus(cg).ok());
+            }
+            Ok(())
         }
         fn needs_memory_migrate(&self) -> bool {
             self.0.lock().unwrap().needs_memory_migrate()
@@ -848,10 +819,7 @@ mod tests {
         rt.set_updates(true);
         rt.retrack([("kubepods/pod1/c1".to_string(), "c1id".to_string())].into());
         let mv = a_move();
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct.clone()),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
         let t0 = std::time::Instant::now();
         let done = crate::controller::apply(&mv, &mut w, false).unwrap();
         assert!(
@@ -908,10 +876,7 @@ mod tests {
         // updates off: x stays queued with 0-1
         rt.submit("x", Some(&set("0-1")), None).unwrap();
         rt.set_connected(false);
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct, Some(&rt));
         w.write_cpus("x", &set("2-3")).unwrap();
         assert_eq!(kernel.lock().unwrap().cpus("x"), Some(&set("2-3")));
         assert!(metrics
@@ -943,10 +908,7 @@ mod tests {
         let direct = Arc::new(Mutex::new(Vec::new()));
         let metrics = Metrics::default();
         let rt = Runtime::new(metrics.clone());
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct.clone()),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
         crate::controller::apply(&a_move(), &mut w, false).unwrap();
         assert!(!direct.lock().unwrap().is_empty());
         assert!(metrics

@@ -5,9 +5,9 @@
 //! (the other threads' changes of the runtime's containers become queued container updates) —
 //! never both, never neither.
 //!
-//! The control round's moves go through the actuator's `CgroupWriter` (`engine::RealWriter`,
-//! or `nri_updates::RuntimeMoveWriter` in NRI mode), which also migrates memory; admission only
-//! ever sets cpus (and a new container's mems).
+//! The control round's moves go through the actuator's `CgroupWriter` (`engine::OwnedWriter`:
+//! cgroupfs, told to the runtime in NRI mode), which also migrates memory; admission only ever
+//! sets cpus (and a new container's mems).
 
 use crate::{
     cgroup::{Cgroups, Controller},
