@@ -931,12 +931,25 @@ fn a_resize_written_to_a_containers_limits_follows_in_watcher_mode() {
         "268435456",
         &mut clean,
     );
-    v1 &= v1_limit(&cg, Controller::Cpu, &b_rel, "cpu.shares", "512", &mut clean);
+    v1 &= v1_limit(
+        &cg,
+        Controller::Cpu,
+        &b_rel,
+        "cpu.shares",
+        "512",
+        &mut clean,
+    );
     if !v1 {
         println!("SKIP: needs separate v1 cpu and memory hierarchies (the limits of a v2 container cgroup appear with it)");
         return;
     }
-    for rel in [top.as_str(), &kube, &format!("{kube}/burstable"), &g_pod, &b_pod] {
+    for rel in [
+        top.as_str(),
+        &kube,
+        &format!("{kube}/burstable"),
+        &g_pod,
+        &b_pod,
+    ] {
         cg.create_cpuset(rel, &all, &mems).expect("create parent");
         clean.dirs.push(root.join(rel));
     }
@@ -945,9 +958,8 @@ fn a_resize_written_to_a_containers_limits_follows_in_watcher_mode() {
     clean.daemon = Some(daemon);
     let sock = state.path().join("s.sock");
     let read = |rel: &str| cg.cpus(rel).unwrap();
-    let booked = || -> CpuSet {
-        serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap()
-    };
+    let booked =
+        || -> CpuSet { serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap() };
 
     let g = root.join(&g_rel);
     std::fs::create_dir(&g).unwrap();
@@ -985,7 +997,11 @@ fn a_resize_written_to_a_containers_limits_follows_in_watcher_mode() {
     };
     assert!(quota(n, &mut clean));
     common::wait_for(10, "the resize's refusal", || refused() >= 1.0);
-    assert_eq!(status(&sock)["pods"], books, "a refused resize changes nothing");
+    assert_eq!(
+        status(&sock)["pods"],
+        books,
+        "a refused resize changes nothing"
+    );
     assert_eq!(read(&g_rel), back);
     assert_eq!(read(&b_rel), shared);
     println!("raised to {two}, lowered to {back}, refused {n} CPUs beside a shared container on {shared}");
