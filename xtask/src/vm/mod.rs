@@ -73,9 +73,14 @@ impl Default for VmTestArgs {
 
 fn list() {
     println!("topologies:");
-    for n in topology::NAMES {
+    for n in topology::NAMES.iter().chain(topology::MORE) {
         if let Some(t) = topology::by_name(n) {
-            println!("  {:<12} {}", t.name, t.about);
+            let d = if topology::MORE.contains(n) {
+                " (not run by default)"
+            } else {
+                ""
+            };
+            println!("  {:<12} {}{d}", t.name, t.about);
         }
     }
     println!("scenarios:");
@@ -118,7 +123,7 @@ fn select(a: &VmTestArgs) -> Result<(Vec<VmTopology>, Vec<&'static Scenario>)> {
             let t = topology::by_name(n).with_context(|| {
                 format!(
                     "unknown topology {n:?}; known: {}",
-                    topology::NAMES.join(", ")
+                    topology::known()
                 )
             })?;
             let mut t = t;
