@@ -64,6 +64,7 @@ await() {
         _t=$(kv t "$_l")
         if fgt "$(kv truth "$_l")" 0.9499; then FIXED=$_t; break; fi
         fgt "$_t" $LIMIT && break
+        kill -0 $WORK 2>/dev/null || { echo "# the workload exited"; break; }
         [ -z "$DAEMON" ] || kill -0 $DAEMON 2>/dev/null || break
         sleep 0.5
     done
