@@ -82,22 +82,10 @@ impl Containerd {
 
     /// CreateContainer + StartContainer; Err(CreateContainer's error).
     fn container(&self, pod: &Pod, name: &str, res: serde_json::Value) -> Result<Ctr, String> {
-        self.container_running(pod, name, res, "exec sleep 3600")
-    }
-
-    /// [`Containerd::container`] whose process, after printing where it may run, runs `then`
-    /// (a busybox shell command line).
-    fn container_running(
-        &self,
-        pod: &Pod,
-        name: &str,
-        res: serde_json::Value,
-        then: &str,
-    ) -> Result<Ctr, String> {
         let mut spec = serde_json::json!({
             "pod_id": pod.id, "pod": pod.spec, "name": name,
             "command": ["/bin/sh", "-c",
-                format!("grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; {then}")],
+                "grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; exec sleep 3600"],
             "log_path": format!("{name}.log"),
         });
         for (k, v) in res.as_object().unwrap() {
@@ -813,76 +801,6 @@ fn annotated_pods_keep_what_the_runtime_gave_them_and_are_fenced() {
         Duration::from_secs(10),
         || d.checkpoint().is_some_and(|p| p.annotated.is_empty()),
     );
-}
-
-/// `rebalancer.io/rebalance: never` holds against a control round that moves its unannotated
-/// twin. On the two-node fixture (node 0 = CPU 1, node 1 = CPU 0; this machine's memory is all
-/// on node 0), two Burstable pods, one annotated, run the same busy process pinned by its own
-/// affinity to CPU 0: their threads run on node 1, their memory is on node 0, so both score
-/// poor locality and the planner's move for each is its CPUs to node 0. A round moves the twin;
-/// the annotated pod, a candidate for the same move in the same rounds, keeps the CPUs it was
-/// admitted with, its decision skipped as pinned.
-#[test]
-fn a_pod_annotated_never_is_not_moved_by_the_round_that_moves_its_twin() {
-    let _serial = common::serial();
-    let Some(install) = preflight() else { return };
-    let all = common::root_cgroups()
-        .unwrap()
-        .effective_cpus("")
-        .unwrap_or_default();
-    if all != CpuSet::parse("0-1").unwrap() {
-        println!("SKIP: the two-node fixture stands for a machine of CPUs 0-1, this one has {all}");
-        return;
-    }
-    let fixture = tempfile::tempdir().unwrap();
-    two_node_fixture(fixture.path());
-    let mut ctd = Containerd::start(&install, None);
-    let d = nri_daemon(
-        &ctd.nri_sock(),
-        &format!("sysfs_root = \"{}\"", fixture.path().display()),
-        "[controller]\nperiod_ms = 1000\n",
-    );
-    wait_for("the plugin to register", Duration::from_secs(20), || {
-        connected(&d)
-    });
-    // busy on CPU 0 (node 1) by its own affinity, as a process that sets its own would be
-    let busy = "exec taskset -c 0 sh -c 'while :; do :; done'";
-    let tp = ctd.pod("twin", "burstable");
-    let t = ctd
-        .container_running(&tp, "t", res(BURSTABLE), busy)
-        .unwrap();
-    let kp = ctd.pod_annotated("kept", "burstable", &[("rebalancer.io/rebalance", "never")]);
-    let k = ctd
-        .container_running(&kp, "k", res(BURSTABLE), busy)
-        .unwrap();
-    let (t_cpus, _) = t.first_print();
-    let (k_cpus, _) = k.first_print();
-    assert_eq!((&t_cpus, &k_cpus), (&all, &all), "both admitted to the shared CPUs");
-    let explain = |c: &Ctr| -> serde_json::Value {
-        serde_json::from_str(&api_get(&d, &format!("/v1/explain/{}", c.cgroup))).unwrap()
-    };
-    wait_for(
-        "a round to move the twin",
-        Duration::from_secs(90),
-        || t.live_cpus() != all,
-    );
-    let t_moved = t.live_cpus();
-    println!("twin moved {t_cpus} -> {t_moved}: {}", explain(&t));
-    assert_eq!(t_moved, CpuSet::parse("1").unwrap(), "the twin's CPUs to node 0");
-    // The annotated pod was a candidate for the same move and left where it was.
-    wait_for(
-        "the annotated pod's decision: a candidate, skipped as pinned",
-        Duration::from_secs(20),
-        || {
-            let e = explain(&k).to_string();
-            e.contains("poor-locality") && e.contains("pinned")
-        },
-    );
-    println!("annotated pod: {}", explain(&k));
-    assert_eq!(k.live_cpus(), k_cpus, "the annotated pod keeps its CPUs");
-    assert_eq!(ctd.inspect(&k.id), k_cpus, "the runtime's spec agrees");
-    assert_eq!(decision(&d, &k.id).map(|x| x.0), Some(k_cpus.clone()));
-    ctd.remove_pods();
 }
 
 /// The books' exclusive CPUs, from `status`.
