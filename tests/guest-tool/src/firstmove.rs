@@ -2,7 +2,10 @@
 //! it just before an event (an operator's pin) and reads the time of the first migration toward
 //! the new node apart from the time to 95% local: decision latency apart from copy time, for
 //! any manager (the kernel's AutoNUMA as well as the daemon), from `memory.numa_stat`.
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 
@@ -18,7 +21,7 @@ pub fn anon_on(numa_stat: &str, node: u32) -> Option<u64> {
         .ok()
 }
 
-fn read_anon(cg: &PathBuf, node: u32) -> Result<u64> {
+fn read_anon(cg: &Path, node: u32) -> Result<u64> {
     let p = cg.join("memory.numa_stat");
     let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     anon_on(&s, node).with_context(|| format!("{} has no anon N{node}=", p.display()))

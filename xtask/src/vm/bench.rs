@@ -565,12 +565,8 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
     };
     let mut topos = Vec::new();
     for name in &names {
-        let mut topo = topology::by_name(name).with_context(|| {
-            format!(
-                "unknown topology {name:?}; known: {}",
-                topology::known()
-            )
-        })?;
+        let mut topo = topology::by_name(name)
+            .with_context(|| format!("unknown topology {name:?}; known: {}", topology::known()))?;
         topo.validate().map_err(anyhow::Error::msg)?;
         for n in &mut topo.nodes {
             n.mem_mib = n.mem_mib.max(4 * u64::from(a.mib));

@@ -120,12 +120,8 @@ fn select(a: &VmTestArgs) -> Result<(Vec<VmTopology>, Vec<&'static Scenario>)> {
     let topos = topo_names
         .iter()
         .map(|n| {
-            let t = topology::by_name(n).with_context(|| {
-                format!(
-                    "unknown topology {n:?}; known: {}",
-                    topology::known()
-                )
-            })?;
+            let t = topology::by_name(n)
+                .with_context(|| format!("unknown topology {n:?}; known: {}", topology::known()))?;
             let mut t = t;
             if let Some(mib) = a.node_mem_mib {
                 for n in &mut t.nodes {

@@ -26,7 +26,12 @@ pub const MORE: &[&str] = &["snc", "cxl"];
 
 /// Every name `--topology` accepts, for error messages.
 pub fn known() -> String {
-    NAMES.iter().chain(MORE).copied().collect::<Vec<_>>().join(", ")
+    NAMES
+        .iter()
+        .chain(MORE)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn nodes(spec: &[(u32, u64)]) -> Vec<NodeDef> {
