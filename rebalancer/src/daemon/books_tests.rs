@@ -539,7 +539,10 @@ impl CgroupWriter for RacingWriter {
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         if let Some(hook) = self.hook.take() {
             // no lock is held across a move's writes: the racing change runs here, inline
-            assert!(!super::state_held(), "a move's write with the state lock held");
+            assert!(
+                !super::state_held(),
+                "a move's write with the state lock held"
+            );
             hook();
         }
         self.fake.lock().unwrap().write_cpus(cg, cpus)
@@ -1029,15 +1032,21 @@ enum Event {
 struct HookedNode {
     node: FakeNode,
     on: String,
-    hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    hook: Hook,
 }
+
+/// A change to run once, from another thread's write.
+type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 impl CpusetWriter for HookedNode {
     fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
         if c.cgroup == self.on {
             let hook = self.hook.lock().unwrap().take();
             if let Some(hook) = hook {
-                assert!(!super::state_held(), "a change's write with the state lock held");
+                assert!(
+                    !super::state_held(),
+                    "a change's write with the state lock held"
+                );
                 hook();
             }
         }
