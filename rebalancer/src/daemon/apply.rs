@@ -1202,6 +1202,11 @@ mod nice_tests {
     fn a_threads_nice_value_is_restored_when_its_work_ends() {
         std::thread::spawn(|| {
             let base = thread_nice(gettid()).expect("getpriority of this thread");
+            if base + 3 > 19 {
+                // Run under `nice -n 17` or more: no higher value is left to set.
+                println!("SKIP: this thread's nice value {base} leaves no room above it");
+                return;
+            }
             {
                 let mut n = Nice::new();
                 assert!(!n.ahead() || base < 0);
