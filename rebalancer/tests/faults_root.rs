@@ -1,4 +1,4 @@
-//! Fault injection for real (issue 9, item 2) on this machine's cgroupfs with real daemons; the
+//! Fault injection for real on this machine's cgroupfs with real daemons; the
 //! errno table and the node-offline fault run on fakes and fixtures in
 //! `src/daemon/fault_tests.rs`. Each test ends with `assert_invariants` (tests/common): no empty
 //! cpuset, cpusets within their parent, exclusive CPUs disjoint and never reserved, the

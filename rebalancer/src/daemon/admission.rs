@@ -1929,7 +1929,7 @@ pub(crate) mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
-        /// Issue 13: whatever the order of admissions, releases and SIGHUPs changing
+        /// Whatever the order of admissions, releases and SIGHUPs changing
         /// `reserved_cpus`, no reserved CPU is ever in an exclusive or a shared placement; a
         /// reload is applied exactly when no admitted container holds a newly reserved CPU, and
         /// the reservations in force are the allocator's.

@@ -7,7 +7,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=hotset
-need_subcommand $S explain "issue 5, the controller" || exit 0
+require_subcommand $S explain || exit 0
 PERIOD_MS=2000
 hot=$(last_cpu_node)
 run=$(first_cpu_node)
