@@ -11,7 +11,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=hotset
-need_subcommand $S explain "issue 5, the controller" || exit 0
+require_subcommand $S explain || exit 0
 LIMIT=60
 HOT_PAGES=8192
 hot=$(last_cpu_node)

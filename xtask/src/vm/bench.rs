@@ -64,8 +64,7 @@ pub struct VmBenchArgs {
     /// The rebalancer's control period (ms).
     #[arg(long, default_value_t = 2000)]
     pub period_ms: u32,
-    /// Pause between two locality readings (ms; tables before 2026-12-04 paused 1,000 ms and
-    /// stamped a reading at its end); a reading is stamped at the middle of the time it took
+    /// Pause between two locality readings (ms); a reading is stamped at the middle of the time it took
     /// (0.3-0.6 s under TCG). The reader takes part of the guest's one spare CPU.
     #[arg(long, default_value_t = 500)]
     pub sample_ms: u32,
