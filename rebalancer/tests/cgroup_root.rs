@@ -259,8 +259,22 @@ fn throttling_by_an_ancestors_quota_is_counted() {
     let spin = common::spin_threads(2);
     let pid = spin.id();
     std::fs::write(root.join(&child).join("cgroup.procs"), pid.to_string()).unwrap();
+    // The kernel counts a throttle when the group runs out of quota but adds its throttled
+    // time only when the group is unthrottled at the next period, so the parent's two counters
+    // grow one period apart: wait (within the deadline) until both have.
+    let read_parent = || std::fs::read_to_string(root.join(&parent).join("cpu.stat")).unwrap();
+    let line = |stat: &str, k: &str| {
+        stat.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+    };
+    let both_grew = |stat: &str| {
+        line(stat, "nr_throttled ") > Some(0)
+            && line(stat, "throttled_time ").or(line(stat, "throttled_usec ")) > Some(0)
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while cg.throttling(&child) == 0 && std::time::Instant::now() < deadline {
+    while (cg.throttling(&child) == 0 || !both_grew(&read_parent()))
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let counted = cg.throttling(&child);
@@ -269,14 +283,10 @@ fn throttling_by_an_ancestors_quota_is_counted() {
     );
     let threads = cg.threads(Controller::Cpu, &child);
     let tids = common::tids_of(pid);
-    let parent_stat = std::fs::read_to_string(root.join(&parent).join("cpu.stat")).unwrap();
+    let parent_stat = read_parent();
     drop(spin);
+    let line = |k: &str| line(&parent_stat, k);
     // Both of the parent's counters grew (each is part of what `throttling` sums).
-    let line = |k: &str| {
-        parent_stat
-            .lines()
-            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
-    };
     assert!(line("nr_throttled ") > Some(0), "{parent_stat}");
     assert!(
         line("throttled_time ").or(line("throttled_usec ")) > Some(0),

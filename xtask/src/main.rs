@@ -176,10 +176,15 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     lap("fmt, alert rules, eBPF object", &mut steps);
     sh(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     lap("clippy", &mut steps);
+    // The deployment root test runs this image; the guest tests reuse its musl build. It builds
+    // beside the host tests (its own target directories): on a small machine each build leaves
+    // cores idle in its serial phases (build scripts, the large crate's front end, links), which
+    // the other fills. The musl toolchain is set up first, as it sets the C compiler for both.
+    vm::assets::musl_target()?;
+    let image = std::thread::spawn(image::build);
     sh(cargo().args(["build", "-p", "cri-tool"]))?;
-    // The deployment root test runs this image; the guest tests reuse its musl build.
-    image::build()?;
     sh(cargo().args(["test", "--no-run"]))?;
+    image.join().expect("image build thread")?;
     lap("build host tests", &mut steps);
     let fuzz_log = root().join("target/fuzz-build.log");
     let fuzz_build = {
@@ -205,8 +210,7 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         eprintln!(
             "xtask test: host tests passed; now the multi-NUMA guest tests (cargo xtask vm-test)"
         );
-        vm::vm_test(&vm::VmTestArgs::default())?;
-        vm::selftest()?;
+        vm::test_run()?;
     }
     lap("guest tests", &mut steps);
     eprintln!("xtask test: every fuzz target briefly, from its committed corpus");

@@ -35,17 +35,21 @@
 //!   admitted is rebuilt from the live cgroups by `reconcile` anyway).
 //! - Dry-run: decisions and books as usual, no cpuset written.
 //!
-//! Locking: the state lock is held only to decide and to update the books, never across a
-//! write, a read of cgroupfs or an fsync. Every change of the allocator holds a second lock,
-//! [`Daemon::order`] (always taken before the state lock), for its whole call — writes and checkpoint
-//! included — so admissions' writes happen in the order of their decisions (the shared pool a
-//! later admission writes is computed after an earlier one's), and a failed checkpoint can be
-//! undone exactly. A slow write or fsync delays the next admission, never the API's reads, the
-//! control round or `/healthz`.
+//! Locking (the change protocol, ARCHITECTURE.md): a change is planned and booked under the
+//! state lock with no I/O (what it takes is booked; what it leaves stays held while its
+//! writes run: a binding being written in `Shared::binding`, a resize's old CPUs in
+//! `Allocator::in_flight`, a durable release's pod until its checkpoint is on disk), written
+//! with no lock held, then committed or undone under the lock (a targeted undo: the pod
+//! released, the member given back, the resized container's old record put back). There is no
+//! second lock: a slow write or fsync delays only its own change, never another admission,
+//! the API's reads, the control round or `/healthz`. Writes of the shared pool, fences and
+//! repairs are planned again after they ran until the plan holds nothing new
+//! ([`Admission::follow_pool`]), so a write made stale by a concurrent change is corrected by
+//! the writer that made it.
 
 use std::{
     collections::BTreeMap,
-    sync::{mpsc, Arc, MutexGuard, OnceLock},
+    sync::{mpsc, Arc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -135,7 +139,7 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
-    /// The caller's deadline passed while it waited for the change lock: nothing was admitted.
+    /// The caller's deadline passed before its change was booked: nothing was admitted.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was admitted"
     )]
@@ -149,7 +153,7 @@ pub enum ReleaseError {
     NotAdmitted(String),
     #[error("release undone: {0}")]
     Checkpoint(#[source] CheckpointError),
-    /// The caller's deadline passed while it waited for the change lock: nothing was released.
+    /// The caller's deadline passed before its change was booked: nothing was released.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was released"
     )]
@@ -176,10 +180,6 @@ impl Admission {
         }
     }
 
-    fn order(&self) -> MutexGuard<'_, ()> {
-        self.daemon.order()
-    }
-
     fn count(&self, result: &str) {
         self.daemon
             .metrics
@@ -201,7 +201,7 @@ impl Admission {
     }
 
     /// As [`Admission::admit`], but refused with [`AdmitError::DeadlinePassed`], changing
-    /// nothing, when the change lock is had only after `deadline`: a caller that has given up
+    /// nothing, when the state lock is had only after `deadline`: a caller that has given up
     /// (the API's request timeout) never finds the pod admitted behind its back. Once past the
     /// check the admission runs to its end and its outcome is the answer.
     pub fn admit_by(
@@ -226,14 +226,14 @@ impl Admission {
     fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
         let uid = req.member.pod_uid;
         let cg = req.bind;
-        let _order = self.order();
-        let (placement, dry_run, before) = {
+        let (placement, dry_run, first, exclusive_changed) = {
             let mut s = self.daemon.lock();
-            if s.state.bindings.contains_key(cg) {
+            if bound_or_binding(&s, cg) {
                 return Err(AdmitError::AlreadyBound(cg.into()));
             }
             let sh = &mut *s;
             let dry_run = sh.cfg.daemon.dry_run;
+            let first = !sh.state.allocator.pods.contains_key(uid);
             let before = sh.state.allocator.clone();
             let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
             let r = sh
@@ -248,7 +248,13 @@ impl Admission {
                     }
                 });
             match r {
-                Ok(p) => (p, dry_run, before),
+                Ok(p) => {
+                    // The pod's hold may have taken (or given back) exclusive CPUs besides the
+                    // container's.
+                    let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
+                    sh.binding.insert(cg.into(), binding(uid, &p));
+                    (p, dry_run, first, changed)
+                }
                 Err(rejection) => {
                     let fence = (!dry_run).then(|| exclusive_and_pool(sh));
                     drop(s);
@@ -259,24 +265,25 @@ impl Admission {
         };
         let mut placement = placement;
         self.keep_memory_where_it_is(cg, uid, &mut placement);
-        // The pod's hold may have taken (or given back) exclusive CPUs besides the container's.
-        let exclusive_changed =
-            before.exclusive_cpus() != self.daemon.lock().state.allocator.exclusive_cpus();
         if let Err(e) = self.write_and_bind(cg, uid, &placement, dry_run) {
-            self.daemon.lock().state.allocator = before;
+            undo_member(&mut self.daemon.lock(), uid, &placement.container, first);
             return Err(e);
         }
         let shrunk = if exclusive_changed {
-            self.shrink_locked_order(dry_run)
+            self.follow_pool(dry_run)
         } else {
             Vec::new()
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                let mut s = self.daemon.lock();
-                // Only this change happened meanwhile (`order` is held).
-                s.state.allocator = before;
-                s.state.bindings.remove(cg);
+                {
+                    let mut s = self.daemon.lock();
+                    s.state.bindings.remove(cg);
+                    undo_member(&mut s, uid, &placement.container, first);
+                }
+                if exclusive_changed {
+                    self.follow_pool(dry_run);
+                }
                 tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
                 return Err(AdmitError::Checkpoint(e));
             }
@@ -294,7 +301,6 @@ impl Admission {
     /// removed): the pod, its hold and any binding left are released. `false` for a pod that
     /// holds nothing (unknown, or admitted whole through the API: released by its DELETE).
     pub fn pod_gone(&self, uid: &str, durability: Durability) -> bool {
-        let _order = self.order();
         let held = self
             .daemon
             .lock()
@@ -303,7 +309,7 @@ impl Admission {
             .pods
             .get(uid)
             .is_some_and(|p| p.hold.is_some());
-        held && self.release_held_order(uid, durability).is_ok()
+        held && self.release_pod(uid, durability).is_ok()
     }
 
     /// Uids of the pods admitted one container at a time (they hold their pod's share).
@@ -351,14 +357,13 @@ impl Admission {
     ) -> Result<Admitted, AdmitError> {
         let pod = req.pod;
         pod.validate().map_err(AdmitError::Invalid)?;
-        let _order = self.order();
-        if deadline.is_some_and(|t| Instant::now() >= t) {
-            return Err(AdmitError::DeadlinePassed);
-        }
         let (placements, dry_run) = {
             let mut s = self.daemon.lock();
+            if deadline.is_some_and(|t| Instant::now() >= t) {
+                return Err(AdmitError::DeadlinePassed);
+            }
             if let Some(cg) = req.bind {
-                if s.state.bindings.contains_key(cg) {
+                if bound_or_binding(&s, cg) {
                     return Err(AdmitError::AlreadyBound(cg.into()));
                 }
             }
@@ -375,7 +380,12 @@ impl Admission {
                     }
                 });
             match r {
-                Ok(p) => (p, dry_run),
+                Ok(p) => {
+                    if let (Some(cg), Some(first)) = (req.bind, p.first()) {
+                        sh.binding.insert(cg.into(), binding(&pod.uid, first));
+                    }
+                    (p, dry_run)
+                }
                 Err(rejection) => {
                     let fence = match req.bind {
                         Some(cg) if !dry_run => Some((cg, exclusive_and_pool(sh))),
@@ -399,17 +409,23 @@ impl Admission {
                 return Err(e);
             }
         }
-        let shrunk = if placements.iter().any(|p| p.exclusive) && bound.is_some() {
-            self.shrink_locked_order(dry_run)
+        let exclusive = placements.iter().any(|p| p.exclusive);
+        let shrunk = if exclusive && bound.is_some() {
+            self.follow_pool(dry_run)
         } else {
             Vec::new()
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                let mut s = self.daemon.lock();
-                s.state.allocator.release(&pod.uid);
-                if let Some((cg, _)) = &bound {
-                    s.state.bindings.remove(cg);
+                {
+                    let mut s = self.daemon.lock();
+                    s.state.allocator.release(&pod.uid);
+                    if let Some((cg, _)) = &bound {
+                        s.state.bindings.remove(cg);
+                    }
+                }
+                if exclusive && bound.is_some() {
+                    self.follow_pool(dry_run);
                 }
                 tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
                 return Err(AdmitError::Checkpoint(e));
@@ -438,10 +454,9 @@ impl Admission {
         durability: Durability,
         since: Instant,
     ) -> Result<Option<Admitted>, AdmitError> {
-        let _order = self.order();
         let (placement, dry_run) = {
-            let s = self.daemon.lock();
-            if s.state.bindings.contains_key(cgroup) {
+            let mut s = self.daemon.lock();
+            if bound_or_binding(&s, cgroup) {
                 return Err(AdmitError::AlreadyBound(cgroup.into()));
             }
             // A pod admitted one container at a time binds through `admit_member`.
@@ -454,10 +469,8 @@ impl Admission {
             else {
                 return Ok(None);
             };
-            let bound: Vec<&str> = s
-                .state
-                .bindings
-                .values()
+            let bound: Vec<&str> = (s.state.bindings.values())
+                .chain(s.binding.values())
                 .filter(|b| b.pod_uid == pod_uid)
                 .map(|b| b.container.as_str())
                 .collect();
@@ -468,11 +481,15 @@ impl Admission {
             else {
                 return Ok(None);
             };
-            (c.placement.clone(), s.cfg.daemon.dry_run)
+            let placement = c.placement.clone();
+            let dry_run = s.cfg.daemon.dry_run;
+            s.binding
+                .insert(cgroup.into(), binding(pod_uid, &placement));
+            (placement, dry_run)
         };
         self.write_and_bind(cgroup, pod_uid, &placement, dry_run)?;
         let shrunk = if placement.exclusive {
-            self.shrink_locked_order(dry_run)
+            self.follow_pool(dry_run)
         } else {
             Vec::new()
         };
@@ -494,14 +511,13 @@ impl Admission {
 
     /// Releases pod `uid` and every binding to it.
     pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
-        let _order = self.order();
-        self.release_held_order(uid, durability)
+        self.release_pod(uid, durability)
     }
 
     /// The API's release (`DELETE /v1/pods/{uid}`): refused with
     /// [`ReleaseError::StillBound`] while containers of the pod are bound and their cgroups
     /// live (freeing the CPUs they run on would hand them to the next admission: an overlap),
-    /// and with [`ReleaseError::DeadlinePassed`] when the change lock is had only after
+    /// and with [`ReleaseError::DeadlinePassed`] when the state lock is had only after
     /// `deadline`. A binding whose cgroup is gone (the watcher not yet told) is dropped.
     pub fn release_unbound(
         &self,
@@ -509,26 +525,26 @@ impl Admission {
         durability: Durability,
         deadline: Option<Instant>,
     ) -> Result<(), ReleaseError> {
-        let _order = self.order();
-        if deadline.is_some_and(|t| Instant::now() >= t) {
-            return Err(ReleaseError::DeadlinePassed);
-        }
-        let bound: Vec<String> = {
+        let (bound, binding) = {
             let s = self.daemon.lock();
+            if deadline.is_some_and(|t| Instant::now() >= t) {
+                return Err(ReleaseError::DeadlinePassed);
+            }
             if !s.state.allocator.pods.contains_key(uid) {
                 return Err(ReleaseError::NotAdmitted(uid.into()));
             }
-            s.state
-                .bindings
-                .iter()
-                .filter(|(_, b)| b.pod_uid == uid)
-                .map(|(cg, _)| cg.clone())
-                .collect()
+            let of = |m: &BTreeMap<String, Binding>| -> Vec<String> {
+                (m.iter())
+                    .filter(|(_, b)| b.pod_uid == uid)
+                    .map(|(cg, _)| cg.clone())
+                    .collect()
+            };
+            (of(&s.state.bindings), of(&s.binding))
         };
-        // Read outside the state lock (cgroupfs I/O).
-        let live: Vec<String> = bound
-            .into_iter()
+        // Read outside the state lock (cgroupfs I/O); a container being bound now is live.
+        let live: Vec<String> = (bound.into_iter())
             .filter(|cg| self.writer.cpus(cg).is_some())
+            .chain(binding)
             .collect();
         if !live.is_empty() {
             return Err(ReleaseError::StillBound {
@@ -536,39 +552,47 @@ impl Admission {
                 cgroups: live,
             });
         }
-        self.release_held_order(uid, durability)
+        self.release_pod(uid, durability)
     }
 
-    /// [`Admission::release`] with the change lock held by the caller.
-    fn release_held_order(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
-        let before = {
+    /// Releases pod `uid` and its bindings. Durable: the pod stays booked until a checkpoint
+    /// without it is on disk (written from a copy of the state with the release made), so
+    /// nothing it holds is handed out before the release is final, and a failed checkpoint
+    /// leaves nothing to undo; then the release is committed to the books.
+    fn release_pod(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
+        if !self.daemon.lock().state.allocator.pods.contains_key(uid) {
+            return Err(ReleaseError::NotAdmitted(uid.into()));
+        }
+        let written = match durability {
+            Durability::Durable => Some(
+                (self.daemon)
+                    .checkpoint_with(|st| {
+                        st.allocator.release(uid);
+                        st.bindings.retain(|_, b| b.pod_uid != uid);
+                    })
+                    .map_err(ReleaseError::Checkpoint)?,
+            ),
+            Durability::Deferred => None,
+        };
+        let (freed, dry_run) = {
             let mut s = self.daemon.lock();
-            let before = s.state.clone();
+            let excl = s.state.allocator.exclusive_cpus();
+            // released by another caller meanwhile
             if !s.state.allocator.release(uid) {
                 return Err(ReleaseError::NotAdmitted(uid.into()));
             }
             s.state.bindings.retain(|_, b| b.pod_uid != uid);
-            (before, s.cfg.daemon.dry_run)
+            (
+                excl != s.state.allocator.exclusive_cpus(),
+                s.cfg.daemon.dry_run,
+            )
         };
-        let (before, dry_run) = before;
-        let freed = before.allocator.exclusive_cpus()
-            != self.daemon.lock().state.allocator.exclusive_cpus();
-        // The shared pool grows onto the freed CPUs only once the release is durable: a failed
-        // checkpoint gives them back to the pod, and no shared container may be on them then.
-        if durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                let mut s = self.daemon.lock();
-                // Undo only this release: no other allocator change happened meanwhile (they
-                // all hold `order`); bindings made meanwhile stay.
-                s.state.allocator = before.allocator;
-                for (cg, b) in before.bindings.iter().filter(|(_, b)| b.pod_uid == uid) {
-                    s.state.bindings.insert(cg.clone(), b.clone());
-                }
-                return Err(ReleaseError::Checkpoint(e));
-            }
+        // a checkpoint taken between ours and the commit still holds the pod
+        if written.is_some_and(|gen| self.daemon.checkpointed_since(gen)) {
+            self.checkpoint_logged();
         }
         if freed {
-            self.shrink_locked_order(dry_run);
+            self.follow_pool(dry_run);
         }
         tracing::info!(%uid, "pod released");
         Ok(())
@@ -579,7 +603,6 @@ impl Admission {
     /// container at a time gives its share back to the pod's hold (the pod goes with
     /// [`Admission::pod_gone`]); API pods are released by their DELETE.
     pub fn unbind(&self, cgroup: &str, durability: Durability) -> Option<Binding> {
-        let _order = self.order();
         let b = {
             let mut s = self.daemon.lock();
             let b = s.state.bindings.remove(cgroup)?;
@@ -607,7 +630,7 @@ impl Admission {
             self.checkpoint_logged();
         }
         if freed {
-            self.shrink_locked_order(dry_run);
+            self.follow_pool(dry_run);
         }
         Some(b)
     }
@@ -624,8 +647,8 @@ impl Admission {
         new: &crate::placement::pod::Container,
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
-        let _order = self.order();
-        let (before, placement, dry_run) = {
+        let held_key = format!("resize {cgroup}");
+        let (uid, before, placement, dry_run, grew) = {
             let mut s = self.daemon.lock();
             let Some(b) = s.state.bindings.get(cgroup).cloned() else {
                 return Err(AdmitError::Invalid(format!(
@@ -646,8 +669,8 @@ impl Admission {
                         Err(rejection)
                     }
                 });
-            match r {
-                Ok(p) => (before, p, sh.cfg.daemon.dry_run),
+            let placement = match r {
+                Ok(p) => p,
                 Err(rejection) => {
                     drop(s);
                     self.daemon
@@ -662,43 +685,61 @@ impl Admission {
                         fenced: None,
                     });
                 }
-            }
-        };
-        let old = {
-            let s = self.daemon.lock();
-            let b = &s.state.bindings[cgroup];
-            (before.pods.get(&b.pod_uid))
+            };
+            let old = (before.pods.get(&b.pod_uid))
                 .and_then(|p| {
                     p.containers
                         .iter()
                         .find(|c| c.placement.container == b.container)
                 })
-                .map(|c| c.placement.clone())
-        };
-        if old.as_ref() == Some(&placement) {
-            return Ok(None);
-        }
-        let excl_before = before.exclusive_cpus();
-        let grew = {
-            let s = self.daemon.lock();
-            !s.state.allocator.exclusive_cpus().is_subset(&excl_before)
+                .map(|c| c.placement.clone());
+            if old.as_ref() == Some(&placement) {
+                return Ok(None);
+            }
+            let excl_before = before.exclusive_cpus();
+            let grew = !sh.state.allocator.exclusive_cpus().is_subset(&excl_before);
+            // The exclusive CPUs it leaves stay exclusive while its cpuset is written: no
+            // admission hands them out and no shared container is set onto them meanwhile.
+            let exclusive_of = |p: &ContainerPlacement| {
+                if p.exclusive {
+                    p.cpus.clone()
+                } else {
+                    CpuSet::new()
+                }
+            };
+            let held = (old.as_ref().map(exclusive_of).unwrap_or_default())
+                .union(&exclusive_of(&placement));
+            if !held.is_empty() {
+                sh.state.allocator.in_flight.insert(held_key.clone(), held);
+            }
+            let before_pod = before.pods.get(&b.pod_uid).cloned();
+            (b.pod_uid, before_pod, placement, sh.cfg.daemon.dry_run, grew)
         };
         if grew {
-            self.shrink_locked_order(dry_run);
+            self.follow_pool(dry_run);
         }
-        if !dry_run {
-            if let Err(e) = self.write_own(cgroup, &placement) {
-                self.daemon.lock().state.allocator = before;
-                // the shared containers back to the pool the books say again
-                self.shrink_locked_order(dry_run);
-                return Err(match e {
-                    WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
-                    _ => AdmitError::WriteFailed(cgroup.into()),
-                });
+        let written = if dry_run {
+            Ok(())
+        } else {
+            self.write_own(cgroup, &placement)
+        };
+        {
+            let mut s = self.daemon.lock();
+            s.state.allocator.in_flight.remove(&held_key);
+            if let (Err(_), Some(before)) = (&written, before) {
+                s.state.allocator.undo_resize(&uid, before);
             }
         }
+        if let Err(e) = written {
+            // the shared containers back to the pool the books say again
+            self.follow_pool(dry_run);
+            return Err(match e {
+                WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
+                _ => AdmitError::WriteFailed(cgroup.into()),
+            });
+        }
         if !grew {
-            self.shrink_locked_order(dry_run);
+            self.follow_pool(dry_run);
         }
         match durability {
             Durability::Durable => self.checkpoint_logged(),
@@ -712,7 +753,6 @@ impl Admission {
     /// container's cgroup gets its new cpuset, and shared containers move off CPUs that just
     /// became exclusive. Returns how many placements were replaced. Checkpointed by the caller.
     pub fn replace_offline(&self) -> usize {
-        let _order = self.order();
         let (writes, dry_run) = {
             let mut s = self.daemon.lock();
             let sh = &mut *s;
@@ -754,7 +794,7 @@ impl Admission {
                 }
             }
         }
-        self.shrink_locked_order(dry_run);
+        self.follow_pool(dry_run);
         writes.len()
     }
 
@@ -809,10 +849,10 @@ impl Admission {
         }
     }
 
-    /// Writes container `cg`'s cpuset (unless `dry_run`), then binds it to pod `uid`: bound
+    /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
+    /// the caller in `Shared::binding`, which keeps a second bind of it out meanwhile): bound
     /// only once written, so `status` never shows a binding whose cgroup still has the
-    /// runtime's cpuset (`order`, held by the caller, keeps a second bind of it out meanwhile).
-    /// On an error nothing is bound; the caller undoes its allocation.
+    /// runtime's cpuset. On an error nothing is bound; the caller undoes its allocation.
     fn write_and_bind(
         &self,
         cg: &str,
@@ -820,19 +860,18 @@ impl Admission {
         p: &ContainerPlacement,
         dry_run: bool,
     ) -> Result<(), AdmitError> {
-        if !dry_run {
-            self.write_own(cg, p).map_err(|e| match e {
-                WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
-                _ => AdmitError::WriteFailed(cg.into()),
-            })?;
-        }
-        self.daemon.lock().state.bindings.insert(
-            cg.into(),
-            Binding {
-                pod_uid: uid.into(),
-                container: p.container.clone(),
-            },
-        );
+        let written = if dry_run {
+            Ok(())
+        } else {
+            self.write_own(cg, p)
+        };
+        let mut s = self.daemon.lock();
+        s.binding.remove(cg);
+        written.map_err(|e| match e {
+            WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
+            _ => AdmitError::WriteFailed(cg.into()),
+        })?;
+        s.state.bindings.insert(cg.into(), binding(uid, p));
         Ok(())
     }
 
@@ -896,7 +935,7 @@ impl Admission {
     }
 
     /// kubelet's state files again when they changed since last read (a cheap `stat`; read
-    /// and parsed with no lock held, installed under `order` and the state lock), and, when an
+    /// and parsed with no lock held, installed under the state lock), and, when an
     /// install (this one, the start's or a reload's) changed the exclusive CPUs, the shared
     /// containers set to their pools. Called at every CreateContainer hook and control round.
     /// Whether shared containers were set to their pools.
@@ -914,7 +953,6 @@ impl Admission {
             return false;
         }
         let files = changed.then(|| super::kubelet::read_files(&dir));
-        let _order = self.order();
         let (shrink, dry_run) = {
             let mut s = self.daemon.lock();
             if let Some(files) = files {
@@ -932,70 +970,87 @@ impl Admission {
             tracing::info!(
                 "kubelet's exclusive CPUs changed: shared containers set to their pools"
             );
-            self.shrink_locked_order(dry_run);
+            self.follow_pool(dry_run);
         }
         shrink
     }
 
-    /// The shared pool follows the books (see [`shared_changes`]), through the writer. Call
-    /// with `order` held.
-    fn shrink_locked_order(&self, dry_run: bool) -> Vec<CpusetChange> {
-        let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
-        let mut out = Vec::new();
+    /// The shared pool follows the books (see [`shared_changes`]), through the writer:
+    /// planned from the books and what the writer reads, written with no lock held, and
+    /// planned again until the plan holds nothing this call has not written (at most
+    /// [`FOLLOW_PASSES`]). Changes run concurrently, so a write planned before another
+    /// change's booking can land after that change's writes: the writer that made it is the
+    /// one that sees it and corrects it. The changes written (dry run: those planned).
+    fn follow_pool(&self, dry_run: bool) -> Vec<CpusetChange> {
+        let mut out: Vec<CpusetChange> = Vec::new();
+        let mut tried: Vec<CpusetChange> = Vec::new();
         let mut failed = 0;
-        for change in changes {
-            if !dry_run {
+        for _ in 0..FOLLOW_PASSES {
+            let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
+            if dry_run {
+                out = changes;
+                break;
+            }
+            let todo: Vec<CpusetChange> = (changes.into_iter())
+                .filter(|c| !tried.contains(c))
+                .collect();
+            if todo.is_empty() {
+                break;
+            }
+            failed = 0;
+            for change in todo {
+                tried.push(change.clone());
                 if let Err(e) = self.write_noted(&change) {
                     tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
                     failed += 1;
                     continue;
                 }
                 tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
+                out.retain(|c| c.cgroup != change.cgroup);
+                out.push(change);
             }
-            out.push(change);
         }
         shrink_outcome(&self.daemon, failed);
         out
     }
 
     /// Every bound container that runs elsewhere than the books say (`seen`: what cgroupfs
-    /// and the runtime report; `daemon::reconcile`) set back to its booked cpuset. Compared
-    /// first without `order` (a round's reads do not hold up admissions); only when something
-    /// differs is `order` taken and the comparison made again under it, from the books
-    /// admissions leave. The changes written; none in a dry run.
+    /// and the runtime report; `daemon::reconcile`) set back to its booked cpuset: compared
+    /// with the books under the state lock, written with none, and compared again until
+    /// nothing this call has not written differs (as [`Admission::follow_pool`]). The
+    /// changes written; none in a dry run.
     pub fn repair(
         &self,
         seen: impl Fn(&str) -> Option<super::reconcile::Seen>,
     ) -> Vec<CpusetChange> {
-        let books = {
-            let s = self.daemon.lock();
-            if s.cfg.daemon.dry_run {
-                return Vec::new();
-            }
-            super::reconcile::booked(&s)
-        };
-        if super::reconcile::repairs(&books, &seen).is_empty() {
-            return Vec::new();
-        }
-        let _order = self.order();
-        let books = {
-            let s = self.daemon.lock();
-            if s.cfg.daemon.dry_run {
-                return Vec::new();
-            }
-            super::reconcile::booked(&s)
-        };
         let mut out = Vec::new();
-        for change in super::reconcile::repairs(&books, &seen) {
-            match self.write_noted(&change) {
-                Ok(()) => {
-                    tracing::warn!(cgroup = %change.cgroup, cpus = %change.cpus, mems = ?change.mems, "container ran elsewhere than booked; set back to its booked cpuset");
-                    self.daemon.metrics.books_repairs.inc();
-                    out.push(change);
+        let mut tried: Vec<CpusetChange> = Vec::new();
+        for _ in 0..FOLLOW_PASSES {
+            let books = {
+                let s = self.daemon.lock();
+                if s.cfg.daemon.dry_run {
+                    return out;
                 }
-                Err(super::writer::WriteError::Vanished { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(cgroup = %change.cgroup, error = %e, "setting a container back to its booked cpuset failed (tried again every round)")
+                super::reconcile::booked(&s)
+            };
+            let todo: Vec<CpusetChange> = (super::reconcile::repairs(&books, &seen).into_iter())
+                .filter(|c| !tried.contains(c))
+                .collect();
+            if todo.is_empty() {
+                break;
+            }
+            for change in todo {
+                tried.push(change.clone());
+                match self.write_noted(&change) {
+                    Ok(()) => {
+                        tracing::warn!(cgroup = %change.cgroup, cpus = %change.cpus, mems = ?change.mems, "container ran elsewhere than booked; set back to its booked cpuset");
+                        self.daemon.metrics.books_repairs.inc();
+                        out.push(change);
+                    }
+                    Err(super::writer::WriteError::Vanished { .. }) => {}
+                    Err(e) => {
+                        tracing::warn!(cgroup = %change.cgroup, error = %e, "setting a container back to its booked cpuset failed (tried again every round)")
+                    }
                 }
             }
         }
@@ -1009,12 +1064,11 @@ impl Admission {
         if self.daemon.lock().shrink_failures == 0 {
             return Vec::new();
         }
-        let _order = self.order();
         let dry_run = self.daemon.lock().cfg.daemon.dry_run;
         if dry_run {
             return Vec::new();
         }
-        self.shrink_locked_order(dry_run)
+        self.follow_pool(dry_run)
     }
 
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
@@ -1024,7 +1078,6 @@ impl Admission {
     /// `Shared::fenced`, so the exclusive CPUs admitted later are fenced off it too
     /// (`shared_changes`). The cpus written, if any.
     pub fn fence_unassigned(&self, cg: &str, pod_uid: &str) -> Option<CpuSet> {
-        let _order = self.order();
         let (excl, pool) = {
             let mut s = self.daemon.lock();
             if s.cfg.daemon.dry_run {
@@ -1056,9 +1109,9 @@ impl Admission {
     /// so the fence at mkdir has nothing to fence). Each control round calls this, so such a
     /// write is undone within one period. The changes written.
     ///
-    /// The live cpusets are read first without `order` (admissions do not wait on a round's
-    /// reads of every fenced cgroup); only when some need a write is `order` taken and they are
-    /// read again under it, so the fence is computed from the books admissions leave.
+    /// The fences are planned from the books and the live cpusets, read with no lock held, and
+    /// written with none; a fence stale by an admission meanwhile is that admission's to
+    /// correct (`follow_pool` plans the fenced containers too).
     pub fn refence(&self) -> Vec<CpusetChange> {
         let repaired = self.repair(|cg| {
             self.writer.cpus(cg).map(|c| super::reconcile::Seen {
@@ -1082,15 +1135,11 @@ impl Admission {
         let wanted = fenced_changes(&self.daemon, &live);
         // a cgroup fenced as it should be (whoever fixed it) starts its failure count afresh
         (self.daemon.lock().fence_failures).retain(|cg, _| wanted.iter().any(|c| c.cgroup == *cg));
-        if wanted.is_empty() {
+        // a reload may have turned dry-run on while the plan was read
+        if wanted.is_empty() || self.daemon.lock().cfg.daemon.dry_run {
             return out;
         }
-        let _order = self.order();
-        // a reload may have turned dry-run on while the first pass ran without `order`
-        if self.daemon.lock().cfg.daemon.dry_run {
-            return out;
-        }
-        for change in fenced_changes(&self.daemon, &live) {
+        for change in wanted {
             let result = self.write_noted(&change);
             let failures = {
                 let mut s = self.daemon.lock();
@@ -1123,7 +1172,7 @@ impl Admission {
 
     /// A container we could not admit still never runs on another container's exclusive CPUs:
     /// when its cpuset overlaps them it gets the shared pool instead (unaccounted, as kubelet's
-    /// shared pool would run it). Call with `order` held.
+    /// shared pool would run it).
     fn fence(&self, cg: &str, excl: &CpuSet, pool: &CpuSet) -> Option<CpuSet> {
         let current = self.writer.cpus(cg)?;
         if current.is_disjoint(excl) || pool.is_empty() {
@@ -1140,6 +1189,35 @@ impl Admission {
                 None
             }
         }
+    }
+}
+
+/// Passes of [`Admission::follow_pool`] and [`Admission::repair`]: each plans again from the
+/// books and writes only what it has not written yet, so the passes end well before this
+/// unless other changes keep landing; what is left is the next round's.
+const FOLLOW_PASSES: usize = 4;
+
+/// The binding of a cgroup to `uid`'s container placed as `p`.
+fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
+    Binding {
+        pod_uid: uid.into(),
+        container: p.container.clone(),
+    }
+}
+
+/// Whether `cg` is bound, or being bound (its cpuset written under a booking).
+fn bound_or_binding(s: &Shared, cg: &str) -> bool {
+    s.state.bindings.contains_key(cg) || s.binding.contains_key(cg)
+}
+
+/// Undoes the admission of member `container` of pod `uid`: the pod released when this
+/// admission made it (`first`), else the member's share given back to the pod's hold.
+fn undo_member(s: &mut Shared, uid: &str, container: &str, first: bool) {
+    if first {
+        s.state.allocator.release(uid);
+    } else {
+        let sh = &mut *s;
+        (sh.state.allocator).remove_member(&sh.topo, &sh.cfg.placement, uid, container);
     }
 }
 
@@ -1465,7 +1543,11 @@ pub type BooksRefusal = &'static str;
 /// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
 /// pin) is checked for memory only.
 pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
-    let s = d.lock();
+    move_allowed_in(&d.lock(), mv)
+}
+
+/// [`move_allowed`] on the state its caller holds locked.
+pub fn move_allowed_in(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
     let a = &s.state.allocator;
     let own = bound_container(&s, &mv.cgroup);
     if mv.to_cpus != mv.from_cpus {
@@ -1530,12 +1612,11 @@ pub fn book_move(
     mv: &crate::controller::Move,
     dry_run: bool,
 ) -> Result<Option<Booked>, BooksRefusal> {
-    let _order = d.order();
-    move_allowed(d, mv)?;
+    let mut s = d.lock();
+    move_allowed_in(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
     }
-    let mut s = d.lock();
     s.moving.insert(mv.cgroup.clone());
     let own =
         bound_container(&s, &mv.cgroup).map(|c| (c.placement.exclusive, c.placement.cpus.clone()));
@@ -1565,7 +1646,6 @@ impl Booked {
     /// ([`shared_changes`], written by the caller with no lock held), the moved one included.
     pub fn settle(mut self, written: bool) -> bool {
         self.settled = true;
-        let _order = self.d.order();
         let mut s = self.d.lock();
         s.moving.remove(&self.cgroup);
         s.state.allocator.in_flight.remove(&self.cgroup);
@@ -1605,10 +1685,9 @@ impl std::fmt::Debug for Booked {
 /// A move's cpus were written: the bound container's placement follows them — its CPUs (for a
 /// shared container, its pool and the CPU charges spread over it) — so later admissions
 /// decide on what cgroupfs holds: for cpus someone else wrote (a move's are booked by
-/// [`book_move`]). Call with `order` held. Unbound cgroups have nothing in the books. Returns
+/// [`book_move`]). On the state its caller holds locked. Unbound cgroups have nothing in the books. Returns
 /// true when exclusive CPUs changed (the shared containers then follow: [`shared_changes`]).
-pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> bool {
-    let mut s = d.lock();
+pub fn record_cpus(s: &mut Shared, mv: &crate::controller::Move) -> bool {
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return false;
     };
@@ -1618,9 +1697,8 @@ pub fn record_cpus_locked_order(d: &Daemon, mv: &crate::controller::Move) -> boo
 }
 
 /// A move's mems were written (the migration done): the bound container's mems follow, and
-/// its Memory Manager memory is re-booked on the new nodes. Takes `order`.
+/// its Memory Manager memory is re-booked on the new nodes.
 pub fn record_mems(d: &Daemon, mv: &crate::controller::Move) {
-    let _order = d.order();
     let mut s = d.lock();
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return;

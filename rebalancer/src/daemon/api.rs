@@ -342,7 +342,7 @@ mod tests {
 
     const POD: &str = r#"{"uid":"pod-late","containers":[{"name":"c","cpu_request_millis":2000,"cpu_limit_millis":2000,"memory_bytes":67108864,"memory_limit_bytes":67108864}]}"#;
 
-    /// Review item 9: an admission still waiting for the change lock at the request timeout
+    /// An admission still waiting for the state lock at the request timeout
     /// used to be answered 408 by the transport and then admitted anyway once the lock was
     /// free (CPUs held for a pod the client was told failed). Now it is refused, nothing
     /// admitted, and the answer says so; with the lock free the same request is admitted.
@@ -356,7 +356,7 @@ mod tests {
         let holder = {
             let d = adm.daemon.clone();
             std::thread::spawn(move || {
-                let _held = d.order();
+                let _held = d.lock();
                 taken.send(()).unwrap();
                 // Past the 300 ms request timeout: the request waits here until then.
                 let _ = released.recv_timeout(Duration::from_secs(1));

@@ -525,13 +525,10 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
 }
 
 /// The control round's writer over the shared fake that, at its first cpuset.cpus write, runs
-/// `hook` (an admission racing the round) — inline when the allocator lock is free, else on a
-/// thread that waits for it (joined by the test).
+/// `hook` (an admission racing the round) inline: the move holds no lock across its writes.
 struct RacingWriter {
     fake: Arc<Mutex<FakeCgroups>>,
-    d: Daemon,
     hook: Option<Box<dyn FnOnce() + Send>>,
-    racer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl CgroupWriter for RacingWriter {
@@ -543,12 +540,9 @@ impl CgroupWriter for RacingWriter {
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         if let Some(hook) = self.hook.take() {
-            let free = self.d.order.try_lock().is_ok();
-            if free {
-                hook();
-            } else {
-                self.racer = Some(std::thread::spawn(hook));
-            }
+            // no lock is held across a move's writes: the racing change runs here, inline
+            assert!(!super::state_held(), "a move's write with the state lock held");
+            hook();
         }
         self.fake.lock().unwrap().write_cpus(cg, cpus)
     }
@@ -622,9 +616,7 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
     };
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(racing)),
-        racer: None,
     };
     let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
     assert_eq!(applied.applied, 1, "{applied:?}");
@@ -676,9 +668,7 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
     };
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(|| panic!("a bug in a writer"))),
-        racer: None,
     };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         apply_moves(&d, &mut w, &[mv], 1_000_000, false)
@@ -739,7 +729,6 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
     let racing = adm.clone();
     let mut w = RacingWriter {
         fake: fake.clone(),
-        d: d.clone(),
         hook: Some(Box::new(move || {
             racing
                 .admit(AdmitRequest {
@@ -750,12 +739,8 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
                 })
                 .unwrap();
         })),
-        racer: None,
     };
     let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
-    if let Some(t) = w.racer.take() {
-        t.join().unwrap();
-    }
     assert!(
         w.hook.is_none(),
         "the admission ran during the round's write"
@@ -1032,6 +1017,52 @@ enum Event {
     /// Guaranteed pod of this many CPUs is admitted: the move's CPUs are held in the books
     /// while its writes run, with no lock held.
     RacingRound(u32, u64),
+    /// A Guaranteed pod of this many CPUs admitted while another one's cpuset write runs
+    /// (the first number its CPUs, the second the racing pod's).
+    RacingAdmission(u64, u64),
+    /// The k-th live container (modulo) resized to this many exclusive CPUs while a
+    /// Guaranteed pod of one CPU is admitted during its own cpuset write.
+    RacingResize(usize, u64),
+}
+
+/// The fake node whose first cpuset write of `on` first runs `hook`: a change racing another
+/// change's write, which holds no lock.
+#[derive(Clone)]
+struct HookedNode {
+    node: FakeNode,
+    on: String,
+    hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+}
+
+impl CpusetWriter for HookedNode {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        if c.cgroup == self.on {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                assert!(!super::state_held(), "a change's write with the state lock held");
+                hook();
+            }
+        }
+        self.node.write(c)
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        self.node.cpus(cgroup)
+    }
+}
+
+impl HookedNode {
+    fn new(node: &FakeNode, on: &str, hook: impl FnOnce() + Send + 'static) -> HookedNode {
+        HookedNode {
+            node: node.clone(),
+            on: on.into(),
+            hook: Arc::new(Mutex::new(Some(Box::new(hook)))),
+        }
+    }
+
+    fn ran(&self) -> bool {
+        self.hook.lock().unwrap().is_none()
+    }
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -1042,6 +1073,8 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (0u32..8).prop_map(Event::Hotplug),
         1 => any::<bool>().prop_map(Event::Restart),
         2 => (0u32..2, 1u64..=2).prop_map(|(n, c)| Event::RacingRound(n, c)),
+        1 => (1u64..=2, 1u64..=2).prop_map(|(a, b)| Event::RacingAdmission(a, b)),
+        2 => (any::<usize>(), 1u64..=3).prop_map(|(k, n)| Event::RacingResize(k, n)),
     ]
 }
 
@@ -1185,9 +1218,8 @@ proptest! {
                             }
                         }
                     };
-                    let mut w = RacingWriter { fake: fake.clone(), d: d.clone(), hook: Some(Box::new(racing)), racer: None };
+                    let mut w = RacingWriter { fake: fake.clone(), hook: Some(Box::new(racing)) };
                     apply_moves(&d, &mut w, &plan.moves, now, false);
-                    prop_assert!(w.racer.is_none(), "a move's write held the change lock");
                     let overlap = overlap.lock().unwrap().take();
                     prop_assert!(overlap.is_none(), "step {i}: {overlap:?}");
                     if let Some(hook) = w.hook.take() {
@@ -1200,6 +1232,81 @@ proptest! {
                     }
                     now += ctl.cooldown_ms + 1;
                 }
+                Event::RacingAdmission(a, b) => {
+                    let (uid_a, cg_a) = (format!("p{i}/c"), format!("kubepods/p{i}/c"));
+                    let (uid_b, cg_b) = (format!("q{i}/c"), format!("kubepods/q{i}/c"));
+                    fake.lock().unwrap().insert(&cg_a, "0-7", "0-1");
+                    fake.lock().unwrap().insert(&cg_b, "0-7", "0-1");
+                    let (pa, pb) = (pod(&uid_a, a * 1000, 64 * MIB, true), pod(&uid_b, b * 1000, 64 * MIB, true));
+                    let clash = Arc::new(Mutex::new(None));
+                    let b_ok = Arc::new(Mutex::new(false));
+                    let hook = {
+                        let (adm, pb, cg_b, uid_a, clash, b_ok) = (adm.clone(), pb.clone(), cg_b.clone(), uid_a.clone(), clash.clone(), b_ok.clone());
+                        move || {
+                            let Ok(got) = adm.admit(AdmitRequest { pod: &pb, bind: Some(&cg_b), durability: Durability::Deferred, since: Instant::now() }) else { return };
+                            *b_ok.lock().unwrap() = true;
+                            // while the first one's write is under way: its booked CPUs are
+                            // none of those just handed out
+                            let s = adm.daemon.lock();
+                            let booked = (s.state.allocator.pods.get(&uid_a)).map(|p| p.containers[0].placement.cpus.clone());
+                            if let Some(a) = booked.filter(|a| !a.is_disjoint(&got.placements[0].cpus)) {
+                                *clash.lock().unwrap() = Some(format!("{uid_a} booked {a}, racing admission got {}", got.placements[0].cpus));
+                            }
+                        }
+                    };
+                    let hooked = HookedNode::new(&node, &cg_a, hook);
+                    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+                    match racing.admit(AdmitRequest { pod: &pa, bind: Some(&cg_a), durability: Durability::Deferred, since: Instant::now() }) {
+                        Ok(_) => live.push((uid_a, cg_a, pa)),
+                        Err(_) => fake.lock().unwrap().remove(&cg_a),
+                    }
+                    let clash = clash.lock().unwrap().take();
+                    prop_assert!(clash.is_none(), "step {i}: {clash:?}");
+                    if hooked.ran() && *b_ok.lock().unwrap() {
+                        live.push((uid_b, cg_b, pb));
+                    } else {
+                        fake.lock().unwrap().remove(&cg_b);
+                    }
+                }
+                Event::RacingResize(k, n) if !live.is_empty() => {
+                    let j = k % live.len();
+                    let (uid, cg, _) = live[j].clone();
+                    let grown = pod(&uid, n * 1000, 64 * MIB, true);
+                    let (uid_c, cg_c) = (format!("r{i}/c"), format!("kubepods/r{i}/c"));
+                    fake.lock().unwrap().insert(&cg_c, "0-7", "0-1");
+                    let pc = pod(&uid_c, 1000, 64 * MIB, true);
+                    let clash = Arc::new(Mutex::new(None));
+                    let c_ok = Arc::new(Mutex::new(false));
+                    let hook = {
+                        let (adm, pc, cg_c, cg, clash, c_ok, fake) = (adm.clone(), pc.clone(), cg_c.clone(), cg.clone(), clash.clone(), c_ok.clone(), fake.clone());
+                        move || {
+                            // what the resized container runs on until its write: exclusive
+                            // CPUs it is leaving, held in the books meanwhile
+                            let runs_on = fake.lock().unwrap().cpus(&cg).cloned().unwrap_or_default();
+                            let Ok(got) = adm.admit(AdmitRequest { pod: &pc, bind: Some(&cg_c), durability: Durability::Deferred, since: Instant::now() }) else { return };
+                            *c_ok.lock().unwrap() = true;
+                            if !runs_on.is_disjoint(&got.placements[0].cpus) {
+                                *clash.lock().unwrap() = Some(format!("{cg} runs on {runs_on} during its resize, racing admission got {}", got.placements[0].cpus));
+                            }
+                        }
+                    };
+                    let hooked = HookedNode::new(&node, &cg, hook);
+                    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+                    let exclusive = super::admission::bound_container(&d.lock(), &cg).is_some_and(|c| c.placement.exclusive);
+                    // durable: checkpointed inline (a deferred one would start a checkpointer thread that
+                    // outlives a restart of this test daemon)
+                    if let Ok(Some(_)) = racing.resize(&cg, &grown.containers[0], Durability::Durable) {
+                        live[j].2 = grown;
+                    }
+                    let clash = clash.lock().unwrap().take();
+                    prop_assert!(!exclusive || clash.is_none(), "step {i}: {clash:?}");
+                    if hooked.ran() && *c_ok.lock().unwrap() {
+                        live.push((uid_c, cg_c, pc));
+                    } else {
+                        fake.lock().unwrap().remove(&cg_c);
+                    }
+                }
+                Event::RacingResize(..) => {}
                 Event::LostAnswer(k) if !live.is_empty() => {
                     let (_, cg, _) = &live[k % live.len()];
                     fake.lock().unwrap().insert(cg, "0-7", "0-1");

@@ -375,8 +375,18 @@ impl CpuTimeSource for ProcCpuTime {
     }
 }
 
-/// The real cgroup writer over the cgroup layer (reads are the *effective* sets).
-pub struct RealWriter<'a>(pub &'a Cgroups);
+/// The moves' writer of one apply thread (`apply::Applier`), and of the one-after-the-other
+/// path: cgroupfs through the validated, read-back writes of [`Cgroups`] (reads are the
+/// *effective* sets), page moves resuming this thread's walk, and — in NRI mode with
+/// `kubernetes.nri_runtime_updates` — every cpuset write told to the runtime once it is in
+/// cgroupfs ([`super::nri_updates::Runtime::written`]). Page moves are the daemon's own in
+/// both modes (the runtime is told nothing of them).
+pub struct OwnedWriter {
+    pub cgroups: Cgroups,
+    pub runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
+    /// The page walk of this thread's move, resumed from step to step.
+    pub walk: crate::pages::Walk,
+}
 
 fn wrap(cgroup: &str, file: CgroupFile, e: CgroupError) -> CgroupWriteError {
     match e {
@@ -402,36 +412,35 @@ fn wrap(cgroup: &str, file: CgroupFile, e: CgroupError) -> CgroupWriteError {
     }
 }
 
-impl CgroupWriter for RealWriter<'_> {
+impl CgroupWriter for OwnedWriter {
     fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.0
-            .effective_cpus(cg)
-            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+        (self.cgroups.effective_cpus(cg)).map_err(|e| wrap(cg, CgroupFile::Cpus, e))
     }
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.0
-            .effective_mems(cg)
-            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
+        (self.cgroups.effective_mems(cg)).map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.0
-            .write_cpus(cg, cpus)
-            .map_err(|e| wrap(cg, CgroupFile::Cpus, e))
+        super::writer::io_edge();
+        (self.cgroups.write_cpus(cg, cpus)).map_err(|e| wrap(cg, CgroupFile::Cpus, e))?;
+        if let Some(rt) = &self.runtime {
+            rt.written(cg, Some(cpus), None, || None);
+        }
+        Ok(())
     }
     fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.0
-            .write_mems(cg, mems)
-            .map_err(|e| wrap(cg, CgroupFile::Mems, e))
+        super::writer::io_edge();
+        (self.cgroups.write_mems(cg, mems)).map_err(|e| wrap(cg, CgroupFile::Mems, e))?;
+        if let Some(rt) = &self.runtime {
+            rt.written(cg, None, Some(mems), || self.read_cpus(cg).ok());
+        }
+        Ok(())
     }
     fn needs_memory_migrate(&self) -> bool {
-        self.0
-            .hierarchy(Controller::Cpuset)
+        (self.cgroups.hierarchy(Controller::Cpuset))
             .is_ok_and(|(_, v)| v == crate::cgroup::Version::V1)
     }
     fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
-        let (dir, _) = self
-            .0
-            .dir(Controller::Cpuset, cg)
+        let (dir, _) = (self.cgroups.dir(Controller::Cpuset, cg))
             .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))?;
         let p = dir.join("cpuset.memory_migrate");
         std::fs::read_to_string(&p)
@@ -439,129 +448,35 @@ impl CgroupWriter for RealWriter<'_> {
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::MemoryMigrate, "", e))
     }
     fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.0
-            .set_memory_migrate(cg, on)
+        (self.cgroups.set_memory_migrate(cg, on))
             .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
     }
+    /// A step of move_pages(2), continuing this thread's walk (see [`crate::pages::Walk`]).
     fn move_pages(
         &mut self,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        self.move_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
+        super::writer::io_edge();
+        let cgroups = &self.cgroups;
+        let procs = || procs_of(cgroups, cg);
+        (self.walk.step(cg, toward, max_bytes, procs, procs))
+            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
     }
+    /// migrate_pages(2) of whole processes, continuing this thread's walk
+    /// ([`crate::pages::Walk::step_whole`]).
     fn migrate_pages(
         &mut self,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        self.migrate_pages_resuming(&mut crate::pages::Walk::default(), cg, toward, max_bytes)
-    }
-}
-
-impl RealWriter<'_> {
-    /// [`CgroupWriter::move_pages`] continuing `walk` (see [`crate::pages::Walk`]): a writer
-    /// that moves a cgroup's pages a step at a time resumes where its last step stopped.
-    pub fn move_pages_resuming(
-        &self,
-        walk: &mut crate::pages::Walk,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        let procs = || {
-            self.0.procs(Controller::Cpuset, cg).map_err(|e| match e {
-                CgroupError::Io { source, .. } => source,
-                other => std::io::Error::other(other.to_string()),
-            })
-        };
-        walk.step(cg, toward, max_bytes, procs, procs)
+        super::writer::io_edge();
+        let cgroups = &self.cgroups;
+        let procs = || procs_of(cgroups, cg);
+        (self.walk.step_whole(cg, toward, max_bytes, procs, procs))
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
-    }
-
-    /// [`CgroupWriter::migrate_pages`] continuing `walk` (see [`crate::pages::Walk::step_whole`]).
-    pub fn migrate_pages_resuming(
-        &self,
-        walk: &mut crate::pages::Walk,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        let procs = || {
-            self.0.procs(Controller::Cpuset, cg).map_err(|e| match e {
-                CgroupError::Io { source, .. } => source,
-                other => std::io::Error::other(other.to_string()),
-            })
-        };
-        walk.step_whole(cg, toward, max_bytes, procs, procs)
-            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
-    }
-}
-
-/// [`RealWriter`] owning its cgroup layer: the writer of one apply thread (`apply::Applier`).
-/// In NRI mode (with `kubernetes.nri_runtime_updates`) the runtime's containers' cpuset
-/// writes go through the runtime ([`super::nri_updates::RuntimeMoveWriter`]), as the
-/// one-after-the-other path does.
-pub struct OwnedWriter {
-    pub cgroups: Cgroups,
-    pub runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
-    /// The page walk of this thread's move, resumed from step to step.
-    pub walk: crate::pages::Walk,
-}
-
-impl OwnedWriter {
-    fn with<R>(&self, f: impl FnOnce(&mut dyn CgroupWriter) -> R) -> R {
-        let real = RealWriter(&self.cgroups);
-        match &self.runtime {
-            Some(runtime) => f(&mut super::nri_updates::RuntimeMoveWriter { real, runtime }),
-            None => f(&mut { real }),
-        }
-    }
-}
-
-impl CgroupWriter for OwnedWriter {
-    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.with(|w| w.read_cpus(cg))
-    }
-    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.with(|w| w.read_mems(cg))
-    }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.with(|w| w.write_cpus(cg, cpus))
-    }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.with(|w| w.write_mems(cg, mems))
-    }
-    fn needs_memory_migrate(&self) -> bool {
-        self.with(|w| w.needs_memory_migrate())
-    }
-    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
-        self.with(|w| w.read_memory_migrate(cg))
-    }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.with(|w| w.set_memory_migrate(cg, on))
-    }
-    fn move_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        // Page moves are the daemon's own in both modes (the runtime is told nothing of them).
-        RealWriter(&self.cgroups).move_pages_resuming(&mut self.walk, cg, toward, max_bytes)
-    }
-    fn migrate_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        RealWriter(&self.cgroups).migrate_pages_resuming(&mut self.walk, cg, toward, max_bytes)
-    }
-    fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
-        self.with(|w| w.settle(cg))
     }
     fn left_behind(&self, cg: &str, toward: &CpuSet) -> Option<u64> {
         let numa = self.cgroups.numa_stat(cg).ok()?;
@@ -574,6 +489,14 @@ impl CgroupWriter for OwnedWriter {
                 .fold(0u64, |a, (_, &b)| a.saturating_add(b)),
         )
     }
+}
+
+/// The processes of cgroup `cg` (its cpuset hierarchy), for a page walk.
+fn procs_of(cgroups: &Cgroups, cg: &str) -> std::io::Result<Vec<u32>> {
+    cgroups.procs(Controller::Cpuset, cg).map_err(|e| match e {
+        CgroupError::Io { source, .. } => source,
+        other => std::io::Error::other(other.to_string()),
+    })
 }
 
 /// Reports a /proc source probed at its first use: `status` lists it (with the reason where it
@@ -624,8 +547,8 @@ pub struct Engine {
     own_wait_truncated: bool,
     /// The monotonic clock of `runwait`'s intervals starts here.
     epoch: Instant,
-    /// NRI mode: moves of the runtime's containers go through the runtime
-    /// (`nri_updates::RuntimeMoveWriter`).
+    /// NRI mode: moves of the runtime's containers are told to the runtime
+    /// (`OwnedWriter`).
     runtime: Option<std::sync::Arc<super::nri_updates::Runtime>>,
     /// The writer threads of the moves (started at the first round).
     applier: Option<super::apply::Applier>,

@@ -12,7 +12,7 @@
 //! sets the shared containers to their pools after an install that changed the exclusive
 //! CPUs) — in every admission mode: read and parsed with no lock
 //! held ([`read_files`]: regular files only — no symlink, FIFO or device —, at most
-//! [`MAX_FILE_BYTES`]), then installed under `order` and the state lock ([`install_files`]).
+//! [`MAX_FILE_BYTES`]), then installed under the state lock ([`install_files`]).
 //! A missing file, or one whose policy is not `static`, adopts nothing. Any error of a file —
 //! unreadable, not a regular file, too large, not JSON, a format this does not support (a
 //! newer kubelet's `podEntries` / `data` / `dataChecksum`), a checksum mismatch, an invalid
@@ -536,7 +536,7 @@ pub struct Status {
     #[serde(skip)]
     stamp: Option<Stamp>,
     /// An install changed the exclusive CPUs and the shared containers are not yet set to
-    /// their pools (`Admission::refresh_kubelet` does it, under `order`).
+    /// their pools (`Admission::refresh_kubelet` does it, with no lock held).
     #[serde(skip)]
     pub(crate) shrink_pending: bool,
 }
@@ -639,7 +639,7 @@ fn settle(
 }
 
 /// Installs `files` (from [`read_files`]) into `s` in place of the previous adoption, file by
-/// file as [`settle`] says. Call under `Daemon::order` and the state lock; does no I/O.
+/// file as [`settle`] says. Call under the state lock; does no I/O.
 pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve::Metrics) {
     let dir = files.dir;
     let mut errors: Vec<KubeletStateError> = Vec::new();

@@ -102,6 +102,11 @@ pub struct Shared {
     /// still run on them); 0 when the last attempt wrote all. Retried each round
     /// (`Admission::refence`) while above 0.
     pub shrink_failures: u32,
+    /// Bindings whose container's cpuset is being written (an admission or a bind between its
+    /// booking and its commit): the cgroup counts as bound (a second bind of it is refused) and
+    /// the container as taken (no other cgroup is bound to it), but nothing is repaired or
+    /// shrunk onto it until the commit makes it a binding.
+    pub binding: BTreeMap<String, Binding>,
     /// Cgroups whose move is booked and being written (`admission::book_move` until
     /// `Booked::settle`): neither a repair nor a shrink writes them meanwhile (the move's own
     /// read of their cpus would find someone else's write); the settle sets them right.
@@ -135,6 +140,7 @@ impl Shared {
             refused: Default::default(),
             shrink_failures: 0,
             moving: Default::default(),
+            binding: Default::default(),
             admission: crate::config::AdmissionMode::Off,
             nri_connected: false,
             kubelet: Default::default(),
@@ -239,7 +245,6 @@ impl CheckpointWriter {
 #[derive(Clone)]
 pub struct Daemon {
     inner: Arc<Mutex<Shared>>,
-    order: Arc<Mutex<()>>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
     pub metrics: Metrics,
     /// Events that want a round soon, and the daemon's own cpuset.cpus writes (`trigger`).
@@ -279,7 +284,6 @@ impl Daemon {
     pub fn new(shared: Shared, metrics: Metrics) -> Daemon {
         Daemon {
             inner: Arc::new(Mutex::new(shared)),
-            order: Default::default(),
             stopping: Default::default(),
             metrics,
             rounds: Default::default(),
@@ -298,32 +302,75 @@ impl Daemon {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// The allocator's change lock: held by every change of the allocator (admission, release,
-    /// hotplug replacement, a move's update of the books) for its whole call, I/O included, and
-    /// always taken before [`Daemon::lock`]. It orders those changes and their cgroup writes;
-    /// it never blocks a reader of the state.
-    pub fn order(&self) -> MutexGuard<'_, ()> {
-        self.order.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Writes the checkpoint: the state copied under the state lock (with its generation),
     /// encoded and written (fsync, rename) outside it, so neither the encoding nor a slow disk
     /// holds up an admission, the watcher or the API (the NRI hook waited for a 200-pod
     /// encoding in the state lock: the bulk of its p99).
     pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        let (dir, gen, state) = {
+        self.checkpoint_with(|_| {}).map(|_| ())
+    }
+
+    /// [`Daemon::checkpoint`] of the state as `edit` leaves a copy of it (a release not yet
+    /// committed to the books: `Admission::release`). Returns the generation written.
+    pub fn checkpoint_with(&self, edit: impl FnOnce(&mut Persisted)) -> Result<u64, CheckpointError> {
+        let (dir, gen, mut state) = {
             let s = self.lock();
             let gen = self.ckpt.next_generation();
             (s.cfg.daemon.state_dir.clone(), gen, s.state.clone())
         };
+        edit(&mut state);
         self.books.bump();
+        writer::io_edge();
         let bytes = checkpoint::encode(&dir, &state)?;
-        self.ckpt.write(&dir, gen, &bytes)
+        self.ckpt.write(&dir, gen, &bytes)?;
+        Ok(gen)
+    }
+
+    /// Whether a checkpoint generation was taken after `gen`.
+    pub fn checkpointed_since(&self, gen: u64) -> bool {
+        self.ckpt.next.load(Ordering::SeqCst) > gen
     }
 
     /// Locks the shared state. A panic in another holder does not make the state unusable:
     /// every mutation is all-or-nothing (see `Allocator::admit`), so the data is consistent.
-    pub fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// The guard is counted per thread while it lives: the effects path (`writer::io_edge`)
+    /// refuses to run on a thread that holds one.
+    pub fn lock(&self) -> StateGuard<'_> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        HELD.with(|h| h.set(h.get() + 1));
+        StateGuard(g)
+    }
+}
+
+thread_local! {
+    /// State guards the thread holds now ([`Daemon::lock`]).
+    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread holds the state lock now.
+pub fn state_held() -> bool {
+    HELD.with(|h| h.get() > 0)
+}
+
+/// The state lock's guard ([`Daemon::lock`]), counted per thread so I/O can check that no
+/// guard is held (`writer::io_edge`).
+pub struct StateGuard<'a>(MutexGuard<'a, Shared>);
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Shared {
+        &mut self.0
     }
 }

@@ -327,7 +327,7 @@ struct Tracked {
 /// The [`CpusetWriter`] of NRI mode: admission's changes are collected and handed to the
 /// runtime (the new container's as its CreateContainer adjustment, others' as container
 /// updates). A change of a container that already runs is also written to cgroupfs at once,
-/// under the admission's `Daemon::order` (the books never run ahead of cgroupfs; the runtime
+/// booked before it is written (the books never run ahead of cgroupfs; the runtime
 /// then applies the same values to its spec). What each container was last given is
 /// remembered in the shared [`Runtime`]; readers see cgroupfs, and that only for a container
 /// the runtime has not created yet.
@@ -353,6 +353,7 @@ impl NriWriter {
 
 impl CpusetWriter for NriWriter {
     fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
+        super::writer::io_edge();
         if let Some(cg) = self
             .cgroups
             .as_ref()
@@ -663,8 +664,8 @@ impl Policy {
         }
     }
 
-    /// Writes `stale` cgroups' given cpusets to cgroupfs again, under `Daemon::order` (the
-    /// runtime may have applied an older value over them: see `nri_updates`).
+    /// Writes `stale` cgroups' given cpusets to cgroupfs again (the runtime may have applied
+    /// an older value over them: see `nri_updates`), with no lock held.
     fn rewrite(&self, stale: Vec<String>) {
         let Some(cgroups) = self.writer.cgroups.as_ref().filter(|_| !stale.is_empty()) else {
             return;
@@ -673,7 +674,7 @@ impl Policy {
             tracing::info!(cgroups = ?stale, "dry run: cpusets not written again after a stale runtime update");
             return;
         }
-        let _order = self.d().order();
+        super::writer::io_edge();
         for cg in stale {
             let Some(g) = self.runtime.given(&cg) else {
                 continue;

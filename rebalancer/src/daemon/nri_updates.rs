@@ -4,7 +4,7 @@
 //!
 //! Every such change is **written to cgroupfs first**, by the writer (a move's booked first with
 //! its CPUs held, settled after: no admission can hand out CPUs a container has not left yet;
-//! an admission's shrink under `Daemon::order`), and then told to the runtime so its container spec
+//! an admission's shrink planned from the books and written with no lock held), and then told to the runtime so its container spec
 //! (`runc update`) says the same: queued here and sent either in the next hook answer that may
 //! carry updates of other containers (CreateContainer / StopContainer / Synchronize: applied by
 //! the runtime inside its own hook, no lock-order hazard) or, when the connection allows it, as
@@ -14,7 +14,8 @@
 //!
 //! [`Runtime`] is shared by the plugin thread (`daemon::nri`, which knows which cgroup is which
 //! runtime container and owns the socket) and the writers of the other threads:
-//! - [`RuntimeMoveWriter`], the control round's `CgroupWriter` in NRI mode;
+//! - the moves' writer (`engine::OwnedWriter`), which tells it each cpuset write
+//!   ([`Runtime::written`]);
 //! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
 //!
 //! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
@@ -29,7 +30,7 @@
 //! unsolicited updates off for good after [`STICKY_TIMEOUTS`] (no flapping; `status` says why).
 //! Ordering: when an answer comes for a container given something newer meanwhile, the runtime
 //! may have applied the older value over the daemon's newer write, so [`Runtime::answered`]
-//! names it for the plugin to write again (under `Daemon::order`) and queues it again; the same
+//! names it for the plugin to write again and queues it again; the same
 //! for what was in flight when the connection went, and for what rode a hook's answer once it
 //! has settled ([`HOOK_SETTLE`]: the runtime applies those after the hook returns).
 //!
@@ -44,13 +45,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    engine::RealWriter,
-    writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError},
-};
+use super::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::{
     cgroup::Cgroups,
-    controller::{CgroupWriteError, CgroupWriter},
     cpuset::CpuSet,
     nri::api,
     serve::{metrics::ReasonLabel, Metrics},
@@ -401,7 +398,7 @@ impl Runtime {
     }
 
     /// The hooked updates due now whose container was given other cpus since
-    /// (an out-of-hook write under `Daemon::order` while the runtime was still applying the
+    /// (an out-of-hook write while the runtime was still applying the
     /// answer, which may put the older cpus over it). The plugin compares cgroupfs: the
     /// answer's cpus there mean the runtime overwrote the newer write (written again and told
     /// again); the newer cpus mean not yet or not at all, so it is looked at again, up to
@@ -547,6 +544,24 @@ impl Runtime {
     }
 
     /// Tells the runtime of a write already made; counted when it cannot be told.
+    /// A cpuset write of the moves' writer is in cgroupfs: told to the runtime. A mems write
+    /// carries the cpus with it (`cpus_now`) when the runtime never gave the container any (an
+    /// adopted container): its spec would otherwise name mems without cpus.
+    pub fn written(
+        &self,
+        cg: &str,
+        cpus: Option<&CpuSet>,
+        mems: Option<&CpuSet>,
+        cpus_now: impl FnOnce() -> Option<CpuSet>,
+    ) {
+        let given = match (cpus, mems) {
+            (None, Some(_)) if self.given(cg).and_then(|g| g.cpus).is_none() => cpus_now(),
+            _ => None,
+        };
+        let what = if mems.is_some() { "mems" } else { "cpus" };
+        self.tell(cg, cpus.or(given.as_ref()), mems, what);
+    }
+
     fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
         if let Err(why) = self.submit(cg, cpus, mems) {
             self.count_direct(cg, why, what);
@@ -572,65 +587,9 @@ pub fn update(id: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::Co
     }
 }
 
-/// The control round's [`CgroupWriter`] in NRI mode (see the module doc): every write goes to
-/// cgroupfs through `real` (the cgroup layer's [`RealWriter`]) and is then told to the runtime.
-pub struct RuntimeMoveWriter<'a, W = RealWriter<'a>> {
-    pub real: W,
-    pub runtime: &'a Runtime,
-}
-
-impl<W: CgroupWriter> CgroupWriter for RuntimeMoveWriter<'_, W> {
-    fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.real.read_cpus(cg)
-    }
-    fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
-        self.real.read_mems(cg)
-    }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.real.write_cpus(cg, cpus)?;
-        self.runtime.tell(cg, Some(cpus), None, "cpus");
-        Ok(())
-    }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.real.write_mems(cg, mems)?;
-        // The runtime needs the cpus with them when it never gave any (an adopted container).
-        let cpus = match self.runtime.given(cg).and_then(|g| g.cpus) {
-            Some(_) => None,
-            None => self.real.read_cpus(cg).ok(),
-        };
-        self.runtime.tell(cg, cpus.as_ref(), Some(mems), "mems");
-        Ok(())
-    }
-    fn needs_memory_migrate(&self) -> bool {
-        self.real.needs_memory_migrate()
-    }
-    fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
-        self.real.read_memory_migrate(cg)
-    }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.real.set_memory_migrate(cg, on)
-    }
-    fn move_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        self.real.move_pages(cg, toward, max_bytes)
-    }
-    fn migrate_pages(
-        &mut self,
-        cg: &str,
-        toward: &CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, CgroupWriteError> {
-        self.real.migrate_pages(cg, toward, max_bytes)
-    }
-}
-
 /// The admission service's [`CpusetWriter`] for the threads other than the plugin's in NRI
 /// mode (control round: hotplug replacement; API admissions' shrink): written to cgroupfs
-/// (under the caller's `Daemon::order`), then told to the runtime.
+/// (with no lock held), then told to the runtime.
 pub struct RuntimeCpusetWriter {
     pub runtime: Arc<Runtime>,
     pub cgroupfs: CgroupCpusetWriter,
@@ -661,7 +620,7 @@ impl RuntimeCpusetWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::FakeCgroups;
+    use crate::controller::{CgroupWriteError, CgroupWriter, FakeCgroups};
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap()
@@ -786,9 +745,13 @@ mod tests {
     /// The fake kernel, shared by the "runtime" (a thread applying the batches, as runc
     /// update does) and the daemon's writer, which counts what it writes itself.
     #[derive(Clone)]
-    struct Shared(Arc<Mutex<FakeCgroups>>, Arc<Mutex<Vec<String>>>);
+    struct Shared<'a>(
+        Arc<Mutex<FakeCgroups>>,
+        Arc<Mutex<Vec<String>>>,
+        Option<&'a Runtime>,
+    );
 
-    impl CgroupWriter for Shared {
+    impl CgroupWriter for Shared<'_> {
         fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.0.lock().unwrap().read_cpus(cg)
         }
@@ -797,11 +760,19 @@ mod tests {
         }
         fn write_cpus(&mut self, cg: &str, c: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("cpus {cg} {c}"));
-            self.0.lock().unwrap().write_cpus(cg, c)
+            self.0.lock().unwrap().write_cpus(cg, c)?;
+            if let Some(rt) = self.2 {
+                rt.written(cg, Some(c), None, || None);
+            }
+            Ok(())
         }
         fn write_mems(&mut self, cg: &str, m: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("mems {cg} {m}"));
-            self.0.lock().unwrap().write_mems(cg, m)
+            self.0.lock().unwrap().write_mems(cg, m)?;
+            if let Some(rt) = self.2 {
+                rt.written(cg, None, Some(m), || self.read_cpus(cg).ok());
+            }
+            Ok(())
         }
         fn needs_memory_migrate(&self) -> bool {
             self.0.lock().unwrap().needs_memory_migrate()
@@ -848,10 +819,7 @@ mod tests {
         rt.set_updates(true);
         rt.retrack([("kubepods/pod1/c1".to_string(), "c1id".to_string())].into());
         let mv = a_move();
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct.clone()),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
         let t0 = std::time::Instant::now();
         let done = crate::controller::apply(&mv, &mut w, false).unwrap();
         assert!(
@@ -908,10 +876,7 @@ mod tests {
         // updates off: x stays queued with 0-1
         rt.submit("x", Some(&set("0-1")), None).unwrap();
         rt.set_connected(false);
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct, Some(&rt));
         w.write_cpus("x", &set("2-3")).unwrap();
         assert_eq!(kernel.lock().unwrap().cpus("x"), Some(&set("2-3")));
         assert!(metrics
@@ -943,10 +908,7 @@ mod tests {
         let direct = Arc::new(Mutex::new(Vec::new()));
         let metrics = Metrics::default();
         let rt = Runtime::new(metrics.clone());
-        let mut w = RuntimeMoveWriter {
-            real: Shared(kernel.clone(), direct.clone()),
-            runtime: &rt,
-        };
+        let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
         crate::controller::apply(&a_move(), &mut w, false).unwrap();
         assert!(!direct.lock().unwrap().is_empty());
         assert!(metrics
@@ -1022,7 +984,7 @@ mod tests {
         assert_eq!(rt.take_for_hook().len(), 3, "all ride the answer");
         let t0 = Instant::now();
         assert!(rt.settle_hooked(t0).is_empty(), "not due yet");
-        // a and c are moved again (under order) while the runtime applies the answer
+        // a and c are moved again while the runtime applies the answer
         rt.submit("a", Some(&set("2")), None).unwrap();
         rt.submit("c", Some(&set("6")), None).unwrap();
         assert_eq!(rt.take_for_hook().len(), 2);

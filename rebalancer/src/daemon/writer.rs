@@ -5,14 +5,28 @@
 //! (the other threads' changes of the runtime's containers become queued container updates) —
 //! never both, never neither.
 //!
-//! The control round's moves go through the actuator's `CgroupWriter` (`engine::RealWriter`,
-//! or `nri_updates::RuntimeMoveWriter` in NRI mode), which also migrates memory; admission only
-//! ever sets cpus (and a new container's mems).
+//! The control round's moves go through the actuator's `CgroupWriter` (`engine::OwnedWriter`:
+//! cgroupfs, told to the runtime in NRI mode), which also migrates memory; admission only ever
+//! sets cpus (and a new container's mems).
 
 use crate::{
     cgroup::{Cgroups, Controller},
     cpuset::CpuSet,
 };
+
+/// Every effect of the daemon (a cgroupfs write, a runtime update, a page move, a checkpoint's
+/// fsync) passes here first: none runs on a thread that holds the state lock. A debug build
+/// panics (every test), a release build logs once, so a lock held across I/O is found by any
+/// test that reaches the write.
+pub fn io_edge() {
+    if super::state_held() {
+        if cfg!(debug_assertions) {
+            panic!("I/O with the daemon's state lock held");
+        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| tracing::error!("I/O with the daemon's state lock held"));
+    }
+}
 
 /// One container's cpuset change: `cpus`, and `mems` when they change too.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +82,7 @@ pub struct CgroupCpusetWriter(pub Cgroups);
 
 impl CpusetWriter for CgroupCpusetWriter {
     fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        io_edge();
         let r = match &c.mems {
             Some(m) => self.0.write_mems(&c.cgroup, m),
             None => Ok(()),

@@ -109,7 +109,8 @@ pub struct Allocator {
     pub devices: DeviceState,
     pub pods: BTreeMap<String, AdmittedPod>,
     /// CPUs held while an exclusive container's cpus are written (`daemon::apply`: a move's
-    /// old and new CPUs), by cgroup: exclusive until the write ended, so no admission hands
+    /// old and new CPUs, keyed by its cgroup; `Admission::resize`: the old and new exclusive
+    /// CPUs, keyed `resize <cgroup>`): exclusive until the write ended, so no admission hands
     /// them out and no shared container is set onto them meanwhile. Not checkpointed: a write
     /// under way does not outlive the daemon.
     #[serde(skip)]

@@ -216,6 +216,48 @@ impl Allocator {
         })?;
         Ok(have.union(&got))
     }
+    /// Puts back pod `uid` as it was before a resize (`before`, its record then) when the
+    /// resize's write failed: the resized container's shared charges and Memory Manager
+    /// memory given back, the old ones booked again (the memory on the same nodes, as the
+    /// resize left them free while its CPUs were held). Nothing when the pod is gone.
+    pub fn undo_resize(&mut self, uid: &str, before: AdmittedPod) {
+        let Some(now) = self.pods.get(uid) else {
+            return;
+        };
+        let now: Vec<AdmittedContainer> = now.containers.clone();
+        for c in &now {
+            for (cpu, m) in &c.charges {
+                if let Some(l) = self.shared_load.get_mut(cpu) {
+                    *l -= (*m).min(*l);
+                    if *l == 0 {
+                        self.shared_load.remove(cpu);
+                    }
+                }
+            }
+            if let Some(a) = &c.memory {
+                self.memory.release(a);
+            }
+        }
+        let mut before = before;
+        for c in &mut before.containers {
+            for (cpu, m) in &c.charges {
+                *self.shared_load.entry(*cpu).or_default() += m;
+            }
+            if let Some(a) = &c.memory {
+                let mut took = MemoryRequest::new();
+                for &(_, r, t) in &a.taken {
+                    *took.entry(r).or_default() += t;
+                }
+                let again = self.memory.allocate(&took, a.nodes);
+                c.memory = Some(MemoryAllocation {
+                    requested: a.requested.clone(),
+                    ..again
+                });
+            }
+        }
+        self.pods.insert(uid.to_string(), before);
+    }
+
 
     /// `a` booked again for `req` on its own nodes (a shrink always fits; a grow fits or is
     /// refused: the container keeps its nodes).
