@@ -1,4 +1,4 @@
-//! Churn and soak (issue 9, item 3): with a real daemon running (cgroup watcher on, eBPF
+//! Churn and soak: with a real daemon running (cgroup watcher on, eBPF
 //! sampling on where it loads, a control round every second), container cgroups are created and
 //! removed at `REBALANCER_CHURN_RATE` per second (default 200) for `REBALANCER_CHURN_SECS`
 //! seconds (default 60). Half are removed at once (often before the watcher reaches them: the

@@ -17,7 +17,7 @@ use rebalancer::{
     cgroup::{Cgroups, Controller},
     controller::{self, Move, Trigger},
     cpuset::CpuSet,
-    daemon::engine::RealWriter,
+    daemon::engine::OwnedWriter,
 };
 
 struct Guard {
@@ -125,7 +125,7 @@ fn a_real_move_is_applied_and_read_back() {
     let from = cg.effective_cpus(&rel).unwrap();
     let mems = cg.effective_mems(&rel).unwrap();
     let to: CpuSet = from.iter().skip(1).take(1).collect();
-    let mut w = RealWriter(&cg);
+    let mut w = OwnedWriter::new(cg.clone());
     let done = controller::apply(&mv(&rel, &from, &to, &mems), &mut w, false).expect("apply");
     assert!(!done.dry_run);
     assert_eq!(cg.effective_cpus(&rel).unwrap(), to);
@@ -146,7 +146,7 @@ fn dry_run_leaves_every_file_byte_identical() {
     let from = cg.effective_cpus(&rel).unwrap();
     let mems = cg.effective_mems(&rel).unwrap();
     let to: CpuSet = from.iter().take(1).collect();
-    let mut w = RealWriter(&cg);
+    let mut w = OwnedWriter::new(cg.clone());
     let done =
         controller::apply(&mv(&rel, &from, &to, &mems), &mut w, true).expect("dry-run apply");
     assert!(done.dry_run);

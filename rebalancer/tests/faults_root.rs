@@ -1,4 +1,4 @@
-//! Fault injection for real (issue 9, item 2) on this machine's cgroupfs with real daemons; the
+//! Fault injection for real on this machine's cgroupfs with real daemons; the
 //! errno table and the node-offline fault run on fakes and fixtures in
 //! `src/daemon/fault_tests.rs`. Each test ends with `assert_invariants` (tests/common): no empty
 //! cpuset, cpusets within their parent, exclusive CPUs disjoint and never reserved, the
@@ -16,7 +16,7 @@ use rebalancer::{
     config::Config,
     controller::{Move, Trigger},
     cpuset::CpuSet,
-    daemon::{apply::apply_moves, engine::RealWriter, Persisted, Shared},
+    daemon::{apply::apply_moves, engine::OwnedWriter, Persisted, Shared},
     serve::Metrics,
     topology::sysfs,
 };
@@ -99,7 +99,7 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
     // The container exits between plan and apply.
     tree.rmdir(&a).unwrap();
     tree.rmdir(&a_pod).unwrap();
-    let mut w = RealWriter(&cg);
+    let mut w = OwnedWriter::new(cg.clone());
     let done = apply_moves(&d, &mut w, &plan, 1000, false);
     println!("apply after rmdir: {done:?}");
     assert_eq!(done.failed, [(a.clone(), "vanished")]);

@@ -1,4 +1,4 @@
-//! Issue 14 against real daemons on this machine's cgroupfs: a root daemon that cannot be fooled
+//! Hardening against real daemons on this machine's cgroupfs: a root daemon that cannot be fooled
 //! (kubepods decoys in a user-owned cgroup; a failed cpuset write keeps nothing), starved (1,100
 //! half-sent requests held on the metrics port with the fd soft limit at 1,024) or left
 //! half-alive (a killed watcher shows in /healthz and a metric, then the daemon exits to be

@@ -22,11 +22,11 @@ data() {
     return $rc
 }
 
-# need_subcommand SCENARIO SUBCOMMAND ISSUE: prints SKIP and returns 1 when
-# `rebalancer SUBCOMMAND --help` fails (the feature has not landed yet).
-need_subcommand() {
+# require_subcommand SCENARIO SUBCOMMAND: prints FAIL and returns 1 when
+# `rebalancer SUBCOMMAND --help` fails: a subcommand that went missing is a regression, never a skip.
+require_subcommand() {
     if rebalancer "$2" --help >/dev/null 2>&1; then return 0; fi
-    verdict "$1" SKIP "rebalancer has no '$2' subcommand yet ($3)"
+    verdict "$1" FAIL "rebalancer has no '$2' subcommand"
     return 1
 }
 

@@ -713,7 +713,13 @@ impl Admission {
                 sh.state.allocator.in_flight.insert(held_key.clone(), held);
             }
             let before_pod = before.pods.get(&b.pod_uid).cloned();
-            (b.pod_uid, before_pod, placement, sh.cfg.daemon.dry_run, grew)
+            (
+                b.pod_uid,
+                before_pod,
+                placement,
+                sh.cfg.daemon.dry_run,
+                grew,
+            )
         };
         if grew {
             self.follow_pool(dry_run);
@@ -1549,7 +1555,7 @@ pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), Book
 /// [`move_allowed`] on the state its caller holds locked.
 pub fn move_allowed_in(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
     let a = &s.state.allocator;
-    let own = bound_container(&s, &mv.cgroup);
+    let own = bound_container(s, &mv.cgroup);
     if mv.to_cpus != mv.from_cpus {
         if !mv.to_cpus.is_disjoint(&a.reserved_cpus) {
             return Err("books-reserved");
@@ -1923,7 +1929,7 @@ pub(crate) mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
-        /// Issue 13: whatever the order of admissions, releases and SIGHUPs changing
+        /// Whatever the order of admissions, releases and SIGHUPs changing
         /// `reserved_cpus`, no reserved CPU is ever in an exclusive or a shared placement; a
         /// reload is applied exactly when no admitted container holds a newly reserved CPU, and
         /// the reservations in force are the allocator's.

@@ -346,7 +346,7 @@ fn period_ms(d: &Daemon) -> u64 {
     d.lock().cfg.controller.period_ms
 }
 
-/// Issue 18 review P1: rounds brought forward by events get no fresh budget. Moves that
+/// Rounds brought forward by events get no fresh budget. Moves that
 /// ended within the last period count against the next submit as moves under way do: two
 /// 600 MiB moves submitted in two rounds 1 ms apart (each alone within the 1 GiB budget)
 /// never both run within one period.
@@ -376,7 +376,7 @@ fn the_budget_is_a_rate_over_the_period_not_per_round() {
     assert_eq!((done.applied, done.over_budget), (1, 1), "{done:?}");
 }
 
-/// Issue 18 review P2: a writer that panics in a move ends that move, not the pool: the move
+/// A writer that panics in a move ends that move, not the pool: the move
 /// leaves `running` (its cgroup is planned again, its bytes stop counting after the period),
 /// is counted as failed ("panic"), `wait` returns, and the same pool applies the next move.
 #[test]
@@ -458,7 +458,7 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
     }
 }
 
-/// Issue 18 review P2: a writer stuck in one move (a cgroup write in D state) for longer than
+/// A writer stuck in one move (a cgroup write in D state) for longer than
 /// the stuck limit fails the `apply` health component (so /healthz fails and the daemon is
 /// restarted); once the move ends it is healthy again.
 #[test]
@@ -500,7 +500,7 @@ fn a_stuck_writer_fails_health() {
     assert!(health.dead().is_empty(), "stopped on purpose");
 }
 
-/// Issue 18 review P3: a stop while a writer moves its pages ahead of the narrowing write
+/// A stop while a writer moves its pages ahead of the narrowing write
 /// cuts the move short instead of running that write (which would migrate the rest, past the
 /// shutdown bound): cpus moved, mems still widened, no narrowing write, reported "stopped";
 /// the books of its cpus were checkpointed before the migration began.

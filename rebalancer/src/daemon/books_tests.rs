@@ -1,4 +1,4 @@
-//! Issue 13, "moves go through the allocator": a property test over random admissions (through
+//! Moves go through the allocator: a property test over random admissions (through
 //! the admission service, bound to cgroups of a `FakeCgroups`), control rounds (the real
 //! planner on observations of those cgroups, the real `apply_moves` writing the fake) and
 //! releases. After every step the allocator and the fake agree — every bound container's
@@ -541,7 +541,10 @@ impl CgroupWriter for RacingWriter {
     fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         if let Some(hook) = self.hook.take() {
             // no lock is held across a move's writes: the racing change runs here, inline
-            assert!(!super::state_held(), "a move's write with the state lock held");
+            assert!(
+                !super::state_held(),
+                "a move's write with the state lock held"
+            );
             hook();
         }
         self.fake.lock().unwrap().write_cpus(cg, cpus)
@@ -757,7 +760,7 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
     books_agree(&d, &f).unwrap();
 }
 
-/// Issue 18 review P10: a shared container's move and an exclusive container's move into the
+/// A shared container's move and an exclusive container's move into the
 /// same node run at once; the exclusive one's record shrinks the shared one's pool (the
 /// daemon's own rewrite) while the shared one migrates — in its page moves, or in its
 /// narrowing mems write. The shared move is neither abandoned nor rolled back for it (its
@@ -1031,15 +1034,21 @@ enum Event {
 struct HookedNode {
     node: FakeNode,
     on: String,
-    hook: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    hook: Hook,
 }
+
+/// A change to run once, from another thread's write.
+type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 impl CpusetWriter for HookedNode {
     fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
         if c.cgroup == self.on {
             let hook = self.hook.lock().unwrap().take();
             if let Some(hook) = hook {
-                assert!(!super::state_held(), "a change's write with the state lock held");
+                assert!(
+                    !super::state_held(),
+                    "a change's write with the state lock held"
+                );
                 hook();
             }
         }

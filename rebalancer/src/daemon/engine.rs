@@ -388,6 +388,17 @@ pub struct OwnedWriter {
     pub walk: crate::pages::Walk,
 }
 
+impl OwnedWriter {
+    /// The cgroupfs writer alone (watcher mode; the root tests).
+    pub fn new(cgroups: Cgroups) -> OwnedWriter {
+        OwnedWriter {
+            cgroups,
+            runtime: None,
+            walk: Default::default(),
+        }
+    }
+}
+
 fn wrap(cgroup: &str, file: CgroupFile, e: CgroupError) -> CgroupWriteError {
     match e {
         CgroupError::Io { source, .. } => CgroupWriteError::from_io(cgroup, file, "", source),

@@ -1,4 +1,4 @@
-//! Fault injection through the daemon's seams (issue 9, item 2), on `FakeCgroups` and sysfs
+//! Fault injection through the daemon's seams, on `FakeCgroups` and sysfs
 //! fixtures; the faults that need the real kernel are in `tests/faults_root.rs`. Each test
 //! ends with [`assert_invariants`]: no empty cpuset, every cpuset within its parent, exclusive
 //! CPUs disjoint and never reserved, the round's migration budget kept, and the checkpoint on
@@ -472,7 +472,7 @@ fn sampler_follows_cpu_hotplug() {
     );
 }
 
-/// Issue 13: the controller's times are on a clock that survives a restart. A move's cooldown
+/// The controller's times are on a clock that survives a restart. A move's cooldown
 /// started before the restart has, after it, what was left minus the time the restart took —
 /// not its whole length again (the old process-uptime clock restarted at 0, so every restored
 /// cooldown began anew, and a restart after a long uptime made it last for the old uptime).

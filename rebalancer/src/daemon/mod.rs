@@ -312,7 +312,10 @@ impl Daemon {
 
     /// [`Daemon::checkpoint`] of the state as `edit` leaves a copy of it (a release not yet
     /// committed to the books: `Admission::release`). Returns the generation written.
-    pub fn checkpoint_with(&self, edit: impl FnOnce(&mut Persisted)) -> Result<u64, CheckpointError> {
+    pub fn checkpoint_with(
+        &self,
+        edit: impl FnOnce(&mut Persisted),
+    ) -> Result<u64, CheckpointError> {
         let (dir, gen, mut state) = {
             let s = self.lock();
             let gen = self.ckpt.next_generation();

@@ -679,6 +679,10 @@ impl Policy {
             let Some(g) = self.runtime.given(&cg) else {
                 continue;
             };
+            // the daemon's own write: no round for it (`trigger`)
+            if let Some(c) = &g.cpus {
+                self.d().rounds.note_own_cpus(&cg, c);
+            }
             let r = g
                 .mems
                 .as_ref()
@@ -693,6 +697,9 @@ impl Policy {
                     tracing::info!(cgroup = %cg, "cpuset written again after a stale runtime update")
                 }
                 Err(e) => {
+                    if let Some(c) = &g.cpus {
+                        self.d().rounds.unnote_own_cpus(&cg, c);
+                    }
                     tracing::warn!(cgroup = %cg, error = %e, "writing a cpuset again after a stale runtime update failed")
                 }
             }

@@ -596,7 +596,7 @@ mod tests {
         assert!(!t.is_watched(&fa) && t.is_watched(&fb), "a's watch removed");
     }
 
-    /// Issue 18 review P1: a stream of events (pod churn, a user rewriting a file every
+    /// A stream of events (pod churn, a user rewriting a file every
     /// 120 ms) brings rounds forward no sooner than the minimum gap after the round before:
     /// at most one a second (half the period when that is shorter), whatever the settle.
     #[test]
@@ -652,7 +652,7 @@ mod tests {
         assert_eq!(c.due(), Some(t0 + ms(1200)), "1 s after the event round");
     }
 
-    /// Issue 18 review P1: a cpuset.cpus that a non-root user can write is not watched (its
+    /// A cpuset.cpus that a non-root user can write is not watched (its
     /// owner could bring rounds forward at will); root's is.
     #[test]
     fn files_non_root_users_can_write_are_not_watched() {
@@ -695,7 +695,7 @@ mod tests {
         assert_eq!(unwatched("operator-writable"), 1);
     }
 
-    /// Issue 18 review P4: the trigger takes at most its share of the uid's inotify watches
+    /// The trigger takes at most its share of the uid's inotify watches
     /// (a quarter of max_user_watches); the files over it are left to the period rounds,
     /// counted, and nothing fails.
     #[test]
@@ -730,7 +730,7 @@ mod tests {
         assert_eq!(over(), 0);
     }
 
-    /// Issue 18 review P6: a cgroup removed and made again at the same path between rounds is
+    /// A cgroup removed and made again at the same path between rounds is
     /// watched anew (the kernel dropped the old watch: IN_IGNORED), and its operator's write
     /// wakes the rounds.
     #[test]
@@ -768,7 +768,7 @@ mod tests {
         );
     }
 
-    /// Issue 18 review P7: a noted write that failed is forgotten (the file still holds
+    /// A noted write that failed is forgotten (the file still holds
     /// something else, and an operator's later write of those cpus is theirs), unless a later
     /// note replaced it; notes of cgroups no longer managed are pruned.
     #[test]

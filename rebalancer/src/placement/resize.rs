@@ -258,7 +258,6 @@ impl Allocator {
         self.pods.insert(uid.to_string(), before);
     }
 
-
     /// `a` booked again for `req` on its own nodes (a shrink always fits; a grow fits or is
     /// refused: the container keeps its nodes).
     fn rebook_resized(

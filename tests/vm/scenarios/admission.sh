@@ -12,7 +12,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=admission
-need_subcommand $S admit "issue 6, admission API and watcher" || exit 0
+require_subcommand $S admit || exit 0
 LOG=/tmp/adm-daemon.log
 fail() { daemon_fail $S $LOG "$*"; }
 ALL=$(cat $CG/cpuset.cpus.effective)

@@ -6,7 +6,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=consolidate
-need_subcommand $S explain "issue 5, the controller" || exit 0
+require_subcommand $S explain || exit 0
 PERIOD_MS=2000
 LOG=/tmp/con-daemon.log
 mem=$(first_cpu_node)

@@ -9,7 +9,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=rebalance
-need_subcommand $S explain "issue 5, the controller" || exit 0
+require_subcommand $S explain || exit 0
 PERIOD_MS=2000
 MAX_ROUNDS=4   # the first round and the 3 periods after it
 # Guards only (the verdict comes before the guest's timeout): the start-up under emulation (eBPF

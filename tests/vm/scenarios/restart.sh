@@ -10,7 +10,7 @@
 . /vm/lib.sh
 . /vm/topology.env
 S=restart
-need_subcommand $S explain "issue 5, controller state" || exit 0
+require_subcommand $S explain || exit 0
 LOG=/tmp/rs-daemon.log
 fail() { daemon_fail $S $LOG "$*"; }
 kube_conf /tmp/rs.toml /tmp/rs-state 200 '["vmtest-rs"]'

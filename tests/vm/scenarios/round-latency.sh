@@ -1,4 +1,4 @@
-# Scenario round-latency (not run by default; issue 13's bench): admission over the socket and
+# Scenario round-latency (not run by default; a bench): admission over the socket and
 # /healthz over TCP, timed request by request (guest-tool latency) while one control round
 # migrates 1 GiB: a process first-touches 1 GiB on the last CPU node, its cgroup's CPUs are then
 # confined to the first node, and the daemon (staged migration off, budget 2 GiB) moves its

@@ -5,7 +5,7 @@
 # spinner or more per CPU spanning, all of them on the first node's CPUs once pinned.
 . /vm/lib.sh
 . /vm/topology.env
-need_subcommand sampling sample "issue 4" || exit 0
+require_subcommand sampling sample || exit 0
 cg=/sys/fs/cgroup/vmtest-span
 mkdir "$cg" || { verdict sampling FAIL "cannot create $cg"; exit 0; }
 a=$(first_cpu_node)

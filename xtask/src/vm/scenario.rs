@@ -78,7 +78,7 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "hotset",
-        about: "hot 32 MiB remote, 224 MiB cold local: reported locality per source vs the truth; acts on the hot set",
+        about: "hot 32 MiB remote, 224 MiB cold local: the daemon alone with its defaults fixes it no later than AutoNUMA",
         timeout_s: 420,
         default: false,
         topologies: &["2node"],
