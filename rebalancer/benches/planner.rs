@@ -133,7 +133,7 @@ fn bench(c: &mut Criterion) {
         for n in [100usize, 1_000, 10_000] {
             let obs = world(&topo, n);
             let mut state = ControllerState::default();
-            state.observe(&obs, cfg.ewma_alpha);
+            state.observe(&obs, rebalancer::controller::EWMA_ALPHA);
             let p = plan(&topo, &obs, &state, &cfg, 1_000_000);
             assert!(!p.moves.is_empty(), "synthetic world plans no move");
             g.bench_with_input(

@@ -116,13 +116,13 @@ fn planner_round(c: &mut Criterion) {
         for n in [100usize, 1_000, 10_000] {
             let obs = observations(&topo, n);
             let mut state = ControllerState::default();
-            state.observe(&obs, cfg.ewma_alpha);
+            state.observe(&obs, controller::EWMA_ALPHA);
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
                     let mut st = state.clone();
                     // As the daemon's round does (`daemon::engine`): the scores observe
                     // folded in are the planner's.
-                    let scores = st.observe_scored(black_box(&obs), cfg.ewma_alpha);
+                    let scores = st.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
                     controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000)
                 })
             });
@@ -206,7 +206,7 @@ fn state_memory(_c: &mut Criterion) {
         let obs = observations(&topo, n);
         let after_obs = LIVE.load(Ordering::Relaxed);
         let mut state = ControllerState::default();
-        state.observe(&obs, cfg.ewma_alpha);
+        state.observe(&obs, controller::EWMA_ALPHA);
         let after_state = LIVE.load(Ordering::Relaxed);
         let plan = controller::plan(&topo, &obs, &state, &cfg, 60_000);
         let after_plan = LIVE.load(Ordering::Relaxed);

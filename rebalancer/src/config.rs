@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
@@ -389,10 +390,6 @@ impl Default for PlacementConfig {
 pub struct ControllerConfig {
     /// Length of one control period.
     pub period_ms: u64,
-    /// Smoothing of the locality score: weight of the newest period once the score has a
-    /// history (a young one weighs its windows by time; a shorter window weighs
-    /// `1 - (1 - alpha)^(window / period)`, see `controller::CgroupState::fold`).
-    pub ewma_alpha: f64,
     /// Cgroups whose smoothed locality is below this are candidates for a move.
     pub locality_threshold: f64,
     /// Minimum expected gain (locality points) before a move is worth it (hysteresis).
@@ -402,8 +399,6 @@ pub struct ControllerConfig {
     /// Most memory migrated per `period_ms`, all cgroups together: a rate (the moves under way
     /// and those that ended within the last period count against every round).
     pub migration_budget_mib: u64,
-    /// Most moves per round.
-    pub max_moves_per_round: u32,
     /// Writer threads applying moves at the same time (1 = one after the other). A round hands
     /// its moves to them and does not wait for their migrations.
     pub apply_threads: u32,
@@ -440,20 +435,34 @@ pub struct ControllerConfig {
     pub own_wait: bool,
     /// What to do about kernel AutoNUMA (kernel.numa_balancing) when it is on.
     pub autonuma: AutoNuma,
-    /// CPU time one cross-node scheduler migration of a thread costs (its caches refilled
-    /// across the interconnect), µs: the saving of a move counts the migrations it avoids.
-    pub cross_node_migration_cost_us: f64,
-    /// A cgroup whose CPUs span several nodes and whose threads cross nodes this often (per
-    /// second) is a candidate to consolidate its CPUs even when its locality looks fine
-    /// (0 = never on migrations alone).
-    pub migration_trigger_per_s: f64,
     /// Sample which pages each managed workload writes (soft-dirty bits: /proc/PID/clear_refs
     /// and pagemap) and weight its locality by them instead of by resident memory (on by
     /// default; see `written` for what it reads). Costs one minor fault per written page per
     /// period; needs CONFIG_MEM_SOFT_DIRTY (checked at start, skipped with the reason in
     /// `status` and `probe` where absent).
     pub written_pages: bool,
+    /// Removed keys (see [`REMOVED_CONTROLLER_KEYS`]): accepted so that an older file still
+    /// loads, their value ignored; `Config::removed_keys` names the ones a file set.
+    #[serde(default, skip_serializing, rename = "ewma_alpha")]
+    pub removed_ewma_alpha: IgnoredAny,
+    #[serde(default, skip_serializing, rename = "max_moves_per_round")]
+    pub removed_max_moves_per_round: IgnoredAny,
+    #[serde(default, skip_serializing, rename = "cross_node_migration_cost_us")]
+    pub removed_cross_node_migration_cost_us: IgnoredAny,
+    #[serde(default, skip_serializing, rename = "migration_trigger_per_s")]
+    pub removed_migration_trigger_per_s: IgnoredAny,
 }
+
+/// `[controller]` keys that no longer exist: on the generated machines of the tune half
+/// (`rebalancer simulate --machines N --half tune`) every other value tried decided as the
+/// default did, so the default is now the controller's constant (`controller::EWMA_ALPHA`,
+/// `MAX_MOVES_PER_ROUND`, `CROSS_NODE_MIGRATION_COST_US`, `MIGRATION_TRIGGER_PER_S`).
+pub const REMOVED_CONTROLLER_KEYS: [&str; 4] = [
+    "ewma_alpha",
+    "max_moves_per_round",
+    "cross_node_migration_cost_us",
+    "migration_trigger_per_s",
+];
 
 /// Coexistence with the kernel's own NUMA balancing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -471,12 +480,10 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             period_ms: 5000,
-            ewma_alpha: 0.5,
             locality_threshold: 0.8,
             min_gain: 0.1,
             cooldown_ms: 30_000,
             migration_budget_mib: 1024,
-            max_moves_per_round: 4,
             apply_threads: 4,
             apply_nice: default_apply_nice(),
             event_settle_ms: 200,
@@ -487,9 +494,11 @@ impl Default for ControllerConfig {
             overload_busy: 0.9,
             own_wait: true,
             autonuma: AutoNuma::Warn,
-            cross_node_migration_cost_us: 50.0,
-            migration_trigger_per_s: 100.0,
             written_pages: true,
+            removed_ewma_alpha: IgnoredAny,
+            removed_max_moves_per_round: IgnoredAny,
+            removed_cross_node_migration_cost_us: IgnoredAny,
+            removed_migration_trigger_per_s: IgnoredAny,
         }
     }
 }
@@ -554,6 +563,39 @@ impl Config {
         })?;
         cfg.validate(origin)?;
         Ok(cfg)
+    }
+
+    /// The removed keys `text` sets (`controller.<key>`, see [`REMOVED_CONTROLLER_KEYS`]): the
+    /// file loads, and the caller logs each as ignored. Empty when `text` is not TOML (then
+    /// `parse` reports the error).
+    pub fn removed_keys(text: &str) -> Vec<String> {
+        let Ok(table) = toml::from_str::<toml::Table>(text) else {
+            return Vec::new();
+        };
+        let Some(ctl) = table.get("controller").and_then(|c| c.as_table()) else {
+            return Vec::new();
+        };
+        REMOVED_CONTROLLER_KEYS
+            .iter()
+            .filter(|k| ctl.contains_key(**k))
+            .map(|k| format!("controller.{k}"))
+            .collect()
+    }
+
+    /// Logs a warning for each removed key the file at `path` sets (nothing for the embedded
+    /// default or an unreadable file: `load` reports that).
+    pub fn warn_removed_keys(path: Option<&Path>) {
+        let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+            return;
+        };
+        for key in Self::removed_keys(&text) {
+            tracing::warn!(
+                file = %path.map_or(String::new(), |p| p.display().to_string()),
+                key,
+                "configuration key removed: its value is ignored (the controller's constant \
+                 decides); delete it from the file"
+            );
+        }
     }
 
     /// Loads `path`, or the embedded default when `None`.
@@ -627,9 +669,6 @@ impl Config {
         if self.controller.period_ms < 100 {
             return Err(bad("controller.period_ms", "must be at least 100".into()));
         }
-        if !(self.controller.ewma_alpha > 0.0 && self.controller.ewma_alpha <= 1.0) {
-            return Err(bad("controller.ewma_alpha", "must be in (0, 1]".into()));
-        }
         if !(0.0..=1.0).contains(&self.controller.locality_threshold) {
             return Err(bad(
                 "controller.locality_threshold",
@@ -646,20 +685,6 @@ impl Config {
                 "controller.migration_cost_per_gib",
                 "must be a finite number >= 0".into(),
             ));
-        }
-        for (key, v) in [
-            (
-                "controller.cross_node_migration_cost_us",
-                self.controller.cross_node_migration_cost_us,
-            ),
-            (
-                "controller.migration_trigger_per_s",
-                self.controller.migration_trigger_per_s,
-            ),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(bad(key, "must be a finite number >= 0".into()));
-            }
         }
         if !(self.controller.overload_busy > 0.0 && self.controller.overload_busy <= 1.0) {
             return Err(bad("controller.overload_busy", "must be in (0, 1]".into()));
@@ -776,6 +801,21 @@ mod tests {
             Config::default(),
             "config/rebalancer.toml and Config::default() drifted apart"
         );
+    }
+
+    #[test]
+    fn a_removed_key_loads_as_the_default_and_is_named() {
+        let old = "[controller]\newma_alpha = 0.3\nmax_moves_per_round = 9\n\
+                   cross_node_migration_cost_us = 1.0\nmigration_trigger_per_s = 0.0\n";
+        assert_eq!(Config::parse(old, "old.toml").unwrap(), Config::default());
+        assert_eq!(
+            Config::removed_keys(old),
+            REMOVED_CONTROLLER_KEYS.map(|k| format!("controller.{k}"))
+        );
+        assert!(Config::removed_keys(DEFAULT_TOML).is_empty());
+        // Removed from [controller] only: elsewhere the name is as unknown as any other.
+        let err = Config::parse("[daemon]\newma_alpha = 0.3\n", "t.toml").unwrap_err();
+        assert!(err.to_string().contains("ewma_alpha"), "{err}");
     }
 
     #[test]

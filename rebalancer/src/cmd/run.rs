@@ -36,6 +36,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<ExitCode> {
         cfg.server.metrics_listen = listen;
     }
     init_tracing(&cfg.daemon.log_level);
+    Config::warn_removed_keys(a.config.as_deref());
     // Two workers: the listeners (API, /metrics, /healthz) never queue behind each other; the
     // control rounds, the watcher and fsyncs run on their own threads, never on these.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -39,7 +39,7 @@ pub enum Trigger {
     /// Most of its CPU time is on overloaded nodes while another node has room.
     Overloaded { nodes: CpuSet },
     /// Its CPUs span several nodes and its threads cross nodes at least
-    /// `migration_trigger_per_s` times a second: consolidating its CPUs avoids them.
+    /// `MIGRATION_TRIGGER_PER_S` times a second: consolidating its CPUs avoids them.
     Migrating { per_s: f64 },
 }
 
@@ -136,7 +136,7 @@ pub struct Considered {
     #[serde(default)]
     pub relief_horizon_ms: u64,
     /// Cross-node scheduler migrations per second this target avoids (its CPUs on fewer
-    /// nodes); their CPU time (`cross_node_migration_cost_us`) is part of `gain` and `saving`.
+    /// nodes); their CPU time (`CROSS_NODE_MIGRATION_COST_US`) is part of `gain` and `saving`.
     #[serde(default)]
     pub migrations_avoided_per_s: f64,
     /// Expected saving (CPU-seconds): (locality gain × what a remote access costs here +
@@ -200,7 +200,7 @@ pub enum Skip {
         need: u64,
         remaining: u64,
     },
-    /// `max_moves_per_round` reached.
+    /// `MAX_MOVES_PER_ROUND` reached.
     MaxMoves,
     /// A move of this cgroup planned by an earlier round is still being applied.
     InFlight,

@@ -205,14 +205,25 @@ fn planner_rules() {
     ));
     check(Case {
         cfg: ControllerConfig {
-            max_moves_per_round: 2,
+            migration_budget_mib: 100_000,
             ..cfg()
         },
         ..base(
             "max moves per round",
-            world(vec![split("b1"), split("b2"), split("b3")]),
-            &[("b1", "0-3,16-19", "0", 400), ("b2", "0-3,16-19", "0", 400)],
-            &[("b3", "skip:max-moves")],
+            world(vec![
+                split("b1"),
+                split("b2"),
+                split("b3"),
+                split("b4"),
+                split("b5"),
+            ]),
+            &[
+                ("b1", "0-3,16-19", "0", 400),
+                ("b2", "0-3,16-19", "0", 400),
+                ("b3", "0-3,16-19", "0", 400),
+                ("b4", "0-3,16-19", "0", 400),
+            ],
+            &[("b5", "skip:max-moves")],
         )
     });
     check(Case {
@@ -609,7 +620,7 @@ fn hysteresis_no_ping_pong_across_rounds() {
     let mut per_cg: BTreeMap<String, u32> = BTreeMap::new();
     for round in 0..20u64 {
         let now = round * 5_000;
-        state.observe(&obs, cfg.ewma_alpha);
+        state.observe(&obs, crate::controller::EWMA_ALPHA);
         let p = plan(&topo, &obs, &state, &cfg, now);
         for m in &p.moves {
             // The later rounds of a staged move are that one move going on.
@@ -699,46 +710,42 @@ fn arb_world() -> impl Strategy<Value = (Observations, ControllerState, Controll
         nodes,
         cooldowns,
         0u64..4096,
-        0u32..6,
         any::<bool>(),
         proptest::collection::btree_set(0u32..256, 0..8),
     )
-        .prop_map(
-            |(cgroups, nodes, cool, budget, max_moves, move_exclusive, reserved)| {
-                let mut state = ControllerState::default();
-                for (c, t) in cgroups.iter().zip(&cool) {
-                    state.cgroups.entry(c.id.clone()).or_default().last_move_ms = *t;
-                }
-                let obs = Observations {
-                    period_ns: PERIOD,
-                    cgroups,
-                    nodes: nodes
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, (b, f, h))| {
-                            (
-                                i as u32,
-                                NodeObs {
-                                    cpu_busy: b,
-                                    free_bytes: f,
-                                    free_hugepage_bytes: h,
-                                    runnable: None,
-                                },
-                            )
-                        })
-                        .collect(),
-                    reserved_cpus: reserved.into_iter().collect(),
-                };
-                let cfg = ControllerConfig {
-                    migration_budget_mib: budget,
-                    max_moves_per_round: max_moves,
-                    move_exclusive,
-                    cooldown_ms: 30_000,
-                    ..ControllerConfig::default()
-                };
-                (obs, state, cfg, 100_000)
-            },
-        )
+        .prop_map(|(cgroups, nodes, cool, budget, move_exclusive, reserved)| {
+            let mut state = ControllerState::default();
+            for (c, t) in cgroups.iter().zip(&cool) {
+                state.cgroups.entry(c.id.clone()).or_default().last_move_ms = *t;
+            }
+            let obs = Observations {
+                period_ns: PERIOD,
+                cgroups,
+                nodes: nodes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (b, f, h))| {
+                        (
+                            i as u32,
+                            NodeObs {
+                                cpu_busy: b,
+                                free_bytes: f,
+                                free_hugepage_bytes: h,
+                                runnable: None,
+                            },
+                        )
+                    })
+                    .collect(),
+                reserved_cpus: reserved.into_iter().collect(),
+            };
+            let cfg = ControllerConfig {
+                migration_budget_mib: budget,
+                move_exclusive,
+                cooldown_ms: 30_000,
+                ..ControllerConfig::default()
+            };
+            (obs, state, cfg, 100_000)
+        })
 }
 
 proptest! {
@@ -748,7 +755,7 @@ proptest! {
     fn planner_invariants((obs, state, cfg, now) in arb_world()) {
         let topo = big();
         let p = plan(&topo, &obs, &state, &cfg, now);
-        prop_assert!(p.moves.len() <= cfg.max_moves_per_round as usize);
+        prop_assert!(p.moves.len() <= crate::controller::MAX_MOVES_PER_ROUND as usize);
         prop_assert!(p.bytes_to_migrate() <= cfg.migration_budget_mib * MIB);
         prop_assert_eq!(p.decisions.len(), obs.cgroups.len());
         let mut excl_claimed = obs
@@ -912,12 +919,12 @@ fn more_memory_than_the_budget_moves_in_stages() {
     let mut state = ControllerState::default();
     // A workload that has run for the horizon (60 periods of 1 s): its saving counts in full.
     for _ in 0..60 {
-        state.observe(&obs, cfg.ewma_alpha);
+        state.observe(&obs, crate::controller::EWMA_ALPHA);
     }
     let mut rounds = Vec::new();
     for round in 0..6u64 {
         let now = round * 5_000;
-        state.observe(&obs, cfg.ewma_alpha);
+        state.observe(&obs, crate::controller::EWMA_ALPHA);
         let p = plan(&topo, &obs, &state, &cfg, now);
         assert!(p.bytes_to_migrate() <= 1000 * MIB, "{:?}", p.moves);
         for m in &p.moves {

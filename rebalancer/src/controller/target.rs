@@ -233,7 +233,7 @@ impl<'t> Projection<'t> {
             nearest,
             period_ns: obs.period_ns,
             budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
-            moves_left: cfg.max_moves_per_round,
+            moves_left: super::MAX_MOVES_PER_ROUND,
             dirty: false,
         };
         p.refresh_pools();
@@ -353,10 +353,7 @@ impl<'t> Projection<'t> {
         // Threads crossing nodes: only where the planner may narrow the CPUs.
         let per_s = self.cross_node_rate(cg);
         let movable = !cg.constraints.keep_cpus && !cg.constraints.exclusive;
-        (movable
-            && cfg.migration_trigger_per_s > 0.0
-            && per_s >= cfg.migration_trigger_per_s
-            && self.cpu_nodes(cg) >= 2)
+        (movable && per_s >= super::MIGRATION_TRIGGER_PER_S && self.cpu_nodes(cg) >= 2)
             .then_some(Trigger::Migrating { per_s })
     }
 
@@ -713,7 +710,7 @@ impl<'t> Projection<'t> {
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
         let avoided = self.migrations_avoided(cg, fx.cpu_nodes, tn.len(), keep_cpus);
         let migration_points = if demand > 0.0 {
-            avoided * cfg.cross_node_migration_cost_us * 1e-6 / demand
+            avoided * super::CROSS_NODE_MIGRATION_COST_US * 1e-6 / demand
         } else {
             0.0
         };

@@ -278,7 +278,7 @@ proptest! {
                     let obs = observe(&d, &f, node);
                     let state = {
                         let mut s = d.lock();
-                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
                     let plan = controller::plan(&topo, &obs, &state, &ctl, now);
@@ -341,7 +341,7 @@ proptest! {
                     let obs = observe(&d, &fake.lock().unwrap(), node);
                     let state = {
                         let mut s = d.lock();
-                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
                     let plan = controller::plan(&topo, &obs, &state, &ctl, now);
@@ -411,7 +411,9 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
         let obs = observe(&d, &f, 1);
         let state = {
             let mut s = d.lock();
-            s.state.controller.observe(&obs, ctl.ewma_alpha);
+            s.state
+                .controller
+                .observe(&obs, crate::controller::EWMA_ALPHA);
             s.state.controller.clone()
         };
         let plan = controller::plan(&topo, &obs, &state, &ctl, now);
@@ -1181,7 +1183,7 @@ proptest! {
                     let obs = observe(&d, &f, *n);
                     let state = {
                         let mut s = d.lock();
-                        s.state.controller.observe(&obs, ctl.ewma_alpha);
+                        s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
                     let topo_now = d.lock().topo.clone();
@@ -1195,7 +1197,7 @@ proptest! {
                         let obs = observe(&d, &f, *n);
                         let state = {
                             let mut s = d.lock();
-                            s.state.controller.observe(&obs, ctl.ewma_alpha);
+                            s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                             s.state.controller.clone()
                         };
                         let topo_now = d.lock().topo.clone();

@@ -159,8 +159,12 @@ impl Shared {
         obs: &crate::controller::Observations,
         cfg: &crate::config::ControllerConfig,
     ) -> crate::controller::Scores {
-        let scores =
-            (self.state.controller).observe_window(&self.topo, obs, cfg.ewma_alpha, cfg.period_ms);
+        let scores = (self.state.controller).observe_window(
+            &self.topo,
+            obs,
+            crate::controller::EWMA_ALPHA,
+            cfg.period_ms,
+        );
         if cfg.admission_load_periods == 0 {
             self.overuse = Default::default();
             return scores;

@@ -1823,7 +1823,7 @@ mod tests {
             let mut state = s.state.controller.clone();
             let mut moved = std::collections::BTreeSet::new();
             for round in 0..20u64 {
-                state.observe(&obs, ctl.ewma_alpha);
+                state.observe(&obs, crate::controller::EWMA_ALPHA);
                 let plan = controller::plan(&s.topo, &obs, &state, &ctl, 1_000_000 + round * 2_000);
                 moved.extend(plan.moves.into_iter().map(|m| m.cgroup));
             }

@@ -652,7 +652,10 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma, state_dir: &Path) -> O
 /// that need a restart (listeners, state dir, sysfs root, the eBPF samplers) are reported as such.
 pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
-        Ok(c) => c,
+        Ok(c) => {
+            Config::warn_removed_keys(path);
+            c
+        }
         Err(e) => {
             tracing::error!(error = %e, "config reload failed; keeping the running config");
             return;

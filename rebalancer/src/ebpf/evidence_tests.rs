@@ -151,7 +151,7 @@ impl Pipe {
             reserved_cpus: CpuSet::new(),
         };
         let cfg = ControllerConfig::default();
-        self.state.observe(&obs, cfg.ewma_alpha);
+        self.state.observe(&obs, crate::controller::EWMA_ALPHA);
         let plan = controller::plan(&machine(), &obs, &self.state, &cfg, 1_000_000);
         plan.decision("w").unwrap().clone()
     }
@@ -241,7 +241,7 @@ fn too_few_samples_are_no_evidence() {
 
 #[test]
 fn faults_one_period_pmu_the_next_share_model_the_third() {
-    let alpha = ControllerConfig::default().ewma_alpha;
+    let alpha = crate::controller::EWMA_ALPHA;
     let mut p = Pipe::new(Some(pair()), &[(0, 128), (1, 128)]);
     let d1 = p.period(faults(10, 30));
     assert_eq!(d1.evidence, Some(Evidence::HintingFaults));

@@ -336,7 +336,7 @@ pub(super) fn rebalancer_round(w: &mut World<'_>, now_ms: u64) {
     let ccfg = &w.cfg.controller;
     // As the daemon's round: placements tracked (a re-pin restarts a score).
     let period_ms = obs.period_ns / 1_000_000;
-    (w.state).observe_window(w.topo, &obs, ccfg.ewma_alpha, period_ms);
+    (w.state).observe_window(w.topo, &obs, crate::controller::EWMA_ALPHA, period_ms);
     // As the daemon's round: what admission sees beyond the books, measured before the moves
     // are booked (a moved workload's overuse stays on its old node until measured again).
     let lasting = (w.state).lasting_pressure(ccfg.admission_load_periods as usize);

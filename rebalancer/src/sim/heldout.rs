@@ -261,7 +261,7 @@ mod tests {
     /// larger sample BENCHMARKS.md reports.
     #[test]
     #[ignore = "known unmet: one churn-storm trace of machine 7003 ends 0.0009 slower than Static \
-                (relief moves of short-lived jobs); run with --ignored"]
+                (moves change later admissions: BENCHMARKS.md, Simulator); run with --ignored"]
     fn held_out_sample_captures_half_the_oracle_gain() {
         let embedded = crate::config::Config::load(None).unwrap();
         let cfg = SimConfig {
