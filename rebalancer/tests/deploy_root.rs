@@ -352,9 +352,17 @@ fn the_daemonset_runs_on_containerd_as_its_manifest_says() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let metrics = get(port, "/metrics").unwrap().1;
+    // Ready means the daemon is healthy; its NRI registration is asynchronous (the plugin
+    // thread dials and registers beside the listeners), so it is waited for, within bounds.
+    let registered = |m: &str| common::metric_value(m, "rebalancer_nri_connected");
+    let mut metrics = get(port, "/metrics").unwrap().1;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while registered(&metrics) != Some(1.0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        metrics = get(port, "/metrics").unwrap().1;
+    }
     assert_eq!(
-        common::metric_value(&metrics, "rebalancer_nri_connected"),
+        registered(&metrics),
         Some(1.0),
         "registered over NRI\n{}",
         show(&containerd, &daemon_log)
