@@ -521,6 +521,9 @@ mod tests {
 
     type Reads = Vec<(Vec<(u64, u32, u64)>, bool, u64)>;
 
+    /// One read's `CPU_TIME` and `EVENTS` (migrations) entries, and the keys remembered.
+    type ReadOut = (Vec<(CgNodeKey, u64)>, Vec<(CgNodeKey, u64)>, usize);
+
     /// Random reads: entries (cgroup, node, value; values go back now and then, as re-made
     /// entries do), whether the read was exhaustive, and which cgroups are kept.
     fn reads() -> impl proptest::strategy::Strategy<Value = Reads> {
@@ -541,7 +544,7 @@ mod tests {
     /// the hasher's; every reader sums them).
     fn run<S: BuildHasher + Default>(
         reads: &Reads,
-    ) -> Vec<(Vec<(CgNodeKey, u64)>, Vec<(CgNodeKey, u64)>, usize)> {
+    ) -> Vec<ReadOut> {
         let mut cpu: Monotone<CgNodeKey, u64, S> = Monotone::default();
         let mut events: Monotone<CgNodeKey, CgEvents, S> = Monotone {
             fold: Some(events_carry),
