@@ -542,9 +542,7 @@ mod tests {
     /// Runs `reads` through a `CPU_TIME`-like and an `EVENTS`-like [`Monotone`] with the
     /// hasher `S`; the entries of each read sorted (the order a table hands them out in is
     /// the hasher's; every reader sums them).
-    fn run<S: BuildHasher + Default>(
-        reads: &Reads,
-    ) -> Vec<ReadOut> {
+    fn run<S: BuildHasher + Default>(reads: &Reads) -> Vec<ReadOut> {
         let mut cpu: Monotone<CgNodeKey, u64, S> = Monotone::default();
         let mut events: Monotone<CgNodeKey, CgEvents, S> = Monotone {
             fold: Some(events_carry),
