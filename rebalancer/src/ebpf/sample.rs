@@ -17,7 +17,7 @@ use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
 
 use super::{
     loader,
-    monotone::MonotoneMaps,
+    monotone::{IdSet, MonotoneMaps},
     perfcpu::{PerfCpus, SyncReport},
     pmu::{self, EventPair},
     probe,
@@ -250,7 +250,7 @@ pub struct Sampler {
     cpu_nodes: usize,
     paths: BTreeMap<u64, String>,
     /// The only ids the programs count under ([`Sampler::watch_only`]); None: every cgroup.
-    watched: Option<BTreeSet<u64>>,
+    watched: Option<IdSet<u64>>,
     /// `CFG_WATCHED_ONLY` is set in the programs' config.
     flag_watched_only: bool,
     /// The `first` of the last [`Sampler::watch_only`] (a reload can reclassify cgroups).
@@ -259,7 +259,7 @@ pub struct Sampler {
     /// write fell short and is retried at the next call.
     watching: Option<BTreeMap<u64, u64>>,
     /// Ids in the maps but not in the hierarchy at the previous read.
-    missing_before: BTreeSet<u64>,
+    missing_before: IdSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
     entries: usize,
     /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
@@ -373,7 +373,7 @@ impl Sampler {
             flag_watched_only: false,
             watching_first: Vec::new(),
             watching: None,
-            missing_before: BTreeSet::new(),
+            missing_before: IdSet::default(),
             entries: 0,
             stale: 0,
             deleted: 0,
@@ -637,18 +637,19 @@ impl Sampler {
     /// before. Returns how many entries it deleted, and how many of cgroups missing only at this
     /// read it kept.
     fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
-        let watched = self.watched.clone();
-        let missing: BTreeSet<u64> = raw_ids(raw)
-            .filter(|id| match &watched {
+        let (watched, paths) = (&self.watched, &self.paths);
+        let missing: IdSet<u64> = raw_ids(raw)
+            .filter(|id| match watched {
                 Some(w) => !w.contains(id),
-                None => !self.paths.contains_key(id),
+                None => !paths.contains_key(id),
             })
             .collect();
         let before = std::mem::replace(&mut self.missing_before, missing);
+        let missing_before = &self.missing_before;
         // Watching: an id the daemon no longer watches gets no new counts; delete it at once.
-        let gone = |id: &u64| match &watched {
+        let gone = |id: &u64| match watched {
             Some(w) => !w.contains(id),
-            None => self.missing_before.contains(id) && before.contains(id),
+            None => missing_before.contains(id) && before.contains(id),
         };
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
@@ -668,7 +669,7 @@ impl Sampler {
             .map(|(k, _)| *k)
             .filter(|k| gone(&k.cgroup_id))
             .collect();
-        let dead: BTreeSet<u64> = cpu
+        let dead: IdSet<u64> = cpu
             .iter()
             .map(|k| k.cgroup_id)
             .chain(ev.iter().map(|k| k.cgroup_id))

@@ -15,9 +15,9 @@
 //! steal nothing is scaled. [`StealCorrection`] applies the factor to each read interval's
 //! new on-CPU time and keeps corrected cumulative values, so [`super::Sampler::read`] still
 //! returns cumulative samples. Pure: the caller reads /proc/stat and the maps.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use super::Sample;
+use super::{monotone::IdMap, Sample};
 use crate::procfs::CpuTimes;
 
 /// What one on-CPU credit is.
@@ -93,9 +93,9 @@ pub struct StealCorrection {
     ns_per_tick: u64,
     prev: Option<CpuReading>,
     /// Raw cumulative ns per (cgroup, node) at the previous read.
-    raw: HashMap<(u64, u32), u64>,
+    raw: IdMap<(u64, u32), u64>,
     /// Corrected cumulative ns per (cgroup, node).
-    corrected: HashMap<(u64, u32), u64>,
+    corrected: IdMap<(u64, u32), u64>,
     last_steal_share: f64,
 }
 
@@ -106,8 +106,8 @@ impl StealCorrection {
             clock,
             ns_per_tick,
             prev: first,
-            raw: HashMap::new(),
-            corrected: HashMap::new(),
+            raw: IdMap::default(),
+            corrected: IdMap::default(),
             last_steal_share: 0.0,
         }
     }
@@ -150,8 +150,9 @@ impl StealCorrection {
         for n in cpu_node.values() {
             *node_cpus.entry(*n).or_default() += 1;
         }
-        let mut raw = HashMap::with_capacity(self.raw.len());
-        let mut corrected = HashMap::with_capacity(self.corrected.len());
+        let mut raw = IdMap::with_capacity_and_hasher(self.raw.len(), Default::default());
+        let mut corrected =
+            IdMap::with_capacity_and_hasher(self.corrected.len(), Default::default());
         for (cg, s) in samples.iter_mut() {
             for (node, ns) in s.cpu_ns.iter_mut() {
                 let key = (*cg, *node);
