@@ -139,6 +139,10 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
+    /// The pod was released while its container's cpuset was written: nothing bound, the
+    /// container kept off the exclusive CPUs as one not admitted (`Shared::refused`).
+    #[error("pod {0:?} was released while its container's cpuset was written; not bound")]
+    Released(String),
     /// The caller's deadline passed before its change was booked: nothing was admitted.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was admitted"
@@ -309,7 +313,7 @@ impl Admission {
             .pods
             .get(uid)
             .is_some_and(|p| p.hold.is_some());
-        held && self.release_pod(uid, durability).is_ok()
+        held && self.release_pod(uid, durability, None).is_ok()
     }
 
     /// Uids of the pods admitted one container at a time (they hold their pod's share).
@@ -347,6 +351,7 @@ impl Admission {
             Err(AdmitError::WriteFailed(_)) => self.count("write_failed"),
             Err(AdmitError::DeadlinePassed) => self.count("timeout"),
             Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
+            Err(AdmitError::Released(_)) => self.count("released"),
         }
     }
 
@@ -511,7 +516,7 @@ impl Admission {
 
     /// Releases pod `uid` and every binding to it.
     pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
-        self.release_pod(uid, durability)
+        self.release_pod(uid, durability, None)
     }
 
     /// The API's release (`DELETE /v1/pods/{uid}`): refused with
@@ -542,24 +547,34 @@ impl Admission {
             (of(&s.state.bindings), of(&s.binding))
         };
         // Read outside the state lock (cgroupfs I/O); a container being bound now is live.
-        let live: Vec<String> = (bound.into_iter())
-            .filter(|cg| self.writer.cpus(cg).is_some())
-            .chain(binding)
-            .collect();
+        let (dead, live): (Vec<String>, Vec<String>) =
+            (bound.into_iter()).partition(|cg| self.writer.cpus(cg).is_none());
+        let live: Vec<String> = live.into_iter().chain(binding).collect();
         if !live.is_empty() {
             return Err(ReleaseError::StillBound {
                 uid: uid.into(),
                 cgroups: live,
             });
         }
-        self.release_pod(uid, durability)
+        self.release_pod(uid, durability, Some(&dead))
     }
 
     /// Releases pod `uid` and its bindings. Durable: the pod stays booked until a checkpoint
     /// without it is on disk (written from a copy of the state with the release made), so
     /// nothing it holds is handed out before the release is final, and a failed checkpoint
     /// leaves nothing to undo; then the release is committed to the books.
-    fn release_pod(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
+    ///
+    /// `dead`: for [`Admission::release_unbound`], the bindings to the pod whose cgroups it
+    /// found gone. Any other binding to the pod at the commit — a bind booked or committed
+    /// while the cgroups were read or the checkpoint written — is a container running on the
+    /// pod's CPUs: the release is refused ([`ReleaseError::StillBound`]) and the checkpoint
+    /// holds the pod again.
+    fn release_pod(
+        &self,
+        uid: &str,
+        durability: Durability,
+        dead: Option<&[String]>,
+    ) -> Result<(), ReleaseError> {
         if !self.daemon.lock().state.allocator.pods.contains_key(uid) {
             return Err(ReleaseError::NotAdmitted(uid.into()));
         }
@@ -577,6 +592,24 @@ impl Admission {
         let (freed, dry_run) = {
             let mut s = self.daemon.lock();
             let excl = s.state.allocator.exclusive_cpus();
+            let live: Vec<String> = match dead {
+                Some(dead) => (s.state.bindings.iter())
+                    .chain(s.binding.iter())
+                    .filter(|(cg, b)| b.pod_uid == uid && !dead.contains(cg))
+                    .map(|(cg, _)| cg.clone())
+                    .collect(),
+                None => Vec::new(),
+            };
+            if !live.is_empty() && s.state.allocator.pods.contains_key(uid) {
+                drop(s);
+                if written.is_some() {
+                    self.checkpoint_logged();
+                }
+                return Err(ReleaseError::StillBound {
+                    uid: uid.into(),
+                    cgroups: live,
+                });
+            }
             // released by another caller meanwhile
             if !s.state.allocator.release(uid) {
                 return Err(ReleaseError::NotAdmitted(uid.into()));
@@ -858,7 +891,9 @@ impl Admission {
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
     /// the caller in `Shared::binding`, which keeps a second bind of it out meanwhile): bound
     /// only once written, so `status` never shows a binding whose cgroup still has the
-    /// runtime's cpuset. On an error nothing is bound; the caller undoes its allocation.
+    /// runtime's cpuset. On an error nothing is bound; the caller undoes its allocation. A pod
+    /// released while the cpuset was written is not bound to: the container, written onto CPUs
+    /// the books no longer hold for it, is fenced as one refused ([`AdmitError::Released`]).
     fn write_and_bind(
         &self,
         cg: &str,
@@ -877,6 +912,18 @@ impl Admission {
             WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
             _ => AdmitError::WriteFailed(cg.into()),
         })?;
+        if !s.state.allocator.pods.contains_key(uid) {
+            let fence = (!dry_run).then(|| {
+                s.refused.insert(cg.into());
+                exclusive_and_pool(&s)
+            });
+            drop(s);
+            if let Some((excl, pool)) = fence {
+                self.fence(cg, &excl, &pool);
+            }
+            tracing::warn!(cgroup = %cg, %uid, "pod released while its container's cpuset was written; not bound, fenced as a refused container");
+            return Err(AdmitError::Released(uid.into()));
+        }
         s.state.bindings.insert(cg.into(), binding(uid, p));
         Ok(())
     }

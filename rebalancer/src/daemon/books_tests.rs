@@ -1387,3 +1387,154 @@ proptest! {
         }
     }
 }
+
+/// The fake cgroupfs whose first read of `on`'s cpus first runs `hook`: a change racing
+/// another change's reads, which hold no lock.
+struct HookedReads {
+    fake: Arc<Mutex<FakeCgroups>>,
+    on: String,
+    hook: Hook,
+}
+
+impl HookedReads {
+    fn new(fake: &Arc<Mutex<FakeCgroups>>, on: &str, hook: impl FnOnce() + Send + 'static) -> Self {
+        HookedReads {
+            fake: fake.clone(),
+            on: on.into(),
+            hook: Arc::new(Mutex::new(Some(Box::new(hook)))),
+        }
+    }
+}
+
+impl CpusetWriter for HookedReads {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        FakeCpuset(self.fake.clone()).write(c)
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        if cgroup == self.on {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                assert!(
+                    !super::state_held(),
+                    "a change's read with the state lock held"
+                );
+                hook();
+            }
+        }
+        FakeCpuset(self.fake.clone()).cpus(cgroup)
+    }
+}
+
+/// A Guaranteed API pod of two one-CPU containers, admitted unbound.
+fn two_container_pod(adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
+    let mut p = pod(uid, 1000, 64 * MIB, true);
+    let mut second = p.containers[0].clone();
+    second.name = "d".into();
+    p.containers.push(second);
+    adm.admit(AdmitRequest {
+        pod: &p,
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    p
+}
+
+/// An API DELETE whose cgroup reads (of a bound container already gone) let the watcher bind
+/// the pod's next container: the release is refused at its commit, the pod and the new
+/// binding stay, and the container runs on CPUs the books hold for it.
+#[test]
+fn a_release_racing_a_bind_is_refused_at_its_commit() {
+    let World { d, fake, adm, .. } = world(false);
+    two_container_pod(&adm, "p");
+    let (gone, racing_cg) = ("kubepods/p/a", "kubepods/p/b");
+    fake.lock().unwrap().insert(gone, "0-7", "0-1");
+    adm.bind(gone, "p", Durability::Deferred, Instant::now())
+        .unwrap()
+        .unwrap();
+    // its container exited; the watcher not yet told
+    fake.lock().unwrap().remove(gone);
+    fake.lock().unwrap().insert(racing_cg, "0-7", "0-1");
+    let hook = {
+        let adm = adm.clone();
+        move || {
+            adm.bind(racing_cg, "p", Durability::Deferred, Instant::now())
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let reads = HookedReads::new(&fake, gone, hook);
+    let api = Admission::new(d.clone(), Arc::new(reads));
+    let r = api.release_unbound("p", Durability::Durable, None);
+    match &r {
+        Err(super::admission::ReleaseError::StillBound { cgroups, .. }) => {
+            assert_eq!(cgroups, &vec![racing_cg.to_string()])
+        }
+        r => panic!("release not refused: {r:?}"),
+    }
+    let s = d.lock();
+    assert!(s.state.allocator.pods.contains_key("p"));
+    let booked = super::admission::bound_container(&s, racing_cg)
+        .map(|c| c.placement.cpus.clone())
+        .expect("the racing bind stays bound");
+    assert_eq!(fake.lock().unwrap().cpus(racing_cg), Some(&booked));
+    assert!(
+        booked.is_subset(&s.state.allocator.exclusive_cpus()),
+        "{booked} held exclusively"
+    );
+}
+
+/// A bind whose cpuset write lets the pod be released is not committed: nothing is bound to
+/// the gone pod, and the container is kept off the exclusive CPUs admitted next (refused).
+#[test]
+fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
+    let World { d, fake, adm, .. } = world(false);
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 2000, 64 * MIB, true),
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let p_cpus = d.lock().state.allocator.exclusive_cpus();
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hook = {
+        let adm = adm.clone();
+        move || adm.release("p", Durability::Deferred).unwrap()
+    };
+    let hooked = HookedNode::new(&node, cg, hook);
+    let watcher = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let r = watcher.bind(cg, "p", Durability::Deferred, Instant::now());
+    assert!(hooked.ran());
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Released(_))),
+        "{r:?}"
+    );
+    assert!(!d.lock().state.bindings.contains_key(cg));
+    assert_eq!(fake.lock().unwrap().cpus(cg), Some(&p_cpus));
+    // the CPUs it was written onto handed out again: it is moved off them
+    let q = "kubepods/q/c";
+    fake.lock().unwrap().insert(q, "0-7", "0-1");
+    let got = adm
+        .admit(AdmitRequest {
+            pod: &pod("q", 2000, 64 * MIB, true),
+            bind: Some(q),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        })
+        .unwrap();
+    assert_eq!(got.placements[0].cpus, p_cpus, "the same CPUs handed out");
+    let excl = d.lock().state.allocator.exclusive_cpus();
+    let runs = fake.lock().unwrap().cpus(cg).cloned().unwrap();
+    assert!(
+        runs.is_disjoint(&excl),
+        "{cg} runs on {runs}, exclusive {excl}"
+    );
+}
