@@ -280,12 +280,14 @@ impl Admission {
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                {
+                let others = {
                     let mut s = self.daemon.lock();
                     s.state.bindings.remove(cg);
                     undo_member(&mut s, uid, &placement.container, first);
-                }
-                if exclusive_changed {
+                    // the pod gone with it: members bound to it meanwhile run on freed CPUs
+                    first && refuse_bindings_of(&mut s, uid, None, dry_run)
+                };
+                if exclusive_changed || others {
                     self.follow_pool(dry_run);
                 }
                 tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
@@ -422,14 +424,13 @@ impl Admission {
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                {
+                let others = {
                     let mut s = self.daemon.lock();
                     s.state.allocator.release(&pod.uid);
-                    if let Some((cg, _)) = &bound {
-                        s.state.bindings.remove(cg);
-                    }
-                }
-                if exclusive && bound.is_some() {
+                    let own = bound.as_ref().map(|(cg, _)| cg.as_str());
+                    refuse_bindings_of(&mut s, &pod.uid, own, dry_run)
+                };
+                if exclusive && (bound.is_some() || others) {
                     self.follow_pool(dry_run);
                 }
                 tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
@@ -1261,6 +1262,25 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
 /// Whether `cg` is bound, or being bound (its cpuset written under a booking).
 fn bound_or_binding(s: &Shared, cg: &str) -> bool {
     s.state.bindings.contains_key(cg) || s.binding.contains_key(cg)
+}
+
+/// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
+/// own cgroup) were made meanwhile, while it was not yet durable. They are dropped and their
+/// containers, written onto CPUs the books no longer hold for them, kept off the exclusive CPUs
+/// as refused ones (`Shared::refused`). Whether there were any.
+fn refuse_bindings_of(s: &mut Shared, uid: &str, own: Option<&str>, dry_run: bool) -> bool {
+    let others: Vec<String> = (s.state.bindings.iter())
+        .filter(|(cg, b)| b.pod_uid == uid && Some(cg.as_str()) != own)
+        .map(|(cg, _)| cg.clone())
+        .collect();
+    s.state.bindings.retain(|_, b| b.pod_uid != uid);
+    for cg in &others {
+        tracing::warn!(cgroup = %cg, %uid, "bound while its pod's admission was not yet checkpointed; the admission undone, the container fenced as a refused one");
+        if !dry_run {
+            s.refused.insert(cg.clone());
+        }
+    }
+    !others.is_empty()
 }
 
 /// Undoes the admission of member `container` of pod `uid`: the pod released when this

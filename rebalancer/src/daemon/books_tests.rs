@@ -1538,3 +1538,60 @@ fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
         "{cg} runs on {runs}, exclusive {excl}"
     );
 }
+
+/// A durable admission whose checkpoint fails is undone with every binding to its pod: a
+/// container of the pod bound while its cpuset was written (before the checkpoint) is not
+/// left bound to a gone pod, and is kept off the exclusive CPUs as a refused one.
+#[test]
+fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let mut p = pod("p", 1000, 64 * MIB, true);
+    let mut second = p.containers[0].clone();
+    second.name = "d".into();
+    p.containers.push(second);
+    let (cg_a, cg_b) = ("kubepods/p/a", "kubepods/p/b");
+    fake.lock().unwrap().insert(cg_a, "0-7", "0-1");
+    fake.lock().unwrap().insert(cg_b, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hook = {
+        let adm = adm.clone();
+        move || {
+            adm.bind(cg_b, "p", Durability::Deferred, Instant::now())
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let hooked = HookedNode::new(&node, cg_a, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    // The checkpoint cannot be written: its directory would be under a regular file.
+    let blocker = _dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"").unwrap();
+    d.lock().cfg.daemon.state_dir = blocker.join("state");
+    let r = racing.admit(AdmitRequest {
+        pod: &p,
+        bind: Some(cg_a),
+        durability: Durability::Durable,
+        since: Instant::now(),
+    });
+    assert!(hooked.ran());
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Checkpoint(_))),
+        "{r:?}"
+    );
+    let s = d.lock();
+    assert!(!s.state.allocator.pods.contains_key("p"));
+    assert_eq!(
+        s.state.bindings.keys().collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "nothing bound to the undone pod"
+    );
+    assert!(
+        s.refused.contains(cg_b),
+        "the racing bind's container fenced"
+    );
+}
