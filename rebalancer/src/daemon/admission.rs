@@ -746,7 +746,15 @@ impl Admission {
             if !held.is_empty() {
                 sh.state.allocator.in_flight.insert(held_key.clone(), held);
             }
+            // and the memory a shrink freed: an undo books it again in full
             let before_pod = before.pods.get(&b.pod_uid).cloned();
+            if let Some(before_pod) = &before_pod {
+                (sh.state.allocator).hold_freed_memory(&held_key, &b.pod_uid, before_pod);
+            }
+            let before_pod = before_pod.and_then(|p| {
+                let c = (p.containers.into_iter()).find(|c| c.placement.container == b.container);
+                c.map(|c| (c, (p.cpu_request_millis, p.memory_request)))
+            });
             (
                 b.pod_uid,
                 before_pod,
@@ -765,9 +773,9 @@ impl Admission {
         };
         {
             let mut s = self.daemon.lock();
-            s.state.allocator.in_flight.remove(&held_key);
-            if let (Err(_), Some(before)) = (&written, before) {
-                s.state.allocator.undo_resize(&uid, before);
+            s.state.allocator.let_go(&held_key);
+            if let (Err(_), Some((container, requests))) = (&written, before) {
+                s.state.allocator.undo_resize(&uid, &container, requests);
             }
         }
         if let Err(e) = written {

@@ -1595,3 +1595,75 @@ fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
         "the racing bind's container fenced"
     );
 }
+
+/// A shrinking resize frees Memory Manager memory, which stays held while its write runs: an
+/// admission during the write cannot take it, and when the write fails the undo books the
+/// container's memory again in full.
+#[test]
+fn a_failed_shrink_books_its_memory_again_in_full() {
+    let World { d, fake, adm, .. } = world(false);
+    let bind = |uid: &str, cpus: u64, mib: u64| {
+        let cg = format!("kubepods/{uid}/c");
+        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+        let got = adm
+            .admit(AdmitRequest {
+                pod: &pod(uid, cpus * 1000, mib * MIB, true),
+                bind: Some(&cg),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            })
+            .unwrap();
+        (cg, got.placements[0].mems.clone())
+    };
+    let (cg, p_node) = bind("p", 2, 1536);
+    // the other node's memory taken: what the shrink frees is the only room for a 1 GiB pod
+    let (_, r_node) = bind("r", 1, 1536);
+    assert_ne!(p_node, r_node);
+    let booked = |uid: &str| -> u64 {
+        let s = d.lock();
+        let c = &s.state.allocator.pods[uid].containers[0];
+        c.memory.as_ref().unwrap().taken.iter().map(|t| t.2).sum()
+    };
+    assert_eq!(booked("p"), 1536 * MIB);
+    let racing_ok = Arc::new(Mutex::new(None));
+    let hook = {
+        let (adm, fake, racing_ok, cg) = (adm.clone(), fake.clone(), racing_ok.clone(), cg.clone());
+        move || {
+            let q = "kubepods/q/c";
+            fake.lock().unwrap().insert(q, "0-7", "0-1");
+            let r = adm.admit(AdmitRequest {
+                pod: &pod("q", 1000, 1024 * MIB, true),
+                bind: Some(q),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            });
+            *racing_ok.lock().unwrap() = Some(r.is_ok());
+            // the resize's own write fails next
+            fake.lock().unwrap().fail_cgroup_write(
+                &cg,
+                controller::CgroupFile::Cpus,
+                1,
+                controller::FakeFailure::Busy,
+            );
+        }
+    };
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, &cg, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let shrunk = pod("p", 1000, 256 * MIB, true);
+    let r = racing.resize(&cg, &shrunk.containers[0], Durability::Deferred);
+    assert!(hooked.ran());
+    assert!(r.is_err(), "the resize's write failed: {r:?}");
+    assert_eq!(
+        *racing_ok.lock().unwrap(),
+        Some(false),
+        "the memory the shrink freed stays held while its write runs"
+    );
+    assert_eq!(booked("p"), 1536 * MIB, "undone in full");
+    let s = d.lock();
+    assert!(s.state.allocator.in_flight_memory.is_empty());
+    assert!(s.state.allocator.in_flight.is_empty());
+}
