@@ -61,8 +61,9 @@ use crate::{
     checkpoint::CheckpointError,
     cpuset::CpuSet,
     placement::{
-        admission::PodMember,
+        admission::{AdmittedContainer, PodMember},
         cpu::CpuView,
+        memory::MemoryRequest,
         pod::{ContainerPlacement, Pod, Rejection},
     },
     serve::metrics::{ReasonLabel, ResultLabel},
@@ -139,6 +140,10 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
+    /// A resize refused while a move of the container's cgroup is under way: tried again at
+    /// the container's next update.
+    #[error("container cgroup {0} is being moved; resize it again once the move ended")]
+    Moving(String),
     /// The pod was released while its container's cpuset was written: nothing bound, the
     /// container kept off the exclusive CPUs as one not admitted (`Shared::refused`).
     #[error("pod {0:?} was released while its container's cpuset was written; not bound")]
@@ -354,6 +359,7 @@ impl Admission {
             Err(AdmitError::DeadlinePassed) => self.count("timeout"),
             Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
             Err(AdmitError::Released(_)) => self.count("released"),
+            Err(AdmitError::Moving(_)) => self.count("moving"),
         }
     }
 
@@ -674,7 +680,9 @@ impl Admission {
     /// the resize is refused and nothing changes. A grow moves the shared containers off the
     /// CPUs it takes before its own cpuset is written; a shrink writes its own first, then the
     /// shared pool grows, so no CPU is ever both exclusive and shared. `Ok(None)`: the
-    /// placement stays as it is.
+    /// placement stays as it is. Refused with [`AdmitError::Moving`] while a move of the
+    /// cgroup is under way (its settle would put back cpus booked before the resize); the
+    /// cgroup counts as moving while the resize's write runs, so no move starts on it.
     pub fn resize(
         &self,
         cgroup: &str,
@@ -682,13 +690,16 @@ impl Admission {
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
         let held_key = format!("resize {cgroup}");
-        let (uid, before, placement, dry_run, grew) = {
+        let (booking, placement, dry_run, grew) = {
             let mut s = self.daemon.lock();
             let Some(b) = s.state.bindings.get(cgroup).cloned() else {
                 return Err(AdmitError::Invalid(format!(
                     "container cgroup {cgroup} is not bound"
                 )));
             };
+            if s.moving.contains(cgroup) {
+                return Err(AdmitError::Moving(cgroup.into()));
+            }
             let sh = &mut *s;
             let before = sh.state.allocator.clone();
             let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
@@ -755,13 +766,16 @@ impl Admission {
                 let c = (p.containers.into_iter()).find(|c| c.placement.container == b.container);
                 c.map(|c| (c, (p.cpu_request_millis, p.memory_request)))
             });
-            (
-                b.pod_uid,
-                before_pod,
-                placement,
-                sh.cfg.daemon.dry_run,
-                grew,
-            )
+            sh.moving.insert(cgroup.into());
+            let booking = ResizeBooked {
+                d: self.daemon.clone(),
+                settled: false,
+                cgroup: cgroup.into(),
+                key: held_key,
+                uid: b.pod_uid,
+                before: before_pod,
+            };
+            (booking, placement, sh.cfg.daemon.dry_run, grew)
         };
         if grew {
             self.follow_pool(dry_run);
@@ -771,13 +785,7 @@ impl Admission {
         } else {
             self.write_own(cgroup, &placement)
         };
-        {
-            let mut s = self.daemon.lock();
-            s.state.allocator.let_go(&held_key);
-            if let (Err(_), Some((container, requests))) = (&written, before) {
-                s.state.allocator.undo_resize(&uid, &container, requests);
-            }
-        }
+        booking.settle(written.is_ok());
         if let Err(e) = written {
             // the shared containers back to the pool the books say again
             self.follow_pool(dry_run);
@@ -1682,6 +1690,47 @@ pub struct Booked {
     exclusive: CpuSet,
 }
 
+/// A resize's booking while its write runs: the cgroup counted as moving, its CPUs and the
+/// memory a shrink freed held under `key`. Settled once the write ended, or when dropped
+/// unsettled (its write panicked): the holds let go and, unless written, the resized
+/// container put back as it was.
+struct ResizeBooked {
+    d: Daemon,
+    settled: bool,
+    cgroup: String,
+    key: String,
+    uid: String,
+    /// The container's record and the pod's requests before the resize.
+    before: Option<(AdmittedContainer, (u64, MemoryRequest))>,
+}
+
+impl ResizeBooked {
+    fn settle(mut self, written: bool) {
+        self.settle_once(written);
+    }
+
+    fn settle_once(&mut self, written: bool) {
+        self.settled = true;
+        let mut s = self.d.lock();
+        s.moving.remove(&self.cgroup);
+        s.state.allocator.let_go(&self.key);
+        if let (false, Some((container, requests))) = (written, self.before.take()) {
+            s.state
+                .allocator
+                .undo_resize(&self.uid, &container, requests);
+        }
+    }
+}
+
+impl Drop for ResizeBooked {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a resize's booking was never settled (its write panicked); undone");
+            self.settle_once(false);
+        }
+    }
+}
+
 /// The first half of a move's change: under the locks, with no I/O, the move is checked
 /// against the books ([`move_allowed`]: none of its new CPUs exclusive, held ones included)
 /// and the bound container's cpus are booked at the target. An exclusive container's old and
@@ -1697,6 +1746,10 @@ pub fn book_move(
     move_allowed_in(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
+    }
+    // a resize's write under way: its settle would put back what this move books
+    if s.moving.contains(&mv.cgroup) {
+        return Err("books-moving");
     }
     s.moving.insert(mv.cgroup.clone());
     let own =

@@ -1667,3 +1667,116 @@ fn a_failed_shrink_books_its_memory_again_in_full() {
     assert!(s.state.allocator.in_flight_memory.is_empty());
     assert!(s.state.allocator.in_flight.is_empty());
 }
+
+/// A move of `cg`'s bound container from its cpus to `to`, memory staying.
+fn move_of(fake: &Arc<Mutex<FakeCgroups>>, cg: &str, to: &str) -> controller::Move {
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(cg).unwrap(), f.read_mems(cg).unwrap())
+    };
+    controller::Move {
+        cgroup: cg.into(),
+        from_cpus,
+        to_cpus: CpuSet::parse(to).unwrap(),
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    }
+}
+
+/// A resize and a move of one cgroup never overlap: a resize is refused while a move of its
+/// cgroup is booked (the move's undo would put back cpus booked before it), and no move is
+/// booked while a resize's write runs.
+#[test]
+fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
+    let World { d, fake, adm, .. } = world(false);
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 1000, 256 * MIB, true),
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let grown = pod("p", 2000, 256 * MIB, true);
+    let booked = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false)
+        .unwrap()
+        .expect("the move is booked");
+    let before = d.lock().state.allocator.clone();
+    let r = adm.resize(cg, &grown.containers[0], Durability::Deferred);
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Moving(_))),
+        "{r:?}"
+    );
+    assert_eq!(
+        d.lock().state.allocator,
+        before,
+        "the refused resize changed nothing"
+    );
+    booked.settle(false);
+
+    // a move during the resize's write is refused
+    let refused = Arc::new(Mutex::new(None));
+    let hook = {
+        let (d, fake, refused) = (d.clone(), fake.clone(), refused.clone());
+        move || {
+            let r = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false);
+            *refused.lock().unwrap() = Some(r.err());
+        }
+    };
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let got = racing
+        .resize(cg, &grown.containers[0], Durability::Deferred)
+        .unwrap()
+        .expect("resized");
+    assert!(hooked.ran());
+    assert_eq!(*refused.lock().unwrap(), Some(Some("books-moving")));
+    let s = d.lock();
+    assert!(s.moving.is_empty());
+    assert_eq!(
+        super::admission::bound_container(&s, cg).map(|c| c.placement.cpus.clone()),
+        Some(got.cpus)
+    );
+}
+
+/// A resize whose write panics gives its booking back: nothing left held, the cgroup no
+/// longer moving, the container's record as before.
+#[test]
+fn a_resize_whose_write_panics_gives_its_booking_back() {
+    let World { d, fake, adm, .. } = world(false);
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 2000, 512 * MIB, true),
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let before = d.lock().state.allocator.clone();
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, || panic!("a bug in a writer"));
+    let racing = Admission::new(d.clone(), Arc::new(hooked));
+    let shrunk = pod("p", 1000, 256 * MIB, true);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        racing.resize(cg, &shrunk.containers[0], Durability::Deferred)
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    let s = d.lock();
+    assert!(s.moving.is_empty());
+    assert_eq!(s.state.allocator, before, "booking given back");
+}
