@@ -918,6 +918,11 @@ impl Admission {
         p: &ContainerPlacement,
         dry_run: bool,
     ) -> Result<(), AdmitError> {
+        let mut booked = BindingBooked {
+            d: &self.daemon,
+            cgroup: cg,
+            settled: false,
+        };
         let written = if dry_run {
             Ok(())
         } else {
@@ -925,6 +930,7 @@ impl Admission {
         };
         let mut s = self.daemon.lock();
         s.binding.remove(cg);
+        booked.settled = true;
         written.map_err(|e| match e {
             WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
             _ => AdmitError::WriteFailed(cg.into()),
@@ -1688,6 +1694,23 @@ pub struct Booked {
     bound: Option<(String, String, CpuSet)>,
     /// The exclusive CPUs once booked: what the shared containers were set against.
     exclusive: CpuSet,
+}
+
+/// A bind's booking of its cgroup (`Shared::binding`) while the cpuset is written: given back
+/// when dropped unsettled (the write panicked), so the cgroup can be bound again.
+struct BindingBooked<'a> {
+    d: &'a Daemon,
+    cgroup: &'a str,
+    settled: bool,
+}
+
+impl Drop for BindingBooked<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a bind's booking was never settled (its write panicked); given back");
+            self.d.lock().binding.remove(self.cgroup);
+        }
+    }
 }
 
 /// A resize's booking while its write runs: the cgroup counted as moving, its CPUs and the

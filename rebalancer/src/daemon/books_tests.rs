@@ -1780,3 +1780,32 @@ fn a_resize_whose_write_panics_gives_its_booking_back() {
     assert!(s.moving.is_empty());
     assert_eq!(s.state.allocator, before, "booking given back");
 }
+
+/// A bind whose write panics gives its cgroup's booking back: the cgroup can be bound again.
+#[test]
+fn a_bind_whose_write_panics_gives_its_booking_back() {
+    let World { d, fake, adm, .. } = world(false);
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 1000, 64 * MIB, true),
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, || panic!("a bug in a writer"));
+    let racing = Admission::new(d.clone(), Arc::new(hooked));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        racing.bind(cg, "p", Durability::Deferred, Instant::now())
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    assert!(d.lock().binding.is_empty(), "booking given back");
+    adm.bind(cg, "p", Durability::Deferred, Instant::now())
+        .unwrap()
+        .expect("bound at the next attempt");
+}
