@@ -870,3 +870,139 @@ fn a_refused_container_never_shares_a_cpu_given_exclusively() {
     println!("refused container on {}, exclusive {excl}", read(&r_rel));
     drop(sleeper);
 }
+
+/// kubelet's in-place resize in watcher mode (real v1 cgroups, kubelet's cgroupfs layout): the
+/// container's CFS quota written anew after its admission. Raised from 1 to 2 CPUs, a control
+/// round gives it 2 exclusive CPUs, the one it had kept, and the books agree; lowered back, it
+/// gives one back to the pool; raised to every CPU with a Burstable container beside it (which
+/// keeps one), the resize is refused with its reason (counted) and nothing moves.
+#[test]
+fn a_resize_written_to_a_containers_limits_follows_in_watcher_mode() {
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let Ok(cg) = Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/proc/self/mountinfo"),
+    ) else {
+        println!("SKIP: no cgroups");
+        return;
+    };
+    let Ok(root) = cg
+        .hierarchy(Controller::Cpuset)
+        .map(|(p, _)| p.to_path_buf())
+    else {
+        println!("SKIP: no cpuset controller");
+        return;
+    };
+    let all = cg.effective_cpus("").unwrap();
+    let mems = cg.effective_mems("").unwrap();
+    let n = all.len();
+    if n < 2 {
+        println!("SKIP: needs 2 CPUs");
+        return;
+    }
+    let pid = std::process::id();
+    let top = format!("rbt-resize-{pid}");
+    let kube = format!("{top}/kubepods");
+    let (g_pod, b_pod) = (
+        format!("{kube}/pod0000aaaa-bbbb-cccc-dddd-{pid:012}"),
+        format!("{kube}/burstable/pod0000aaaa-bbbb-cccc-eeee-{pid:012}"),
+    );
+    let (g_rel, b_rel) = (
+        format!("{g_pod}/{}", "a".repeat(64)),
+        format!("{b_pod}/{}", "b".repeat(64)),
+    );
+    let mut clean = Cleanup {
+        dirs: Vec::new(),
+        daemon: None,
+    };
+    let quota = |cpus: usize, clean: &mut Cleanup| {
+        let q = (cpus * 100_000).to_string();
+        v1_limit(&cg, Controller::Cpu, &g_rel, "cpu.cfs_quota_us", &q, clean)
+    };
+    let mut v1 = quota(1, &mut clean);
+    v1 &= v1_limit(
+        &cg,
+        Controller::Memory,
+        &g_rel,
+        "memory.limit_in_bytes",
+        "268435456",
+        &mut clean,
+    );
+    v1 &= v1_limit(
+        &cg,
+        Controller::Cpu,
+        &b_rel,
+        "cpu.shares",
+        "512",
+        &mut clean,
+    );
+    if !v1 {
+        println!("SKIP: needs separate v1 cpu and memory hierarchies (the limits of a v2 container cgroup appear with it)");
+        return;
+    }
+    for rel in [
+        top.as_str(),
+        &kube,
+        &format!("{kube}/burstable"),
+        &g_pod,
+        &b_pod,
+    ] {
+        cg.create_cpuset(rel, &all, &mems).expect("create parent");
+        clean.dirs.push(root.join(rel));
+    }
+    let state = tempfile::tempdir().unwrap();
+    let (daemon, port) = start_daemon_every(state.path(), &kube, "", 300);
+    clean.daemon = Some(daemon);
+    let sock = state.path().join("s.sock");
+    let read = |rel: &str| cg.cpus(rel).unwrap();
+    let booked =
+        || -> CpuSet { serde_json::from_value(status(&sock)["exclusive_cpus"].clone()).unwrap() };
+
+    let g = root.join(&g_rel);
+    std::fs::create_dir(&g).unwrap();
+    clean.dirs.push(g.clone());
+    wait_written(&g.join("cpuset.cpus"), Instant::now()).expect("g never admitted");
+    let one = read(&g_rel);
+    assert_eq!(one.len(), 1, "{one}");
+    assert_eq!(booked(), one);
+
+    assert!(quota(2, &mut clean));
+    common::wait_for(10, "the raise to 2 CPUs", || read(&g_rel).len() == 2);
+    let two = read(&g_rel);
+    assert!(one.is_subset(&two), "its CPU kept: {one} of {two}");
+    assert_eq!(booked(), two, "the books give it both exclusively");
+
+    assert!(quota(1, &mut clean));
+    common::wait_for(10, "the lowering to 1 CPU", || read(&g_rel).len() == 1);
+    let back = read(&g_rel);
+    assert!(back.is_subset(&two));
+    assert_eq!(booked(), back, "the other CPU is back in the pool");
+
+    let b = root.join(&b_rel);
+    std::fs::create_dir(&b).unwrap();
+    clean.dirs.push(b.clone());
+    wait_written(&b.join("cpuset.cpus"), Instant::now()).expect("b never admitted");
+    let shared = read(&b_rel);
+    assert!(shared.is_disjoint(&back), "{shared} beside {back}");
+    let books = status(&sock)["pods"].clone();
+    let refused = || {
+        common::metric_value(
+            &common::metrics_at(port),
+            "rebalancer_admission_rejections_total{reason=\"InsufficientCPU\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(quota(n, &mut clean));
+    common::wait_for(10, "the resize's refusal", || refused() >= 1.0);
+    assert_eq!(
+        status(&sock)["pods"],
+        books,
+        "a refused resize changes nothing"
+    );
+    assert_eq!(read(&g_rel), back);
+    assert_eq!(read(&b_rel), shared);
+    println!("raised to {two}, lowered to {back}, refused {n} CPUs beside a shared container on {shared}");
+}

@@ -178,6 +178,8 @@ pub struct Admission {
     pub daemon: Daemon,
     writer: Arc<dyn CpusetWriter>,
     checkpointer: Arc<OnceLock<mpsc::Sender<()>>>,
+    /// Containers it admits already run ([`Admission::adopting`]).
+    adopt: bool,
 }
 
 impl Admission {
@@ -186,6 +188,19 @@ impl Admission {
             daemon,
             writer,
             checkpointer: Default::default(),
+            adopt: false,
+        }
+    }
+
+    /// The same service for containers that already run when the daemon first meets them
+    /// (the start-up reconcile, NRI Synchronize): each keeps the exclusive CPUs it runs on
+    /// where the books allow them (`Allocator::adopt_live_cpus`) and its memory where it is
+    /// (see `adopt_as_it_runs`). A new container (the watcher's events, NRI CreateContainer)
+    /// goes through the plain service and gets its placement as decided.
+    pub fn adopting(&self) -> Admission {
+        Admission {
+            adopt: true,
+            ..self.clone()
         }
     }
 
@@ -273,7 +288,7 @@ impl Admission {
             }
         };
         let mut placement = placement;
-        self.keep_memory_where_it_is(cg, uid, &mut placement);
+        self.adopt_as_it_runs(cg, uid, &mut placement);
         if let Err(e) = self.write_and_bind(cg, uid, &placement, dry_run) {
             undo_member(&mut self.daemon.lock(), uid, &placement.container, first);
             return Err(e);
@@ -416,7 +431,7 @@ impl Admission {
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
         let mut placements = placements;
         if let (Some((cg, _)), Some(p)) = (&bound, placements.first_mut()) {
-            self.keep_memory_where_it_is(cg, &pod.uid, p);
+            self.adopt_as_it_runs(cg, &pod.uid, p);
             if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
                 self.daemon.lock().state.allocator.release(&pod.uid);
                 return Err(e);
@@ -902,6 +917,7 @@ impl Admission {
             daemon: self.daemon.clone(),
             writer: self.writer.clone(),
             checkpointer: Default::default(),
+            adopt: false,
         }
     }
 
@@ -951,15 +967,33 @@ impl Admission {
         Ok(())
     }
 
-    /// Adoption of a container that already runs (the start-up reconcile without usable books,
-    /// NRI Synchronize, a late event): its placement's mems are widened by the nodes its memory
-    /// is on now, in the books too, instead of narrowed in the write — the kernel migrates a
-    /// cgroup's memory inside a mems write that narrows it (v2; v1 with memory_migrate), one
-    /// container after another, outside `migration_budget_mib`, with admissions waiting behind
-    /// it. Narrowing is left to the control rounds, which move memory within the budget. A new
-    /// container has no memory yet and gets its placement's mems as they are.
-    fn keep_memory_where_it_is(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
-        let Some(nodes) = self.writer.memory_nodes(cg) else {
+    /// Adoption of a container that already runs (only through [`Admission::adopting`]): an
+    /// exclusive one keeps the CPUs it runs on where the books allow them
+    /// (`Allocator::adopt_live_cpus`), and its placement's mems are widened by the nodes its
+    /// memory is on now, in the books too, instead of narrowed in the write — the kernel
+    /// migrates a cgroup's memory inside a mems write that narrows it (v2; v1 with
+    /// memory_migrate), one container after another, outside `migration_budget_mib`, with
+    /// admissions waiting behind it. Narrowing is left to the control rounds, which move
+    /// memory within the budget. Reads cgroupfs with no lock held; the books are changed under the
+    /// state lock, checked against them as they are then (another admission may have come between).
+    fn adopt_as_it_runs(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
+        if !self.adopt {
+            return;
+        }
+        let live = (p.exclusive).then(|| self.writer.cpus(cg)).flatten();
+        let nodes = self.writer.memory_nodes(cg);
+        let mut s = self.daemon.lock();
+        let sh = &mut *s;
+        if let Some(live) = live {
+            let (topo, cfg) = (&sh.topo, &sh.cfg.placement);
+            if let Some(cpus) =
+                (sh.state.allocator).adopt_live_cpus(topo, cfg, uid, &p.container, &live)
+            {
+                tracing::info!(cgroup = %cg, placed = %p.cpus, cpus = %cpus, "running container adopted on the exclusive CPUs it runs on");
+                p.cpus = cpus;
+            }
+        }
+        let Some(nodes) = nodes else {
             return;
         };
         let wide = p.mems.union(&nodes);
@@ -969,8 +1003,7 @@ impl Admission {
         tracing::info!(cgroup = %cg, placed = %p.mems, memory_on = %nodes, mems = %wide, "running container adopted with its memory where it is; control rounds narrow its mems within the migration budget");
         // the mems only: its Memory Manager booking stays on the placement's nodes (booked
         // over both, they would become one NUMA group and pull later pods' memory across)
-        let mut s = self.daemon.lock();
-        let booked = (s.state.allocator.pods.get_mut(uid)).and_then(|pod| {
+        let booked = (sh.state.allocator.pods.get_mut(uid)).and_then(|pod| {
             pod.containers
                 .iter_mut()
                 .find(|c| c.placement.container == p.container)
@@ -2139,5 +2172,84 @@ pub(crate) mod tests {
                 prop_assert!(pool.is_disjoint(reserved));
             }
         }
+    }
+
+    /// A writer over a node whose every container runs on `live` with its memory on `memory`.
+    struct RunningNode {
+        live: CpuSet,
+        memory: CpuSet,
+        written: std::sync::Mutex<Vec<CpusetChange>>,
+    }
+
+    impl CpusetWriter for RunningNode {
+        fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+            self.written.lock().unwrap().push(c.clone());
+            Ok(())
+        }
+        fn cpus(&self, _: &str) -> Option<CpuSet> {
+            Some(self.live.clone())
+        }
+        fn memory_nodes(&self, _: &str) -> Option<CpuSet> {
+            Some(self.memory.clone())
+        }
+    }
+
+    /// A new container (the watcher's events, NRI CreateContainer) gets its placement as
+    /// decided, whatever it touched already; one met running at start (`adopting`) keeps its
+    /// exclusive CPUs and its memory's nodes, in the books too, so no write migrates memory.
+    #[test]
+    fn only_an_adopted_container_keeps_its_cpus_and_memory_where_they_are() {
+        let mut cfg = Config::default();
+        cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
+        // node 0 = CPUs 0-3,8-11, node 1 = 4-7,12-15
+        let topo = TopologyBuilder::default().build();
+        let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
+        let node = Arc::new(RunningNode {
+            live: CpuSet::parse("3,11").unwrap(),
+            memory: CpuSet::parse("1").unwrap(),
+            written: Default::default(),
+        });
+        let adm = Admission::new(d.clone(), node.clone());
+        let admit = |adm: &Admission, uid: &str, cg: &str| {
+            let p = pod(uid, 2000, 64 << 20, true);
+            let a = adm
+                .admit(AdmitRequest {
+                    pod: &p,
+                    bind: Some(cg),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                })
+                .unwrap();
+            a.placements[0].clone()
+        };
+        let booked = |uid: &str| {
+            d.lock().state.allocator.pods[uid].containers[0]
+                .placement
+                .clone()
+        };
+        let new = admit(&adm, "new", "kubepods/new");
+        assert_eq!(
+            (new.cpus.to_string(), new.mems.to_string()),
+            ("0,8".into(), "0".into())
+        );
+        assert_eq!(booked("new"), new);
+        let w = node.written.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(w.mems, Some(new.mems.clone()));
+        let old = admit(&adm.adopting(), "old", "kubepods/old");
+        assert_eq!(
+            (old.cpus.to_string(), old.mems.to_string()),
+            ("3,11".into(), "0-1".into())
+        );
+        assert_eq!(booked("old"), old);
+        let w = node.written.lock().unwrap().last().cloned().unwrap();
+        assert_eq!((w.cpus, w.mems), (old.cpus.clone(), Some(old.mems.clone())));
+        assert_eq!(
+            d.lock().state.allocator.exclusive_cpus().to_string(),
+            "0,3,8,11"
+        );
+        // adoption does not stick to the service it was derived from
+        let next = admit(&adm, "next", "kubepods/next");
+        assert_eq!(next.mems.to_string(), "0");
+        assert!(next.cpus.is_disjoint(&CpuSet::parse("0,3,8,11").unwrap()));
     }
 }

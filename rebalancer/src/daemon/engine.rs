@@ -569,6 +569,9 @@ pub struct Engine {
     /// not (the trigger watches their cpuset.cpus): a cgroup made empty under a configured
     /// root, then started and pinned within a period, is watched before its first process.
     last_watchable: Vec<String>,
+    /// The watcher's containers whose last resize was refused, with the limits refused
+    /// (`watcher::policy::resized`).
+    resize_refused: BTreeMap<String, crate::placement::pod::Container>,
 }
 
 impl Engine {
@@ -600,6 +603,7 @@ impl Engine {
             applier: None,
             last_managed: Vec::new(),
             last_watchable: Vec::new(),
+            resize_refused: BTreeMap::new(),
         }
     }
 
@@ -961,6 +965,7 @@ impl Engine {
         self.follow_topology(adm);
         adm.refresh_kubelet();
         adm.refence();
+        super::watcher::policy::resized(adm, &self.cgroups, &mut self.resize_refused);
         let (cfg, topo, reserved_cpus) = {
             let s = d.lock();
             (

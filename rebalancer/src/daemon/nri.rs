@@ -1176,6 +1176,9 @@ impl Handler for Policy {
                 tracing::info!(%key, "synchronize: container gone while disconnected; released");
             }
         }
+        // these already run: adopted where they run (`Admission::adopting`), for this loop only
+        let adopting = self.admission.adopting();
+        let plain = std::mem::replace(&mut self.admission, adopting);
         for (r, id, pod_id) in adopt {
             match self.admit(&r, &id, &pod_id, Durability::Deferred) {
                 Ok((cpus, mems, others)) => {
@@ -1190,6 +1193,7 @@ impl Handler for Policy {
                 }
             }
         }
+        self.admission = plain;
         if !gone.is_empty() || !gone_members.is_empty() || pods_gone > 0 {
             updates.extend(self.regrow(true));
         }

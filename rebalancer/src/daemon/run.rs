@@ -202,7 +202,8 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         }
         AdmissionMode::Watcher | AdmissionMode::Auto => {
             tracing::info!(nri_socket = %cfg.kubernetes.nri_socket.display(), "admission: cgroup watcher (no NRI socket, or chosen)");
-            for o in super::watcher::reconcile(&admission, &cgroups) {
+            // the containers met here already run: adopted where they run (`Admission::adopting`)
+            for o in super::watcher::reconcile(&admission.adopting(), &cgroups) {
                 tracing::info!(outcome = ?o, "reconciled at start");
             }
             super::watcher::supervise(admission.clone(), cgroups.clone())

@@ -942,9 +942,9 @@ impl Allocator {
                 && !cfg.tap_memory_topology
                 && !exclusive_container =>
             {
-                topo.node_ids().collect()
+                topo.memory_nodes(&topo.node_ids().collect())
             }
-            None => view.nodes_of(&cpus).to_cpuset(),
+            None => topo.memory_nodes(&view.nodes_of(&cpus).to_cpuset()),
         };
         Ok(AdmittedContainer {
             kind,

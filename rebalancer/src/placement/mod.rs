@@ -8,6 +8,7 @@ pub mod numa_info;
 
 pub use mask::{NodeMask, TopologyHint};
 pub mod admission;
+pub mod adopt;
 pub mod cpu;
 pub mod cpu_case;
 #[cfg(test)]

@@ -29,6 +29,21 @@ impl Allocator {
         Ok(p)
     }
 
+    /// Whether `new` asks other requests than those booked for pod `uid` admitted as one
+    /// container (a resize to make); false for a pod unknown or not admitted as one container.
+    pub fn asks_other_than_booked(&self, uid: &str, new: &Container) -> bool {
+        let Some(p) = (self.pods.get(uid)).filter(|p| p.hold.is_none() && p.containers.len() == 1)
+        else {
+            return false;
+        };
+        let one = Pod {
+            uid: uid.to_string(),
+            containers: vec![new.clone()],
+            init_containers: Vec::new(),
+        };
+        new.cpu_request() != p.cpu_request_millis || pod_memory_request(&one) != p.memory_request
+    }
+
     fn resize_inner(
         &mut self,
         topo: &Topology,

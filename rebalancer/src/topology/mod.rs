@@ -104,6 +104,33 @@ impl Topology {
         self.nodes.iter().map(|n| n.id)
     }
 
+    /// The memory nodes for a cpuset.mems that would be `nodes`: the kernel refuses a node with
+    /// no memory in cpuset.mems (a CPU node whose memory is all on other nodes), so those are
+    /// left out, and where none of `nodes` has memory, the nearest nodes that have take their
+    /// place (as the kernel's own allocations fall back). A topology that reports no memory on
+    /// any node (sizes unknown) leaves `nodes` as they are.
+    pub fn memory_nodes(&self, nodes: &CpuSet) -> CpuSet {
+        let with_memory: CpuSet = self
+            .nodes
+            .iter()
+            .filter(|n| n.memory_total_bytes > 0)
+            .map(|n| n.id)
+            .collect();
+        if with_memory.is_empty() {
+            return nodes.clone();
+        }
+        let kept: CpuSet = nodes.iter().filter(|n| with_memory.contains(*n)).collect();
+        if !kept.is_empty() || nodes.is_empty() {
+            return kept;
+        }
+        let distance = |m: u32| nodes.iter().map(|n| self.distance(n, m)).min();
+        let nearest = with_memory.iter().filter_map(distance).min();
+        with_memory
+            .iter()
+            .filter(|m| distance(*m) == nearest)
+            .collect()
+    }
+
     /// All online CPUs.
     pub fn online_cpus(&self) -> CpuSet {
         self.cpus
@@ -296,6 +323,33 @@ mod tests {
         assert_eq!(t.distance(0, 4), 32);
         assert_eq!(t.node_of_cpu(200), Some((200 - 128) / 16));
         assert!(t.cpus.iter().all(|c| c.cluster.is_none()));
+    }
+
+    /// A CPU node without memory is never a memory node: the kernel refuses it in cpuset.mems.
+    /// Its place is taken by the nearest node with memory; nodes with memory pass unchanged.
+    #[test]
+    fn memory_nodes_leave_out_nodes_without_memory() {
+        let mut t = TopologyBuilder {
+            sockets: 2,
+            nodes_per_socket: 2,
+            cores_per_node: 2,
+            ..Default::default()
+        }
+        .build();
+        let set = |s: &str| CpuSet::parse(s).unwrap();
+        // sizes unknown everywhere: as given
+        for n in &mut t.nodes {
+            n.memory_total_bytes = 0;
+        }
+        assert_eq!(t.memory_nodes(&set("1")), set("1"));
+        for n in &mut t.nodes {
+            n.memory_total_bytes = if n.id == 1 { 0 } else { 1 << 30 };
+        }
+        assert_eq!(t.memory_nodes(&set("0-1")), set("0"));
+        assert_eq!(t.memory_nodes(&set("2-3")), set("2-3"));
+        // node 1 alone: node 0 is its socket sibling (12), nodes 2 and 3 are 32 away
+        assert_eq!(t.memory_nodes(&set("1")), set("0"));
+        assert_eq!(t.memory_nodes(&CpuSet::default()), CpuSet::default());
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! - `mkcg`: make a cgroup as a container runtime does and time the daemon's cpuset write.
 //! - `latency`: admission and `/healthz` latency of a running daemon, request by request.
 //! - `migrate`: move another process's memory to a node by one method and report the rate.
+//! - `first-move`: when the first pages of some cgroups arrive on a node (decision latency).
+mod firstmove;
 mod latency;
 mod migrate;
 mod mkcg;
@@ -138,6 +140,22 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         interval_ms: u64,
     },
+    /// Wait for the first pages of some cgroups to arrive on a node; print when (uptime).
+    FirstMove {
+        /// A cgroup directory (repeatable): the first of them to gain `bytes` on `node` counts.
+        #[arg(long, required = true)]
+        cgroup: Vec<std::path::PathBuf>,
+        #[arg(long)]
+        node: u32,
+        /// Growth of anonymous memory on the node that counts as pages moved there.
+        #[arg(long, default_value_t = 1 << 20)]
+        bytes: u64,
+        #[arg(long, default_value_t = 20)]
+        poll_ms: u64,
+        /// Give up after this long (prints `FIRST-MOVE never`).
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -251,6 +269,13 @@ fn run(cmd: Cmd) -> Result<()> {
             seconds,
             interval_ms,
         } => latency::run(&socket, &healthz, seconds, interval_ms),
+        Cmd::FirstMove {
+            cgroup,
+            node,
+            bytes,
+            poll_ms,
+            seconds,
+        } => firstmove::run(&cgroup, node, bytes, poll_ms, seconds),
     }
 }
 

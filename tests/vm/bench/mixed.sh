@@ -20,7 +20,7 @@
 #   cond=.. mib=.. window=.. shift=.. period_ms=..
 #   sample t=<s> pids=.. missing=.. pages=.. local_pages=.. local=.. mig=<pgmigrate since t=0>
 #   shift t=<s>
-#   result pgmigrate=.. numa_pte_updates=.. numa_hint_faults=.. numa_pages_migrated=..
+#   result first_move_pin=<s>|never first_move_shift=<s>|never pgmigrate=.. numa_pte_updates=.. numa_hint_faults=.. numa_pages_migrated=..
 #          mgr=.. mgr_cpu_ticks=..|na mgr_total_ticks=..|na mgr_alive=yes|no|na clk_tck=..
 . /vm/lib.sh
 . /vm/topology.env
@@ -121,9 +121,32 @@ for f in /tmp/w1.out /tmp/w2.out /tmp/w3.out; do
 done
 echo "# allocated 3 x $MIB MiB in $(since "$t") s"
 
-# t=0: the operator pins w1 and w2 to A.
+# first_move OUT CGROUP... NODE: starts `guest-tool first-move` (the first MiB of the cgroups'
+# memory arriving on NODE, whoever moves it) and waits until it has read its baseline.
+first_move() {
+    o=$1; n=$2; shift 2
+    fm=""
+    for g in "$@"; do fm="$fm --cgroup $CG/$g"; done
+    # shellcheck disable=SC2086 # one flag per cgroup
+    guest-tool first-move $fm --node "$n" --seconds $((WINDOW + 30)) > "$o" 2>&1 &
+    i=0
+    until grep -q '^FIRST-MOVE' "$o"; do
+        sleep 0.1; i=$((i + 1))
+        [ $i -lt 300 ] || { cat "$o"; echo "first-move never became ready" >&2; return 1; }
+    done
+}
+# rel OUT T: the first move's time in OUT relative to uptime T ("never" if none).
+rel() {
+    awk -v t="$2" '$1 == "FIRST-MOVE" && $2 ~ /^uptime=/ { printf "%.2f", substr($2, 8) - t; f = 1 }
+        END { if (!f) printf "never" }' "$1"
+}
+
+# t=0: the operator pins w1 and w2 to A. Decision latency: from here to the first MiB of w1 or
+# w2 on A; the rest of the time to 95% is the copy.
+first_move /tmp/fm-pin.out "$A" w1 w2 || { verdict "$S" FAIL "first-move did not start"; exit 0; }
 cpus_of "$A" > "$CG"/w1/cpuset.cpus
 cpus_of "$A" > "$CG"/w2/cpuset.cpus
+T0=$(uptime_s)
 MIG0=$(vmstat pgmigrate_success)
 MFAIL0=$(vmstat pgmigrate_fail)
 SPLIT0=$(vmstat thp_migration_split)
@@ -133,7 +156,6 @@ HINT0=$(vmstat numa_hint_faults)
 NPM0=$(vmstat numa_pages_migrated)
 CPU0=na
 [ -n "$MGR_PID" ] && CPU0=$(ticks "$MGR_PID")
-T0=$(uptime_s)
 
 measure() {
     echo "cond=$COND mib=$MIB window=$WINDOW shift=$SHIFT period_ms=$PERIOD_MS"
@@ -141,7 +163,10 @@ measure() {
     while :; do
         now=$(since "$T0")
         if [ $shifted = no ] && ! fgt "$SHIFT" "$now"; then
+            first_move /tmp/fm-shift.out "$B" w2 || return 1
             cpus_of "$B" > "$CG"/w2/cpuset.cpus
+            TS=$(uptime_s)
+            now=$(since "$T0")
             echo "shift t=$now"
             shifted=yes
         fi
@@ -177,7 +202,10 @@ measure() {
             alive=yes; total=$(ticks "$MGR_PID"); cpu=$((total - CPU0))
         fi
     fi
-    echo "result pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
+    fm_pin=$(rel /tmp/fm-pin.out "$T0")
+    fm_shift=never
+    [ $shifted = yes ] && fm_shift=$(rel /tmp/fm-shift.out "$TS")
+    echo "result first_move_pin=$fm_pin first_move_shift=$fm_shift pgmigrate=$(($(vmstat pgmigrate_success) - MIG0)) numa_pte_updates=$(($(vmstat numa_pte_updates) - PTE0)) numa_hint_faults=$(($(vmstat numa_hint_faults) - HINT0)) numa_pages_migrated=$(($(vmstat numa_pages_migrated) - NPM0)) mgr=$MGR mgr_cpu_ticks=$cpu mgr_total_ticks=$total mgr_alive=$alive clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)"
 }
 # A reading loop that stalls (spawning a process took seconds under some conditions) is
 # reported by a watcher that spawns nothing: what the loop's processes and D-state tasks wait on.
@@ -187,6 +215,7 @@ WATCH_PID=$!
 data bench measure || verdict "$S" FAIL "the measurement stopped: $(tail -n 3 /tmp/.data-stderr | tr '\n' ' ')"
 
 kill "$WATCH_PID" 2>/dev/null
+for f in /tmp/fm-pin.out /tmp/fm-shift.out; do sed 's/^/# /' "$f" 2>/dev/null; done
 echo "# watch: $(grep -c '^WATCH stale' /tmp/watch.out) reports of a stalled reading loop"
 # (the daemon's idle threads left out)
 grep -v -e futex_wait_queue -e wait_woken -e do_epoll_wait /tmp/watch.out | head -500 | sed 's/^/# /'

@@ -196,6 +196,11 @@ pub struct Row {
     pub t95: Option<f64>,
     /// Seconds from the shift to the first sample at >= 95% after it.
     pub t95_shift: Option<f64>,
+    /// Decision latency: seconds from the pins to the first MiB of w1 or w2 on the new node
+    /// (whoever moved it); `t95 - decision` is the copy.
+    pub decision: Option<f64>,
+    /// The same from the shift, for w2.
+    pub decision_shift: Option<f64>,
     pub pgmigrate: u64,
     pub pte_updates: u64,
     pub hint_faults: u64,
@@ -239,6 +244,16 @@ pub fn summarize(r: &CondRun) -> Result<Row, String> {
             Some(_) => Ok(Some(r.num(k)? as f64 / clk)),
         }
     };
+    // "never", or absent in blocks from before the split: no figure.
+    let first_move = |k: &str| -> Result<Option<f64>, String> {
+        match r.get(k) {
+            Some("never") | None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("result field {k}={v:?} is not a number")),
+        }
+    };
     let mgr_cpu_s = ticks("mgr_cpu_ticks")?;
     let mgr_total_s = ticks("mgr_total_ticks")?;
     let mut notes = Vec::new();
@@ -253,6 +268,8 @@ pub fn summarize(r: &CondRun) -> Result<Row, String> {
         mean_local,
         t95,
         t95_shift,
+        decision: first_move("first_move_pin")?,
+        decision_shift: first_move("first_move_shift")?,
         pgmigrate: r.num("pgmigrate")?,
         pte_updates: r.num("numa_pte_updates")?,
         hint_faults: r.num("numa_hint_faults")?,
@@ -267,10 +284,24 @@ fn secs(t: Option<f64>) -> String {
     t.map_or("never".into(), |t| format!("{t:.1} s"))
 }
 
+/// The copy: the time to 95% less the decision latency (both known).
+pub fn copy_time(t95: Option<f64>, decision: Option<f64>) -> Option<f64> {
+    Some(t95? - decision?)
+}
+
+/// "t95 (decision + copy)".
+fn split(t95: Option<f64>, decision: Option<f64>) -> String {
+    match (t95, decision) {
+        (Some(t), Some(d)) => format!("{t:.1} s ({d:.1} + {:.1})", t - d),
+        (None, Some(d)) => format!("never (first move {d:.1} s)"),
+        (t, None) => format!("{} (no first move seen)", secs(t)),
+    }
+}
+
 /// The markdown table; `rows` holds (label, summary or why there is none).
 pub fn table(rows: &[(&str, Result<Row, String>)], window: u32) -> String {
     let mut out = format!(
-        "| condition | final locality | mean locality | to 95% after the pins | to 95% after the shift | pages migrated | manager CPU in the {window} s window | NUMA PTE updates / hint faults |\n\
+        "| condition | final locality | mean locality | to 95% after the pins (decision + copy) | to 95% after the shift (decision + copy) | pages migrated | manager CPU in the {window} s window | NUMA PTE updates / hint faults |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     );
     for (label, row) in rows {
@@ -289,8 +320,8 @@ pub fn table(rows: &[(&str, Result<Row, String>)], window: u32) -> String {
                     "| {label}{note} | {:.1}% | {:.1}% | {} | {} | {} | {cpu} | {} / {} |",
                     100.0 * r.final_local,
                     100.0 * r.mean_local,
-                    secs(r.t95),
-                    secs(r.t95_shift),
+                    split(r.t95, r.decision),
+                    split(r.t95_shift, r.decision_shift),
                     r.pgmigrate,
                     r.pte_updates,
                     r.hint_faults,
@@ -364,6 +395,10 @@ pub struct Medians {
     pub boots: usize,
     pub t95: Option<f64>,
     pub t95_shift: Option<f64>,
+    pub decision: Option<f64>,
+    pub decision_shift: Option<f64>,
+    pub copy: Option<f64>,
+    pub copy_shift: Option<f64>,
     pub mean_local: f64,
     pub pgmigrate: f64,
     /// Boots whose row carries a note (a workload process or the manager died).
@@ -375,6 +410,20 @@ pub fn medians(rows: &[Row]) -> Option<Medians> {
         boots: rows.len(),
         t95: median_time(&rows.iter().map(|r| r.t95).collect::<Vec<_>>()),
         t95_shift: median_time(&rows.iter().map(|r| r.t95_shift).collect::<Vec<_>>()),
+        decision: median_time(&rows.iter().map(|r| r.decision).collect::<Vec<_>>()),
+        decision_shift: median_time(&rows.iter().map(|r| r.decision_shift).collect::<Vec<_>>()),
+        copy: median_time(
+            &rows
+                .iter()
+                .map(|r| copy_time(r.t95, r.decision))
+                .collect::<Vec<_>>(),
+        ),
+        copy_shift: median_time(
+            &rows
+                .iter()
+                .map(|r| copy_time(r.t95_shift, r.decision_shift))
+                .collect::<Vec<_>>(),
+        ),
         mean_local: median(rows.iter().map(|r| r.mean_local).collect())?,
         pgmigrate: median(rows.iter().map(|r| r.pgmigrate as f64).collect())?,
         noted: rows.iter().filter(|r| r.note.is_some()).count(),
@@ -401,8 +450,8 @@ pub type Runs = Vec<(String, Vec<(String, Vec<Row>)>)>;
 pub fn ratio_table(runs: &Runs, boots: u32) -> String {
     let mut out = format!(
         "Median of {boots} boot(s) per topology; ratio = manager / kernel AutoNUMA.\n\n\
-         | topology | manager | boots | to 95% after the pins | to 95% after the shift | mean locality | pages migrated |\n\
-         | --- | --- | ---: | --- | --- | --- | --- |\n"
+         | topology | manager | boots | to 95% after the pins | decision / copy after the pins | to 95% after the shift | decision / copy after the shift | mean locality | pages migrated |\n\
+         | --- | --- | ---: | --- | --- | --- | --- | --- | --- |\n"
     );
     for (topo, conds) in runs {
         let get = |c: &str| {
@@ -412,21 +461,25 @@ pub fn ratio_table(runs: &Runs, boots: u32) -> String {
                 .and_then(|(_, r)| medians(r))
         };
         let Some(an) = get("autonuma") else {
-            let _ = writeln!(out, "| {topo} | (no AutoNUMA data) | | | | | |");
+            let _ = writeln!(out, "| {topo} | (no AutoNUMA data) | | | | | | | |");
             continue;
         };
         let _ = writeln!(
             out,
-            "| {topo} | kernel AutoNUMA | {} | {} | {} | {:.1}% | {:.0} |",
+            "| {topo} | kernel AutoNUMA | {} | {} | {} / {} | {} | {} / {} | {:.1}% | {:.0} |",
             an.boots,
             secs(an.t95),
+            secs(an.decision),
+            secs(an.copy),
             secs(an.t95_shift),
+            secs(an.decision_shift),
+            secs(an.copy_shift),
             100.0 * an.mean_local,
             an.pgmigrate
         );
         for (c, _) in conds.iter().filter(|(c, _)| c != "autonuma") {
             let Some(m) = get(c) else {
-                let _ = writeln!(out, "| {topo} | {c} | 0 | no data | | | |");
+                let _ = writeln!(out, "| {topo} | {c} | 0 | no data | | | | | |");
                 continue;
             };
             let noted = if m.noted > 0 {
@@ -446,12 +499,20 @@ pub fn ratio_table(runs: &Runs, boots: u32) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {topo} | {c}{noted} | {} | {} → **{}** | {} → **{}** | {:.1}% → **{loc}** | {:.0} → **{pages}** |",
+                "| {topo} | {c}{noted} | {} | {} → **{}** | {} → {} / {} → {} | {} → **{}** | {} → {} / {} → {} | {:.1}% → **{loc}** | {:.0} → **{pages}** |",
                 m.boots,
                 secs(m.t95),
                 time_ratio(m.t95, an.t95),
+                secs(m.decision),
+                time_ratio(m.decision, an.decision),
+                secs(m.copy),
+                time_ratio(m.copy, an.copy),
                 secs(m.t95_shift),
                 time_ratio(m.t95_shift, an.t95_shift),
+                secs(m.decision_shift),
+                time_ratio(m.decision_shift, an.decision_shift),
+                secs(m.copy_shift),
+                time_ratio(m.copy_shift, an.copy_shift),
                 100.0 * m.mean_local,
                 m.pgmigrate,
             );
@@ -503,12 +564,8 @@ pub fn vm_bench(a: &VmBenchArgs) -> Result<()> {
     };
     let mut topos = Vec::new();
     for name in &names {
-        let mut topo = topology::by_name(name).with_context(|| {
-            format!(
-                "unknown topology {name:?}; known: {}",
-                topology::NAMES.join(", ")
-            )
-        })?;
+        let mut topo = topology::by_name(name)
+            .with_context(|| format!("unknown topology {name:?}; known: {}", topology::known()))?;
         topo.validate().map_err(anyhow::Error::msg)?;
         for n in &mut topo.nodes {
             n.mem_mib = n.mem_mib.max(4 * u64::from(a.mib));
@@ -705,7 +762,7 @@ sample t=4.1 pids=4 missing=0 pages=100 local_pages=96 local=0.9600 mig=96
 shift t=30.0
 sample t=30.0 pids=4 missing=0 pages=100 local_pages=60 local=0.6000 mig=96
 sample t=36.1 pids=4 missing=0 pages=100 local_pages=100 local=1.0000 mig=136
-result pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_total_ticks=450 mgr_alive=yes clk_tck=100
+result first_move_pin=1.30 first_move_shift=never pgmigrate=136 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0 mgr=rebalancer mgr_cpu_ticks=150 mgr_total_ticks=450 mgr_alive=yes clk_tck=100
 ";
 
     /// Final locality, time to 95% after the pins and after the shift, pages migrated.
@@ -761,6 +818,13 @@ result pgmigrate=120 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
     fn summary_details_and_table() {
         let r = summarize(&parse_block(BLOCK).unwrap()).unwrap();
         assert_eq!((r.mgr_cpu_s, r.mgr_total_s), (Some(1.5), Some(4.5)));
+        assert_eq!((r.decision, r.decision_shift), (Some(1.3), None));
+        let bad = BLOCK.replace("first_move_pin=1.30", "first_move_pin=soon");
+        let e = summarize(&parse_block(&bad).unwrap()).unwrap_err();
+        assert!(e.contains("first_move_pin"), "{e}");
+        let old = BLOCK.replace("first_move_pin=1.30 first_move_shift=never ", "");
+        let o = summarize(&parse_block(&old).unwrap()).unwrap();
+        assert_eq!((o.decision, o.decision_shift), (None, None));
         assert_eq!(r.note, None);
         // Step-weighted mean: 0 for 2 s, .5 for 2 s, .96 for 25.9 s, .6 for 6.1 s, over 36 s.
         let want = (0.5 * 2.0 + 0.96 * 25.9 + 0.6 * 6.1) / 36.0;
@@ -786,7 +850,7 @@ result pgmigrate=120 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
         assert_eq!(lines.len(), 5, "{t}");
         assert_eq!(
             lines[2],
-            "| A | 100.0% | 82.0% | 4.1 s | 6.1 s | 136 | 1.50 s (4.50 s since start) | 0 / 0 |"
+            "| A | 100.0% | 82.0% | 4.1 s (1.3 + 2.8) | 6.1 s (no first move seen) | 136 | 1.50 s (4.50 s since start) | 0 / 0 |"
         );
         assert!(lines[3].contains("kernel (in the tasks)") && lines[3].ends_with("| 5 / 7 |"));
         assert_eq!(lines[4], "| X | no data: boom | | | | | | |");
@@ -803,6 +867,8 @@ result pgmigrate=120 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
             mean_local: mean,
             t95,
             t95_shift: shift,
+            decision: t95.map(|t: f64| t / 2.0),
+            decision_shift: None,
             pgmigrate: pages,
             pte_updates: 0,
             hint_faults: 0,
@@ -839,15 +905,18 @@ result pgmigrate=120 numa_pte_updates=0 numa_hint_faults=0 numa_pages_migrated=0
         );
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
-            lines[4], "| 2node | kernel AutoNUMA | 3 | 11.0 s | 12.0 s | 90.0% | 310 |",
+            lines[4],
+            "| 2node | kernel AutoNUMA | 3 | 11.0 s | 5.5 s / 5.5 s | 12.0 s | never / never | 90.0% | 310 |",
             "{t}"
         );
+        // Decision and copy are medians of their own (a boot that never got there counts as
+        // the longest), so they need not add up to the median time to 95%.
         assert_eq!(
             lines[5],
-            "| 2node | rebalancer | 3 | 6.0 s → **0.55** | 6.0 s → **0.50** | 93.0% → **1.03** | 290 → **0.94** |",
+            "| 2node | rebalancer | 3 | 6.0 s → **0.55** | 3.0 s → 0.55 / 3.0 s → 0.55 | 6.0 s → **0.50** | never → — (both never) / never → — (both never) | 93.0% → **1.03** | 290 → **0.94** |",
             "{t}"
         );
-        assert_eq!(lines[6], "| 2node | baseline | 0 | no data | | | |");
+        assert_eq!(lines[6], "| 2node | baseline | 0 | no data | | | | | |");
         assert_eq!(time_ratio(None, Some(1.0)), "∞ (never)");
     }
 }

@@ -73,9 +73,14 @@ impl Default for VmTestArgs {
 
 fn list() {
     println!("topologies:");
-    for n in topology::NAMES {
+    for n in topology::NAMES.iter().chain(topology::MORE) {
         if let Some(t) = topology::by_name(n) {
-            println!("  {:<12} {}", t.name, t.about);
+            let d = if topology::MORE.contains(n) {
+                " (not run by default)"
+            } else {
+                ""
+            };
+            println!("  {:<12} {}{d}", t.name, t.about);
         }
     }
     println!("scenarios:");
@@ -115,12 +120,8 @@ fn select(a: &VmTestArgs) -> Result<(Vec<VmTopology>, Vec<&'static Scenario>)> {
     let topos = topo_names
         .iter()
         .map(|n| {
-            let t = topology::by_name(n).with_context(|| {
-                format!(
-                    "unknown topology {n:?}; known: {}",
-                    topology::NAMES.join(", ")
-                )
-            })?;
+            let t = topology::by_name(n)
+                .with_context(|| format!("unknown topology {n:?}; known: {}", topology::known()))?;
             let mut t = t;
             if let Some(mib) = a.node_mem_mib {
                 for n in &mut t.nodes {

@@ -77,8 +77,16 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "fresh-start",
+        about: "no checkpoint, 4 running containers with memory off their node: adopted where they run, migration within the budget, the first admission on time",
+        timeout_s: 120,
+        default: true,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "hotset",
-        about: "hot 32 MiB remote, 224 MiB cold local: reported locality per source vs the truth; acts on the hot set",
+        about: "hot 32 MiB remote, 224 MiB cold local: the daemon alone with its defaults fixes it no later than AutoNUMA",
         timeout_s: 420,
         default: false,
         topologies: &["2node"],

@@ -9,11 +9,14 @@
 //! removal releases the pod. No inotify here (see `watcher`), and no allocation rules (see
 //! `daemon::admission`).
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller, Qos},
-    config::TopologyScope,
+    config::{AdmissionMode, TopologyScope},
     daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
     placement::{
         admission::PodMember,
@@ -414,4 +417,67 @@ pub fn pods_gone(adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
             WatchOutcome::Released { cgroup: uid }
         })
         .collect()
+}
+
+/// A control round's look at the limits of each container the watcher admitted (kubelet
+/// writes cpu.max / memory.max anew for an in-place resize; the watcher sees no event for a
+/// write): one that asks other requests than booked is resized as NRI's UpdateContainer is
+/// (`Admission::resize`: grown within its affinity, shrunk back to the pool, or refused with a
+/// reason, logged and counted in `rebalancer_admission_rejections_total`). A refused ask is
+/// kept in `refused` and not tried (nor logged) again until the limits change once more.
+/// Returns how many were resized. Watcher mode only; cgroupfs is read with no lock held.
+pub fn resized(
+    adm: &Admission,
+    cgroups: &Cgroups,
+    refused: &mut BTreeMap<String, Container>,
+) -> usize {
+    let bound: Vec<(String, String, String, Qos)> = {
+        let s = adm.daemon.lock();
+        if !matches!(s.admission, AdmissionMode::Watcher | AdmissionMode::Auto) {
+            return 0;
+        }
+        let kube_root = s.cfg.cgroups.kubernetes_root.as_deref();
+        (s.state.bindings.iter())
+            // the watcher's own admissions (`pod_for`); the API's pods keep the API's requests
+            .filter(|(_, b)| b.pod_uid.contains('/'))
+            .filter_map(|(cg, b)| match classify_in(cg, kube_root, &[]) {
+                CgroupKind::Container { qos, .. } => {
+                    Some((cg.clone(), b.pod_uid.clone(), b.container.clone(), qos))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    refused.retain(|cg, _| bound.iter().any(|(c, ..)| c == cg));
+    let mut n = 0;
+    for (cg, uid, name, qos) in bound {
+        let asked = container_for(cgroups, &cg, &name, qos);
+        if refused.get(&cg) == Some(&asked)
+            || !(adm.daemon.lock().state.allocator).asks_other_than_booked(&uid, &asked)
+        {
+            continue;
+        }
+        match adm.resize(&cg, &asked, Durability::Deferred) {
+            Ok(p) => {
+                refused.remove(&cg);
+                n += 1;
+                match p {
+                    Some(p) => {
+                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized (its limits changed)")
+                    }
+                    None => {
+                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, "container resized (its limits changed); its placement stays")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, error = %e, "container's new limits (a resize) refused; it keeps its placement and its books");
+                refused.insert(cg, asked);
+            }
+        }
+    }
+    if n > 0 {
+        adm.request_checkpoint();
+    }
+    n
 }

@@ -464,8 +464,8 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
 /// A start without usable books: a running container whose memory is on node 1 is adopted on
 /// node 0's CPU with its mems widened by node 1 — written so (the kernel migrates nothing when
 /// mems grow) and booked so, so the reconcile finds nothing to repair — and the narrowing is
-/// left to the control rounds' budgeted moves. A new container (no memory yet) gets its
-/// placement's mems as they are.
+/// left to the control rounds' budgeted moves. A new container the watcher sees gets its
+/// placement's mems as they are, even with memory off them already.
 #[test]
 fn a_running_container_is_adopted_with_its_memory_where_it_is() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,7 +479,8 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         &format!("{a}/memory.numa_stat"),
         "anon N0=0 N1=1073741824\nfile N0=0 N1=0\n",
     );
-    let o = on_created(&d, &cg, &a, Instant::now());
+    // the start-up reconcile (`run`) adopts what runs
+    let o = super::reconcile(&d.adopting(), &cg).remove(0);
     let cpus = admitted_cpus(&o);
     let WatchOutcome::Admitted { mems, .. } = &o else {
         unreachable!()
@@ -505,11 +506,17 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         "b",
     );
     guaranteed_limits(&root.join(&b));
+    put(
+        root,
+        &format!("{b}/memory.numa_stat"),
+        "anon N0=0 N1=1048576\nfile N0=0 N1=0\n",
+    );
     let o = on_created(&d, &cg, &b, Instant::now());
     let WatchOutcome::Admitted { mems, .. } = &o else {
         panic!("{o:?}")
     };
     assert_eq!(CpuSet::parse(mems).unwrap().len(), 1, "{o:?}");
+    assert_eq!(cg.mems(&b).unwrap().len(), 1, "written as placed");
 }
 
 #[test]
@@ -1182,4 +1189,77 @@ fn whole_cpu_weights_invert_exactly() {
     let w = crate::cgroup::files::shares_to_weight(1536);
     let m = guaranteed_millis_from_weight(w);
     assert!((1450..=1550).contains(&m), "{m}");
+}
+
+/// kubelet's in-place resize as the watcher sees it: the container's cpu.max written anew
+/// after its admission. The next round's look (`resized`) grows it to 2 exclusive CPUs — its
+/// own kept, the books and its cpuset agree, the shared container moved off — refuses a grow
+/// past the machine with the books unchanged (and does not ask again until the limits change),
+/// and shrinks it back to 1 CPU, the other going back to the shared pool.
+#[test]
+fn a_resize_written_to_the_limits_follows_like_nris() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (d, cg) = fake(root);
+    d.daemon.lock().admission = crate::config::AdmissionMode::Watcher;
+    let us = UID.replace('-', "_");
+    let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    guaranteed_limits(&root.join(&g));
+    let one = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    assert_eq!(one.len(), 1);
+    let b = besteffort_container(root);
+    on_created(&d, &cg, &b, Instant::now());
+    let mut refused = BTreeMap::new();
+    assert_eq!(policy::resized(&d, &cg, &mut refused), 0, "nothing changed");
+    let booked = |d: &Admission| {
+        let s = d.daemon.lock();
+        let b = &s.state.bindings[&g];
+        let p = &s.state.allocator.pods[&b.pod_uid];
+        (p.cpu_request_millis, p.containers[0].placement.clone())
+    };
+    let rejected = |d: &Admission| -> f64 {
+        let text = d.daemon.metrics.render();
+        (text.lines())
+            .find(|l| {
+                l.starts_with("rebalancer_admission_rejections_total")
+                    && l.contains("InsufficientCPU")
+            })
+            .map_or(0.0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    };
+    // grow to 2 CPUs
+    put(root, &format!("{g}/cpu.max"), "200000 100000\n");
+    assert_eq!(policy::resized(&d, &cg, &mut refused), 1);
+    let (millis, p) = booked(&d);
+    assert_eq!((millis, p.exclusive, p.cpus.len()), (2000, true, 2));
+    assert!(
+        one.is_subset(&p.cpus),
+        "its own CPU kept: {} of {}",
+        one,
+        p.cpus
+    );
+    assert_eq!(cg.cpus(&g).unwrap(), p.cpus, "written as booked");
+    assert!(
+        cg.cpus(&b).unwrap().is_disjoint(&p.cpus),
+        "the shared one moved off"
+    );
+    // past the machine: refused, nothing changes, not asked again while the limits stay
+    put(root, &format!("{g}/cpu.max"), "900000 100000\n");
+    let before = d.daemon.lock().state.allocator.clone();
+    let n0 = rejected(&d);
+    assert_eq!(policy::resized(&d, &cg, &mut refused), 0);
+    assert_eq!(d.daemon.lock().state.allocator, before);
+    assert!(refused.contains_key(&g));
+    let n1 = rejected(&d);
+    assert!(n1 > n0, "counted with its reason");
+    assert_eq!(policy::resized(&d, &cg, &mut refused), 0);
+    assert_eq!(rejected(&d), n1, "not asked again");
+    // shrink back to 1 CPU: the other goes back to the shared pool
+    put(root, &format!("{g}/cpu.max"), "100000 100000\n");
+    assert_eq!(policy::resized(&d, &cg, &mut refused), 1);
+    assert!(refused.is_empty());
+    let (millis, p) = booked(&d);
+    assert_eq!((millis, p.cpus.len()), (1000, 1));
+    assert_eq!(cg.cpus(&g).unwrap(), p.cpus);
+    let excl = d.daemon.lock().state.allocator.exclusive_cpus();
+    assert_eq!(excl, p.cpus);
 }
