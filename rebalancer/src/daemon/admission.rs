@@ -61,8 +61,9 @@ use crate::{
     checkpoint::CheckpointError,
     cpuset::CpuSet,
     placement::{
-        admission::PodMember,
+        admission::{AdmittedContainer, PodMember},
         cpu::CpuView,
+        memory::MemoryRequest,
         pod::{ContainerPlacement, Pod, Rejection},
     },
     serve::metrics::{ReasonLabel, ResultLabel},
@@ -139,6 +140,14 @@ pub enum AdmitError {
     WriteFailed(String),
     #[error("admission undone: {0}")]
     Checkpoint(#[source] CheckpointError),
+    /// A resize refused while a move of the container's cgroup is under way: tried again at
+    /// the container's next update.
+    #[error("container cgroup {0} is being moved; resize it again once the move ended")]
+    Moving(String),
+    /// The pod was released while its container's cpuset was written: nothing bound, the
+    /// container kept off the exclusive CPUs as one not admitted (`Shared::refused`).
+    #[error("pod {0:?} was released while its container's cpuset was written; not bound")]
+    Released(String),
     /// The caller's deadline passed before its change was booked: nothing was admitted.
     #[error(
         "the request's deadline passed while it waited for the allocator; nothing was admitted"
@@ -291,12 +300,14 @@ impl Admission {
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                {
+                let others = {
                     let mut s = self.daemon.lock();
                     s.state.bindings.remove(cg);
                     undo_member(&mut s, uid, &placement.container, first);
-                }
-                if exclusive_changed {
+                    // the pod gone with it: members bound to it meanwhile run on freed CPUs
+                    first && refuse_bindings_of(&mut s, uid, None, dry_run)
+                };
+                if exclusive_changed || others {
                     self.follow_pool(dry_run);
                 }
                 tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
@@ -324,7 +335,7 @@ impl Admission {
             .pods
             .get(uid)
             .is_some_and(|p| p.hold.is_some());
-        held && self.release_pod(uid, durability).is_ok()
+        held && self.release_pod(uid, durability, None).is_ok()
     }
 
     /// Uids of the pods admitted one container at a time (they hold their pod's share).
@@ -362,6 +373,8 @@ impl Admission {
             Err(AdmitError::WriteFailed(_)) => self.count("write_failed"),
             Err(AdmitError::DeadlinePassed) => self.count("timeout"),
             Err(AdmitError::AlreadyBound(_) | AdmitError::Vanished(_)) => {}
+            Err(AdmitError::Released(_)) => self.count("released"),
+            Err(AdmitError::Moving(_)) => self.count("moving"),
         }
     }
 
@@ -432,14 +445,13 @@ impl Admission {
         };
         if req.durability == Durability::Durable {
             if let Err(e) = self.daemon.checkpoint() {
-                {
+                let others = {
                     let mut s = self.daemon.lock();
                     s.state.allocator.release(&pod.uid);
-                    if let Some((cg, _)) = &bound {
-                        s.state.bindings.remove(cg);
-                    }
-                }
-                if exclusive && bound.is_some() {
+                    let own = bound.as_ref().map(|(cg, _)| cg.as_str());
+                    refuse_bindings_of(&mut s, &pod.uid, own, dry_run)
+                };
+                if exclusive && (bound.is_some() || others) {
                     self.follow_pool(dry_run);
                 }
                 tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
@@ -526,7 +538,7 @@ impl Admission {
 
     /// Releases pod `uid` and every binding to it.
     pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
-        self.release_pod(uid, durability)
+        self.release_pod(uid, durability, None)
     }
 
     /// The API's release (`DELETE /v1/pods/{uid}`): refused with
@@ -557,24 +569,34 @@ impl Admission {
             (of(&s.state.bindings), of(&s.binding))
         };
         // Read outside the state lock (cgroupfs I/O); a container being bound now is live.
-        let live: Vec<String> = (bound.into_iter())
-            .filter(|cg| self.writer.cpus(cg).is_some())
-            .chain(binding)
-            .collect();
+        let (dead, live): (Vec<String>, Vec<String>) =
+            (bound.into_iter()).partition(|cg| self.writer.cpus(cg).is_none());
+        let live: Vec<String> = live.into_iter().chain(binding).collect();
         if !live.is_empty() {
             return Err(ReleaseError::StillBound {
                 uid: uid.into(),
                 cgroups: live,
             });
         }
-        self.release_pod(uid, durability)
+        self.release_pod(uid, durability, Some(&dead))
     }
 
     /// Releases pod `uid` and its bindings. Durable: the pod stays booked until a checkpoint
     /// without it is on disk (written from a copy of the state with the release made), so
     /// nothing it holds is handed out before the release is final, and a failed checkpoint
     /// leaves nothing to undo; then the release is committed to the books.
-    fn release_pod(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
+    ///
+    /// `dead`: for [`Admission::release_unbound`], the bindings to the pod whose cgroups it
+    /// found gone. Any other binding to the pod at the commit — a bind booked or committed
+    /// while the cgroups were read or the checkpoint written — is a container running on the
+    /// pod's CPUs: the release is refused ([`ReleaseError::StillBound`]) and the checkpoint
+    /// holds the pod again.
+    fn release_pod(
+        &self,
+        uid: &str,
+        durability: Durability,
+        dead: Option<&[String]>,
+    ) -> Result<(), ReleaseError> {
         if !self.daemon.lock().state.allocator.pods.contains_key(uid) {
             return Err(ReleaseError::NotAdmitted(uid.into()));
         }
@@ -592,6 +614,24 @@ impl Admission {
         let (freed, dry_run) = {
             let mut s = self.daemon.lock();
             let excl = s.state.allocator.exclusive_cpus();
+            let live: Vec<String> = match dead {
+                Some(dead) => (s.state.bindings.iter())
+                    .chain(s.binding.iter())
+                    .filter(|(cg, b)| b.pod_uid == uid && !dead.contains(cg))
+                    .map(|(cg, _)| cg.clone())
+                    .collect(),
+                None => Vec::new(),
+            };
+            if !live.is_empty() && s.state.allocator.pods.contains_key(uid) {
+                drop(s);
+                if written.is_some() {
+                    self.checkpoint_logged();
+                }
+                return Err(ReleaseError::StillBound {
+                    uid: uid.into(),
+                    cgroups: live,
+                });
+            }
             // released by another caller meanwhile
             if !s.state.allocator.release(uid) {
                 return Err(ReleaseError::NotAdmitted(uid.into()));
@@ -655,7 +695,9 @@ impl Admission {
     /// the resize is refused and nothing changes. A grow moves the shared containers off the
     /// CPUs it takes before its own cpuset is written; a shrink writes its own first, then the
     /// shared pool grows, so no CPU is ever both exclusive and shared. `Ok(None)`: the
-    /// placement stays as it is.
+    /// placement stays as it is. Refused with [`AdmitError::Moving`] while a move of the
+    /// cgroup is under way (its settle would put back cpus booked before the resize); the
+    /// cgroup counts as moving while the resize's write runs, so no move starts on it.
     pub fn resize(
         &self,
         cgroup: &str,
@@ -663,13 +705,16 @@ impl Admission {
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
         let held_key = format!("resize {cgroup}");
-        let (uid, before, placement, dry_run, grew) = {
+        let (booking, placement, dry_run, grew) = {
             let mut s = self.daemon.lock();
             let Some(b) = s.state.bindings.get(cgroup).cloned() else {
                 return Err(AdmitError::Invalid(format!(
                     "container cgroup {cgroup} is not bound"
                 )));
             };
+            if s.moving.contains(cgroup) {
+                return Err(AdmitError::Moving(cgroup.into()));
+            }
             let sh = &mut *s;
             let before = sh.state.allocator.clone();
             let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
@@ -727,14 +772,25 @@ impl Admission {
             if !held.is_empty() {
                 sh.state.allocator.in_flight.insert(held_key.clone(), held);
             }
+            // and the memory a shrink freed: an undo books it again in full
             let before_pod = before.pods.get(&b.pod_uid).cloned();
-            (
-                b.pod_uid,
-                before_pod,
-                placement,
-                sh.cfg.daemon.dry_run,
-                grew,
-            )
+            if let Some(before_pod) = &before_pod {
+                (sh.state.allocator).hold_freed_memory(&held_key, &b.pod_uid, before_pod);
+            }
+            let before_pod = before_pod.and_then(|p| {
+                let c = (p.containers.into_iter()).find(|c| c.placement.container == b.container);
+                c.map(|c| (c, (p.cpu_request_millis, p.memory_request)))
+            });
+            sh.moving.insert(cgroup.into());
+            let booking = ResizeBooked {
+                d: self.daemon.clone(),
+                settled: false,
+                cgroup: cgroup.into(),
+                key: held_key,
+                uid: b.pod_uid,
+                before: before_pod,
+            };
+            (booking, placement, sh.cfg.daemon.dry_run, grew)
         };
         if grew {
             self.follow_pool(dry_run);
@@ -744,13 +800,7 @@ impl Admission {
         } else {
             self.write_own(cgroup, &placement)
         };
-        {
-            let mut s = self.daemon.lock();
-            s.state.allocator.in_flight.remove(&held_key);
-            if let (Err(_), Some(before)) = (&written, before) {
-                s.state.allocator.undo_resize(&uid, before);
-            }
-        }
+        booking.settle(written.is_ok());
         if let Err(e) = written {
             // the shared containers back to the pool the books say again
             self.follow_pool(dry_run);
@@ -874,7 +924,9 @@ impl Admission {
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
     /// the caller in `Shared::binding`, which keeps a second bind of it out meanwhile): bound
     /// only once written, so `status` never shows a binding whose cgroup still has the
-    /// runtime's cpuset. On an error nothing is bound; the caller undoes its allocation.
+    /// runtime's cpuset. On an error nothing is bound; the caller undoes its allocation. A pod
+    /// released while the cpuset was written is not bound to: the container, written onto CPUs
+    /// the books no longer hold for it, is fenced as one refused ([`AdmitError::Released`]).
     fn write_and_bind(
         &self,
         cg: &str,
@@ -882,6 +934,11 @@ impl Admission {
         p: &ContainerPlacement,
         dry_run: bool,
     ) -> Result<(), AdmitError> {
+        let mut booked = BindingBooked {
+            d: &self.daemon,
+            cgroup: cg,
+            settled: false,
+        };
         let written = if dry_run {
             Ok(())
         } else {
@@ -889,10 +946,23 @@ impl Admission {
         };
         let mut s = self.daemon.lock();
         s.binding.remove(cg);
+        booked.settled = true;
         written.map_err(|e| match e {
             WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
             _ => AdmitError::WriteFailed(cg.into()),
         })?;
+        if !s.state.allocator.pods.contains_key(uid) {
+            let fence = (!dry_run).then(|| {
+                s.refused.insert(cg.into());
+                exclusive_and_pool(&s)
+            });
+            drop(s);
+            if let Some((excl, pool)) = fence {
+                self.fence(cg, &excl, &pool);
+            }
+            tracing::warn!(cgroup = %cg, %uid, "pod released while its container's cpuset was written; not bound, fenced as a refused container");
+            return Err(AdmitError::Released(uid.into()));
+        }
         s.state.bindings.insert(cg.into(), binding(uid, p));
         Ok(())
     }
@@ -1247,6 +1317,25 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
 /// Whether `cg` is bound, or being bound (its cpuset written under a booking).
 fn bound_or_binding(s: &Shared, cg: &str) -> bool {
     s.state.bindings.contains_key(cg) || s.binding.contains_key(cg)
+}
+
+/// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
+/// own cgroup) were made meanwhile, while it was not yet durable. They are dropped and their
+/// containers, written onto CPUs the books no longer hold for them, kept off the exclusive CPUs
+/// as refused ones (`Shared::refused`). Whether there were any.
+fn refuse_bindings_of(s: &mut Shared, uid: &str, own: Option<&str>, dry_run: bool) -> bool {
+    let others: Vec<String> = (s.state.bindings.iter())
+        .filter(|(cg, b)| b.pod_uid == uid && Some(cg.as_str()) != own)
+        .map(|(cg, _)| cg.clone())
+        .collect();
+    s.state.bindings.retain(|_, b| b.pod_uid != uid);
+    for cg in &others {
+        tracing::warn!(cgroup = %cg, %uid, "bound while its pod's admission was not yet checkpointed; the admission undone, the container fenced as a refused one");
+        if !dry_run {
+            s.refused.insert(cg.clone());
+        }
+    }
+    !others.is_empty()
 }
 
 /// Undoes the admission of member `container` of pod `uid`: the pod released when this
@@ -1640,6 +1729,64 @@ pub struct Booked {
     exclusive: CpuSet,
 }
 
+/// A bind's booking of its cgroup (`Shared::binding`) while the cpuset is written: given back
+/// when dropped unsettled (the write panicked), so the cgroup can be bound again.
+struct BindingBooked<'a> {
+    d: &'a Daemon,
+    cgroup: &'a str,
+    settled: bool,
+}
+
+impl Drop for BindingBooked<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a bind's booking was never settled (its write panicked); given back");
+            self.d.lock().binding.remove(self.cgroup);
+        }
+    }
+}
+
+/// A resize's booking while its write runs: the cgroup counted as moving, its CPUs and the
+/// memory a shrink freed held under `key`. Settled once the write ended, or when dropped
+/// unsettled (its write panicked): the holds let go and, unless written, the resized
+/// container put back as it was.
+struct ResizeBooked {
+    d: Daemon,
+    settled: bool,
+    cgroup: String,
+    key: String,
+    uid: String,
+    /// The container's record and the pod's requests before the resize.
+    before: Option<(AdmittedContainer, (u64, MemoryRequest))>,
+}
+
+impl ResizeBooked {
+    fn settle(mut self, written: bool) {
+        self.settle_once(written);
+    }
+
+    fn settle_once(&mut self, written: bool) {
+        self.settled = true;
+        let mut s = self.d.lock();
+        s.moving.remove(&self.cgroup);
+        s.state.allocator.let_go(&self.key);
+        if let (false, Some((container, requests))) = (written, self.before.take()) {
+            s.state
+                .allocator
+                .undo_resize(&self.uid, &container, requests);
+        }
+    }
+}
+
+impl Drop for ResizeBooked {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::warn!(cgroup = %self.cgroup, "a resize's booking was never settled (its write panicked); undone");
+            self.settle_once(false);
+        }
+    }
+}
+
 /// The first half of a move's change: under the locks, with no I/O, the move is checked
 /// against the books ([`move_allowed`]: none of its new CPUs exclusive, held ones included)
 /// and the bound container's cpus are booked at the target. An exclusive container's old and
@@ -1655,6 +1802,10 @@ pub fn book_move(
     move_allowed_in(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
+    }
+    // a resize's write under way: its settle would put back what this move books
+    if s.moving.contains(&mv.cgroup) {
+        return Err("books-moving");
     }
     s.moving.insert(mv.cgroup.clone());
     let own =

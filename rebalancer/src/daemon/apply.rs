@@ -1010,7 +1010,8 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
     // Read with no queue lock held (the daemon's lock is never taken under it), and set
     // before a move is picked: whether a lone move is premigrated follows the value the
     // thread has, not the one asked for (a refused -10 leaves the normal priority).
-    nice.set(d.lock().cfg.controller.apply_nice);
+    let want = d.lock().cfg.controller.apply_nice;
+    nice.set(want);
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if d.stopping() && !q.waiting.is_empty() {
@@ -1066,7 +1067,8 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         Outcome::Failed("panic")
                     }
                 };
-                nice.set(d.lock().cfg.controller.apply_nice);
+                let want = d.lock().cfg.controller.apply_nice;
+                nice.set(want);
                 q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
                 q.end(&job, o);
                 pool.cv.notify_all();
@@ -1161,6 +1163,8 @@ impl Nice {
         if self.now == Some(want) {
             return;
         }
+        // a syscall, and a warning logged: never under the state lock
+        super::writer::io_edge();
         // SAFETY: a plain syscall on the calling thread with integer arguments.
         let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, gettid(), want) };
         if r == 0 {

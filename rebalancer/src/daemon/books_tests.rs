@@ -1389,3 +1389,425 @@ proptest! {
         }
     }
 }
+
+/// The fake cgroupfs whose first read of `on`'s cpus first runs `hook`: a change racing
+/// another change's reads, which hold no lock.
+struct HookedReads {
+    fake: Arc<Mutex<FakeCgroups>>,
+    on: String,
+    hook: Hook,
+}
+
+impl HookedReads {
+    fn new(fake: &Arc<Mutex<FakeCgroups>>, on: &str, hook: impl FnOnce() + Send + 'static) -> Self {
+        HookedReads {
+            fake: fake.clone(),
+            on: on.into(),
+            hook: Arc::new(Mutex::new(Some(Box::new(hook)))),
+        }
+    }
+}
+
+impl CpusetWriter for HookedReads {
+    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        FakeCpuset(self.fake.clone()).write(c)
+    }
+
+    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
+        if cgroup == self.on {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                assert!(
+                    !super::state_held(),
+                    "a change's read with the state lock held"
+                );
+                hook();
+            }
+        }
+        FakeCpuset(self.fake.clone()).cpus(cgroup)
+    }
+}
+
+/// A Guaranteed API pod of two one-CPU containers, admitted unbound.
+fn two_container_pod(adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
+    let mut p = pod(uid, 1000, 64 * MIB, true);
+    let mut second = p.containers[0].clone();
+    second.name = "d".into();
+    p.containers.push(second);
+    adm.admit(AdmitRequest {
+        pod: &p,
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    p
+}
+
+/// An API DELETE whose cgroup reads (of a bound container already gone) let the watcher bind
+/// the pod's next container: the release is refused at its commit, the pod and the new
+/// binding stay, and the container runs on CPUs the books hold for it.
+#[test]
+fn a_release_racing_a_bind_is_refused_at_its_commit() {
+    let World { d, fake, adm, .. } = world(false);
+    two_container_pod(&adm, "p");
+    let (gone, racing_cg) = ("kubepods/p/a", "kubepods/p/b");
+    fake.lock().unwrap().insert(gone, "0-7", "0-1");
+    adm.bind(gone, "p", Durability::Deferred, Instant::now())
+        .unwrap()
+        .unwrap();
+    // its container exited; the watcher not yet told
+    fake.lock().unwrap().remove(gone);
+    fake.lock().unwrap().insert(racing_cg, "0-7", "0-1");
+    let hook = {
+        let adm = adm.clone();
+        move || {
+            adm.bind(racing_cg, "p", Durability::Deferred, Instant::now())
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let reads = HookedReads::new(&fake, gone, hook);
+    let api = Admission::new(d.clone(), Arc::new(reads));
+    let r = api.release_unbound("p", Durability::Durable, None);
+    match &r {
+        Err(super::admission::ReleaseError::StillBound { cgroups, .. }) => {
+            assert_eq!(cgroups, &vec![racing_cg.to_string()])
+        }
+        r => panic!("release not refused: {r:?}"),
+    }
+    let s = d.lock();
+    assert!(s.state.allocator.pods.contains_key("p"));
+    let booked = super::admission::bound_container(&s, racing_cg)
+        .map(|c| c.placement.cpus.clone())
+        .expect("the racing bind stays bound");
+    assert_eq!(fake.lock().unwrap().cpus(racing_cg), Some(&booked));
+    assert!(
+        booked.is_subset(&s.state.allocator.exclusive_cpus()),
+        "{booked} held exclusively"
+    );
+}
+
+/// A bind whose cpuset write lets the pod be released is not committed: nothing is bound to
+/// the gone pod, and the container is kept off the exclusive CPUs admitted next (refused).
+#[test]
+fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
+    let World { d, fake, adm, .. } = world(false);
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 2000, 64 * MIB, true),
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let p_cpus = d.lock().state.allocator.exclusive_cpus();
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hook = {
+        let adm = adm.clone();
+        move || adm.release("p", Durability::Deferred).unwrap()
+    };
+    let hooked = HookedNode::new(&node, cg, hook);
+    let watcher = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let r = watcher.bind(cg, "p", Durability::Deferred, Instant::now());
+    assert!(hooked.ran());
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Released(_))),
+        "{r:?}"
+    );
+    assert!(!d.lock().state.bindings.contains_key(cg));
+    assert_eq!(fake.lock().unwrap().cpus(cg), Some(&p_cpus));
+    // the CPUs it was written onto handed out again: it is moved off them
+    let q = "kubepods/q/c";
+    fake.lock().unwrap().insert(q, "0-7", "0-1");
+    let got = adm
+        .admit(AdmitRequest {
+            pod: &pod("q", 2000, 64 * MIB, true),
+            bind: Some(q),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        })
+        .unwrap();
+    assert_eq!(got.placements[0].cpus, p_cpus, "the same CPUs handed out");
+    let excl = d.lock().state.allocator.exclusive_cpus();
+    let runs = fake.lock().unwrap().cpus(cg).cloned().unwrap();
+    assert!(
+        runs.is_disjoint(&excl),
+        "{cg} runs on {runs}, exclusive {excl}"
+    );
+}
+
+/// A durable admission whose checkpoint fails is undone with every binding to its pod: a
+/// container of the pod bound while its cpuset was written (before the checkpoint) is not
+/// left bound to a gone pod, and is kept off the exclusive CPUs as a refused one.
+#[test]
+fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
+    let World {
+        _dir, d, fake, adm, ..
+    } = world(false);
+    let mut p = pod("p", 1000, 64 * MIB, true);
+    let mut second = p.containers[0].clone();
+    second.name = "d".into();
+    p.containers.push(second);
+    let (cg_a, cg_b) = ("kubepods/p/a", "kubepods/p/b");
+    fake.lock().unwrap().insert(cg_a, "0-7", "0-1");
+    fake.lock().unwrap().insert(cg_b, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hook = {
+        let adm = adm.clone();
+        move || {
+            adm.bind(cg_b, "p", Durability::Deferred, Instant::now())
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let hooked = HookedNode::new(&node, cg_a, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    // The checkpoint cannot be written: its directory would be under a regular file.
+    let blocker = _dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"").unwrap();
+    d.lock().cfg.daemon.state_dir = blocker.join("state");
+    let r = racing.admit(AdmitRequest {
+        pod: &p,
+        bind: Some(cg_a),
+        durability: Durability::Durable,
+        since: Instant::now(),
+    });
+    assert!(hooked.ran());
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Checkpoint(_))),
+        "{r:?}"
+    );
+    let s = d.lock();
+    assert!(!s.state.allocator.pods.contains_key("p"));
+    assert_eq!(
+        s.state.bindings.keys().collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "nothing bound to the undone pod"
+    );
+    assert!(
+        s.refused.contains(cg_b),
+        "the racing bind's container fenced"
+    );
+}
+
+/// A shrinking resize frees Memory Manager memory, which stays held while its write runs: an
+/// admission during the write cannot take it, and when the write fails the undo books the
+/// container's memory again in full.
+#[test]
+fn a_failed_shrink_books_its_memory_again_in_full() {
+    let World { d, fake, adm, .. } = world(false);
+    let bind = |uid: &str, cpus: u64, mib: u64| {
+        let cg = format!("kubepods/{uid}/c");
+        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+        let got = adm
+            .admit(AdmitRequest {
+                pod: &pod(uid, cpus * 1000, mib * MIB, true),
+                bind: Some(&cg),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            })
+            .unwrap();
+        (cg, got.placements[0].mems.clone())
+    };
+    let (cg, p_node) = bind("p", 2, 1536);
+    // the other node's memory taken: what the shrink frees is the only room for a 1 GiB pod
+    let (_, r_node) = bind("r", 1, 1536);
+    assert_ne!(p_node, r_node);
+    let booked = |uid: &str| -> u64 {
+        let s = d.lock();
+        let c = &s.state.allocator.pods[uid].containers[0];
+        c.memory.as_ref().unwrap().taken.iter().map(|t| t.2).sum()
+    };
+    assert_eq!(booked("p"), 1536 * MIB);
+    let racing_ok = Arc::new(Mutex::new(None));
+    let hook = {
+        let (adm, fake, racing_ok, cg) = (adm.clone(), fake.clone(), racing_ok.clone(), cg.clone());
+        move || {
+            let q = "kubepods/q/c";
+            fake.lock().unwrap().insert(q, "0-7", "0-1");
+            let r = adm.admit(AdmitRequest {
+                pod: &pod("q", 1000, 1024 * MIB, true),
+                bind: Some(q),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            });
+            *racing_ok.lock().unwrap() = Some(r.is_ok());
+            // the resize's own write fails next
+            fake.lock().unwrap().fail_cgroup_write(
+                &cg,
+                controller::CgroupFile::Cpus,
+                1,
+                controller::FakeFailure::Busy,
+            );
+        }
+    };
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, &cg, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let shrunk = pod("p", 1000, 256 * MIB, true);
+    let r = racing.resize(&cg, &shrunk.containers[0], Durability::Deferred);
+    assert!(hooked.ran());
+    assert!(r.is_err(), "the resize's write failed: {r:?}");
+    assert_eq!(
+        *racing_ok.lock().unwrap(),
+        Some(false),
+        "the memory the shrink freed stays held while its write runs"
+    );
+    assert_eq!(booked("p"), 1536 * MIB, "undone in full");
+    let s = d.lock();
+    assert!(s.state.allocator.in_flight_memory.is_empty());
+    assert!(s.state.allocator.in_flight.is_empty());
+}
+
+/// A move of `cg`'s bound container from its cpus to `to`, memory staying.
+fn move_of(fake: &Arc<Mutex<FakeCgroups>>, cg: &str, to: &str) -> controller::Move {
+    let (from_cpus, mems) = {
+        let f = fake.lock().unwrap();
+        (f.read_cpus(cg).unwrap(), f.read_mems(cg).unwrap())
+    };
+    controller::Move {
+        cgroup: cg.into(),
+        from_cpus,
+        to_cpus: CpuSet::parse(to).unwrap(),
+        from_mems: mems.clone(),
+        to_mems: mems,
+        bytes_to_migrate: 0,
+        reason: controller::Trigger::PoorLocality,
+        locality_before: 0.0,
+        locality_after: 1.0,
+        net: 1.0,
+        stage: None,
+    }
+}
+
+/// A resize and a move of one cgroup never overlap: a resize is refused while a move of its
+/// cgroup is booked (the move's undo would put back cpus booked before it), and no move is
+/// booked while a resize's write runs.
+#[test]
+fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
+    let World { d, fake, adm, .. } = world(false);
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 1000, 256 * MIB, true),
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let grown = pod("p", 2000, 256 * MIB, true);
+    let booked = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false)
+        .unwrap()
+        .expect("the move is booked");
+    let before = d.lock().state.allocator.clone();
+    let r = adm.resize(cg, &grown.containers[0], Durability::Deferred);
+    assert!(
+        matches!(r, Err(super::admission::AdmitError::Moving(_))),
+        "{r:?}"
+    );
+    assert_eq!(
+        d.lock().state.allocator,
+        before,
+        "the refused resize changed nothing"
+    );
+    booked.settle(false);
+
+    // a move during the resize's write is refused
+    let refused = Arc::new(Mutex::new(None));
+    let hook = {
+        let (d, fake, refused) = (d.clone(), fake.clone(), refused.clone());
+        move || {
+            let r = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false);
+            *refused.lock().unwrap() = Some(r.err());
+        }
+    };
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, hook);
+    let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
+    let got = racing
+        .resize(cg, &grown.containers[0], Durability::Deferred)
+        .unwrap()
+        .expect("resized");
+    assert!(hooked.ran());
+    assert_eq!(*refused.lock().unwrap(), Some(Some("books-moving")));
+    let s = d.lock();
+    assert!(s.moving.is_empty());
+    assert_eq!(
+        super::admission::bound_container(&s, cg).map(|c| c.placement.cpus.clone()),
+        Some(got.cpus)
+    );
+}
+
+/// A resize whose write panics gives its booking back: nothing left held, the cgroup no
+/// longer moving, the container's record as before.
+#[test]
+fn a_resize_whose_write_panics_gives_its_booking_back() {
+    let World { d, fake, adm, .. } = world(false);
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 2000, 512 * MIB, true),
+        bind: Some(cg),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let before = d.lock().state.allocator.clone();
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, || panic!("a bug in a writer"));
+    let racing = Admission::new(d.clone(), Arc::new(hooked));
+    let shrunk = pod("p", 1000, 256 * MIB, true);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        racing.resize(cg, &shrunk.containers[0], Durability::Deferred)
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    let s = d.lock();
+    assert!(s.moving.is_empty());
+    assert_eq!(s.state.allocator, before, "booking given back");
+}
+
+/// A bind whose write panics gives its cgroup's booking back: the cgroup can be bound again.
+#[test]
+fn a_bind_whose_write_panics_gives_its_booking_back() {
+    let World { d, fake, adm, .. } = world(false);
+    adm.admit(AdmitRequest {
+        pod: &pod("p", 1000, 64 * MIB, true),
+        bind: None,
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    })
+    .unwrap();
+    let cg = "kubepods/p/c";
+    fake.lock().unwrap().insert(cg, "0-7", "0-1");
+    let node = FakeNode {
+        cgroupfs: fake.clone(),
+        spec: Default::default(),
+    };
+    let hooked = HookedNode::new(&node, cg, || panic!("a bug in a writer"));
+    let racing = Admission::new(d.clone(), Arc::new(hooked));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        racing.bind(cg, "p", Durability::Deferred, Instant::now())
+    }));
+    assert!(r.is_err(), "the writer panicked");
+    assert!(d.lock().binding.is_empty(), "booking given back");
+    adm.bind(cg, "p", Durability::Deferred, Instant::now())
+        .unwrap()
+        .expect("bound at the next attempt");
+}

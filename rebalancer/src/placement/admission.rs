@@ -115,6 +115,10 @@ pub struct Allocator {
     /// under way does not outlive the daemon.
     #[serde(skip)]
     pub in_flight: BTreeMap<String, CpuSet>,
+    /// Memory Manager memory held while a resize's write runs (keyed as `in_flight`): what a
+    /// shrink freed, which an undo books again. Not checkpointed, as `in_flight`.
+    #[serde(skip)]
+    pub in_flight_memory: BTreeMap<String, MemoryAllocation>,
 }
 
 impl Allocator {
@@ -143,6 +147,7 @@ impl Allocator {
             devices: DeviceState::default(),
             pods: BTreeMap::new(),
             in_flight: BTreeMap::new(),
+            in_flight_memory: BTreeMap::new(),
         })
     }
 

@@ -231,46 +231,94 @@ impl Allocator {
         })?;
         Ok(have.union(&got))
     }
-    /// Puts back pod `uid` as it was before a resize (`before`, its record then) when the
-    /// resize's write failed: the resized container's shared charges and Memory Manager
-    /// memory given back, the old ones booked again (the memory on the same nodes, as the
-    /// resize left them free while its CPUs were held). Nothing when the pod is gone.
-    pub fn undo_resize(&mut self, uid: &str, before: AdmittedPod) {
-        let Some(now) = self.pods.get(uid) else {
+    /// Holds under `key` the Memory Manager memory the resize of `uid`'s container freed (its
+    /// record `before` the resize), on the nodes it had, while the resize's write runs: no
+    /// admission takes it meanwhile, so an undo books it again in full. Let go by
+    /// [`Allocator::let_go`].
+    pub fn hold_freed_memory(&mut self, key: &str, uid: &str, before: &AdmittedPod) {
+        let now = (self.pods.get(uid)).and_then(|p| p.containers.first());
+        let (Some(now), Some(old)) = (now, before.containers.first()) else {
             return;
         };
-        let now: Vec<AdmittedContainer> = now.containers.clone();
-        for c in &now {
-            for (cpu, m) in &c.charges {
-                if let Some(l) = self.shared_load.get_mut(cpu) {
-                    *l -= (*m).min(*l);
-                    if *l == 0 {
-                        self.shared_load.remove(cpu);
-                    }
+        let Some(old) = &old.memory else {
+            return;
+        };
+        let taken = |a: Option<&MemoryAllocation>| {
+            let mut m = MemoryRequest::new();
+            for &(_, r, t) in a.map(|a| a.taken.as_slice()).unwrap_or_default() {
+                *m.entry(r).or_default() += t;
+            }
+            m
+        };
+        let (was, is) = (taken(Some(old)), taken(now.memory.as_ref()));
+        let freed: MemoryRequest = (was.iter())
+            .map(|(r, &b)| (*r, b.saturating_sub(is.get(r).copied().unwrap_or(0))))
+            .filter(|(_, b)| *b > 0)
+            .collect();
+        if freed.is_empty() {
+            return;
+        }
+        let held = self.memory.allocate(&freed, old.nodes);
+        self.in_flight_memory.insert(key.into(), held);
+    }
+
+    /// A change's write ended: what it held under `key` (CPUs, memory) is let go.
+    pub fn let_go(&mut self, key: &str) {
+        self.in_flight.remove(key);
+        if let Some(a) = self.in_flight_memory.remove(key) {
+            self.memory.release(&a);
+        }
+    }
+
+    /// Puts back container `before` of pod `uid` as it was before a resize when the resize's
+    /// write failed (called with the resize's holds let go): the container's own entries only
+    /// — its placement, shared charges and Memory Manager memory (booked again on the same
+    /// nodes, held free while the write ran) — and the pod's requests; anything else changed
+    /// meanwhile stays. Nothing when the pod or the container is gone.
+    pub fn undo_resize(
+        &mut self,
+        uid: &str,
+        before: &AdmittedContainer,
+        requests: (u64, MemoryRequest),
+    ) {
+        let name = &before.placement.container;
+        let Some(now) = (self.pods.get(uid))
+            .and_then(|p| p.containers.iter().find(|c| c.placement.container == *name))
+            .cloned()
+        else {
+            return;
+        };
+        for (cpu, m) in &now.charges {
+            if let Some(l) = self.shared_load.get_mut(cpu) {
+                *l -= (*m).min(*l);
+                if *l == 0 {
+                    self.shared_load.remove(cpu);
                 }
             }
-            if let Some(a) = &c.memory {
-                self.memory.release(a);
-            }
         }
-        let mut before = before;
-        for c in &mut before.containers {
-            for (cpu, m) in &c.charges {
-                *self.shared_load.entry(*cpu).or_default() += m;
-            }
-            if let Some(a) = &c.memory {
-                let mut took = MemoryRequest::new();
-                for &(_, r, t) in &a.taken {
-                    *took.entry(r).or_default() += t;
-                }
-                let again = self.memory.allocate(&took, a.nodes);
-                c.memory = Some(MemoryAllocation {
-                    requested: a.requested.clone(),
-                    ..again
-                });
-            }
+        if let Some(a) = &now.memory {
+            self.memory.release(a);
         }
-        self.pods.insert(uid.to_string(), before);
+        let mut back = before.clone();
+        for (cpu, m) in &back.charges {
+            *self.shared_load.entry(*cpu).or_default() += m;
+        }
+        if let Some(a) = &back.memory {
+            let mut took = MemoryRequest::new();
+            for &(_, r, t) in &a.taken {
+                *took.entry(r).or_default() += t;
+            }
+            let again = self.memory.allocate(&took, a.nodes);
+            back.memory = Some(MemoryAllocation {
+                requested: a.requested.clone(),
+                ..again
+            });
+        }
+        let p = self.pods.get_mut(uid).expect("found above");
+        (p.cpu_request_millis, p.memory_request) = requests;
+        if let Some(c) = (p.containers.iter_mut()).find(|c| c.placement.container == *name) {
+            *c = back;
+        }
     }
 
     /// `a` booked again for `req` on its own nodes (a shrink always fits; a grow fits or is

@@ -306,7 +306,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     // Not admitted: kept fenced off the exclusive CPUs as they change, until it goes.
     let refused = matches!(
         answer,
-        Err(AdmitError::Rejected { .. } | AdmitError::Invalid(_))
+        Err(AdmitError::Rejected { .. } | AdmitError::Invalid(_) | AdmitError::Released(_))
     );
     {
         let mut s = adm.daemon.lock();
