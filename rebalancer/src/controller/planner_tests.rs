@@ -1461,3 +1461,96 @@ fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
         "single nodes refused for size: {d:#?}"
     );
 }
+
+/// `machine()` with node 1's memory gone (a CPU node whose memory is all elsewhere).
+fn machine_node1_without_memory() -> Topology {
+    let mut t = machine();
+    t.nodes[1].memory_total_bytes = 0;
+    t.nodes[1].memory_free_bytes = 0;
+    t
+}
+
+/// cpuset.mems never names a node without memory (the kernel refuses the write): a move of
+/// CPUs onto such a node writes the nearest memory nodes into mems instead, as admission does;
+/// and a cgroup already there, with those mems, is not moved onto where it is.
+#[test]
+fn a_move_onto_a_node_without_memory_writes_the_nearest_memory_nodes() {
+    let topo = machine_node1_without_memory();
+    // Overloaded node 0 (its whole run queue is `a`'s): relief on another node, its memory
+    // with it. The nearest nodes with memory stand in for node 1.
+    let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
+    let load = |n| if n == 0 { 2.0 } else { 0.1 };
+    let p = plan_after_horizon(&topo, a, load, |_| None, &cfg());
+    let m = p
+        .moves
+        .iter()
+        .find(|m| m.cgroup == "a")
+        .unwrap_or_else(|| panic!("a is moved: {p:#?}"));
+    let Outcome::Moved { to_nodes } = &p.decision("a").unwrap().outcome else {
+        panic!("{p:#?}")
+    };
+    assert!(to_nodes.contains(1), "the relief is on node 1: {m:?}");
+    assert_eq!(m.to_mems, topo.memory_nodes(to_nodes), "{m:?}");
+    assert!(!m.to_mems.contains(1), "{m:?}");
+    assert!(!m.to_mems.is_empty());
+    // Where it went, seen the next round: the same node 1 is no move (mems are already the
+    // ones that stand in for it), nor is a "move" that only rewrites what it has.
+    let there = CgroupObs {
+        mems: m.to_mems.clone(),
+        cpus: m.to_cpus.clone(),
+        ..cg("a", &[(1, 2.0)], &[(0, 16)], "", "")
+    };
+    let p = plan_after_horizon(&topo, there, |_| 0.1, |_| None, &cfg());
+    assert!(
+        p.moves
+            .iter()
+            .all(|mv| mv.to_cpus != mv.from_cpus || mv.to_mems != mv.from_mems),
+        "{p:#?}"
+    );
+    let d = p.decision("a").unwrap();
+    for c in &d.considered {
+        if c.nodes == *to_nodes {
+            assert_eq!(c.rejected, Some(Rejection::Unchanged), "{d:#?}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// On a machine where some nodes have CPUs but no memory, every move's mems (and a
+    /// stage's target) are memory nodes: those that stand in for the CPU nodes it goes to.
+    #[test]
+    fn mems_of_moves_are_memory_nodes(
+        (obs, state, cfg, now) in arb_world(),
+        holes in 1u32..255,
+    ) {
+        let mut topo = big();
+        for n in &mut topo.nodes {
+            if holes & (1 << n.id) != 0 {
+                n.memory_total_bytes = 0;
+            }
+        }
+        let with_memory: CpuSet = topo.nodes.iter().filter(|n| n.memory_total_bytes > 0).map(|n| n.id).collect();
+        let p = plan(&topo, &obs, &state, &cfg, now);
+        for m in &p.moves {
+            let c = obs.cgroups.iter().find(|c| c.id == m.cgroup).unwrap();
+            let Outcome::Moved { to_nodes } = &p.decision(&m.cgroup).unwrap().outcome else {
+                panic!("{m:?} without its decision")
+            };
+            let toward = match &m.stage {
+                Some(s) => {
+                    prop_assert_eq!(&m.to_mems, &c.mems.union(&s.toward));
+                    &s.toward
+                }
+                None => &m.to_mems,
+            };
+            prop_assert!(toward.is_subset(&with_memory), "{m:?}, memory on {with_memory}");
+            prop_assert_eq!(toward, &topo.memory_nodes(to_nodes), "{:?}", m);
+            if !c.constraints.keep_cpus {
+                let cpu_nodes: CpuSet = m.to_cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
+                prop_assert!(cpu_nodes.is_subset(to_nodes), "{m:?}");
+            }
+        }
+    }
+}

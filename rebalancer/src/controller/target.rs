@@ -40,6 +40,9 @@ pub(super) struct Projection<'t> {
     measured: Vec<bool>,
     /// CPUs held exclusively by some workload.
     excl_held: CpuSet,
+    /// Nodes without memory, where some node has memory (sizes known): a move to them writes
+    /// the nearest memory nodes into cpuset.mems instead (see [`Projection::mems_of`]).
+    without_memory: CpuSet,
     /// Shared pool per node with CPUs: node CPUs − reserved − exclusively held (`None` for a
     /// node without CPUs), and its size.
     pool: Vec<Option<CpuSet>>,
@@ -214,7 +217,16 @@ impl<'t> Projection<'t> {
                 }
             }
         }
+        let without_memory = if topo.nodes.iter().any(|n| n.memory_total_bytes > 0) {
+            (topo.nodes.iter())
+                .filter(|n| n.memory_total_bytes == 0)
+                .map(|n| n.id)
+                .collect()
+        } else {
+            CpuSet::new()
+        };
         let mut p = Projection {
+            without_memory,
             overload_ms: overload,
             peak,
             topo,
@@ -641,7 +653,8 @@ impl<'t> Projection<'t> {
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
         // The target's pool, built (or borrowed) once, and only for the nodes it is on.
-        let same_nodes = t == cg.mems;
+        // (by the mems a move there writes: on a node without memory, those stand in for it)
+        let same_nodes = *self.mems_of(&t) == cg.mems;
         let pool_t = same_nodes.then(|| self.pool_ref(&t));
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
@@ -921,6 +934,17 @@ impl<'t> Projection<'t> {
         t.iter()
             .filter_map(|n| self.pool(n))
             .fold(CpuSet::new(), |a, p| a.union(p))
+    }
+
+    /// The cpuset.mems a move to nodes `t` writes: `t`, unless it names a node without memory,
+    /// which the kernel refuses there; then [`Topology::memory_nodes`] (the nearest memory
+    /// nodes stand in for it, as admission writes them).
+    pub fn mems_of<'a>(&self, t: &'a CpuSet) -> std::borrow::Cow<'a, CpuSet> {
+        if t.is_disjoint(&self.without_memory) {
+            std::borrow::Cow::Borrowed(t)
+        } else {
+            std::borrow::Cow::Owned(self.topo.memory_nodes(t))
+        }
     }
 
     /// The cpuset a chosen option writes.
