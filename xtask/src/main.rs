@@ -200,13 +200,22 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     };
     server.wait()?;
     lap("API server build (rest of)", &mut steps);
-    // The NRI and NodeResourceTopology root tests must find the containerd and API server
-    // that setup installed, not skip.
-    let host = sh(cargo()
-        .args(["test", "--", "--test-threads=1"])
-        .env("REBALANCER_REQUIRE_CONTAINERD", "1")
-        .env("REBALANCER_REQUIRE_APISERVER", "1")
-        .env("REBALANCER_APISERVER_DIR", apiserver::dir()));
+    // What `cargo test` runs, in three parts: the unit and property tests (pure, or each in
+    // its own temporary directories) on every CPU; the doc tests; then the integration and
+    // root tests one at a time (they share cgroupfs, containerd, the API server). The NRI and
+    // NodeResourceTopology root tests must find the containerd and API server that setup
+    // installed, not skip.
+    let host_test = |args: &[&str]| {
+        sh(cargo()
+            .arg("test")
+            .args(args)
+            .env("REBALANCER_REQUIRE_CONTAINERD", "1")
+            .env("REBALANCER_REQUIRE_APISERVER", "1")
+            .env("REBALANCER_APISERVER_DIR", apiserver::dir()))
+    };
+    let host = host_test(&["--lib", "--bins"])
+        .and_then(|()| host_test(&["--doc"]))
+        .and_then(|()| host_test(&["--test", "*", "--", "--test-threads=1"]));
     let fuzzed = fuzz_build.join().expect("fuzz thread");
     host?;
     fuzzed?;
