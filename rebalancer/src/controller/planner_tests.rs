@@ -1462,57 +1462,82 @@ fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
     );
 }
 
-/// `machine()` with node 1's memory gone (a CPU node whose memory is all elsewhere).
+/// Two nodes of 8 CPUs; node 1 has CPUs but no memory (its memory is all elsewhere).
 fn machine_node1_without_memory() -> Topology {
-    let mut t = machine();
+    let mut t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 2,
+        cores_per_node: 4,
+        threads_per_core: 2,
+        ..Default::default()
+    }
+    .build();
     t.nodes[1].memory_total_bytes = 0;
     t.nodes[1].memory_free_bytes = 0;
     t
 }
 
-/// cpuset.mems never names a node without memory (the kernel refuses the write): a move of
-/// CPUs onto such a node writes the nearest memory nodes into mems instead, as admission does;
-/// and a cgroup already there, with those mems, is not moved onto where it is.
+/// cpuset.mems never names a node without memory (the kernel refuses the write): relief onto
+/// such a node writes the nearest memory node into mems instead, as admission does, and is
+/// priced so: its memory stays where it is (nothing to migrate, no free memory needed on the
+/// node, which has none), and it is remote from there on (the locality it loses counts
+/// against the relief). Once there, the same node is no move.
 #[test]
-fn a_move_onto_a_node_without_memory_writes_the_nearest_memory_nodes() {
+fn relief_onto_a_node_without_memory_keeps_mems_on_memory_nodes() {
     let topo = machine_node1_without_memory();
-    // Overloaded node 0 (its whole run queue is `a`'s): relief on another node, its memory
-    // with it. The nearest nodes with memory stand in for node 1.
-    let a = cg("a", &[(0, 2.0)], &[(0, 16)], "0-3,16-19", "0");
-    let load = |n| if n == 0 { 2.0 } else { 0.1 };
-    let p = plan_after_horizon(&topo, a, load, |_| None, &cfg());
+    let a = cg("a", &[(0, 1.0)], &[(0, 16)], "0-3,8-11", "0");
+    // node 0's queue four times its CPUs, node 1 idle
+    let load = |n: u32| -> f64 {
+        if n == 0 {
+            4.0
+        } else {
+            0.1
+        }
+    };
+    let mut obs = world(vec![a]);
+    obs.nodes.retain(|&n, _| n < 2);
+    obs.nodes.get_mut(&1).unwrap().free_bytes = 0;
+    for (&n, o) in obs.nodes.iter_mut() {
+        o.cpu_busy = load(n).min(1.0);
+        o.runnable = Some(load(n));
+    }
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&obs, 0.5);
+    }
+    let p = plan(&topo, &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
     let m = p
         .moves
         .iter()
         .find(|m| m.cgroup == "a")
-        .unwrap_or_else(|| panic!("a is moved: {p:#?}"));
-    let Outcome::Moved { to_nodes } = &p.decision("a").unwrap().outcome else {
-        panic!("{p:#?}")
-    };
-    assert!(to_nodes.contains(1), "the relief is on node 1: {m:?}");
-    assert_eq!(m.to_mems, topo.memory_nodes(to_nodes), "{m:?}");
-    assert!(!m.to_mems.contains(1), "{m:?}");
-    assert!(!m.to_mems.is_empty());
-    // Where it went, seen the next round: the same node 1 is no move (mems are already the
-    // ones that stand in for it), nor is a "move" that only rewrites what it has.
-    let there = CgroupObs {
-        mems: m.to_mems.clone(),
-        cpus: m.to_cpus.clone(),
-        ..cg("a", &[(1, 2.0)], &[(0, 16)], "", "")
-    };
-    let p = plan_after_horizon(&topo, there, |_| 0.1, |_| None, &cfg());
-    assert!(
-        p.moves
-            .iter()
-            .all(|mv| mv.to_cpus != mv.from_cpus || mv.to_mems != mv.from_mems),
-        "{p:#?}"
-    );
-    let d = p.decision("a").unwrap();
-    for c in &d.considered {
-        if c.nodes == *to_nodes {
-            assert_eq!(c.rejected, Some(Rejection::Unchanged), "{d:#?}");
-        }
+        .unwrap_or_else(|| panic!("a is moved: {d:#?}"));
+    assert_eq!(m.to_cpus, topo.nodes[1].cpus, "{m:?}");
+    assert_eq!(m.to_mems, set("0"), "{m:?}");
+    assert_eq!(m.bytes_to_migrate, 0, "{m:?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert_eq!(c.locality_after, 0.0, "remote from node 1: {c:?}");
+
+    // Where it went, seen in later rounds (poor locality there, node 0 still full): node 1
+    // again is where it is, not a move.
+    let mut there = cg("a", &[(1, 1.0)], &[(0, 16)], "", "");
+    there.cpus = m.to_cpus.clone();
+    there.mems = m.to_mems.clone();
+    obs.cgroups = vec![there];
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&obs, 0.5);
     }
+    let p = plan(&topo, &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    assert!(d.trigger.is_some(), "{d:#?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1"));
+    assert_eq!(
+        c.and_then(|c| c.rejected.clone()),
+        Some(Rejection::Unchanged),
+        "{d:#?}"
+    );
+    assert!(p.moves.is_empty(), "{p:#?}");
 }
 
 proptest! {

@@ -602,12 +602,19 @@ impl<'t> Projection<'t> {
         // per-node value below is read by position, not looked up again.
         let tn: SmallVec<[(u32, Option<usize>); 4]> =
             t.iter().map(|n| (n, self.index.get(n))).collect();
-        let after = locality::expected_after(cg, &t);
-        let normal_in = tn
+        // Memory lands on the nodes a move there writes into cpuset.mems: `t`, or for a node
+        // without memory the nearest memory nodes, where it is never local to the CPUs on it
+        // (what runs there is remote whatever moves).
+        let mn: SmallVec<[(u32, Option<usize>); 4]> = match self.mems_of(&t) {
+            std::borrow::Cow::Borrowed(_) => tn.clone(),
+            std::borrow::Cow::Owned(m) => m.iter().map(|n| (n, self.index.get(n))).collect(),
+        };
+        let after = locality::expected_after(cg, &t) * self.with_memory_share(cg, &t);
+        let normal_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.mem, n))
             .fold(0u64, u64::saturating_add);
-        let huge_in = tn
+        let huge_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.huge, n))
             .fold(0u64, u64::saturating_add);
@@ -754,10 +761,10 @@ impl<'t> Projection<'t> {
         } else {
             delta * horizon_s
         };
-        let free = tn.iter().fold(0u64, |a, &(_, i)| {
+        let free = mn.iter().fold(0u64, |a, &(_, i)| {
             a.saturating_add(i.map_or(0, |i| self.free[i]))
         });
-        let free_huge = tn.iter().fold(0u64, |a, &(_, i)| {
+        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
             a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
         });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
@@ -945,6 +952,25 @@ impl<'t> Projection<'t> {
         } else {
             std::borrow::Cow::Owned(self.topo.memory_nodes(t))
         }
+    }
+
+    /// The share of `cg`'s CPU time on `t` that would run on nodes of `t` with memory (as
+    /// `locality::expected_after` spreads it: like today's time there, uniformly when it has
+    /// none); 1.0 when all of `t` has memory.
+    fn with_memory_share(&self, cg: &CgroupObs, t: &CpuSet) -> f64 {
+        if t.is_disjoint(&self.without_memory) {
+            return 1.0;
+        }
+        let on = |n: u32| cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0);
+        let total = t.iter().fold(0u64, |a, n| a.saturating_add(on(n)));
+        let with: Vec<u32> = t
+            .iter()
+            .filter(|n| !self.without_memory.contains(*n))
+            .collect();
+        if total == 0 {
+            return with.len() as f64 / t.len().max(1) as f64;
+        }
+        with.iter().fold(0u64, |a, &n| a.saturating_add(on(n))) as f64 / total as f64
     }
 
     /// The cpuset a chosen option writes.
