@@ -288,32 +288,18 @@ impl Admission {
             }
         };
         let mut placement = placement;
-        self.adopt_as_it_runs(cg, uid, &mut placement);
-        if let Err(e) = self.write_and_bind(cg, uid, &placement, dry_run) {
-            undo_member(&mut self.daemon.lock(), uid, &placement.container, first);
-            return Err(e);
-        }
-        let shrunk = if exclusive_changed {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if req.durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                let others = {
-                    let mut s = self.daemon.lock();
-                    s.state.bindings.remove(cg);
-                    undo_member(&mut s, uid, &placement.container, first);
-                    // the pod gone with it: members bound to it meanwhile run on freed CPUs
-                    first && refuse_bindings_of(&mut s, uid, None, dry_run)
-                };
-                if exclusive_changed || others {
-                    self.follow_pool(dry_run);
-                }
-                tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
+        let shrunk = self.commit(
+            Booking {
+                uid,
+                cg: Some(cg),
+                placement: Some(&mut placement),
+                dry_run,
+                exclusive: exclusive_changed,
+                durability: req.durability,
+                releases_pod: first,
+            },
+            &|s| undo_member(s, uid, &req.member.container.name, first),
+        )?;
         Ok(Admitted {
             uid: uid.into(),
             bound: Some((cg.into(), placement.container.clone())),
@@ -430,38 +416,21 @@ impl Admission {
             .zip(placements.first())
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
         let mut placements = placements;
-        if let (Some((cg, _)), Some(p)) = (&bound, placements.first_mut()) {
-            self.adopt_as_it_runs(cg, &pod.uid, p);
-            if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
-                self.daemon.lock().state.allocator.release(&pod.uid);
-                return Err(e);
-            }
-        }
         let exclusive = placements.iter().any(|p| p.exclusive);
-        let shrunk = if exclusive && bound.is_some() {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if req.durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                let others = {
-                    let mut s = self.daemon.lock();
-                    s.state.allocator.release(&pod.uid);
-                    let own = bound.as_ref().map(|(cg, _)| cg.as_str());
-                    refuse_bindings_of(&mut s, &pod.uid, own, dry_run)
-                };
-                if exclusive && (bound.is_some() || others) {
-                    self.follow_pool(dry_run);
-                }
-                tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
-        if bound.is_some() {
-            // A new container placed: a round soon sees it (`trigger`).
-            self.daemon.rounds.wake(super::trigger::Why::Placed);
-        }
+        let shrunk = self.commit(
+            Booking {
+                uid: &pod.uid,
+                cg: req.bind,
+                placement: placements.first_mut(),
+                dry_run,
+                exclusive,
+                durability: req.durability,
+                releases_pod: true,
+            },
+            &|s| {
+                s.state.allocator.release(&pod.uid);
+            },
+        )?;
         Ok(Admitted {
             uid: pod.uid.clone(),
             placements,
@@ -514,19 +483,20 @@ impl Admission {
                 .insert(cgroup.into(), binding(pod_uid, &placement));
             (placement, dry_run)
         };
-        self.write_and_bind(cgroup, pod_uid, &placement, dry_run)?;
-        let shrunk = if placement.exclusive {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                self.daemon.lock().state.bindings.remove(cgroup);
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        let mut placement = placement;
+        let exclusive = placement.exclusive;
+        let shrunk = self.commit(
+            Booking {
+                uid: pod_uid,
+                cg: Some(cgroup),
+                placement: Some(&mut placement),
+                dry_run,
+                exclusive,
+                durability,
+                releases_pod: false,
+            },
+            &|_| {},
+        )?;
         Ok(Some(Admitted {
             uid: pod_uid.into(),
             bound: Some((cgroup.into(), placement.container.clone())),
@@ -921,6 +891,56 @@ impl Admission {
         }
     }
 
+    /// The one sequence after an admission, a member's admission or a bind is booked (under
+    /// the state lock, its cgroup in `Shared::binding`): the container adopted as it runs,
+    /// written and bound ([`Admission::write_and_bind`]), the shared pool following when the
+    /// exclusive CPUs changed, the books checkpointed when durable, and a round woken for the
+    /// new container. A failed write or checkpoint gives the booking back (`give_back`); a
+    /// failed checkpoint of a booking that made its pod (`releases_pod`) also drops the
+    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the pool's changes.
+    fn commit(
+        &self,
+        b: Booking<'_>,
+        give_back: &dyn Fn(&mut Shared),
+    ) -> Result<Vec<CpusetChange>, AdmitError> {
+        let bound = b.cg.zip(b.placement);
+        if let Some((cg, p)) = bound {
+            self.adopt_as_it_runs(cg, b.uid, p);
+            if let Err(e) = self.write_and_bind(cg, b.uid, p, b.dry_run) {
+                give_back(&mut self.daemon.lock());
+                return Err(e);
+            }
+        }
+        let bound = b.cg.is_some();
+        let shrunk = if b.exclusive && bound {
+            self.follow_pool(b.dry_run)
+        } else {
+            Vec::new()
+        };
+        if b.durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                let others = {
+                    let mut s = self.daemon.lock();
+                    if let Some(cg) = b.cg {
+                        s.state.bindings.remove(cg);
+                    }
+                    give_back(&mut s);
+                    b.releases_pod && refuse_bindings_of(&mut s, b.uid, None, b.dry_run)
+                };
+                if (b.exclusive && bound) || others {
+                    self.follow_pool(b.dry_run);
+                }
+                tracing::error!(error = %e, uid = %b.uid, "admission not checkpointed; undone");
+                return Err(AdmitError::Checkpoint(e));
+            }
+        }
+        if bound {
+            // A new container placed: a round soon sees it (`trigger`).
+            self.daemon.rounds.wake(super::trigger::Why::Placed);
+        }
+        Ok(shrunk)
+    }
+
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
     /// the caller in `Shared::binding`, which keeps a second bind of it out meanwhile): bound
     /// only once written, so `status` never shows a binding whose cgroup still has the
@@ -1017,12 +1037,7 @@ impl Admission {
     /// Every cpuset write of the service: noted as the daemon's own first, so the round
     /// trigger does not take it for an operator's change (`trigger`).
     fn write_noted(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        self.daemon.rounds.note_own_cpus(&c.cgroup, &c.cpus);
-        let r = self.writer.write(c);
-        if r.is_err() {
-            self.daemon.rounds.unnote_own_cpus(&c.cgroup, &c.cpus);
-        }
-        r
+        super::writer::apply(&*self.writer, &self.daemon.rounds, c)
     }
 
     fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
@@ -1312,6 +1327,20 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
         pod_uid: uid.into(),
         container: p.container.clone(),
     }
+}
+
+/// A booked admission, member admission or bind, for [`Admission::commit`].
+struct Booking<'a> {
+    uid: &'a str,
+    /// The container's cgroup and its placement, when one is bound.
+    cg: Option<&'a str>,
+    placement: Option<&'a mut ContainerPlacement>,
+    dry_run: bool,
+    /// Whether the booking changed the exclusive CPUs.
+    exclusive: bool,
+    durability: Durability,
+    /// Whether undoing it releases its pod (an admission that made the pod).
+    releases_pod: bool,
 }
 
 /// Whether `cg` is bound, or being bound (its cpuset written under a booking).
@@ -2005,7 +2034,7 @@ pub(crate) mod tests {
         );
         let adm = Admission::new(
             d.clone(),
-            Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))),
+            Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
         );
         let admit = |uid: &str| {
             let p = pod(uid, 500, 0, false);
@@ -2125,7 +2154,7 @@ pub(crate) mod tests {
             let cfg = Config::load(Some(&file)).unwrap();
             let topo = TopologyBuilder { cores_per_node: 4, threads_per_core: 1, ..Default::default() }.build();
             let d = Daemon::new(Shared::fresh(topo.clone(), cfg).unwrap(), Metrics::default());
-            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))));
+            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))));
             let mut live: Vec<String> = Vec::new();
             for (i, op) in ops.iter().enumerate() {
                 match op {

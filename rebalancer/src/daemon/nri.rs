@@ -359,7 +359,7 @@ impl CpusetWriter for NriWriter {
             .as_ref()
             .filter(|_| self.runtime.id_of(&change.cgroup).is_some())
         {
-            super::writer::CgroupCpusetWriter(cg.clone()).write(change)?;
+            super::writer::CgroupCpusetWriter::new(cg.clone()).write(change)?;
         }
         self.runtime
             .note_given(&change.cgroup, &change.cpus, change.mems.as_ref());
@@ -674,32 +674,34 @@ impl Policy {
             tracing::info!(cgroups = ?stale, "dry run: cpusets not written again after a stale runtime update");
             return;
         }
-        super::writer::io_edge();
+        let sink = super::writer::CgroupCpusetWriter::new(cgroups.clone());
         for cg in stale {
             let Some(g) = self.runtime.given(&cg) else {
                 continue;
             };
-            // the daemon's own write: no round for it (`trigger`)
-            if let Some(c) = &g.cpus {
-                self.d().rounds.note_own_cpus(&cg, c);
-            }
-            let r = g
-                .mems
-                .as_ref()
-                .map_or(Ok(()), |m| cgroups.write_mems(&cg, m))
-                .and_then(|()| {
-                    g.cpus
-                        .as_ref()
-                        .map_or(Ok(()), |c| cgroups.write_cpus(&cg, c))
-                });
+            let r = match (g.cpus, g.mems) {
+                (Some(cpus), mems) => {
+                    let change = CpusetChange {
+                        cgroup: cg.clone(),
+                        cpus,
+                        mems,
+                    };
+                    super::writer::apply(&sink, &self.d().rounds, &change)
+                }
+                (None, Some(m)) => {
+                    super::writer::io_edge();
+                    (cgroups.write_mems(&cg, &m)).map_err(|e| super::writer::WriteError::Failed {
+                        cgroup: cg.clone(),
+                        message: e.to_string(),
+                    })
+                }
+                (None, None) => Ok(()),
+            };
             match r {
                 Ok(()) => {
                     tracing::info!(cgroup = %cg, "cpuset written again after a stale runtime update")
                 }
                 Err(e) => {
-                    if let Some(c) = &g.cpus {
-                        self.d().rounds.unnote_own_cpus(&cg, c);
-                    }
                     tracing::warn!(cgroup = %cg, error = %e, "writing a cpuset again after a stale runtime update failed")
                 }
             }

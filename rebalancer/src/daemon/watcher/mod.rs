@@ -177,7 +177,7 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     }
     // What the books restored or kept, against what the containers run on now (the books
     // are not changed: logged and counted by `repair`).
-    let live_cpus = crate::daemon::writer::CgroupCpusetWriter(cgroups.clone());
+    let live_cpus = crate::daemon::writer::CgroupCpusetWriter::new(cgroups.clone());
     adm.repair(|cg| {
         crate::daemon::writer::CpusetWriter::cpus(&live_cpus, cg).map(|c| {
             crate::daemon::reconcile::Seen {
