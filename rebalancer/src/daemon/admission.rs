@@ -63,6 +63,7 @@ use crate::{
     placement::{
         admission::{AdmittedContainer, PodMember},
         cpu::CpuView,
+        key::AllocKey,
         memory::MemoryRequest,
         pod::{ContainerPlacement, Pod, Rejection},
     },
@@ -332,7 +333,7 @@ impl Admission {
             .pods
             .iter()
             .filter(|(_, p)| p.hold.is_some())
-            .map(|(uid, _)| uid.clone())
+            .map(|(uid, _)| uid.to_string())
             .collect()
     }
 
@@ -371,6 +372,15 @@ impl Admission {
     ) -> Result<Admitted, AdmitError> {
         let pod = req.pod;
         pod.validate().map_err(AdmitError::Invalid)?;
+        // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
+        // released when their container goes; the API's pods go with their DELETE only.
+        if req.bind.is_none() && pod.uid.contains('/') {
+            return Err(AdmitError::Invalid(format!(
+                "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
+                pod.uid
+            )));
+        }
+        let key = AllocKey::parse(&pod.uid);
         let (placements, dry_run) = {
             let mut s = self.daemon.lock();
             if deadline.is_some_and(|t| Instant::now() >= t) {
@@ -385,7 +395,7 @@ impl Admission {
             let dry_run = sh.cfg.daemon.dry_run;
             let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
             let r = (sh.state.allocator)
-                .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
+                .admit_keyed(&sh.topo, &sh.cfg.placement, key.clone(), pod, &sh.overuse)
                 .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
                     None => Ok(p),
                     Some(rejection) => {
@@ -632,7 +642,7 @@ impl Admission {
             let mut s = self.daemon.lock();
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
-            if b.pod_uid.contains('/') {
+            if b.pod_uid.is_container() {
                 s.state.allocator.release(&b.pod_uid);
             } else {
                 let sh = &mut *s;
@@ -757,7 +767,7 @@ impl Admission {
                 settled: false,
                 cgroup: cgroup.into(),
                 key: held_key,
-                uid: b.pod_uid,
+                uid: b.pod_uid.to_string(),
                 before: before_pod,
             };
             (booking, placement, sh.cfg.daemon.dry_run, grew)
@@ -1846,7 +1856,7 @@ pub fn book_move(
     let binding = s.state.bindings.get(&mv.cgroup).cloned();
     let bound = binding.zip(own).map(|(b, (_, cpus))| {
         (s.state.allocator).record_move_cpus(&b.pod_uid, &b.container, &mv.to_cpus);
-        (b.pod_uid, b.container, cpus)
+        (b.pod_uid.to_string(), b.container, cpus)
     });
     Ok(Some(Booked {
         d: d.clone(),
@@ -1958,8 +1968,9 @@ pub(crate) mod tests {
     use crate::{
         cgroup::{Cgroups, Mounts},
         config::Config,
+        daemon::Persisted,
         daemon::{run::reload, writer::CgroupCpusetWriter},
-        placement::pod::Container,
+        placement::{key::KeyKind, pod::Container},
         serve::Metrics,
         topology::TopologyBuilder,
     };
@@ -2012,6 +2023,73 @@ pub(crate) mod tests {
             ),
         )
         .unwrap();
+    }
+
+    /// The books' keys say who admitted a pod. The checkpoint holds them as the plain strings
+    /// older daemons wrote, and reads them back with their kinds: the start-up release of
+    /// unbound single-container pods takes those only, never an API pod waiting for its
+    /// container. An API pod cannot take a single-container pod's key form.
+    #[test]
+    fn allocation_keys_load_typed_from_the_checkpoints_plain_strings() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
+        config_file(&file, &state, &CpuSet::new());
+        let cfg = Config::load(Some(&file)).unwrap();
+        let topo = TopologyBuilder::default().build();
+        let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
+        let adm = Admission::new(
+            d.clone(),
+            Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
+        );
+        let api = |uid: &str| {
+            adm.admit(AdmitRequest {
+                pod: &pod(uid, 1000, 64 << 20, true),
+                bind: None,
+                durability: Durability::Durable,
+                since: Instant::now(),
+            })
+        };
+        api("api-1").unwrap();
+        assert!(
+            matches!(api("ns/x"), Err(AdmitError::Invalid(_))),
+            "an API pod with a single-container pod's key form"
+        );
+        {
+            let mut s = d.lock();
+            let sh = &mut *s;
+            for uid in ["u1/abc", "u2/def"] {
+                (sh.state.allocator)
+                    .admit(&sh.topo, &sh.cfg.placement, &pod(uid, 1000, 64 << 20, true))
+                    .unwrap();
+            }
+            sh.state.bindings.insert(
+                "kubepods/pod-u1/abc".into(),
+                Binding {
+                    pod_uid: AllocKey::container("u1", "abc"),
+                    container: "c".into(),
+                },
+            );
+        }
+        adm.checkpoint().unwrap();
+        let raw: serde_json::Value = crate::checkpoint::load(&state).unwrap().unwrap();
+        let pods = &raw["allocator"]["pods"];
+        assert!(
+            pods["api-1"].is_object() && pods["u1/abc"].is_object(),
+            "{pods}"
+        );
+        assert_eq!(raw["bindings"]["kubepods/pod-u1/abc"]["pod_uid"], "u1/abc");
+        let mut back: Persisted = crate::checkpoint::load(&state).unwrap().unwrap();
+        let kind = |k: &str| back.allocator.pods.get_key_value(k).unwrap().0.kind();
+        assert_eq!(kind("api-1"), KeyKind::Pod);
+        assert_eq!(kind("u1/abc"), KeyKind::Container);
+        assert!(back.bindings["kubepods/pod-u1/abc"].pod_uid.is_container());
+        assert_eq!(super::super::run::release_unbound_containers(&mut back), 1);
+        let left: Vec<&str> = back.allocator.pods.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            left,
+            ["api-1", "u1/abc"],
+            "only the unbound container's pod released"
+        );
     }
 
     /// A round's observations reach admission (`Shared::observe`, as the engine's round calls

@@ -91,8 +91,8 @@ pub(crate) fn release_unbound_containers(p: &mut Persisted) -> usize {
     let bound: std::collections::BTreeSet<&str> =
         p.bindings.values().map(|b| b.pod_uid.as_str()).collect();
     let orphans: Vec<String> = (p.allocator.pods.keys())
-        .filter(|k| k.contains('/') && !bound.contains(k.as_str()))
-        .cloned()
+        .filter(|k| k.is_container() && !bound.contains(k.as_str()))
+        .map(|k| k.to_string())
         .collect();
     for k in &orphans {
         p.allocator.release(k);
