@@ -251,43 +251,26 @@ impl Admission {
     fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
         let uid = req.member.pod_uid;
         let cg = req.bind;
-        let (placement, dry_run, first, exclusive_changed) = {
-            let mut s = self.daemon.lock();
-            if bound_or_binding(&s, cg) {
-                return Err(AdmitError::AlreadyBound(cg.into()));
-            }
-            let sh = &mut *s;
-            let dry_run = sh.cfg.daemon.dry_run;
-            let first = !sh.state.allocator.pods.contains_key(uid);
-            let before = sh.state.allocator.clone();
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = sh
-                .state
-                .allocator
-                .admit_member_seeing(&sh.topo, &sh.cfg.placement, req.member, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator = before.clone();
-                        Err(rejection)
-                    }
-                });
-            match r {
-                Ok(p) => {
-                    // The pod's hold may have taken (or given back) exclusive CPUs besides the
-                    // container's.
-                    let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
-                    sh.binding.insert(cg.into(), binding(uid, &p));
-                    (p, dry_run, first, changed)
-                }
-                Err(rejection) => {
-                    let fence = (!dry_run).then(|| exclusive_and_pool(sh));
-                    drop(s);
-                    let fenced = fence.and_then(|(excl, pool)| self.fence(cg, &excl, &pool));
-                    return Err(AdmitError::Rejected { rejection, fenced });
-                }
-            }
-        };
+        let ((placement, _, first, exclusive_changed), dry_run) = self.book(
+            Some(cg),
+            None,
+            |sh| {
+                let first = !sh.state.allocator.pods.contains_key(uid);
+                let before = sh.state.allocator.clone();
+                let p = (sh.state.allocator).admit_member_seeing(
+                    &sh.topo,
+                    &sh.cfg.placement,
+                    req.member,
+                    &sh.overuse,
+                )?;
+                // The pod's hold may have taken (or given back) exclusive CPUs besides the
+                // container's.
+                let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
+                Ok((p, before, first, changed))
+            },
+            |sh, (_, before, _, _)| sh.state.allocator = before,
+            |(p, ..)| Some(binding(uid, p)),
+        )?;
         let mut placement = placement;
         let shrunk = self.commit(
             Booking {
@@ -381,46 +364,23 @@ impl Admission {
             )));
         }
         let key = AllocKey::parse(&pod.uid);
-        let (placements, dry_run) = {
-            let mut s = self.daemon.lock();
-            if deadline.is_some_and(|t| Instant::now() >= t) {
-                return Err(AdmitError::DeadlinePassed);
-            }
-            if let Some(cg) = req.bind {
-                if bound_or_binding(&s, cg) {
-                    return Err(AdmitError::AlreadyBound(cg.into()));
-                }
-            }
-            let sh = &mut *s;
-            let dry_run = sh.cfg.daemon.dry_run;
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = (sh.state.allocator)
-                .admit_keyed(&sh.topo, &sh.cfg.placement, key.clone(), pod, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator.release(&pod.uid);
-                        Err(rejection)
-                    }
-                });
-            match r {
-                Ok(p) => {
-                    if let (Some(cg), Some(first)) = (req.bind, p.first()) {
-                        sh.binding.insert(cg.into(), binding(&pod.uid, first));
-                    }
-                    (p, dry_run)
-                }
-                Err(rejection) => {
-                    let fence = match req.bind {
-                        Some(cg) if !dry_run => Some((cg, exclusive_and_pool(sh))),
-                        _ => None,
-                    };
-                    drop(s);
-                    let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
-                    return Err(AdmitError::Rejected { rejection, fenced });
-                }
-            }
-        };
+        let (placements, dry_run) = self.book(
+            req.bind,
+            deadline,
+            |sh| {
+                (sh.state.allocator).admit_keyed(
+                    &sh.topo,
+                    &sh.cfg.placement,
+                    key.clone(),
+                    pod,
+                    &sh.overuse,
+                )
+            },
+            |sh, _| {
+                sh.state.allocator.release(&pod.uid);
+            },
+            |p| p.first().map(|first| binding(&pod.uid, first)),
+        )?;
         let bound = req
             .bind
             .zip(placements.first())
@@ -901,6 +861,54 @@ impl Admission {
         }
     }
 
+    /// The booking half of an admission, under the state lock with no I/O: `cg` (the container
+    /// to bind, if any) checked unbound, `admit` run on the books and undone (`undo`) when it
+    /// leaves the containers we did not admit without a shared CPU, and `cg` booked as being
+    /// bound (`Shared::binding`) to the container `bound_to` names. A rejection fences `cg` off
+    /// the exclusive CPUs. Returns what `admit` gave and whether this is a dry run.
+    fn book<T>(
+        &self,
+        cg: Option<&str>,
+        deadline: Option<Instant>,
+        admit: impl FnOnce(&mut Shared) -> Result<T, Rejection>,
+        undo: impl FnOnce(&mut Shared, T),
+        bound_to: impl FnOnce(&T) -> Option<Binding>,
+    ) -> Result<(T, bool), AdmitError> {
+        let mut s = self.daemon.lock();
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            return Err(AdmitError::DeadlinePassed);
+        }
+        if let Some(cg) = cg.filter(|cg| bound_or_binding(&s, cg)) {
+            return Err(AdmitError::AlreadyBound(cg.into()));
+        }
+        let sh = &mut *s;
+        let dry_run = sh.cfg.daemon.dry_run;
+        let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+        let r = admit(sh).and_then(|t| match leaves_unadmitted_no_cpu(sh, had_pool) {
+            None => Ok(t),
+            Some(rejection) => {
+                undo(sh, t);
+                Err(rejection)
+            }
+        });
+        match r {
+            Ok(t) => {
+                if let Some((cg, b)) = cg.zip(bound_to(&t)) {
+                    sh.binding.insert(cg.into(), b);
+                }
+                Ok((t, dry_run))
+            }
+            Err(rejection) => {
+                let fence = cg
+                    .filter(|_| !dry_run)
+                    .map(|cg| (cg, exclusive_and_pool(sh)));
+                drop(s);
+                let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
+                Err(AdmitError::Rejected { rejection, fenced })
+            }
+        }
+    }
+
     /// The one sequence after an admission, a member's admission or a bind is booked (under
     /// the state lock, its cgroup in `Shared::binding`): the container adopted as it runs,
     /// written and bound ([`Admission::write_and_bind`]), the shared pool following when the
@@ -1195,14 +1203,14 @@ impl Admission {
     /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
     /// another's exclusive ones. Each round, from `refence`. The changes written.
     fn reshrink(&self) -> Vec<CpusetChange> {
-        if self.daemon.lock().shrink_failures == 0 {
+        let (failures, dry_run) = {
+            let s = self.daemon.lock();
+            (s.shrink_failures, s.cfg.daemon.dry_run)
+        };
+        if failures == 0 || dry_run {
             return Vec::new();
         }
-        let dry_run = self.daemon.lock().cfg.daemon.dry_run;
-        if dry_run {
-            return Vec::new();
-        }
-        self.follow_pool(dry_run)
+        self.follow_pool(false)
     }
 
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
