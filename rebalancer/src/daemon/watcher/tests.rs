@@ -52,7 +52,7 @@ fn fake_with(root: &Path, f: impl FnOnce(&mut Config)) -> (Admission, Cgroups) {
     let shared = Shared::fresh(topo, cfg).unwrap();
     let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
     let d = Daemon::new(shared, Metrics::default());
-    let adm = Admission::new(d, Arc::new(CgroupCpusetWriter(cgroups.clone())));
+    let adm = Admission::new(d, Arc::new(CgroupCpusetWriter::new(cgroups.clone())));
     (adm, cgroups)
 }
 
@@ -201,7 +201,7 @@ fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
     let d = Admission::new(
         d0.daemon.clone(),
         Arc::new(FailFor {
-            inner: CgroupCpusetWriter(cg.clone()),
+            inner: CgroupCpusetWriter::new(cg.clone()),
             fail: fail.clone(),
         }),
     );
@@ -1099,7 +1099,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     // its cgroup gone: forgotten at the next shrink
     std::fs::remove_dir_all(root.join(&k)).unwrap();
     let _ = crate::daemon::admission::shared_changes(&adm.daemon, |c| {
-        crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter(cg.clone()), c)
+        crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter::new(cg.clone()), c)
     });
     assert!(adm.daemon.lock().fenced.is_empty());
 }
