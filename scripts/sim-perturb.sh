@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # How far Static's own slowdown moves when one job of a churn-storm trace lives one second
 # longer (BENCHMARKS.md, "Simulator: the oracle's gain on machines never tuned on"): the
-# spread a case's "slower than Static" is read against. One row per machine of the tune half:
-# Static, Rebalancer − Static, and Static's change under each of PERTURB perturbations (the
-# job chosen by a fixed rule on the machine seed).
+# spread a case's "slower than Static" is read against. One row per machine of a half (every
+# other seed from FIRST: 1000 the tune half, 1001 the held-out one): Static, Rebalancer −
+# Static, and Static's change under each of PERTURB perturbations (the job chosen by a fixed
+# rule on the machine seed).
 #
 #   scripts/sim-perturb.sh [BINARY]       (default: target/release/rebalancer)
 #   FIRST=1000 COUNT=60 PERTURB=3 KIND=churn-storm scripts/sim-perturb.sh
