@@ -260,8 +260,9 @@ mod tests {
     /// trace slower than Static. `rebalancer simulate --machines N --half held-out` runs the
     /// larger sample BENCHMARKS.md reports.
     #[test]
-    #[ignore = "known unmet: one churn-storm trace of machine 7003 ends 0.0009 slower than Static \
-                (moves change later admissions: BENCHMARKS.md, Simulator); run with --ignored"]
+    #[ignore = "known unmet: one churn-storm trace of machine 7003 ends 0.0009 slower than Static, \
+                within Static's own spread under a churn storm (BENCHMARKS.md, Simulator); run \
+                with --ignored"]
     fn held_out_sample_captures_half_the_oracle_gain() {
         let embedded = crate::config::Config::load(None).unwrap();
         let cfg = SimConfig {
