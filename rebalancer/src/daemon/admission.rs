@@ -1204,12 +1204,7 @@ impl Admission {
     /// written with none; a fence stale by an admission meanwhile is that admission's to
     /// correct (`follow_pool` plans the fenced containers too).
     pub fn refence(&self) -> Vec<CpusetChange> {
-        let mut out = self.repair(|cg| {
-            self.writer.cpus(cg).map(|c| super::reconcile::Seen {
-                cpus: vec![c],
-                mems: None,
-            })
-        });
+        let mut out = self.repair(|cg| self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs));
         let reshrunk = self.reshrink();
         if !reshrunk.is_empty() {
             out.extend(reshrunk);

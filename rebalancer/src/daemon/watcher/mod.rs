@@ -26,7 +26,11 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use crate::{
     cgroup::{Cgroups, Controller},
-    daemon::admission::Admission,
+    daemon::{
+        admission::Admission,
+        reconcile::Seen,
+        writer::{CgroupCpusetWriter, CpusetWriter},
+    },
 };
 
 pub mod policy;
@@ -173,15 +177,8 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     }
     // What the books restored or kept, against what the containers run on now (the books
     // are not changed: logged and counted by `repair`).
-    let live_cpus = crate::daemon::writer::CgroupCpusetWriter::new(cgroups.clone());
-    adm.repair(|cg| {
-        crate::daemon::writer::CpusetWriter::cpus(&live_cpus, cg).map(|c| {
-            crate::daemon::reconcile::Seen {
-                cpus: vec![c],
-                mems: None,
-            }
-        })
-    });
+    let live_cpus = CgroupCpusetWriter::new(cgroups.clone());
+    adm.repair(|cg| live_cpus.cpus(cg).map(Seen::cgroupfs));
     if out.iter().any(WatchOutcome::changed) {
         checkpoint(adm);
     }
