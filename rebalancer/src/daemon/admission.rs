@@ -958,10 +958,11 @@ impl Admission {
     /// Adoption of a container that already runs (only through [`Admission::adopting`]): an
     /// exclusive one keeps the CPUs it runs on where the books allow them
     /// (`Allocator::adopt_live_cpus`), and its placement's mems are widened by the nodes its
-    /// memory is on now, in the books too, instead of narrowed in the write — the kernel
-    /// migrates a cgroup's memory inside a mems write that narrows it (v2; v1 with
+    /// memory may be on now (`CpusetWriter::memory_nodes`: its effective mems and what
+    /// `memory.numa_stat` shows), in the books too, instead of narrowed in the write — the
+    /// kernel migrates a cgroup's memory inside a mems write that narrows it (v2; v1 with
     /// memory_migrate), one container after another, outside `migration_budget_mib`, with
-    /// admissions waiting behind it. Narrowing is left to the control rounds, which move
+    /// admissions waiting behind it (every cpuset write waits for the queued migrations). Narrowing is left to the control rounds, which move
     /// memory within the budget. Reads cgroupfs with no lock held; the books are changed under the
     /// state lock, checked against them as they are then (another admission may have come between).
     fn adopt_as_it_runs(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {

@@ -58,23 +58,31 @@ pub trait CpusetWriter: Send + Sync {
     /// The container's cpus as set now (its own `cpuset.cpus`, or the effective set when that
     /// is empty); None when unreadable.
     fn cpus(&self, cgroup: &str) -> Option<CpuSet>;
-    /// The NUMA nodes a container's memory is on now (`memory.numa_stat`); None when it has
-    /// none or it cannot be read. Admission keeps an adopted container's mems on these
-    /// rather than narrow them in its write: the kernel would migrate the memory inside that
-    /// write, outside any budget (see `Admission`'s adoption).
+    /// The NUMA nodes a container's memory may be on now (see [`memory_nodes_of`]); None when
+    /// they cannot be read. Admission keeps an adopted container's mems on these rather than
+    /// narrow them in its write: the kernel would migrate the memory inside that write,
+    /// outside any budget (see `Admission`'s adoption).
     fn memory_nodes(&self, _cgroup: &str) -> Option<CpuSet> {
         None
     }
 }
 
-/// The nodes of `cgroup`'s memory by its `memory.numa_stat` (anonymous, file and hugetlb
-/// pages); None when it has none or cannot be read.
+/// The nodes `cgroup`'s memory may be on: its effective `cpuset.mems` and the nodes its
+/// `memory.numa_stat` shows (anonymous, file and hugetlb pages; memory left outside mems
+/// narrowed without migration); None when neither can be read or both are empty. The
+/// effective mems count even where numa_stat shows nothing: a narrowing mems write migrates
+/// every page its tasks map outside the new set (MPOL_MF_MOVE_ALL), those charged to other
+/// cgroups too — the pages of a binary or library its tasks share with others, each unmapped
+/// from every process that maps it.
 pub fn memory_nodes_of(cgroups: &Cgroups, cgroup: &str) -> Option<CpuSet> {
-    let st = cgroups.numa_stat(cgroup).ok()?;
-    let nodes: CpuSet = [&st.anon, &st.file, &st.hugetlb]
-        .into_iter()
-        .flat_map(|b| b.iter().filter(|(_, v)| **v > 0).map(|(n, _)| *n))
-        .collect();
+    let mut nodes = cgroups.effective_mems(cgroup).unwrap_or_default();
+    if let Ok(st) = cgroups.numa_stat(cgroup) {
+        let charged: CpuSet = [&st.anon, &st.file, &st.hugetlb]
+            .into_iter()
+            .flat_map(|b| b.iter().filter(|(_, v)| **v > 0).map(|(n, _)| *n))
+            .collect();
+        nodes = nodes.union(&charged);
+    }
     (!nodes.is_empty()).then_some(nodes)
 }
 
