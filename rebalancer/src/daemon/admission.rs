@@ -67,7 +67,7 @@ use crate::{
         memory::MemoryRequest,
         pod::{ContainerPlacement, Pod, Rejection},
     },
-    serve::metrics::{ReasonLabel, ResultLabel},
+    serve::metrics::{count, ResultLabel},
 };
 
 /// Shortest time between two deferred checkpoints ([`Admission::request_checkpoint`]). Under
@@ -234,18 +234,14 @@ impl Admission {
         req: AdmitRequest<'_>,
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
-        let r = self.admit_inner(req, deadline);
-        self.observe(&r);
-        r
+        self.observed(self.admit_inner(req, deadline))
     }
 
     /// Admits one container of a pod under pod scope (see the module doc and
     /// `placement::hold`): the first container of the pod computes and holds the pod's
     /// affinity from `member.totals`, or refuses the pod; every container lands within it.
     pub fn admit_member(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
-        let r = self.admit_member_inner(req);
-        self.observe(&r);
-        r
+        self.observed(self.admit_member_inner(req))
     }
 
     fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
@@ -320,10 +316,10 @@ impl Admission {
             .collect()
     }
 
-    /// The admission metrics of one answer.
-    fn observe(&self, r: &Result<Admitted, AdmitError>) {
+    /// One answer, its admission metrics counted.
+    fn observed(&self, r: Result<Admitted, AdmitError>) -> Result<Admitted, AdmitError> {
         let m = &self.daemon.metrics;
-        match r {
+        match &r {
             Ok(a) => {
                 self.count("admitted");
                 m.admission_duration.observe(a.micros as f64 / 1e6);
@@ -333,11 +329,7 @@ impl Admission {
             Err(AdmitError::Rejected { rejection, .. }) => {
                 self.count("rejected");
                 tracing::debug!(target: DECISION_TARGET, reason = %rejection, "admission refused");
-                m.admission_rejections
-                    .get_or_create(&ReasonLabel {
-                        reason: rejection.reason.to_string(),
-                    })
-                    .inc();
+                count(&m.admission_rejections, rejection.reason.to_string());
             }
             Err(AdmitError::Checkpoint(_)) => self.count("error"),
             Err(AdmitError::WriteFailed(_)) => self.count("write_failed"),
@@ -346,6 +338,7 @@ impl Admission {
             Err(AdmitError::Released(_)) => self.count("released"),
             Err(AdmitError::Moving(_)) => self.count("moving"),
         }
+        r
     }
 
     fn admit_inner(
@@ -420,40 +413,29 @@ impl Admission {
         durability: Durability,
         since: Instant,
     ) -> Result<Option<Admitted>, AdmitError> {
-        let (placement, dry_run) = {
-            let mut s = self.daemon.lock();
-            if bound_or_binding(&s, cgroup) {
-                return Err(AdmitError::AlreadyBound(cgroup.into()));
-            }
-            // A pod admitted one container at a time binds through `admit_member`.
-            let Some(pod) = s
-                .state
-                .allocator
-                .pods
-                .get(pod_uid)
-                .filter(|p| p.hold.is_none())
-            else {
-                return Ok(None);
-            };
+        // The pod's next container not bound, nor being bound. A pod admitted one container
+        // at a time binds through `admit_member`.
+        let next_unbound = |s: &mut Shared| {
+            let pod = (s.state.allocator.pods.get(pod_uid)).filter(|p| p.hold.is_none())?;
             let bound: Vec<&str> = (s.state.bindings.values())
                 .chain(s.binding.values())
                 .filter(|b| b.pod_uid == pod_uid)
                 .map(|b| b.container.as_str())
                 .collect();
-            let Some(c) = pod
-                .containers
-                .iter()
-                .find(|c| !bound.contains(&c.placement.container.as_str()))
-            else {
-                return Ok(None);
-            };
-            let placement = c.placement.clone();
-            let dry_run = s.cfg.daemon.dry_run;
-            s.binding
-                .insert(cgroup.into(), binding(pod_uid, &placement));
-            (placement, dry_run)
+            let c = (pod.containers.iter())
+                .find(|c| !bound.contains(&c.placement.container.as_str()))?;
+            Some(c.placement.clone())
         };
-        let mut placement = placement;
+        let (placement, dry_run) = self.book(
+            Some(cgroup),
+            None,
+            |s| Ok(next_unbound(s)),
+            |_, _| {},
+            |p| p.as_ref().map(|p| binding(pod_uid, p)),
+        )?;
+        let Some(mut placement) = placement else {
+            return Ok(None);
+        };
         let exclusive = placement.exclusive;
         let shrunk = self.commit(
             Booking {
@@ -673,27 +655,21 @@ impl Admission {
                 Ok(p) => p,
                 Err(rejection) => {
                     drop(s);
-                    self.daemon
-                        .metrics
-                        .admission_rejections
-                        .get_or_create(&ReasonLabel {
-                            reason: rejection.reason.to_string(),
-                        })
-                        .inc();
+                    count(
+                        &self.daemon.metrics.admission_rejections,
+                        rejection.reason.to_string(),
+                    );
                     return Err(AdmitError::Rejected {
                         rejection,
                         fenced: None,
                     });
                 }
             };
-            let old = (before.pods.get(&b.pod_uid))
-                .and_then(|p| {
-                    p.containers
-                        .iter()
-                        .find(|c| c.placement.container == b.container)
-                })
-                .map(|c| c.placement.clone());
-            if old.as_ref() == Some(&placement) {
+            let before_pod = before.pods.get(&b.pod_uid);
+            let before_c = before_pod
+                .and_then(|p| (p.containers.iter()).find(|c| c.placement.container == b.container));
+            let old = before_c.map(|c| &c.placement);
+            if old == Some(&placement) {
                 return Ok(None);
             }
             let excl_before = before.exclusive_cpus();
@@ -707,20 +683,17 @@ impl Admission {
                     CpuSet::new()
                 }
             };
-            let held = (old.as_ref().map(exclusive_of).unwrap_or_default())
-                .union(&exclusive_of(&placement));
+            let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
             if !held.is_empty() {
                 sh.state.allocator.in_flight.insert(held_key.clone(), held);
             }
             // and the memory a shrink freed: an undo books it again in full
-            let before_pod = before.pods.get(&b.pod_uid).cloned();
-            if let Some(before_pod) = &before_pod {
+            if let Some(before_pod) = before_pod {
                 (sh.state.allocator).hold_freed_memory(&held_key, &b.pod_uid, before_pod);
             }
-            let before_pod = before_pod.and_then(|p| {
-                let c = (p.containers.into_iter()).find(|c| c.placement.container == b.container);
-                c.map(|c| (c, (p.cpu_request_millis, p.memory_request)))
-            });
+            let before_c = before_pod
+                .zip(before_c)
+                .map(|(p, c)| (c.clone(), (p.cpu_request_millis, p.memory_request.clone())));
             sh.moving.insert(cgroup.into());
             let booking = ResizeBooked {
                 d: self.daemon.clone(),
@@ -728,26 +701,19 @@ impl Admission {
                 cgroup: cgroup.into(),
                 key: held_key,
                 uid: b.pod_uid.to_string(),
-                before: before_pod,
+                before: before_c,
             };
             (booking, placement, sh.cfg.daemon.dry_run, grew)
         };
         if grew {
             self.follow_pool(dry_run);
         }
-        let written = if dry_run {
-            Ok(())
-        } else {
-            self.write_own(cgroup, &placement)
-        };
+        let written = self.write_own(cgroup, &placement, dry_run);
         booking.settle(written.is_ok());
-        if let Err(e) = written {
+        if written.is_err() {
             // the shared containers back to the pool the books say again
             self.follow_pool(dry_run);
-            return Err(match e {
-                WriteError::Vanished { .. } => AdmitError::Vanished(cgroup.into()),
-                _ => AdmitError::WriteFailed(cgroup.into()),
-            });
+            return written.map(|()| None);
         }
         if !grew {
             self.follow_pool(dry_run);
@@ -773,13 +739,9 @@ impl Admission {
                 .replace_offline(&sh.topo, &sh.cfg.placement);
             let mut writes = Vec::new();
             for r in &replaced {
-                if r.added.len() < r.lost.len() {
-                    tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
-                        "exclusive CPUs went offline and not all could be replaced");
-                } else {
-                    tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
-                        "exclusive CPUs went offline; replaced");
-                }
+                let replaced_all = r.added.len() >= r.lost.len();
+                tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
+                    replaced_all, "exclusive CPUs went offline");
                 if let Some((cg, _)) = sh
                     .state
                     .bindings
@@ -853,12 +815,7 @@ impl Admission {
 
     /// A handle for the checkpointer thread itself (holding the sender would keep it alive).
     fn clone_without_checkpointer(&self) -> Admission {
-        Admission {
-            daemon: self.daemon.clone(),
-            writer: self.writer.clone(),
-            checkpointer: Default::default(),
-            adopt: false,
-        }
+        Admission::new(self.daemon.clone(), self.writer.clone())
     }
 
     /// The booking half of an admission, under the state lock with no I/O: `cg` (the container
@@ -977,18 +934,11 @@ impl Admission {
             cgroup: cg,
             settled: false,
         };
-        let written = if dry_run {
-            Ok(())
-        } else {
-            self.write_own(cg, p)
-        };
+        let written = self.write_own(cg, p, dry_run);
         let mut s = self.daemon.lock();
         s.binding.remove(cg);
         booked.settled = true;
-        written.map_err(|e| match e {
-            WriteError::Vanished { .. } => AdmitError::Vanished(cg.into()),
-            _ => AdmitError::WriteFailed(cg.into()),
-        })?;
+        written?;
         if !s.state.allocator.pods.contains_key(uid) {
             let fence = (!dry_run).then(|| {
                 s.refused.insert(cg.into());
@@ -1059,22 +1009,27 @@ impl Admission {
         super::writer::apply(&*self.writer, &self.daemon.rounds, c)
     }
 
-    fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
-        let r = self.write_noted(&CpusetChange {
+    /// Writes container `cg`'s placement (nothing in a dry run).
+    fn write_own(&self, cg: &str, p: &ContainerPlacement, dry_run: bool) -> Result<(), AdmitError> {
+        if dry_run {
+            return Ok(());
+        }
+        let change = CpusetChange {
             cgroup: cg.into(),
             cpus: p.cpus.clone(),
             mems: Some(p.mems.clone()),
-        });
-        match &r {
+        };
+        match self.write_noted(&change) {
+            Ok(()) => Ok(()),
             Err(WriteError::Vanished { .. }) => {
-                tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written")
+                tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written");
+                Err(AdmitError::Vanished(cg.into()))
             }
             Err(e) => {
-                tracing::warn!(cgroup = %cg, error = %e, "writing the admitted cpuset failed")
+                tracing::warn!(cgroup = %cg, error = %e, "writing the admitted cpuset failed");
+                Err(AdmitError::WriteFailed(cg.into()))
             }
-            Ok(()) => {}
         }
-        r
     }
 
     /// kubelet's state files again when they changed since last read (a cheap `stat`; read
@@ -1233,17 +1188,11 @@ impl Admission {
         // fences it again (`refence`), at the latest the next period's.
         self.daemon.rounds.wake(super::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
-        match self.write_noted(&CpusetChange {
-            cgroup: cg.into(),
-            cpus: cpus.clone(),
-            mems: None,
-        }) {
-            Ok(()) => Some(cpus),
-            Err(e) => {
-                tracing::warn!(cgroup = %cg, error = %e, "fencing a kubelet pod's container off the exclusive CPUs failed");
-                None
-            }
-        }
+        self.write_cpus(
+            cg,
+            cpus,
+            "fencing a kubelet pod's container off the exclusive CPUs",
+        )
     }
 
     /// kubelet's containers without kubelet CPUs fenced again as they are now: the
@@ -1256,13 +1205,7 @@ impl Admission {
     /// written with none; a fence stale by an admission meanwhile is that admission's to
     /// correct (`follow_pool` plans the fenced containers too).
     pub fn refence(&self) -> Vec<CpusetChange> {
-        let repaired = self.repair(|cg| {
-            self.writer.cpus(cg).map(|c| super::reconcile::Seen {
-                cpus: vec![c],
-                mems: None,
-            })
-        });
-        let mut out = repaired;
+        let mut out = self.repair(|cg| self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs));
         let reshrunk = self.reshrink();
         if !reshrunk.is_empty() {
             out.extend(reshrunk);
@@ -1283,25 +1226,19 @@ impl Admission {
             return out;
         }
         for change in wanted {
-            let result = self.write_noted(&change);
-            let failures = {
-                let mut s = self.daemon.lock();
-                match &result {
-                    Ok(()) => s.fence_failures.remove(&change.cgroup).map(|_| 0),
-                    Err(_) => {
-                        let n = s.fence_failures.entry(change.cgroup.clone()).or_default();
-                        *n += 1;
-                        Some(*n)
-                    }
-                }
-            };
-            match result {
+            match self.write_noted(&change) {
                 Ok(()) => {
+                    self.daemon.lock().fence_failures.remove(&change.cgroup);
                     tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "unaccounted container (kubelet's without kubelet CPUs, or not admitted) fenced off the exclusive CPUs again");
                     out.push(change);
                 }
                 Err(e) => {
-                    let n = failures.unwrap_or(1);
+                    let n = {
+                        let mut s = self.daemon.lock();
+                        let n = s.fence_failures.entry(change.cgroup.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
                     if n.is_power_of_two() {
                         tracing::warn!(cgroup = %change.cgroup, error = %e, failures = n, "fencing a kubelet pod's container off the exclusive CPUs failed (retried every round; logged at the 1st, 2nd, 4th, ... failure)");
                     } else {
@@ -1321,14 +1258,24 @@ impl Admission {
         if current.is_disjoint(excl) || pool.is_empty() {
             return None;
         }
-        match self.write_noted(&CpusetChange {
+        self.write_cpus(
+            cg,
+            pool.clone(),
+            "moving a rejected container off exclusive CPUs",
+        )
+    }
+
+    /// Writes `cg`'s cpus alone; a failure is logged as `what` failed. The cpus written.
+    fn write_cpus(&self, cg: &str, cpus: CpuSet, what: &str) -> Option<CpuSet> {
+        let change = CpusetChange {
             cgroup: cg.into(),
-            cpus: pool.clone(),
+            cpus,
             mems: None,
-        }) {
-            Ok(()) => Some(pool.clone()),
+        };
+        match self.write_noted(&change) {
+            Ok(()) => Some(change.cpus),
             Err(e) => {
-                tracing::warn!(cgroup = %cg, error = %e, "moving a rejected container off exclusive CPUs failed");
+                tracing::warn!(cgroup = %cg, error = %e, "{what} failed");
                 None
             }
         }
@@ -1449,13 +1396,7 @@ pub fn fence_cpus(current: &CpuSet, excl: &CpuSet, pool: &CpuSet) -> Option<CpuS
         return None;
     }
     let rest = current.difference(excl);
-    if !rest.is_empty() {
-        Some(rest)
-    } else if !pool.is_empty() {
-        Some(pool.clone())
-    } else {
-        None
-    }
+    Some(if rest.is_empty() { pool.clone() } else { rest }).filter(|c| !c.is_empty())
 }
 
 /// What a container of kubelet's pod `pod_uid` is fenced off, and the pool it falls back on:
@@ -1883,6 +1824,10 @@ impl Booked {
     /// or an admission's while the writes ran): the shared containers then follow
     /// ([`shared_changes`], written by the caller with no lock held), the moved one included.
     pub fn settle(mut self, written: bool) -> bool {
+        self.settle_once(written)
+    }
+
+    fn settle_once(&mut self, written: bool) -> bool {
         self.settled = true;
         let mut s = self.d.lock();
         s.moving.remove(&self.cgroup);
@@ -1898,15 +1843,7 @@ impl Drop for Booked {
     fn drop(&mut self) {
         if !self.settled {
             tracing::warn!(cgroup = %self.cgroup, "a move's booking was never settled (its writes panicked); given back");
-            let booked = Booked {
-                d: self.d.clone(),
-                settled: false,
-                cgroup: std::mem::take(&mut self.cgroup),
-                bound: self.bound.take(),
-                exclusive: std::mem::take(&mut self.exclusive),
-            };
-            self.settled = true;
-            booked.settle(false);
+            self.settle_once(false);
         }
     }
 }

@@ -89,7 +89,7 @@ use std::{
 
 use crate::{
     controller::{self, ApplyError, CgroupWriter, Move},
-    serve::metrics::ReasonLabel,
+    serve::metrics::count,
 };
 
 use super::Daemon;
@@ -138,12 +138,7 @@ pub fn apply_moves(
 
 fn over_budget(d: &Daemon, mv: &Move, budget: u64) {
     tracing::warn!(cgroup = %mv.cgroup, bytes = mv.bytes_to_migrate, budget, "move not applied: it would exceed the round's migration budget");
-    d.metrics
-        .moves_skipped
-        .get_or_create(&ReasonLabel {
-            reason: "budget".into(),
-        })
-        .inc();
+    count(&d.metrics.moves_skipped, "budget");
 }
 
 /// What became of one move.
@@ -274,12 +269,7 @@ fn apply_one(
         Ok(b) => b,
         Err(reason) => {
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
-            d.metrics
-                .moves_skipped
-                .get_or_create(&ReasonLabel {
-                    reason: reason.into(),
-                })
-                .inc();
+            count(&d.metrics.moves_skipped, reason);
             return Outcome::Refused(reason);
         }
     };
@@ -473,21 +463,13 @@ fn apply_one(
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move failed");
                 }
             }
-            d.metrics
-                .moves_applied
-                .get_or_create(&ReasonLabel {
-                    reason: trigger_name(&mv.reason),
-                })
-                .inc();
+            count(&d.metrics.moves_applied, trigger_name(&mv.reason));
             Outcome::Applied
         }
         Err(e) => {
             let reason = e.reason();
             match &e {
-                ApplyError::Vanished { .. } => {
-                    tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
-                }
-                ApplyError::Read { .. } if reason == "vanished" => {
+                ApplyError::Vanished { .. } | ApplyError::Read { .. } if reason == "vanished" => {
                     tracing::debug!(cgroup = %mv.cgroup, "cgroup vanished before its move; nothing to do")
                 }
                 ApplyError::Stale { .. } => {
@@ -506,12 +488,7 @@ fn apply_one(
                     .controller
                     .record_failure(&mv.cgroup, at(now_ms));
             }
-            d.metrics
-                .moves_failed
-                .get_or_create(&ReasonLabel {
-                    reason: reason.into(),
-                })
-                .inc();
+            count(&d.metrics.moves_failed, reason);
             Outcome::Failed(reason)
         }
     }
@@ -527,15 +504,7 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
     if mv.to_cpus == mv.from_cpus {
         return;
     }
-    let back = Move {
-        from_cpus: mv.to_cpus.clone(),
-        to_cpus: mv.from_cpus.clone(),
-        to_mems: mv.from_mems.clone(),
-        from_mems: mv.from_mems.clone(),
-        stage: None,
-        bytes_to_migrate: 0,
-        ..mv.clone()
-    };
+    let back = cpus_from_new(mv, &mv.from_cpus);
     match w.read_cpus(&mv.cgroup) {
         Ok(now) if now == mv.to_cpus => {}
         Ok(now) => {
@@ -558,6 +527,20 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
     }
     if booked.is_some_and(|b| b.settle(written.is_ok())) {
         shared_follow(d, w);
+    }
+}
+
+/// A move of `mv`'s cgroup from the cpus `mv` gave it to `cpus`, its mems as they were
+/// before `mv` and no memory to migrate.
+fn cpus_from_new(mv: &Move, cpus: &crate::cpuset::CpuSet) -> Move {
+    Move {
+        from_cpus: mv.to_cpus.clone(),
+        to_cpus: cpus.clone(),
+        to_mems: mv.from_mems.clone(),
+        from_mems: mv.from_mems.clone(),
+        stage: None,
+        bytes_to_migrate: 0,
+        ..mv.clone()
     }
 }
 
@@ -593,15 +576,7 @@ fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
 /// allocator neither reserves CPUs the container left nor hands out the ones it runs on.
 /// When they do not allow it, the books keep the move's cpus and the overlap is logged.
 fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::cpuset::CpuSet) {
-    let follow = Move {
-        from_cpus: mv.to_cpus.clone(),
-        to_cpus: found.clone(),
-        to_mems: mv.from_mems.clone(),
-        from_mems: mv.from_mems.clone(),
-        stage: None,
-        bytes_to_migrate: 0,
-        ..mv.clone()
-    };
+    let follow = cpus_from_new(mv, found);
     let followed = {
         let mut s = d.lock();
         match super::admission::move_allowed_in(&s, &follow) {
@@ -684,11 +659,13 @@ enum Pick {
 }
 
 impl Queue {
+    /// The moves queued or under way.
+    fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.waiting.iter().chain(&self.running)
+    }
+
     fn bytes(&self) -> u64 {
-        self.waiting
-            .iter()
-            .chain(&self.running)
-            .fold(0u64, |a, j| a.saturating_add(j.mv.bytes_to_migrate))
+        (self.jobs()).fold(0u64, |a, j| a.saturating_add(j.mv.bytes_to_migrate))
     }
 
     /// Bytes of the moves that ended within `window` before `now` (older ones forgotten).
@@ -823,12 +800,7 @@ impl Applier {
     pub fn in_flight(&self) -> (BTreeSet<String>, u64) {
         self.check_health();
         let q = self.queue();
-        let cgs = q
-            .waiting
-            .iter()
-            .chain(&q.running)
-            .map(|j| j.mv.cgroup.clone())
-            .collect();
+        let cgs = q.jobs().map(|j| j.mv.cgroup.clone()).collect();
         (cgs, q.bytes())
     }
 
@@ -887,11 +859,7 @@ impl Applier {
             q.limit = limit;
             let recent = q.ended_within(now, window);
             for (mv, memory_managed) in moves.iter().zip(managed) {
-                if q.waiting
-                    .iter()
-                    .chain(&q.running)
-                    .any(|j| j.mv.cgroup == mv.cgroup)
-                {
+                if q.jobs().any(|j| j.mv.cgroup == mv.cgroup) {
                     tracing::debug!(cgroup = %mv.cgroup, "move not queued: a move of this cgroup is still under way");
                     out.in_flight += 1;
                     continue;
@@ -906,10 +874,7 @@ impl Applier {
                     out.over_budget += 1;
                     continue;
                 }
-                let deps = q
-                    .waiting
-                    .iter()
-                    .chain(&q.running)
+                let deps = (q.jobs())
                     .filter(|j| {
                         !mv.to_cpus
                             .is_disjoint(&j.mv.from_cpus.difference(&j.mv.to_cpus))
@@ -1046,12 +1011,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                     Ok(o) => o,
                     Err(_) => {
                         tracing::error!(cgroup = %job.mv.cgroup, "applying a move panicked; it is counted as failed");
-                        d.metrics
-                            .moves_failed
-                            .get_or_create(&ReasonLabel {
-                                reason: "panic".into(),
-                            })
-                            .inc();
+                        count(&d.metrics.moves_failed, "panic");
                         d.lock()
                             .state
                             .controller
@@ -1068,12 +1028,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
             }
             Pick::Blocked(job, on) => {
                 tracing::info!(cgroup = %job.mv.cgroup, waits_for = %on, "move not applied: it takes CPUs that the move of another cgroup, which was not applied, did not give up");
-                d.metrics
-                    .moves_skipped
-                    .get_or_create(&ReasonLabel {
-                        reason: "blocked".into(),
-                    })
-                    .inc();
+                count(&d.metrics.moves_skipped, "blocked");
                 q.end(&job, Outcome::Refused("blocked"));
                 pool.cv.notify_all();
             }

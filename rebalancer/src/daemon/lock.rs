@@ -64,10 +64,8 @@ pub fn acquire(state_dir: &Path) -> Result<InstanceLock, LockError> {
         }
         let mut s = String::new();
         let _ = f.read_to_string(&mut s);
-        let holder = match s.trim().parse::<u32>() {
-            Ok(pid) => format!("pid {pid}"),
-            Err(_) => "a process".to_string(),
-        };
+        let holder =
+            (s.trim().parse::<u32>()).map_or("a process".into(), |pid| format!("pid {pid}"));
         return Err(LockError::Held {
             dir: state_dir.to_path_buf(),
             path,

@@ -203,10 +203,7 @@ pub fn request(
         ));
     }
     let (limit_millis, shares_millis) = cpu_millis(res.and_then(|r| r.cpu.as_ref()));
-    let mem_limit = res
-        .and_then(|r| r.memory.as_ref())
-        .and_then(|m| m.limit.as_ref())
-        .map_or(0, |l| l.value.max(0) as u64);
+    let mem_limit = res.map_or(0, memory_limit);
     let mut hp2m = 0;
     let mut hp1g = 0;
     for h in res.map(|r| r.hugepage_limits.as_slice()).unwrap_or(&[]) {
@@ -289,13 +286,16 @@ pub fn request(
 
 /// Pod-level resources as one container of QoS class `qos` (a Guaranteed pod needs a quota
 /// and a memory limit, as kubelet sets them); None when they say nothing usable.
+/// The memory limit `r` sets (0: none).
+fn memory_limit(r: &api::LinuxResources) -> u64 {
+    (r.memory.as_ref())
+        .and_then(|m| m.limit.as_ref())
+        .map_or(0, |l| l.value.max(0) as u64)
+}
+
 fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Container> {
     let (limit, shares) = cpu_millis(r.cpu.as_ref());
-    let mem = r
-        .memory
-        .as_ref()
-        .and_then(|m| m.limit.as_ref())
-        .map_or(0, |l| l.value.max(0) as u64);
+    let mem = memory_limit(r);
     let cpu = guaranteed_millis(limit, shares);
     let c = match qos {
         Qos::Guaranteed if cpu > 0 && mem > 0 => Container {
@@ -350,10 +350,6 @@ impl NriWriter {
         }
     }
 
-    fn cgroupfs(&self) -> Option<&CgroupCpusetWriter> {
-        self.sink.as_ref()
-    }
-
     fn take(&self) -> Vec<CpusetChange> {
         std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -363,7 +359,7 @@ impl CpusetWriter for NriWriter {
     fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
         super::writer::io_edge();
         if self.runtime.id_of(&change.cgroup).is_some() {
-            if let Some(w) = self.cgroupfs() {
+            if let Some(w) = self.sink.as_ref() {
                 w.write(change)?;
             }
         }
@@ -377,12 +373,12 @@ impl CpusetWriter for NriWriter {
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        (self.cgroupfs().and_then(|w| w.cpus(cgroup)))
+        (self.sink.as_ref().and_then(|w| w.cpus(cgroup)))
             .or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
 
     fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
-        self.cgroupfs()?.memory_nodes(cgroup)
+        self.sink.as_ref()?.memory_nodes(cgroup)
     }
 }
 
@@ -478,11 +474,11 @@ impl Drop for Policy {
     }
 }
 
-fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
-    api::LinuxResources {
-        cpu: Some(api::LinuxCpu {
-            cpus: cpus.map(|c| c.to_string()).unwrap_or_default(),
-            mems: mems.map(|m| m.to_string()).unwrap_or_default(),
+/// A CreateContainer answer's adjustment: the container's cpuset (and its mems, if given).
+fn adjustment(cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerAdjustment {
+    api::ContainerAdjustment {
+        linux: Some(api::LinuxContainerAdjustment {
+            resources: Some(super::nri_updates::cpu_resources(Some(cpus), mems)),
             ..Default::default()
         }),
         ..Default::default()
@@ -528,17 +524,22 @@ impl Policy {
         &self.admission.daemon
     }
 
+    /// [`request`] under the configured kubelet cgroup root.
+    fn request(
+        &self,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+    ) -> Result<Option<Request>, String> {
+        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        request(pod, c, kube_root.as_deref())
+    }
+
     /// Whether `c` is a container of a pod kubelet's static managers placed
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
     fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.pod_uid();
         let left_to_runtime = (self.d().lock().state.annotated.get(uid)).is_some_and(|a| a.runtime);
-        let given = c
-            .linux
-            .as_ref()
-            .and_then(|l| l.resources.as_ref())
-            .and_then(|r| r.cpu.as_ref())
-            .and_then(|cpu| CpuSet::parse(&cpu.cpus).ok());
+        let (given, _) = spec_cpuset(c);
         // (kubelet's answer, the cpus to fence to, what it runs on once the answer applies)
         let (assigned, fenced, runs) = {
             let mut s = self.d().lock();
@@ -561,8 +562,7 @@ impl Policy {
                 // only CPUs online now (a spec's set from before a hotplug would make the
                 // runtime's cpuset write fail); no set, or none online: every online CPU
                 let online = s.topo.online_cpus();
-                let current = (given.as_ref())
-                    .map(|g| g.intersection(&online))
+                let current = Some(given.intersection(&online))
                     .filter(|g| !g.is_empty())
                     .unwrap_or(online);
                 let (excl, pool) = super::admission::exclusive_and_pool(&s);
@@ -593,13 +593,6 @@ impl Policy {
         }
     }
 
-    /// The runtime's container id of a placed container's cgroup (a map lookup: a shrink
-    /// names every shared container, and a scan of all placed ones per change made the hook
-    /// quadratic).
-    fn id_of(&self, cgroup: &str) -> Option<String> {
-        self.runtime.id_of(cgroup)
-    }
-
     /// The collected changes as runtime updates, except `own`'s (returned apart). A change
     /// for a cgroup the plugin did not place (none in NRI mode) is written to cgroupfs, so
     /// it is made exactly once. `hooked`: the updates ride a hook's answer (looked at again
@@ -615,7 +608,7 @@ impl Policy {
         for c in self.writer.take() {
             if Some(c.cgroup.as_str()) == own {
                 mine = Some(c);
-            } else if let Some(id) = self.id_of(&c.cgroup) {
+            } else if let Some(id) = self.runtime.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
                 out.push(update(&id, &c.cpus, c.mems.as_ref()));
                 sent.push(c);
@@ -1084,7 +1077,6 @@ impl Handler for Policy {
         let mut adopt = Vec::new();
         // what the runtime says each container runs on (its spec's cpuset), by cgroup
         let mut reported = BTreeMap::new();
-        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
         self.d().metrics.forget_workloads();
         for c in &req.containers {
             // a paused container still holds what it was given
@@ -1098,7 +1090,7 @@ impl Handler for Policy {
                 tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
                 continue;
             };
-            let r = match request(&pod, c, kube_root.as_deref()) {
+            let r = match self.request(&pod, c) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(e) => {
@@ -1139,33 +1131,20 @@ impl Handler for Policy {
                 .map(|(id, t)| (t.cgroup.clone(), id.clone()))
                 .collect(),
         );
-        // Bindings of Kubernetes containers the runtime no longer runs: released.
-        let gone: Vec<String> = {
+        // Bindings of Kubernetes containers the runtime no longer runs: released. Pod scope:
+        // containers gone give their share back, pods gone release their hold.
+        let (mut gone, mut gone_members) = (Vec::new(), Vec::new());
+        {
             let s = self.d().lock();
-            s.state
-                .bindings
-                .iter()
-                .filter(|(cg, b)| b.pod_uid.is_container() && !live.contains(cg))
-                .map(|(_, b)| b.pod_uid.to_string())
-                .collect()
-        };
-        // Pod scope: containers gone give their share back, pods gone release their hold.
-        let gone_members: Vec<String> = {
-            let s = self.d().lock();
-            s.state
-                .bindings
-                .iter()
-                .filter(|(cg, b)| !b.pod_uid.is_container() && !live.contains(cg))
-                .filter(|(_, b)| {
-                    s.state
-                        .allocator
-                        .pods
-                        .get(&b.pod_uid)
-                        .is_some_and(|p| p.hold.is_some())
-                })
-                .map(|(cg, _)| cg.clone())
-                .collect()
-        };
+            for (cg, b) in (s.state.bindings.iter()).filter(|(cg, _)| !live.contains(cg)) {
+                if b.pod_uid.is_container() {
+                    gone.push(b.pod_uid.to_string());
+                } else if (s.state.allocator.pods.get(&b.pod_uid)).is_some_and(|p| p.hold.is_some())
+                {
+                    gone_members.push(cg.clone());
+                }
+            }
+        }
         for cg in &gone_members {
             self.admission.unbind(cg, Durability::Deferred);
         }
@@ -1248,8 +1227,7 @@ impl Handler for Policy {
                 c.id, c.name, pod.id
             ));
         }
-        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
-        let r = match request(pod, c, kube_root.as_deref()) {
+        let r = match self.request(pod, c) {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
@@ -1268,13 +1246,7 @@ impl Handler for Policy {
                 Vec::new()
             };
             return Ok(api::CreateContainerResponse {
-                adjust: fenced.map(|cpus| api::ContainerAdjustment {
-                    linux: Some(api::LinuxContainerAdjustment {
-                        resources: Some(cpu_resources(Some(&cpus), None)),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
+                adjust: fenced.map(|cpus| adjustment(&cpus, None)),
                 update,
                 ..Default::default()
             });
@@ -1299,13 +1271,7 @@ impl Handler for Policy {
             return Ok(Default::default());
         }
         Ok(api::CreateContainerResponse {
-            adjust: Some(api::ContainerAdjustment {
-                linux: Some(api::LinuxContainerAdjustment {
-                    resources: Some(cpu_resources(Some(&cpus), Some(&mems))),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            adjust: Some(adjustment(&cpus, Some(&mems))),
             update: updates.into_iter().chain(self.queued_for_hook()).collect(),
             evict: vec![],
         })
@@ -1350,8 +1316,7 @@ impl Handler for Policy {
         if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
             l.resources = Some(r);
         }
-        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
-        let asked = match request(pod, &next, kube_root.as_deref()) {
+        let asked = match self.request(pod, &next) {
             Ok(Some(r)) => r.pod.containers[0].clone(),
             Ok(None) => return Ok(Default::default()),
             Err(e) => return self.refuse("UpdateContainer", &c.id, format!("rebalancer: {e}")),
@@ -1451,14 +1416,12 @@ impl Handler for Policy {
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
                     let mut s = self.d().lock();
-                    for (cg, _) in s.fenced.iter().filter(|(_, uid)| **uid == pod.uid) {
+                    let sh = &mut *s;
+                    for (cg, _) in sh.fenced.iter().filter(|(_, uid)| **uid == pod.uid) {
                         self.runtime.untrack(cg);
                     }
-                    s.fenced.retain(|_, uid| *uid != pod.uid);
-                    let fenced = std::mem::take(&mut s.fence_failures);
-                    s.fence_failures = (fenced.into_iter())
-                        .filter(|(cg, _)| s.fenced.contains_key(cg))
-                        .collect();
+                    sh.fenced.retain(|_, uid| *uid != pod.uid);
+                    (sh.fence_failures).retain(|cg, _| sh.fenced.contains_key(cg));
                 }
                 let ids: Vec<String> = self
                     .containers
@@ -1491,13 +1454,11 @@ impl Handler for Policy {
     }
 
     fn updates_answered(&mut self, result: Result<Vec<String>, String>) {
-        let stale = self.runtime.answered(result);
-        self.rewrite(stale);
+        self.rewrite(self.runtime.answered(result));
     }
 
     fn updates_timed_out(&mut self) {
-        let stale = self.runtime.timed_out();
-        self.rewrite(stale);
+        self.rewrite(self.runtime.timed_out());
     }
 
     fn alive(&mut self) {

@@ -48,7 +48,10 @@ use std::{
 use crate::{
     cpuset::CpuSet,
     nri::api,
-    serve::{metrics::ReasonLabel, Metrics},
+    serve::{
+        metrics::{count, ReasonLabel},
+        Metrics,
+    },
 };
 
 /// What a container was last given (through a hook's answer or a write).
@@ -145,6 +148,22 @@ struct State {
     /// Unanswered past the deadline so far (unsolicited updates off for good at
     /// [`STICKY_TIMEOUTS`]).
     timeouts: u32,
+}
+
+impl State {
+    /// `cgroup` was given these cpus and mems (`None`: that part as it was).
+    fn give(&mut self, cgroup: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) {
+        let g = self.given.entry(cgroup.to_string()).or_default();
+        g.cpus = cpus.cloned().or(g.cpus.take());
+        g.mems = mems.cloned().or(g.mems.take());
+    }
+
+    /// `cgroup`, a runtime container, queued to be told again (once).
+    fn requeue(&mut self, cgroup: &str) {
+        if self.ids.contains_key(cgroup) && !self.queued.iter().any(|c| c == cgroup) {
+            self.queued.push(cgroup.to_string());
+        }
+    }
 }
 
 /// An update that rode a hook's answer.
@@ -272,19 +291,13 @@ impl Runtime {
 
     /// A hook's answer (or a write) gave `cgroup` this cpuset.
     pub fn note_given(&self, cgroup: &str, cpus: &CpuSet, mems: Option<&CpuSet>) {
-        let mut s = self.lock();
-        let g = s.given.entry(cgroup.to_string()).or_default();
-        g.cpus = Some(cpus.clone());
-        if let Some(m) = mems {
-            g.mems = Some(m.clone());
-        }
+        self.lock().give(cgroup, Some(cpus), mems);
     }
 
     /// An answer of a hook carries these cpus for these cgroups, in this order (see
     /// [`Self::settle_hooked`]).
     pub fn note_hooked<'a>(&self, sent: impl IntoIterator<Item = (&'a str, &'a CpuSet)>) {
-        let mut s = self.lock();
-        Self::hooked_locked(&mut s, sent);
+        Self::hooked_locked(&mut self.lock(), sent);
     }
 
     fn hooked_locked<'a>(s: &mut State, sent: impl IntoIterator<Item = (&'a str, &'a CpuSet)>) {
@@ -325,18 +338,10 @@ impl Runtime {
         let mut s = self.lock();
         let tracked = s.ids.contains_key(cgroup);
         if tracked {
-            let g = s.given.entry(cgroup.to_string()).or_default();
-            if let Some(c) = cpus {
-                g.cpus = Some(c.clone());
-            }
-            if let Some(m) = mems {
-                g.mems = Some(m.clone());
-            }
+            s.give(cgroup, cpus, mems);
             // a new value: its own retries
             s.failures.remove(cgroup);
-            if !s.queued.iter().any(|c| c == cgroup) {
-                s.queued.push(cgroup.to_string());
-            }
+            s.requeue(cgroup);
         }
         if !s.connected {
             return Err(Direct::NotConnected);
@@ -441,9 +446,7 @@ impl Runtime {
     pub fn overwritten(&self, cgroup: &str) {
         let mut s = self.lock();
         s.hooked.remove(cgroup);
-        if s.ids.contains_key(cgroup) && !s.queued.iter().any(|c| c == cgroup) {
-            s.queued.push(cgroup.to_string());
-        }
+        s.requeue(cgroup);
     }
 
     /// Drops the watch on a hooked update (its container holds someone else's cpus).
@@ -479,8 +482,8 @@ impl Runtime {
                     tracing::warn!(cgroup = %cg, container = %id, error = %w, retry, "container update through the runtime failed; cgroupfs has the change, the runtime's spec does not");
                     // sent again (the latest given): a runtime's spec left behind would
                     // write the old cpuset back at its next update of the container
-                    if retry && s.ids.contains_key(&cg) && !s.queued.contains(&cg) {
-                        s.queued.push(cg.clone());
+                    if retry {
+                        s.requeue(&cg);
                     }
                 }
                 None => {
@@ -490,9 +493,7 @@ impl Runtime {
             }
             let newer = s.given.get(&cg).is_some_and(|g| *g != sent);
             if newer && s.ids.contains_key(&cg) {
-                if !s.queued.contains(&cg) {
-                    s.queued.push(cg.clone());
-                }
+                s.requeue(&cg);
                 stale.push(cg);
             }
         }
@@ -533,12 +534,7 @@ impl Runtime {
 
     fn count_direct(&self, cgroup: &str, why: Direct, what: &str) {
         tracing::info!(cgroup = %cgroup, reason = why.label(), change = what, "NRI mode: cpuset written to cgroupfs only, the runtime not told");
-        self.metrics
-            .nri_direct_writes
-            .get_or_create(&ReasonLabel {
-                reason: why.label().into(),
-            })
-            .inc();
+        count(&self.metrics.nri_direct_writes, why.label());
     }
 
     /// Tells the runtime of a write already made; counted when it cannot be told.
@@ -572,16 +568,21 @@ pub fn update(id: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::Co
     api::ContainerUpdate {
         container_id: id.to_string(),
         linux: Some(api::LinuxContainerUpdate {
-            resources: Some(api::LinuxResources {
-                cpu: Some(api::LinuxCpu {
-                    cpus: cpus.map(|c| c.to_string()).unwrap_or_default(),
-                    mems: mems.map(|m| m.to_string()).unwrap_or_default(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            resources: Some(cpu_resources(cpus, mems)),
         }),
         ignore_failure: true,
+    }
+}
+
+/// A container's resources that name its cpus and mems (an empty one: not set).
+pub fn cpu_resources(cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::LinuxResources {
+    api::LinuxResources {
+        cpu: Some(api::LinuxCpu {
+            cpus: cpus.map(|c| c.to_string()).unwrap_or_default(),
+            mems: mems.map(|m| m.to_string()).unwrap_or_default(),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

@@ -32,6 +32,16 @@ pub struct Seen {
     pub mems: Option<CpuSet>,
 }
 
+impl Seen {
+    /// The cpus cgroupfs holds, the one source.
+    pub fn cgroupfs(cpus: CpuSet) -> Seen {
+        Seen {
+            cpus: vec![cpus],
+            mems: None,
+        }
+    }
+}
+
 /// Every bound container's booked cpuset (but those whose move is being written:
 /// `Shared::moving`), its CPUs that are online (as the kernel leaves a
 /// cpuset when a CPU goes offline; an exclusive one's replacement is the hotplug

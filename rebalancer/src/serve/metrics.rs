@@ -50,6 +50,15 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// One more event of `reason` in a family counted by reason.
+pub fn count(family: &Family<ReasonLabel, Counter>, reason: impl Into<String>) {
+    family
+        .get_or_create(&ReasonLabel {
+            reason: reason.into(),
+        })
+        .inc();
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,

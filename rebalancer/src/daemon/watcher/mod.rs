@@ -26,7 +26,11 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use crate::{
     cgroup::{Cgroups, Controller},
-    daemon::admission::Admission,
+    daemon::{
+        admission::Admission,
+        reconcile::Seen,
+        writer::{CgroupCpusetWriter, CpusetWriter},
+    },
 };
 
 pub mod policy;
@@ -153,21 +157,15 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     };
     // A binding's cgroup is released only when it is really gone, asked once more: a
     // directory the walk missed is not a container that exited.
-    let gone: Vec<String> = adm
-        .daemon
-        .lock()
-        .state
-        .bindings
-        .keys()
+    let unlisted: Vec<String> = (adm.daemon.lock().state.bindings.keys())
         .filter(|k| !live.contains(k.as_str()))
         .cloned()
         .collect();
-    let gone: Vec<String> = gone
-        .into_iter()
-        .filter(|g| !cgroups.exists(Controller::Cpuset, g))
-        .collect();
     let live: Vec<String> = live.into_iter().collect();
-    let mut out: Vec<WatchOutcome> = gone.iter().map(|g| removed(adm, g)).collect();
+    let mut out: Vec<WatchOutcome> = (unlisted.iter())
+        .filter(|g| !cgroups.exists(Controller::Cpuset, g))
+        .map(|g| removed(adm, g))
+        .collect();
     out.extend(policy::pods_gone(adm, &live));
     // refused ones stay refused (and fenced) until they go: not asked again every period
     let refused = adm.daemon.lock().refused.clone();
@@ -179,15 +177,8 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     }
     // What the books restored or kept, against what the containers run on now (the books
     // are not changed: logged and counted by `repair`).
-    let live_cpus = crate::daemon::writer::CgroupCpusetWriter::new(cgroups.clone());
-    adm.repair(|cg| {
-        crate::daemon::writer::CpusetWriter::cpus(&live_cpus, cg).map(|c| {
-            crate::daemon::reconcile::Seen {
-                cpus: vec![c],
-                mems: None,
-            }
-        })
-    });
+    let live_cpus = CgroupCpusetWriter::new(cgroups.clone());
+    adm.repair(|cg| live_cpus.cpus(cg).map(Seen::cgroupfs));
     if out.iter().any(WatchOutcome::changed) {
         checkpoint(adm);
     }
