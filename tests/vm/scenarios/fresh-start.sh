@@ -2,9 +2,9 @@
 # containers already run with their memory off their CPUs' node (two Guaranteed 1-CPU ones on
 # node $to's CPUs, two Burstable ones on node $from's, each with $MIB MiB on the other node),
 # and checks, from the kernel and cgroupfs:
-# - the start-up adopts them without migrating their memory: nothing migrated before the daemon
-#   answers, the Guaranteed ones adopted with their mems widened by the node their memory is on
-#   (`Admission::adopting`), and G1 kept on the exclusive CPU it ran on, which a fresh admission
+# - the start-up adopts them without migrating their memory: nothing migrated up to the end of
+#   its reconcile, the Guaranteed ones adopted with their mems kept as wide as they are (their
+#   effective mems, the node their memory is on among them: `Admission::adopting`), and G1 kept on the exclusive CPU it ran on, which a fresh admission
 #   would not pick (G2's may be kept for the shared containers admitted before it);
 # - no more than `migration_budget_mib` is migrated per period (the kernel's pgmigrate_success:
 #   cumulatively no more than a budget per round started, and no more than one budget within any
@@ -154,9 +154,10 @@ echo "# answers (us, from the mkdir returning): first $f, later:$later; the daem
     fail "adopted with mems G1=$g1a G2=$g2a: their memory's node $from left out (its pages migrated in the write)"
 # Within its normal latency: at most twice the slowest of the later ones. This guest's
 # admissions spread over two orders of magnitude (TCG on a shared host, rounds walking the
-# hogs' page tables; 1-450 ms measured in one boot), which no fixed bound follows, and the
-# first one is one draw of that spread: twice the slowest of LATER keeps it from failing on
-# its own tail, while what start-up work costs an admission made behind it is seconds (13-40 s
-# measured for a synchronous migration at start, a period for a watcher not yet running).
+# hogs' page tables: 1-450 ms measured in one boot; a later one's cpuset write also waits for
+# a migration a round queued, 13.7 s once), which no fixed bound follows, and the first one is
+# one draw of that spread: twice the slowest of LATER keeps it from failing on its own tail,
+# while what start-up work costs an admission made behind it is seconds (a synchronous
+# migration at start held the start-up 13-40 s; a watcher not yet running costs a period).
 [ "$f" -le $((slowest * 2)) ] || fail "the first admission after the start was answered in ${f} us, more than twice the slowest later one (${later} us)"
 verdict $S PASS "$MIB MiB a container; start-up migrated $startup pages (answering after ${DAEMON_UP} s); $total pages in $rounds rounds (budget $budget_pages a period, at most $maxwin within ${PERIOD_MS} ms; per period $perperiod); G1 kept on CPU $g1 (mems now $g1m), G2 on $g2 (was $T1, mems now $g2m); first admission after start answered in ${f} us, later ones in${later} us"
