@@ -17,6 +17,7 @@ pub mod nrt;
 pub mod pages;
 pub mod placement;
 pub mod procfs;
+pub mod rounds;
 pub mod runwait;
 pub mod sdnotify;
 pub mod serve;

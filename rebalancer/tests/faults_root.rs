@@ -16,7 +16,8 @@ use rebalancer::{
     config::Config,
     controller::{Move, Trigger},
     cpuset::CpuSet,
-    daemon::{apply::apply_moves, engine::OwnedWriter, Persisted, Shared},
+    daemon::{apply::apply_moves, Persisted, Shared},
+    rounds::OwnedWriter,
     serve::Metrics,
     topology::sysfs,
 };

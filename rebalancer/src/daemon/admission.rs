@@ -460,7 +460,7 @@ impl Admission {
         }
         if bound.is_some() {
             // A new container placed: a round soon sees it (`trigger`).
-            self.daemon.rounds.wake(super::trigger::Why::Placed);
+            self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         }
         Ok(Admitted {
             uid: pod.uid.clone(),
@@ -526,7 +526,7 @@ impl Admission {
                 return Err(AdmitError::Checkpoint(e));
             }
         }
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         Ok(Some(Admitted {
             uid: pod_uid.into(),
             bound: Some((cgroup.into(), placement.container.clone())),
@@ -816,7 +816,7 @@ impl Admission {
             Durability::Durable => self.checkpoint_logged(),
             Durability::Deferred => self.request_checkpoint(),
         }
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         Ok(Some(placement))
     }
 
@@ -1197,7 +1197,7 @@ impl Admission {
         };
         // The runtime writes the container's cpuset after this: a round soon
         // fences it again (`refence`), at the latest the next period's.
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
         match self.write_noted(&CpusetChange {
             cgroup: cg.into(),

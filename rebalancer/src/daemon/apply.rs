@@ -53,7 +53,7 @@
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
 //! finished toward a target they no longer want, and a failed move's undo never overwrites
-//! their cpus. The daemon's own rewrites of the cgroup (`trigger::Hub::is_own`: the shared pool
+//! their cpus. The daemon's own rewrites of the cgroup (`rounds::trigger::Hub::is_own`: the shared pool
 //! following another writer's exclusive move, an admission's shrink) are not someone else's:
 //! neither the page steps nor `controller::finish`'s read-back abandon or roll back for them.
 //!
@@ -72,7 +72,7 @@
 //! not at the round's time.
 //!
 //! Every cpuset.cpus write of a move (and of its rollback) is noted as the daemon's own
-//! (`trigger::Hub`), so the round trigger does not take it for an operator's change.
+//! (`rounds::trigger::Hub`), so the round trigger does not take it for an operator's change.
 //!
 //! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
 //! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
@@ -176,7 +176,7 @@ impl Applied {
     }
 }
 
-/// A writer that notes every cpuset.cpus it writes as the daemon's own (`trigger::Hub`), so
+/// A writer that notes every cpuset.cpus it writes as the daemon's own (`rounds::trigger::Hub`), so
 /// the round trigger never takes a move (or its rollback) for an operator's change.
 struct Noting<'a> {
     w: &'a mut dyn CgroupWriter,

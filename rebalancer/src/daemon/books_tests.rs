@@ -18,7 +18,6 @@ use proptest::prelude::*;
 use super::{
     admission::{tests::pod, Admission, AdmitRequest, Durability},
     apply::apply_moves,
-    engine::{bound_constraints, promised_unused},
     writer::{CpusetChange, CpusetWriter, WriteError},
     Daemon, Shared,
 };
@@ -100,7 +99,7 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
             mem_bytes_per_node: mem,
             cpus: fake.cpus(cg).cloned().unwrap_or_default(),
             mems: fake.mems(cg).cloned().unwrap_or_default(),
-            constraints: bound_constraints(&s, cg).unwrap_or_default(),
+            constraints: s.bound_constraints(cg).unwrap_or_default(),
             ..Default::default()
         });
     }
@@ -126,7 +125,7 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
             .collect(),
         reserved_cpus: s.state.allocator.reserved_cpus.clone(),
     };
-    for (n, b) in promised_unused(&s, &obs) {
+    for (n, b) in s.promised_unused(&obs) {
         if let Some(o) = obs.nodes.get_mut(&n) {
             o.free_bytes = o.free_bytes.saturating_sub(b);
         }

@@ -6,7 +6,8 @@
 
 use std::path::Path;
 
-use super::{apply::apply_moves, engine::Engine, Daemon, Persisted, Shared};
+use super::{apply::apply_moves, Daemon, Persisted, Shared};
+use crate::rounds::Engine;
 use crate::{
     cgroup::{Cgroups, Mounts},
     config::Config,
@@ -323,7 +324,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
     let d = daemon(before.clone(), state.path(), Some(root.path()));
     let mut engine = Engine::new(
         Cgroups::new(Mounts::default()),
-        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Box::new(crate::rounds::ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
     let adm = super::admission::Admission::new(
@@ -402,7 +403,7 @@ struct FollowingSource {
     pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl super::engine::CpuTimeSource for FollowingSource {
+impl crate::rounds::CpuTimeSource for FollowingSource {
     fn cumulative(
         &mut self,
         _: &Cgroups,
@@ -481,14 +482,6 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
     let state = tempfile::tempdir().unwrap();
     let topo = two_nodes();
     let d = daemon(topo.clone(), state.path(), None);
-    let engine = || {
-        Engine::new(
-            Cgroups::new(Mounts::default()),
-            Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
-            Path::new("/proc"),
-        )
-    };
-    let first = engine();
     let cooldown = d.lock().cfg.controller.cooldown_ms;
     assert!(
         cooldown >= 10_000,
@@ -498,23 +491,22 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
     d.lock()
         .state
         .controller
-        .record_move(&m, 10 * MIB, first.now_ms());
+        .record_move(&m, 10 * MIB, crate::daemon::boot_ms());
     std::thread::sleep(std::time::Duration::from_millis(300));
     let left = |st: &ControllerState, now: u64| {
         st.cooldown_remaining("pod/c", &set("4-7"), now, cooldown)
             .expect("still cooling down")
     };
-    let t_before = first.now_ms();
+    let t_before = crate::daemon::boot_ms();
     let before = left(&d.lock().state.controller, t_before);
     d.checkpoint().unwrap();
     let cfg = d.lock().cfg.clone();
-    drop((d, first));
+    drop(d);
 
-    // The restart: a new engine (a new process's clock) and the state restored as `run` does.
+    // The restart: the state restored as `run` does.
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let second = engine();
     let restored = super::run::restore(&cfg, &topo).unwrap();
-    let t_after = second.now_ms();
+    let t_after = crate::daemon::boot_ms();
     let after = left(&restored.controller, t_after);
     // Exactly the boot-clock time between the two readings went by (however long the
     // checkpoint's fsync and the restore took), and at least the 200 ms slept.
@@ -530,9 +522,10 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
 
     // A checkpoint from an earlier boot (times in the future) lasts at most one cooldown.
     let mut future = restored.controller.clone();
-    future.cgroups.get_mut("pod/c").unwrap().last_move_ms = Some(second.now_ms() + 3_600_000);
-    assert_eq!(future.clamp_times(second.now_ms()), 1);
-    assert!(left(&future, second.now_ms()) <= cooldown);
+    future.cgroups.get_mut("pod/c").unwrap().last_move_ms =
+        Some(crate::daemon::boot_ms() + 3_600_000);
+    assert_eq!(future.clamp_times(crate::daemon::boot_ms()), 1);
+    assert!(left(&future, crate::daemon::boot_ms()) <= cooldown);
 }
 
 /// A writer that asks the daemon to stop during its first cpuset write (SIGTERM arriving while
@@ -689,7 +682,7 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
          prev: &mut std::collections::BTreeMap<String, crate::ebpf::Sample>| {
             let mut now: std::collections::BTreeMap<String, crate::ebpf::Sample> =
                 [("pod/a".to_string(), sample(300_000_000))].into();
-            super::engine::carry_forward(&mut now, prev, &managed);
+            crate::rounds::source::carry_forward(&mut now, prev, &managed);
             let a = now["pod/a"].delta(prev.get("pod/a").unwrap_or(&Default::default()));
             periods.push(a.total_cpu_ns());
             *prev = now;
@@ -704,7 +697,7 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
             .iter()
             .map(|(cg, ns)| (cg.to_string(), sample(*ns)))
             .collect();
-        super::engine::carry_forward(&mut now, &prev, &managed);
+        crate::rounds::source::carry_forward(&mut now, &prev, &managed);
         let a = now
             .get("pod/a")
             .cloned()
@@ -721,7 +714,7 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
     );
     let mut now: std::collections::BTreeMap<String, crate::ebpf::Sample> =
         [("pod/a".to_string(), sample(450_000_000))].into();
-    super::engine::carry_forward(&mut now, &prev, &managed);
+    crate::rounds::source::carry_forward(&mut now, &prev, &managed);
     let a = now["pod/a"].delta(&prev["pod/a"]);
     assert_eq!(
         a.total_cpu_ns(),
@@ -746,7 +739,7 @@ fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
         },
     )]
     .into();
-    super::engine::with_cpu_of(
+    crate::rounds::source::with_cpu_of(
         &mut out,
         [
             ("pod/a".to_string(), cpu(1_000_000_000)),
@@ -770,7 +763,7 @@ fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
     let mut engine = Engine::new(
         // No cgroup mount at all: the walk fails.
         Cgroups::new(Mounts::default()),
-        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Box::new(crate::rounds::ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
     let adm = super::admission::Admission::new(
@@ -810,13 +803,13 @@ fn without_an_on_cpu_program_cpu_time_comes_from_proc() {
         st("sched_migrate_task", true),
         st("mm_migrate_pages", true),
     ];
-    assert!(!super::engine::ebpf_counts_cpu(&tracepoints_only));
+    assert!(!crate::rounds::source::ebpf_counts_cpu(&tracepoints_only));
     let mut sampled = tracepoints_only.clone();
     sampled[0].available = true;
-    assert!(super::engine::ebpf_counts_cpu(&sampled));
+    assert!(crate::rounds::source::ebpf_counts_cpu(&sampled));
     let mut exact = tracepoints_only;
     exact[1].available = true;
-    assert!(super::engine::ebpf_counts_cpu(&exact));
+    assert!(crate::rounds::source::ebpf_counts_cpu(&exact));
 }
 
 /// The eBPF watch list: each managed cgroup under its own id, the cgroups below it under its
@@ -839,7 +832,7 @@ fn the_watch_list_counts_sub_cgroups_under_their_managed_cgroup() {
         .ino();
     let other = mk("kubepods/pod1/c2");
     let tenant = mk("tenant/a");
-    for i in 0..super::engine::WATCH_BELOW + 6 {
+    for i in 0..crate::rounds::source::WATCH_BELOW + 6 {
         mk(&format!("kubepods/pod2/many/s{i}"));
     }
     let many = std::fs::metadata(root.path().join("kubepods/pod2/many"))
@@ -855,7 +848,7 @@ fn the_watch_list_counts_sub_cgroups_under_their_managed_cgroup() {
         ("kubepods/pod2/many".to_string(), many),
     ]
     .into();
-    let w = super::engine::watch_list(&cgroups, &ids);
+    let w = crate::rounds::source::watch_list(&cgroups, &ids);
     assert_eq!(w[&pod], pod);
     assert_eq!(w[&ctr], ctr);
     assert_eq!(w[&sub], ctr, "below the container: counted under it");
@@ -868,7 +861,7 @@ fn the_watch_list_counts_sub_cgroups_under_their_managed_cgroup() {
     assert!(!w.contains_key(&tenant));
     assert_eq!(
         w.values().filter(|v| **v == many).count(),
-        super::engine::WATCH_BELOW + 1,
+        crate::rounds::source::WATCH_BELOW + 1,
         "the managed cgroup itself and WATCH_BELOW below it"
     );
 }
@@ -890,7 +883,10 @@ fn the_watch_list_knows_the_kubernetes_containers() {
         "aaa-user/b".to_string(),
         c2.clone(),
     ];
-    assert_eq!(super::engine::containers_of(&cfg, &managed), [c1, c2]);
+    assert_eq!(
+        crate::rounds::source::containers_of(&cfg, &managed),
+        [c1, c2]
+    );
 }
 
 /// In a 2-node guest, workloads started in empty cgroups under a
@@ -919,7 +915,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
     }
     let mut engine = Engine::new(
         cgroups.clone(),
-        Box::new(super::engine::ProcCpuTime::new(Path::new("/proc"))),
+        Box::new(crate::rounds::ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
     let cfg = d.lock().cfg.clone();
@@ -945,7 +941,7 @@ struct Scripted(
     bool,
 );
 
-impl super::engine::CpuTimeSource for Scripted {
+impl crate::rounds::CpuTimeSource for Scripted {
     fn cumulative(
         &mut self,
         _: &Cgroups,

@@ -147,11 +147,7 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
     );
     let cg = format!("kubepods/pod{POD}/{}", "a".repeat(64));
     assert!(pinned(&s, &cg));
-    assert!(
-        crate::daemon::engine::bound_constraints(&s, &cg)
-            .unwrap()
-            .pinned
-    );
+    assert!(s.bound_constraints(&cg).unwrap().pinned);
     assert!(!pinned(
         &s,
         &format!("kubepods/podother/{}", "a".repeat(64))

@@ -1773,8 +1773,7 @@ mod tests {
                 "left to the runtime: not admitted"
             );
             assert!(s.state.bindings.contains_key(&cg(&kept)));
-            let pinned =
-                |c| crate::daemon::engine::bound_constraints(&s, &cg(c)).is_some_and(|c| c.pinned);
+            let pinned = |c| s.bound_constraints(&cg(c)).is_some_and(|c| c.pinned);
             assert!(pinned(&left) && pinned(&kept));
             assert!(!pinned(&twin), "an unknown value asks nothing");
         }
@@ -1815,7 +1814,7 @@ mod tests {
                     mem_bytes_per_node: [(there, 256 << 20)].into(),
                     mems: [here].into_iter().collect(),
                     cpus,
-                    constraints: crate::daemon::engine::bound_constraints(&s, &cg).unwrap(),
+                    constraints: s.bound_constraints(&cg).unwrap(),
                     ..Default::default()
                 });
             }
@@ -2739,7 +2738,7 @@ mod tests {
                 1_000_000,
             )
         };
-        let pinned = crate::daemon::engine::bound_constraints(&s, &kube_cg).unwrap();
+        let pinned = s.bound_constraints(&kube_cg).unwrap();
         assert!(pinned.pinned);
         assert!(plan(obs_of(&kube_cg, pinned)).moves.is_empty());
         assert!(

@@ -5,7 +5,7 @@
 //! (the other threads' changes of the runtime's containers become queued container updates) —
 //! never both, never neither.
 //!
-//! The control round's moves go through the actuator's `CgroupWriter` (`engine::OwnedWriter`:
+//! The control round's moves go through the actuator's `CgroupWriter` (`rounds::OwnedWriter`:
 //! cgroupfs, told to the runtime in NRI mode), which also migrates memory; admission only ever
 //! sets cpus (and a new container's mems).
 

@@ -476,7 +476,7 @@ impl Metrics {
                 "panic",
             ],
         );
-        // `daemon::engine`: a round that observed nothing
+        // `rounds`: a round that observed nothing
         reasons(&self.rounds_skipped, &["cgroup-walk", "sample-read"]);
         // `daemon::watcher`: errno of a watch that could not be added
         reasons(
@@ -523,7 +523,7 @@ impl Metrics {
                 result: result.into(),
             });
         }
-        // `daemon::engine`: the evidence a moved cgroup's score came from
+        // `rounds`: the evidence a moved cgroup's score came from
         for evidence in ["hinting-faults", "pmu", "share-model", "none"] {
             let _ = self.moves_by_evidence.get_or_create(&EvidenceLabel {
                 evidence: evidence.into(),
