@@ -228,7 +228,7 @@ fn truncated_or_corrupted_checkpoint_is_rebuilt_from_live_cgroups_with_a_warning
     assert_invariants(&tree, &st, d.checkpoint().as_ref(), BUDGET_MIB);
 }
 
-/// Seconds since midnight UTC of a log line's timestamp (`2026-11-29T19:32:52.606193Z ...`).
+/// Seconds since midnight UTC of a log line's timestamp (RFC 3339, `YYYY-MM-DDThh:mm:ss.ffffffZ ...`).
 fn log_secs(line: &str) -> Option<f64> {
     let t = line
         .split_whitespace()

@@ -384,7 +384,7 @@ mod tests {
             .contains_key("pod-late"));
     }
 
-    /// Review item 11: DELETE of a pod whose container is bound and running would free the
+    /// DELETE of a pod whose container is bound and running would free the
     /// CPUs it runs on for the next admission (an overlap of exclusive CPUs). It is refused
     /// with a 409 naming the cgroup, nothing released; once the cgroup is gone it succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,7 +96,7 @@ use super::Daemon;
 
 /// What one call of [`apply_moves`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Applied {
+pub struct AppliedMoves {
     pub applied: usize,
     /// (cgroup, reason) of each move that failed.
     pub failed: Vec<(String, &'static str)>,
@@ -114,9 +114,9 @@ pub fn apply_moves(
     moves: &[Move],
     now_ms: u64,
     dry_run: bool,
-) -> Applied {
+) -> AppliedMoves {
     let budget = budget_of(d);
-    let mut out = Applied::default();
+    let mut out = AppliedMoves::default();
     for (i, mv) in moves.iter().enumerate() {
         if d.stopping() {
             tracing::info!(
@@ -155,7 +155,7 @@ fn over_budget(d: &Daemon, mv: &Move, budget: u64) {
 
 /// What became of one move.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum MoveResult {
     Applied,
     /// Not written: the books refuse it now, or (writer threads) it takes CPUs that an
     /// earlier move which failed did not give up.
@@ -163,15 +163,15 @@ pub enum Outcome {
     Failed(&'static str),
 }
 
-impl Applied {
-    fn add(&mut self, mv: &Move, o: Outcome) {
+impl AppliedMoves {
+    fn add(&mut self, mv: &Move, o: MoveResult) {
         match o {
-            Outcome::Applied => {
+            MoveResult::Applied => {
                 self.applied += 1;
                 self.bytes = self.bytes.saturating_add(mv.bytes_to_migrate);
             }
-            Outcome::Refused(_) => {}
-            Outcome::Failed(reason) => self.failed.push((mv.cgroup.clone(), reason)),
+            MoveResult::Refused(_) => {}
+            MoveResult::Failed(reason) => self.failed.push((mv.cgroup.clone(), reason)),
         }
     }
 }
@@ -262,7 +262,7 @@ fn apply_one(
     dry_run: bool,
     premigrate: bool,
     clock: bool,
-) -> Outcome {
+) -> MoveResult {
     // With `clock` (a writer thread, whose move may end long after its round), the cooldown
     // starts when the move ends, not at the round's time.
     let at = |now_ms: u64| {
@@ -287,7 +287,7 @@ fn apply_one(
                     reason: reason.into(),
                 })
                 .inc();
-            return Outcome::Refused(reason);
+            return MoveResult::Refused(reason);
         }
     };
     let begun = controller::begin(mv, w, dry_run);
@@ -486,7 +486,7 @@ fn apply_one(
                     reason: trigger_name(&mv.reason),
                 })
                 .inc();
-            Outcome::Applied
+            MoveResult::Applied
         }
         Err(e) => {
             let reason = e.reason();
@@ -519,7 +519,7 @@ fn apply_one(
                     reason: reason.into(),
                 })
                 .inc();
-            Outcome::Failed(reason)
+            MoveResult::Failed(reason)
         }
     }
 }
@@ -666,7 +666,7 @@ struct Queue {
     /// counts against the budget too (see [`Applier::budget_used`]).
     ended: VecDeque<(Instant, u64)>,
     closed: bool,
-    report: Applied,
+    report: AppliedMoves,
 }
 
 #[derive(Clone)]
@@ -714,13 +714,13 @@ impl Queue {
 
     /// A move that ran has ended: out of `running`, its outcome reported, its bytes in the
     /// window (all but a refused one's, which wrote nothing).
-    fn end(&mut self, job: &Job, o: Outcome) {
+    fn end(&mut self, job: &Job, o: MoveResult) {
         self.running.retain(|j| j.id != job.id);
-        if !matches!(o, Outcome::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
+        if !matches!(o, MoveResult::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
             self.ended
                 .push_back((Instant::now(), job.mv.bytes_to_migrate));
         }
-        if o != Outcome::Applied {
+        if o != MoveResult::Applied {
             self.failed.insert(job.id, job.mv.cgroup.clone());
         }
         self.report.add(&job.mv, o);
@@ -962,7 +962,7 @@ impl Applier {
     }
 
     /// Waits until every move submitted is done; returns what was done since the last call.
-    pub fn wait(&self) -> Applied {
+    pub fn wait(&self) -> AppliedMoves {
         let mut q = self.queue();
         while !(q.waiting.is_empty() && q.running.is_empty()) {
             q = self
@@ -977,7 +977,7 @@ impl Applier {
 
     /// Applies what is queued (none of it after a stop: [`Daemon::request_stop`]), ends the
     /// threads and returns what was done since the last [`Applier::wait`].
-    pub fn finish(mut self) -> Applied {
+    pub fn finish(mut self) -> AppliedMoves {
         self.close();
         std::mem::take(&mut self.queue().report)
     }
@@ -1064,7 +1064,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                             .controller
                             .record_failure(&job.mv.cgroup, job.now_ms.max(super::boot_ms()));
                         w = writer();
-                        Outcome::Failed("panic")
+                        MoveResult::Failed("panic")
                     }
                 };
                 let want = d.lock().cfg.controller.apply_nice;
@@ -1081,7 +1081,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         reason: "blocked".into(),
                     })
                     .inc();
-                q.end(&job, Outcome::Refused("blocked"));
+                q.end(&job, MoveResult::Refused("blocked"));
                 pool.cv.notify_all();
             }
             Pick::Wait => {

@@ -468,7 +468,7 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
     );
 }
 
-/// Review item 6: a release whose checkpoint fails is undone (the pod holds its exclusive CPUs
+/// A release whose checkpoint fails is undone (the pod holds its exclusive CPUs
 /// again), so the shared pool must not have grown onto them: the shared container's cpuset
 /// stays disjoint from the exclusive CPUs the books still hold.
 #[test]
@@ -685,7 +685,7 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
     books_agree(&d, &fake.lock().unwrap()).unwrap();
 }
 
-/// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
+/// An admission that makes CPUs exclusive while a control round moves a shared
 /// container onto them. Before the fix the round's check and write ran outside the allocator
 /// lock: the admission's shrink saw the shared container where it was (or was overwritten by
 /// the round's write) and the container ended on the new exclusive CPUs. Now the move is

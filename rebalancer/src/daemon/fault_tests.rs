@@ -572,7 +572,7 @@ impl controller::CgroupWriter for StopDuringFirstMove {
     }
 }
 
-/// Review item 10: SIGTERM during a round's moves. The move under way finishes, no further
+/// SIGTERM during a round's moves. The move under way finishes, no further
 /// move starts (a slow migration would outlast the shutdown bound), and the applied move's
 /// cooldown is on disk before the daemon's final checkpoint (which the shutdown watchdog may
 /// not leave time for).
@@ -1077,8 +1077,8 @@ impl ShiftRig {
 /// a mark (a reading of the counters) at the first event of a burst and halfway through a
 /// period; a cgroup whose CPU time since the mark is on another node than in the last window
 /// is seen where it runs now and restarts its score. Without a mark, the same readings leave
-/// its settled score nearly whole; and when it moved late in a window (s19b: w3 had moved a
-/// window before the pins), the next window is compared with that one, still mostly on the
+/// its settled score nearly whole; and when it moved late in a window (a workload that had
+/// moved a window before the pins), the next window is compared with that one, still mostly on the
 /// node it left.
 #[test]
 fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {

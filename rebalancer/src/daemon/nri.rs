@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::cgroup::kube::{classify_in, CgroupKind, Qos};
+use crate::cgroup::kube::{classify_in, CgroupKind};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
@@ -46,6 +46,7 @@ use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
+use crate::placement::pod::Qos;
 use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// Device nodes of one container resolved through sysfs for alignment (three sysfs reads

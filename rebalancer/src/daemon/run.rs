@@ -543,7 +543,7 @@ mod tests {
         .unwrap();
     }
 
-    /// Review item 8: a daemon started with `--dry-run` (the file says nothing of it) stays in
+    /// A daemon started with `--dry-run` (the file says nothing of it) stays in
     /// dry-run across a SIGHUP, as does one whose file said dry_run = true and now says false;
     /// the rest of the reload applies. Dry-run on by a reload applies.
     #[test]
@@ -570,7 +570,7 @@ mod tests {
         assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
     }
 
-    /// Review item 13: the round thread's liveness limit (10 periods, at least 2 min) follows
+    /// The round thread's liveness limit (10 periods, at least 2 min) follows
     /// a reload that lengthens the period; with the limit of the start, a period of 1 min
     /// would make the thread "dead" (503, exit) between two healthy rounds.
     #[test]

@@ -60,10 +60,10 @@ pub struct Engine {
     topo_fingerprint: Option<String>,
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
-    written: Option<Result<crate::written::Tracker, String>>,
+    written: Option<Result<crate::written::WrittenPages, String>>,
     /// Each workload's own run-queue wait (`controller.own_wait`): `None` until first
     /// checked, then the tracker, or the reason this kernel cannot measure it.
-    own_wait: Option<Result<crate::runwait::Tracker, String>>,
+    own_wait: Option<Result<crate::runwait::OwnWait, String>>,
     /// Whether the thread budget of `runwait` was reported reached.
     own_wait_truncated: bool,
     /// The monotonic clock of `runwait`'s intervals starts here.

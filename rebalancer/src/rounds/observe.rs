@@ -77,7 +77,11 @@ impl Engine {
     /// The written-pages tracker when `controller.written_pages` is on and this kernel tracks
     /// soft-dirty bits; the first call probes and reports the source in `status` (loudly, with
     /// the reason, when it is absent).
-    fn written_tracker(&mut self, d: &Daemon, on: bool) -> Option<&mut crate::written::Tracker> {
+    fn written_tracker(
+        &mut self,
+        d: &Daemon,
+        on: bool,
+    ) -> Option<&mut crate::written::WrittenPages> {
         if !on {
             return None;
         }
@@ -98,7 +102,7 @@ impl Engine {
                 }
             };
             report_source(d, st);
-            self.written = Some(probed.map(|()| crate::written::Tracker::default()));
+            self.written = Some(probed.map(|()| crate::written::WrittenPages::default()));
         }
         self.written.as_mut().and_then(|w| w.as_mut().ok())
     }

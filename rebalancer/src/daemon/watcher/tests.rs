@@ -6,9 +6,9 @@ use crate::{
     topology::TopologyBuilder,
 };
 use crate::{
-    cgroup::Qos,
     cpuset::CpuSet,
     daemon::{writer::CgroupCpusetWriter, Daemon, Shared},
+    placement::pod::Qos,
 };
 use std::{
     path::{Path, PathBuf},
@@ -673,7 +673,7 @@ fn pod_for_reads_a_guaranteed_containers_hugetlb_limits() {
     assert_eq!(b.containers[0].hugepages_1gi_bytes, 0);
 }
 
-/// Review item 1: the watcher watched the whole cpuset hierarchy, users' delegated subtrees
+/// The watcher watched the whole cpuset hierarchy, users' delegated subtrees
 /// included (inotify watch exhaustion for the kubepods tree). Only the path to kubelet's root
 /// and the configured roots, and what is below them, are watched.
 #[test]
