@@ -136,9 +136,9 @@ pub struct NodeState {
     pub cells: Option<Vec<i64>>,
 }
 
-/// One memory block of a container (kubelet's `state.Block`).
+/// One memory block of a container (kubelet's `state.MemoryBlock`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct Block {
+pub struct KubeletMemoryBlock {
     #[serde(rename = "numaAffinity", default)]
     pub numa_affinity: Option<Vec<i64>>,
     #[serde(rename = "type", default)]
@@ -155,7 +155,7 @@ pub struct MemoryCheckpoint {
     #[serde(rename = "machineState", default = "empty_map")]
     pub machine_state: Option<BTreeMap<String, Option<NodeState>>>,
     #[serde(default = "empty_map")]
-    pub entries: Option<BTreeMap<String, BTreeMap<String, Vec<Block>>>>,
+    pub entries: Option<BTreeMap<String, BTreeMap<String, Vec<KubeletMemoryBlock>>>>,
     #[serde(default)]
     pub checksum: u64,
 }
@@ -270,7 +270,7 @@ pub fn spew_memory(c: &MemoryCheckpoint) -> Result<String, String> {
     }
     s.push_str(" Entries:(state.ContainerMemoryAssignments)");
     spew_map(&mut s, c.entries.as_ref(), |s, pod| {
-        spew_map(s, Some(pod), |s, blocks: &Vec<Block>| {
+        spew_map(s, Some(pod), |s, blocks: &Vec<KubeletMemoryBlock>| {
             s.push('[');
             for (i, b) in blocks.iter().enumerate() {
                 if i > 0 {
@@ -442,19 +442,19 @@ pub struct Assignment {
 }
 
 /// What kubelet's static managers assigned: pod uid → container name → assignment.
-pub type Assignments = BTreeMap<String, BTreeMap<String, Assignment>>;
+pub type StaticAssignments = BTreeMap<String, BTreeMap<String, Assignment>>;
 
 /// The static assignments of the two files (a file under another policy gives none).
 pub fn assignments(
     cpu: Option<&CpuCheckpoint>,
     mem: Option<&MemoryCheckpoint>,
     path: &Path,
-) -> Result<Assignments, KubeletStateError> {
+) -> Result<StaticAssignments, KubeletStateError> {
     let invalid = |what: String| KubeletStateError::Invalid {
         path: path.into(),
         what,
     };
-    let mut out = Assignments::new();
+    let mut out = StaticAssignments::new();
     if let Some(c) = cpu.filter(|c| c.policy_name.eq_ignore_ascii_case("static")) {
         for (pod, ctrs) in c.entries.iter().flatten() {
             for (name, set) in ctrs {
@@ -529,9 +529,9 @@ pub struct Status {
     pub warnings: Vec<String>,
     /// Each file's part of the adoption, kept when a later read of that file fails.
     #[serde(skip)]
-    cpu_part: Assignments,
+    cpu_part: StaticAssignments,
     #[serde(skip)]
-    memory_part: Assignments,
+    memory_part: StaticAssignments,
     /// The files' [`stamp`] when last read (None: never read).
     #[serde(skip)]
     stamp: Option<Stamp>,
@@ -598,7 +598,7 @@ pub fn read_files(dir: &Path) -> Files {
 }
 
 /// A parsed file: its policy, its stored checksum and its assignments (or why they are invalid).
-type FileRead = (String, u64, Result<Assignments, KubeletStateError>);
+type FileRead = (String, u64, Result<StaticAssignments, KubeletStateError>);
 
 /// One file's part of the adoption. A valid file's assignments replace the previous ones
 /// (none when the file is gone or its policy is not `static`). On any error — unreadable, not
@@ -607,18 +607,18 @@ type FileRead = (String, u64, Result<Assignments, KubeletStateError>);
 /// whatever the file now says (kubelet itself refuses to start on such a file). An unverified
 /// file (checksum 0) only adds containers to the previous part.
 fn settle(
-    prev: &Assignments,
+    prev: &StaticAssignments,
     prev_policy: &str,
     read: Result<Option<FileRead>, KubeletStateError>,
     path: &Path,
     errors: &mut Vec<KubeletStateError>,
-) -> (Assignments, String) {
+) -> (StaticAssignments, String) {
     match read {
         Err(e) => {
             errors.push(e);
             (prev.clone(), prev_policy.into())
         }
-        Ok(None) => (Assignments::new(), String::new()),
+        Ok(None) => (StaticAssignments::new(), String::new()),
         Ok(Some((policy, _, Err(e)))) => {
             errors.push(e);
             (prev.clone(), policy)
@@ -743,7 +743,7 @@ pub(crate) fn adopt(s: &mut super::Shared, metrics: &crate::serve::Metrics) {
 /// Replaces the adopted pods of `s`'s allocator by `assigned`; the refusals' reasons.
 fn install(
     s: &mut super::Shared,
-    assigned: &Assignments,
+    assigned: &StaticAssignments,
     adopted: &mut Vec<String>,
 ) -> Vec<String> {
     let alloc = &mut s.state.allocator;

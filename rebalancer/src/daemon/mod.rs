@@ -34,7 +34,7 @@ mod apply_tests;
 #[cfg(test)]
 mod books_tests;
 #[cfg(test)]
-mod fault_tests;
+pub(crate) mod fault_tests;
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +65,21 @@ pub struct Persisted {
     /// (`annotations`): kept here so a restart honours them before the runtime reconnects.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotated: BTreeMap<String, annotations::Ask>,
+}
+
+impl Persisted {
+    /// Nothing booked: an empty allocator on `topo` under `cfg`'s placement settings.
+    pub fn fresh(
+        topo: &Topology,
+        cfg: &Config,
+    ) -> Result<Persisted, crate::placement::admission::PlacementError> {
+        Ok(Persisted {
+            allocator: Allocator::new(topo, &cfg.placement)?,
+            bindings: Default::default(),
+            controller: Default::default(),
+            annotated: Default::default(),
+        })
+    }
 }
 
 /// Everything the daemon's tasks share.
@@ -178,17 +193,8 @@ impl Shared {
         topo: Topology,
         cfg: Config,
     ) -> Result<Shared, crate::placement::admission::PlacementError> {
-        let allocator = Allocator::new(&topo, &cfg.placement)?;
-        Ok(Shared::new(
-            topo,
-            cfg,
-            Persisted {
-                allocator,
-                bindings: Default::default(),
-                controller: Default::default(),
-                annotated: Default::default(),
-            },
-        ))
+        let state = Persisted::fresh(&topo, &cfg)?;
+        Ok(Shared::new(topo, cfg, state))
     }
 
     pub fn state_dir(&self) -> PathBuf {

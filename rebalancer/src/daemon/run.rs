@@ -18,8 +18,6 @@ use super::{admission::Admission, writer::CgroupCpusetWriter, Daemon, Persisted,
 use crate::{
     checkpoint,
     config::{AdmissionMode, Config},
-    controller::ControllerState,
-    placement::admission::Allocator,
     rounds::{self, Engine},
     serve::{self, socket},
     topology::sysfs,
@@ -29,15 +27,7 @@ use crate::{
 /// Its times are CLOCK_BOOTTIME milliseconds (see `daemon::boot_ms`): they keep their meaning
 /// across the restart; any from the future (an earlier boot) are clamped to now.
 pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
-    let fresh = || -> anyhow::Result<Persisted> {
-        Ok(Persisted {
-            allocator: Allocator::new(topo, &cfg.placement)
-                .context("building the allocator from config")?,
-            bindings: Default::default(),
-            controller: ControllerState::default(),
-            annotated: Default::default(),
-        })
-    };
+    let fresh = || Persisted::fresh(topo, cfg).context("building the allocator from config");
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
         // kubelet's Memory Manager Start: the stored memory state must match this machine
         Ok(Some(p)) if let Err(e) = p.allocator.check_restored(topo, &cfg.placement) => {

@@ -350,7 +350,7 @@ fn plan(
     controller::plan_scored(topo, obs, &scores, &ctl, &plan_cfg, now_ms)
 }
 
-/// The PMU DRAM counters were dropped (stuck or implausible, see `ebpf::pmu::Health`): the
+/// The PMU DRAM counters were dropped (stuck or implausible, see `ebpf::pmu::PmuHealth`): the
 /// source shows as unavailable with the reason in `status` and in the metrics.
 fn pmu_dropped(d: &Daemon, why: &str) {
     d.metrics.pmu_dropped.inc();
@@ -390,3 +390,6 @@ fn test_hook_hold_round(adm: &Admission) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+#[cfg(test)]
+mod tests;

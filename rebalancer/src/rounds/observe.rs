@@ -107,14 +107,9 @@ impl Engine {
         self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
-    /// Managed cgroups: Kubernetes containers (when enabled) and cgroups with processes at or
-    /// below a configured root, sorted. Paths are relative, without a leading '/'.
-    pub fn managed(&self, cfg: &Config) -> Option<Vec<String>> {
-        self.walk(cfg).map(|(managed, _)| managed)
-    }
-
-    /// The managed cgroups (see [`Engine::managed`]) and every cgroup that would be one with
-    /// processes in it (a configured root's empty cgroups).
+    /// The managed cgroups — Kubernetes containers (when enabled) and cgroups with processes
+    /// at or below a configured root, sorted, relative, without a leading '/' — and every
+    /// cgroup that would be one with processes in it (a configured root's empty cgroups).
     pub(super) fn walk(&self, cfg: &Config) -> Option<(Vec<String>, Vec<String>)> {
         // Only under kubelet's root and the configured roots: the rest of the hierarchy (users'
         // delegated subtrees, any number of cgroups) is never managed, so never walked.
