@@ -12,6 +12,7 @@ pub mod cpuset;
 pub mod daemon;
 pub mod ebpf;
 pub mod health;
+pub mod kubelet_files;
 pub mod nri;
 pub mod nrt;
 pub mod pages;

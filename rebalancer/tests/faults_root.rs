@@ -16,7 +16,7 @@ use rebalancer::{
     config::Config,
     controller::{Move, Trigger},
     cpuset::CpuSet,
-    daemon::{apply::apply_moves, Persisted, Shared},
+    daemon::{apply::apply_moves, status::StatusDoc, Persisted, Shared},
     rounds::OwnedWriter,
     serve::Metrics,
     topology::sysfs,
@@ -109,7 +109,7 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
     assert_eq!(d.lock().state.controller.failed_moves_total, 0);
     assert!(!cg.exists(Controller::Cpuset, &a));
     // Invariants on what is left (nothing is bound: this daemon admitted nothing).
-    let status = rebalancer::daemon::api::status_json(&d.lock());
+    let status = serde_json::to_value(StatusDoc::of(&d.lock())).unwrap();
     let eff = cg.effective_cpus(&b).unwrap();
     assert!(!eff.is_empty() && eff.is_subset(&cg.effective_cpus(&tree.burstable).unwrap()));
     tree.rmdir(&b).unwrap();

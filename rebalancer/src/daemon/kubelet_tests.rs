@@ -4,8 +4,10 @@
 use super::*;
 use crate::config::Config;
 use crate::daemon::Shared;
+use crate::kubelet_files::*;
 use crate::serve::Metrics;
 use crate::topology::TopologyBuilder;
+use std::collections::BTreeMap;
 
 /// kubelet's "Restore valid checkpoint" (policy none, so nothing to adopt).
 const CPU_NONE: &str = r#"{

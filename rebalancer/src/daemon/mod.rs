@@ -294,39 +294,37 @@ impl Shared {
                 ..Default::default()
             });
         }
-        let b = self.state.bindings.get(cg)?;
+        if !self.state.bindings.contains_key(cg) {
+            return None;
+        }
         let mut c = crate::controller::Constraints::default();
-        if let Some(pod) = self.state.allocator.pods.get(&b.pod_uid) {
-            if let Some(ac) = pod
-                .containers
-                .iter()
-                .find(|c| c.placement.container == b.container)
-            {
-                c.exclusive = ac.placement.exclusive;
-                c.exclusive_cpus = if c.exclusive {
-                    ac.placement.cpus.len() as u32
-                } else {
-                    0
-                };
-                c.needs_hugepages = ac.memory.is_some();
-                use crate::config::TopologyPolicy::*;
-                match self.cfg.placement.policy {
-                    SingleNumaNode => c.single_numa_node = true,
-                    Restricted => c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset()),
-                    _ => {}
-                }
-                if !ac.placement.devices.is_empty() {
-                    c.allowed_nodes = ac.placement.affinity.map(|m| m.to_cpuset());
-                }
-                // Memory Manager memory stays in its group (the nodes it was booked on).
-                if let Some(mem) = &ac.memory {
-                    let group = mem.nodes.to_cpuset();
-                    c.allowed_nodes = Some(match c.allowed_nodes.take() {
-                        Some(a) => a.intersection(&group),
-                        Option::None => group,
-                    });
-                }
-            }
+        // Bound, its pod or container gone meanwhile: nothing promised.
+        let Some(ac) = admission::bound_container(self, cg) else {
+            return Some(c);
+        };
+        c.exclusive = ac.placement.exclusive;
+        c.exclusive_cpus = if c.exclusive {
+            ac.placement.cpus.len() as u32
+        } else {
+            0
+        };
+        c.needs_hugepages = ac.memory.is_some();
+        let affinity = || ac.placement.affinity.map(|m| m.to_cpuset());
+        match self.cfg.placement.policy {
+            crate::config::TopologyPolicy::SingleNumaNode => c.single_numa_node = true,
+            crate::config::TopologyPolicy::Restricted => c.allowed_nodes = affinity(),
+            _ => {}
+        }
+        if !ac.placement.devices.is_empty() {
+            c.allowed_nodes = affinity();
+        }
+        // Memory Manager memory stays in its group (the nodes it was booked on).
+        if let Some(mem) = &ac.memory {
+            let group = mem.nodes.to_cpuset();
+            c.allowed_nodes = Some(match c.allowed_nodes.take() {
+                Some(a) => a.intersection(&group),
+                None => group,
+            });
         }
         Some(c)
     }

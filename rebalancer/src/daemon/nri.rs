@@ -1962,7 +1962,7 @@ mod tests {
         let pool = adjusted_cpus(&create(&mut p, &bp, &b).unwrap());
         let k = pool.iter().next().unwrap();
         let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+        let mut c = crate::kubelet_files::CpuCheckpoint {
             policy_name: "static".into(),
             default_cpu_set: String::new(),
             entries: Some(
@@ -1974,7 +1974,7 @@ mod tests {
             ),
             checksum: 0,
         };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        c.checksum = crate::kubelet_files::fnv1a32(&crate::kubelet_files::spew_cpu(&c)).into();
         std::fs::write(
             dir.path().join("cpu_manager_state"),
             format!(
@@ -2619,7 +2619,7 @@ mod tests {
     /// kubelet's static CPU Manager state in `dir` (its format and checksum): [`KUBE_UID`]'s
     /// container "app" on CPU 0, the default set 1-3; adopted by `p`'s daemon.
     fn kubelets_cpu_zero(p: &Policy, dir: &std::path::Path) {
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+        let mut c = crate::kubelet_files::CpuCheckpoint {
             policy_name: "static".into(),
             default_cpu_set: "1-3".into(),
             entries: Some(
@@ -2631,7 +2631,7 @@ mod tests {
             ),
             checksum: 0,
         };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        c.checksum = crate::kubelet_files::fnv1a32(&crate::kubelet_files::spew_cpu(&c)).into();
         std::fs::write(
             dir.join("cpu_manager_state"),
             format!(

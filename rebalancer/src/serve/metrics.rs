@@ -490,7 +490,7 @@ impl Metrics {
             &self.nri_direct_writes,
             &["not-connected", "not-runtime-container"],
         );
-        // `daemon::kubelet::KubeletStateError::reason`, and assignments refused
+        // `kubelet_files::KubeletStateError::reason`, and assignments refused
         reasons(
             &self.kubelet_state_errors,
             &[

@@ -982,7 +982,7 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
 const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
 
 fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
-    use crate::daemon::kubelet::{fnv1a32, spew_memory, MemoryCheckpoint};
+    use crate::kubelet_files::{fnv1a32, spew_memory, MemoryCheckpoint};
     let root = dir.join("cg");
     let kdir = dir.join("kubelet");
     std::fs::create_dir_all(&kdir).unwrap();
