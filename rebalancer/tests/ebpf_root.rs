@@ -365,18 +365,26 @@ fn read_10k_cgroups_timing() {
         "all 10,000 watched"
     );
     let mut full = Vec::new();
+    let mut steps = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
         let got = sampler.read().unwrap();
         full.push(t.elapsed());
+        steps.push(sampler.last_read_times());
         assert_eq!(got.len() as u64, n, "every watched cgroup read back");
     }
     full.sort();
+    let median = |f: fn(&rebalancer::ebpf::sample::ReadTimes) -> std::time::Duration| {
+        let mut v: Vec<_> = steps.iter().map(f).collect();
+        v.sort();
+        v[2]
+    };
     eprintln!(
         "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}; \
          entry by entry: read median {:?} (min {:?}), fold median {:?}; \
          batched: read median {:?} (min {:?}), fold median {:?}; \
-         Sampler::read (all of it) median {:?} (min {:?})",
+         Sampler::read (all of it) median {:?} (min {:?}); its steps' medians: maps {:?}, \
+         prune {:?}, monotone {:?}, fold {:?}, steal {:?}",
         n,
         nodes.len(),
         topo.cpus.len(),
@@ -387,7 +395,12 @@ fn read_10k_cgroups_timing() {
         b_reads[0],
         b_folds[2],
         full[2],
-        full[0]
+        full[0],
+        median(|t| t.maps),
+        median(|t| t.prune),
+        median(|t| t.monotone),
+        median(|t| t.fold),
+        median(|t| t.steal),
     );
 }
 

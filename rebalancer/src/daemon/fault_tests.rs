@@ -329,7 +329,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(Cgroups::new(
             Mounts::default(),
         ))),
     );
@@ -447,7 +447,7 @@ fn sampler_follows_cpu_hotplug() {
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(Cgroups::new(
             Mounts::default(),
         ))),
     );

@@ -9,8 +9,8 @@
 //! scaled DRAM events of a local-includes-remote pair (local = L·p − R·q) go back without any
 //! reset at all. Pure; unit-tested.
 use std::{
-    collections::{HashMap, HashSet},
-    hash::{BuildHasher, BuildHasherDefault, Hash, Hasher},
+    collections::{BTreeMap, HashMap, HashSet},
+    hash::{BuildHasherDefault, Hash, Hasher},
 };
 
 use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey};
@@ -131,39 +131,38 @@ impl CgroupKey for CgReasonKey {
     }
 }
 
-/// One key: its last raw value, its cumulative value, and the read that last found it.
-#[derive(Debug)]
+/// One key: its last raw value and its cumulative value.
+#[derive(Clone, Copy, Debug, Default)]
 struct Seen<V> {
     last: V,
     cum: V,
-    read: u64,
 }
 
 /// One map's keys.
 #[derive(Debug)]
-pub struct Monotone<K, V, S = BuildHasherDefault<IdHasher>> {
-    seen: HashMap<K, Seen<V>, S>,
+pub struct Monotone<K, V> {
+    /// Keys found at earlier reads (or skipped by a walk that was not exhaustive), sorted:
+    /// a read, sorted too, is walked in step with them (no lookup per entry).
+    seen: Vec<(K, Seen<V>)>,
     /// Counts of vanished keys folded into one key per cgroup (`fold`).
-    carried: HashMap<K, V, S>,
+    carried: BTreeMap<K, V>,
     /// The key a vanished key's counts are folded into, for a map whose reader sums a
     /// cgroup's keys anyway (`EVENTS`): the state then stays one entry per cgroup however many
     /// of its keys come and go. None: a vanished key is carried as itself (its key matters).
     fold: Option<fn(&K) -> K>,
-    reads: u64,
 }
 
-impl<K, V, S: Default> Default for Monotone<K, V, S> {
+impl<K, V> Default for Monotone<K, V> {
     fn default() -> Self {
         Monotone {
-            seen: HashMap::default(),
-            carried: HashMap::default(),
+            seen: Vec::new(),
+            carried: BTreeMap::new(),
             fold: None,
-            reads: 0,
         }
     }
 }
 
-impl<K: CgroupKey, V: Counters, S: BuildHasher> Monotone<K, V, S> {
+impl<K: CgroupKey + Ord, V: Counters> Monotone<K, V> {
     /// Rewrites the entries of `kept` cgroups in `entries` (raw values of one read) into
     /// cumulative values, and appends the cumulative values of their keys this read did not
     /// find. `exhaustive`: the read saw every key in the map, so a key it did not find is gone
@@ -171,56 +170,63 @@ impl<K: CgroupKey, V: Counters, S: BuildHasher> Monotone<K, V, S> {
     /// last value (a re-created entry below it is still a reset). Entries of cgroups not kept
     /// pass through as read and leave no state: a cgroup kept again later starts from what
     /// its entries count then, as the engine, which forgot it too, expects. A key found twice
-    /// in one read counts once.
+    /// in one read counts once (the first). `entries` come back sorted by key, the carried
+    /// counts after them.
     pub fn apply(
         &mut self,
         entries: &mut Vec<(K, V)>,
         exhaustive: bool,
         kept: impl Fn(u64) -> bool,
     ) {
-        self.reads += 1;
-        let read = self.reads;
-        let seen = &mut self.seen;
-        entries.retain_mut(|(k, v)| {
-            if !kept(k.cgroup()) {
-                seen.remove(k);
-                return true;
-            }
-            let s = seen.entry(*k).or_insert_with(|| Seen {
-                last: V::default(),
-                cum: V::default(),
-                read: 0,
-            });
-            if s.read == read {
-                return false;
-            }
-            V::advance(&mut s.cum, &s.last, v);
-            s.last = *v;
-            s.read = read;
-            *v = s.cum;
-            true
-        });
+        // Stable: of a key read twice, the first stays first.
+        entries.sort_by_key(|e| e.0);
+        let read = std::mem::take(entries);
+        let before = std::mem::take(&mut self.seen);
+        let mut seen: Vec<(K, Seen<V>)> = Vec::with_capacity(before.len().max(read.len()));
+        let mut out: Vec<(K, V)> = Vec::with_capacity(read.len() + self.carried.len());
         let (fold, carried) = (self.fold, &mut self.carried);
-        self.seen.retain(|k, s| {
-            if s.read == read {
-                return true;
-            }
+        // A key seen before that this read did not find.
+        let mut unread = |k: K, mut s: Seen<V>, out: &mut Vec<(K, V)>, seen: &mut Vec<_>| {
             if !kept(k.cgroup()) {
-                return false;
+                return;
             }
             if exhaustive {
                 // Gone from the map.
                 if let Some(f) = fold {
-                    carried.entry(f(k)).or_default().add(&s.cum);
-                    return false;
+                    carried.entry(f(&k)).or_default().add(&s.cum);
+                    return;
                 }
                 s.last = V::default();
             }
-            entries.push((*k, s.cum));
-            true
-        });
+            out.push((k, s.cum));
+            seen.push((k, s));
+        };
+        let mut before = before.into_iter().peekable();
+        for (k, v) in read {
+            while let Some((bk, s)) = before.next_if(|(bk, _)| *bk < k) {
+                unread(bk, s, &mut out, &mut seen);
+            }
+            let last = before.next_if(|(bk, _)| *bk == k).map(|(_, s)| s);
+            if !kept(k.cgroup()) {
+                out.push((k, v));
+                continue;
+            }
+            if seen.last().is_some_and(|(sk, _)| *sk == k) {
+                continue;
+            }
+            let mut s = last.unwrap_or_default();
+            V::advance(&mut s.cum, &s.last, &v);
+            s.last = v;
+            out.push((k, s.cum));
+            seen.push((k, s));
+        }
+        for (bk, s) in before {
+            unread(bk, s, &mut out, &mut seen);
+        }
+        self.seen = seen;
         carried.retain(|k, _| kept(k.cgroup()));
-        entries.extend(carried.iter().map(|(k, v)| (*k, *v)));
+        out.extend(carried.iter().map(|(k, v)| (*k, *v)));
+        *entries = out;
     }
 
     /// Keys remembered (present at the last read, or carried for a kept cgroup).
@@ -293,7 +299,7 @@ impl MonotoneMaps {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::hash::BuildHasher;
 
     use super::*;
     use crate::ebpf::sample::fold;
@@ -519,6 +525,105 @@ mod tests {
         }
     }
 
+    /// One key: its last raw value, its cumulative value, and the read that last found it.
+    #[derive(Debug)]
+    struct SeenAt<V> {
+        last: V,
+        cum: V,
+        read: u64,
+    }
+
+    /// One map's keys in hash tables, as the counts were kept before the sorted walk: the
+    /// oracle [`Monotone`] must equal.
+    #[derive(Debug)]
+    pub struct ByHash<K, V, S> {
+        seen: HashMap<K, SeenAt<V>, S>,
+        /// Counts of vanished keys folded into one key per cgroup (`fold`).
+        carried: HashMap<K, V, S>,
+        /// The key a vanished key's counts are folded into, for a map whose reader sums a
+        /// cgroup's keys anyway (`EVENTS`): the state then stays one entry per cgroup however many
+        /// of its keys come and go. None: a vanished key is carried as itself (its key matters).
+        fold: Option<fn(&K) -> K>,
+        reads: u64,
+    }
+
+    impl<K, V, S: Default> Default for ByHash<K, V, S> {
+        fn default() -> Self {
+            ByHash {
+                seen: HashMap::default(),
+                carried: HashMap::default(),
+                fold: None,
+                reads: 0,
+            }
+        }
+    }
+
+    impl<K: CgroupKey, V: Counters, S: BuildHasher> ByHash<K, V, S> {
+        /// Rewrites the entries of `kept` cgroups in `entries` (raw values of one read) into
+        /// cumulative values, and appends the cumulative values of their keys this read did not
+        /// find. `exhaustive`: the read saw every key in the map, so a key it did not find is gone
+        /// and counts from 0 when it comes back; otherwise it may have been skipped, and keeps its
+        /// last value (a re-created entry below it is still a reset). Entries of cgroups not kept
+        /// pass through as read and leave no state: a cgroup kept again later starts from what
+        /// its entries count then, as the engine, which forgot it too, expects. A key found twice
+        /// in one read counts once.
+        pub fn apply(
+            &mut self,
+            entries: &mut Vec<(K, V)>,
+            exhaustive: bool,
+            kept: impl Fn(u64) -> bool,
+        ) {
+            self.reads += 1;
+            let read = self.reads;
+            let seen = &mut self.seen;
+            entries.retain_mut(|(k, v)| {
+                if !kept(k.cgroup()) {
+                    seen.remove(k);
+                    return true;
+                }
+                let s = seen.entry(*k).or_insert_with(|| SeenAt {
+                    last: V::default(),
+                    cum: V::default(),
+                    read: 0,
+                });
+                if s.read == read {
+                    return false;
+                }
+                V::advance(&mut s.cum, &s.last, v);
+                s.last = *v;
+                s.read = read;
+                *v = s.cum;
+                true
+            });
+            let (fold, carried) = (self.fold, &mut self.carried);
+            self.seen.retain(|k, s| {
+                if s.read == read {
+                    return true;
+                }
+                if !kept(k.cgroup()) {
+                    return false;
+                }
+                if exhaustive {
+                    // Gone from the map.
+                    if let Some(f) = fold {
+                        carried.entry(f(k)).or_default().add(&s.cum);
+                        return false;
+                    }
+                    s.last = V::default();
+                }
+                entries.push((*k, s.cum));
+                true
+            });
+            carried.retain(|k, _| kept(k.cgroup()));
+            entries.extend(carried.iter().map(|(k, v)| (*k, *v)));
+        }
+
+        /// Keys remembered (present at the last read, or carried for a kept cgroup).
+        pub fn len(&self) -> usize {
+            self.seen.len() + self.carried.len()
+        }
+    }
+
     type Reads = Vec<(Vec<(u64, u32, u64)>, bool, u64)>;
 
     /// One read's `CPU_TIME` and `EVENTS` (migrations) entries, and the keys remembered.
@@ -539,15 +644,52 @@ mod tests {
         )
     }
 
-    /// Runs `reads` through a `CPU_TIME`-like and an `EVENTS`-like [`Monotone`] with the
-    /// hasher `S`; the entries of each read sorted (the order a table hands them out in is
-    /// the hasher's; every reader sums them).
-    fn run<S: BuildHasher + Default>(reads: &Reads) -> Vec<ReadOut> {
-        let mut cpu: Monotone<CgNodeKey, u64, S> = Monotone::default();
-        let mut events: Monotone<CgNodeKey, CgEvents, S> = Monotone {
-            fold: Some(events_carry),
-            ..Monotone::default()
-        };
+    /// A map's counts kept one way or the other.
+    trait Counts<V> {
+        fn apply(
+            &mut self,
+            entries: &mut Vec<(CgNodeKey, V)>,
+            exhaustive: bool,
+            kept: &dyn Fn(u64) -> bool,
+        );
+        fn len(&self) -> usize;
+    }
+
+    impl<V: Counters> Counts<V> for Monotone<CgNodeKey, V> {
+        fn apply(
+            &mut self,
+            entries: &mut Vec<(CgNodeKey, V)>,
+            exhaustive: bool,
+            kept: &dyn Fn(u64) -> bool,
+        ) {
+            Monotone::apply(self, entries, exhaustive, kept)
+        }
+        fn len(&self) -> usize {
+            Monotone::len(self)
+        }
+    }
+
+    impl<V: Counters, S: BuildHasher> Counts<V> for ByHash<CgNodeKey, V, S> {
+        fn apply(
+            &mut self,
+            entries: &mut Vec<(CgNodeKey, V)>,
+            exhaustive: bool,
+            kept: &dyn Fn(u64) -> bool,
+        ) {
+            ByHash::apply(self, entries, exhaustive, kept)
+        }
+        fn len(&self) -> usize {
+            ByHash::len(self)
+        }
+    }
+
+    /// Runs `reads` through a `CPU_TIME`-like and an `EVENTS`-like counter; the entries of
+    /// each read sorted (every reader sums them, in any order).
+    fn run(
+        reads: &Reads,
+        cpu: &mut dyn Counts<u64>,
+        events: &mut dyn Counts<CgEvents>,
+    ) -> Vec<ReadOut> {
         reads
             .iter()
             .map(|(entries, exhaustive, kept_bits)| {
@@ -558,8 +700,8 @@ mod tests {
                     .iter()
                     .map(|&(cg, n, v)| (key(cg, n), ev(v)))
                     .collect();
-                cpu.apply(&mut c, *exhaustive, kept);
-                events.apply(&mut e, *exhaustive, kept);
+                cpu.apply(&mut c, *exhaustive, &kept);
+                events.apply(&mut e, *exhaustive, &kept);
                 let mut e: Vec<(CgNodeKey, u64)> =
                     e.into_iter().map(|(k, v)| (k, v.migrations)).collect();
                 c.sort();
@@ -570,14 +712,27 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The fast hasher changes nothing but speed: the same counts, read after read, as
-        /// the standard library's default hasher.
+        /// The sorted walk counts exactly as hash tables looked up key by key did, read after
+        /// read (evictions, skipped keys, cgroups dropped and kept again, keys read twice).
         #[test]
-        fn id_hasher_counts_as_the_default_hasher(reads in reads()) {
-            proptest::prop_assert_eq!(
-                run::<BuildHasherDefault<IdHasher>>(&reads),
-                run::<std::collections::hash_map::RandomState>(&reads)
+        fn sorted_walk_counts_as_hash_tables(reads in reads()) {
+            let sorted = run(
+                &reads,
+                &mut Monotone::<CgNodeKey, u64>::default(),
+                &mut Monotone::<CgNodeKey, CgEvents> {
+                    fold: Some(events_carry),
+                    ..Monotone::default()
+                },
             );
+            let by_hash = run(
+                &reads,
+                &mut ByHash::<CgNodeKey, u64, std::collections::hash_map::RandomState>::default(),
+                &mut ByHash::<CgNodeKey, CgEvents, std::collections::hash_map::RandomState> {
+                    fold: Some(events_carry),
+                    ..ByHash::default()
+                },
+            );
+            proptest::prop_assert_eq!(sorted, by_hash);
         }
     }
 }

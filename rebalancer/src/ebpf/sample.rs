@@ -58,56 +58,90 @@ pub fn sum_u64(values: impl IntoIterator<Item = u64>) -> u64 {
 /// per cgroup by each side's period (`pmu::scale`; `local_includes_remote` for an event pair
 /// whose local event counts every DRAM read); `Sample::pmu` is left false (the sampler sets
 /// it); reasons without a name are called `reason<N>`.
+///
+/// The entries are sorted by cgroup id (the maps return them in hash order) and walked once:
+/// each sample is built whole and the map is built from sorted pairs in one go, instead of a
+/// search of the map per entry (tens of thousands a read). Sums saturate, so their order does
+/// not matter.
 pub fn fold(
     raw: &RawMaps,
     cpu_node: impl Fn(u32) -> Option<u32>,
     reason_names: &BTreeMap<u32, String>,
     local_includes_remote: bool,
 ) -> BTreeMap<u64, Sample> {
-    let mut out: BTreeMap<u64, Sample> = BTreeMap::new();
-    let mut add_ns = |cg: u64, node: u32, ns: u64| {
-        let e = out.entry(cg).or_default().cpu_ns.entry(node).or_default();
-        *e = e.saturating_add(ns);
-    };
-    for (k, ns) in &raw.cpu_time {
-        add_ns(k.cgroup_id, k.node, *ns);
-    }
-    for (cpu, st) in &raw.pending {
-        if st.pending_ns != 0 && st.cgroup_id != 0 {
-            add_ns(st.cgroup_id, cpu_node(*cpu).unwrap_or(0), st.pending_ns);
+    let mut cpu: Vec<(u64, u32, u64)> = Vec::with_capacity(raw.cpu_time.len() + raw.pending.len());
+    cpu.extend(
+        raw.cpu_time
+            .iter()
+            .map(|(k, ns)| (k.cgroup_id, k.node, *ns)),
+    );
+    cpu.extend(
+        raw.pending
+            .iter()
+            .filter(|(_, st)| st.pending_ns != 0 && st.cgroup_id != 0)
+            .map(|(c, st)| (st.cgroup_id, cpu_node(*c).unwrap_or(0), st.pending_ns)),
+    );
+    cpu.sort_unstable_by_key(|&(cg, node, _)| (cg, node));
+    let mut events: Vec<(u64, &CgEvents)> =
+        raw.events.iter().map(|(k, e)| (k.cgroup_id, e)).collect();
+    events.sort_unstable_by_key(|&(cg, _)| cg);
+    let mut reasons: Vec<(u64, u32, u64)> = raw
+        .reasons
+        .iter()
+        .map(|(k, pages)| (k.cgroup_id, k.reason, *pages))
+        .collect();
+    reasons.sort_unstable_by_key(|&(cg, reason, _)| (cg, reason));
+
+    let (mut c, mut e, mut r) = (0, 0, 0);
+    let mut out: Vec<(u64, Sample)> = Vec::new();
+    loop {
+        let Some(id) = [
+            cpu.get(c).map(|x| x.0),
+            events.get(e).map(|x| x.0),
+            reasons.get(r).map(|x| x.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min() else {
+            break;
+        };
+        let mut s = Sample::default();
+        let mut nodes: Vec<(u32, u64)> = Vec::new();
+        while let Some(&(_, node, ns)) = cpu.get(c).filter(|x| x.0 == id) {
+            match nodes.last_mut() {
+                Some((n, sum)) if *n == node => *sum = sum.saturating_add(ns),
+                _ => nodes.push((node, ns)),
+            }
+            c += 1;
         }
-    }
-    for (k, e) in &raw.events {
-        let s = out.entry(k.cgroup_id).or_default();
-        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
-        add(&mut s.migrations, e.migrations);
-        add(&mut s.cross_node_migrations, e.cross_node_migrations);
-        add(&mut s.numa_moves, e.numa_moves);
-        add(&mut s.numa_stuck, e.numa_stuck);
-        add(&mut s.pages_migrated, e.pages_migrated);
-        add(&mut s.local_faults, e.local_faults);
-        add(&mut s.remote_faults, e.remote_faults);
-        add(&mut s.local_samples, e.local_events);
-        add(&mut s.remote_samples, e.remote_events);
-    }
-    for s in out.values_mut() {
+        s.cpu_ns = nodes.into_iter().collect();
+        while let Some(&(_, ev)) = events.get(e).filter(|x| x.0 == id) {
+            let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+            add(&mut s.migrations, ev.migrations);
+            add(&mut s.cross_node_migrations, ev.cross_node_migrations);
+            add(&mut s.numa_moves, ev.numa_moves);
+            add(&mut s.numa_stuck, ev.numa_stuck);
+            add(&mut s.pages_migrated, ev.pages_migrated);
+            add(&mut s.local_faults, ev.local_faults);
+            add(&mut s.remote_faults, ev.remote_faults);
+            add(&mut s.local_samples, ev.local_events);
+            add(&mut s.remote_samples, ev.remote_events);
+            e += 1;
+        }
         (s.local_events, s.remote_events) =
             pmu::scale(local_includes_remote, s.local_samples, s.remote_samples);
+        while let Some(&(_, reason, pages)) = reasons.get(r).filter(|x| x.0 == id) {
+            let name = reason_names
+                .get(&reason)
+                .cloned()
+                .unwrap_or_else(|| format!("reason{reason}"));
+            let v = s.pages_by_reason.entry(name).or_default();
+            *v = v.saturating_add(pages);
+            r += 1;
+        }
+        out.push((id, s));
     }
-    for (k, pages) in &raw.reasons {
-        let name = reason_names
-            .get(&k.reason)
-            .cloned()
-            .unwrap_or_else(|| format!("reason{}", k.reason));
-        let v = out
-            .entry(k.cgroup_id)
-            .or_default()
-            .pages_by_reason
-            .entry(name)
-            .or_default();
-        *v = v.saturating_add(*pages);
-    }
-    out
+    out.into_iter().collect()
 }
 
 /// What [`Sampler::read`] makes of map contents: [`fold`], then the PMU pair's health checked
@@ -276,6 +310,23 @@ pub struct Sampler {
     cg_entries: u32,
     /// The perf_event programs' events per CPU (see [`Sampler::sync_cpus`]).
     perf: PerfCpus,
+    /// Where the last [`Sampler::read`]'s time went.
+    read_times: ReadTimes,
+}
+
+/// Wall time of each step of one [`Sampler::read`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadTimes {
+    /// The maps read (`read_raw`) and the CPU counters (/proc/stat, per-CPU samples).
+    pub maps: std::time::Duration,
+    /// Entries of cgroups gone or no longer watched found and deleted.
+    pub prune: std::time::Duration,
+    /// Raw values made monotone key by key.
+    pub monotone: std::time::Duration,
+    /// [`fold_read`] and the samples of cgroups not kept dropped.
+    pub fold: std::time::Duration,
+    /// The steal correction.
+    pub steal: std::time::Duration,
 }
 
 /// Nodes of `topo` with CPUs.
@@ -382,6 +433,7 @@ impl Sampler {
             monotone: MonotoneMaps::default(),
             cg_entries: loaded.cg_entries,
             perf: loaded.perf,
+            read_times: ReadTimes::default(),
         };
         // The first interval starts now (the reading needs the loaded STATS map).
         s.steal.reset(s.cpu_reading());
@@ -456,11 +508,14 @@ impl Sampler {
         if self.watched.is_none() {
             self.refresh_paths();
         }
+        let t = std::time::Instant::now();
         let mut raw = self.read_raw()?;
         let reading = self.cpu_reading();
         if let Some(r) = &reading {
             self.perf.check_clock(&r.samples, std::time::Instant::now());
         }
+        let maps = t.elapsed();
+        let t = std::time::Instant::now();
         let (deleted, stale) = if self.paths.is_empty() && self.watched.is_none() {
             (0, 0)
         } else {
@@ -470,6 +525,8 @@ impl Sampler {
         self.stale = stale;
         // Summed until taken: a mark's read between two rounds deletes entries too.
         self.deleted = self.deleted.saturating_add(deleted);
+        let prune = t.elapsed();
+        let t = std::time::Instant::now();
         // The counts of a watched cgroup survive the eviction of its entries. Without a watch
         // list (`rebalancer sample`, a daemon whose watch list could not be written) the maps'
         // raw values are used as read: no state for a tenant's every cgroup that ever ran.
@@ -477,6 +534,8 @@ impl Sampler {
         self.monotone.apply(&mut raw, |id| {
             watched.as_ref().is_some_and(|w| w.contains(&id))
         });
+        let monotone = t.elapsed();
+        let t = std::time::Instant::now();
         let (mut out, dropped) = fold_read(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -494,8 +553,22 @@ impl Sampler {
         } else if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
+        let fold = t.elapsed();
+        let t = std::time::Instant::now();
         self.steal.apply(reading, &self.cpu_node, &mut out);
+        self.read_times = ReadTimes {
+            maps,
+            prune,
+            monotone,
+            fold,
+            steal: t.elapsed(),
+        };
         Ok(out)
+    }
+
+    /// Where the last [`Sampler::read`]'s time went.
+    pub fn last_read_times(&self) -> ReadTimes {
+        self.read_times
     }
 
     /// /proc/stat and the per-CPU cpu-clock sample counts now (None when /proc/stat is
@@ -645,12 +718,10 @@ impl Sampler {
             })
             .collect();
         let before = std::mem::replace(&mut self.missing_before, missing);
-        let missing_before = &self.missing_before;
+        let missing = &self.missing_before;
         // Watching: an id the daemon no longer watches gets no new counts; delete it at once.
-        let gone = |id: &u64| match watched {
-            Some(w) => !w.contains(id),
-            None => missing_before.contains(id) && before.contains(id),
-        };
+        // The look-ups go to the (usually empty) set of missing ids, not to the watch list.
+        let gone = |id: &u64| missing.contains(id) && (watched.is_some() || before.contains(id));
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
             .iter()
@@ -693,9 +764,13 @@ impl Sampler {
             let _ = m.remove(k);
         }
         let deleted = cpu.len() + ev.len() + rs.len();
-        let missing_entries = raw_ids(raw)
-            .filter(|id| self.missing_before.contains(id))
-            .count();
+        let missing_entries = if self.missing_before.is_empty() {
+            0
+        } else {
+            raw_ids(raw)
+                .filter(|id| self.missing_before.contains(id))
+                .count()
+        };
         Ok((deleted, missing_entries.saturating_sub(deleted)))
     }
 
@@ -1043,6 +1118,112 @@ mod tests {
         assert_eq!(b.pages_by_reason["numa_misplaced"], 512);
         assert_eq!(b.pages_by_reason["reason14"], 1);
         assert_eq!(out.len(), 2);
+    }
+
+    /// The fold as it was (a map search per entry): the oracle the sorted walk must equal.
+    fn fold_by_search(
+        raw: &RawMaps,
+        cpu_node: impl Fn(u32) -> Option<u32>,
+        reason_names: &BTreeMap<u32, String>,
+        local_includes_remote: bool,
+    ) -> BTreeMap<u64, Sample> {
+        let mut out: BTreeMap<u64, Sample> = BTreeMap::new();
+        let mut add_ns = |cg: u64, node: u32, ns: u64| {
+            let e = out.entry(cg).or_default().cpu_ns.entry(node).or_default();
+            *e = e.saturating_add(ns);
+        };
+        for (k, ns) in &raw.cpu_time {
+            add_ns(k.cgroup_id, k.node, *ns);
+        }
+        for (cpu, st) in &raw.pending {
+            if st.pending_ns != 0 && st.cgroup_id != 0 {
+                add_ns(st.cgroup_id, cpu_node(*cpu).unwrap_or(0), st.pending_ns);
+            }
+        }
+        for (k, e) in &raw.events {
+            let s = out.entry(k.cgroup_id).or_default();
+            let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+            add(&mut s.migrations, e.migrations);
+            add(&mut s.cross_node_migrations, e.cross_node_migrations);
+            add(&mut s.numa_moves, e.numa_moves);
+            add(&mut s.numa_stuck, e.numa_stuck);
+            add(&mut s.pages_migrated, e.pages_migrated);
+            add(&mut s.local_faults, e.local_faults);
+            add(&mut s.remote_faults, e.remote_faults);
+            add(&mut s.local_samples, e.local_events);
+            add(&mut s.remote_samples, e.remote_events);
+        }
+        for s in out.values_mut() {
+            (s.local_events, s.remote_events) =
+                pmu::scale(local_includes_remote, s.local_samples, s.remote_samples);
+        }
+        for (k, pages) in &raw.reasons {
+            let name = reason_names
+                .get(&k.reason)
+                .cloned()
+                .unwrap_or_else(|| format!("reason{}", k.reason));
+            let v = out
+                .entry(k.cgroup_id)
+                .or_default()
+                .pages_by_reason
+                .entry(name)
+                .or_default();
+            *v = v.saturating_add(*pages);
+        }
+        out
+    }
+
+    /// Values near `u64::MAX` half the time (saturation), small ones otherwise.
+    fn count() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![0u64..1_000, (u64::MAX - 1_000)..=u64::MAX]
+    }
+
+    proptest::proptest! {
+        /// The sorted walk folds any map contents (repeated keys, ids present in one map
+        /// only, pending time on CPUs with and without a node, unnamed reasons, saturating
+        /// sums) exactly as a map search per entry does.
+        #[test]
+        fn fold_equals_a_search_per_entry(
+            cpu in proptest::collection::vec((0u64..40, 0u32..4, count()), 0..120),
+            pending in proptest::collection::vec((0u32..6, 0u64..40, count()), 0..8),
+            events in proptest::collection::vec((0u64..40, 0u32..4, [count(), count(), count()]), 0..80),
+            reasons in proptest::collection::vec((0u64..40, 0u32..4, count()), 0..40),
+            lir: bool,
+        ) {
+            let raw = RawMaps {
+                cpu_time: cpu.iter().map(|&(cg, n, v)| (key(cg, n), v)).collect(),
+                pending: pending
+                    .iter()
+                    .map(|&(c, cg, ns)| (c, SwitchState { last_ns: 0, cgroup_id: cg, pending_ns: ns }))
+                    .collect(),
+                events: events
+                    .iter()
+                    .map(|&(cg, n, [a, b, c])| {
+                        let e = CgEvents {
+                            migrations: a,
+                            numa_moves: b,
+                            remote_faults: c,
+                            local_events: a,
+                            remote_events: c,
+                            ..Default::default()
+                        };
+                        (key(cg, n), e)
+                    })
+                    .collect(),
+                reasons: reasons
+                    .iter()
+                    .map(|&(cg, reason, v)| (CgReasonKey { cgroup_id: cg, reason, _pad: 0 }, v))
+                    .collect(),
+                exhaustive: true,
+            };
+            let names = BTreeMap::from([(1, "numa_misplaced".to_string())]);
+            let node_of = |cpu: u32| (cpu < 4).then_some(cpu % 2);
+            proptest::prop_assert_eq!(
+                fold(&raw, node_of, &names, lir),
+                fold_by_search(&raw, node_of, &names, lir)
+            );
+        }
     }
 
     /// Without eBPF the daemon gets no sampler and a reason for every source.

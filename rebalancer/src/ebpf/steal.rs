@@ -17,7 +17,7 @@
 //! returns cumulative samples. Pure: the caller reads /proc/stat and the maps.
 use std::collections::BTreeMap;
 
-use super::{monotone::IdMap, Sample};
+use super::Sample;
 use crate::procfs::CpuTimes;
 
 /// What one on-CPU credit is.
@@ -86,16 +86,26 @@ pub fn steal_share(before: &CpuReading, after: &CpuReading) -> f64 {
     }
 }
 
+/// One (cgroup, node)'s on-CPU time as [`StealCorrection`] last saw it.
+#[derive(Debug)]
+struct Counted {
+    key: (u64, u32),
+    /// Raw cumulative ns (the baseline of the next read).
+    raw: u64,
+    /// Corrected cumulative ns.
+    corrected: u64,
+}
+
 /// Turns raw cumulative on-CPU time into steal-corrected cumulative time, read after read.
 #[derive(Debug)]
 pub struct StealCorrection {
     clock: OnCpuClock,
     ns_per_tick: u64,
     prev: Option<CpuReading>,
-    /// Raw cumulative ns per (cgroup, node) at the previous read.
-    raw: IdMap<(u64, u32), u64>,
-    /// Corrected cumulative ns per (cgroup, node).
-    corrected: IdMap<(u64, u32), u64>,
+    /// Per (cgroup, node), sorted by it: the raw cumulative ns at the previous read and the
+    /// corrected cumulative ns. The samples come in the same order, so a read walks both in
+    /// step (no lookup per entry).
+    counted: Vec<Counted>,
     last_steal_share: f64,
 }
 
@@ -106,8 +116,7 @@ impl StealCorrection {
             clock,
             ns_per_tick,
             prev: first,
-            raw: IdMap::default(),
-            corrected: IdMap::default(),
+            counted: Vec::new(),
             last_steal_share: 0.0,
         }
     }
@@ -150,24 +159,22 @@ impl StealCorrection {
         for n in cpu_node.values() {
             *node_cpus.entry(*n).or_default() += 1;
         }
-        let mut raw = IdMap::with_capacity_and_hasher(self.raw.len(), Default::default());
-        let mut corrected =
-            IdMap::with_capacity_and_hasher(self.corrected.len(), Default::default());
+        let mut counted = Vec::with_capacity(self.counted.len());
+        let mut before_read = self.counted.iter().peekable();
         for (cg, s) in samples.iter_mut() {
             for (node, ns) in s.cpu_ns.iter_mut() {
                 let key = (*cg, *node);
-                let before = self.raw.get(&key).copied().unwrap_or(0);
+                // Keys of the last read that this one lacks are passed (forgotten).
+                while before_read.next_if(|c| c.key < key).is_some() {}
+                let (before, corrected) = before_read
+                    .next_if(|c| c.key == key)
+                    .map_or((0, 0), |c| (c.raw, c.corrected));
                 let new = ns.saturating_sub(before);
                 let add = match factors.get(node) {
                     Some(f) => (new as f64 * f).round() as u64,
                     None => new,
                 };
-                let c = self
-                    .corrected
-                    .get(&key)
-                    .copied()
-                    .unwrap_or(0)
-                    .saturating_add(add);
+                let c = corrected.saturating_add(add);
                 // A dip no deeper than exact mode's pending time (under `SWITCH_FLUSH_NS` per
                 // CPU) is time a flush between the two reads left out: the baseline stays, so
                 // it is not counted twice when it shows again. A deeper one is an entry made
@@ -180,13 +187,15 @@ impl StealCorrection {
                 } else {
                     (*ns).max(before)
                 };
-                raw.insert(key, base);
-                corrected.insert(key, c);
+                counted.push(Counted {
+                    key,
+                    raw: base,
+                    corrected: c,
+                });
                 *ns = c;
             }
         }
-        self.raw = raw;
-        self.corrected = corrected;
+        self.counted = counted;
     }
 }
 

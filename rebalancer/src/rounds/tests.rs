@@ -121,9 +121,9 @@ fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
     );
     let adm = crate::daemon::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter(Cgroups::new(
-            Mounts::default(),
-        ))),
+        std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter::new(
+            Cgroups::new(Mounts::default()),
+        )),
     );
     assert_eq!(engine.round(&adm), 0);
     assert_eq!(engine.round(&adm), 0);
@@ -276,7 +276,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
     );
     let adm = crate::daemon::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter(cgroups)),
+        std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter::new(cgroups)),
     );
     engine.round(&adm);
     let watched: Vec<String> = engine.watch_files().into_iter().map(|(c, _)| c).collect();
@@ -381,7 +381,7 @@ impl ShiftRig {
         );
         let adm = crate::daemon::admission::Admission::new(
             d.clone(),
-            std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter(cgroups)),
+            std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter::new(cgroups)),
         );
         ShiftRig {
             _root: root,

@@ -22,7 +22,7 @@
 //!   it by its length, and restarts a cgroup's score when its nodes changed
 //!   (`controller::CgroupState::fold`), so a sliver of samples does not sway a settled
 //!   score as a period would, and a pinned cgroup's score starts again (its CPU time is
-//!   counted on its new nodes: `engine`'s projection). The migration budget is a rate over
+//!   counted on its new nodes: the round's projection (`rounds::observe`)). The migration budget is a rate over
 //!   the period whatever the rounds (`apply::Applier::budget_used`).
 //! - Not watched ([`operator_writable`]): a cpuset.cpus file that a non-root user can write
 //!   (a delegated subtree under a configured root), whose owner could otherwise bring rounds
