@@ -120,7 +120,7 @@ fn planner_round(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
                     let mut st = state.clone();
-                    // As the daemon's round does (`daemon::engine`): the scores observe
+                    // As the daemon's round does (`rounds`): the scores observe
                     // folded in are the planner's.
                     let scores = st.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
                     controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000)

@@ -1,5 +1,5 @@
 //! What measuring each workload's own wait costs a round (`runwait`, `controller.own_wait`):
-//! one `Tracker::sample` over a "cgroup" of 1,000 and of 10,000 threads (parked threads of
+//! one `OwnWait::sample` over a "cgroup" of 1,000 and of 10,000 threads (parked threads of
 //! this process, the tids read from `/proc/self/task`), each thread's `run_delay` read from
 //! `/proc/<tid>/schedstat` — the per-thread part of the cost; the cgroup files read per cgroup
 //! (`cgroup.threads`, `cpu.stat` and its ancestors') come on top, a few per cgroup.
@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, hint::black_box, path::Path, sync::mpsc};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rebalancer::runwait::{read_task, Measured, Tracker, WaitSource};
+use rebalancer::runwait::{read_task, Measured, OwnWait, WaitSource};
 
 struct SelfThreads(Vec<u32>);
 
@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
         }
         let mut src = SelfThreads(tids().into_iter().take(n).collect());
         let managed = vec!["w".to_string()];
-        let mut t = Tracker::default();
+        let mut t = OwnWait::default();
         let mut now = 0;
         t.sample(&managed, &mut src, usize::MAX, now);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {

@@ -146,7 +146,7 @@ struct Last {
 
 /// Run delays of the managed cgroups' threads at the last round.
 #[derive(Debug, Default)]
-pub struct Tracker {
+pub struct OwnWait {
     last: BTreeMap<String, Last>,
     /// Whether the last round left cgroups out at its thread budget.
     pub truncated: bool,
@@ -164,7 +164,7 @@ pub trait WaitSource {
     fn task(&mut self, tid: u32) -> Option<(u64, u64)>;
 }
 
-impl Tracker {
+impl OwnWait {
     /// Each of `managed`'s wait since the last call (at `now_ns`, a monotonic clock), for the
     /// cgroups read then and now with no throttling in between or during the reads. Within
     /// `max_threads` ([`MAX_THREADS`] in the daemon) threads, the cgroups with the fewest
@@ -385,7 +385,7 @@ mod tests {
         f.threads.insert("a".into(), vec![1, 2]);
         f.threads.insert("b".into(), vec![3]);
         f.task.extend([(1, (0, 100)), (2, (0, 1000)), (3, (0, 5))]);
-        let mut t = Tracker::default();
+        let mut t = OwnWait::default();
         // The first round is a baseline: nothing measured yet.
         assert!(t.sample(&managed, &mut f, MAX_THREADS, 0).is_empty());
         // Thread 2 ended, 4 started (its past wait is not this period's), 1 ran 10 and
@@ -417,7 +417,7 @@ mod tests {
         let mut f = Fake::default();
         f.threads.insert("a".into(), vec![1]);
         f.task.insert(1, (0, 0));
-        let mut t = Tracker::default();
+        let mut t = OwnWait::default();
         t.sample(&managed, &mut f, MAX_THREADS, 0);
         // A starved thread's whole wait of three periods lands in this one, which it also
         // ran a quarter of: three quarters of it count.
@@ -434,7 +434,7 @@ mod tests {
         let mut f = Fake::default();
         f.threads.insert("a".into(), vec![1]);
         f.task.insert(1, (0, 0));
-        let mut t = Tracker::default();
+        let mut t = OwnWait::default();
         t.sample(&managed, &mut f, MAX_THREADS, 0);
         // Throttled between the rounds.
         f.task.insert(1, (1, 500));
@@ -487,7 +487,7 @@ mod tests {
         for tid in (1..=10).chain([20, 21, 22]) {
             f.task.insert(tid, (0, 0));
         }
-        let mut t = Tracker::default();
+        let mut t = OwnWait::default();
         t.sample(&managed, &mut f, 5, 0);
         assert!(t.truncated);
         for tid in (1..=10).chain([20, 21, 22]) {

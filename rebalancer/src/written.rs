@@ -185,7 +185,7 @@ pub fn probe(proc_root: &Path) -> Result<(), String> {
 /// counted in `skipped`. One left cleared from an earlier period and read later reports the
 /// writes of those periods together: still where its writes go, over a longer window.
 #[derive(Debug)]
-pub struct Tracker {
+pub struct WrittenPages {
     cleared: BTreeSet<u32>,
     seen: BTreeSet<u32>,
     /// Pagemap entries one round may read.
@@ -195,16 +195,16 @@ pub struct Tracker {
     pub skipped: u64,
 }
 
-impl Default for Tracker {
+impl Default for WrittenPages {
     fn default() -> Self {
-        Tracker::with_budget(PERIOD_PAGES)
+        WrittenPages::with_budget(PERIOD_PAGES)
     }
 }
 
-impl Tracker {
+impl WrittenPages {
     /// A tracker that reads at most `budget` pagemap entries per round.
     pub fn with_budget(budget: u64) -> Self {
-        Tracker {
+        WrittenPages {
             cleared: BTreeSet::new(),
             seen: BTreeSet::new(),
             budget,
@@ -305,7 +305,7 @@ garbage
             return;
         }
         let me = std::process::id();
-        let mut t = Tracker::default();
+        let mut t = WrittenPages::default();
         assert_eq!(t.sample(proc_root, &[me]), None, "first period only clears");
         let mut buf = vec![0u8; 64 * PAGE as usize];
         for i in (0..buf.len()).step_by(PAGE as usize) {
@@ -338,14 +338,14 @@ garbage
             return;
         }
         let me = std::process::id();
-        let mut t = Tracker::with_budget(0);
+        let mut t = WrittenPages::with_budget(0);
         assert_eq!(t.sample(proc_root, &[me]), None);
         assert_eq!(t.skipped, 1);
         assert!(t.cleared.is_empty(), "not cleared past the budget");
         t.end_round();
         assert_eq!(t.skipped, 0);
         // A budget of a few entries: read (so cleared and measured), then spent.
-        let mut t = Tracker::with_budget(8);
+        let mut t = WrittenPages::with_budget(8);
         assert_eq!(t.sample(proc_root, &[me]), None, "first period only clears");
         t.end_round();
         assert!(t.sample(proc_root, &[me]).is_some());

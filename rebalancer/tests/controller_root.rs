@@ -17,7 +17,7 @@ use rebalancer::{
     cgroup::{Cgroups, Controller},
     controller::{self, Move, Trigger},
     cpuset::CpuSet,
-    daemon::engine::OwnedWriter,
+    rounds::OwnedWriter,
 };
 
 struct Guard {

@@ -31,7 +31,7 @@ use std::{
 
 use rebalancer::{
     cpuset::CpuSet,
-    daemon::kubelet::{fnv1a32, spew_cpu, CpuCheckpoint},
+    kubelet_files::{fnv1a32, spew_cpu, CpuCheckpoint},
 };
 use serde_yaml_ng::Value;
 

@@ -16,7 +16,8 @@ use rebalancer::{
     config::Config,
     controller::{Move, Trigger},
     cpuset::CpuSet,
-    daemon::{apply::apply_moves, engine::OwnedWriter, Persisted, Shared},
+    daemon::{apply::apply_moves, status::StatusDoc, Persisted, Shared},
+    rounds::OwnedWriter,
     serve::Metrics,
     topology::sysfs,
 };
@@ -108,7 +109,7 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
     assert_eq!(d.lock().state.controller.failed_moves_total, 0);
     assert!(!cg.exists(Controller::Cpuset, &a));
     // Invariants on what is left (nothing is bound: this daemon admitted nothing).
-    let status = rebalancer::daemon::api::status_json(&d.lock());
+    let status = serde_json::to_value(StatusDoc::of(&d.lock())).unwrap();
     let eff = cg.effective_cpus(&b).unwrap();
     assert!(!eff.is_empty() && eff.is_subset(&cg.effective_cpus(&tree.burstable).unwrap()));
     tree.rmdir(&b).unwrap();
@@ -227,7 +228,7 @@ fn truncated_or_corrupted_checkpoint_is_rebuilt_from_live_cgroups_with_a_warning
     assert_invariants(&tree, &st, d.checkpoint().as_ref(), BUDGET_MIB);
 }
 
-/// Seconds since midnight UTC of a log line's timestamp (`2026-11-29T19:32:52.606193Z ...`).
+/// Seconds since midnight UTC of a log line's timestamp (RFC 3339, `YYYY-MM-DDThh:mm:ss.ffffffZ ...`).
 fn log_secs(line: &str) -> Option<f64> {
     let t = line
         .split_whitespace()

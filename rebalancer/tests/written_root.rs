@@ -1,6 +1,6 @@
 //! What the measured access source (`controller.written_pages`, on by default) costs on this
 //! machine, per GiB of resident memory and per control period:
-//! - the sampler's CPU time (`Tracker::sample`: the pagemap read, the nodes of the written
+//! - the sampler's CPU time (`WrittenPages::sample`: the pagemap read, the nodes of the written
 //!   pages through move_pages(2), clear_refs), with every page written and with none;
 //! - the writer's extra minor faults and CPU time: after clear_refs, the first write to each
 //!   page (or each transparent huge page) faults once.
@@ -12,7 +12,7 @@
 //! every page as a fully written period needs) and the rest is skipped with the reason.
 use std::path::Path;
 
-use rebalancer::written::{probe, written_addresses, Tracker, PERIOD_PAGES};
+use rebalancer::written::{probe, written_addresses, WrittenPages, PERIOD_PAGES};
 
 const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
@@ -105,7 +105,7 @@ fn written_pages_cost_per_gib() {
     }
     let (base_cpu, base_faults) = write_all(&mut buf, 2); // no clear: no faults expected
 
-    let mut t = Tracker::default();
+    let mut t = WrittenPages::default();
     let _ = t.sample(proc_root, &[me]); // the first period only clears
     t.end_round();
     let (mut sample_cpu, mut write_cpu, mut write_faults) = (vec![], vec![], vec![]);

@@ -15,14 +15,7 @@
 //! Pure: `classify` does no I/O.
 use serde::Serialize;
 
-/// Kubernetes QoS class of a pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Qos {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
+use crate::placement::pod::Qos;
 
 /// What a cgroup is, from its path relative to the hierarchy root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

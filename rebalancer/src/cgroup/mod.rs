@@ -30,7 +30,7 @@ pub mod kube;
 pub mod mode;
 
 pub use files::{CpuMax, NodeBytes, NumaStat, ProcCgroup};
-pub use kube::{classify, classify_in, classify_with_roots, CgroupKind, Qos};
+pub use kube::{classify, classify_in, classify_with_roots, CgroupKind};
 pub use mode::{CgroupMode, Mounts};
 
 /// Errors of the cgroup layer. Every variant names the file involved.

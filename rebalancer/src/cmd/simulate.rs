@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::config::Config;
 use crate::sim::heldout::{self, Half};
-use crate::sim::{self, Kind, Policy, SimConfig, Workload};
+use crate::sim::{self, Kind, SimConfig, SimPolicy, Workload};
 use crate::topology::sysfs;
 
 #[derive(Debug, clap::Args)]
@@ -52,7 +52,7 @@ pub struct SimulateArgs {
     pub seed: u64,
     /// Policies to run (comma-separated); default all five.
     #[arg(long, value_enum, value_delimiter = ',')]
-    pub policy: Vec<Policy>,
+    pub policy: Vec<SimPolicy>,
     /// Rebalancer config (its [placement] and [controller] sections are used); default the
     /// embedded one.
     #[arg(long, value_name = "FILE")]
@@ -116,11 +116,11 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<ExitCode> {
     };
     let mut policies = if a.policy.is_empty() {
         vec![
-            Policy::Rebalancer,
-            Policy::Static,
-            Policy::Kubelet,
-            Policy::Autonuma,
-            Policy::Oracle,
+            SimPolicy::Rebalancer,
+            SimPolicy::Static,
+            SimPolicy::Kubelet,
+            SimPolicy::Autonuma,
+            SimPolicy::Oracle,
         ]
     } else {
         a.policy.clone()
@@ -178,7 +178,7 @@ fn diagnose(
     let Some(r) = report
         .policies
         .iter()
-        .find(|p| p.policy == Policy::Rebalancer)
+        .find(|p| p.policy == SimPolicy::Rebalancer)
     else {
         bail!("--moves / --attribute need the rebalancer policy");
     };
@@ -221,7 +221,7 @@ fn diagnose(
         let mut one = sc.clone();
         one.log_moves = false;
         one.frozen = [c.to_string()].into();
-        let without = sim::simulate(topo, name, trace, &one, &[Policy::Rebalancer])?;
+        let without = sim::simulate(topo, name, trace, &one, &[SimPolicy::Rebalancer])?;
         let (s, k) = (without.policies[0].slowdown, without.policies[0].moves);
         let n = r.move_log.iter().filter(|m| m.cgroup == c).count();
         eprintln!("| {c} | {n} | {s} | {k} | {:+.4} |", r.slowdown - s);

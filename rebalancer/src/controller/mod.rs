@@ -43,7 +43,9 @@ pub use actuator::{
 pub use fake::{FakeCgroups, FakeFailure};
 pub use locality::{Evidence, EvidenceCounts, Scores};
 pub use observe::{CgroupObs, Constraints, NodeObs, Observations};
-pub use plan_types::{Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger};
+pub use plan_types::{
+    Considered, Decision, Move, Outcome, Plan, Skip, Stage, TargetRejection, Trigger,
+};
 pub use planner::{plan, plan_scored};
 
 /// What the controller remembers about one cgroup between rounds.

@@ -152,7 +152,7 @@ impl CgroupObs {
     /// CPU time where it runs now, when its threads moved themselves (or were moved) to
     /// another node since the last window: `before` is its CPU time per node in the last
     /// round's window (as that round counted it), `recent` its latest (the part of this window
-    /// after a mark taken between the rounds, see `daemon::engine`, or the whole window). When
+    /// after a mark taken between the rounds, see `rounds`, or the whole window). When
     /// it had settled on one node before (at least [`SHIFT_SETTLED`] of at least
     /// [`SHIFT_MIN_BEFORE_NS`] of CPU time there), runs mostly elsewhere now (its largest share
     /// is on another node, of at least [`SHIFT_MIN_CPU_NS`]: a few samples cannot say) and
@@ -170,7 +170,7 @@ impl CgroupObs {
     /// both when it moves near the mark.) A workload with no last window that said where it
     /// ran (idle until now, or new: from its second round, the first to have a mark of it)
     /// is compared with the part of this window before the mark instead, once, while its
-    /// score is young (`daemon::engine`, [`ShiftGuard::FRESH`]: a fresh workload that spreads
+    /// score is young (`rounds`, [`ShiftGuard::FRESH`]: a fresh workload that spreads
     /// after the mark can be said to move, its window then counted as it runs now). A
     /// workload spread over nodes (no node with
     /// [`SHIFT_SETTLED`] of its time) is not said to have moved by a few recent samples that

@@ -82,7 +82,7 @@ pub struct Stage {
 /// Why one target option is impossible.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum Rejection {
+pub enum TargetRejection {
     /// Outside the workload's allowed nodes (set when seeding; listed for completeness).
     NotAllowed,
     /// Needs more nodes than single-numa-node / max_nodes permit.
@@ -152,7 +152,7 @@ pub struct Considered {
     /// saving − cost − contention.
     pub net: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rejected: Option<Rejection>,
+    pub rejected: Option<TargetRejection>,
 }
 
 /// Why a candidate was not moved.

@@ -13,7 +13,7 @@ use std::cmp::Ordering;
 use super::locality::{Evidence, Scores};
 use super::observe::{CgroupObs, Observations};
 use super::plan_types::{
-    Considered, Decision, Move, Outcome, Plan, Rejection, Skip, Stage, Trigger,
+    Considered, Decision, Move, Outcome, Plan, Skip, Stage, TargetRejection, Trigger,
 };
 use super::target::{Picks, Projection};
 use super::{CgroupState, ControllerState};
@@ -483,7 +483,7 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
     if feasible().next().is_none() {
         let here = options
             .iter()
-            .any(|o| o.rejected == Some(Rejection::Unchanged));
+            .any(|o| o.rejected == Some(TargetRejection::Unchanged));
         return Err(if here {
             Skip::NoBetterTarget
         } else {

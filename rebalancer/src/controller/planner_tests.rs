@@ -1234,7 +1234,7 @@ fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
     let d = p.decision("a").unwrap();
     let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
     assert!(
-        c.relief > 0.0 && matches!(c.rejected, Some(Rejection::Overloaded { .. })),
+        c.relief > 0.0 && matches!(c.rejected, Some(TargetRejection::Overloaded { .. })),
         "{c:#?}"
     );
 
@@ -1258,7 +1258,7 @@ fn a_relief_move_may_pass_overload_busy_into_a_less_pressed_node() {
         .filter(|c| c.nodes.len() == 1 && !c.nodes.contains(0))
     {
         assert!(
-            matches!(c.rejected, Some(Rejection::Overloaded { .. })),
+            matches!(c.rejected, Some(TargetRejection::Overloaded { .. })),
             "{c:#?}"
         );
     }
@@ -1285,7 +1285,10 @@ fn past_overload_busy_a_target_must_end_less_pressed_than_its_source() {
     let d = p.decision("a").unwrap();
     let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
     assert!(
-        matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
+        matches!(
+            c.rejected,
+            Some(TargetRejection::Overloaded { node: 1, .. })
+        ),
         "{c:#?}"
     );
     assert!(c.relief > 0.0, "the machine's contention falls: {c:#?}");
@@ -1337,7 +1340,7 @@ fn past_overload_busy_needs_measured_queues_and_shared_cpus() {
             assert!(
                 matches!(
                     c.rejected,
-                    Some(Rejection::Overloaded { .. }) | Some(Rejection::NoCpus { .. })
+                    Some(TargetRejection::Overloaded { .. }) | Some(TargetRejection::NoCpus { .. })
                 ),
                 "{target} {excl}: {c:#?}"
             );
@@ -1406,7 +1409,11 @@ fn past_overload_busy_needs_the_workloads_own_wait() {
         let one = d.considered.iter().find(|c| c.nodes == set("1"));
         match (own_wait, one) {
             (false, Some(c)) => assert!(
-                c.relief > 0.0 && matches!(c.rejected, Some(Rejection::Overloaded { node: 1, .. })),
+                c.relief > 0.0
+                    && matches!(
+                        c.rejected,
+                        Some(TargetRejection::Overloaded { node: 1, .. })
+                    ),
                 "priced as relief from the average, refused: {c:#?}"
             ),
             (false, None) => panic!("node 1 not considered: {d:#?}"),
@@ -1456,7 +1463,7 @@ fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
     assert!(
         singles.iter().all(|c| !matches!(
             c.rejected,
-            Some(Rejection::NoCpus { .. } | Rejection::TooManyNodes { .. })
+            Some(TargetRejection::NoCpus { .. } | TargetRejection::TooManyNodes { .. })
         )),
         "single nodes refused for size: {d:#?}"
     );
@@ -1534,7 +1541,7 @@ fn relief_onto_a_node_without_memory_keeps_mems_on_memory_nodes() {
     let c = d.considered.iter().find(|c| c.nodes == set("1"));
     assert_eq!(
         c.and_then(|c| c.rejected.clone()),
-        Some(Rejection::Unchanged),
+        Some(TargetRejection::Unchanged),
         "{d:#?}"
     );
     assert!(p.moves.is_empty(), "{p:#?}");

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::locality;
 use super::observe::{CgroupObs, NodeObs, Observations};
-use super::plan_types::{Considered, Rejection, Trigger};
+use super::plan_types::{Considered, TargetRejection, Trigger};
 use super::ControllerState;
 use crate::config::ControllerConfig;
 use smallvec::SmallVec;
@@ -642,7 +642,7 @@ impl<'t> Projection<'t> {
             let busy_after = i.map_or(1.0, |i| self.busy[i]) + added;
             dst_busy = dst_busy.max(busy_after);
             if added > 1e-12 && busy_after > cfg.overload_busy && rejected.is_none() {
-                rejected = Some(Rejection::Overloaded {
+                rejected = Some(TargetRejection::Overloaded {
                     node: n,
                     busy_after,
                 });
@@ -703,7 +703,7 @@ impl<'t> Projection<'t> {
                     if delta < 0.0
                         && fx.wanted_exact
                         && picked.is_none()
-                        && matches!(rejected, Some(Rejection::Overloaded { .. }))
+                        && matches!(rejected, Some(TargetRejection::Overloaded { .. }))
                         && self.balances(&fx.cpu, &t, &shares, demand, before)
                     {
                         rejected = None;
@@ -769,27 +769,27 @@ impl<'t> Projection<'t> {
         });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
         let pre = if tn.len() as u32 > max_nodes {
-            Some(Rejection::TooManyNodes {
+            Some(TargetRejection::TooManyNodes {
                 need: tn.len() as u32,
                 max: max_nodes,
             })
         } else if n_cpus < need_cpus as usize || n_cpus == 0 {
-            Some(Rejection::NoCpus {
+            Some(TargetRejection::NoCpus {
                 need: need_cpus,
                 free: n_cpus as u32,
             })
         } else if normal_need > free {
-            Some(Rejection::NoMemory {
+            Some(TargetRejection::NoMemory {
                 need: normal_need,
                 free,
             })
         } else if huge_need > free_huge {
-            Some(Rejection::NoHugepages {
+            Some(TargetRejection::NoHugepages {
                 need: huge_need,
                 free: free_huge,
             })
         } else if unchanged {
-            Some(Rejection::Unchanged)
+            Some(TargetRejection::Unchanged)
         } else {
             None
         };

@@ -722,7 +722,7 @@ impl Admission {
             Durability::Durable => self.checkpoint_logged(),
             Durability::Deferred => self.request_checkpoint(),
         }
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         Ok(Some(placement))
     }
 
@@ -911,7 +911,7 @@ impl Admission {
         }
         if bound {
             // A new container placed: a round soon sees it (`trigger`).
-            self.daemon.rounds.wake(super::trigger::Why::Placed);
+            self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         }
         Ok(shrunk)
     }
@@ -1186,7 +1186,7 @@ impl Admission {
         };
         // The runtime writes the container's cpuset after this: a round soon
         // fences it again (`refence`), at the latest the next period's.
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
         self.write_cpus(
             cg,

@@ -181,10 +181,6 @@ async fn release(
 }
 
 /// The status document as JSON (`StatusDoc`).
-pub fn status_json(s: &crate::daemon::Shared) -> serde_json::Value {
-    serde_json::to_value(super::status::StatusDoc::of(s)).unwrap_or_default()
-}
-
 async fn status(State(adm): State<Admission>) -> Response {
     let doc = super::status::StatusDoc::of(&adm.daemon.lock());
     (StatusCode::OK, Json(doc)).into_response()
@@ -234,14 +230,7 @@ async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Re
         );
     }
     // its admission: the placement booked for it, with the Topology Manager decision
-    let admission = binding.and_then(|b| {
-        let pod = s.state.allocator.pods.get(&b.pod_uid)?;
-        let c = pod
-            .containers
-            .iter()
-            .find(|c| c.placement.container == b.container)?;
-        Some(&c.placement)
-    });
+    let admission = super::admission::bound_container(&s, &cgroup).map(|c| &c.placement);
     (StatusCode::OK, Json(json!({"cgroup": cgroup, "binding": binding, "admission": admission, "controller": ctl, "last_decision": decision}))).into_response()
 }
 
@@ -384,7 +373,7 @@ mod tests {
             .contains_key("pod-late"));
     }
 
-    /// Review item 11: DELETE of a pod whose container is bound and running would free the
+    /// DELETE of a pod whose container is bound and running would free the
     /// CPUs it runs on for the next admission (an overlap of exclusive CPUs). It is refused
     /// with a 409 naming the cgroup, nothing released; once the cgroup is gone it succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

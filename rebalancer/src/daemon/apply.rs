@@ -53,7 +53,7 @@
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
 //! finished toward a target they no longer want, and a failed move's undo never overwrites
-//! their cpus. The daemon's own rewrites of the cgroup (`trigger::Hub::is_own`: the shared pool
+//! their cpus. The daemon's own rewrites of the cgroup (`rounds::trigger::Hub::is_own`: the shared pool
 //! following another writer's exclusive move, an admission's shrink) are not someone else's:
 //! neither the page steps nor `controller::finish`'s read-back abandon or roll back for them.
 //!
@@ -72,7 +72,7 @@
 //! not at the round's time.
 //!
 //! Every cpuset.cpus write of a move (and of its rollback) is noted as the daemon's own
-//! (`trigger::Hub`), so the round trigger does not take it for an operator's change.
+//! (`rounds::trigger::Hub`), so the round trigger does not take it for an operator's change.
 //!
 //! A failure is counted by reason (`rebalancer_moves_failed_total{reason}`: busy, invalid,
 //! no-space, permission, vanished, stale, …) and never stops the round: the other moves go on.
@@ -96,7 +96,7 @@ use super::Daemon;
 
 /// What one call of [`apply_moves`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Applied {
+pub struct AppliedMoves {
     pub applied: usize,
     /// (cgroup, reason) of each move that failed.
     pub failed: Vec<(String, &'static str)>,
@@ -115,9 +115,9 @@ pub fn apply_moves(
     moves: &[Move],
     now_ms: u64,
     dry_run: bool,
-) -> Applied {
+) -> AppliedMoves {
     let budget = (d.lock().cfg.controller.migration_budget_mib).saturating_mul(1 << 20);
-    let mut out = Applied::default();
+    let mut out = AppliedMoves::default();
     for (i, mv) in moves.iter().enumerate() {
         if d.stopping() {
             tracing::info!(
@@ -143,7 +143,7 @@ fn over_budget(d: &Daemon, mv: &Move, budget: u64) {
 
 /// What became of one move.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum MoveResult {
     Applied,
     /// Not written: the books refuse it now, or (writer threads) it takes CPUs that an
     /// earlier move which failed did not give up.
@@ -151,20 +151,20 @@ pub enum Outcome {
     Failed(&'static str),
 }
 
-impl Applied {
-    fn add(&mut self, mv: &Move, o: Outcome) {
+impl AppliedMoves {
+    fn add(&mut self, mv: &Move, o: MoveResult) {
         match o {
-            Outcome::Applied => {
+            MoveResult::Applied => {
                 self.applied += 1;
                 self.bytes = self.bytes.saturating_add(mv.bytes_to_migrate);
             }
-            Outcome::Refused(_) => {}
-            Outcome::Failed(reason) => self.failed.push((mv.cgroup.clone(), reason)),
+            MoveResult::Refused(_) => {}
+            MoveResult::Failed(reason) => self.failed.push((mv.cgroup.clone(), reason)),
         }
     }
 }
 
-/// A writer that notes every cpuset.cpus it writes as the daemon's own (`trigger::Hub`), so
+/// A writer that notes every cpuset.cpus it writes as the daemon's own (`rounds::trigger::Hub`), so
 /// the round trigger never takes a move (or its rollback) for an operator's change.
 struct Noting<'a> {
     w: &'a mut dyn CgroupWriter,
@@ -250,7 +250,7 @@ fn apply_one(
     dry_run: bool,
     premigrate: bool,
     clock: bool,
-) -> Outcome {
+) -> MoveResult {
     // With `clock` (a writer thread, whose move may end long after its round), the cooldown
     // starts when the move ends, not at the round's time.
     let at = |now_ms: u64| {
@@ -270,7 +270,7 @@ fn apply_one(
         Err(reason) => {
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
             count(&d.metrics.moves_skipped, reason);
-            return Outcome::Refused(reason);
+            return MoveResult::Refused(reason);
         }
     };
     let begun = controller::begin(mv, w, dry_run);
@@ -464,7 +464,7 @@ fn apply_one(
                 }
             }
             count(&d.metrics.moves_applied, trigger_name(&mv.reason));
-            Outcome::Applied
+            MoveResult::Applied
         }
         Err(e) => {
             let reason = e.reason();
@@ -489,7 +489,7 @@ fn apply_one(
                     .record_failure(&mv.cgroup, at(now_ms));
             }
             count(&d.metrics.moves_failed, reason);
-            Outcome::Failed(reason)
+            MoveResult::Failed(reason)
         }
     }
 }
@@ -634,7 +634,7 @@ struct Queue {
     /// counts against the budget too (see [`Applier::budget_used`]).
     ended: VecDeque<(Instant, u64)>,
     closed: bool,
-    report: Applied,
+    report: AppliedMoves,
 }
 
 #[derive(Clone)]
@@ -684,13 +684,13 @@ impl Queue {
 
     /// A move that ran has ended: out of `running`, its outcome reported, its bytes in the
     /// window (all but a refused one's, which wrote nothing).
-    fn end(&mut self, job: &Job, o: Outcome) {
+    fn end(&mut self, job: &Job, o: MoveResult) {
         self.running.retain(|j| j.id != job.id);
-        if !matches!(o, Outcome::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
+        if !matches!(o, MoveResult::Refused(_)) && job.mv.bytes_to_migrate > 0 && !job.dry_run {
             self.ended
                 .push_back((Instant::now(), job.mv.bytes_to_migrate));
         }
-        if o != Outcome::Applied {
+        if o != MoveResult::Applied {
             self.failed.insert(job.id, job.mv.cgroup.clone());
         }
         self.report.add(&job.mv, o);
@@ -920,7 +920,7 @@ impl Applier {
     }
 
     /// Waits until every move submitted is done; returns what was done since the last call.
-    pub fn wait(&self) -> Applied {
+    pub fn wait(&self) -> AppliedMoves {
         let mut q = self.queue();
         while !(q.waiting.is_empty() && q.running.is_empty()) {
             q = self
@@ -935,7 +935,7 @@ impl Applier {
 
     /// Applies what is queued (none of it after a stop: [`Daemon::request_stop`]), ends the
     /// threads and returns what was done since the last [`Applier::wait`].
-    pub fn finish(mut self) -> Applied {
+    pub fn finish(mut self) -> AppliedMoves {
         self.close();
         std::mem::take(&mut self.queue().report)
     }
@@ -1017,7 +1017,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                             .controller
                             .record_failure(&job.mv.cgroup, job.now_ms.max(super::boot_ms()));
                         w = writer();
-                        Outcome::Failed("panic")
+                        MoveResult::Failed("panic")
                     }
                 };
                 let want = d.lock().cfg.controller.apply_nice;
@@ -1029,7 +1029,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
             Pick::Blocked(job, on) => {
                 tracing::info!(cgroup = %job.mv.cgroup, waits_for = %on, "move not applied: it takes CPUs that the move of another cgroup, which was not applied, did not give up");
                 count(&d.metrics.moves_skipped, "blocked");
-                q.end(&job, Outcome::Refused("blocked"));
+                q.end(&job, MoveResult::Refused("blocked"));
                 pool.cv.notify_all();
             }
             Pick::Wait => {

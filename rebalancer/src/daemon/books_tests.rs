@@ -18,7 +18,6 @@ use proptest::prelude::*;
 use super::{
     admission::{tests::pod, Admission, AdmitRequest, Durability},
     apply::apply_moves,
-    engine::{bound_constraints, promised_unused},
     writer::{CpusetChange, CpusetWriter, WriteError},
     Daemon, Shared,
 };
@@ -100,7 +99,7 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
             mem_bytes_per_node: mem,
             cpus: fake.cpus(cg).cloned().unwrap_or_default(),
             mems: fake.mems(cg).cloned().unwrap_or_default(),
-            constraints: bound_constraints(&s, cg).unwrap_or_default(),
+            constraints: s.bound_constraints(cg).unwrap_or_default(),
             ..Default::default()
         });
     }
@@ -126,7 +125,7 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
             .collect(),
         reserved_cpus: s.state.allocator.reserved_cpus.clone(),
     };
-    for (n, b) in promised_unused(&s, &obs) {
+    for (n, b) in s.promised_unused(&obs) {
         if let Some(o) = obs.nodes.get_mut(&n) {
             o.free_bytes = o.free_bytes.saturating_sub(b);
         }
@@ -469,7 +468,7 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
     );
 }
 
-/// Review item 6: a release whose checkpoint fails is undone (the pod holds its exclusive CPUs
+/// A release whose checkpoint fails is undone (the pod holds its exclusive CPUs
 /// again), so the shared pool must not have grown onto them: the shared container's cpuset
 /// stays disjoint from the exclusive CPUs the books still hold.
 #[test]
@@ -686,7 +685,7 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
     books_agree(&d, &fake.lock().unwrap()).unwrap();
 }
 
-/// Review item 2: an admission that makes CPUs exclusive while a control round moves a shared
+/// An admission that makes CPUs exclusive while a control round moves a shared
 /// container onto them. Before the fix the round's check and write ran outside the allocator
 /// lock: the admission's shrink saw the shared container where it was (or was overwritten by
 /// the round's write) and the container ended on the new exclusive CPUs. Now the move is

@@ -4,8 +4,10 @@
 use super::*;
 use crate::config::Config;
 use crate::daemon::Shared;
+use crate::kubelet_files::*;
 use crate::serve::Metrics;
 use crate::topology::TopologyBuilder;
+use std::collections::BTreeMap;
 
 /// kubelet's "Restore valid checkpoint" (policy none, so nothing to adopt).
 const CPU_NONE: &str = r#"{
@@ -147,11 +149,7 @@ fn static_assignments_are_adopted_exclusive_with_their_memory_and_pinned() {
     );
     let cg = format!("kubepods/pod{POD}/{}", "a".repeat(64));
     assert!(pinned(&s, &cg));
-    assert!(
-        crate::daemon::engine::bound_constraints(&s, &cg)
-            .unwrap()
-            .pinned
-    );
+    assert!(s.bound_constraints(&cg).unwrap().pinned);
     assert!(!pinned(
         &s,
         &format!("kubepods/podother/{}", "a".repeat(64))

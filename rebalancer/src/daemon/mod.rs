@@ -19,7 +19,6 @@ pub mod admission;
 pub mod annotations;
 pub mod api;
 pub mod apply;
-pub mod engine;
 pub mod kubelet;
 pub mod lock;
 pub mod nri;
@@ -27,7 +26,6 @@ pub mod nri_updates;
 pub mod reconcile;
 pub mod run;
 pub mod status;
-pub mod trigger;
 pub mod watcher;
 pub mod writer;
 
@@ -36,7 +34,7 @@ mod apply_tests;
 #[cfg(test)]
 mod books_tests;
 #[cfg(test)]
-mod fault_tests;
+pub(crate) mod fault_tests;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +66,21 @@ pub struct Persisted {
     /// (`annotations`): kept here so a restart honours them before the runtime reconnects.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotated: BTreeMap<String, annotations::Ask>,
+}
+
+impl Persisted {
+    /// Nothing booked: an empty allocator on `topo` under `cfg`'s placement settings.
+    pub fn fresh(
+        topo: &Topology,
+        cfg: &Config,
+    ) -> Result<Persisted, crate::placement::admission::PlacementError> {
+        Ok(Persisted {
+            allocator: Allocator::new(topo, &cfg.placement)?,
+            bindings: Default::default(),
+            controller: Default::default(),
+            annotated: Default::default(),
+        })
+    }
 }
 
 /// Everything the daemon's tasks share.
@@ -150,7 +163,8 @@ impl Shared {
         }
     }
 
-    /// A round's observations: folded into the controller's state, and what they show beyond
+    /// A round's observations: folded into the controller's state (returned with a copy of it,
+    /// for the planner to run on outside the lock), and what they show beyond
     /// the books kept for admission (`overuse`), taken before the round's moves are booked so
     /// a workload moved off a node keeps its overuse there until the next round measures it.
     /// With load-aware admission off (`admission_load_periods` 0) there is no overuse to
@@ -159,7 +173,7 @@ impl Shared {
         &mut self,
         obs: &crate::controller::Observations,
         cfg: &crate::config::ControllerConfig,
-    ) -> crate::controller::Scores {
+    ) -> (crate::controller::Scores, ControllerState) {
         let scores = (self.state.controller).observe_window(
             &self.topo,
             obs,
@@ -168,11 +182,11 @@ impl Shared {
         );
         if cfg.admission_load_periods == 0 {
             self.overuse = Default::default();
-            return scores;
+            return (scores, self.state.controller.clone());
         }
         let lasting = (self.state.controller).lasting_pressure(cfg.admission_load_periods as usize);
         self.overuse = self.state.allocator.overuse(&self.topo, &lasting);
-        scores
+        (scores, self.state.controller.clone())
     }
 
     /// A fresh state: an empty allocator on `topo` under `cfg`'s placement settings.
@@ -180,21 +194,140 @@ impl Shared {
         topo: Topology,
         cfg: Config,
     ) -> Result<Shared, crate::placement::admission::PlacementError> {
-        let allocator = Allocator::new(&topo, &cfg.placement)?;
-        Ok(Shared::new(
-            topo,
-            cfg,
-            Persisted {
-                allocator,
-                bindings: Default::default(),
-                controller: Default::default(),
-                annotated: Default::default(),
-            },
-        ))
+        let state = Persisted::fresh(&topo, &cfg)?;
+        Ok(Shared::new(topo, cfg, state))
     }
 
     pub fn state_dir(&self) -> PathBuf {
         self.cfg.daemon.state_dir.clone()
+    }
+}
+
+/// What a control round (`crate::rounds`) reads of the state and publishes to it.
+impl Shared {
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// A round's inputs: the config, the topology and the reservations in force (see
+    /// `admission::reconfigure`).
+    pub fn round_inputs(&self) -> (Config, Topology, crate::cpuset::CpuSet) {
+        let reserved = self.state.allocator.reserved_cpus.clone();
+        (self.cfg.clone(), self.topo.clone(), reserved)
+    }
+
+    /// The rounds a cgroup's score has been kept for (None: no score yet).
+    pub fn score_periods(&self, cg: &str) -> Option<u64> {
+        self.state.controller.cgroups.get(cg).map(|c| c.periods)
+    }
+
+    /// CPUs or nodes went online or offline: `topo` read again replaces the topology.
+    pub fn set_topology(&mut self, topo: Topology) {
+        tracing::warn!(
+            nodes_before = self.topo.nodes.len(),
+            nodes = topo.nodes.len(),
+            cpus_before = %self.topo.online_cpus(),
+            cpus = %topo.online_cpus(),
+            "CPUs or NUMA nodes went online/offline; topology rebuilt"
+        );
+        self.topo = topo;
+    }
+
+    /// A source's status for `status`, replacing the one of its name.
+    pub fn set_source(&mut self, st: crate::ebpf::SourceStatus) {
+        let name = Some(st.name.as_str());
+        (self.sources).retain(|v| v.get("name").and_then(|n| n.as_str()) != name);
+        if let Ok(v) = serde_json::to_value(&st) {
+            self.sources.push(v);
+        }
+    }
+
+    /// A round's decisions (for `explain`) and observations (for `top`).
+    pub fn publish_round(&mut self, decisions: &[Decision], obs: crate::controller::Observations) {
+        let by_cgroup = decisions.iter().map(|dc| (dc.cgroup.clone(), dc.clone()));
+        self.decisions = by_cgroup.collect();
+        self.last_obs = Some(obs);
+    }
+
+    /// Per node, the Memory Manager memory admitted Guaranteed containers were promised there and
+    /// do not use (yet): their blocks' `taken` bytes minus what the round observed in their cgroups
+    /// on that node (a container not observed counts as using none).
+    pub fn promised_unused(&self, obs: &crate::controller::Observations) -> BTreeMap<u32, u64> {
+        let used: BTreeMap<&str, &BTreeMap<u32, u64>> = obs
+            .cgroups
+            .iter()
+            .map(|c| (c.id.as_str(), &c.mem_bytes_per_node))
+            .collect();
+        let mut out = BTreeMap::new();
+        for cg in self.state.bindings.keys() {
+            let Some(mem) = admission::bound_container(self, cg).and_then(|c| c.memory.as_ref())
+            else {
+                continue;
+            };
+            let mut promised: BTreeMap<u32, u64> = BTreeMap::new();
+            for &(node, r, t) in &mem.taken {
+                if r == crate::placement::memory::MemoryResource::Memory {
+                    *promised.entry(node).or_default() += t;
+                }
+            }
+            for (node, p) in promised {
+                let u = used
+                    .get(cg.as_str())
+                    .and_then(|m| m.get(&node))
+                    .copied()
+                    .unwrap_or(0);
+                *out.entry(node).or_default() += p.saturating_sub(u);
+            }
+        }
+        out
+    }
+
+    /// Constraints of a cgroup bound to an admitted container (None when not bound).
+    pub fn bound_constraints(&self, cg: &str) -> Option<crate::controller::Constraints> {
+        if kubelet::pinned(self, cg) || annotations::pinned(self, cg) {
+            // kubelet's static managers placed it, or its pod asks not to be moved: never moved
+            return Some(crate::controller::Constraints {
+                pinned: true,
+                ..Default::default()
+            });
+        }
+        if !self.state.bindings.contains_key(cg) {
+            return None;
+        }
+        let mut c = crate::controller::Constraints::default();
+        // Bound, its pod or container gone meanwhile: nothing promised.
+        let Some(ac) = admission::bound_container(self, cg) else {
+            return Some(c);
+        };
+        c.exclusive = ac.placement.exclusive;
+        c.exclusive_cpus = if c.exclusive {
+            ac.placement.cpus.len() as u32
+        } else {
+            0
+        };
+        c.needs_hugepages = ac.memory.is_some();
+        let affinity = || ac.placement.affinity.map(|m| m.to_cpuset());
+        match self.cfg.placement.policy {
+            crate::config::TopologyPolicy::SingleNumaNode => c.single_numa_node = true,
+            crate::config::TopologyPolicy::Restricted => c.allowed_nodes = affinity(),
+            _ => {}
+        }
+        if !ac.placement.devices.is_empty() {
+            c.allowed_nodes = affinity();
+        }
+        // Memory Manager memory stays in its group (the nodes it was booked on).
+        if let Some(mem) = &ac.memory {
+            let group = mem.nodes.to_cpuset();
+            c.allowed_nodes = Some(match c.allowed_nodes.take() {
+                Some(a) => a.intersection(&group),
+                None => group,
+            });
+        }
+        Some(c)
     }
 }
 
@@ -249,7 +382,7 @@ pub struct Daemon {
     stopping: Arc<std::sync::atomic::AtomicBool>,
     pub metrics: Metrics,
     /// Events that want a round soon, and the daemon's own cpuset.cpus writes (`trigger`).
-    pub rounds: Arc<trigger::Hub>,
+    pub rounds: Arc<crate::rounds::trigger::Hub>,
     /// Counts the books' changes (every one is checkpointed); the topology export waits on it.
     pub books: Arc<BooksChanged>,
     /// Orders checkpoint writes (see [`CheckpointWriter`]). Beside the state, not in it: no

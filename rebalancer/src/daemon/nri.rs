@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::cgroup::kube::{classify_in, CgroupKind, Qos};
+use crate::cgroup::kube::{classify_in, CgroupKind};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
@@ -47,6 +47,7 @@ use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
 use crate::placement::key::AllocKey;
+use crate::placement::pod::Qos;
 use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// Device nodes of one container resolved through sysfs for alignment (three sysfs reads
@@ -1740,8 +1741,7 @@ mod tests {
                 "left to the runtime: not admitted"
             );
             assert!(s.state.bindings.contains_key(&cg(&kept)));
-            let pinned =
-                |c| crate::daemon::engine::bound_constraints(&s, &cg(c)).is_some_and(|c| c.pinned);
+            let pinned = |c| s.bound_constraints(&cg(c)).is_some_and(|c| c.pinned);
             assert!(pinned(&left) && pinned(&kept));
             assert!(!pinned(&twin), "an unknown value asks nothing");
         }
@@ -1782,7 +1782,7 @@ mod tests {
                     mem_bytes_per_node: [(there, 256 << 20)].into(),
                     mems: [here].into_iter().collect(),
                     cpus,
-                    constraints: crate::daemon::engine::bound_constraints(&s, &cg).unwrap(),
+                    constraints: s.bound_constraints(&cg).unwrap(),
                     ..Default::default()
                 });
             }
@@ -1929,7 +1929,7 @@ mod tests {
         let pool = adjusted_cpus(&create(&mut p, &bp, &b).unwrap());
         let k = pool.iter().next().unwrap();
         let kube_uid = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+        let mut c = crate::kubelet_files::CpuCheckpoint {
             policy_name: "static".into(),
             default_cpu_set: String::new(),
             entries: Some(
@@ -1941,7 +1941,7 @@ mod tests {
             ),
             checksum: 0,
         };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        c.checksum = crate::kubelet_files::fnv1a32(&crate::kubelet_files::spew_cpu(&c)).into();
         std::fs::write(
             dir.path().join("cpu_manager_state"),
             format!(
@@ -2586,7 +2586,7 @@ mod tests {
     /// kubelet's static CPU Manager state in `dir` (its format and checksum): [`KUBE_UID`]'s
     /// container "app" on CPU 0, the default set 1-3; adopted by `p`'s daemon.
     fn kubelets_cpu_zero(p: &Policy, dir: &std::path::Path) {
-        let mut c = crate::daemon::kubelet::CpuCheckpoint {
+        let mut c = crate::kubelet_files::CpuCheckpoint {
             policy_name: "static".into(),
             default_cpu_set: "1-3".into(),
             entries: Some(
@@ -2598,7 +2598,7 @@ mod tests {
             ),
             checksum: 0,
         };
-        c.checksum = crate::daemon::kubelet::fnv1a32(&crate::daemon::kubelet::spew_cpu(&c)).into();
+        c.checksum = crate::kubelet_files::fnv1a32(&crate::kubelet_files::spew_cpu(&c)).into();
         std::fs::write(
             dir.join("cpu_manager_state"),
             format!(
@@ -2706,7 +2706,7 @@ mod tests {
                 1_000_000,
             )
         };
-        let pinned = crate::daemon::engine::bound_constraints(&s, &kube_cg).unwrap();
+        let pinned = s.bound_constraints(&kube_cg).unwrap();
         assert!(pinned.pinned);
         assert!(plan(obs_of(&kube_cg, pinned)).moves.is_empty());
         assert!(

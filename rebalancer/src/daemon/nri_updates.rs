@@ -14,7 +14,7 @@
 //!
 //! [`Runtime`] is shared by the plugin thread (`daemon::nri`, which knows which cgroup is which
 //! runtime container and owns the socket) and the writers of the other threads:
-//! - the moves' writer (`engine::OwnedWriter`), which tells it each cpuset write
+//! - the moves' writer (`rounds::OwnedWriter`), which tells it each cpuset write
 //!   ([`Runtime::written`]);
 //! - the admission service's cgroupfs sink (`writer::CgroupCpusetWriter::telling`).
 //!

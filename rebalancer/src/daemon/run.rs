@@ -2,24 +2,23 @@
 //! the watcher and the control-round thread, then one `tokio::select!` loop over SIGHUP (config
 //! reload), SIGINT/SIGTERM and the round limit. The runtime only listens: control rounds
 //! (which read /proc, write cgroupfs and wait for the kernel to migrate pages — seconds) run on
-//! their own thread ([`spawn_rounds`]), so the API, `/metrics` and `/healthz` answer while a
+//! their own thread (`rounds::thread`), so the API, `/metrics` and `/healthz` answer while a
 //! round migrates.
 use std::{
     path::{Path, PathBuf},
-    sync::{mpsc, Arc},
-    time::{Duration, Instant},
+    sync::Arc,
+    time::Duration,
 };
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{admission::Admission, engine, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
+use super::{admission::Admission, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
 use crate::{
     checkpoint,
     config::{AdmissionMode, Config},
-    controller::ControllerState,
-    placement::admission::Allocator,
+    rounds::{self, Engine},
     serve::{self, socket},
     topology::sysfs,
 };
@@ -28,15 +27,7 @@ use crate::{
 /// Its times are CLOCK_BOOTTIME milliseconds (see `daemon::boot_ms`): they keep their meaning
 /// across the restart; any from the future (an earlier boot) are clamped to now.
 pub(crate) fn restore(cfg: &Config, topo: &crate::topology::Topology) -> anyhow::Result<Persisted> {
-    let fresh = || -> anyhow::Result<Persisted> {
-        Ok(Persisted {
-            allocator: Allocator::new(topo, &cfg.placement)
-                .context("building the allocator from config")?,
-            bindings: Default::default(),
-            controller: ControllerState::default(),
-            annotated: Default::default(),
-        })
-    };
+    let fresh = || Persisted::fresh(topo, cfg).context("building the allocator from config");
     match checkpoint::load::<Persisted>(&cfg.daemon.state_dir) {
         // kubelet's Memory Manager Start: the stored memory state must match this machine
         Ok(Some(p)) if let Err(e) = p.allocator.check_restored(topo, &cfg.placement) => {
@@ -212,21 +203,22 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         crate::nrt::export::spawn(daemon.clone())
             .context("starting the NodeResourceTopology export thread")?;
     }
-    let cpu_source = cpu_time_source(&daemon, &cgroups);
+    let cpu_source = rounds::source::start(&daemon, &cgroups);
     tracing::info!(
         source = cpu_source.name(),
         "per-cgroup, per-node CPU time source"
     );
-    let mut engine = engine::Engine::new(cgroups, cpu_source, "/proc".as_ref());
+    let mut engine = Engine::new(cgroups, cpu_source, "/proc".as_ref());
     if let Some(rt) = updates {
         engine = engine.with_runtime(rt.clone());
     }
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
-    let (rounds_tx, rounds_thread) = spawn_rounds(engine, admission.clone(), max_rounds, limit_tx)?;
+    let (rounds_tx, rounds_thread) =
+        rounds::thread::spawn(engine, admission.clone(), max_rounds, limit_tx)?;
     let reloads = {
         let rounds_tx = rounds_tx.clone();
         Reloader::spawn(daemon.clone(), config_path.clone(), move || {
-            let _ = rounds_tx.send(RoundCmd::Reload);
+            let _ = rounds_tx.send(rounds::thread::RoundCmd::Reload);
         })
     };
     let api_task = socket::spawn(
@@ -289,7 +281,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     // The listeners close at once; a round under way finishes (no half-applied move).
     cancel.cancel();
     daemon.request_stop();
-    let _ = rounds_tx.send(RoundCmd::Stop);
+    let _ = rounds_tx.send(rounds::thread::RoundCmd::Stop);
     let _ = tokio::task::spawn_blocking(move || rounds_thread.join()).await;
     nri_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     // Each listener closes at once and drops what is left after its grace (see serve::conn).
@@ -364,223 +356,6 @@ fn shutdown_watchdog(autonuma_restore: Option<String>, bound: Duration) {
             }
             std::process::exit(1);
         });
-}
-
-/// What the main task (and the trigger) tell the control-round thread.
-#[derive(Debug)]
-enum RoundCmd {
-    /// The config was reloaded: the next round is due `period_ms` (the new one) after the
-    /// last round started.
-    Reload,
-    /// An event wants a round soon (see `trigger`).
-    Event(super::trigger::Why),
-    /// Finish the round under way, if any, wait for the moves being applied, and stop.
-    Stop,
-}
-
-/// Starts the control-round thread: a round at once, then one every `controller.period_ms`
-/// (read from the live config, so a reload applies), measured start to start; a round longer
-/// than the period is followed by the next at once. Events (an operator's cpuset.cpus write,
-/// a new container's placement: `trigger`) bring a round forward: `event_settle_ms` after a
-/// burst, and its follow-up. Between rounds it marks the counters (`Engine::mark`: at the
-/// first event of a burst, else once halfway through the period; a later event's mark
-/// replaces an earlier one), and the next round reads where each workload ran since. After `max_rounds` rounds (0: no limit) it waits for the moves
-/// still being applied, reports on `limit` and stops.
-fn spawn_rounds(
-    mut engine: engine::Engine,
-    adm: Admission,
-    max_rounds: u64,
-    limit: tokio::sync::oneshot::Sender<u64>,
-) -> std::io::Result<(mpsc::Sender<RoundCmd>, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = mpsc::channel::<RoundCmd>();
-    // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min);
-    // the limit follows a reloaded period.
-    let max_silence = |adm: &Admission| {
-        let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
-        Some((period * 10).max(Duration::from_secs(120)))
-    };
-    let health = adm
-        .daemon
-        .metrics
-        .health
-        .register("rounds", max_silence(&adm));
-    {
-        let tx = std::sync::Mutex::new(tx.clone());
-        adm.daemon.rounds.connect(move |why| {
-            let _ = tx
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .send(RoundCmd::Event(why));
-        });
-    }
-    let trigger = match super::trigger::CpusetTrigger::spawn(adm.daemon.clone()) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!(error = %e, "cpuset trigger unavailable (inotify); rounds on operators' cpuset changes wait for the period");
-            None
-        }
-    };
-    let settle =
-        |adm: &Admission| Duration::from_millis(adm.daemon.lock().cfg.controller.event_settle_ms);
-    let gap = |adm: &Admission| {
-        let c = &adm.daemon.lock().cfg.controller;
-        super::trigger::min_gap(
-            Duration::from_millis(c.event_settle_ms),
-            Duration::from_millis(c.period_ms),
-        )
-    };
-    let mut events = super::trigger::Coalescer::new(settle(&adm));
-    events.set_min_gap(gap(&adm));
-    let h = std::thread::Builder::new()
-        .name("control-rounds".into())
-        .spawn(move || {
-            let mut rounds = 0u64;
-            loop {
-                let started = Instant::now();
-                if events.round_started(started) {
-                    tracing::debug!("round brought forward by an event");
-                }
-                engine.round(&adm);
-                // A skipped round (cgroup walk or samples' read failed) is no sign of life:
-                // if it lasts, health sees the rounds silent and the daemon restarts.
-                if engine.skipped_in_a_row() == 0 {
-                    health.beat();
-                }
-                rounds += 1;
-                match &trigger {
-                    Some(t) => t.watch(&adm.daemon.rounds, engine.watch_files()),
-                    None => adm
-                        .daemon
-                        .rounds
-                        .retain_own(&engine.managed_now().iter().map(String::as_str).collect()),
-                }
-                if max_rounds != 0 && rounds >= max_rounds {
-                    engine.finish();
-                    health.stopped();
-                    let _ = limit.send(rounds);
-                    return;
-                }
-                // Once per round (a mark that finds nothing to read is not retried at once).
-                let mut halfway = false;
-                loop {
-                    let period = Duration::from_millis(adm.daemon.lock().cfg.controller.period_ms);
-                    let due = events
-                        .due()
-                        .map_or(started + period, |e| e.min(started + period));
-                    // Halfway through the period, a reading for the next round to split its
-                    // window at (`Engine::mark`), unless an event's mark came first.
-                    let half = started + period / 2;
-                    let mark_at = (!halfway && !engine.marked() && half < due).then_some(half);
-                    let wait = mark_at
-                        .unwrap_or(due)
-                        .saturating_duration_since(Instant::now());
-                    match rx.recv_timeout(wait) {
-                        Ok(RoundCmd::Reload) => {
-                            health.set_max_silence(max_silence(&adm));
-                            events.set_settle(settle(&adm));
-                            events.set_min_gap(gap(&adm));
-                            continue;
-                        }
-                        Ok(RoundCmd::Event(why)) => {
-                            tracing::debug!(?why, "event: a round soon");
-                            // The first event of a burst: the event round sees where each
-                            // workload has run since (a workload that moved itself just
-                            // before is not averaged with where it was).
-                            let first = !events.bursting();
-                            events.event(Instant::now());
-                            if first && events.bursting() {
-                                engine.mark(&adm);
-                            }
-                            continue;
-                        }
-                        Ok(RoundCmd::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                            engine.finish();
-                            health.stopped();
-                            return;
-                        }
-                        Err(mpsc::RecvTimeoutError::Timeout) if mark_at.is_some() => {
-                            halfway = true;
-                            engine.mark(&adm);
-                            continue;
-                        }
-                        Err(mpsc::RecvTimeoutError::Timeout) => break,
-                    }
-                }
-            }
-        })?;
-    Ok((tx, h))
-}
-
-/// Starts the eBPF samplers (when enabled), records every source's status, and picks the
-/// per-cgroup CPU-time source: eBPF where the cpuset hierarchy is v2 (its ids are v2 ids),
-/// /proc otherwise.
-fn cpu_time_source(d: &Daemon, cgroups: &crate::cgroup::Cgroups) -> Box<dyn engine::CpuTimeSource> {
-    let (topo, ebpf_cfg) = {
-        let s = d.lock();
-        (s.topo.clone(), s.cfg.ebpf.clone())
-    };
-    let proc_source =
-        || Box::new(engine::ProcCpuTime::new("/proc".as_ref())) as Box<dyn engine::CpuTimeSource>;
-    if !ebpf_cfg.enabled {
-        tracing::info!(
-            "eBPF disabled by config (ebpf.enabled = false); running on memory.numa_stat and /proc"
-        );
-        return proc_source();
-    }
-    let (sampler, statuses) = crate::ebpf::Sampler::start(&topo, &ebpf_cfg);
-    for st in &statuses {
-        let l = crate::serve::metrics::SourceLabel {
-            source: st.name.clone(),
-        };
-        d.metrics
-            .ebpf_source_available
-            .get_or_create(&l)
-            .set(st.available as i64);
-        if st.available {
-            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source attached");
-        } else {
-            tracing::info!(source = %st.name, reason = %st.reason, "eBPF source skipped");
-        }
-    }
-    d.lock().sources = statuses
-        .iter()
-        .filter_map(|s| serde_json::to_value(s).ok())
-        .collect();
-    let v2 = cgroups
-        .hierarchy(crate::cgroup::Controller::Cpuset)
-        .is_ok_and(|(_, v)| v == crate::cgroup::Version::V2);
-    let unified = cgroups.mounts().v2.is_some();
-    let cpu_from_proc = (sampler.is_some() && !engine::ebpf_counts_cpu(&statuses)).then(|| {
-        tracing::warn!("no eBPF on-CPU source attached: per-cgroup CPU time comes from /proc, the other counters from eBPF");
-        engine::ProcCpuTime::new("/proc".as_ref())
-    });
-    match sampler {
-        Some(sampler) if v2 => Box::new(engine::EbpfCpuTime {
-            sampler,
-            fallback: None,
-            cpu_from_proc,
-            containers: Vec::new(),
-        }),
-        Some(sampler) if unified => {
-            tracing::info!("cpuset is on cgroup v1 here and eBPF ids are v2 ids: cgroups with a twin in the unified hierarchy (as runc makes them) are read from eBPF, the others from /proc");
-            Box::new(engine::EbpfCpuTime {
-                sampler,
-                fallback: Some(engine::ProcCpuTime::new("/proc".as_ref())),
-                cpu_from_proc,
-                containers: Vec::new(),
-            })
-        }
-        Some(_) => {
-            tracing::info!("cpuset is on cgroup v1 and there is no cgroup2 mount for the eBPF ids; per-cgroup CPU time comes from /proc");
-            proc_source()
-        }
-        None => {
-            tracing::warn!(
-                "no eBPF source could be attached; running on memory.numa_stat and /proc"
-            );
-            proc_source()
-        }
-    }
 }
 
 pub const NUMA_BALANCING: &str = "/proc/sys/kernel/numa_balancing";
@@ -737,6 +512,8 @@ fn log_topology(topo: &crate::topology::Topology) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rounds::ProcCpuTime;
+    use std::{sync::mpsc, time::Instant};
 
     fn daemon(state: &std::path::Path) -> Daemon {
         let topo = crate::topology::TopologyBuilder::default().build();
@@ -753,7 +530,7 @@ mod tests {
         .unwrap();
     }
 
-    /// Review item 8: a daemon started with `--dry-run` (the file says nothing of it) stays in
+    /// A daemon started with `--dry-run` (the file says nothing of it) stays in
     /// dry-run across a SIGHUP, as does one whose file said dry_run = true and now says false;
     /// the rest of the reload applies. Dry-run on by a reload applies.
     #[test]
@@ -780,7 +557,7 @@ mod tests {
         assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
     }
 
-    /// Review item 13: the round thread's liveness limit (10 periods, at least 2 min) follows
+    /// The round thread's liveness limit (10 periods, at least 2 min) follows
     /// a reload that lengthens the period; with the limit of the start, a period of 1 min
     /// would make the thread "dead" (503, exit) between two healthy rounds.
     #[test]
@@ -789,17 +566,17 @@ mod tests {
         let d = daemon(state.path());
         let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
         let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter::new(none.clone())));
-        let engine = engine::Engine::new(
+        let engine = Engine::new(
             none,
-            Box::new(engine::ProcCpuTime::new("/proc".as_ref())),
+            Box::new(ProcCpuTime::new("/proc".as_ref())),
             "/proc".as_ref(),
         );
         let (limit_tx, _limit_rx) = tokio::sync::oneshot::channel();
-        let (tx, thread) = spawn_rounds(engine, adm, 0, limit_tx).unwrap();
+        let (tx, thread) = rounds::thread::spawn(engine, adm, 0, limit_tx).unwrap();
         let health = &d.metrics.health;
         assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(120)));
         d.lock().cfg.controller.period_ms = 60_000;
-        tx.send(RoundCmd::Reload).unwrap();
+        tx.send(rounds::thread::RoundCmd::Reload).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while health.max_silence("rounds") != Some(Duration::from_secs(600))
             && Instant::now() < deadline
@@ -807,7 +584,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(600)));
-        tx.send(RoundCmd::Stop).unwrap();
+        tx.send(rounds::thread::RoundCmd::Stop).unwrap();
         thread.join().unwrap();
         assert!(health.dead().is_empty(), "{:?}", health.dead());
     }

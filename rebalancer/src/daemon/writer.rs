@@ -4,13 +4,14 @@
 //! and `daemon::nri::NriWriter` (the plugin thread's changes become the runtime's
 //! CreateContainer adjustment / updates).
 //!
-//! The control round's moves go through the actuator's `CgroupWriter` (`engine::OwnedWriter`:
+//! The control round's moves go through the actuator's `CgroupWriter` (`rounds::OwnedWriter`:
 //! cgroupfs, told to the runtime in NRI mode), which also migrates memory; admission only ever
 //! sets cpus (and a new container's mems).
 
 use std::sync::Arc;
 
-use super::{nri_updates::Runtime, trigger::Hub};
+use super::nri_updates::Runtime;
+use crate::rounds::trigger::Hub;
 use crate::{
     cgroup::{Cgroups, Controller},
     cpuset::CpuSet,

@@ -79,7 +79,7 @@ impl Counts {
 /// The daemon's read path for one cgroup whose threads run on node 0 (CPUs 0-1, mems 0-1).
 struct Pipe {
     pmu: Option<EventPair>,
-    health: pmu::Health,
+    health: pmu::PmuHealth,
     prev: Sample,
     state: ControllerState,
     counts: Counts,
@@ -92,7 +92,7 @@ impl Pipe {
     fn new(pmu: Option<EventPair>, mem: &[(u32, u64)]) -> Pipe {
         Pipe {
             pmu,
-            health: pmu::Health::default(),
+            health: pmu::PmuHealth::default(),
             prev: Sample::default(),
             state: ControllerState::default(),
             counts: Counts::default(),

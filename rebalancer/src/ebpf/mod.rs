@@ -122,7 +122,7 @@ pub struct Sample {
     /// Local / remote DRAM accesses: each side's samples × its own period (see `pmu::scale`).
     pub local_events: u64,
     pub remote_events: u64,
-    /// Both DRAM events were attached and trusted (`pmu::Health`) at this read: only then are
+    /// Both DRAM events were attached and trusted (`pmu::PmuHealth`) at this read: only then are
     /// the events evidence.
     pub pmu: bool,
 }
@@ -130,14 +130,14 @@ pub struct Sample {
 /// The remote-access evidence of one period, as the controller takes it: a pair is `Some`
 /// only when both of its sides were counted (a remote count alone is no ratio).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Access {
+pub struct AccessEvidence {
     pub local_faults: Option<u64>,
     pub remote_faults: Option<u64>,
     pub local_events: Option<u64>,
     pub remote_events: Option<u64>,
 }
 
-impl Access {
+impl AccessEvidence {
     /// Writes the evidence into a cgroup's observation.
     pub fn fill(&self, obs: &mut crate::controller::CgroupObs) {
         obs.local_faults = self.local_faults;
@@ -155,11 +155,11 @@ impl Sample {
     /// This (delta) sample's remote-access evidence. Hinting faults (one kprobe counts both
     /// sides) when any were taken; PMU events when the pair is trusted and the cgroup has at
     /// least [`pmu::MIN_CGROUP_SAMPLES`] samples.
-    pub fn access(&self) -> Access {
+    pub fn access(&self) -> AccessEvidence {
         let faults = self.local_faults.saturating_add(self.remote_faults) > 0;
         let pmu = self.pmu
             && self.local_samples.saturating_add(self.remote_samples) >= pmu::MIN_CGROUP_SAMPLES;
-        Access {
+        AccessEvidence {
             local_faults: faults.then_some(self.local_faults),
             remote_faults: faults.then_some(self.remote_faults),
             local_events: pmu.then_some(self.local_events),

@@ -38,15 +38,15 @@ pub const SILENT_SAMPLES: u64 = 20;
 /// What one sync does to one group: the CPUs whose events are closed (no longer online, or
 /// dead) and those on which events are opened (online without them, or dead).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct CpuPlan {
     pub detach: BTreeSet<u32>,
     pub attach: BTreeSet<u32>,
 }
 
 /// The sync of one group: `attached` the CPUs with events, `online` the CPUs online now,
 /// `dead` CPUs whose events no longer count (closed and opened again while online).
-pub fn plan(attached: &BTreeSet<u32>, online: &BTreeSet<u32>, dead: &BTreeSet<u32>) -> Plan {
-    Plan {
+pub fn plan(attached: &BTreeSet<u32>, online: &BTreeSet<u32>, dead: &BTreeSet<u32>) -> CpuPlan {
+    CpuPlan {
         detach: attached
             .iter()
             .filter(|c| !online.contains(c) || dead.contains(c))

@@ -4,7 +4,7 @@
 //!
 //! A remote ratio needs both sides: `1 − remote / (local + remote)` with the local side missing
 //! would score every sampled cgroup 0% local. So the PMU is a locality source only when *both*
-//! events attached, and only while [`Health`] trusts them: a side stuck at zero while the other
+//! events attached, and only while [`PmuHealth`] trusts them: a side stuck at zero while the other
 //! counts, or more events per on-CPU second than any memory system serves, drops the pair for
 //! the sampler's life (with a warning and a metric); locality then comes from the other sources.
 //!
@@ -217,11 +217,11 @@ pub struct Totals {
 
 /// Whether the attached pair is trusted; once dropped, dropped for good.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Health {
+pub struct PmuHealth {
     dropped: Option<String>,
 }
 
-impl Health {
+impl PmuHealth {
     /// Why the pair was dropped, if it was.
     pub fn dropped(&self) -> Option<&str> {
         self.dropped.as_deref()
@@ -328,7 +328,7 @@ mod tests {
             remote_samples: r,
             cpu_ns: (s * 1e9) as u64,
         };
-        let mut h = Health::default();
+        let mut h = PmuHealth::default();
         assert_eq!(h.check(t(0, 10, 5.0), 2), None, "too few samples to judge");
         assert_eq!(h.check(t(500, 40, 5.0), 2), None, "a normal mix");
         assert!(h.trusted());
@@ -338,7 +338,7 @@ mod tests {
         assert_eq!(h.check(t(0, 10_000, 5.0), 2), None, "reported once");
         assert_eq!(h.dropped(), Some(why.as_str()));
 
-        let mut h = Health::default();
+        let mut h = PmuHealth::default();
         assert_eq!(
             h.check(t(STUCK_SAMPLES, 0, 5.0), 1),
             None,
@@ -349,7 +349,7 @@ mod tests {
             .unwrap()
             .contains("remote-DRAM"));
 
-        let mut h = Health::default();
+        let mut h = PmuHealth::default();
         assert_eq!(h.check(t(0, 0, 59.0), 2), None);
         assert!(h
             .check(t(0, 0, 61.0), 2)
@@ -357,7 +357,7 @@ mod tests {
             .contains("no DRAM access"));
 
         // 10^6 samples × 20011 in 1 CPU-second: 2·10^10 accesses/s
-        let mut h = Health::default();
+        let mut h = PmuHealth::default();
         assert_eq!(
             h.check(t(1_000_000, 1, 0.5), 2),
             None,
@@ -367,7 +367,7 @@ mod tests {
             .check(t(1_000_000, 1, 1.0), 2)
             .unwrap()
             .contains("implausible"));
-        let mut h = Health::default();
+        let mut h = PmuHealth::default();
         assert_eq!(
             h.check(t(40_000, 4_000, 1.0), 2),
             None,

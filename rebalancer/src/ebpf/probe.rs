@@ -7,7 +7,7 @@ use serde::Serialize;
 /// How cgroups are mounted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CgroupMode {
+pub enum CgroupSupport {
     V1,
     V2,
     /// v1 controllers plus a v2 hierarchy (e.g. systemd's /sys/fs/cgroup/unified).
@@ -15,13 +15,13 @@ pub enum CgroupMode {
     None,
 }
 
-impl CgroupMode {
+impl CgroupSupport {
     pub fn as_str(self) -> &'static str {
         match self {
-            CgroupMode::V1 => "v1",
-            CgroupMode::V2 => "v2",
-            CgroupMode::Hybrid => "hybrid",
-            CgroupMode::None => "none",
+            CgroupSupport::V1 => "v1",
+            CgroupSupport::V2 => "v2",
+            CgroupSupport::Hybrid => "hybrid",
+            CgroupSupport::None => "none",
         }
     }
 }
@@ -59,7 +59,7 @@ fn unescape(s: &str) -> String {
 }
 
 /// The cgroup mode described by mountinfo text.
-pub fn cgroup_mode(mountinfo: &str) -> CgroupMode {
+pub fn cgroup_mode(mountinfo: &str) -> CgroupSupport {
     let (mut v1, mut v2) = (false, false);
     for (_, fstype) in mounts(mountinfo) {
         match fstype.as_str() {
@@ -69,10 +69,10 @@ pub fn cgroup_mode(mountinfo: &str) -> CgroupMode {
         }
     }
     match (v1, v2) {
-        (true, true) => CgroupMode::Hybrid,
-        (true, false) => CgroupMode::V1,
-        (false, true) => CgroupMode::V2,
-        (false, false) => CgroupMode::None,
+        (true, true) => CgroupSupport::Hybrid,
+        (true, false) => CgroupSupport::V1,
+        (false, true) => CgroupSupport::V2,
+        (false, false) => CgroupSupport::None,
     }
 }
 
@@ -115,7 +115,7 @@ mod tests {
 37 33 0:32 / /sys/fs/cgroup/my\\040mem rw,nosuid - cgroup cgroup rw,memory
 ";
 
-    fn check(text: &str, mode: CgroupMode, v2: Option<&str>) {
+    fn check(text: &str, mode: CgroupSupport, v2: Option<&str>) {
         assert_eq!(cgroup_mode(text), mode, "{text}");
         assert_eq!(cgroup2_mount(text), v2.map(PathBuf::from), "{text}");
     }
@@ -123,11 +123,19 @@ mod tests {
     #[test]
     fn cgroup_modes() {
         for (text, mode, v2) in [
-            (HYBRID, CgroupMode::Hybrid, Some("/sys/fs/cgroup/unified")),
-            (V2, CgroupMode::V2, Some("/sys/fs/cgroup")),
-            (V1, CgroupMode::V1, None),
-            ("", CgroupMode::None, None),
-            ("garbage without separator\n - \n", CgroupMode::None, None),
+            (
+                HYBRID,
+                CgroupSupport::Hybrid,
+                Some("/sys/fs/cgroup/unified"),
+            ),
+            (V2, CgroupSupport::V2, Some("/sys/fs/cgroup")),
+            (V1, CgroupSupport::V1, None),
+            ("", CgroupSupport::None, None),
+            (
+                "garbage without separator\n - \n",
+                CgroupSupport::None,
+                None,
+            ),
         ] {
             check(text, mode, v2);
         }

@@ -151,7 +151,7 @@ pub fn fold_read(
     cpu_node: impl Fn(u32) -> Option<u32>,
     reason_names: &BTreeMap<u32, String>,
     pmu: Option<&EventPair>,
-    health: &mut pmu::Health,
+    health: &mut pmu::PmuHealth,
     cpu_nodes: usize,
 ) -> (BTreeMap<u64, Sample>, Option<String>) {
     let mut out = fold(
@@ -275,7 +275,7 @@ pub struct Sampler {
     reason_names: BTreeMap<u32, String>,
     /// The DRAM event pair, when both sides attached.
     pmu: Option<EventPair>,
-    pmu_health: pmu::Health,
+    pmu_health: pmu::PmuHealth,
     /// A drop of the pair not yet taken by [`Sampler::take_pmu_drop`].
     pmu_drop: Option<String>,
     /// Nodes with CPUs (one node has no remote DRAM).
@@ -414,7 +414,7 @@ impl Sampler {
             v2_root,
             reason_names: loaded.reason_names,
             pmu: loaded.pmu,
-            pmu_health: pmu::Health::default(),
+            pmu_health: pmu::PmuHealth::default(),
             pmu_drop: None,
             cpu_nodes,
             paths: BTreeMap::new(),

@@ -28,7 +28,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_RESPONSE: usize = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum KubeClientError {
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
@@ -82,14 +82,14 @@ pub struct Response {
 impl Client {
     /// The in-cluster config: `KUBERNETES_SERVICE_HOST`/`_PORT`, the service account's CA and
     /// token under `sa_dir`.
-    pub fn in_cluster(sa_dir: &Path) -> Result<Client, ClientError> {
+    pub fn in_cluster(sa_dir: &Path) -> Result<Client, KubeClientError> {
         let host = std::env::var("KUBERNETES_SERVICE_HOST")
-            .map_err(|_| ClientError::NotInCluster("KUBERNETES_SERVICE_HOST"))?;
+            .map_err(|_| KubeClientError::NotInCluster("KUBERNETES_SERVICE_HOST"))?;
         let port = std::env::var("KUBERNETES_SERVICE_PORT")
-            .map_err(|_| ClientError::NotInCluster("KUBERNETES_SERVICE_PORT"))?;
+            .map_err(|_| KubeClientError::NotInCluster("KUBERNETES_SERVICE_PORT"))?;
         let port = port
             .parse()
-            .map_err(|_| ClientError::NotInCluster("KUBERNETES_SERVICE_PORT (a number)"))?;
+            .map_err(|_| KubeClientError::NotInCluster("KUBERNETES_SERVICE_PORT (a number)"))?;
         let ca = read(&sa_dir.join("ca.crt"))?;
         let tls = tls_config(&ca, None)?;
         Ok(Client {
@@ -102,8 +102,8 @@ impl Client {
 
     /// The current context of a kubeconfig file (YAML or JSON): its cluster's server and CA,
     /// its user's client certificate and key or token.
-    pub fn from_kubeconfig(path: &Path) -> Result<Client, ClientError> {
-        let bad = |reason: String| ClientError::Kubeconfig {
+    pub fn from_kubeconfig(path: &Path) -> Result<Client, KubeClientError> {
+        let bad = |reason: String| KubeClientError::Kubeconfig {
             path: path.to_path_buf(),
             reason,
         };
@@ -187,9 +187,9 @@ impl Client {
         method: &str,
         path: &str,
         body: Option<&[u8]>,
-    ) -> Result<Response, ClientError> {
+    ) -> Result<Response, KubeClientError> {
         let server = self.server();
-        let io = |source| ClientError::Io {
+        let io = |source| KubeClientError::Io {
             server: server.clone(),
             source,
         };
@@ -216,26 +216,27 @@ impl Client {
         head.push_str("\r\n");
         let addr = (self.host.as_str(), self.port)
             .to_socket_addrs()
-            .map_err(|source| ClientError::Connect {
+            .map_err(|source| KubeClientError::Connect {
                 server: server.clone(),
                 source,
             })?
             .next()
-            .ok_or_else(|| ClientError::Connect {
+            .ok_or_else(|| KubeClientError::Connect {
                 server: server.clone(),
                 source: std::io::ErrorKind::NotFound.into(),
             })?;
-        let tcp =
-            TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|source| ClientError::Connect {
+        let tcp = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|source| {
+            KubeClientError::Connect {
                 server: server.clone(),
                 source,
-            })?;
+            }
+        })?;
         tcp.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
         tcp.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
         let name = ServerName::try_from(self.host.clone())
-            .map_err(|e| ClientError::Tls(format!("server name {:?}: {e}", self.host)))?;
+            .map_err(|e| KubeClientError::Tls(format!("server name {:?}: {e}", self.host)))?;
         let conn = rustls::ClientConnection::new(self.tls.clone(), name)
-            .map_err(|e| ClientError::Tls(e.to_string()))?;
+            .map_err(|e| KubeClientError::Tls(e.to_string()))?;
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         tls.write_all(head.as_bytes()).map_err(io)?;
         if let Some(b) = body {
@@ -253,18 +254,18 @@ impl Client {
                 Err(e) => return Err(io(e)),
             }
             if raw.len() > MAX_RESPONSE {
-                return Err(ClientError::Malformed {
+                return Err(KubeClientError::Malformed {
                     server,
                     reason: "answer too large".into(),
                 });
             }
         }
-        parse_response(&raw).map_err(|reason| ClientError::Malformed { server, reason })
+        parse_response(&raw).map_err(|reason| KubeClientError::Malformed { server, reason })
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|source| ClientError::Read {
+fn read(path: &Path) -> Result<Vec<u8>, KubeClientError> {
+    std::fs::read(path).map_err(|source| KubeClientError::Read {
         path: path.to_path_buf(),
         source,
     })
@@ -273,8 +274,8 @@ fn read(path: &Path) -> Result<Vec<u8>, ClientError> {
 fn tls_config(
     ca_pem: &[u8],
     identity: Option<(&[u8], &[u8])>,
-) -> Result<Arc<rustls::ClientConfig>, ClientError> {
-    let tls = |e: String| ClientError::Tls(e);
+) -> Result<Arc<rustls::ClientConfig>, KubeClientError> {
+    let tls = |e: String| KubeClientError::Tls(e);
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem) {
         let c = c.map_err(|e| tls(format!("CA certificate: {e}")))?;

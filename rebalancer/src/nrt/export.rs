@@ -20,7 +20,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::client::{Client, ClientError};
+use super::client::{Client, KubeClientError};
 use crate::daemon::Daemon;
 
 const RESYNC: Duration = Duration::from_secs(60);
@@ -63,7 +63,7 @@ fn failure(method: &str, path: &str, status: u16, body: &[u8]) -> String {
 pub fn write(client: &Client, body: &Value) -> Result<(), String> {
     let name = body["metadata"]["name"].as_str().unwrap_or_default();
     let path = format!("{}/{name}", super::COLLECTION);
-    let err = |e: ClientError| e.to_string();
+    let err = |e: KubeClientError| e.to_string();
     // A conflict (someone wrote in between) is read and replaced again, a few times.
     for _ in 0..3 {
         let got = client.request("GET", &path, None).map_err(err)?;

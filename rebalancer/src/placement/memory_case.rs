@@ -79,7 +79,7 @@ pub struct MemoryCase {
 
 /// The answer of one case.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Outcome {
+pub struct CaseAnswer {
     pub error: Option<String>,
     pub state: Option<(Assignments, MemoryState)>,
     /// `None` = kubelet's nil map.
@@ -313,13 +313,13 @@ fn regenerate(
 }
 
 impl MemoryCase {
-    pub fn evaluate(&self) -> Outcome {
+    pub fn evaluate(&self) -> CaseAnswer {
         let mut run = Run {
             state: self.state.clone(),
             assignments: self.assignments.clone(),
             reusable: self.reusable.clone(),
         };
-        let mut out = Outcome::default();
+        let mut out = CaseAnswer::default();
         match self.operation {
             Operation::New => {
                 let total: u64 = self
@@ -477,7 +477,7 @@ pub fn assignments_json(a: &Assignments) -> Value {
 }
 
 /// The output line: `{"error":…,"assignments":…,"machine_state":…,"topology_hints":…,"requested":…}`.
-pub fn outcome_json(o: &Outcome) -> String {
+pub fn outcome_json(o: &CaseAnswer) -> String {
     let (a, s) = match &o.state {
         Some((a, s)) => (assignments_json(a), state_json(s)),
         None => (Value::Null, Value::Null),

@@ -102,7 +102,7 @@ fn uses_closest(policy: MergePolicy, opts: &MergeOptions) -> bool {
 
 /// A merged hint and whether the policy admits it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub struct MergeDecision {
     pub hint: TopologyHint,
     pub admit: bool,
 }
@@ -167,9 +167,9 @@ pub fn decide(
     opts: &MergeOptions,
     numa: &NumaInfo,
     providers: &[ProviderHints],
-) -> Decision {
+) -> MergeDecision {
     let hint = merge(policy, opts, numa, providers);
-    Decision {
+    MergeDecision {
         hint,
         admit: admit(policy, &hint),
     }
@@ -182,7 +182,7 @@ pub fn merge_pod(
     opts: &MergeOptions,
     numa: &NumaInfo,
     pod_providers: &[ProviderHints],
-) -> Decision {
+) -> MergeDecision {
     decide(policy, opts, numa, pod_providers)
 }
 
@@ -193,7 +193,7 @@ pub fn merge_containers(
     opts: &MergeOptions,
     numa: &NumaInfo,
     per_container: &[Vec<ProviderHints>],
-) -> Vec<Decision> {
+) -> Vec<MergeDecision> {
     per_container
         .iter()
         .map(|providers| decide(policy, opts, numa, providers))

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::mask::{NodeMask, TopologyHint, MAX_NODES};
-use super::merge::{self, Decision, MergeOptions, MergePolicy, ProviderHints};
+use super::merge::{self, MergeDecision, MergeOptions, MergePolicy, ProviderHints};
 use super::numa_info::NumaInfo;
 
 /// A malformed case: the field (a path such as `providers[1].cpu[0].affinity`) and what is wrong.
@@ -48,7 +48,7 @@ pub struct MergeCase {
 }
 
 impl MergeCase {
-    pub fn decide(&self) -> Decision {
+    pub fn decide(&self) -> MergeDecision {
         merge::decide(self.policy, &self.options, &self.numa, &self.providers)
     }
 }
@@ -62,7 +62,7 @@ struct ResultLine {
 }
 
 /// The output line of a decision: `{"affinity":[1],"preferred":true,"admit":true}`.
-pub fn decision_json(d: &Decision) -> String {
+pub fn decision_json(d: &MergeDecision) -> String {
     let line = ResultLine {
         affinity: d.hint.affinity.map(|m| m.ids().collect()),
         preferred: d.hint.preferred,

@@ -638,7 +638,7 @@ fn scopes_container_and_pod() {
     );
     assert_eq!(
         pod,
-        Decision {
+        MergeDecision {
             hint: h(&[1], true),
             admit: true
         }

@@ -59,7 +59,7 @@ pub struct Container {
 }
 
 /// Kubernetes QoS class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Qos {
     Guaranteed,
     Burstable,

@@ -485,7 +485,7 @@ impl Metrics {
                 "panic",
             ],
         );
-        // `daemon::engine`: a round that observed nothing
+        // `rounds`: a round that observed nothing
         reasons(&self.rounds_skipped, &["cgroup-walk", "sample-read"]);
         // `daemon::watcher`: errno of a watch that could not be added
         reasons(
@@ -499,7 +499,7 @@ impl Metrics {
             &self.nri_direct_writes,
             &["not-connected", "not-runtime-container"],
         );
-        // `daemon::kubelet::KubeletStateError::reason`, and assignments refused
+        // `kubelet_files::KubeletStateError::reason`, and assignments refused
         reasons(
             &self.kubelet_state_errors,
             &[
@@ -532,7 +532,7 @@ impl Metrics {
                 result: result.into(),
             });
         }
-        // `daemon::engine`: the evidence a moved cgroup's score came from
+        // `rounds`: the evidence a moved cgroup's score came from
         for evidence in ["hinting-faults", "pmu", "share-model", "none"] {
             let _ = self.moves_by_evidence.get_or_create(&EvidenceLabel {
                 evidence: evidence.into(),

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::generate::{generate, Kind};
 use super::machines::machine;
-use super::run::{run_policy, Policy, SimConfig, SimError};
+use super::run::{run_policy, SimConfig, SimError, SimPolicy};
 
 /// Which half of the cases a case is in: a fixed rule on the machine seed (even: tune, odd:
 /// held out), so every trace of a machine is on the same side.
@@ -115,9 +115,9 @@ pub fn run_case(case: Case, kind: Kind, cfg: &SimConfig) -> Result<CaseResult, S
     *limit = (*limit).max(nodes);
     let run = |p| run_policy(&topo, &trace, &cfg, p);
     let (s, r, o) = (
-        run(Policy::Static)?,
-        run(Policy::Rebalancer)?,
-        run(Policy::Oracle)?,
+        run(SimPolicy::Static)?,
+        run(SimPolicy::Rebalancer)?,
+        run(SimPolicy::Oracle)?,
     );
     Ok(CaseResult {
         case,

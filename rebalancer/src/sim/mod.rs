@@ -21,7 +21,7 @@ pub mod workload;
 
 pub use generate::{generate, Kind};
 pub use model::CostModel;
-pub use run::{run_policy, Policy, PolicyReport, SimConfig, SimError};
+pub use run::{run_policy, PolicyReport, SimConfig, SimError, SimPolicy};
 pub use workload::{Workload, WorkloadError};
 
 use crate::topology::Topology;
@@ -56,7 +56,7 @@ pub fn simulate(
     topology_name: &str,
     trace: &Workload,
     cfg: &SimConfig,
-    policies: &[Policy],
+    policies: &[SimPolicy],
 ) -> Result<Report, SimError> {
     let topo = trace.machine(base);
     let mut reports = Vec::new();
@@ -64,7 +64,7 @@ pub fn simulate(
         reports.push(run_policy(&topo, trace, cfg, p)?);
     }
     let find = |p| reports.iter().find(|r: &&PolicyReport| r.policy == p);
-    let vs_oracle = match (find(Policy::Rebalancer), find(Policy::Oracle)) {
+    let vs_oracle = match (find(SimPolicy::Rebalancer), find(SimPolicy::Oracle)) {
         (Some(r), Some(o)) => Some(VsOracle {
             locality_ratio: if o.mean_locality > 0.0 {
                 (r.mean_locality / o.mean_locality * 1e4).round() / 1e4
@@ -109,7 +109,7 @@ pub fn table(r: &Report) -> String {
             .find(|p| p.policy == q)
             .map(|p| p.slowdown)
     };
-    let (stat, oracle) = (slowdown(Policy::Static), slowdown(Policy::Oracle));
+    let (stat, oracle) = (slowdown(SimPolicy::Static), slowdown(SimPolicy::Oracle));
     for p in &r.policies {
         let tl: Vec<String> = p
             .remote_timeline

@@ -54,7 +54,7 @@ impl Default for SimConfig {
 /// What drives placement after admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum Policy {
+pub enum SimPolicy {
     /// kubelet-like: Guaranteed integer-CPU containers get exclusive CPUs from the real
     /// allocator, every other container the whole shared pool and every node's memory.
     Kubelet,
@@ -72,7 +72,7 @@ pub enum Policy {
 /// Results of one policy's run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PolicyReport {
-    pub policy: Policy,
+    pub policy: SimPolicy,
     /// Share of memory accesses that were local, over the whole run.
     pub mean_locality: f64,
     /// Remote-access fraction per equal slice of the run.
@@ -224,11 +224,11 @@ impl<'a> World<'a> {
         topo: &'a Topology,
         trace: &'a Workload,
         cfg: &'a SimConfig,
-        policy: Policy,
+        policy: SimPolicy,
     ) -> Result<World<'a>, crate::placement::admission::PlacementError> {
         Ok(World {
-            kubelet_like: matches!(policy, Policy::Kubelet | Policy::Autonuma),
-            autonuma: policy == Policy::Autonuma,
+            kubelet_like: matches!(policy, SimPolicy::Kubelet | SimPolicy::Autonuma),
+            autonuma: policy == SimPolicy::Autonuma,
             topo,
             trace,
             cfg,
@@ -717,7 +717,7 @@ impl<'a> World<'a> {
         self.demand = demand;
     }
 
-    fn report(&self, policy: Policy) -> PolicyReport {
+    fn report(&self, policy: SimPolicy) -> PolicyReport {
         let s = &self.stats;
         let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 1.0 };
         let migration_cpu_s = self.cfg.model.migration_cost_s(s.bytes_migrated);
@@ -821,7 +821,7 @@ pub fn run_policy(
     topo: &Topology,
     trace: &Workload,
     cfg: &SimConfig,
-    policy: Policy,
+    policy: SimPolicy,
 ) -> Result<PolicyReport, SimError> {
     let mut w = World::new(topo, trace, cfg, policy)?;
     let step_ms = cfg.step_ms.max(1);
@@ -837,14 +837,14 @@ pub fn run_policy(
             event |= w.arrive(t, 1);
         }
         event |= w.phases(t);
-        if policy == Policy::Oracle && event {
+        if policy == SimPolicy::Oracle && event {
             baselines::oracle_place(&mut w);
         }
         w.kernel(step_s);
         w.measure(t, step_s);
         match policy {
-            Policy::Autonuma => baselines::autonuma_step(&mut w, step_s),
-            Policy::Rebalancer if t_ms > 0 && (t_ms + step_ms).is_multiple_of(period) => {
+            SimPolicy::Autonuma => baselines::autonuma_step(&mut w, step_s),
+            SimPolicy::Rebalancer if t_ms > 0 && (t_ms + step_ms).is_multiple_of(period) => {
                 baselines::rebalancer_round(&mut w, t_ms + step_ms)
             }
             _ => {}
@@ -934,7 +934,7 @@ mod tests {
                 tasks: vec![task],
             };
             let cfg = SimConfig::default();
-            let mut w = World::new(&topo, &trace, &cfg, Policy::Static).unwrap();
+            let mut w = World::new(&topo, &trace, &cfg, SimPolicy::Static).unwrap();
             w.arrive(0, 1);
             for _ in 0..20 {
                 w.kernel(1.0);

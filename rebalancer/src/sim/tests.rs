@@ -19,13 +19,13 @@ fn machine() -> Topology {
     .build()
 }
 
-fn all() -> Vec<Policy> {
+fn all() -> Vec<SimPolicy> {
     vec![
-        Policy::Rebalancer,
-        Policy::Static,
-        Policy::Kubelet,
-        Policy::Autonuma,
-        Policy::Oracle,
+        SimPolicy::Rebalancer,
+        SimPolicy::Static,
+        SimPolicy::Kubelet,
+        SimPolicy::Autonuma,
+        SimPolicy::Oracle,
     ]
 }
 
@@ -112,9 +112,9 @@ fn spread_workload_is_consolidated_by_the_planner() {
     .unwrap();
     let get = |p| r.policies.iter().find(|x| x.policy == p).unwrap();
     let (reb, st, or) = (
-        get(Policy::Rebalancer),
-        get(Policy::Static),
-        get(Policy::Oracle),
+        get(SimPolicy::Rebalancer),
+        get(SimPolicy::Static),
+        get(SimPolicy::Oracle),
     );
     assert!(st.mean_locality < 0.35, "{st:?}");
     assert!(reb.moves >= 1, "{reb:?}");
@@ -151,8 +151,8 @@ fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
         tasks: vec![be, hog],
     };
     let cfg = SimConfig::default();
-    let st = run_policy(&machine(), &trace, &cfg, Policy::Kubelet).unwrap();
-    let r = run_policy(&machine(), &trace, &cfg, Policy::Autonuma).unwrap();
+    let st = run_policy(&machine(), &trace, &cfg, SimPolicy::Kubelet).unwrap();
+    let r = run_policy(&machine(), &trace, &cfg, SimPolicy::Autonuma).unwrap();
     assert!(r.bytes_migrated > 0, "{r:?}");
     assert!(
         r.bytes_migrated <= 2 * 60 * cfg.model.autonuma_bytes_per_s,
@@ -163,7 +163,7 @@ fn autonuma_moves_pages_at_its_rate_but_not_hugepages() {
     trace.tasks[0].hugepages = true;
     trace.machine.hugepages_1g_per_node = Some(4);
     let topo = trace.machine(&machine());
-    let r = run_policy(&topo, &trace, &cfg, Policy::Autonuma).unwrap();
+    let r = run_policy(&topo, &trace, &cfg, SimPolicy::Autonuma).unwrap();
     assert_eq!(r.bytes_migrated, 0, "{r:?}");
 }
 
@@ -226,7 +226,7 @@ fn thread_spreading_workload_is_consolidated_and_stops_crossing_nodes() {
             "synthetic",
             &spread(rate),
             &SimConfig::default(),
-            &[Policy::Static, Policy::Rebalancer],
+            &[SimPolicy::Static, SimPolicy::Rebalancer],
         )
         .unwrap()
         .policies
@@ -277,7 +277,7 @@ fn moves_are_logged_and_a_frozen_workload_is_never_moved() {
         "synthetic",
         &trace,
         &logged,
-        &[Policy::Rebalancer],
+        &[SimPolicy::Rebalancer],
     )
     .unwrap();
     let reb = &r.policies[0];
@@ -293,7 +293,7 @@ fn moves_are_logged_and_a_frozen_workload_is_never_moved() {
         "synthetic",
         &trace,
         &SimConfig::default(),
-        &[Policy::Rebalancer],
+        &[SimPolicy::Rebalancer],
     )
     .unwrap();
     assert!(plain.policies[0].move_log.is_empty());
@@ -308,7 +308,7 @@ fn moves_are_logged_and_a_frozen_workload_is_never_moved() {
         "synthetic",
         &trace,
         &frozen,
-        &[Policy::Rebalancer, Policy::Static],
+        &[SimPolicy::Rebalancer, SimPolicy::Static],
     )
     .unwrap();
     assert_eq!(r.policies[0].moves, 0, "{:?}", r.policies[0]);

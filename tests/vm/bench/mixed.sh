@@ -88,7 +88,7 @@ socket = "/run/rebalancer/rebalancer.sock"
 metrics_listen = "127.0.0.1:9717"
 CONF
         t=$(uptime_s)
-        RUST_LOG=rebalancer=debug,rebalancer::daemon::engine=trace $BIN run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
+        RUST_LOG=rebalancer=debug,rebalancer::rounds=trace $BIN run --config /tmp/bench.toml > /tmp/bench-daemon.log 2>&1 &
         MGR_PID=$!
         i=0
         until grep -q 'round done' /tmp/bench-daemon.log; do

@@ -15,12 +15,12 @@ use std::{
 };
 
 use crate::{
-    cgroup::{classify_in, CgroupKind, Cgroups, Controller, Qos},
+    cgroup::{classify_in, CgroupKind, Cgroups, Controller},
     config::{AdmissionMode, TopologyScope},
     daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
     placement::{
         admission::PodMember,
-        pod::{Container, Pod},
+        pod::{Container, Pod, Qos},
     },
 };
 

@@ -6,9 +6,9 @@ use crate::{
     topology::TopologyBuilder,
 };
 use crate::{
-    cgroup::Qos,
     cpuset::CpuSet,
     daemon::{writer::CgroupCpusetWriter, Daemon, Shared},
+    placement::pod::Qos,
 };
 use std::{
     path::{Path, PathBuf},
@@ -702,7 +702,7 @@ fn pod_for_reads_a_guaranteed_containers_hugetlb_limits() {
     assert_eq!(b.containers[0].hugepages_1gi_bytes, 0);
 }
 
-/// Review item 1: the watcher watched the whole cpuset hierarchy, users' delegated subtrees
+/// The watcher watched the whole cpuset hierarchy, users' delegated subtrees
 /// included (inotify watch exhaustion for the kubepods tree). Only the path to kubelet's root
 /// and the configured roots, and what is below them, are watched.
 #[test]
@@ -1011,7 +1011,7 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
 const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
 
 fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
-    use crate::daemon::kubelet::{fnv1a32, spew_memory, MemoryCheckpoint};
+    use crate::kubelet_files::{fnv1a32, spew_memory, MemoryCheckpoint};
     let root = dir.join("cg");
     let kdir = dir.join("kubelet");
     std::fs::create_dir_all(&kdir).unwrap();

@@ -2,7 +2,7 @@
 //! `cpuset.cpus` (an inotify watch on the file, IN_CLOSE_WRITE: when the writer is done) or a new
 //! container's placement (`admission`) starts a round soon, not up to a period later.
 //!
-//! - [`Hub`] (one per daemon, in [`super::Daemon`]): where events are sent (`wake`) and where
+//! - [`Hub`] (one per daemon, in [`crate::daemon::Daemon`]): where events are sent (`wake`) and where
 //!   the daemon's own cpuset.cpus writes are noted (`note_own_cpus`), so the trigger can tell
 //!   them from the operator's: a write whose content is what the daemon itself last wrote
 //!   there never wakes the rounds (no round → move → write → round loop).
@@ -22,7 +22,7 @@
 //!   it by its length, and restarts a cgroup's score when its nodes changed
 //!   (`controller::CgroupState::fold`), so a sliver of samples does not sway a settled
 //!   score as a period would, and a pinned cgroup's score starts again (its CPU time is
-//!   counted on its new nodes: `engine`'s projection). The migration budget is a rate over
+//!   counted on its new nodes: the round's projection (`rounds::observe`)). The migration budget is a rate over
 //!   the period whatever the rounds (`apply::Applier::budget_used`).
 //! - Not watched ([`operator_writable`]): a cpuset.cpus file that a non-root user can write
 //!   (a delegated subtree under a configured root), whose owner could otherwise bring rounds
@@ -248,13 +248,13 @@ fn max_user_watches() -> Option<usize> {
 
 impl CpusetTrigger {
     /// Starts the thread. Fails when inotify is unavailable (rounds then run on the period).
-    pub fn spawn(d: super::Daemon) -> std::io::Result<std::sync::Arc<CpusetTrigger>> {
+    pub fn spawn(d: crate::daemon::Daemon) -> std::io::Result<std::sync::Arc<CpusetTrigger>> {
         CpusetTrigger::spawn_with_budget(d, watch_budget(max_user_watches()))
     }
 
     /// [`CpusetTrigger::spawn`] with at most `budget` watches.
     pub fn spawn_with_budget(
-        d: super::Daemon,
+        d: crate::daemon::Daemon,
         budget: usize,
     ) -> std::io::Result<std::sync::Arc<CpusetTrigger>> {
         let mut ino = Inotify::init()?;
@@ -498,11 +498,11 @@ mod tests {
         assert_eq!(off.due(), None, "settle 0: rounds on the period only");
     }
 
-    fn test_daemon() -> super::super::Daemon {
+    fn test_daemon() -> crate::daemon::Daemon {
         let topo = crate::topology::TopologyBuilder::default().build();
         let cfg = crate::config::Config::load(None).unwrap();
-        super::super::Daemon::new(
-            super::super::Shared::fresh(topo, cfg).unwrap(),
+        crate::daemon::Daemon::new(
+            crate::daemon::Shared::fresh(topo, cfg).unwrap(),
             crate::serve::Metrics::default(),
         )
     }
