@@ -94,17 +94,15 @@ pub fn fold(
 
     let (mut c, mut e, mut r) = (0, 0, 0);
     let mut out: Vec<(u64, Sample)> = Vec::new();
-    loop {
-        let Some(id) = [
-            cpu.get(c).map(|x| x.0),
-            events.get(e).map(|x| x.0),
-            reasons.get(r).map(|x| x.0),
-        ]
-        .into_iter()
-        .flatten()
-        .min() else {
-            break;
-        };
+    while let Some(id) = [
+        cpu.get(c).map(|x| x.0),
+        events.get(e).map(|x| x.0),
+        reasons.get(r).map(|x| x.0),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    {
         let mut s = Sample::default();
         let mut nodes: Vec<(u32, u64)> = Vec::new();
         while let Some(&(_, node, ns)) = cpu.get(c).filter(|x| x.0 == id) {
