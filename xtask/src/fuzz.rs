@@ -71,7 +71,11 @@ pub fn build(log: Option<&Path>) -> Result<()> {
 
 const FLAGS: [&str; 3] = ["--sanitizer", "none", "--debug-assertions"];
 
-/// Builds all targets (a no-op when `build` ran), then runs each (or those named) for `seconds`.
+/// Builds all targets (a no-op when `build` ran), then runs each (or those named) for `seconds`,
+/// one per CPU at a time: a libFuzzer process is single-threaded, so each target gets a whole
+/// CPU for its `seconds`, as it did when they ran one after another, in less wall time. Each
+/// run's output goes to `fuzz/target/logs/<target>.log`; its final stats are printed, and the
+/// whole log when it fails.
 pub fn run(seconds: u64, only: &[String]) -> Result<()> {
     let fuzz_dir = root().join("fuzz");
     let all = targets(&fuzz_dir)?;
@@ -85,28 +89,63 @@ pub fn run(seconds: u64, only: &[String]) -> Result<()> {
         .filter(|t| only.is_empty() || only.contains(t))
         .collect();
     build(None)?;
-    let mut failed = Vec::new();
-    for t in chosen {
-        let corpus = fuzz_dir.join("corpus").join(t);
-        let scratch = fuzz_dir.join("target").join("scratch-corpus").join(t);
-        std::fs::create_dir_all(&scratch)
-            .with_context(|| format!("creating {}", scratch.display()))?;
-        let mut c = nightly_cargo()?;
-        c.args(["fuzz", "run"])
-            .args(FLAGS)
-            .arg(t)
-            .arg(&scratch)
-            .arg(&corpus)
-            .arg("--")
-            .arg(format!("-max_total_time={seconds}"))
-            .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"]);
-        if let Err(e) = sh(&mut c) {
-            eprintln!("fuzz target {t} FAILED: {e:#} (input in fuzz/artifacts/{t}/)");
-            failed.push(t.clone());
+    let logs = fuzz_dir.join("target").join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let queue = std::sync::Mutex::new(chosen.into_iter());
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let Some(t) = queue.lock().unwrap().next() else {
+                    return;
+                };
+                if let Err(e) = run_one(&fuzz_dir, &logs, t, seconds) {
+                    eprintln!("fuzz target {t} FAILED: {e:#} (input in fuzz/artifacts/{t}/)");
+                    failed.lock().unwrap().push(t.clone());
+                }
+            });
         }
-    }
+    });
+    let mut failed = failed.into_inner().unwrap();
     if !failed.is_empty() {
+        failed.sort();
         bail!("fuzz targets failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// One target for `seconds` from its corpus, its output in `logs/<t>.log`.
+fn run_one(fuzz_dir: &Path, logs: &Path, t: &str, seconds: u64) -> Result<()> {
+    let corpus = fuzz_dir.join("corpus").join(t);
+    let scratch = fuzz_dir.join("target").join("scratch-corpus").join(t);
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let log = logs.join(format!("{t}.log"));
+    let f = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut c = nightly_cargo()?;
+    c.args(["fuzz", "run"])
+        .args(FLAGS)
+        .arg(t)
+        .arg(&scratch)
+        .arg(&corpus)
+        .arg("--")
+        .arg(format!("-max_total_time={seconds}"))
+        .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"])
+        .stdout(f.try_clone()?)
+        .stderr(f);
+    eprintln!("+ {c:?} > {}", log.display());
+    let st = c.status().with_context(|| format!("spawning {c:?}"));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    match st {
+        Ok(st) if st.success() => {
+            let stats: Vec<&str> = text.lines().filter(|l| l.starts_with("stat::")).collect();
+            eprintln!("fuzz target {t}: {}", stats.join(" "));
+            Ok(())
+        }
+        Ok(st) => {
+            eprintln!("{text}");
+            bail!("{st}")
+        }
+        Err(e) => Err(e),
+    }
 }

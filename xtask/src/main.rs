@@ -186,24 +186,40 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     sh(cargo().args(["test", "--no-run"]))?;
     image.join().expect("image build thread")?;
     lap("build host tests", &mut steps);
-    let fuzz_log = root().join("target/fuzz-build.log");
+    // The fuzz targets build and then run (each briefly, from its committed corpus) beside the
+    // host tests, which mostly wait (on daemons, containerd, the API server) and leave a core
+    // idle: the same fuzzing, in time the host tests take anyway.
     let fuzz_build = {
-        let log = fuzz_log.clone();
-        std::thread::spawn(move || fuzz::build(Some(&log)))
+        let log = root().join("target/fuzz-build.log");
+        std::thread::spawn(move || {
+            fuzz::build(Some(&log))
+                .with_context(|| format!("fuzz build; its log: {}", log.display()))?;
+            eprintln!("xtask test: every fuzz target briefly, from its committed corpus");
+            fuzz::run(5, &[])
+        })
     };
     server.wait()?;
     lap("API server build (rest of)", &mut steps);
-    // The NRI and NodeResourceTopology root tests must find the containerd and API server
-    // that setup installed, not skip.
-    let host = sh(cargo()
-        .args(["test", "--", "--test-threads=1"])
-        .env("REBALANCER_REQUIRE_CONTAINERD", "1")
-        .env("REBALANCER_REQUIRE_APISERVER", "1")
-        .env("REBALANCER_APISERVER_DIR", apiserver::dir()));
-    let fuzz_built = fuzz_build.join().expect("fuzz build thread");
+    // What `cargo test` runs, in three parts: the unit and property tests (pure, or each in
+    // its own temporary directories) on every CPU; the doc tests; then the integration and
+    // root tests one at a time (they share cgroupfs, containerd, the API server). The NRI and
+    // NodeResourceTopology root tests must find the containerd and API server that setup
+    // installed, not skip.
+    let host_test = |args: &[&str]| {
+        sh(cargo()
+            .arg("test")
+            .args(args)
+            .env("REBALANCER_REQUIRE_CONTAINERD", "1")
+            .env("REBALANCER_REQUIRE_APISERVER", "1")
+            .env("REBALANCER_APISERVER_DIR", apiserver::dir()))
+    };
+    let host = host_test(&["--lib", "--bins"])
+        .and_then(|()| host_test(&["--doc"]))
+        .and_then(|()| host_test(&["--test", "*", "--", "--test-threads=1"]));
+    let fuzzed = fuzz_build.join().expect("fuzz thread");
     host?;
-    fuzz_built.with_context(|| format!("fuzz build; its log: {}", fuzz_log.display()))?;
-    lap("run host tests (fuzz build alongside)", &mut steps);
+    fuzzed?;
+    lap("run host tests (fuzz build and runs alongside)", &mut steps);
     if no_vm {
         eprintln!("xtask test: skipping the multi-NUMA guest tests (--no-vm)");
     } else {
@@ -213,9 +229,6 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         vm::test_run()?;
     }
     lap("guest tests", &mut steps);
-    eprintln!("xtask test: every fuzz target briefly, from its committed corpus");
-    fuzz::run(5, &[])?;
-    lap("fuzz runs", &mut steps);
     eprintln!("xtask test: passed in {:.0}s", t0.elapsed().as_secs_f64());
     for (name, secs) in &steps {
         eprintln!("  {secs:>6.0}s  {name}");

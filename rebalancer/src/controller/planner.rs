@@ -160,13 +160,15 @@ pub(super) fn plan_with(
                 let to_cpus = proj.to_cpus(cg, opt);
                 let c = opt.considered;
                 // Over the budget left: the first stage (see `Stage`) takes what is left.
+                // cpuset.mems never names a node without memory (the kernel refuses it).
+                let mems = proj.mems_of(&c.nodes).into_owned();
                 let stage = (c.bytes_to_migrate > proj.budget_left).then(|| Stage {
-                    toward: c.nodes.clone(),
+                    toward: mems.clone(),
                     remaining_bytes: c.bytes_to_migrate,
                 });
                 let (to_mems, bytes) = match &stage {
-                    Some(_) => (cg.mems.union(&c.nodes), proj.budget_left),
-                    None => (c.nodes.clone(), c.bytes_to_migrate),
+                    Some(_) => (cg.mems.union(&mems), proj.budget_left),
+                    None => (mems, c.bytes_to_migrate),
                 };
                 proj.accept(obs, cg, opt);
                 let mv = Move {
@@ -366,10 +368,11 @@ fn evaluate(
         .and_then(|s| s.wide_of.as_ref())
         .filter(|(left, _)| *left == cg.mems)
         .map_or(&cg.mems, |(_, target)| target);
+    // (allowed CPU nodes without memory allow the memory nodes that stand in for them)
     let misplaced = !early_before
         && c.allowed_nodes
             .as_ref()
-            .is_some_and(|a| !bound.is_subset(a));
+            .is_some_and(|a| !bound.is_subset(&proj.mems_of(a)));
     if let Some(remaining_ms) = st
         .and_then(|s| s.cooldown_remaining(&cg.cpus, now_ms, cfg.cooldown_ms))
         .filter(|_| !misplaced)

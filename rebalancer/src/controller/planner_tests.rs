@@ -1461,3 +1461,121 @@ fn a_measured_want_never_strands_a_workload_it_cannot_be_given() {
         "single nodes refused for size: {d:#?}"
     );
 }
+
+/// Two nodes of 8 CPUs; node 1 has CPUs but no memory (its memory is all elsewhere).
+fn machine_node1_without_memory() -> Topology {
+    let mut t = TopologyBuilder {
+        sockets: 1,
+        nodes_per_socket: 2,
+        cores_per_node: 4,
+        threads_per_core: 2,
+        ..Default::default()
+    }
+    .build();
+    t.nodes[1].memory_total_bytes = 0;
+    t.nodes[1].memory_free_bytes = 0;
+    t
+}
+
+/// cpuset.mems never names a node without memory (the kernel refuses the write): relief onto
+/// such a node writes the nearest memory node into mems instead, as admission does, and is
+/// priced so: its memory stays where it is (nothing to migrate, no free memory needed on the
+/// node, which has none), and it is remote from there on (the locality it loses counts
+/// against the relief). Once there, the same node is no move.
+#[test]
+fn relief_onto_a_node_without_memory_keeps_mems_on_memory_nodes() {
+    let topo = machine_node1_without_memory();
+    let a = cg("a", &[(0, 1.0)], &[(0, 16)], "0-3,8-11", "0");
+    // node 0's queue four times its CPUs, node 1 idle
+    let load = |n: u32| -> f64 {
+        if n == 0 {
+            4.0
+        } else {
+            0.1
+        }
+    };
+    let mut obs = world(vec![a]);
+    obs.nodes.retain(|&n, _| n < 2);
+    obs.nodes.get_mut(&1).unwrap().free_bytes = 0;
+    for (&n, o) in obs.nodes.iter_mut() {
+        o.cpu_busy = load(n).min(1.0);
+        o.runnable = Some(load(n));
+    }
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&obs, 0.5);
+    }
+    let p = plan(&topo, &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    let m = p
+        .moves
+        .iter()
+        .find(|m| m.cgroup == "a")
+        .unwrap_or_else(|| panic!("a is moved: {d:#?}"));
+    assert_eq!(m.to_cpus, topo.nodes[1].cpus, "{m:?}");
+    assert_eq!(m.to_mems, set("0"), "{m:?}");
+    assert_eq!(m.bytes_to_migrate, 0, "{m:?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert_eq!(c.locality_after, 0.0, "remote from node 1: {c:?}");
+
+    // Where it went, seen in later rounds (poor locality there, node 0 still full): node 1
+    // again is where it is, not a move.
+    let mut there = cg("a", &[(1, 1.0)], &[(0, 16)], "", "");
+    there.cpus = m.to_cpus.clone();
+    there.mems = m.to_mems.clone();
+    obs.cgroups = vec![there];
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&obs, 0.5);
+    }
+    let p = plan(&topo, &obs, &state, &cfg(), 0);
+    let d = p.decision("a").unwrap();
+    assert!(d.trigger.is_some(), "{d:#?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1"));
+    assert_eq!(
+        c.and_then(|c| c.rejected.clone()),
+        Some(Rejection::Unchanged),
+        "{d:#?}"
+    );
+    assert!(p.moves.is_empty(), "{p:#?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// On a machine where some nodes have CPUs but no memory, every move's mems (and a
+    /// stage's target) are memory nodes: those that stand in for the CPU nodes it goes to.
+    #[test]
+    fn mems_of_moves_are_memory_nodes(
+        (obs, state, cfg, now) in arb_world(),
+        holes in 1u32..255,
+    ) {
+        let mut topo = big();
+        for n in &mut topo.nodes {
+            if holes & (1 << n.id) != 0 {
+                n.memory_total_bytes = 0;
+            }
+        }
+        let with_memory: CpuSet = topo.nodes.iter().filter(|n| n.memory_total_bytes > 0).map(|n| n.id).collect();
+        let p = plan(&topo, &obs, &state, &cfg, now);
+        for m in &p.moves {
+            let c = obs.cgroups.iter().find(|c| c.id == m.cgroup).unwrap();
+            let Outcome::Moved { to_nodes } = &p.decision(&m.cgroup).unwrap().outcome else {
+                panic!("{m:?} without its decision")
+            };
+            let toward = match &m.stage {
+                Some(s) => {
+                    prop_assert_eq!(&m.to_mems, &c.mems.union(&s.toward));
+                    &s.toward
+                }
+                None => &m.to_mems,
+            };
+            prop_assert!(toward.is_subset(&with_memory), "{m:?}, memory on {with_memory}");
+            prop_assert_eq!(toward, &topo.memory_nodes(to_nodes), "{:?}", m);
+            if !c.constraints.keep_cpus {
+                let cpu_nodes: CpuSet = m.to_cpus.iter().filter_map(|x| topo.node_of_cpu(x)).collect();
+                prop_assert!(cpu_nodes.is_subset(to_nodes), "{m:?}");
+            }
+        }
+    }
+}

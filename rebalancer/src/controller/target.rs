@@ -40,6 +40,9 @@ pub(super) struct Projection<'t> {
     measured: Vec<bool>,
     /// CPUs held exclusively by some workload.
     excl_held: CpuSet,
+    /// Nodes without memory, where some node has memory (sizes known): a move to them writes
+    /// the nearest memory nodes into cpuset.mems instead (see [`Projection::mems_of`]).
+    without_memory: CpuSet,
     /// Shared pool per node with CPUs: node CPUs − reserved − exclusively held (`None` for a
     /// node without CPUs), and its size.
     pool: Vec<Option<CpuSet>>,
@@ -214,7 +217,16 @@ impl<'t> Projection<'t> {
                 }
             }
         }
+        let without_memory = if topo.nodes.iter().any(|n| n.memory_total_bytes > 0) {
+            (topo.nodes.iter())
+                .filter(|n| n.memory_total_bytes == 0)
+                .map(|n| n.id)
+                .collect()
+        } else {
+            CpuSet::new()
+        };
         let mut p = Projection {
+            without_memory,
             overload_ms: overload,
             peak,
             topo,
@@ -590,12 +602,19 @@ impl<'t> Projection<'t> {
         // per-node value below is read by position, not looked up again.
         let tn: SmallVec<[(u32, Option<usize>); 4]> =
             t.iter().map(|n| (n, self.index.get(n))).collect();
-        let after = locality::expected_after(cg, &t);
-        let normal_in = tn
+        // Memory lands on the nodes a move there writes into cpuset.mems: `t`, or for a node
+        // without memory the nearest memory nodes, where it is never local to the CPUs on it
+        // (what runs there is remote whatever moves).
+        let mn: SmallVec<[(u32, Option<usize>); 4]> = match self.mems_of(&t) {
+            std::borrow::Cow::Borrowed(_) => tn.clone(),
+            std::borrow::Cow::Owned(m) => m.iter().map(|n| (n, self.index.get(n))).collect(),
+        };
+        let after = locality::expected_after(cg, &t) * self.with_memory_share(cg, &t);
+        let normal_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.mem, n))
             .fold(0u64, u64::saturating_add);
-        let huge_in = tn
+        let huge_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.huge, n))
             .fold(0u64, u64::saturating_add);
@@ -641,7 +660,8 @@ impl<'t> Projection<'t> {
         // The operator's CPUs (`keep_cpus`), or already on these nodes with a narrower shared
         // cpuset (admission's choice): keep them.
         // The target's pool, built (or borrowed) once, and only for the nodes it is on.
-        let same_nodes = t == cg.mems;
+        // (by the mems a move there writes: on a node without memory, those stand in for it)
+        let same_nodes = *self.mems_of(&t) == cg.mems;
         let pool_t = same_nodes.then(|| self.pool_ref(&t));
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
@@ -741,10 +761,10 @@ impl<'t> Projection<'t> {
         } else {
             delta * horizon_s
         };
-        let free = tn.iter().fold(0u64, |a, &(_, i)| {
+        let free = mn.iter().fold(0u64, |a, &(_, i)| {
             a.saturating_add(i.map_or(0, |i| self.free[i]))
         });
-        let free_huge = tn.iter().fold(0u64, |a, &(_, i)| {
+        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
             a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
         });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
@@ -921,6 +941,36 @@ impl<'t> Projection<'t> {
         t.iter()
             .filter_map(|n| self.pool(n))
             .fold(CpuSet::new(), |a, p| a.union(p))
+    }
+
+    /// The cpuset.mems a move to nodes `t` writes: `t`, unless it names a node without memory,
+    /// which the kernel refuses there; then [`Topology::memory_nodes`] (the nearest memory
+    /// nodes stand in for it, as admission writes them).
+    pub fn mems_of<'a>(&self, t: &'a CpuSet) -> std::borrow::Cow<'a, CpuSet> {
+        if t.is_disjoint(&self.without_memory) {
+            std::borrow::Cow::Borrowed(t)
+        } else {
+            std::borrow::Cow::Owned(self.topo.memory_nodes(t))
+        }
+    }
+
+    /// The share of `cg`'s CPU time on `t` that would run on nodes of `t` with memory (as
+    /// `locality::expected_after` spreads it: like today's time there, uniformly when it has
+    /// none); 1.0 when all of `t` has memory.
+    fn with_memory_share(&self, cg: &CgroupObs, t: &CpuSet) -> f64 {
+        if t.is_disjoint(&self.without_memory) {
+            return 1.0;
+        }
+        let on = |n: u32| cg.cpu_ns_per_node.get(&n).copied().unwrap_or(0);
+        let total = t.iter().fold(0u64, |a, n| a.saturating_add(on(n)));
+        let with: Vec<u32> = t
+            .iter()
+            .filter(|n| !self.without_memory.contains(*n))
+            .collect();
+        if total == 0 {
+            return with.len() as f64 / t.len().max(1) as f64;
+        }
+        with.iter().fold(0u64, |a, &n| a.saturating_add(on(n))) as f64 / total as f64
     }
 
     /// The cpuset a chosen option writes.

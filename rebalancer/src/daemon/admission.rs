@@ -63,6 +63,7 @@ use crate::{
     placement::{
         admission::{AdmittedContainer, PodMember},
         cpu::CpuView,
+        key::AllocKey,
         memory::MemoryRequest,
         pod::{ContainerPlacement, Pod, Rejection},
     },
@@ -250,70 +251,39 @@ impl Admission {
     fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
         let uid = req.member.pod_uid;
         let cg = req.bind;
-        let (placement, dry_run, first, exclusive_changed) = {
-            let mut s = self.daemon.lock();
-            if bound_or_binding(&s, cg) {
-                return Err(AdmitError::AlreadyBound(cg.into()));
-            }
-            let sh = &mut *s;
-            let dry_run = sh.cfg.daemon.dry_run;
-            let first = !sh.state.allocator.pods.contains_key(uid);
-            let before = sh.state.allocator.clone();
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = sh
-                .state
-                .allocator
-                .admit_member_seeing(&sh.topo, &sh.cfg.placement, req.member, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator = before.clone();
-                        Err(rejection)
-                    }
-                });
-            match r {
-                Ok(p) => {
-                    // The pod's hold may have taken (or given back) exclusive CPUs besides the
-                    // container's.
-                    let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
-                    sh.binding.insert(cg.into(), binding(uid, &p));
-                    (p, dry_run, first, changed)
-                }
-                Err(rejection) => {
-                    let fence = (!dry_run).then(|| exclusive_and_pool(sh));
-                    drop(s);
-                    let fenced = fence.and_then(|(excl, pool)| self.fence(cg, &excl, &pool));
-                    return Err(AdmitError::Rejected { rejection, fenced });
-                }
-            }
-        };
+        let ((placement, _, first, exclusive_changed), dry_run) = self.book(
+            Some(cg),
+            None,
+            |sh| {
+                let first = !sh.state.allocator.pods.contains_key(uid);
+                let before = sh.state.allocator.clone();
+                let p = (sh.state.allocator).admit_member_seeing(
+                    &sh.topo,
+                    &sh.cfg.placement,
+                    req.member,
+                    &sh.overuse,
+                )?;
+                // The pod's hold may have taken (or given back) exclusive CPUs besides the
+                // container's.
+                let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
+                Ok((p, before, first, changed))
+            },
+            |sh, (_, before, _, _)| sh.state.allocator = before,
+            |(p, ..)| Some(binding(uid, p)),
+        )?;
         let mut placement = placement;
-        self.adopt_as_it_runs(cg, uid, &mut placement);
-        if let Err(e) = self.write_and_bind(cg, uid, &placement, dry_run) {
-            undo_member(&mut self.daemon.lock(), uid, &placement.container, first);
-            return Err(e);
-        }
-        let shrunk = if exclusive_changed {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if req.durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                let others = {
-                    let mut s = self.daemon.lock();
-                    s.state.bindings.remove(cg);
-                    undo_member(&mut s, uid, &placement.container, first);
-                    // the pod gone with it: members bound to it meanwhile run on freed CPUs
-                    first && refuse_bindings_of(&mut s, uid, None, dry_run)
-                };
-                if exclusive_changed || others {
-                    self.follow_pool(dry_run);
-                }
-                tracing::error!(error = %e, uid = %uid, "admission not checkpointed; undone");
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
+        let shrunk = self.commit(
+            Booking {
+                uid,
+                cg: Some(cg),
+                placement: Some(&mut placement),
+                dry_run,
+                exclusive: exclusive_changed,
+                durability: req.durability,
+                releases_pod: first,
+            },
+            &|s| undo_member(s, uid, &req.member.container.name, first),
+        )?;
         Ok(Admitted {
             uid: uid.into(),
             bound: Some((cg.into(), placement.container.clone())),
@@ -346,7 +316,7 @@ impl Admission {
             .pods
             .iter()
             .filter(|(_, p)| p.hold.is_some())
-            .map(|(uid, _)| uid.clone())
+            .map(|(uid, _)| uid.to_string())
             .collect()
     }
 
@@ -385,83 +355,52 @@ impl Admission {
     ) -> Result<Admitted, AdmitError> {
         let pod = req.pod;
         pod.validate().map_err(AdmitError::Invalid)?;
-        let (placements, dry_run) = {
-            let mut s = self.daemon.lock();
-            if deadline.is_some_and(|t| Instant::now() >= t) {
-                return Err(AdmitError::DeadlinePassed);
-            }
-            if let Some(cg) = req.bind {
-                if bound_or_binding(&s, cg) {
-                    return Err(AdmitError::AlreadyBound(cg.into()));
-                }
-            }
-            let sh = &mut *s;
-            let dry_run = sh.cfg.daemon.dry_run;
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = (sh.state.allocator)
-                .admit_seeing(&sh.topo, &sh.cfg.placement, pod, &sh.overuse)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator.release(&pod.uid);
-                        Err(rejection)
-                    }
-                });
-            match r {
-                Ok(p) => {
-                    if let (Some(cg), Some(first)) = (req.bind, p.first()) {
-                        sh.binding.insert(cg.into(), binding(&pod.uid, first));
-                    }
-                    (p, dry_run)
-                }
-                Err(rejection) => {
-                    let fence = match req.bind {
-                        Some(cg) if !dry_run => Some((cg, exclusive_and_pool(sh))),
-                        _ => None,
-                    };
-                    drop(s);
-                    let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
-                    return Err(AdmitError::Rejected { rejection, fenced });
-                }
-            }
-        };
+        // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
+        // released when their container goes; the API's pods go with their DELETE only.
+        if req.bind.is_none() && pod.uid.contains('/') {
+            return Err(AdmitError::Invalid(format!(
+                "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
+                pod.uid
+            )));
+        }
+        let key = AllocKey::parse(&pod.uid);
+        let (placements, dry_run) = self.book(
+            req.bind,
+            deadline,
+            |sh| {
+                (sh.state.allocator).admit_keyed(
+                    &sh.topo,
+                    &sh.cfg.placement,
+                    key.clone(),
+                    pod,
+                    &sh.overuse,
+                )
+            },
+            |sh, _| {
+                sh.state.allocator.release(&pod.uid);
+            },
+            |p| p.first().map(|first| binding(&pod.uid, first)),
+        )?;
         let bound = req
             .bind
             .zip(placements.first())
             .map(|(cg, p)| (cg.to_string(), p.container.clone()));
         let mut placements = placements;
-        if let (Some((cg, _)), Some(p)) = (&bound, placements.first_mut()) {
-            self.adopt_as_it_runs(cg, &pod.uid, p);
-            if let Err(e) = self.write_and_bind(cg, &pod.uid, p, dry_run) {
-                self.daemon.lock().state.allocator.release(&pod.uid);
-                return Err(e);
-            }
-        }
         let exclusive = placements.iter().any(|p| p.exclusive);
-        let shrunk = if exclusive && bound.is_some() {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if req.durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                let others = {
-                    let mut s = self.daemon.lock();
-                    s.state.allocator.release(&pod.uid);
-                    let own = bound.as_ref().map(|(cg, _)| cg.as_str());
-                    refuse_bindings_of(&mut s, &pod.uid, own, dry_run)
-                };
-                if exclusive && (bound.is_some() || others) {
-                    self.follow_pool(dry_run);
-                }
-                tracing::error!(error = %e, uid = %pod.uid, "admission not checkpointed; undone");
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
-        if bound.is_some() {
-            // A new container placed: a round soon sees it (`trigger`).
-            self.daemon.rounds.wake(super::trigger::Why::Placed);
-        }
+        let shrunk = self.commit(
+            Booking {
+                uid: &pod.uid,
+                cg: req.bind,
+                placement: placements.first_mut(),
+                dry_run,
+                exclusive,
+                durability: req.durability,
+                releases_pod: true,
+            },
+            &|s| {
+                s.state.allocator.release(&pod.uid);
+            },
+        )?;
         Ok(Admitted {
             uid: pod.uid.clone(),
             placements,
@@ -514,19 +453,20 @@ impl Admission {
                 .insert(cgroup.into(), binding(pod_uid, &placement));
             (placement, dry_run)
         };
-        self.write_and_bind(cgroup, pod_uid, &placement, dry_run)?;
-        let shrunk = if placement.exclusive {
-            self.follow_pool(dry_run)
-        } else {
-            Vec::new()
-        };
-        if durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
-                self.daemon.lock().state.bindings.remove(cgroup);
-                return Err(AdmitError::Checkpoint(e));
-            }
-        }
-        self.daemon.rounds.wake(super::trigger::Why::Placed);
+        let mut placement = placement;
+        let exclusive = placement.exclusive;
+        let shrunk = self.commit(
+            Booking {
+                uid: pod_uid,
+                cg: Some(cgroup),
+                placement: Some(&mut placement),
+                dry_run,
+                exclusive,
+                durability,
+                releases_pod: false,
+            },
+            &|_| {},
+        )?;
         Ok(Some(Admitted {
             uid: pod_uid.into(),
             bound: Some((cgroup.into(), placement.container.clone())),
@@ -662,7 +602,7 @@ impl Admission {
             let mut s = self.daemon.lock();
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
-            if b.pod_uid.contains('/') {
+            if b.pod_uid.is_container() {
                 s.state.allocator.release(&b.pod_uid);
             } else {
                 let sh = &mut *s;
@@ -787,7 +727,7 @@ impl Admission {
                 settled: false,
                 cgroup: cgroup.into(),
                 key: held_key,
-                uid: b.pod_uid,
+                uid: b.pod_uid.to_string(),
                 before: before_pod,
             };
             (booking, placement, sh.cfg.daemon.dry_run, grew)
@@ -921,6 +861,104 @@ impl Admission {
         }
     }
 
+    /// The booking half of an admission, under the state lock with no I/O: `cg` (the container
+    /// to bind, if any) checked unbound, `admit` run on the books and undone (`undo`) when it
+    /// leaves the containers we did not admit without a shared CPU, and `cg` booked as being
+    /// bound (`Shared::binding`) to the container `bound_to` names. A rejection fences `cg` off
+    /// the exclusive CPUs. Returns what `admit` gave and whether this is a dry run.
+    fn book<T>(
+        &self,
+        cg: Option<&str>,
+        deadline: Option<Instant>,
+        admit: impl FnOnce(&mut Shared) -> Result<T, Rejection>,
+        undo: impl FnOnce(&mut Shared, T),
+        bound_to: impl FnOnce(&T) -> Option<Binding>,
+    ) -> Result<(T, bool), AdmitError> {
+        let mut s = self.daemon.lock();
+        if deadline.is_some_and(|t| Instant::now() >= t) {
+            return Err(AdmitError::DeadlinePassed);
+        }
+        if let Some(cg) = cg.filter(|cg| bound_or_binding(&s, cg)) {
+            return Err(AdmitError::AlreadyBound(cg.into()));
+        }
+        let sh = &mut *s;
+        let dry_run = sh.cfg.daemon.dry_run;
+        let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+        let r = admit(sh).and_then(|t| match leaves_unadmitted_no_cpu(sh, had_pool) {
+            None => Ok(t),
+            Some(rejection) => {
+                undo(sh, t);
+                Err(rejection)
+            }
+        });
+        match r {
+            Ok(t) => {
+                if let Some((cg, b)) = cg.zip(bound_to(&t)) {
+                    sh.binding.insert(cg.into(), b);
+                }
+                Ok((t, dry_run))
+            }
+            Err(rejection) => {
+                let fence = cg
+                    .filter(|_| !dry_run)
+                    .map(|cg| (cg, exclusive_and_pool(sh)));
+                drop(s);
+                let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
+                Err(AdmitError::Rejected { rejection, fenced })
+            }
+        }
+    }
+
+    /// The one sequence after an admission, a member's admission or a bind is booked (under
+    /// the state lock, its cgroup in `Shared::binding`): the container adopted as it runs,
+    /// written and bound ([`Admission::write_and_bind`]), the shared pool following when the
+    /// exclusive CPUs changed, the books checkpointed when durable, and a round woken for the
+    /// new container. A failed write or checkpoint gives the booking back (`give_back`); a
+    /// failed checkpoint of a booking that made its pod (`releases_pod`) also drops the
+    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the pool's changes.
+    fn commit(
+        &self,
+        b: Booking<'_>,
+        give_back: &dyn Fn(&mut Shared),
+    ) -> Result<Vec<CpusetChange>, AdmitError> {
+        let bound = b.cg.zip(b.placement);
+        if let Some((cg, p)) = bound {
+            self.adopt_as_it_runs(cg, b.uid, p);
+            if let Err(e) = self.write_and_bind(cg, b.uid, p, b.dry_run) {
+                give_back(&mut self.daemon.lock());
+                return Err(e);
+            }
+        }
+        let bound = b.cg.is_some();
+        let shrunk = if b.exclusive && bound {
+            self.follow_pool(b.dry_run)
+        } else {
+            Vec::new()
+        };
+        if b.durability == Durability::Durable {
+            if let Err(e) = self.daemon.checkpoint() {
+                let others = {
+                    let mut s = self.daemon.lock();
+                    if let Some(cg) = b.cg {
+                        s.state.bindings.remove(cg);
+                    }
+                    give_back(&mut s);
+                    b.releases_pod && refuse_bindings_of(&mut s, b.uid, None, b.dry_run)
+                };
+                if (b.exclusive && bound) || others {
+                    self.follow_pool(b.dry_run);
+                }
+                tracing::error!(error = %e, uid = %b.uid, "admission not checkpointed; undone");
+                return Err(AdmitError::Checkpoint(e));
+            }
+        }
+        if bound {
+            // A new container placed: a round soon sees it (`trigger`).
+            self.daemon.rounds.wake(super::trigger::Why::Placed);
+        }
+        Ok(shrunk)
+    }
+
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
     /// the caller in `Shared::binding`, which keeps a second bind of it out meanwhile): bound
     /// only once written, so `status` never shows a binding whose cgroup still has the
@@ -970,10 +1008,11 @@ impl Admission {
     /// Adoption of a container that already runs (only through [`Admission::adopting`]): an
     /// exclusive one keeps the CPUs it runs on where the books allow them
     /// (`Allocator::adopt_live_cpus`), and its placement's mems are widened by the nodes its
-    /// memory is on now, in the books too, instead of narrowed in the write — the kernel
-    /// migrates a cgroup's memory inside a mems write that narrows it (v2; v1 with
+    /// memory may be on now (`CpusetWriter::memory_nodes`: its effective mems and what
+    /// `memory.numa_stat` shows), in the books too, instead of narrowed in the write — the
+    /// kernel migrates a cgroup's memory inside a mems write that narrows it (v2; v1 with
     /// memory_migrate), one container after another, outside `migration_budget_mib`, with
-    /// admissions waiting behind it. Narrowing is left to the control rounds, which move
+    /// admissions waiting behind it (every cpuset write waits for the queued migrations). Narrowing is left to the control rounds, which move
     /// memory within the budget. Reads cgroupfs with no lock held; the books are changed under the
     /// state lock, checked against them as they are then (another admission may have come between).
     fn adopt_as_it_runs(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
@@ -1017,12 +1056,7 @@ impl Admission {
     /// Every cpuset write of the service: noted as the daemon's own first, so the round
     /// trigger does not take it for an operator's change (`trigger`).
     fn write_noted(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        self.daemon.rounds.note_own_cpus(&c.cgroup, &c.cpus);
-        let r = self.writer.write(c);
-        if r.is_err() {
-            self.daemon.rounds.unnote_own_cpus(&c.cgroup, &c.cpus);
-        }
-        r
+        super::writer::apply(&*self.writer, &self.daemon.rounds, c)
     }
 
     fn write_own(&self, cg: &str, p: &ContainerPlacement) -> Result<(), WriteError> {
@@ -1170,14 +1204,14 @@ impl Admission {
     /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
     /// another's exclusive ones. Each round, from `refence`. The changes written.
     fn reshrink(&self) -> Vec<CpusetChange> {
-        if self.daemon.lock().shrink_failures == 0 {
+        let (failures, dry_run) = {
+            let s = self.daemon.lock();
+            (s.shrink_failures, s.cfg.daemon.dry_run)
+        };
+        if failures == 0 || dry_run {
             return Vec::new();
         }
-        let dry_run = self.daemon.lock().cfg.daemon.dry_run;
-        if dry_run {
-            return Vec::new();
-        }
-        self.follow_pool(dry_run)
+        self.follow_pool(false)
     }
 
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
@@ -1312,6 +1346,20 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
         pod_uid: uid.into(),
         container: p.container.clone(),
     }
+}
+
+/// A booked admission, member admission or bind, for [`Admission::commit`].
+struct Booking<'a> {
+    uid: &'a str,
+    /// The container's cgroup and its placement, when one is bound.
+    cg: Option<&'a str>,
+    placement: Option<&'a mut ContainerPlacement>,
+    dry_run: bool,
+    /// Whether the booking changed the exclusive CPUs.
+    exclusive: bool,
+    durability: Durability,
+    /// Whether undoing it releases its pod (an admission that made the pod).
+    releases_pod: bool,
 }
 
 /// Whether `cg` is bound, or being bound (its cpuset written under a booking).
@@ -1817,7 +1865,7 @@ pub fn book_move(
     let binding = s.state.bindings.get(&mv.cgroup).cloned();
     let bound = binding.zip(own).map(|(b, (_, cpus))| {
         (s.state.allocator).record_move_cpus(&b.pod_uid, &b.container, &mv.to_cpus);
-        (b.pod_uid, b.container, cpus)
+        (b.pod_uid.to_string(), b.container, cpus)
     });
     Ok(Some(Booked {
         d: d.clone(),
@@ -1929,8 +1977,9 @@ pub(crate) mod tests {
     use crate::{
         cgroup::{Cgroups, Mounts},
         config::Config,
+        daemon::Persisted,
         daemon::{run::reload, writer::CgroupCpusetWriter},
-        placement::pod::Container,
+        placement::{key::KeyKind, pod::Container},
         serve::Metrics,
         topology::TopologyBuilder,
     };
@@ -1985,6 +2034,73 @@ pub(crate) mod tests {
         .unwrap();
     }
 
+    /// The books' keys say who admitted a pod. The checkpoint holds them as the plain strings
+    /// older daemons wrote, and reads them back with their kinds: the start-up release of
+    /// unbound single-container pods takes those only, never an API pod waiting for its
+    /// container. An API pod cannot take a single-container pod's key form.
+    #[test]
+    fn allocation_keys_load_typed_from_the_checkpoints_plain_strings() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
+        config_file(&file, &state, &CpuSet::new());
+        let cfg = Config::load(Some(&file)).unwrap();
+        let topo = TopologyBuilder::default().build();
+        let d = Daemon::new(Shared::fresh(topo, cfg).unwrap(), Metrics::default());
+        let adm = Admission::new(
+            d.clone(),
+            Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
+        );
+        let api = |uid: &str| {
+            adm.admit(AdmitRequest {
+                pod: &pod(uid, 1000, 64 << 20, true),
+                bind: None,
+                durability: Durability::Durable,
+                since: Instant::now(),
+            })
+        };
+        api("api-1").unwrap();
+        assert!(
+            matches!(api("ns/x"), Err(AdmitError::Invalid(_))),
+            "an API pod with a single-container pod's key form"
+        );
+        {
+            let mut s = d.lock();
+            let sh = &mut *s;
+            for uid in ["u1/abc", "u2/def"] {
+                (sh.state.allocator)
+                    .admit(&sh.topo, &sh.cfg.placement, &pod(uid, 1000, 64 << 20, true))
+                    .unwrap();
+            }
+            sh.state.bindings.insert(
+                "kubepods/pod-u1/abc".into(),
+                Binding {
+                    pod_uid: AllocKey::container("u1", "abc"),
+                    container: "c".into(),
+                },
+            );
+        }
+        adm.checkpoint().unwrap();
+        let raw: serde_json::Value = crate::checkpoint::load(&state).unwrap().unwrap();
+        let pods = &raw["allocator"]["pods"];
+        assert!(
+            pods["api-1"].is_object() && pods["u1/abc"].is_object(),
+            "{pods}"
+        );
+        assert_eq!(raw["bindings"]["kubepods/pod-u1/abc"]["pod_uid"], "u1/abc");
+        let mut back: Persisted = crate::checkpoint::load(&state).unwrap().unwrap();
+        let kind = |k: &str| back.allocator.pods.get_key_value(k).unwrap().0.kind();
+        assert_eq!(kind("api-1"), KeyKind::Pod);
+        assert_eq!(kind("u1/abc"), KeyKind::Container);
+        assert!(back.bindings["kubepods/pod-u1/abc"].pod_uid.is_container());
+        assert_eq!(super::super::run::release_unbound_containers(&mut back), 1);
+        let left: Vec<&str> = back.allocator.pods.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            left,
+            ["api-1", "u1/abc"],
+            "only the unbound container's pod released"
+        );
+    }
+
     /// A round's observations reach admission (`Shared::observe`, as the engine's round calls
     /// it): a Burstable pod the requests would send to node 0 goes to node 1 once node 0 is
     /// measured running well beyond what was charged there.
@@ -2005,7 +2121,7 @@ pub(crate) mod tests {
         );
         let adm = Admission::new(
             d.clone(),
-            Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))),
+            Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
         );
         let admit = |uid: &str| {
             let p = pod(uid, 500, 0, false);
@@ -2125,7 +2241,7 @@ pub(crate) mod tests {
             let cfg = Config::load(Some(&file)).unwrap();
             let topo = TopologyBuilder { cores_per_node: 4, threads_per_core: 1, ..Default::default() }.build();
             let d = Daemon::new(Shared::fresh(topo.clone(), cfg).unwrap(), Metrics::default());
-            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(Cgroups::new(Mounts::default()))));
+            let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))));
             let mut live: Vec<String> = Vec::new();
             for (i, op) in ops.iter().enumerate() {
                 match op {

@@ -17,8 +17,8 @@
 //! writer threads, each applying whole moves through that same per-move path with a writer of
 //! its own, so N cgroups to fix cost about one migration, not N, and a round never waits for
 //! a migration (the next round plans around the moves still under way: not their cgroups, and
-//! the budget less their bytes). What the one-after-the-other loop ([`apply_moves`], kept for
-//! the tests and tools) guaranteed still holds:
+//! the budget less their bytes). What the one-after-the-other loop ([`apply_moves`], the
+//! reference of the tests and benches) guaranteed still holds:
 //! - **budget, a rate**: a move is queued only if its bytes, those of every move queued or under
 //!   way and those of the moves that ended within the last `period_ms` fit the budget
 //!   ([`Applier::budget_used`]), so rounds brought forward by events get no fresh budget and
@@ -107,7 +107,8 @@ pub struct Applied {
 }
 
 /// Applies `moves` through `w` in order, one after the other, in the caller's thread (see the
-/// module doc). The daemon's rounds use [`Applier`]; this is the same per-move path.
+/// module doc): the reference of the tests and benches. The daemon's rounds use [`Applier`],
+/// the same per-move path.
 pub fn apply_moves(
     d: &Daemon,
     w: &mut dyn CgroupWriter,
@@ -115,7 +116,7 @@ pub fn apply_moves(
     now_ms: u64,
     dry_run: bool,
 ) -> Applied {
-    let budget = budget_of(d);
+    let budget = (d.lock().cfg.controller.migration_budget_mib).saturating_mul(1 << 20);
     let mut out = Applied::default();
     for (i, mv) in moves.iter().enumerate() {
         if d.stopping() {
@@ -133,14 +134,6 @@ pub fn apply_moves(
         out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false));
     }
     out
-}
-
-fn budget_of(d: &Daemon) -> u64 {
-    d.lock()
-        .cfg
-        .controller
-        .migration_budget_mib
-        .saturating_mul(1 << 20)
 }
 
 fn over_budget(d: &Daemon, mv: &Move, budget: u64) {

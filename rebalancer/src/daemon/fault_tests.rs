@@ -328,7 +328,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(Cgroups::new(
             Mounts::default(),
         ))),
     );
@@ -446,7 +446,7 @@ fn sampler_follows_cpu_hotplug() {
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(Cgroups::new(
             Mounts::default(),
         ))),
     );
@@ -775,7 +775,7 @@ fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(Cgroups::new(
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(Cgroups::new(
             Mounts::default(),
         ))),
     );
@@ -930,7 +930,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
     );
     let adm = super::admission::Admission::new(
         d.clone(),
-        std::sync::Arc::new(super::writer::CgroupCpusetWriter(cgroups)),
+        std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(cgroups)),
     );
     engine.round(&adm);
     let watched: Vec<String> = engine.watch_files().into_iter().map(|(c, _)| c).collect();
@@ -1035,7 +1035,7 @@ impl ShiftRig {
         );
         let adm = super::admission::Admission::new(
             d.clone(),
-            std::sync::Arc::new(super::writer::CgroupCpusetWriter(cgroups)),
+            std::sync::Arc::new(super::writer::CgroupCpusetWriter::new(cgroups)),
         );
         ShiftRig {
             _root: root,

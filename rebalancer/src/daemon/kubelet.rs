@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::cgroup::kube::classify_in;
 use crate::cpuset::CpuSet;
 use crate::placement::admission::{AdmittedContainer, AdmittedPod, ContainerPlacement, Qos};
+use crate::placement::key::AllocKey;
 use crate::placement::memory::{MemoryRequest, MemoryResource};
 use crate::placement::NodeMask;
 
@@ -750,8 +751,8 @@ fn install(
     let old: Vec<String> = alloc
         .pods
         .keys()
-        .filter(|k| k.starts_with(KEY_PREFIX))
-        .cloned()
+        .filter(|k| k.is_kubelet())
+        .map(|k| k.to_string())
         .collect();
     for k in old {
         alloc.release(&k);
@@ -817,7 +818,7 @@ fn install(
             continue;
         }
         alloc.pods.insert(
-            format!("{KEY_PREFIX}{pod}"),
+            AllocKey::kubelet(pod),
             AdmittedPod {
                 qos: Qos::Guaranteed,
                 cpu_request_millis: cpu_millis,
@@ -842,7 +843,7 @@ pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Opt
         .state
         .allocator
         .pods
-        .get(&format!("{KEY_PREFIX}{pod_uid}"))?;
+        .get(AllocKey::kubelet(pod_uid).as_str())?;
     Some(
         p.containers
             .iter()
@@ -859,7 +860,7 @@ pub fn pod_cpus(s: &super::Shared, pod_uid: &str) -> CpuSet {
         .state
         .allocator
         .pods
-        .get(&format!("{KEY_PREFIX}{pod_uid}"))
+        .get(AllocKey::kubelet(pod_uid).as_str())
     {
         for c in p.containers.iter().filter(|c| c.placement.exclusive) {
             out.union_with(&c.placement.cpus);
@@ -873,7 +874,7 @@ pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
     s.state
         .allocator
         .pods
-        .contains_key(&format!("{KEY_PREFIX}{pod_uid}"))
+        .contains_key(AllocKey::kubelet(pod_uid).as_str())
 }
 
 /// Whether the cgroup `cg` is a container of an adopted kubelet pod (never moved), under

@@ -52,7 +52,8 @@ use crate::{
 /// A container cgroup bound to an admitted container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binding {
-    pub pod_uid: String,
+    /// The admitted pod's key in the books (`Allocator::pods`).
+    pub pod_uid: crate::placement::key::AllocKey,
     pub container: String,
 }
 

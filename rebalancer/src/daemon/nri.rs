@@ -41,11 +41,12 @@ use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
 use crate::daemon::nri_updates::Runtime;
-use crate::daemon::writer::{CpusetChange, CpusetWriter, WriteError};
+use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::Daemon;
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
+use crate::placement::key::AllocKey;
 use crate::topology::devnode::{self, DevNode, Resolution};
 
 /// Device nodes of one container resolved through sysfs for alignment (three sysfs reads
@@ -58,7 +59,7 @@ const MAX_RESOLVED_DEVICES: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     /// Allocator key: `<pod uid>/<container id, 12>`.
-    pub key: String,
+    pub key: AllocKey,
     /// Its cgroup, relative to the hierarchy root (as the watcher and controller name it).
     pub cgroup: String,
     pub qos: Qos,
@@ -271,13 +272,13 @@ pub fn request(
         _ => Vec::new(),
     };
     let short: String = c.id.chars().take(12).collect();
-    let key = format!("{pod_uid}/{short}");
+    let key = AllocKey::container(&pod_uid, &short);
     Ok(Some(Request {
         key: key.clone(),
         cgroup,
         qos,
         pod: Pod {
-            uid: key,
+            uid: key.to_string(),
             containers: vec![container],
             init_containers: Vec::new(),
         },
@@ -319,7 +320,7 @@ fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Contain
 /// A container the plugin placed (or adopted).
 #[derive(Clone, Debug)]
 struct Tracked {
-    key: String,
+    key: AllocKey,
     cgroup: String,
     pod_id: String,
 }
@@ -335,6 +336,8 @@ pub struct NriWriter {
     changes: Mutex<Vec<CpusetChange>>,
     runtime: Arc<Runtime>,
     cgroups: Option<Cgroups>,
+    /// The cgroupfs sink, for a container that already runs.
+    sink: Option<CgroupCpusetWriter>,
 }
 
 impl NriWriter {
@@ -342,8 +345,13 @@ impl NriWriter {
         NriWriter {
             changes: Mutex::new(Vec::new()),
             runtime,
+            sink: cgroups.clone().map(CgroupCpusetWriter::new),
             cgroups,
         }
+    }
+
+    fn cgroupfs(&self) -> Option<&CgroupCpusetWriter> {
+        self.sink.as_ref()
     }
 
     fn take(&self) -> Vec<CpusetChange> {
@@ -354,12 +362,10 @@ impl NriWriter {
 impl CpusetWriter for NriWriter {
     fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
         super::writer::io_edge();
-        if let Some(cg) = self
-            .cgroups
-            .as_ref()
-            .filter(|_| self.runtime.id_of(&change.cgroup).is_some())
-        {
-            super::writer::CgroupCpusetWriter(cg.clone()).write(change)?;
+        if self.runtime.id_of(&change.cgroup).is_some() {
+            if let Some(w) = self.cgroupfs() {
+                w.write(change)?;
+            }
         }
         self.runtime
             .note_given(&change.cgroup, &change.cpus, change.mems.as_ref());
@@ -371,15 +377,12 @@ impl CpusetWriter for NriWriter {
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        let live = self.cgroups.as_ref().and_then(|cg| match cg.cpus(cgroup) {
-            Ok(c) if !c.is_empty() => Some(c),
-            _ => cg.effective_cpus(cgroup).ok(),
-        });
-        live.or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
+        (self.cgroupfs().and_then(|w| w.cpus(cgroup)))
+            .or_else(|| self.runtime.given(cgroup).and_then(|g| g.cpus))
     }
 
     fn memory_nodes(&self, cgroup: &str) -> Option<CpuSet> {
-        super::writer::memory_nodes_of(self.cgroups.as_ref()?, cgroup)
+        self.cgroupfs()?.memory_nodes(cgroup)
     }
 }
 
@@ -528,7 +531,7 @@ impl Policy {
     /// Whether `c` is a container of a pod kubelet's static managers placed
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
     fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
-        let uid = r.key.split('/').next().unwrap_or_default();
+        let uid = r.key.pod_uid();
         let left_to_runtime = (self.d().lock().state.annotated.get(uid)).is_some_and(|a| a.runtime);
         let given = c
             .linux
@@ -674,32 +677,34 @@ impl Policy {
             tracing::info!(cgroups = ?stale, "dry run: cpusets not written again after a stale runtime update");
             return;
         }
-        super::writer::io_edge();
+        let sink = CgroupCpusetWriter::new(cgroups.clone());
         for cg in stale {
             let Some(g) = self.runtime.given(&cg) else {
                 continue;
             };
-            // the daemon's own write: no round for it (`trigger`)
-            if let Some(c) = &g.cpus {
-                self.d().rounds.note_own_cpus(&cg, c);
-            }
-            let r = g
-                .mems
-                .as_ref()
-                .map_or(Ok(()), |m| cgroups.write_mems(&cg, m))
-                .and_then(|()| {
-                    g.cpus
-                        .as_ref()
-                        .map_or(Ok(()), |c| cgroups.write_cpus(&cg, c))
-                });
+            let r = match (g.cpus, g.mems) {
+                (Some(cpus), mems) => {
+                    let change = CpusetChange {
+                        cgroup: cg.clone(),
+                        cpus,
+                        mems,
+                    };
+                    super::writer::apply(&sink, &self.d().rounds, &change)
+                }
+                (None, Some(m)) => {
+                    super::writer::io_edge();
+                    (cgroups.write_mems(&cg, &m)).map_err(|e| super::writer::WriteError::Failed {
+                        cgroup: cg.clone(),
+                        message: e.to_string(),
+                    })
+                }
+                (None, None) => Ok(()),
+            };
             match r {
                 Ok(()) => {
                     tracing::info!(cgroup = %cg, "cpuset written again after a stale runtime update")
                 }
                 Err(e) => {
-                    if let Some(c) = &g.cpus {
-                        self.d().rounds.unnote_own_cpus(&cg, c);
-                    }
                     tracing::warn!(cgroup = %cg, error = %e, "writing a cpuset again after a stale runtime update failed")
                 }
             }
@@ -763,7 +768,7 @@ impl Policy {
         let Some(t) = self.containers.remove(id) else {
             return false;
         };
-        if !t.key.contains('/') {
+        if !t.key.is_container() {
             // one container of a pod under pod scope: its share goes back to the pod
             self.runtime.untrack(&t.cgroup);
             return self.admission.unbind(&t.cgroup, durability).is_some();
@@ -801,7 +806,7 @@ impl Policy {
         let Some(cgroups) = self.writer.cgroups.clone() else {
             return;
         };
-        let unlisted: Vec<(String, String)> = {
+        let unlisted: Vec<(String, AllocKey)> = {
             let s = self.d().lock();
             (s.state.bindings.iter())
                 .filter(|(cg, _)| !live.contains(cg))
@@ -817,7 +822,7 @@ impl Policy {
             tracing::warn!(cgroup = %cg, "synchronize: a bound container the runtime did not list still has processes (paused, or in a state the runtime cannot tell); it keeps its allocation");
             live.push(cg.clone());
             if let Some(id) = container_id_of(&cg) {
-                let uid = key.split('/').next().unwrap_or_default();
+                let uid = key.pod_uid();
                 let pod_id = (self.pods.values())
                     .find(|p| p.uid == uid)
                     .map(|p| p.id.clone())
@@ -945,10 +950,11 @@ impl Policy {
         };
         self.writer.take();
         let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
-        let res = match r.key.split_once('/').filter(|_| pod_scope) {
+        let res = match (r.key.container_part()).filter(|_| pod_scope) {
             // Pod scope: one container of its pod, named uniquely (a restarted container
             // keeps its name), the pod's totals as the runtime sent them.
-            Some((pod_uid, short)) => {
+            Some(short) => {
+                let pod_uid = r.key.pod_uid();
                 let c = Container {
                     name: format!("{}-{short}", r.pod.containers[0].name),
                     ..r.pod.containers[0].clone()
@@ -977,7 +983,7 @@ impl Policy {
                 self.track(
                     id,
                     Tracked {
-                        key: a.uid.clone(),
+                        key: a.uid.as_str().into(),
                         cgroup: r.cgroup.clone(),
                         pod_id: pod_id.to_string(),
                     },
@@ -1010,7 +1016,7 @@ impl Policy {
                     AdmitError::Rejected { rejection, .. } => format!(
                         "rebalancer refused container {} of pod {} ({ask}): {}: {} [{}]",
                         c.name,
-                        r.key.split('/').next().unwrap_or_default(),
+                        r.key.pod_uid(),
                         rejection.reason,
                         rejection.details,
                         self.free_by_node()
@@ -1139,8 +1145,8 @@ impl Handler for Policy {
             s.state
                 .bindings
                 .iter()
-                .filter(|(cg, b)| b.pod_uid.contains('/') && !live.contains(cg))
-                .map(|(_, b)| b.pod_uid.clone())
+                .filter(|(cg, b)| b.pod_uid.is_container() && !live.contains(cg))
+                .map(|(_, b)| b.pod_uid.to_string())
                 .collect()
         };
         // Pod scope: containers gone give their share back, pods gone release their hold.
@@ -1149,7 +1155,7 @@ impl Handler for Policy {
             s.state
                 .bindings
                 .iter()
-                .filter(|(cg, b)| !b.pod_uid.contains('/') && !live.contains(cg))
+                .filter(|(cg, b)| !b.pod_uid.is_container() && !live.contains(cg))
                 .filter(|(_, b)| {
                     s.state
                         .allocator

@@ -16,7 +16,7 @@
 //! runtime container and owns the socket) and the writers of the other threads:
 //! - the moves' writer (`engine::OwnedWriter`), which tells it each cpuset write
 //!   ([`Runtime::written`]);
-//! - [`RuntimeCpusetWriter`], the admission service's `CpusetWriter` for those threads.
+//! - the admission service's cgroupfs sink (`writer::CgroupCpusetWriter::telling`).
 //!
 //! Unsolicited updates ([`Runtime::set_updates`], decided at Configure by
 //! [`runtime_updates_safe`] under `kubernetes.nri_runtime_updates`; `auto` allows them only for
@@ -41,13 +41,11 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
-use super::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::{
-    cgroup::Cgroups,
     cpuset::CpuSet,
     nri::api,
     serve::{metrics::ReasonLabel, Metrics},
@@ -562,7 +560,7 @@ impl Runtime {
         self.tell(cg, cpus.or(given.as_ref()), mems, what);
     }
 
-    fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
+    pub(super) fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
         if let Err(why) = self.submit(cg, cpus, mems) {
             self.count_direct(cg, why, what);
         }
@@ -587,40 +585,13 @@ pub fn update(id: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>) -> api::Co
     }
 }
 
-/// The admission service's [`CpusetWriter`] for the threads other than the plugin's in NRI
-/// mode (control round: hotplug replacement; API admissions' shrink): written to cgroupfs
-/// (with no lock held), then told to the runtime.
-pub struct RuntimeCpusetWriter {
-    pub runtime: Arc<Runtime>,
-    pub cgroupfs: CgroupCpusetWriter,
-}
-
-impl CpusetWriter for RuntimeCpusetWriter {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        self.cgroupfs.write(c)?;
-        self.runtime
-            .tell(&c.cgroup, Some(&c.cpus), c.mems.as_ref(), "cpuset");
-        Ok(())
-    }
-
-    fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
-        self.cgroupfs.cpus(cgroup)
-    }
-}
-
-impl RuntimeCpusetWriter {
-    pub fn new(runtime: Arc<Runtime>, cgroups: Cgroups) -> RuntimeCpusetWriter {
-        RuntimeCpusetWriter {
-            runtime,
-            cgroupfs: CgroupCpusetWriter(cgroups),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::Cgroups;
     use crate::controller::{CgroupWriteError, CgroupWriter, FakeCgroups};
+    use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter};
+    use std::sync::Arc;
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap()
@@ -1093,7 +1064,7 @@ mod tests {
         rt.set_connected(true);
         rt.set_updates(true);
         rt.track(cg, "sid");
-        let w = RuntimeCpusetWriter::new(rt.clone(), cgroups.clone());
+        let w = CgroupCpusetWriter::telling(cgroups.clone(), Some(rt.clone()));
         let pool = set("0-3,5-7");
         w.write(&CpusetChange {
             cgroup: cg.into(),

@@ -91,8 +91,8 @@ pub(crate) fn release_unbound_containers(p: &mut Persisted) -> usize {
     let bound: std::collections::BTreeSet<&str> =
         p.bindings.values().map(|b| b.pod_uid.as_str()).collect();
     let orphans: Vec<String> = (p.allocator.pods.keys())
-        .filter(|k| k.contains('/') && !bound.contains(k.as_str()))
-        .cloned()
+        .filter(|k| k.is_container() && !bound.contains(k.as_str()))
+        .map(|k| k.to_string())
         .collect();
     for k in &orphans {
         p.allocator.release(k);
@@ -157,13 +157,10 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let runtime = (mode == AdmissionMode::Nri)
         .then(|| Arc::new(super::nri_updates::Runtime::new(metrics.clone())));
     let updates = runtime.as_ref();
-    let writer: Arc<dyn super::writer::CpusetWriter> = match updates {
-        Some(rt) => Arc::new(super::nri_updates::RuntimeCpusetWriter::new(
-            rt.clone(),
-            cgroups.clone(),
-        )),
-        None => Arc::new(CgroupCpusetWriter(cgroups.clone())),
-    };
+    let writer = Arc::new(CgroupCpusetWriter::telling(
+        cgroups.clone(),
+        updates.cloned(),
+    ));
     let admission = Admission::new(daemon.clone(), writer);
 
     let cancel = CancellationToken::new();
@@ -791,7 +788,7 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let d = daemon(state.path());
         let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
-        let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter(none.clone())));
+        let adm = Admission::new(d.clone(), Arc::new(CgroupCpusetWriter::new(none.clone())));
         let engine = engine::Engine::new(
             none,
             Box::new(engine::ProcCpuTime::new("/proc".as_ref())),

@@ -110,7 +110,7 @@ impl StatusDoc {
                 .pods
                 .iter()
                 .map(|(uid, p)| StatusPod {
-                    uid: uid.clone(),
+                    uid: uid.to_string(),
                     qos: p.qos,
                     containers: p.containers.iter().map(|c| c.placement.clone()).collect(),
                     hold: p.hold.as_ref().map(|h| StatusHold {

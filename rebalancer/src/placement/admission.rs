@@ -26,7 +26,7 @@ use crate::placement::shared::{spread, Charges, SharedPools};
 use crate::placement::{NodeMask, TopologyHint};
 use crate::topology::Topology;
 
-use crate::placement::pod::RESERVED_UID_PREFIX;
+use crate::placement::key::AllocKey;
 pub use crate::placement::pod::{
     Container, ContainerPlacement, Pod, Qos, Rejection, RejectionReason,
 };
@@ -107,7 +107,7 @@ pub struct Allocator {
     pub shared_load: Charges,
     pub memory: MemoryState,
     pub devices: DeviceState,
-    pub pods: BTreeMap<String, AdmittedPod>,
+    pub pods: BTreeMap<crate::placement::key::AllocKey, AdmittedPod>,
     /// CPUs held while an exclusive container's cpus are written (`daemon::apply`: a move's
     /// old and new CPUs, keyed by its cgroup; `Admission::resize`: the old and new exclusive
     /// CPUs, keyed `resize <cgroup>`): exclusive until the write ended, so no admission hands
@@ -304,13 +304,13 @@ impl Allocator {
             .pods
             .iter()
             // kubelet's own placements (adopted from its state files) are kubelet's to fix
-            .filter(|(uid, _)| !uid.starts_with(RESERVED_UID_PREFIX))
+            .filter(|(uid, _)| !uid.is_kubelet())
             .flat_map(|(uid, p)| {
                 p.containers
                     .iter()
                     .enumerate()
                     .filter(|(_, c)| c.placement.exclusive && !c.placement.cpus.is_subset(online))
-                    .map(|(i, c)| (c.kind == ContainerKind::Init, uid.clone(), i))
+                    .map(|(i, c)| (c.kind == ContainerKind::Init, uid.to_string(), i))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -408,14 +408,14 @@ impl Allocator {
                     a.kubelet_blocks()
                 };
                 assignments
-                    .entry(uid.clone())
+                    .entry(uid.to_string())
                     .or_default()
                     .insert(c.placement.container.clone(), blocks);
             }
             // a pod's hold is one more assignment of the pod (no container has that name)
             if let Some(a) = p.hold.as_ref().and_then(|h| h.memory.as_ref()) {
                 assignments
-                    .entry(uid.clone())
+                    .entry(uid.to_string())
                     .or_default()
                     .insert("(pod hold)".into(), a.kubelet_blocks_requested());
             }
@@ -432,7 +432,7 @@ impl Allocator {
         let pool = self.shared_pool(&CpuView::new(topo));
         let mut out = Vec::new();
         for (uid, p) in self.pods.iter_mut() {
-            if uid.starts_with(RESERVED_UID_PREFIX) {
+            if uid.is_kubelet() {
                 continue;
             }
             for c in p.containers.iter_mut() {
@@ -467,8 +467,21 @@ impl Allocator {
         pod: &Pod,
         overuse: &Overuse,
     ) -> Result<Vec<ContainerPlacement>, Rejection> {
+        self.admit_keyed(topo, cfg, pod.uid.as_str().into(), pod, overuse)
+    }
+
+    /// As [`Allocator::admit_seeing`], booked under `key` (whose text is `pod`'s uid): who
+    /// admits the pod says what kind it is.
+    pub fn admit_keyed(
+        &mut self,
+        topo: &Topology,
+        cfg: &PlacementConfig,
+        key: AllocKey,
+        pod: &Pod,
+        overuse: &Overuse,
+    ) -> Result<Vec<ContainerPlacement>, Rejection> {
         let mut next = self.clone();
-        let placements = next.admit_inner(topo, cfg, pod, overuse)?;
+        let placements = next.admit_inner(topo, cfg, key, pod, overuse)?;
         *self = next;
         Ok(placements)
     }
@@ -529,6 +542,7 @@ impl Allocator {
         &mut self,
         topo: &Topology,
         cfg: &PlacementConfig,
+        key: AllocKey,
         pod: &Pod,
         overuse: &Overuse,
     ) -> Result<Vec<ContainerPlacement>, Rejection> {
@@ -545,7 +559,7 @@ impl Allocator {
         let (cpu_total, mem_total) = self.check_capacity(&view, pod)?;
         // the pod is recorded first so that each container sees its siblings' CPUs taken
         self.pods.insert(
-            pod.uid.clone(),
+            key,
             AdmittedPod {
                 qos,
                 cpu_request_millis: cpu_total,
@@ -975,7 +989,7 @@ impl Allocator {
             // reserved uid prefix) run on kubelet's shared pool, not ours: no shared CPU of ours
             // to lose. Any other shared container without CPUs is refused an exclusive CPU
             // below (it has none left), never skipped.
-            let kubelets = uid.starts_with(RESERVED_UID_PREFIX);
+            let kubelets = uid.is_kubelet();
             for c in p
                 .containers
                 .iter()

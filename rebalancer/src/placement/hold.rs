@@ -159,7 +159,7 @@ impl Allocator {
             let (cpu_total, mem_total) = self.check_capacity(&view, &whole)?;
             let (hint, decision) = self.hint_for(topo, cfg, &view, qos, &[&totals], None, None)?;
             self.pods.insert(
-                m.pod_uid.to_string(),
+                crate::placement::key::AllocKey::pod(m.pod_uid),
                 AdmittedPod {
                     qos,
                     cpu_request_millis: cpu_total,

@@ -16,6 +16,7 @@ mod cpu_case_props;
 pub mod cpu_take;
 pub mod decision;
 pub mod device;
+pub mod key;
 pub mod memory;
 pub mod memory_case;
 pub mod pod;

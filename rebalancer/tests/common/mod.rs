@@ -614,7 +614,7 @@ pub fn assert_invariants(
             .bindings
             .iter()
             .filter(|(k, _)| mine(k))
-            .map(|(k, b)| (k.clone(), b.pod_uid.clone()))
+            .map(|(k, b)| (k.clone(), b.pod_uid.to_string()))
             .collect();
         let st_bindings: BTreeSet<(String, String)> = bindings
             .iter()

@@ -97,6 +97,7 @@ impl Retry {
 use policy::{created, removed};
 
 /// Handles a cgroup that appeared (see [`policy::created`]) and checkpoints the change now.
+#[cfg(test)]
 pub fn on_created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
     let o = created(adm, cgroups, rel, t0);
     if o.changed() {
@@ -106,6 +107,7 @@ pub fn on_created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) ->
 }
 
 /// Handles a cgroup that disappeared (see [`policy::removed`]) and checkpoints the change now.
+#[cfg(test)]
 pub fn on_removed(adm: &Admission, rel: &str) -> WatchOutcome {
     let o = removed(adm, rel);
     if o.changed() {
@@ -177,7 +179,7 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     }
     // What the books restored or kept, against what the containers run on now (the books
     // are not changed: logged and counted by `repair`).
-    let live_cpus = crate::daemon::writer::CgroupCpusetWriter(cgroups.clone());
+    let live_cpus = crate::daemon::writer::CgroupCpusetWriter::new(cgroups.clone());
     adm.repair(|cg| {
         crate::daemon::writer::CpusetWriter::cpus(&live_cpus, cg).map(|c| {
             crate::daemon::reconcile::Seen {

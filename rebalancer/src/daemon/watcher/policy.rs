@@ -137,7 +137,7 @@ pub fn guaranteed_millis_from_weight(weight: u64) -> u64 {
 pub fn pod_for(cgroups: &Cgroups, rel: &str, pod_uid: &str, id: &str, qos: Qos) -> Pod {
     let name = id.chars().take(12).collect::<String>();
     Pod {
-        uid: format!("{pod_uid}/{name}"),
+        uid: crate::placement::key::AllocKey::container(pod_uid, &name).to_string(),
         containers: vec![container_for(cgroups, rel, &name, qos)],
         init_containers: Vec::new(),
     }
@@ -439,10 +439,10 @@ pub fn resized(
         let kube_root = s.cfg.cgroups.kubernetes_root.as_deref();
         (s.state.bindings.iter())
             // the watcher's own admissions (`pod_for`); the API's pods keep the API's requests
-            .filter(|(_, b)| b.pod_uid.contains('/'))
+            .filter(|(_, b)| b.pod_uid.is_container())
             .filter_map(|(cg, b)| match classify_in(cg, kube_root, &[]) {
                 CgroupKind::Container { qos, .. } => {
-                    Some((cg.clone(), b.pod_uid.clone(), b.container.clone(), qos))
+                    Some((cg.clone(), b.pod_uid.to_string(), b.container.clone(), qos))
                 }
                 _ => None,
             })

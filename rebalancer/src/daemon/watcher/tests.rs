@@ -52,7 +52,7 @@ fn fake_with(root: &Path, f: impl FnOnce(&mut Config)) -> (Admission, Cgroups) {
     let shared = Shared::fresh(topo, cfg).unwrap();
     let cgroups = Cgroups::new(Mounts::scan_root(root).unwrap());
     let d = Daemon::new(shared, Metrics::default());
-    let adm = Admission::new(d, Arc::new(CgroupCpusetWriter(cgroups.clone())));
+    let adm = Admission::new(d, Arc::new(CgroupCpusetWriter::new(cgroups.clone())));
     (adm, cgroups)
 }
 
@@ -201,7 +201,7 @@ fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
     let d = Admission::new(
         d0.daemon.clone(),
         Arc::new(FailFor {
-            inner: CgroupCpusetWriter(cg.clone()),
+            inner: CgroupCpusetWriter::new(cg.clone()),
             fail: fail.clone(),
         }),
     );
@@ -517,6 +517,35 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
     };
     assert_eq!(CpuSet::parse(mems).unwrap().len(), 1, "{o:?}");
     assert_eq!(cg.mems(&b).unwrap().len(), 1, "written as placed");
+}
+
+/// A running container whose charged memory is all on one node may still map pages elsewhere
+/// (a shared binary's, charged to another cgroup): adopted, its mems stay as wide as its
+/// effective mems, so the write narrows nothing and the kernel migrates nothing in it.
+#[test]
+fn an_adopted_container_keeps_its_effective_mems_whatever_numa_stat_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // single-numa-node: placed on node 0, mems 0 — and its charged memory is there too
+    let (d, cg) = fake_with(root, |c| {
+        c.placement.policy = crate::config::TopologyPolicy::SingleNumaNode
+    });
+    let us = UID.replace('-', "_");
+    let a = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
+    guaranteed_limits(&root.join(&a));
+    put(root, &format!("{a}/cpuset.mems.effective"), "0-1\n");
+    put(
+        root,
+        &format!("{a}/memory.numa_stat"),
+        "anon N0=1073741824 N1=0\nfile N0=0 N1=0\n",
+    );
+    let o = super::reconcile(&d.adopting(), &cg).remove(0);
+    let WatchOutcome::Admitted { mems, .. } = &o else {
+        panic!("{o:?}")
+    };
+    assert_eq!(mems, "0-1", "{o:?}");
+    assert_eq!(cg.mems(&a).unwrap().to_string(), "0-1", "written as wide");
+    assert!(d.repair(|_| None).is_empty(), "the books agree");
 }
 
 #[test]
@@ -1099,7 +1128,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     // its cgroup gone: forgotten at the next shrink
     std::fs::remove_dir_all(root.join(&k)).unwrap();
     let _ = crate::daemon::admission::shared_changes(&adm.daemon, |c| {
-        crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter(cg.clone()), c)
+        crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter::new(cg.clone()), c)
     });
     assert!(adm.daemon.lock().fenced.is_empty());
 }
