@@ -206,8 +206,10 @@ pub enum Skip {
     InFlight,
 }
 
+/// Tagged `outcome`, not `kind`: a skip carries its own `kind`, and one JSON object cannot hold
+/// both (`rebalancer status` could not read a skipped decision back).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
+#[serde(rename_all = "kebab-case", tag = "outcome")]
 pub enum Outcome {
     Moved {
         to_nodes: CpuSet,

@@ -1586,3 +1586,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn every_outcome_reads_back_as_it_was_written() {
+    // `rebalancer status` reads the decisions the daemon wrote: a skip's own `kind` must not
+    // collide with the outcome's tag.
+    let outcomes = [
+        Outcome::Moved {
+            to_nodes: CpuSet::from_iter([1]),
+        },
+        Outcome::Healthy,
+        Outcome::NoData,
+        Outcome::Skipped(Skip::Cooldown { remaining_ms: 5 }),
+        Outcome::Skipped(Skip::MaxMoves),
+    ];
+    for o in outcomes {
+        let json = serde_json::to_string(&o).unwrap();
+        let back: Outcome = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+        assert_eq!(back, o, "{json}");
+    }
+}

@@ -273,7 +273,7 @@ fn faults_one_period_pmu_the_next_share_model_the_third() {
 }
 
 fn kind(d: &Decision) -> String {
-    serde_json::to_value(&d.outcome).unwrap()["kind"]
+    serde_json::to_value(&d.outcome).unwrap()["outcome"]
         .as_str()
         .unwrap()
         .to_string()
