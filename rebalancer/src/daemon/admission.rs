@@ -277,6 +277,7 @@ impl Admission {
                 exclusive: exclusive_changed,
                 durability: req.durability,
                 releases_pod: first,
+                adopts: true,
             },
             &|s| undo_member(s, uid, &req.member.container.name, first),
         )?;
@@ -389,6 +390,7 @@ impl Admission {
                 exclusive,
                 durability: req.durability,
                 releases_pod: true,
+                adopts: true,
             },
             &|s| {
                 s.state.allocator.release(&pod.uid);
@@ -446,6 +448,7 @@ impl Admission {
                 exclusive,
                 durability,
                 releases_pod: false,
+                adopts: false,
             },
             &|_| {},
         )?;
@@ -880,7 +883,9 @@ impl Admission {
     ) -> Result<Vec<CpusetChange>, AdmitError> {
         let bound = b.cg.zip(b.placement);
         if let Some((cg, p)) = bound {
-            self.adopt_as_it_runs(cg, b.uid, p);
+            if b.adopts {
+                self.adopt_as_it_runs(cg, b.uid, p);
+            }
             if let Err(e) = self.write_and_bind(cg, b.uid, p, b.dry_run) {
                 give_back(&mut self.daemon.lock());
                 return Err(e);
@@ -1307,6 +1312,10 @@ struct Booking<'a> {
     durability: Durability,
     /// Whether undoing it releases its pod (an admission that made the pod).
     releases_pod: bool,
+    /// Whether a running container is adopted as it runs (`adopt_as_it_runs`): an admission's
+    /// own booking, which its undo gives back whole. A bind to an API pod does not adopt: its
+    /// undo gives nothing back, so an adoption's changes to the pod would stay in the books.
+    adopts: bool,
 }
 
 /// Whether `cg` is bound, or being bound (its cpuset written under a booking).
