@@ -15,7 +15,7 @@ use crate::daemon::Shared;
 
 /// What the books give one bound container.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Booked {
+pub struct BookedSets {
     pub cgroup: String,
     /// Its own CPUs when exclusive; a shared one's pool less every exclusive CPU.
     pub cpus: CpuSet,
@@ -47,7 +47,7 @@ impl Seen {
 /// cpuset when a CPU goes offline; an exclusive one's replacement is the hotplug
 /// replacement's to make). A shared container with none left gets the shared pool now; one
 /// with nothing left at all is left out: never an empty cpuset.
-pub fn booked(s: &Shared) -> Vec<Booked> {
+pub fn booked(s: &Shared) -> Vec<BookedSets> {
     let (exclusive, pool) = super::admission::exclusive_and_pool(s);
     let online = s.topo.online_cpus();
     // a shared container none of whose CPUs is left runs on the shared pool, as a fenced one
@@ -63,7 +63,7 @@ pub fn booked(s: &Shared) -> Vec<Booked> {
                     .filter(|c| !c.is_empty())
                     .unwrap_or_else(|| pool.clone())
             };
-            (!cpus.is_empty()).then(|| Booked {
+            (!cpus.is_empty()).then(|| BookedSets {
                 cgroup: cg.clone(),
                 cpus,
                 mems: p.mems.clone(),
@@ -77,7 +77,7 @@ pub fn booked(s: &Shared) -> Vec<Booked> {
 /// cpus (and mems, where a source reported they were never set). Containers not seen (gone,
 /// not created yet) are left alone: releasing what is gone is the caller's, who knows whether
 /// its view of the node is whole.
-pub fn repairs(books: &[Booked], seen: impl Fn(&str) -> Option<Seen>) -> Vec<CpusetChange> {
+pub fn repairs(books: &[BookedSets], seen: impl Fn(&str) -> Option<Seen>) -> Vec<CpusetChange> {
     books
         .iter()
         .filter_map(|b| {
@@ -100,8 +100,8 @@ mod tests {
         CpuSet::parse(s).unwrap()
     }
 
-    fn book(cg: &str, cpus: &str, excl: bool) -> Booked {
-        Booked {
+    fn book(cg: &str, cpus: &str, excl: bool) -> BookedSets {
+        BookedSets {
             cgroup: cg.into(),
             cpus: set(cpus),
             mems: set("0"),
