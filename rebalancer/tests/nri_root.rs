@@ -13,7 +13,8 @@
 //! containerd restart is survived (the plugin reconnects, and admits again); removal releases
 //! and the shared container gets the CPU back; under single-numa-node on a 4-node topology
 //! (a fixture as `daemon.sysfs_root`) a pod that cannot be aligned is refused with
-//! TopologyAffinityError.
+//! TopologyAffinityError; per-pod annotations: a pod left to the runtime keeps its cpuset, and
+//! a pod annotated never to move is not moved by the control round that moves its twin.
 //!
 //! Skips (printing why) when not root, without 2 CPUs or cgroups, or when the kernel has no
 //! overlayfs. Missing containerd binaries skip too, unless `REBALANCER_REQUIRE_CONTAINERD=1`
@@ -82,10 +83,22 @@ impl Containerd {
 
     /// CreateContainer + StartContainer; Err(CreateContainer's error).
     fn container(&self, pod: &Pod, name: &str, res: serde_json::Value) -> Result<Ctr, String> {
+        self.container_running(pod, name, res, "exec sleep 3600")
+    }
+
+    /// [`Containerd::container`] whose process, after printing where it may run, runs `then`
+    /// (a busybox shell command line).
+    fn container_running(
+        &self,
+        pod: &Pod,
+        name: &str,
+        res: serde_json::Value,
+        then: &str,
+    ) -> Result<Ctr, String> {
         let mut spec = serde_json::json!({
             "pod_id": pod.id, "pod": pod.spec, "name": name,
             "command": ["/bin/sh", "-c",
-                "grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; exec sleep 3600"],
+                format!("grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; {then}")],
             "log_path": format!("{name}.log"),
         });
         for (k, v) in res.as_object().unwrap() {
@@ -803,6 +816,164 @@ fn annotated_pods_keep_what_the_runtime_gave_them_and_are_fenced() {
     );
 }
 
+/// Sets the CPU affinity of every task of `c`'s cgroup to `cpu` (as a process that pins its
+/// own threads would); whether every task took it (a cpuset without `cpu` refuses it).
+fn pin_tasks(c: &Ctr, cpu: u32) -> bool {
+    let cg = common::root_cgroups().unwrap();
+    let pids = cg
+        .procs(rebalancer::cgroup::Controller::Cpuset, &c.cgroup)
+        .unwrap_or_default();
+    !pids.is_empty()
+        && pids.iter().all(|pid| {
+            Command::new("taskset")
+                .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+/// `rebalancer.io/rebalance: never` holds against the control round that moves its unannotated
+/// twin. On the two-node fixture with this machine's memory (node 0 = CPU 1 with all the
+/// memory, node 1 = CPU 0 without any), two Burstable pods, one annotated, each run one busy
+/// process; the test pins both processes' affinity to CPU 0 (their threads run off their
+/// memory: both score poor locality) and then to CPU 1, back and forth. With its threads
+/// already on node 0 and its smoothed score still poor, a move of a pod's CPUs to node 0 adds
+/// no load there, so no busy host refuses it: a round moves the twin's cpuset to node 0's CPU,
+/// while the annotated pod, a candidate in the same rounds, is skipped as pinned and keeps its
+/// CPUs — in cgroupfs, in the runtime's spec and for a process started inside it.
+#[test]
+fn a_pod_annotated_never_is_not_moved_by_the_round_that_moves_its_twin() {
+    let _serial = common::serial();
+    let Some(install) = preflight() else { return };
+    let all = common::root_cgroups()
+        .unwrap()
+        .effective_cpus("")
+        .unwrap_or_default();
+    if all != CpuSet::parse("0-1").unwrap() {
+        println!("SKIP: the two-node fixture stands for a machine of CPUs 0-1, this one has {all}");
+        return;
+    }
+    let fixture = tempfile::tempdir().unwrap();
+    two_node_fixture_with(fixture.path(), false);
+    let mut ctd = Containerd::start(&install, None);
+    let d = nri_daemon(
+        &ctd.nri_sock(),
+        &format!("sysfs_root = \"{}\"", fixture.path().display()),
+        "[controller]\nperiod_ms = 500\n",
+    );
+    wait_for("the plugin to register", Duration::from_secs(20), || {
+        connected(&d)
+    });
+    let busy = "exec sh -c 'while :; do :; done'";
+    // BestEffort: no request, given the whole shared pool (both nodes' CPUs)
+    let wide = res(BESTEFFORT);
+    let tp = ctd.pod("twin", "besteffort");
+    let t = ctd.container_running(&tp, "t", wide.clone(), busy).unwrap();
+    let kp = ctd.pod_annotated(
+        "kept",
+        "besteffort",
+        &[("rebalancer.io/rebalance", "never")],
+    );
+    let k = ctd.container_running(&kp, "k", wide, busy).unwrap();
+    let (t_cpus, _) = t.first_print();
+    let (k_cpus, _) = k.first_print();
+    assert_eq!(
+        (&t_cpus, &k_cpus),
+        (&all, &all),
+        "both admitted to the shared CPUs"
+    );
+    let last_decision = |c: &Ctr| -> serde_json::Value {
+        let e: serde_json::Value =
+            serde_json::from_str(&api_get(&d, &format!("/v1/explain/{}", c.cgroup))).unwrap();
+        e["last_decision"].clone()
+    };
+    let smoothed = |c: &Ctr| last_decision(c)["smoothed"].as_f64();
+    let node0: CpuSet = CpuSet::parse("1").unwrap();
+    // The annotated pod as a candidate (a trigger) skipped as pinned, once seen.
+    let pinned_seen: std::cell::RefCell<Option<serde_json::Value>> = Default::default();
+    let check_kept = |k: &Ctr| {
+        assert_eq!(k.live_cpus(), k_cpus, "the annotated pod was moved");
+        let ld = last_decision(k);
+        if ld["trigger"].is_object() && ld["outcome"]["kind"] == "pinned" {
+            pinned_seen.borrow_mut().get_or_insert(ld);
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut flips = 0;
+    while t.live_cpus() != node0 || pinned_seen.borrow().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no round moved the twin (on {}) and skipped the annotated pod as pinned ({:?}) in {flips} flips:\ntwin {}\nkept {}\n{}",
+            t.live_cpus(),
+            pinned_seen.borrow(),
+            last_decision(&t),
+            last_decision(&k),
+            d.log_text()
+        );
+        // Off their memory until both score it, then next to it until the twin moved or its
+        // score recovered (the rounds in between see a poor score and a move that adds no
+        // load to node 0).
+        assert!(
+            pin_tasks(&k, 0),
+            "the annotated pod's process pinned to CPU 0"
+        );
+        let twin_there = pin_tasks(&t, 0);
+        wait_for(
+            "both scored off their memory",
+            Duration::from_secs(30),
+            || {
+                check_kept(&k);
+                smoothed(&k).is_some_and(|s| s < 0.3)
+                    && (!twin_there
+                        || t.live_cpus() == node0
+                        || smoothed(&t).is_some_and(|s| s < 0.3))
+            },
+        );
+        assert!(
+            pin_tasks(&k, 1),
+            "the annotated pod's process pinned to CPU 1"
+        );
+        pin_tasks(&t, 1);
+        wait_for("the scores recovered", Duration::from_secs(30), || {
+            check_kept(&k);
+            t.live_cpus() == node0 || smoothed(&t).is_some_and(|s| s > 0.9)
+        });
+        flips += 1;
+    }
+    let applied = d
+        .log_text()
+        .lines()
+        .find(|l| l.contains("move applied") && l.contains(&t.cgroup))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no move of the twin in the log:\n{}", d.log_text()));
+    println!(
+        "twin moved {t_cpus} -> {} after {flips} flips ({applied}); the annotated pod kept {k_cpus}: {}",
+        t.live_cpus(),
+        pinned_seen.borrow().as_ref().unwrap()
+    );
+    // The move is the twin's alone, everywhere; the annotated pod is where it was admitted.
+    assert_eq!(
+        decision(&d, &t.id).map(|x| x.0),
+        Some(node0.clone()),
+        "the twin's books"
+    );
+    wait_for(
+        "the runtime told of the twin's move",
+        Duration::from_secs(10),
+        || ctd.inspect(&t.id) == node0,
+    );
+    assert_eq!(exec_cpus(&ctd, &t.id), node0);
+    assert_eq!(k.live_cpus(), k_cpus);
+    assert_eq!(decision(&d, &k.id).map(|x| x.0), Some(k_cpus.clone()));
+    assert_eq!(
+        ctd.inspect(&k.id),
+        k_cpus,
+        "the runtime's spec of the annotated pod"
+    );
+    assert_eq!(exec_cpus(&ctd, &k.id), k_cpus);
+    ctd.remove_pods();
+}
+
 /// The books' exclusive CPUs, from `status`.
 fn exclusive_cpus(d: &common::Daemon) -> CpuSet {
     serde_json::from_value(d.status()["exclusive_cpus"].clone()).expect("exclusive_cpus")
@@ -986,6 +1157,12 @@ fn a_paused_container_keeps_its_exclusive_cpus_through_a_synchronize() {
 /// 1, each behind the character device `241:<node>` (`dev/char/241:N/device` → the PCI
 /// function, as the kernel links them).
 fn two_node_fixture(root: &Path) {
+    two_node_fixture_with(root, true)
+}
+
+/// [`two_node_fixture`]; without `node1_memory`, node 1 has CPU 0 and no memory, as on this
+/// machine (MemTotal 0: a move there writes the nearest memory node, 0, into cpuset.mems).
+fn two_node_fixture_with(root: &Path, node1_memory: bool) {
     let src = workspace().join("tests/fixtures/sysfs/this-machine");
     let st = Command::new("cp")
         .arg("-a")
@@ -998,13 +1175,15 @@ fn two_node_fixture(root: &Path) {
     let node0 = nodes.join("node0");
     let meminfo = std::fs::read_to_string(node0.join("meminfo")).unwrap();
     std::fs::create_dir_all(nodes.join("node1")).unwrap();
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(node0.join("hugepages"))
-        .arg(nodes.join("node1"))
-        .status()
-        .unwrap();
-    assert!(st.success());
+    if node1_memory {
+        let st = Command::new("cp")
+            .arg("-a")
+            .arg(node0.join("hugepages"))
+            .arg(nodes.join("node1"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
     for (n, cpu, other) in [(0, 1, 0), (1, 0, 1)] {
         let d = nodes.join(format!("node{n}"));
         let _ = std::fs::remove_file(d.join(format!("cpu{other}")));
@@ -1017,11 +1196,12 @@ fn two_node_fixture(root: &Path) {
             if n == 0 { "10 21\n" } else { "21 10\n" },
         )
         .unwrap();
-        std::fs::write(
-            d.join("meminfo"),
-            meminfo.replace("Node 0", &format!("Node {n}")),
-        )
-        .unwrap();
+        let mem = if n == 1 && !node1_memory {
+            "Node 1 MemTotal:       0 kB\nNode 1 MemFree:        0 kB\n".to_string()
+        } else {
+            meminfo.replace("Node 0", &format!("Node {n}"))
+        };
+        std::fs::write(d.join("meminfo"), mem).unwrap();
         let pci = root.join(format!("bus/pci/devices/0000:{}:00.0", ["41", "c1"][n]));
         std::fs::create_dir_all(&pci).unwrap();
         for (f, v) in [
