@@ -16,6 +16,7 @@ use crate::{root, sh};
 fn nightly_cargo() -> Result<Command> {
     let nightly = crate::setup::ebpf_nightly()?;
     let mut c = Command::new("rustup");
+    crate::without_package_env(&mut c);
     c.current_dir(root())
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")

@@ -100,7 +100,34 @@ pub fn root() -> std::path::PathBuf {
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
+    without_package_env(&mut c);
     c
+}
+
+/// Leaves out of `c`'s environment what cargo sets for the package it runs (`OUT_DIR`,
+/// `CARGO_PKG_*`, `CARGO_MANIFEST_*`, …): ring's build script reruns when one of them differs
+/// from its last build, and ring's rebuild rebuilds rustls and the daemon. A build started from
+/// a root test (deploy_root runs `cargo xtask image` with the test's `OUT_DIR`) then rebuilt
+/// the musl image (2 min 8 s on the CI run), and the guest tests' build after it again.
+pub fn without_package_env(c: &mut Command) {
+    const SET_FOR_A_PACKAGE: [&str; 9] = [
+        "OUT_DIR",
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_BIN_EXE_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if SET_FOR_A_PACKAGE.iter().any(|p| k.starts_with(p)) {
+                c.env_remove(k);
+            }
+        }
+    }
 }
 
 /// Runs a command, echoing it; fails on a non-zero exit.
@@ -118,6 +145,7 @@ pub fn sh(c: &mut Command) -> Result<()> {
 pub fn build_ebpf() -> Result<std::path::PathBuf> {
     let nightly = setup::ebpf_nightly()?;
     let mut c = Command::new("rustup");
+    without_package_env(&mut c);
     c.current_dir(root().join("rebalancer-ebpf"))
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("RUSTC")
@@ -234,4 +262,31 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
         eprintln!("  {secs:>6.0}s  {name}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cargo started by the xtask sees none of what cargo set for the package that ran it
+    /// (a root test running `cargo xtask image` has its own `OUT_DIR`), and keeps the rest.
+    #[test]
+    fn a_cargo_child_never_sees_the_callers_package_env() {
+        std::env::set_var("OUT_DIR", "/tmp/some-package/out");
+        std::env::set_var("CARGO_MANIFEST_DIR", "/tmp/some-package");
+        std::env::set_var("CARGO_BUILD_JOBS", "2");
+        let c = cargo();
+        let removed: Vec<String> = c
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for k in ["OUT_DIR", "CARGO_MANIFEST_DIR", "CARGO_PKG_NAME"] {
+            assert!(removed.iter().any(|r| r == k), "{k} left in: {removed:?}");
+        }
+        assert!(
+            !removed.iter().any(|r| r == "CARGO_BUILD_JOBS"),
+            "{removed:?}"
+        );
+    }
 }
