@@ -131,7 +131,7 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false));
+        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false, None));
     }
     out
 }
@@ -226,6 +226,13 @@ impl CgroupWriter for Noting<'_> {
     ) -> Result<u64, controller::CgroupWriteError> {
         self.w.migrate_pages(cg, toward, max_bytes)
     }
+    fn migrate_all(
+        &mut self,
+        cg: &str,
+        toward: &crate::cpuset::CpuSet,
+    ) -> Result<u64, controller::CgroupWriteError> {
+        self.w.migrate_all(cg, toward)
+    }
     fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
         self.w.settle(cg)
     }
@@ -250,6 +257,7 @@ fn apply_one(
     dry_run: bool,
     premigrate: bool,
     clock: bool,
+    narrowing: Option<&Mutex<()>>,
 ) -> MoveResult {
     // With `clock` (a writer thread, whose move may end long after its round), the cooldown
     // starts when the move ends, not at the round's time.
@@ -290,7 +298,7 @@ fn apply_one(
     }
     // How long the move's page moves and its narrowing write took (logged with the move: a
     // migration that runs long after its pages are local shows here).
-    let (mut premigrate_ms, mut finish_ms) = (0u128, 0u128);
+    let (mut premigrate_ms, mut ahead_ms, mut finish_ms) = (0u128, 0u128, 0u128);
     // The move as finished when its mems were left wide (see below), and what was left.
     let mut kept_wide: Option<(Move, u64, u64)> = None;
     let result = begun.and_then(|b| match b {
@@ -396,6 +404,43 @@ fn apply_one(
                 Some(wide) => (wide, rest.leaving_mems_wide()),
                 None => (mv, rest),
             };
+            // A write that narrows mems (drops a node they hold now) migrates what is on that
+            // node in the kernel's cpuset workqueue, and every cpuset write on the machine (an
+            // admission's too) waits for the whole queue: 13.7 s once in the guest, behind
+            // the pages other processes map. So the writer first moves, in its own thread,
+            // every page the write would migrate (`CgroupWriter::migrate_all`: shared ones too,
+            // MOVE_ALL, as the kernel would) and the write finds nothing left to queue. The
+            // writers take `narrowing` in turn over that and the write: two at once would
+            // send the pages both their processes map back and forth, each leaving the other's
+            // write some to migrate. A failure here is not one of the move (the write migrates
+            // what is left).
+            let narrows = !dry_run
+                && fin.stage.is_none()
+                && !rest.mems_now().difference(&fin.to_mems).is_empty();
+            let _turn = narrows
+                .then(|| narrowing.map(|m| m.lock().unwrap_or_else(|e| e.into_inner())))
+                .flatten();
+            if narrows {
+                // No stop check here: after a whole walk little is left, and a move alone
+                // at a nice value ≥ 0 goes on as its narrowing write went on before (waited
+                // for, see the module doc).
+                let ahead = Instant::now();
+                match w.migrate_all(&mv.cgroup, &fin.to_mems) {
+                    Ok(n) => {
+                        tracing::debug!(cgroup = %mv.cgroup, moved = n, ms = ahead.elapsed().as_millis() as u64, "pages moved ahead of the narrowing mems write, shared ones too")
+                    }
+                    Err(e) => {
+                        tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving the pages ahead of the narrowing mems write failed; the write migrates them")
+                    }
+                }
+                ahead_ms = ahead.elapsed().as_millis();
+                if let Ok(now) = w.read_cpus(&mv.cgroup) {
+                    if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
+                        books_follow(d, w, mv, &now);
+                        return Err(controller::abandon(mv, w, rest, now));
+                    }
+                }
+            }
             let hub = d.rounds.clone();
             let cg = mv.cgroup.clone();
             let rest = rest
@@ -404,6 +449,7 @@ fn apply_one(
             let finishing = Instant::now();
             let r = controller::finish(fin, w, rest);
             finish_ms = finishing.elapsed().as_millis();
+            drop(_turn);
             if let (Ok(_), Some(wide), Some(l)) = (&r, wide, left) {
                 // Only a move that finished is told as left wide (a rolled-back one put its
                 // mems back); what it migrated is what its page moves reported.
@@ -438,7 +484,7 @@ fn apply_one(
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
                 moved = done.moved_bytes, staged_toward = ?staged,
                 before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(),
-                premigrate_ms, finish_ms, "move applied");
+                premigrate_ms, ahead_ms, finish_ms, "move applied");
             if let Some(e) = &done.pages_error {
                 tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
             }
@@ -615,6 +661,10 @@ pub struct Applier {
 struct Pool {
     q: Mutex<Queue>,
     cv: Condvar,
+    /// Held by one writer at a time over its move's last page moves and narrowing mems write
+    /// (see [`apply_one`]); no other lock is taken under it but the state lock's short
+    /// sections, and no decision or admission takes it.
+    narrowing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -744,6 +794,7 @@ impl Applier {
             pool: Arc::new(Pool {
                 q: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
+                narrowing: Mutex::new(()),
             }),
             workers: Vec::new(),
             health: Some(health),
@@ -1006,6 +1057,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         job.dry_run,
                         premigrate,
                         true,
+                        Some(&pool.narrowing),
                     )
                 })) {
                     Ok(o) => o,
