@@ -131,7 +131,7 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false, None));
+        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, How::default()));
     }
     out
 }
@@ -246,6 +246,19 @@ impl CgroupWriter for Noting<'_> {
 /// step (`pages::Walk`), so a smaller step costs no more queries.
 const PREMIGRATE_STEP: u64 = 16 << 20;
 
+/// How [`apply_one`] applies a move: on a writer thread of [`Applier`], or in the caller's
+/// thread ([`apply_moves`], the default).
+#[derive(Clone, Copy, Default)]
+struct How<'a> {
+    /// The writer moves the cgroup's own pages ahead of its mems write, a step at a time.
+    premigrate: bool,
+    /// The cooldown starts when the move ends, not at the round's time (a writer thread,
+    /// whose move may end long after its round).
+    clock: bool,
+    /// The writers' turns over a narrowing write (`Pool::narrowing`); None: one thread.
+    narrowing: Option<&'a Mutex<()>>,
+}
+
 /// One move: the books check and booking under the state lock, the writes up to cpuset.cpus
 /// with none, the settle under it; then (with `premigrate`) the cgroup's pages moved toward the target by
 /// this thread, the mems write that migrates the rest, and the record of the move.
@@ -255,10 +268,13 @@ fn apply_one(
     mv: &Move,
     now_ms: u64,
     dry_run: bool,
-    premigrate: bool,
-    clock: bool,
-    narrowing: Option<&Mutex<()>>,
+    how: How<'_>,
 ) -> MoveResult {
+    let How {
+        premigrate,
+        clock,
+        narrowing,
+    } = how;
     // With `clock` (a writer thread, whose move may end long after its round), the cooldown
     // starts when the move ends, not at the round's time.
     let at = |now_ms: u64| {
@@ -1055,9 +1071,11 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         &job.mv,
                         job.now_ms,
                         job.dry_run,
-                        premigrate,
-                        true,
-                        Some(&pool.narrowing),
+                        How {
+                            premigrate,
+                            clock: true,
+                            narrowing: Some(&pool.narrowing),
+                        },
                     )
                 })) {
                     Ok(o) => o,
