@@ -25,7 +25,9 @@
 . /vm/topology.env
 S=fresh-start
 PERIOD_MS=3000
-# at least RUN_S s of admissions, at most MAX_RUN_S, until NARROWED_MIN narrowing moves
+# at least LATER_MIN admissions over RUN_S s, at most MAX_RUN_S, until NARROWED_MIN narrowing
+# moves
+LATER_MIN=8
 RUN_S=10
 MAX_RUN_S=90
 NARROWED_MIN=1
@@ -120,8 +122,8 @@ echo "# daemon answering after ${DAEMON_UP}s with $at_answer pages migrated, $ro
 # an admission's too, waits for when the kernel migrates in it.
 narrowed() { grep 'move applied' $LOG | grep 'staged_toward=None' | grep -cE 'to_mems=[0-9]+ bytes=[1-9]'; }
 # The later admissions: one after the other, $GAP_S s apart, while the rounds run and migrate,
-# for at least RUN_S s and until the daemon has applied a narrowing move (so some were made
-# while its migration ran), at most MAX_RUN_S s.
+# at least LATER_MIN of them over at least RUN_S s and until the daemon has applied a narrowing
+# move (so some were made while its migration ran), at most MAX_RUN_S s.
 GAP_S=0.5
 t0=$(uptime_s)
 later=""
@@ -134,7 +136,7 @@ while :; do
     [ "$(answer "$l")" != none ] || fail "later admission $k wrote no cpuset within 30 s ($l)"
     later="$later $(answer "$l")"
     el=$(awk -v a="$(uptime_s)" -v b="$t0" 'BEGIN{print a - b}')
-    if [ "$(narrowed)" -ge "$NARROWED_MIN" ] && ! fgt "$RUN_S" "$el"; then break; fi
+    if [ "$(narrowed)" -ge "$NARROWED_MIN" ] && [ $k -ge $LATER_MIN ] && ! fgt "$RUN_S" "$el"; then break; fi
     fgt "$el" "$MAX_RUN_S" && break
 done
 LATER=$k
