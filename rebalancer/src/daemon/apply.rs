@@ -38,7 +38,7 @@
 //! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
 //! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call; only the pages
 //! the process alone maps, `pages::WithoutSysNice`: pages shared with other cgroups'
-//! processes, a binary's text, are left to the narrowing write) and the narrowing write finds
+//! processes, a binary's text, are left for last) and the narrowing write finds
 //! little left. When a whole walk left only that little (`CgroupWriter::left_behind`, at most
 //! a sixteenth of the move), the cgroup's mems already held the target and the allocator has
 //! not bound the container, there is no narrowing write: its memory is where it runs, its new
@@ -48,8 +48,12 @@
 //! (`CgroupState::wide_of`) for the planner. The writers run at `controller.apply_nice` (-10: the
 //! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
 //! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
-//! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
-//! its narrowing write: the kernel's migration (one pass over the mm, in its worker).
+//! write runs at the normal priority). At 0 or above, a move that runs alone makes no page
+//! steps: one pass over each process's mm moves it (below).
+//! Every narrowing write is preceded by its writer moving what that write would migrate,
+//! shared pages too (`CgroupWriter::migrate_all`: migrate_pages(2) MOVE_ALL), the writers
+//! taking turns over that and the write (`Pool::narrowing`): the write queues nothing on the
+//! kernel's workqueue, which every cpuset write on the machine (an admission's) waits for.
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
 //! finished toward a target they no longer want, and a failed move's undo never overwrites
