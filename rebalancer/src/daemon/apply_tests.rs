@@ -1068,8 +1068,9 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
 }
 
 /// The writer threads migrate at `controller.apply_nice`; ahead of the workloads (a negative
-/// value) a writer moves even a lone move's pages itself (the kernel's worker for a narrowing
-/// mems write runs at the normal priority); at 0 or above a lone move goes by its mems write.
+/// value) a writer moves even a lone move's pages itself a step at a time (the kernel's worker
+/// for a narrowing mems write runs at the normal priority); at 0 or above a lone move makes no
+/// such steps: its one pass ahead of the narrowing write moves it all, at the writer's value.
 /// Without the privilege for a negative value the move is applied all the same, at the
 /// daemon's priority.
 #[test]
@@ -1091,13 +1092,19 @@ fn writers_migrate_at_their_nice_value() {
         check_history(&cgs, &f, &[]);
         let calls = *w.calls.lock().unwrap();
         let nices = w.nices.lock().unwrap().clone();
+        assert_eq!(
+            *w.alls.lock().unwrap(),
+            1,
+            "one pass ahead of the narrowing write"
+        );
+        assert_eq!(f.migrated_by_mems(), 0);
         (calls.1, nices)
     };
     // Any thread may lower its own priority.
     let (migrate_calls, nices) = lone(7);
     assert_eq!(
         migrate_calls, 0,
-        "alone at nice 7: the narrowing mems write migrates"
+        "alone at nice 7: no page steps, the one pass moves it all"
     );
     assert!(
         !nices.is_empty() && nices.iter().all(|&n| n == 7),
