@@ -275,7 +275,7 @@ impl Walk {
     /// of its mm (migrate_pages(2): every node outside `toward` → `toward`, the same walk a
     /// narrowing `cpuset.mems` write makes, in this thread instead of the kernel's one ordered
     /// cpuset workqueue, but only the pages the process alone maps: see [`WithoutSysNice`];
-    /// the shared ones are the narrowing write's), processes one after the other until at least `max_bytes` moved: a
+    /// the shared ones are [`Walk::step_all`]'s), processes one after the other until at least `max_bytes` moved: a
     /// process is never cut, so this is for a move whose bytes are all budgeted (not a stage).
     /// Returns the bytes moved (each process's pages off `toward` before less after, from its
     /// numa_maps).
