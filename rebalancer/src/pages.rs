@@ -275,7 +275,7 @@ impl Walk {
     /// of its mm (migrate_pages(2): every node outside `toward` → `toward`, the same walk a
     /// narrowing `cpuset.mems` write makes, in this thread instead of the kernel's one ordered
     /// cpuset workqueue, but only the pages the process alone maps: see [`WithoutSysNice`];
-    /// the shared ones are the narrowing write's), processes one after the other until at least `max_bytes` moved: a
+    /// the shared ones are [`Walk::step_all`]'s), processes one after the other until at least `max_bytes` moved: a
     /// process is never cut, so this is for a move whose bytes are all budgeted (not a stage).
     /// Returns the bytes moved (each process's pages off `toward` before less after, from its
     /// numa_maps).
@@ -287,7 +287,36 @@ impl Walk {
         pids: impl FnOnce() -> std::io::Result<Vec<u32>>,
         members: impl Fn() -> std::io::Result<Vec<u32>>,
     ) -> std::io::Result<u64> {
-        let key = (format!("whole:{cgroup}"), toward.clone());
+        self.whole(cgroup, toward, max_bytes, pids, members, false)
+    }
+
+    /// Like [`Walk::step_whole`], but every page of each process off `toward`, those it shares
+    /// with other processes too (`MPOL_MF_MOVE_ALL`, the thread's CAP_SYS_NICE kept): exactly
+    /// what a narrowing `cpuset.mems` write would migrate in the kernel's cpuset workqueue,
+    /// moved in this thread instead, right before that write, so the write finds nothing to
+    /// migrate and every other cpuset write (an admission's) has nothing to wait for. One
+    /// pass over the cgroup's processes; returns the bytes moved.
+    pub fn step_all(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        pids: impl FnOnce() -> std::io::Result<Vec<u32>>,
+        members: impl Fn() -> std::io::Result<Vec<u32>>,
+    ) -> std::io::Result<u64> {
+        self.whole(cgroup, toward, u64::MAX, pids, members, true)
+    }
+
+    fn whole(
+        &mut self,
+        cgroup: &str,
+        toward: &CpuSet,
+        max_bytes: u64,
+        pids: impl FnOnce() -> std::io::Result<Vec<u32>>,
+        members: impl Fn() -> std::io::Result<Vec<u32>>,
+        shared_too: bool,
+    ) -> std::io::Result<u64> {
+        let kind = if shared_too { "all" } else { "whole" };
+        let key = (format!("{kind}:{cgroup}"), toward.clone());
         if self.key.as_ref() != Some(&key) {
             *self = Walk {
                 key: Some(key),
@@ -328,7 +357,7 @@ impl Walk {
                 continue;
             }
             let started = std::time::Instant::now();
-            let failed = match migrate_pages(p.pid, &from, toward) {
+            let failed = match migrate_pages(p.pid, &from, toward, shared_too) {
                 Ok(n) => n,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(e),
@@ -343,6 +372,7 @@ impl Walk {
                 off_before = before,
                 off_after = after,
                 not_moved = failed,
+                shared_too,
                 call_ms,
                 total_ms = started.elapsed().as_millis() as u64,
                 "migrate_pages of one process"
@@ -530,16 +560,23 @@ impl Drop for WithoutSysNice {
 }
 
 /// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm),
-/// only those the process alone maps ([`WithoutSysNice`]). Pages that could not be moved are
-/// not an error (the caller counts what moved): their number is returned, as the kernel does.
-fn migrate_pages(pid: u32, from: &CpuSet, toward: &CpuSet) -> std::io::Result<u64> {
+/// only those the process alone maps ([`WithoutSysNice`]), or with `shared_too` those it
+/// shares as well (the thread's CAP_SYS_NICE kept: `MPOL_MF_MOVE_ALL`). Pages that could not
+/// be moved are not an error (the caller counts what moved): their number is returned, as the
+/// kernel does.
+fn migrate_pages(
+    pid: u32,
+    from: &CpuSet,
+    toward: &CpuSet,
+    shared_too: bool,
+) -> std::io::Result<u64> {
     let (mut old, n1) = node_mask(from);
     let (mut new, n2) = node_mask(toward);
     let words = old.len().max(new.len());
     old.resize(words, 0);
     new.resize(words, 0);
     let maxnode = n1.max(n2);
-    let _own_pages_only = WithoutSysNice::new();
+    let _own_pages_only = (!shared_too).then(WithoutSysNice::new);
     // SAFETY: both masks have `words` 64-bit words, maxnode - 1 = words × 64 bits.
     let r = unsafe {
         libc::syscall(

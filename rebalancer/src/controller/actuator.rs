@@ -148,6 +148,21 @@ pub trait CgroupWriter {
     ) -> Result<u64, CgroupWriteError> {
         self.move_pages(io, cgroup, toward, max_bytes)
     }
+    /// Moves every page of the cgroup's processes that is on a node outside `toward` to
+    /// `toward`, those they share with other processes too (`MPOL_MF_MOVE_ALL`): exactly what
+    /// a narrowing `cpuset.mems` write to `toward` would migrate, moved in the calling thread
+    /// (migrate_pages(2)) rather than in the kernel's cpuset workqueue, whose whole queue every
+    /// cpuset write on the machine waits for. The daemon's writers call it right before a
+    /// narrowing write, which then finds nothing to migrate. Returns the bytes moved. Default:
+    /// [`CgroupWriter::migrate_pages`] with no bound (the fakes that keep no shared pages).
+    fn migrate_all(
+        &mut self,
+        io: &Io,
+        cgroup: &str,
+        toward: &CpuSet,
+    ) -> Result<u64, CgroupWriteError> {
+        self.migrate_pages(io, cgroup, toward, u64::MAX)
+    }
     /// Bytes of the cgroup's memory still on nodes outside `toward` (its memory.numa_stat):
     /// after its writer moved the pages its processes alone map, what is left is pages other
     /// processes map (a binary's text, shared libraries), which a narrowing mems write would

@@ -34,6 +34,9 @@ struct FakeCgroup {
     memory_migrate: bool,
     /// Bytes of the workload's memory per node.
     memory: BTreeMap<u32, u64>,
+    /// Bytes per node of pages its processes share with others (a binary's text): moved by a
+    /// mems write and by `migrate_all`, never by `move_pages` / `migrate_pages`.
+    shared: BTreeMap<u32, u64>,
 }
 
 /// In-memory cgroups (v2 by default; `v1()` requires memory_migrate for migration).
@@ -54,6 +57,9 @@ pub struct FakeCgroups {
     history: Vec<(String, CpuSet, CpuSet)>,
     /// Bytes migrated so far (mems writes and move_pages).
     migrated: u64,
+    /// Of those, bytes migrated by mems writes (the kernel's cpuset workqueue, which every
+    /// cpuset write waits for).
+    migrated_by_mems: u64,
 }
 
 impl FakeCgroups {
@@ -92,7 +98,7 @@ impl FakeCgroups {
                 cpus: parse(cpus),
                 mems: parse(mems),
                 memory_migrate: false,
-                memory: BTreeMap::new(),
+                ..Default::default()
             },
         );
     }
@@ -148,6 +154,23 @@ impl FakeCgroups {
         if let Some(c) = self.cgroups.get_mut(cgroup) {
             c.memory = per_node.iter().copied().collect();
         }
+    }
+
+    /// Gives the cgroup `bytes` per node of pages its processes share with other processes
+    /// (see [`CgroupWriter::migrate_all`]).
+    pub fn set_shared_memory(&mut self, cgroup: &str, per_node: &[(u32, u64)]) {
+        if let Some(c) = self.cgroups.get_mut(cgroup) {
+            c.shared = per_node.iter().copied().collect();
+        }
+    }
+
+    pub fn shared_memory(&self, cgroup: &str) -> Option<&BTreeMap<u32, u64>> {
+        self.cgroups.get(cgroup).map(|c| &c.shared)
+    }
+
+    /// Bytes migrated so far by mems writes alone.
+    pub fn migrated_by_mems(&self) -> u64 {
+        self.migrated_by_mems
     }
 
     pub fn memory(&self, cgroup: &str) -> Option<&BTreeMap<u32, u64>> {
@@ -296,12 +319,35 @@ impl CgroupWriter for FakeCgroups {
             if migrates {
                 if let Some(to) = v.first() {
                     moved = shift(&mut c.memory, &v, to, u64::MAX);
+                    moved += shift(&mut c.shared, &v, to, u64::MAX);
                 }
             }
             c.mems = v
         })?;
         self.migrated += moved;
+        self.migrated_by_mems += moved;
         Ok(())
+    }
+
+    fn migrate_all(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cgroup: &str,
+        toward: &CpuSet,
+    ) -> Result<u64, CgroupWriteError> {
+        let c = self
+            .cgroups
+            .get_mut(cgroup)
+            .ok_or_else(|| CgroupWriteError::Vanished {
+                cgroup: cgroup.to_string(),
+            })?;
+        let Some(to) = toward.first().filter(|n| c.mems.contains(*n)) else {
+            return Ok(0); // like migrate_pages: a node outside the cpuset is refused
+        };
+        let moved =
+            shift(&mut c.memory, toward, to, u64::MAX) + shift(&mut c.shared, toward, to, u64::MAX);
+        self.migrated += moved;
+        Ok(moved)
     }
 
     fn move_pages(

@@ -38,7 +38,7 @@
 //! migrate_pages(2) (`CgroupWriter::migrate_pages`: the kernel's walk of each process's mm, in
 //! the writer's thread, a process at a time, `PREMIGRATE_STEP` asked per call; only the pages
 //! the process alone maps, `pages::WithoutSysNice`: pages shared with other cgroups'
-//! processes, a binary's text, are left to the narrowing write) and the narrowing write finds
+//! processes, a binary's text, are left for last) and the narrowing write finds
 //! little left. When a whole walk left only that little (`CgroupWriter::left_behind`, at most
 //! a sixteenth of the move), the cgroup's mems already held the target and the allocator has
 //! not bound the container, there is no narrowing write: its memory is where it runs, its new
@@ -48,8 +48,12 @@
 //! (`CgroupState::wide_of`) for the planner. The writers run at `controller.apply_nice` (-10: the
 //! migration ahead of the workloads' threads, as AutoNUMA's runs in the faulting task, which
 //! waits for it); below 0 a move alone is premigrated too (the kernel's worker of a narrowing
-//! write runs at the normal priority). At 0 or above, a move that runs alone goes straight to
-//! its narrowing write: the kernel's migration (one pass over the mm, in its worker).
+//! write runs at the normal priority). At 0 or above, a move that runs alone makes no page
+//! steps: one pass over each process's mm moves it (below).
+//! Every narrowing write is preceded by its writer moving what that write would migrate,
+//! shared pages too (`CgroupWriter::migrate_all`: migrate_pages(2) MOVE_ALL), the writers
+//! taking turns over that and the write (`Pool::narrowing`): the write queues nothing on the
+//! kernel's workqueue, which every cpuset write on the machine (an admission's) waits for.
 //! Between its page steps the writer reads the cgroup's cpus: when someone else re-pinned it
 //! meanwhile, the move is abandoned (`controller::abandon`: mems back, their cpus kept), never
 //! finished toward a target they no longer want, and a failed move's undo never overwrites
@@ -132,7 +136,7 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        out.add(mv, apply_one(io, d, w, mv, now_ms, dry_run, false, false));
+        out.add(mv, apply_one(io, d, w, mv, now_ms, dry_run, How::default()));
     }
     out
 }
@@ -232,6 +236,14 @@ impl CgroupWriter for Noting<'_> {
     ) -> Result<u64, controller::CgroupWriteError> {
         self.w.migrate_pages(io, cg, toward, max_bytes)
     }
+    fn migrate_all(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        toward: &crate::cpuset::CpuSet,
+    ) -> Result<u64, controller::CgroupWriteError> {
+        self.w.migrate_all(io, cg, toward)
+    }
     fn settle(&mut self, io: &Io, cg: &str) -> Result<(), controller::CgroupWriteError> {
         self.w.settle(io, cg)
     }
@@ -245,10 +257,22 @@ impl CgroupWriter for Noting<'_> {
 /// step (`pages::Walk`), so a smaller step costs no more queries.
 const PREMIGRATE_STEP: u64 = 16 << 20;
 
+/// How [`apply_one`] applies a move: on a writer thread of [`Applier`], or in the caller's
+/// thread ([`apply_moves`], the default).
+#[derive(Clone, Copy, Default)]
+struct How<'a> {
+    /// The writer moves the cgroup's own pages ahead of its mems write, a step at a time.
+    premigrate: bool,
+    /// The cooldown starts when the move ends, not at the round's time (a writer thread,
+    /// whose move may end long after its round).
+    clock: bool,
+    /// The writers' turns over a narrowing write (`Pool::narrowing`); None: one thread.
+    narrowing: Option<&'a Mutex<()>>,
+}
+
 /// One move: the books check and booking under the state lock, the writes up to cpuset.cpus
 /// with none, the settle under it; then (with `premigrate`) the cgroup's pages moved toward the target by
 /// this thread, the mems write that migrates the rest, and the record of the move.
-#[allow(clippy::too_many_arguments)]
 fn apply_one(
     io: &mut Io,
     d: &Daemon,
@@ -256,9 +280,13 @@ fn apply_one(
     mv: &Move,
     now_ms: u64,
     dry_run: bool,
-    premigrate: bool,
-    clock: bool,
+    how: How<'_>,
 ) -> MoveResult {
+    let How {
+        premigrate,
+        clock,
+        narrowing,
+    } = how;
     // With `clock` (a writer thread, whose move may end long after its round), the cooldown
     // starts when the move ends, not at the round's time.
     let at = |now_ms: u64| {
@@ -298,7 +326,7 @@ fn apply_one(
     }
     // How long the move's page moves and its narrowing write took (logged with the move: a
     // migration that runs long after its pages are local shows here).
-    let (mut premigrate_ms, mut finish_ms) = (0u128, 0u128);
+    let (mut premigrate_ms, mut ahead_ms, mut finish_ms) = (0u128, 0u128, 0u128);
     // The move as finished when its mems were left wide (see below), and what was left.
     let mut kept_wide: Option<(Move, u64, u64)> = None;
     let result = begun.and_then(|b| match b {
@@ -404,6 +432,43 @@ fn apply_one(
                 Some(wide) => (wide, rest.leaving_mems_wide()),
                 None => (mv, rest),
             };
+            // A write that narrows mems (drops a node they hold now) migrates what is on that
+            // node in the kernel's cpuset workqueue, and every cpuset write on the machine (an
+            // admission's too) waits for the whole queue: 13.7 s once in the guest, behind
+            // the pages other processes map. So the writer first moves, in its own thread,
+            // every page the write would migrate (`CgroupWriter::migrate_all`: shared ones too,
+            // MOVE_ALL, as the kernel would) and the write finds nothing left to queue. The
+            // writers take `narrowing` in turn over that and the write: two at once would
+            // send the pages both their processes map back and forth, each leaving the other's
+            // write some to migrate. A failure here is not one of the move (the write migrates
+            // what is left).
+            let narrows = !dry_run
+                && fin.stage.is_none()
+                && !rest.mems_now().difference(&fin.to_mems).is_empty();
+            let _turn = narrows
+                .then(|| narrowing.map(|m| m.lock().unwrap_or_else(|e| e.into_inner())))
+                .flatten();
+            if narrows {
+                // No stop check here: after a whole walk little is left, and a move alone
+                // at a nice value ≥ 0 goes on as its narrowing write went on before (waited
+                // for, see the module doc).
+                let ahead = Instant::now();
+                match w.migrate_all(io, &mv.cgroup, &fin.to_mems) {
+                    Ok(n) => {
+                        tracing::debug!(cgroup = %mv.cgroup, moved = n, ms = ahead.elapsed().as_millis() as u64, "pages moved ahead of the narrowing mems write, shared ones too")
+                    }
+                    Err(e) => {
+                        tracing::debug!(cgroup = %mv.cgroup, error = %e, "moving the pages ahead of the narrowing mems write failed; the write migrates them")
+                    }
+                }
+                ahead_ms = ahead.elapsed().as_millis();
+                if let Ok(now) = w.read_cpus(&mv.cgroup) {
+                    if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
+                        books_follow(io, d, w, mv, &now);
+                        return Err(controller::abandon(io, mv, w, rest, now));
+                    }
+                }
+            }
             let hub = d.rounds.clone();
             let cg = mv.cgroup.clone();
             let rest = rest
@@ -412,6 +477,7 @@ fn apply_one(
             let finishing = Instant::now();
             let r = controller::finish(io, fin, w, rest);
             finish_ms = finishing.elapsed().as_millis();
+            drop(_turn);
             if let (Ok(_), Some(wide), Some(l)) = (&r, wide, left) {
                 // Only a move that finished is told as left wide (a rolled-back one put its
                 // mems back); what it migrated is what its page moves reported.
@@ -446,7 +512,7 @@ fn apply_one(
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, bytes = mv.bytes_to_migrate,
                 moved = done.moved_bytes, staged_toward = ?staged,
                 before = mv.locality_before, after = mv.locality_after, dry_run, steps = done.steps.len(),
-                premigrate_ms, finish_ms, "move applied");
+                premigrate_ms, ahead_ms, finish_ms, "move applied");
             if let Some(e) = &done.pages_error {
                 tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
             }
@@ -629,6 +695,10 @@ pub struct Applier {
 struct Pool {
     q: Mutex<Queue>,
     cv: Condvar,
+    /// Held by one writer at a time over its move's last page moves and narrowing mems write
+    /// (see [`apply_one`]); no other lock is taken under it but the state lock's short
+    /// sections, and no decision or admission takes it.
+    narrowing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -758,6 +828,7 @@ impl Applier {
             pool: Arc::new(Pool {
                 q: Mutex::new(Queue::default()),
                 cv: Condvar::new(),
+                narrowing: Mutex::new(()),
             }),
             workers: Vec::new(),
             health: Some(health),
@@ -1020,8 +1091,11 @@ fn work(io: &mut Io, d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         &job.mv,
                         job.now_ms,
                         job.dry_run,
-                        premigrate,
-                        true,
+                        How {
+                            premigrate,
+                            clock: true,
+                            narrowing: Some(&pool.narrowing),
+                        },
                     )
                 })) {
                     Ok(o) => o,

@@ -14,7 +14,7 @@ use std::{
 use proptest::prelude::*;
 
 use super::{
-    apply::{Applier, WriterFactory},
+    apply::{apply_moves, Applier, WriterFactory},
     Daemon, Shared,
 };
 use crate::{
@@ -110,6 +110,8 @@ pub(crate) struct SharedFake {
     trickle: Option<u64>,
     /// What `left_behind` reports after the page moves (pages other processes map).
     left: Option<u64>,
+    /// Calls of migrate_all so far (the pages a narrowing write would migrate, moved ahead).
+    alls: Arc<Mutex<u32>>,
 }
 
 /// The calling thread's nice value.
@@ -173,6 +175,11 @@ impl CgroupWriter for SharedFake {
         let max = self.trickle.map_or(max, |t| t.min(max));
         self.fake.lock().unwrap().move_pages(io, cg, to, max)
     }
+    fn migrate_all(&mut self, io: &Io, cg: &str, to: &CpuSet) -> Result<u64, CgroupWriteError> {
+        *self.alls.lock().unwrap() += 1;
+        self.nices.lock().unwrap().push(thread_nice());
+        self.fake.lock().unwrap().migrate_all(io, cg, to)
+    }
     fn left_behind(&self, _cg: &str, _toward: &CpuSet) -> Option<u64> {
         self.left
     }
@@ -191,6 +198,7 @@ impl SharedFake {
             nices: Arc::default(),
             trickle: None,
             left: None,
+            alls: Arc::default(),
         }
     }
 
@@ -1134,8 +1142,9 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
 }
 
 /// The writer threads migrate at `controller.apply_nice`; ahead of the workloads (a negative
-/// value) a writer moves even a lone move's pages itself (the kernel's worker for a narrowing
-/// mems write runs at the normal priority); at 0 or above a lone move goes by its mems write.
+/// value) a writer moves even a lone move's pages itself a step at a time (the kernel's worker
+/// for a narrowing mems write runs at the normal priority); at 0 or above a lone move makes no
+/// such steps: its one pass ahead of the narrowing write moves it all, at the writer's value.
 /// Without the privilege for a negative value the move is applied all the same, at the
 /// daemon's priority.
 #[test]
@@ -1158,13 +1167,19 @@ fn writers_migrate_at_their_nice_value() {
         check_history(&cgs, &f, &[]);
         let calls = *w.calls.lock().unwrap();
         let nices = w.nices.lock().unwrap().clone();
+        assert_eq!(
+            *w.alls.lock().unwrap(),
+            1,
+            "one pass ahead of the narrowing write"
+        );
+        assert_eq!(f.migrated_by_mems(), 0);
         (calls.1, nices)
     };
     // Any thread may lower its own priority.
     let (migrate_calls, nices) = lone(io, 7);
     assert_eq!(
         migrate_calls, 0,
-        "alone at nice 7: the narrowing mems write migrates"
+        "alone at nice 7: no page steps, the one pass moves it all"
     );
     assert!(
         !nices.is_empty() && nices.iter().all(|&n| n == 7),
@@ -1323,4 +1338,185 @@ fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
     assert_eq!(st.failed_moves_total, 1);
     assert_eq!(st.cgroups["w"].wide_of, None);
     assert_eq!(d.metrics.moves_mems_left_wide.get(), 0);
+}
+
+/// In the guest an admission's cpuset write waited 13.7 s: a move's narrowing mems write
+/// migrated, in the kernel's cpuset workqueue whose whole queue every cpuset write waits for,
+/// the pages other processes map (its writer had moved only the pages its processes alone
+/// map). The writer now moves every page that write would migrate, the shared ones too, ahead
+/// of it in its own thread: the write migrates nothing. So for a premigrated move, one that
+/// goes alone at a nice value ≥ 0 (whose write used to migrate all of it), and the
+/// one-after-the-other loop.
+#[test]
+fn a_narrowing_mems_write_finds_nothing_to_migrate() {
+    let io = &mut Io::new();
+    for (case, nice, alone, sequential) in [
+        ("premigrated", -3, true, false),
+        ("alone at nice 7", 7, false, false),
+        ("one after the other", 0, false, true),
+    ] {
+        let cgs = [("a", "0-3", "0-1")];
+        let mut fake = fake_of(&cgs);
+        fake.set_memory("a", &[(0, 100 * MIB), (1, 100 * MIB)]);
+        fake.set_shared_memory("a", &[(1, 2 * MIB)]);
+        let w = SharedFake::new(fake);
+        let (_dir, d) = daemon(4, 1024);
+        d.lock(io).cfg.controller.apply_nice = nice;
+        let moves = [mv("a", ("0-3", "0-3"), ("0-1", "0"), 102 * MIB)];
+        let done = if sequential {
+            let mut w = w.clone();
+            apply_moves(io, &d, &mut w, &moves, 1000, false)
+        } else {
+            let mut a = Applier::new(d.clone(), w.factory());
+            if alone {
+                a = a.premigrate_alone();
+            }
+            assert_eq!(a.submit(io, &moves, 1000, false).queued, 1);
+            a.finish()
+        };
+        assert_eq!(done.applied, 1, "{case}: {done:?}");
+        let f = w.fake.lock().unwrap();
+        assert_eq!(f.mems("a"), Some(&set("0")), "{case}: mems narrowed");
+        assert_eq!(
+            f.migrated_by_mems(),
+            0,
+            "{case}: the narrowing write migrated nothing"
+        );
+        let on = |m: Option<&BTreeMap<u32, u64>>| m.unwrap().keys().copied().collect::<Vec<_>>();
+        assert_eq!(on(f.memory("a")), vec![0], "{case}");
+        assert_eq!(
+            on(f.shared_memory("a")),
+            vec![0],
+            "{case}: shared pages moved too"
+        );
+        assert_eq!(f.migrated(), 102 * MIB, "{case}");
+        assert_eq!(*w.alls.lock().unwrap(), 1, "{case}");
+        check_history(&cgs, &f, &[]);
+    }
+}
+
+/// A move whose mems only widen, and one whose pages are left where they are (its mems left
+/// wide), make no narrowing write: nothing is moved ahead of one (shared pages stay where the
+/// other processes use them).
+#[test]
+fn no_pages_move_ahead_of_a_write_that_does_not_narrow() {
+    let io = &mut Io::new();
+    let cgs = [("a", "0-3", "0")];
+    let mut fake = fake_of(&cgs);
+    fake.set_shared_memory("a", &[(0, 2 * MIB)]);
+    let w = SharedFake::new(fake);
+    let (_dir, d) = daemon(4, 1024);
+    let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
+    let moves = [mv("a", ("0-3", "4-7"), ("0", "0-1"), 0)];
+    assert_eq!(a.submit(io, &moves, 1000, false).queued, 1);
+    assert_eq!(a.finish().applied, 1);
+    let f = w.fake.lock().unwrap();
+    assert_eq!(f.mems("a"), Some(&set("0-1")));
+    assert_eq!(*w.alls.lock().unwrap(), 0);
+    assert_eq!(f.shared_memory("a").unwrap().get(&0), Some(&(2 * MIB)));
+}
+
+/// Writers take turns over the pages moved ahead of a narrowing write and the write itself:
+/// two at once would send the pages both their processes map back and forth, each leaving the
+/// other's write some to migrate. Each migrate_all here holds on for a while; no other
+/// writer's migrate_all starts before the narrowing write of the one under way.
+#[test]
+fn narrowing_writes_and_the_pages_moved_ahead_of_them_take_turns() {
+    let io = &mut Io::new();
+    #[derive(Clone)]
+    struct Turns {
+        w: SharedFake,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+    impl CgroupWriter for Turns {
+        fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_cpus(cg)
+        }
+        fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
+            self.w.read_mems(cg)
+        }
+        fn write_cpus(&mut self, io: &Io, cg: &str, c: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(io, cg, c)
+        }
+        fn write_mems(&mut self, io: &Io, cg: &str, m: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.log.lock().unwrap().push(format!("mems {cg} {m}"));
+            self.w.write_mems(io, cg, m)
+        }
+        fn needs_memory_migrate(&self) -> bool {
+            false
+        }
+        fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
+            self.w.read_memory_migrate(cg)
+        }
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(io, cg, on)
+        }
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            m: u64,
+        ) -> Result<u64, CgroupWriteError> {
+            self.w.move_pages(io, cg, to, m)
+        }
+        fn migrate_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            m: u64,
+        ) -> Result<u64, CgroupWriteError> {
+            self.w.migrate_pages(io, cg, to, m)
+        }
+        fn migrate_all(&mut self, io: &Io, cg: &str, to: &CpuSet) -> Result<u64, CgroupWriteError> {
+            self.log.lock().unwrap().push(format!("all {cg}"));
+            std::thread::sleep(Duration::from_millis(30));
+            self.w.migrate_all(io, cg, to)
+        }
+    }
+    let cgs = [
+        ("a", "0-3", "0-1"),
+        ("b", "4-7", "0-1"),
+        ("c", "8-11", "0-1"),
+        ("d", "12-15", "0-1"),
+    ];
+    let mut fake = fake_of(&cgs);
+    for (c, _, _) in &cgs {
+        fake.set_memory(c, &[(0, 10 * MIB), (1, 10 * MIB)]);
+        fake.set_shared_memory(c, &[(0, MIB), (1, MIB)]);
+    }
+    let t = Turns {
+        w: SharedFake::new(fake),
+        log: Arc::default(),
+    };
+    let factory: WriterFactory = {
+        let t = t.clone();
+        Arc::new(move || Box::new(t.clone()))
+    };
+    let moves = [
+        mv("a", ("0-3", "0-3"), ("0-1", "0"), 11 * MIB),
+        mv("b", ("4-7", "4-7"), ("0-1", "1"), 11 * MIB),
+        mv("c", ("8-11", "8-11"), ("0-1", "0"), 11 * MIB),
+        mv("d", ("12-15", "12-15"), ("0-1", "1"), 11 * MIB),
+    ];
+    let (_dir, d) = daemon(4, 1024);
+    let mut a = Applier::new(d.clone(), factory);
+    assert_eq!(a.submit(io, &moves, 1000, false).queued, 4);
+    assert_eq!(a.finish().applied, 4);
+    let log = t.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 8, "{log:?}");
+    for pair in log.chunks(2) {
+        let cg = pair[0].strip_prefix("all ").expect("migrate_all first");
+        assert!(
+            pair[1].starts_with(&format!("mems {cg} ")),
+            "another writer's turn came between {cg}'s pages and its write: {log:?}"
+        );
+    }
+    assert_eq!(t.w.fake.lock().unwrap().migrated_by_mems(), 0);
 }

@@ -135,6 +135,19 @@ impl CgroupWriter for OwnedWriter {
         (self.walk.step_whole(cg, toward, max_bytes, procs, procs))
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
     }
+    /// migrate_pages(2) of every process, shared pages too
+    /// ([`crate::pages::Walk::step_all`]).
+    fn migrate_all(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cg: &str,
+        toward: &CpuSet,
+    ) -> Result<u64, CgroupWriteError> {
+        let cgroups = &self.cgroups;
+        let procs = || procs_of(cgroups, cg);
+        (self.walk.step_all(cg, toward, procs, procs))
+            .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::Pages, "", e))
+    }
     fn left_behind(&self, cg: &str, toward: &CpuSet) -> Option<u64> {
         let numa = self.cgroups.numa_stat(cg).ok()?;
         Some(

@@ -78,8 +78,8 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "fresh-start",
-        about: "no checkpoint, 4 running containers with memory off their node (48 MiB each; 1 GiB with --node-mem-mib 3072): adopted where they run, nothing migrated at start, migration within the budget, the first admission on time",
-        timeout_s: 300,
+        about: "no checkpoint, 4 running containers with memory off their node (48 MiB each; 1 GiB with --node-mem-mib 4096): adopted where they run, nothing migrated at start, memory moved in stages within the budget, every admission within NRI's 2 s timeout",
+        timeout_s: 420,
         default: true,
         topologies: &["2node"],
         host_judge: None,
