@@ -12,7 +12,7 @@
 //! Admission::unbind(cgroup, durability)                -> Option<Binding>
 //! Admission::resize(cgroup, container, durability)     -> Result<Option<ContainerPlacement>, AdmitError>
 //! Admission::replace_offline()                         -> usize
-//! Admission::checkpoint() / request_checkpoint() / record_invalid()
+//! Admission::request_checkpoint() / record_invalid()
 //! ```
 //!
 //! - `admit` allocates `pod` (all-or-nothing, `Allocator::admit`). With `bind = Some(cgroup)`
@@ -80,7 +80,7 @@ pub enum Durability {
     /// Checkpointed before the call returns; undone if that fails.
     Durable,
     /// The caller checkpoints later ([`Admission::request_checkpoint`] or
-    /// [`Admission::checkpoint`]).
+    /// [`Daemon::checkpoint`]).
     Deferred,
 }
 
@@ -799,13 +799,8 @@ impl Admission {
         writes.len()
     }
 
-    /// Writes the checkpoint now (the state copied under the state lock, encoded and written
-    /// outside it).
-    pub fn checkpoint(&self, io: &mut Io) -> Result<(), CheckpointError> {
-        self.daemon.checkpoint(io)
-    }
-
-    fn checkpoint_logged(&self, io: &mut Io) {
+    /// Writes the checkpoint now; a failure is logged.
+    pub(crate) fn checkpoint_logged(&self, io: &mut Io) {
         if let Err(e) = self.daemon.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint after admission changes failed");
         }
@@ -1717,16 +1712,7 @@ pub type BooksRefusal = &'static str;
 /// taken them since the round planned — and a bound container holding Memory Manager memory
 /// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
 /// pin) is checked for memory only.
-pub fn move_allowed(
-    io: &mut Io,
-    d: &Daemon,
-    mv: &crate::controller::Move,
-) -> Result<(), BooksRefusal> {
-    move_allowed_in(&d.lock(io), mv)
-}
-
-/// [`move_allowed`] on the state its caller holds locked.
-pub fn move_allowed_in(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
+pub fn move_allowed(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
     let a = &s.state.allocator;
     let own = bound_container(s, &mv.cgroup);
     if mv.to_cpus != mv.from_cpus {
@@ -1852,7 +1838,7 @@ pub fn book_move(
     dry_run: bool,
 ) -> Result<Option<Booked>, BooksRefusal> {
     let mut s = d.lock(io);
-    move_allowed_in(&s, mv)?;
+    move_allowed(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
     }
@@ -2088,7 +2074,7 @@ pub(crate) mod tests {
                 },
             );
         }
-        adm.checkpoint(io).unwrap();
+        adm.daemon.checkpoint(io).unwrap();
         let raw: serde_json::Value = crate::checkpoint::load(&state).unwrap().unwrap();
         let pods = &raw["allocator"]["pods"];
         assert!(

@@ -165,79 +165,21 @@ impl AppliedMoves {
     }
 }
 
-/// A writer that notes every cpuset.cpus it writes as the daemon's own (`rounds::trigger::Hub`), so
-/// the round trigger never takes a move (or its rollback) for an operator's change.
-struct Noting<'a> {
-    w: &'a mut dyn CgroupWriter,
-    d: &'a Daemon,
-}
-
-impl CgroupWriter for Noting<'_> {
-    fn read_cpus(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
-        self.w.read_cpus(cg)
+/// A cpuset.cpus write of the daemon's own, noted first (`rounds::trigger::Hub`) so the round
+/// trigger does not take it for an operator's change, and the note taken back when it failed.
+fn write_own_cpus(
+    io: &Io,
+    d: &Daemon,
+    w: &mut dyn CgroupWriter,
+    cg: &str,
+    cpus: &crate::cpuset::CpuSet,
+) -> Result<(), controller::CgroupWriteError> {
+    d.rounds.note_own_cpus(cg, cpus);
+    let r = w.write_cpus(io, cg, cpus);
+    if r.is_err() {
+        d.rounds.unnote_own_cpus(cg, cpus);
     }
-    fn read_mems(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
-        self.w.read_mems(cg)
-    }
-    fn write_cpus(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        cpus: &crate::cpuset::CpuSet,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.d.rounds.note_own_cpus(cg, cpus);
-        let r = self.w.write_cpus(io, cg, cpus);
-        if r.is_err() {
-            self.d.rounds.unnote_own_cpus(cg, cpus);
-        }
-        r
-    }
-    fn write_mems(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        mems: &crate::cpuset::CpuSet,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.w.write_mems(io, cg, mems)
-    }
-    fn needs_memory_migrate(&self) -> bool {
-        self.w.needs_memory_migrate()
-    }
-    fn read_memory_migrate(&self, cg: &str) -> Result<bool, controller::CgroupWriteError> {
-        self.w.read_memory_migrate(cg)
-    }
-    fn set_memory_migrate(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        on: bool,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.w.set_memory_migrate(io, cg, on)
-    }
-    fn move_pages(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        toward: &crate::cpuset::CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.move_pages(io, cg, toward, max_bytes)
-    }
-    fn migrate_pages(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        toward: &crate::cpuset::CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.migrate_pages(io, cg, toward, max_bytes)
-    }
-    fn settle(&mut self, io: &Io, cg: &str) -> Result<(), controller::CgroupWriteError> {
-        self.w.settle(io, cg)
-    }
-    fn left_behind(&self, cg: &str, toward: &crate::cpuset::CpuSet) -> Option<u64> {
-        self.w.left_behind(cg, toward)
-    }
+    r
 }
 
 /// A writer's page moves ahead of the mems write, per call (see [`apply_one`]): the writer
@@ -268,7 +210,6 @@ fn apply_one(
             now_ms
         }
     };
-    let w = &mut Noting { w, d };
     // The books first (`admission::book_move`: checked, the target cpus booked, the CPUs the
     // move leaves and takes held from admissions), then the writes up to the cpus with no
     // lock held, then the books settled: kept when the cpus were written, given back when
@@ -281,7 +222,13 @@ fn apply_one(
             return MoveResult::Refused(reason);
         }
     };
+    // The move's only cpus write is its first half's last step (the second half and a
+    // rollback keep them): noted as the daemon's own, as `write_own_cpus` does.
+    d.rounds.note_own_cpus(&mv.cgroup, &mv.to_cpus);
     let begun = controller::begin(io, mv, w, dry_run);
+    if !matches!(&begun, Ok(controller::Begun::CpusMoved(_))) {
+        d.rounds.unnote_own_cpus(&mv.cgroup, &mv.to_cpus);
+    }
     if let Some(b) = booked {
         let written = matches!(&begun, Ok(controller::Begun::CpusMoved(_)));
         if b.settle(io, written) {
@@ -529,7 +476,7 @@ fn undo_cpus(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
             return;
         }
     };
-    let written = w.write_cpus(io, &mv.cgroup, &mv.from_cpus);
+    let written = write_own_cpus(io, d, w, &mv.cgroup, &mv.from_cpus);
     if let Err(e) = &written {
         tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
     }
@@ -569,7 +516,7 @@ fn shared_follow(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter) {
         }
         failed = 0;
         for c in changes {
-            if let Err(e) = w.write_cpus(io, &c.cgroup, &c.cpus) {
+            if let Err(e) = write_own_cpus(io, d, w, &c.cgroup, &c.cpus) {
                 tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
                 failed += 1;
             }
@@ -593,7 +540,7 @@ fn books_follow(
     let follow = cpus_from_new(mv, found);
     let followed = {
         let mut s = d.lock(io);
-        match super::admission::move_allowed_in(&s, &follow) {
+        match super::admission::move_allowed(&s, &follow) {
             Ok(()) => {
                 tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
                 super::admission::record_cpus(&mut s, &follow)

@@ -1393,7 +1393,7 @@ proptest! {
                 }
                 Event::Restart(checkpointed) => {
                     if *checkpointed {
-                        adm.checkpoint(io).unwrap();
+                        adm.daemon.checkpoint(io).unwrap();
                     }
                     let (cfg, topo_now) = { let s = d.lock(io); (s.cfg.clone(), s.topo.clone()) };
                     let restored = super::run::restore(&cfg, &topo_now).unwrap();

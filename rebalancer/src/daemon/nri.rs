@@ -1214,9 +1214,7 @@ impl Handler for Policy {
         if !repaired.is_empty() {
             updates.extend(self.drain(None, true).1);
         }
-        if let Err(e) = self.admission.checkpoint(io) {
-            tracing::warn!(error = %e, "checkpoint after synchronize failed");
-        }
+        self.admission.checkpoint_logged(io);
         tracing::info!(
             pods = listed.len(),
             containers = req.containers.len(),
