@@ -2031,7 +2031,7 @@ pub(crate) mod tests {
     /// container. An API pod cannot take a single-container pod's key form.
     #[test]
     fn allocation_keys_load_typed_from_the_checkpoints_plain_strings() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
         config_file(&file, &state, &CpuSet::new());
@@ -2101,7 +2101,7 @@ pub(crate) mod tests {
     /// measured running well beyond what was charged there.
     #[test]
     fn admission_sees_the_load_a_round_measured() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         use crate::controller::{NodeObs, Observations};
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
@@ -2234,7 +2234,7 @@ pub(crate) mod tests {
         /// the reservations in force are the allocator's.
         #[test]
         fn a_reload_of_reserved_cpus_never_leaves_a_reserved_cpu_in_a_placement(ops in proptest::collection::vec(op(), 1..24)) {
-            let io = &mut crate::daemon::Io::new();
+            let io = &mut Io::new();
             let dir = tempfile::tempdir().unwrap();
             let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
             config_file(&file, &state, &CpuSet::new());
@@ -2315,7 +2315,7 @@ pub(crate) mod tests {
     /// exclusive CPUs and its memory's nodes, in the books too, so no write migrates memory.
     #[test]
     fn only_an_adopted_container_keeps_its_cpus_and_memory_where_they_are() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let mut cfg = Config::default();
         cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
         // node 0 = CPUs 0-3,8-11, node 1 = 4-7,12-15
