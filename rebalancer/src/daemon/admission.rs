@@ -1108,43 +1108,13 @@ impl Admission {
         shrink
     }
 
-    /// The shared pool follows the books (see [`shared_changes`]), through the writer:
-    /// planned from the books and what the writer reads, written with no lock held, and
-    /// planned again until the plan holds nothing this call has not written (at most
-    /// [`FOLLOW_PASSES`]). Changes run concurrently, so a write planned before another
-    /// change's booking can land after that change's writes: the writer that made it is the
-    /// one that sees it and corrects it. The changes written (dry run: those planned).
+    /// The shared pool follows the books through the service's writer ([`follow_pool`]).
     fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
-        let mut out: Vec<CpusetChange> = Vec::new();
-        let mut tried: Vec<CpusetChange> = Vec::new();
-        let mut failed = 0;
-        for _ in 0..FOLLOW_PASSES {
-            let changes = shared_changes(io, &self.daemon, |cg| self.writer.cpus(cg));
-            if dry_run {
-                out = changes;
-                break;
-            }
-            let todo: Vec<CpusetChange> = (changes.into_iter())
-                .filter(|c| !tried.contains(c))
-                .collect();
-            if todo.is_empty() {
-                break;
-            }
-            failed = 0;
-            for change in todo {
-                tried.push(change.clone());
-                if let Err(e) = self.write_noted(io, &change) {
-                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
-                    failed += 1;
-                    continue;
-                }
-                tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
-                out.retain(|c| c.cgroup != change.cgroup);
-                out.push(change);
-            }
-        }
-        shrink_outcome(io, &self.daemon, failed);
-        out
+        let read = |a: &&Admission, cg: &str| a.writer.cpus(cg);
+        let d = &self.daemon;
+        follow_pool(io, d, &mut &*self, dry_run, read, |io, a, c| {
+            a.write_noted(io, c)
+        })
     }
 
     /// Every bound container that runs elsewhere than the books say (`seen`: what cgroupfs
@@ -1323,7 +1293,7 @@ impl Admission {
     }
 }
 
-/// Passes of [`Admission::follow_pool`] and [`Admission::repair`]: each plans again from the
+/// Passes of [`follow_pool`] and [`Admission::repair`]: each plans again from the
 /// books and writes only what it has not written yet, so the passes end well before this
 /// unless other changes keep landing; what is left is the next round's.
 const FOLLOW_PASSES: usize = 4;
@@ -1387,6 +1357,53 @@ fn undo_member(s: &mut Shared, uid: &str, container: &str, first: bool) {
         let sh = &mut *s;
         (sh.state.allocator).remove_member(&sh.topo, &sh.cfg.placement, uid, container);
     }
+}
+
+/// The shared pool follows the books (see [`shared_changes`]), through `w` (`read`, `write`):
+/// planned from the books and what `w` reads, written with no lock held, and planned again
+/// until the plan holds nothing this call has not written (at most [`FOLLOW_PASSES`]).
+/// Changes run concurrently, so a write planned before another change's booking can land
+/// after that change's writes: the writer that made it is the one that sees it and corrects
+/// it. A failed write is retried every round ([`shrink_outcome`]). The changes written (dry
+/// run: those planned).
+pub(crate) fn follow_pool<W: ?Sized, E: std::fmt::Display>(
+    io: &mut Io,
+    d: &Daemon,
+    w: &mut W,
+    dry_run: bool,
+    read: impl Fn(&W, &str) -> Option<CpuSet>,
+    mut write: impl FnMut(&mut Io, &mut W, &CpusetChange) -> Result<(), E>,
+) -> Vec<CpusetChange> {
+    let mut out: Vec<CpusetChange> = Vec::new();
+    let mut tried: Vec<CpusetChange> = Vec::new();
+    let mut failed = 0;
+    for _ in 0..FOLLOW_PASSES {
+        let changes = shared_changes(io, d, |cg| read(w, cg));
+        if dry_run {
+            out = changes;
+            break;
+        }
+        let todo: Vec<CpusetChange> = (changes.into_iter())
+            .filter(|c| !tried.contains(c))
+            .collect();
+        if todo.is_empty() {
+            break;
+        }
+        failed = 0;
+        for change in todo {
+            tried.push(change.clone());
+            if let Err(e) = write(io, w, &change) {
+                tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
+                failed += 1;
+                continue;
+            }
+            tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
+            out.retain(|c| c.cgroup != change.cgroup);
+            out.push(change);
+        }
+    }
+    shrink_outcome(io, d, failed);
+    out
 }
 
 /// Records how an attempt to set the shared containers to their pool ended: `failed` writes

@@ -499,30 +499,13 @@ fn cpus_from_new(mv: &Move, cpus: &crate::cpuset::CpuSet) -> Move {
     }
 }
 
-/// How many times the shared containers are set to their pool after one change: another
-/// change's shrink, written at the same time from books a moment older or newer, may land
-/// after ours; reading back and writing again converges on the books as they are.
-const FOLLOW_PASSES: usize = 3;
-
 /// The shared containers set to their pool after an exclusive container's cpus changed,
-/// with no lock held (see [`FOLLOW_PASSES`]); a failed write is retried every round
-/// (`admission::shrink_outcome`).
+/// through this thread's writer (`admission::follow_pool`).
 fn shared_follow(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter) {
-    let mut failed = 0;
-    for _ in 0..FOLLOW_PASSES {
-        let changes = super::admission::shared_changes(io, d, |cg| w.read_cpus(cg).ok());
-        if changes.is_empty() {
-            break;
-        }
-        failed = 0;
-        for c in changes {
-            if let Err(e) = write_own_cpus(io, d, w, &c.cgroup, &c.cpus) {
-                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
-                failed += 1;
-            }
-        }
-    }
-    super::admission::shrink_outcome(io, d, failed);
+    let read = |w: &_, cg: &str| CgroupWriter::read_cpus(w, cg).ok();
+    super::admission::follow_pool(io, d, w, false, read, |io, w, c| {
+        write_own_cpus(io, d, w, &c.cgroup, &c.cpus)
+    });
 }
 
 /// Someone else wrote the cgroup's cpus (`found`) while its move migrated. The
