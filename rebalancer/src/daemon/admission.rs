@@ -654,84 +654,36 @@ impl Admission {
         new: &crate::placement::pod::Container,
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
-        let held_key = format!("resize {cgroup}");
-        let (booking, placement, dry_run, grew) = {
-            let mut s = self.daemon.lock(io);
-            let Some(b) = s.state.bindings.get(cgroup).cloned() else {
-                return Err(AdmitError::Invalid(format!(
-                    "container cgroup {cgroup} is not bound"
-                )));
-            };
-            if s.moving.contains(cgroup) {
-                return Err(AdmitError::Moving(cgroup.into()));
-            }
-            let sh = &mut *s;
-            let before = sh.state.allocator.clone();
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = sh
-                .state
-                .allocator
-                .resize(&sh.topo, &sh.cfg.placement, &b.pod_uid, &b.container, new)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator = before.clone();
-                        Err(rejection)
+        // Booked as an admission is (`book`; no cgroup to bind: this one is bound already).
+        let (resized, dry_run) = self
+            .book(
+                io,
+                None,
+                None,
+                |sh| match sh.state.bindings.get(cgroup).cloned() {
+                    None => Ok(Err(AdmitError::Invalid(format!(
+                        "container cgroup {cgroup} is not bound"
+                    )))),
+                    Some(_) if sh.moving.contains(cgroup) => {
+                        Ok(Err(AdmitError::Moving(cgroup.into())))
                     }
-                });
-            let placement = match r {
-                Ok(p) => p,
-                Err(rejection) => {
-                    drop(s);
-                    count(
-                        &self.daemon.metrics.admission_rejections,
-                        rejection.reason.to_string(),
-                    );
-                    return Err(AdmitError::Rejected {
-                        rejection,
-                        fenced: None,
-                    });
+                    Some(b) => book_resize(&self.daemon, sh, cgroup, &b, new).map(Ok),
+                },
+                |sh, r| {
+                    if let Ok(Some((_, mut booked, _))) = r {
+                        booked.settle_in(sh, false)
+                    }
+                },
+                |_| None,
+            )
+            .inspect_err(|e| {
+                if let AdmitError::Rejected { rejection, .. } = e {
+                    let m = &self.daemon.metrics.admission_rejections;
+                    count(m, rejection.reason.to_string());
                 }
-            };
-            let before_pod = before.pods.get(&b.pod_uid);
-            let before_c = before_pod
-                .and_then(|p| (p.containers.iter()).find(|c| c.placement.container == b.container));
-            let old = before_c.map(|c| &c.placement);
-            if old == Some(&placement) {
-                return Ok(None);
-            }
-            let excl_before = before.exclusive_cpus();
-            let grew = !sh.state.allocator.exclusive_cpus().is_subset(&excl_before);
-            // The exclusive CPUs it leaves stay exclusive while its cpuset is written: no
-            // admission hands them out and no shared container is set onto them meanwhile.
-            let exclusive_of = |p: &ContainerPlacement| {
-                if p.exclusive {
-                    p.cpus.clone()
-                } else {
-                    CpuSet::new()
-                }
-            };
-            let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
-            if !held.is_empty() {
-                sh.state.allocator.in_flight.insert(held_key.clone(), held);
-            }
-            // and the memory a shrink freed: an undo books it again in full
-            if let Some(before_pod) = before_pod {
-                (sh.state.allocator).hold_freed_memory(&held_key, &b.pod_uid, before_pod);
-            }
-            let before_c = before_pod
-                .zip(before_c)
-                .map(|(p, c)| (c.clone(), (p.cpu_request_millis, p.memory_request.clone())));
-            sh.moving.insert(cgroup.into());
-            let booking = ResizeBooked {
-                d: self.daemon.clone(),
-                settled: false,
-                cgroup: cgroup.into(),
-                key: held_key,
-                uid: b.pod_uid.to_string(),
-                before: before_c,
-            };
-            (booking, placement, sh.cfg.daemon.dry_run, grew)
+            })?;
+        let Some((grew, booking, placement)) = resized? else {
+            return Ok(None);
         };
         if grew {
             self.follow_pool(io, dry_run);
@@ -1291,6 +1243,58 @@ impl Admission {
             }
         }
     }
+}
+
+/// A resize of `b`'s container booked, under the state lock (`Allocator::resize`): the
+/// exclusive CPUs it leaves or takes stay exclusive while its cpuset is written (no admission
+/// hands them out, no shared container is set onto them), the memory a shrink frees is held
+/// (an undo books it again in full), and the cgroup counts as moving. `Ok(None)`: the
+/// placement stays as it is. Else whether the exclusive CPUs grew, the booking, the placement.
+fn book_resize(
+    d: &Daemon,
+    sh: &mut Shared,
+    cg: &str,
+    b: &Binding,
+    new: &crate::placement::pod::Container,
+) -> Result<Option<(bool, ResizeBooked, ContainerPlacement)>, Rejection> {
+    let key = format!("resize {cg}");
+    let excl_before = sh.state.allocator.exclusive_cpus();
+    let before_pod = sh.state.allocator.pods.get(&b.pod_uid).cloned();
+    let (topo, cfg) = (&sh.topo, &sh.cfg.placement);
+    let placement = (sh.state.allocator).resize(topo, cfg, &b.pod_uid, &b.container, new)?;
+    let before_c = (before_pod.iter().flat_map(|p| &p.containers))
+        .find(|c| c.placement.container == b.container);
+    let old = before_c.map(|c| &c.placement);
+    if old == Some(&placement) {
+        return Ok(None);
+    }
+    let grew = !(sh.state.allocator.exclusive_cpus()).is_subset(&excl_before);
+    let exclusive_of = |p: &ContainerPlacement| {
+        if p.exclusive {
+            p.cpus.clone()
+        } else {
+            CpuSet::new()
+        }
+    };
+    let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
+    if !held.is_empty() {
+        sh.state.allocator.in_flight.insert(key.clone(), held);
+    }
+    if let Some(before_pod) = &before_pod {
+        (sh.state.allocator).hold_freed_memory(&key, &b.pod_uid, before_pod);
+    }
+    sh.moving.insert(cg.into());
+    let before = (before_pod.as_ref().zip(before_c))
+        .map(|(p, c)| (c.clone(), (p.cpu_request_millis, p.memory_request.clone())));
+    let booked = ResizeBooked {
+        d: d.clone(),
+        settled: false,
+        cgroup: cg.into(),
+        key,
+        uid: b.pod_uid.to_string(),
+        before,
+    };
+    Ok(Some((grew, booked, placement)))
 }
 
 /// Passes of [`follow_pool`] and [`Admission::repair`]: each plans again from the
