@@ -764,7 +764,8 @@ impl Admission {
     pub fn request_checkpoint(&self, io: &mut Io) {
         let tx = self.checkpointer.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<()>();
-            let me = self.clone_without_checkpointer();
+            // a handle of its own: holding the sender would keep the thread alive
+            let me = Admission::new(self.daemon.clone(), self.writer.clone());
             // Dropped by a panic: the checkpointer shows dead in /healthz.
             let health = me.daemon.metrics.health.register("checkpointer", None);
             let spawned = std::thread::Builder::new()
@@ -789,11 +790,6 @@ impl Admission {
         }
     }
 
-    /// A handle for the checkpointer thread itself (holding the sender would keep it alive).
-    fn clone_without_checkpointer(&self) -> Admission {
-        Admission::new(self.daemon.clone(), self.writer.clone())
-    }
-
     /// The booking half of an admission, under the state lock with no I/O: `cg` (the container
     /// to bind, if any) checked unbound, `admit` run on the books and undone (`undo`) when it
     /// leaves the containers we did not admit without a shared CPU, and `cg` booked as being
@@ -812,7 +808,10 @@ impl Admission {
         if deadline.is_some_and(|t| Instant::now() >= t) {
             return Err(AdmitError::DeadlinePassed);
         }
-        if let Some(cg) = cg.filter(|cg| bound_or_binding(&s, cg)) {
+        // bound, or being bound (its cpuset written under a booking)
+        if let Some(cg) =
+            cg.filter(|cg| s.state.bindings.contains_key(*cg) || s.binding.contains_key(*cg))
+        {
             return Err(AdmitError::AlreadyBound(cg.into()));
         }
         let sh = &mut *s;
@@ -1113,20 +1112,6 @@ impl Admission {
         out
     }
 
-    /// The shared containers set to their pool again when a write of an earlier attempt
-    /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
-    /// another's exclusive ones. Each round, from `refence`. The changes written.
-    fn reshrink(&self, io: &mut Io) -> Vec<CpusetChange> {
-        let (failures, dry_run) = {
-            let s = self.daemon.lock(io);
-            (s.shrink_failures, s.cfg.daemon.dry_run)
-        };
-        if failures == 0 || dry_run {
-            return Vec::new();
-        }
-        self.follow_pool(io, false)
-    }
-
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
     /// cgroup is): its cpus fenced off the exclusive CPUs but the pod's own kubelet CPUs
     /// (`fence_of`, `fence_cpus`: a container kubelet gave CPUs is within those, no write), its mems
@@ -1167,16 +1152,22 @@ impl Admission {
         let mut out = self.repair(io, |cg| {
             self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs)
         });
-        let reshrunk = self.reshrink(io);
-        if !reshrunk.is_empty() {
-            out.extend(reshrunk);
-            return out;
-        }
-        {
+        let (shrink_failed, dry_run, nothing_fenced) = {
             let s = self.daemon.lock(io);
-            if (s.fenced.is_empty() && s.refused.is_empty()) || s.cfg.daemon.dry_run {
+            let nothing_fenced = s.fenced.is_empty() && s.refused.is_empty();
+            (s.shrink_failures > 0, s.cfg.daemon.dry_run, nothing_fenced)
+        };
+        // A failed write of an earlier attempt to set the shared containers to their pool
+        // (`Shared::shrink_failures`): they may still run on another's exclusive CPUs.
+        if shrink_failed && !dry_run {
+            let reshrunk = self.follow_pool(io, false);
+            if !reshrunk.is_empty() {
+                out.extend(reshrunk);
                 return out;
             }
+        }
+        if nothing_fenced || dry_run {
+            return out;
         }
         let live = |cg: &str| self.writer.cpus(cg);
         let wanted = fenced_changes(io, &self.daemon, &live);
@@ -1326,11 +1317,6 @@ struct Booking<'a> {
     /// own booking, which its undo gives back whole. A bind to an API pod does not adopt: its
     /// undo gives nothing back, so an adoption's changes to the pod would stay in the books.
     adopts: bool,
-}
-
-/// Whether `cg` is bound, or being bound (its cpuset written under a booking).
-fn bound_or_binding(s: &Shared, cg: &str) -> bool {
-    s.state.bindings.contains_key(cg) || s.binding.contains_key(cg)
 }
 
 /// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
