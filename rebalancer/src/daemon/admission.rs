@@ -1060,7 +1060,7 @@ impl Admission {
     }
 
     /// The shared pool follows the books through the service's writer ([`follow_pool`]).
-    fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
+    pub(super) fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
         let read = |a: &&Admission, cg: &str| a.writer.cpus(cg);
         let d = &self.daemon;
         follow_pool(io, d, &mut &*self, dry_run, read, |io, a, c| {
