@@ -58,7 +58,7 @@ fn check(io: &mut Io, v1: bool, m: Move, want: &[&str]) {
 
 #[test]
 fn writes_in_safe_order() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     check(
         io,
         false,
@@ -102,7 +102,7 @@ fn writes_in_safe_order() {
 
 #[test]
 fn rollback_restores_on_every_failure() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let kinds = [
         FakeFailure::Busy,
         FakeFailure::Invalid,
@@ -141,7 +141,7 @@ fn rollback_restores_on_every_failure() {
 
 #[test]
 fn failed_rollback_is_reported() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
     f.fail_write(CgroupFile::Cpus, 1, FakeFailure::Busy);
     f.fail_write(CgroupFile::Mems, 2, FakeFailure::Busy); // the rollback's narrowing
@@ -155,7 +155,7 @@ fn failed_rollback_is_reported() {
 
 #[test]
 fn dry_run_writes_nothing() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     for v1 in [false, true] {
         let mut f = FakeCgroups::version(v1);
         f.insert("pod/c", "0-3", "0");
@@ -170,7 +170,7 @@ fn dry_run_writes_nothing() {
 
 #[test]
 fn vanished_cgroup_is_a_clean_error() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut f = FakeCgroups::v2();
     let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(matches!(err, ApplyError::Vanished { .. }), "{err}");
@@ -185,7 +185,7 @@ fn vanished_cgroup_is_a_clean_error() {
 
 #[test]
 fn empty_target_refused_without_a_write() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     for m in [mv("0-3", "", "0", "1"), mv("0-3", "4-7", "0", "")] {
         let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
         let err = apply(io, &m, &mut f, false).unwrap_err();
@@ -196,7 +196,7 @@ fn empty_target_refused_without_a_write() {
 
 #[test]
 fn external_change_is_adopted_not_fought() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "8-9", "0");
     let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(
@@ -214,7 +214,7 @@ fn external_change_is_adopted_not_fought() {
 
 #[test]
 fn read_back_mismatch_rolls_back() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
     f.misreport(CgroupFile::Cpus, set("4-5"));
     // The stale check reads the misreported value too, so plan from it.
@@ -237,7 +237,7 @@ fn read_back_mismatch_rolls_back() {
 /// bytes of pages toward the target; v1 and v2 alike. A dry run moves nothing.
 #[test]
 fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     const MIB: u64 = 1 << 20;
     for v1 in [false, true] {
         let mut f = FakeCgroups::version(v1);

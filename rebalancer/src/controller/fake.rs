@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::actuator::{CgroupFile, CgroupWriteError, CgroupWriter};
-use crate::cpuset::CpuSet;
+use crate::{cpuset::CpuSet, daemon::Io};
 
 /// A failure to inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -298,7 +298,7 @@ impl CgroupWriter for FakeCgroups {
 
     fn write_cpus(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cgroup: &str,
         cpus: &CpuSet,
     ) -> Result<(), CgroupWriteError> {
@@ -308,7 +308,7 @@ impl CgroupWriter for FakeCgroups {
 
     fn write_mems(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cgroup: &str,
         mems: &CpuSet,
     ) -> Result<(), CgroupWriteError> {
@@ -352,7 +352,7 @@ impl CgroupWriter for FakeCgroups {
 
     fn move_pages(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cgroup: &str,
         toward: &CpuSet,
         max_bytes: u64,
@@ -381,7 +381,7 @@ impl CgroupWriter for FakeCgroups {
 
     fn set_memory_migrate(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cgroup: &str,
         on: bool,
     ) -> Result<(), CgroupWriteError> {

@@ -12,7 +12,7 @@
 //! Admission::unbind(cgroup, durability)                -> Option<Binding>
 //! Admission::resize(cgroup, container, durability)     -> Result<Option<ContainerPlacement>, AdmitError>
 //! Admission::replace_offline()                         -> usize
-//! Admission::checkpoint() / request_checkpoint() / record_invalid()
+//! Admission::request_checkpoint() / record_invalid()
 //! ```
 //!
 //! - `admit` allocates `pod` (all-or-nothing, `Allocator::admit`). With `bind = Some(cgroup)`
@@ -80,7 +80,7 @@ pub enum Durability {
     /// Checkpointed before the call returns; undone if that fails.
     Durable,
     /// The caller checkpoints later ([`Admission::request_checkpoint`] or
-    /// [`Admission::checkpoint`]).
+    /// [`Daemon::checkpoint`]).
     Deferred,
 }
 
@@ -654,84 +654,36 @@ impl Admission {
         new: &crate::placement::pod::Container,
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
-        let held_key = format!("resize {cgroup}");
-        let (booking, placement, dry_run, grew) = {
-            let mut s = self.daemon.lock(io);
-            let Some(b) = s.state.bindings.get(cgroup).cloned() else {
-                return Err(AdmitError::Invalid(format!(
-                    "container cgroup {cgroup} is not bound"
-                )));
-            };
-            if s.moving.contains(cgroup) {
-                return Err(AdmitError::Moving(cgroup.into()));
-            }
-            let sh = &mut *s;
-            let before = sh.state.allocator.clone();
-            let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
-            let r = sh
-                .state
-                .allocator
-                .resize(&sh.topo, &sh.cfg.placement, &b.pod_uid, &b.container, new)
-                .and_then(|p| match leaves_unadmitted_no_cpu(sh, had_pool) {
-                    None => Ok(p),
-                    Some(rejection) => {
-                        sh.state.allocator = before.clone();
-                        Err(rejection)
+        // Booked as an admission is (`book`; no cgroup to bind: this one is bound already).
+        let (resized, dry_run) = self
+            .book(
+                io,
+                None,
+                None,
+                |sh| match sh.state.bindings.get(cgroup).cloned() {
+                    None => Ok(Err(AdmitError::Invalid(format!(
+                        "container cgroup {cgroup} is not bound"
+                    )))),
+                    Some(_) if sh.moving.contains(cgroup) => {
+                        Ok(Err(AdmitError::Moving(cgroup.into())))
                     }
-                });
-            let placement = match r {
-                Ok(p) => p,
-                Err(rejection) => {
-                    drop(s);
-                    count(
-                        &self.daemon.metrics.admission_rejections,
-                        rejection.reason.to_string(),
-                    );
-                    return Err(AdmitError::Rejected {
-                        rejection,
-                        fenced: None,
-                    });
+                    Some(b) => book_resize(&self.daemon, sh, cgroup, &b, new).map(Ok),
+                },
+                |sh, r| {
+                    if let Ok(Some((_, mut booked, _))) = r {
+                        booked.settle_in(sh, false)
+                    }
+                },
+                |_| None,
+            )
+            .inspect_err(|e| {
+                if let AdmitError::Rejected { rejection, .. } = e {
+                    let m = &self.daemon.metrics.admission_rejections;
+                    count(m, rejection.reason.to_string());
                 }
-            };
-            let before_pod = before.pods.get(&b.pod_uid);
-            let before_c = before_pod
-                .and_then(|p| (p.containers.iter()).find(|c| c.placement.container == b.container));
-            let old = before_c.map(|c| &c.placement);
-            if old == Some(&placement) {
-                return Ok(None);
-            }
-            let excl_before = before.exclusive_cpus();
-            let grew = !sh.state.allocator.exclusive_cpus().is_subset(&excl_before);
-            // The exclusive CPUs it leaves stay exclusive while its cpuset is written: no
-            // admission hands them out and no shared container is set onto them meanwhile.
-            let exclusive_of = |p: &ContainerPlacement| {
-                if p.exclusive {
-                    p.cpus.clone()
-                } else {
-                    CpuSet::new()
-                }
-            };
-            let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
-            if !held.is_empty() {
-                sh.state.allocator.in_flight.insert(held_key.clone(), held);
-            }
-            // and the memory a shrink freed: an undo books it again in full
-            if let Some(before_pod) = before_pod {
-                (sh.state.allocator).hold_freed_memory(&held_key, &b.pod_uid, before_pod);
-            }
-            let before_c = before_pod
-                .zip(before_c)
-                .map(|(p, c)| (c.clone(), (p.cpu_request_millis, p.memory_request.clone())));
-            sh.moving.insert(cgroup.into());
-            let booking = ResizeBooked {
-                d: self.daemon.clone(),
-                settled: false,
-                cgroup: cgroup.into(),
-                key: held_key,
-                uid: b.pod_uid.to_string(),
-                before: before_c,
-            };
-            (booking, placement, sh.cfg.daemon.dry_run, grew)
+            })?;
+        let Some((grew, booking, placement)) = resized? else {
+            return Ok(None);
         };
         if grew {
             self.follow_pool(io, dry_run);
@@ -799,13 +751,8 @@ impl Admission {
         writes.len()
     }
 
-    /// Writes the checkpoint now (the state copied under the state lock, encoded and written
-    /// outside it).
-    pub fn checkpoint(&self, io: &mut Io) -> Result<(), CheckpointError> {
-        self.daemon.checkpoint(io)
-    }
-
-    fn checkpoint_logged(&self, io: &mut Io) {
+    /// Writes the checkpoint now; a failure is logged.
+    pub(crate) fn checkpoint_logged(&self, io: &mut Io) {
         if let Err(e) = self.daemon.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint after admission changes failed");
         }
@@ -817,7 +764,8 @@ impl Admission {
     pub fn request_checkpoint(&self, io: &mut Io) {
         let tx = self.checkpointer.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<()>();
-            let me = self.clone_without_checkpointer();
+            // a handle of its own: holding the sender would keep the thread alive
+            let me = Admission::new(self.daemon.clone(), self.writer.clone());
             // Dropped by a panic: the checkpointer shows dead in /healthz.
             let health = me.daemon.metrics.health.register("checkpointer", None);
             let spawned = std::thread::Builder::new()
@@ -842,11 +790,6 @@ impl Admission {
         }
     }
 
-    /// A handle for the checkpointer thread itself (holding the sender would keep it alive).
-    fn clone_without_checkpointer(&self) -> Admission {
-        Admission::new(self.daemon.clone(), self.writer.clone())
-    }
-
     /// The booking half of an admission, under the state lock with no I/O: `cg` (the container
     /// to bind, if any) checked unbound, `admit` run on the books and undone (`undo`) when it
     /// leaves the containers we did not admit without a shared CPU, and `cg` booked as being
@@ -865,7 +808,10 @@ impl Admission {
         if deadline.is_some_and(|t| Instant::now() >= t) {
             return Err(AdmitError::DeadlinePassed);
         }
-        if let Some(cg) = cg.filter(|cg| bound_or_binding(&s, cg)) {
+        // bound, or being bound (its cpuset written under a booking)
+        if let Some(cg) =
+            cg.filter(|cg| s.state.bindings.contains_key(*cg) || s.binding.contains_key(*cg))
+        {
             return Err(AdmitError::AlreadyBound(cg.into()));
         }
         let sh = &mut *s;
@@ -1113,43 +1059,13 @@ impl Admission {
         shrink
     }
 
-    /// The shared pool follows the books (see [`shared_changes`]), through the writer:
-    /// planned from the books and what the writer reads, written with no lock held, and
-    /// planned again until the plan holds nothing this call has not written (at most
-    /// [`FOLLOW_PASSES`]). Changes run concurrently, so a write planned before another
-    /// change's booking can land after that change's writes: the writer that made it is the
-    /// one that sees it and corrects it. The changes written (dry run: those planned).
-    fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
-        let mut out: Vec<CpusetChange> = Vec::new();
-        let mut tried: Vec<CpusetChange> = Vec::new();
-        let mut failed = 0;
-        for _ in 0..FOLLOW_PASSES {
-            let changes = shared_changes(io, &self.daemon, |cg| self.writer.cpus(cg));
-            if dry_run {
-                out = changes;
-                break;
-            }
-            let todo: Vec<CpusetChange> = (changes.into_iter())
-                .filter(|c| !tried.contains(c))
-                .collect();
-            if todo.is_empty() {
-                break;
-            }
-            failed = 0;
-            for change in todo {
-                tried.push(change.clone());
-                if let Err(e) = self.write_noted(io, &change) {
-                    tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
-                    failed += 1;
-                    continue;
-                }
-                tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
-                out.retain(|c| c.cgroup != change.cgroup);
-                out.push(change);
-            }
-        }
-        shrink_outcome(io, &self.daemon, failed);
-        out
+    /// The shared pool follows the books through the service's writer ([`follow_pool`]).
+    pub(super) fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
+        let read = |a: &&Admission, cg: &str| a.writer.cpus(cg);
+        let d = &self.daemon;
+        follow_pool(io, d, &mut &*self, dry_run, read, |io, a, c| {
+            a.write_noted(io, c)
+        })
     }
 
     /// Every bound container that runs elsewhere than the books say (`seen`: what cgroupfs
@@ -1196,20 +1112,6 @@ impl Admission {
         out
     }
 
-    /// The shared containers set to their pool again when a write of an earlier attempt
-    /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
-    /// another's exclusive ones. Each round, from `refence`. The changes written.
-    fn reshrink(&self, io: &mut Io) -> Vec<CpusetChange> {
-        let (failures, dry_run) = {
-            let s = self.daemon.lock(io);
-            (s.shrink_failures, s.cfg.daemon.dry_run)
-        };
-        if failures == 0 || dry_run {
-            return Vec::new();
-        }
-        self.follow_pool(io, false)
-    }
-
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
     /// cgroup is): its cpus fenced off the exclusive CPUs but the pod's own kubelet CPUs
     /// (`fence_of`, `fence_cpus`: a container kubelet gave CPUs is within those, no write), its mems
@@ -1250,16 +1152,22 @@ impl Admission {
         let mut out = self.repair(io, |cg| {
             self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs)
         });
-        let reshrunk = self.reshrink(io);
-        if !reshrunk.is_empty() {
-            out.extend(reshrunk);
-            return out;
-        }
-        {
+        let (shrink_failed, dry_run, nothing_fenced) = {
             let s = self.daemon.lock(io);
-            if (s.fenced.is_empty() && s.refused.is_empty()) || s.cfg.daemon.dry_run {
+            let nothing_fenced = s.fenced.is_empty() && s.refused.is_empty();
+            (s.shrink_failures > 0, s.cfg.daemon.dry_run, nothing_fenced)
+        };
+        // A failed write of an earlier attempt to set the shared containers to their pool
+        // (`Shared::shrink_failures`): they may still run on another's exclusive CPUs.
+        if shrink_failed && !dry_run {
+            let reshrunk = self.follow_pool(io, false);
+            if !reshrunk.is_empty() {
+                out.extend(reshrunk);
                 return out;
             }
+        }
+        if nothing_fenced || dry_run {
+            return out;
         }
         let live = |cg: &str| self.writer.cpus(cg);
         let wanted = fenced_changes(io, &self.daemon, &live);
@@ -1328,7 +1236,59 @@ impl Admission {
     }
 }
 
-/// Passes of [`Admission::follow_pool`] and [`Admission::repair`]: each plans again from the
+/// A resize of `b`'s container booked, under the state lock (`Allocator::resize`): the
+/// exclusive CPUs it leaves or takes stay exclusive while its cpuset is written (no admission
+/// hands them out, no shared container is set onto them), the memory a shrink frees is held
+/// (an undo books it again in full), and the cgroup counts as moving. `Ok(None)`: the
+/// placement stays as it is. Else whether the exclusive CPUs grew, the booking, the placement.
+fn book_resize(
+    d: &Daemon,
+    sh: &mut Shared,
+    cg: &str,
+    b: &Binding,
+    new: &crate::placement::pod::Container,
+) -> Result<Option<(bool, ResizeBooked, ContainerPlacement)>, Rejection> {
+    let key = format!("resize {cg}");
+    let excl_before = sh.state.allocator.exclusive_cpus();
+    let before_pod = sh.state.allocator.pods.get(&b.pod_uid).cloned();
+    let (topo, cfg) = (&sh.topo, &sh.cfg.placement);
+    let placement = (sh.state.allocator).resize(topo, cfg, &b.pod_uid, &b.container, new)?;
+    let before_c = (before_pod.iter().flat_map(|p| &p.containers))
+        .find(|c| c.placement.container == b.container);
+    let old = before_c.map(|c| &c.placement);
+    if old == Some(&placement) {
+        return Ok(None);
+    }
+    let grew = !(sh.state.allocator.exclusive_cpus()).is_subset(&excl_before);
+    let exclusive_of = |p: &ContainerPlacement| {
+        if p.exclusive {
+            p.cpus.clone()
+        } else {
+            CpuSet::new()
+        }
+    };
+    let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
+    if !held.is_empty() {
+        sh.state.allocator.in_flight.insert(key.clone(), held);
+    }
+    if let Some(before_pod) = &before_pod {
+        (sh.state.allocator).hold_freed_memory(&key, &b.pod_uid, before_pod);
+    }
+    sh.moving.insert(cg.into());
+    let before = (before_pod.as_ref().zip(before_c))
+        .map(|(p, c)| (c.clone(), (p.cpu_request_millis, p.memory_request.clone())));
+    let booked = ResizeBooked {
+        d: d.clone(),
+        settled: false,
+        cgroup: cg.into(),
+        key,
+        uid: b.pod_uid.to_string(),
+        before,
+    };
+    Ok(Some((grew, booked, placement)))
+}
+
+/// Passes of [`follow_pool`] and [`Admission::repair`]: each plans again from the
 /// books and writes only what it has not written yet, so the passes end well before this
 /// unless other changes keep landing; what is left is the next round's.
 const FOLLOW_PASSES: usize = 4;
@@ -1359,11 +1319,6 @@ struct Booking<'a> {
     adopts: bool,
 }
 
-/// Whether `cg` is bound, or being bound (its cpuset written under a booking).
-fn bound_or_binding(s: &Shared, cg: &str) -> bool {
-    s.state.bindings.contains_key(cg) || s.binding.contains_key(cg)
-}
-
 /// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
 /// own cgroup) were made meanwhile, while it was not yet durable. They are dropped and their
 /// containers, written onto CPUs the books no longer hold for them, kept off the exclusive CPUs
@@ -1392,6 +1347,53 @@ fn undo_member(s: &mut Shared, uid: &str, container: &str, first: bool) {
         let sh = &mut *s;
         (sh.state.allocator).remove_member(&sh.topo, &sh.cfg.placement, uid, container);
     }
+}
+
+/// The shared pool follows the books (see [`shared_changes`]), through `w` (`read`, `write`):
+/// planned from the books and what `w` reads, written with no lock held, and planned again
+/// until the plan holds nothing this call has not written (at most [`FOLLOW_PASSES`]).
+/// Changes run concurrently, so a write planned before another change's booking can land
+/// after that change's writes: the writer that made it is the one that sees it and corrects
+/// it. A failed write is retried every round ([`shrink_outcome`]). The changes written (dry
+/// run: those planned).
+pub(crate) fn follow_pool<W: ?Sized, E: std::fmt::Display>(
+    io: &mut Io,
+    d: &Daemon,
+    w: &mut W,
+    dry_run: bool,
+    read: impl Fn(&W, &str) -> Option<CpuSet>,
+    mut write: impl FnMut(&mut Io, &mut W, &CpusetChange) -> Result<(), E>,
+) -> Vec<CpusetChange> {
+    let mut out: Vec<CpusetChange> = Vec::new();
+    let mut tried: Vec<CpusetChange> = Vec::new();
+    let mut failed = 0;
+    for _ in 0..FOLLOW_PASSES {
+        let changes = shared_changes(io, d, |cg| read(w, cg));
+        if dry_run {
+            out = changes;
+            break;
+        }
+        let todo: Vec<CpusetChange> = (changes.into_iter())
+            .filter(|c| !tried.contains(c))
+            .collect();
+        if todo.is_empty() {
+            break;
+        }
+        failed = 0;
+        for change in todo {
+            tried.push(change.clone());
+            if let Err(e) = write(io, w, &change) {
+                tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
+                failed += 1;
+                continue;
+            }
+            tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "shared container set to its pool (exclusive CPUs taken or freed)");
+            out.retain(|c| c.cgroup != change.cgroup);
+            out.push(change);
+        }
+    }
+    shrink_outcome(io, d, failed);
+    out
 }
 
 /// Records how an attempt to set the shared containers to their pool ended: `failed` writes
@@ -1717,16 +1719,7 @@ pub type BooksRefusal = &'static str;
 /// taken them since the round planned — and a bound container holding Memory Manager memory
 /// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
 /// pin) is checked for memory only.
-pub fn move_allowed(
-    io: &mut Io,
-    d: &Daemon,
-    mv: &crate::controller::Move,
-) -> Result<(), BooksRefusal> {
-    move_allowed_in(&d.lock(io), mv)
-}
-
-/// [`move_allowed`] on the state its caller holds locked.
-pub fn move_allowed_in(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
+pub fn move_allowed(s: &Shared, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
     let a = &s.state.allocator;
     let own = bound_container(s, &mv.cgroup);
     if mv.to_cpus != mv.from_cpus {
@@ -1852,7 +1845,7 @@ pub fn book_move(
     dry_run: bool,
 ) -> Result<Option<Booked>, BooksRefusal> {
     let mut s = d.lock(io);
-    move_allowed_in(&s, mv)?;
+    move_allowed(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
     }
@@ -2045,7 +2038,7 @@ pub(crate) mod tests {
     /// container. An API pod cannot take a single-container pod's key form.
     #[test]
     fn allocation_keys_load_typed_from_the_checkpoints_plain_strings() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
         config_file(&file, &state, &CpuSet::new());
@@ -2088,7 +2081,7 @@ pub(crate) mod tests {
                 },
             );
         }
-        adm.checkpoint(io).unwrap();
+        adm.daemon.checkpoint(io).unwrap();
         let raw: serde_json::Value = crate::checkpoint::load(&state).unwrap().unwrap();
         let pods = &raw["allocator"]["pods"];
         assert!(
@@ -2115,7 +2108,7 @@ pub(crate) mod tests {
     /// measured running well beyond what was charged there.
     #[test]
     fn admission_sees_the_load_a_round_measured() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         use crate::controller::{NodeObs, Observations};
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
@@ -2248,7 +2241,7 @@ pub(crate) mod tests {
         /// the reservations in force are the allocator's.
         #[test]
         fn a_reload_of_reserved_cpus_never_leaves_a_reserved_cpu_in_a_placement(ops in proptest::collection::vec(op(), 1..24)) {
-            let io = &mut crate::daemon::Io::new();
+            let io = &mut Io::new();
             let dir = tempfile::tempdir().unwrap();
             let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
             config_file(&file, &state, &CpuSet::new());
@@ -2329,7 +2322,7 @@ pub(crate) mod tests {
     /// exclusive CPUs and its memory's nodes, in the books too, so no write migrates memory.
     #[test]
     fn only_an_adopted_container_keeps_its_cpus_and_memory_where_they_are() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let mut cfg = Config::default();
         cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
         // node 0 = CPUs 0-3,8-11, node 1 = 4-7,12-15

@@ -343,7 +343,7 @@ mod tests {
     /// admitted, and the answer says so; with the lock free the same request is admitted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_admission_past_its_request_timeout_is_refused_not_admitted_behind_a_408() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let state = tempfile::tempdir().unwrap();
         let adm = admission(state.path(), Default::default());
         let addr = serve(&adm).await;
@@ -386,7 +386,7 @@ mod tests {
     /// with a 409 naming the cgroup, nothing released; once the cgroup is gone it succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn deleting_a_pod_whose_containers_still_run_is_refused_with_409() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let state = tempfile::tempdir().unwrap();
         let cgroups = Arc::new(Cgroups::default());
         let cg = "kubepods/podlate/c";

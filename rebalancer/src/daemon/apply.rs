@@ -169,87 +169,21 @@ impl AppliedMoves {
     }
 }
 
-/// A writer that notes every cpuset.cpus it writes as the daemon's own (`rounds::trigger::Hub`), so
-/// the round trigger never takes a move (or its rollback) for an operator's change.
-struct Noting<'a> {
-    w: &'a mut dyn CgroupWriter,
-    d: &'a Daemon,
-}
-
-impl CgroupWriter for Noting<'_> {
-    fn read_cpus(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
-        self.w.read_cpus(cg)
+/// A cpuset.cpus write of the daemon's own, noted first (`rounds::trigger::Hub`) so the round
+/// trigger does not take it for an operator's change, and the note taken back when it failed.
+fn write_own_cpus(
+    io: &Io,
+    d: &Daemon,
+    w: &mut dyn CgroupWriter,
+    cg: &str,
+    cpus: &crate::cpuset::CpuSet,
+) -> Result<(), controller::CgroupWriteError> {
+    d.rounds.note_own_cpus(cg, cpus);
+    let r = w.write_cpus(io, cg, cpus);
+    if r.is_err() {
+        d.rounds.unnote_own_cpus(cg, cpus);
     }
-    fn read_mems(&self, cg: &str) -> Result<crate::cpuset::CpuSet, controller::CgroupWriteError> {
-        self.w.read_mems(cg)
-    }
-    fn write_cpus(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        cpus: &crate::cpuset::CpuSet,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.d.rounds.note_own_cpus(cg, cpus);
-        let r = self.w.write_cpus(io, cg, cpus);
-        if r.is_err() {
-            self.d.rounds.unnote_own_cpus(cg, cpus);
-        }
-        r
-    }
-    fn write_mems(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        mems: &crate::cpuset::CpuSet,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.w.write_mems(io, cg, mems)
-    }
-    fn needs_memory_migrate(&self) -> bool {
-        self.w.needs_memory_migrate()
-    }
-    fn read_memory_migrate(&self, cg: &str) -> Result<bool, controller::CgroupWriteError> {
-        self.w.read_memory_migrate(cg)
-    }
-    fn set_memory_migrate(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        on: bool,
-    ) -> Result<(), controller::CgroupWriteError> {
-        self.w.set_memory_migrate(io, cg, on)
-    }
-    fn move_pages(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        toward: &crate::cpuset::CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.move_pages(io, cg, toward, max_bytes)
-    }
-    fn migrate_pages(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        toward: &crate::cpuset::CpuSet,
-        max_bytes: u64,
-    ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.migrate_pages(io, cg, toward, max_bytes)
-    }
-    fn migrate_all(
-        &mut self,
-        io: &Io,
-        cg: &str,
-        toward: &crate::cpuset::CpuSet,
-    ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.migrate_all(io, cg, toward)
-    }
-    fn settle(&mut self, io: &Io, cg: &str) -> Result<(), controller::CgroupWriteError> {
-        self.w.settle(io, cg)
-    }
-    fn left_behind(&self, cg: &str, toward: &crate::cpuset::CpuSet) -> Option<u64> {
-        self.w.left_behind(cg, toward)
-    }
+    r
 }
 
 /// A writer's page moves ahead of the mems write, per call (see [`apply_one`]): the writer
@@ -296,7 +230,6 @@ fn apply_one(
             now_ms
         }
     };
-    let w = &mut Noting { w, d };
     // The books first (`admission::book_move`: checked, the target cpus booked, the CPUs the
     // move leaves and takes held from admissions), then the writes up to the cpus with no
     // lock held, then the books settled: kept when the cpus were written, given back when
@@ -309,7 +242,13 @@ fn apply_one(
             return MoveResult::Refused(reason);
         }
     };
+    // The move's only cpus write is its first half's last step (the second half and a
+    // rollback keep them): noted as the daemon's own, as `write_own_cpus` does.
+    d.rounds.note_own_cpus(&mv.cgroup, &mv.to_cpus);
     let begun = controller::begin(io, mv, w, dry_run);
+    if !matches!(&begun, Ok(controller::Begun::CpusMoved(_))) {
+        d.rounds.unnote_own_cpus(&mv.cgroup, &mv.to_cpus);
+    }
     if let Some(b) = booked {
         let written = matches!(&begun, Ok(controller::Begun::CpusMoved(_)));
         if b.settle(io, written) {
@@ -595,7 +534,7 @@ fn undo_cpus(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
             return;
         }
     };
-    let written = w.write_cpus(io, &mv.cgroup, &mv.from_cpus);
+    let written = write_own_cpus(io, d, w, &mv.cgroup, &mv.from_cpus);
     if let Err(e) = &written {
         tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
     }
@@ -618,30 +557,13 @@ fn cpus_from_new(mv: &Move, cpus: &crate::cpuset::CpuSet) -> Move {
     }
 }
 
-/// How many times the shared containers are set to their pool after one change: another
-/// change's shrink, written at the same time from books a moment older or newer, may land
-/// after ours; reading back and writing again converges on the books as they are.
-const FOLLOW_PASSES: usize = 3;
-
 /// The shared containers set to their pool after an exclusive container's cpus changed,
-/// with no lock held (see [`FOLLOW_PASSES`]); a failed write is retried every round
-/// (`admission::shrink_outcome`).
+/// through this thread's writer (`admission::follow_pool`).
 fn shared_follow(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter) {
-    let mut failed = 0;
-    for _ in 0..FOLLOW_PASSES {
-        let changes = super::admission::shared_changes(io, d, |cg| w.read_cpus(cg).ok());
-        if changes.is_empty() {
-            break;
-        }
-        failed = 0;
-        for c in changes {
-            if let Err(e) = w.write_cpus(io, &c.cgroup, &c.cpus) {
-                tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
-                failed += 1;
-            }
-        }
-    }
-    super::admission::shrink_outcome(io, d, failed);
+    let read = |w: &_, cg: &str| CgroupWriter::read_cpus(w, cg).ok();
+    super::admission::follow_pool(io, d, w, false, read, |io, w, c| {
+        write_own_cpus(io, d, w, &c.cgroup, &c.cpus)
+    });
 }
 
 /// Someone else wrote the cgroup's cpus (`found`) while its move migrated. The
@@ -659,7 +581,7 @@ fn books_follow(
     let follow = cpus_from_new(mv, found);
     let followed = {
         let mut s = d.lock(io);
-        match super::admission::move_allowed_in(&s, &follow) {
+        match super::admission::move_allowed(&s, &follow) {
             Ok(()) => {
                 tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
                 super::admission::record_cpus(&mut s, &follow)

@@ -263,7 +263,7 @@ fn check_history(initial: &[(&str, &str, &str)], fake: &FakeCgroups, exclusive: 
 /// target — moved by the writers' own page moves, not by the kernel's serialised mems writes.
 #[test]
 fn moves_of_a_round_migrate_at_the_same_time() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -316,7 +316,7 @@ fn moves_of_a_round_migrate_at_the_same_time() {
 /// third (of another round) does not fit the 1 GiB budget; once they are done it does.
 #[test]
 fn bytes_still_migrating_count_against_the_next_submit() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -375,7 +375,7 @@ fn period_ms(io: &mut Io, d: &Daemon) -> u64 {
 /// never both run within one period.
 #[test]
 fn the_budget_is_a_rate_over_the_period_not_per_round() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
     let mut fake = fake_of(&cgs);
     for (c, _, _) in &cgs {
@@ -503,7 +503,7 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
 /// restarted); once the move ends it is healthy again.
 #[test]
 fn a_stuck_writer_fails_health() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut fake = fake_of(&[("a", "0-3", "0-1")]);
     fake.set_memory("a", &[(0, 10 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -548,7 +548,7 @@ fn a_stuck_writer_fails_health() {
 /// the books of its cpus were checkpointed before the migration began.
 #[test]
 fn a_stop_during_the_page_moves_cuts_the_move_short() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut fake = fake_of(&[("m", "0-3", "0")]);
     fake.set_memory("m", &[(0, 256 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -605,7 +605,7 @@ fn a_stop_during_the_page_moves_cuts_the_move_short() {
 /// what it asked for ends the page moves: the narrowing write migrates the rest.
 #[test]
 fn page_moves_that_trickle_give_way_to_the_mems_write() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut fake = fake_of(&[("m", "0-3", "0")]);
     fake.set_memory("m", &[(0, 256 * MIB)]);
     let w = SharedFake {
@@ -638,7 +638,7 @@ fn page_moves_that_trickle_give_way_to_the_mems_write() {
 /// widened; b is restored, a and c keep their new cpusets.
 #[test]
 fn a_failing_writer_rolls_back_only_its_own_move() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -691,7 +691,7 @@ fn a_failing_writer_rolls_back_only_its_own_move() {
 /// at all when x failed (the two would overlap); z, independent, goes on.
 #[test]
 fn cpus_given_up_are_taken_only_once_free() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [("x", "0-1", "0"), ("y", "4-5", "1"), ("z", "6-7", "1")];
     let moves = [
         mv("x", ("0-1", "2-3"), ("0", "0"), 0),
@@ -726,7 +726,7 @@ fn cpus_given_up_are_taken_only_once_free() {
 /// not started are not applied.
 #[test]
 fn a_stop_starts_no_further_move() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let names = ["m0", "m1", "m2", "m3", "m4"];
     let cgs: Vec<(&str, &str, &str)> = names.iter().map(|n| (*n, "0-3", "0-1")).collect();
     let mut fake = fake_of(&cgs);
@@ -933,7 +933,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
 /// several moves run at once (`moves_of_a_round_migrate_at_the_same_time`).
 #[test]
 fn a_move_alone_migrates_through_the_kernel() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut fake = fake_of(&[("a", "0-3", "0-1")]);
     fake.set_memory("a", &[(0, 100 * MIB), (1, 100 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -965,7 +965,7 @@ fn a_move_alone_migrates_through_the_kernel() {
 /// A dry run writes nothing from any thread, and moves no page.
 #[test]
 fn a_concurrent_dry_run_writes_nothing() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
     let mut fake = fake_of(&cgs);
     fake.set_memory("a", &[(1, 10 * MIB)]);
@@ -1003,7 +1003,7 @@ proptest! {
             1..10,
         ),
     ) {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let mut cgs = Vec::new();
         let mut moves = Vec::new();
         let mut fake = FakeCgroups::v2();
@@ -1149,7 +1149,7 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
 /// daemon's priority.
 #[test]
 fn writers_migrate_at_their_nice_value() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let lone = |io: &mut Io, nice: i32| {
         let cgs = [("a", "0-3", "0-1")];
         let mut fake = fake_of(&cgs);
@@ -1207,7 +1207,7 @@ fn writers_migrate_at_their_nice_value() {
 /// hold its mems), or when it is not known, the narrowing write runs as before.
 #[test]
 fn pages_only_others_map_are_left_where_they_are() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     // 250 MiB to move of the 256 planned: the walk ends with a call that finds nothing more
     // (all 256 would end it on the planned bytes: the same).
     let run_from =
@@ -1302,7 +1302,7 @@ fn pages_only_others_map_are_left_where_they_are() {
 /// kept for the planner, no move recorded.
 #[test]
 fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let mut fake = FakeCgroups::v1().with("w", "0-3", "0-1");
     fake.set_memory("w", &[(0, 250 * MIB)]);
     fake.fail_write(CgroupFile::MemoryMigrate, 2, FakeFailure::Busy);

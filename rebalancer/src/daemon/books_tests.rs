@@ -245,7 +245,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..30),
         move_exclusive in any::<bool>(),
     ) {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
         let cooldown = ctl.cooldown_ms;
         let mut live: Vec<(String, String)> = Vec::new();
@@ -307,7 +307,7 @@ proptest! {
         move_exclusive in any::<bool>(),
         threads in 1u32..=4,
     ) {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
         d.lock(io).cfg.controller.apply_threads = threads;
         let writer = super::apply_tests::SharedFake::over(fake.clone());
@@ -374,7 +374,7 @@ proptest! {
 /// constraint); and memory promised to it but untouched is not free to a Burstable move.
 #[test]
 fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir,
         topo,
@@ -480,7 +480,7 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
 /// stays disjoint from the exclusive CPUs the books still hold.
 #[test]
 fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -583,7 +583,7 @@ impl CgroupWriter for RacingWriter {
 /// the move's own write (its settle sets the container right).
 #[test]
 fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -654,7 +654,7 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
 /// container runs on.
 #[test]
 fn a_move_whose_write_panics_gives_its_booking_back() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -716,7 +716,7 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
 /// are set to their pool again.
 #[test]
 fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_cpus() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -1191,7 +1191,7 @@ proptest! {
     fn once_reconciled_every_bound_container_runs_as_booked(
         events in proptest::collection::vec(event(), 1..40),
     ) {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let World { _dir, ctl, mut d, fake, .. } = world(true);
         let node = FakeNode { cgroupfs: fake.clone(), spec: Default::default() };
         let mut adm = Admission::new(d.clone(), Arc::new(node.clone()));
@@ -1393,7 +1393,7 @@ proptest! {
                 }
                 Event::Restart(checkpointed) => {
                     if *checkpointed {
-                        adm.checkpoint(io).unwrap();
+                        adm.daemon.checkpoint(io).unwrap();
                     }
                     let (cfg, topo_now) = { let s = d.lock(io); (s.cfg.clone(), s.topo.clone()) };
                     let restored = super::run::restore(&cfg, &topo_now).unwrap();
@@ -1492,7 +1492,7 @@ fn two_container_pod(io: &mut Io, adm: &Admission, uid: &str) -> crate::placemen
 /// binding stay, and the container runs on CPUs the books hold for it.
 #[test]
 fn a_release_racing_a_bind_is_refused_at_its_commit() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     two_container_pod(io, &adm, "p");
     let (gone, racing_cg) = ("kubepods/p/a", "kubepods/p/b");
@@ -1537,7 +1537,7 @@ fn a_release_racing_a_bind_is_refused_at_its_commit() {
 /// the gone pod, and the container is kept off the exclusive CPUs admitted next (refused).
 #[test]
 fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     adm.admit(
         io,
@@ -1601,7 +1601,7 @@ fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
 /// left bound to a gone pod, and is kept off the exclusive CPUs as a refused one.
 #[test]
 fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -1663,7 +1663,7 @@ fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
 /// container's memory again in full.
 #[test]
 fn a_failed_shrink_books_its_memory_again_in_full() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     let bind = |io: &mut Io, uid: &str, cpus: u64, mib: u64| {
         let cg = format!("kubepods/{uid}/c");
@@ -1764,7 +1764,7 @@ fn move_of(fake: &Arc<Mutex<FakeCgroups>>, cg: &str, to: &str) -> controller::Mo
 /// booked while a resize's write runs.
 #[test]
 fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
@@ -1829,7 +1829,7 @@ fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
 /// longer moving, the container's record as before.
 #[test]
 fn a_resize_whose_write_panics_gives_its_booking_back() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
@@ -1863,7 +1863,7 @@ fn a_resize_whose_write_panics_gives_its_booking_back() {
 /// A bind whose write panics gives its cgroup's booking back: the cgroup can be bound again.
 #[test]
 fn a_bind_whose_write_panics_gives_its_booking_back() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     adm.admit(
         io,

@@ -135,7 +135,7 @@ fn failed(d: &Daemon, reason: &str) -> u64 {
 /// goes on: the next cgroup's move is applied.
 #[test]
 fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let table = [
         (FakeFailure::Busy, "busy"),
         (FakeFailure::Invalid, "invalid"),
@@ -196,7 +196,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
 /// and the other moves of the round are applied.
 #[test]
 fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
     let mut f = FakeCgroups::v2()
@@ -227,7 +227,7 @@ fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
 /// budget are not attempted (and counted as skipped for "budget").
 #[test]
 fn a_plan_past_the_migration_budget_is_cut_at_the_budget() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
     d.lock(io).cfg.controller.migration_budget_mib = 100;
@@ -326,7 +326,7 @@ fn pulled_to(topo: &Topology, to: u32) -> Observations {
 /// point at that node (before the change, the same observation moved it there).
 #[test]
 fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
     let root = tempfile::tempdir().unwrap();
     copy_tree(&fixture, root.path());
@@ -444,7 +444,7 @@ impl crate::rounds::CpuTimeSource for FollowingSource {
 /// attach to retry); otherwise it leaves the source alone.
 #[test]
 fn sampler_follows_cpu_hotplug() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
     let root = tempfile::tempdir().unwrap();
     copy_tree(&fixture, root.path());
@@ -495,7 +495,7 @@ fn sampler_follows_cpu_hotplug() {
 /// cooldown began anew, and a restart after a long uptime made it last for the old uptime).
 #[test]
 fn cooldowns_after_a_restart_are_what_they_were_before_it() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let state = tempfile::tempdir().unwrap();
     let topo = two_nodes();
     let d = daemon(topo.clone(), state.path(), None);
@@ -607,7 +607,7 @@ impl controller::CgroupWriter for StopDuringFirstMove {
 /// not leave time for).
 #[test]
 fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
     let names = ["pod/a", "pod/b", "pod/c"];
@@ -647,7 +647,7 @@ fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown
 /// uid, waiting for its container) are kept.
 #[test]
 fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     use crate::placement::pod::{Container, Pod};
     let state = tempfile::tempdir().unwrap();
     let topo = two_nodes();

@@ -222,12 +222,7 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
     };
     for e in &errors {
         tracing::error!(error = %e, "kubelet state file not adopted as it is; that file's previous adoption kept");
-        metrics
-            .kubelet_state_errors
-            .get_or_create(&crate::serve::metrics::ReasonLabel {
-                reason: e.reason().into(),
-            })
-            .inc();
+        crate::serve::metrics::count(&metrics.kubelet_state_errors, e.reason());
     }
     status.errors = errors.iter().map(|e| e.to_string()).collect();
     status.warnings = missing_dir_warning(&status.state_dir).into_iter().collect();
@@ -241,12 +236,7 @@ pub fn install_files(s: &mut super::Shared, files: Files, metrics: &crate::serve
     status.shrink_pending = old.shrink_pending || s.state.allocator.exclusive_cpus() != before;
     for r in &refused {
         tracing::error!(error = %r, "kubelet assignment not adopted");
-        metrics
-            .kubelet_state_errors
-            .get_or_create(&crate::serve::metrics::ReasonLabel {
-                reason: "refused".into(),
-            })
-            .inc();
+        crate::serve::metrics::count(&metrics.kubelet_state_errors, "refused");
     }
     status.errors.extend(refused);
     if !status.adopted.is_empty() {

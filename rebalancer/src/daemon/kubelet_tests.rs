@@ -464,7 +464,7 @@ impl crate::daemon::writer::CpusetWriter for FakeCpuset {
 /// gone from the file gives its CPUs back.
 #[test]
 fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     use crate::daemon::admission::{Admission, AdmitRequest, Durability};
     let dir = tempfile::tempdir().unwrap();
     let d = crate::daemon::Daemon::new(shared(dir.path()), Metrics::default());

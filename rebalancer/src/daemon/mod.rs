@@ -1,7 +1,8 @@
 //! The running daemon's shared state and its persistence: the topology, the validated config,
 //! the admission allocator, which container cgroup is bound to which admitted container, and
 //! the controller's memory and last decisions. The API, the watcher and the control loop share
-//! one [`Shared`] behind a mutex (critical sections are short and never span an await).
+//! one [`Shared`] behind a mutex (critical sections are short and never span an await),
+//! locked only with the thread's [`Io`] token, which every effect needs: no I/O under the lock.
 //!
 //! The checkpoint holds what must survive a restart (allocator, bindings, controller state);
 //! every change to the allocator is checkpointed before it is acknowledged.

@@ -629,13 +629,10 @@ impl Policy {
 
     /// The shared pool's growth after a release, as runtime updates: what the admission
     /// service queued through the writer for the release, plus any shared container still off
-    /// its pool (one adopted after a restart) — one rule, `admission::shared_changes`.
+    /// its pool (one adopted after a restart) — one rule, `Admission::follow_pool`.
     fn regrow(&self, io: &mut Io, hooked: bool) -> Vec<api::ContainerUpdate> {
-        if !self.d().lock(io).cfg.daemon.dry_run {
-            for c in super::admission::shared_changes(io, self.d(), |cg| self.writer.cpus(cg)) {
-                let _ = self.writer.write(io, &c);
-            }
-        }
+        let dry_run = self.dry_run(io);
+        self.admission.follow_pool(io, dry_run);
         self.drain(None, hooked).1
     }
 
@@ -1214,9 +1211,7 @@ impl Handler for Policy {
         if !repaired.is_empty() {
             updates.extend(self.drain(None, true).1);
         }
-        if let Err(e) = self.admission.checkpoint(io) {
-            tracing::warn!(error = %e, "checkpoint after synchronize failed");
-        }
+        self.admission.checkpoint_logged(io);
         tracing::info!(
             pods = listed.len(),
             containers = req.containers.len(),

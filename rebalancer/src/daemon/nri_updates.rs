@@ -793,7 +793,7 @@ mod tests {
     /// never answers here), so a stop is never held up by it.
     #[test]
     fn a_move_of_a_runtime_container_is_in_cgroupfs_first_and_told_to_the_runtime() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let mut fake = FakeCgroups::v1().with("kubepods/pod1/c1", "0-1", "0");
         fake.set_memory("kubepods/pod1/c1", &[(0, 1 << 20)]);
         let kernel = Arc::new(Mutex::new(fake));
@@ -852,7 +852,7 @@ mod tests {
     /// newer cgroupfs write, onto CPUs the books may have given away).
     #[test]
     fn a_write_while_disconnected_is_what_the_reconnect_sends() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let kernel = Arc::new(Mutex::new(FakeCgroups::v1().with("x", "0-7", "0")));
         let direct = Arc::new(Mutex::new(Vec::new()));
         let metrics = Metrics::default();
@@ -886,7 +886,7 @@ mod tests {
 
     #[test]
     fn without_the_runtime_a_move_is_written_directly_and_counted() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let kernel = Arc::new(Mutex::new(FakeCgroups::v2().with(
             "kubepods/pod1/c1",
             "0-1",
@@ -1046,7 +1046,7 @@ mod tests {
     /// failed runtime update leaves the books and the readers on what cgroupfs has.
     #[test]
     fn a_failed_update_leaves_the_books_on_what_cgroupfs_has() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let root = tempfile::tempdir().unwrap();
         let cg = "kubepods/burstable/pod1/s";
         let put = |rel: &str, v: &str| {

@@ -549,7 +549,7 @@ mod tests {
     /// the rest of the reload applies. Dry-run on by a reload applies.
     #[test]
     fn a_reload_does_not_turn_dry_run_off() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let state = tempfile::tempdir().unwrap();
         let file = state.path().join("rebalancer.toml");
         let d = daemon(state.path());
@@ -581,7 +581,7 @@ mod tests {
     /// would make the thread "dead" (503, exit) between two healthy rounds.
     #[test]
     fn a_reload_lengthening_the_period_moves_the_rounds_liveness_limit() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let state = tempfile::tempdir().unwrap();
         let d = daemon(state.path());
         let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
@@ -614,7 +614,7 @@ mod tests {
     /// the reload runs once the lock is free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reload_waiting_for_the_state_lock_does_not_block_the_main_loop() {
-        let io = &mut crate::daemon::Io::new();
+        let io = &mut Io::new();
         let state = tempfile::tempdir().unwrap();
         let file = state.path().join("rebalancer.toml");
         std::fs::write(

@@ -112,7 +112,7 @@ fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
 /// engine says how many in a row (the loop beats health only when that is 0).
 #[test]
 fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let state = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), state.path(), None);
     let mut engine = Engine::new(
@@ -248,7 +248,7 @@ fn the_watch_list_knows_the_kubernetes_containers() {
 /// managed is watched, with processes or not; only populated ones are managed.
 #[test]
 fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let root = tempfile::tempdir().unwrap();
     for (rel, procs) in [("bench/w1", ""), ("bench/w2", "4242\n"), ("other/x", "1\n")] {
         std::fs::create_dir_all(root.path().join(rel)).unwrap();
@@ -437,7 +437,7 @@ impl ShiftRig {
 /// node it left.
 #[test]
 fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     const S: u64 = 1_000_000_000;
     let reading = w_reading;
     #[derive(PartialEq)]
@@ -527,7 +527,7 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
 /// for one round only.
 #[test]
 fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     const S: u64 = 1_000_000_000;
     let r = w_reading;
     // Idle for three rounds, 1 s on node 0 before the mark, 0.2 s on node 1 after it.

@@ -5,7 +5,7 @@ use crate::{
     cgroup::{CgroupError, Cgroups, Controller},
     controller::{CgroupFile, CgroupWriteError, CgroupWriter},
     cpuset::CpuSet,
-    daemon::nri_updates,
+    daemon::{nri_updates, Io},
 };
 
 /// The moves' writer of one apply thread (`apply::Applier`), and of the one-after-the-other
@@ -63,24 +63,14 @@ impl CgroupWriter for OwnedWriter {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
         (self.cgroups.effective_mems(cg)).map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
-    fn write_cpus(
-        &mut self,
-        _io: &crate::daemon::Io,
-        cg: &str,
-        cpus: &CpuSet,
-    ) -> Result<(), CgroupWriteError> {
+    fn write_cpus(&mut self, _io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         (self.cgroups.write_cpus(cg, cpus)).map_err(|e| wrap(cg, CgroupFile::Cpus, e))?;
         if let Some(rt) = &self.runtime {
             rt.written(cg, Some(cpus), None, || None);
         }
         Ok(())
     }
-    fn write_mems(
-        &mut self,
-        _io: &crate::daemon::Io,
-        cg: &str,
-        mems: &CpuSet,
-    ) -> Result<(), CgroupWriteError> {
+    fn write_mems(&mut self, _io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
         (self.cgroups.write_mems(cg, mems)).map_err(|e| wrap(cg, CgroupFile::Mems, e))?;
         if let Some(rt) = &self.runtime {
             rt.written(cg, None, Some(mems), || self.read_cpus(cg).ok());
@@ -99,19 +89,14 @@ impl CgroupWriter for OwnedWriter {
             .map(|s| s.trim() == "1")
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::MemoryMigrate, "", e))
     }
-    fn set_memory_migrate(
-        &mut self,
-        _io: &crate::daemon::Io,
-        cg: &str,
-        on: bool,
-    ) -> Result<(), CgroupWriteError> {
+    fn set_memory_migrate(&mut self, _io: &Io, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
         (self.cgroups.set_memory_migrate(cg, on))
             .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
     }
     /// A step of move_pages(2), continuing this thread's walk (see [`crate::pages::Walk`]).
     fn move_pages(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,
@@ -125,7 +110,7 @@ impl CgroupWriter for OwnedWriter {
     /// ([`crate::pages::Walk::step_whole`]).
     fn migrate_pages(
         &mut self,
-        _io: &crate::daemon::Io,
+        _io: &Io,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,

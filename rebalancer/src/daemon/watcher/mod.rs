@@ -118,7 +118,7 @@ pub fn on_created(
 ) -> WatchOutcome {
     let o = created(io, adm, cgroups, rel, t0);
     if o.changed() {
-        checkpoint(io, adm);
+        adm.checkpoint_logged(io);
     }
     o
 }
@@ -128,17 +128,9 @@ pub fn on_created(
 pub fn on_removed(io: &mut Io, adm: &Admission, rel: &str) -> WatchOutcome {
     let o = removed(io, adm, rel);
     if o.changed() {
-        checkpoint(io, adm);
+        adm.checkpoint_logged(io);
     }
     o
-}
-
-/// Writes the checkpoint after watcher changes. A failure is logged: the live cgroups are the
-/// truth for watcher admissions, and a restart reconciles from them.
-fn checkpoint(io: &mut Io, adm: &Admission) {
-    if let Err(e) = adm.checkpoint(io) {
-        tracing::warn!(error = %e, "checkpoint after watcher changes failed");
-    }
 }
 
 /// Admits what exists and is unknown, releases bindings whose cgroup vanished. A hierarchy
@@ -198,7 +190,7 @@ pub fn reconcile_with(
     let live_cpus = CgroupCpusetWriter::new(cgroups.clone());
     adm.repair(io, |cg| live_cpus.cpus(cg).map(Seen::cgroupfs));
     if out.iter().any(WatchOutcome::changed) {
-        checkpoint(io, adm);
+        adm.checkpoint_logged(io);
     }
     out
 }

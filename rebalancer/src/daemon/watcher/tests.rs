@@ -92,7 +92,7 @@ fn guaranteed_limits(dir: &Path) {
 
 #[test]
 fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_ones_move_off() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -197,7 +197,7 @@ impl crate::daemon::writer::CpusetWriter for FailFor {
 /// exclusive CPUs.
 #[test]
 fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d0, cg) = fake(root);
@@ -249,7 +249,7 @@ fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
 /// empty.
 #[test]
 fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -288,7 +288,7 @@ fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
 
 #[test]
 fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -319,7 +319,7 @@ fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
 
 #[test]
 fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -348,7 +348,7 @@ fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
 
 #[test]
 fn a_rejected_container_is_fenced_off_exclusive_cpus() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -423,7 +423,7 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
 /// admitted once it is gone.
 #[test]
 fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -480,7 +480,7 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
 /// placement's mems as they are, even with memory off them already.
 #[test]
 fn a_running_container_is_adopted_with_its_memory_where_it_is() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -537,7 +537,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
 /// effective mems, so the write narrows nothing and the kernel migrates nothing in it.
 #[test]
 fn an_adopted_container_keeps_its_effective_mems_whatever_numa_stat_shows() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     // single-numa-node: placed on node 0, mems 0 — and its charged memory is there too
@@ -564,7 +564,7 @@ fn an_adopted_container_keeps_its_effective_mems_whatever_numa_stat_shows() {
 
 #[test]
 fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (adm, cg) = fake(root);
@@ -587,7 +587,7 @@ fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
 
 #[test]
 fn a_kubepods_decoy_outside_kubelets_root_is_never_admitted() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (adm, cg) = fake(root);
@@ -794,7 +794,7 @@ fn the_watcher_watches_only_the_paths_to_kubelets_root_its_tiers_and_pods() {
 /// admitted container keeps its binding and its CPUs stay allocated.
 #[test]
 fn a_hierarchy_that_cannot_be_walked_releases_nothing() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cg");
     std::fs::create_dir(&root).unwrap();
@@ -843,7 +843,7 @@ fn an_enospc_watch_failure_names_the_sysctl() {
 /// watch hands back to reconciling the same way.
 #[test]
 fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_period() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
@@ -942,7 +942,7 @@ fn admitted_cpus(o: &WatchOutcome) -> CpuSet {
 /// the pod cgroup's removal releases it.
 #[test]
 fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_them() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let other = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9";
     for scope in [TopologyScope::Pod, TopologyScope::Container] {
         let dir = tempfile::tempdir().unwrap();
@@ -1006,7 +1006,7 @@ fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_th
 /// container alone would fit; nothing is held, and container scope admits the container.
 #[test]
 fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     for (scope, refused) in [
         (TopologyScope::Pod, true),
         (TopologyScope::Container, false),
@@ -1091,7 +1091,7 @@ fn admit_exclusive(
 
 #[test]
 fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let (adm, cg, root) = kubelet_memory_pod(io, dir.path());
     let kube_uid = KUBE_UID;
@@ -1179,7 +1179,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
 /// sidecar on every CPU keeps off ours.
 #[test]
 fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let (adm, cg, root) = kubelet_memory_pod(io, dir.path());
     {
@@ -1226,7 +1226,7 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
 /// as it is, asks for exactly 2 CPUs and gets 2 exclusive ones.
 #[test]
 fn a_guaranteed_container_without_a_quota_gets_its_weight_as_exclusive_cpus() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -1269,7 +1269,7 @@ fn whole_cpu_weights_invert_exactly() {
 /// and shrinks it back to 1 CPU, the other going back to the shared pool.
 #[test]
 fn a_resize_written_to_the_limits_follows_like_nris() {
-    let io = &mut crate::daemon::Io::new();
+    let io = &mut Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
