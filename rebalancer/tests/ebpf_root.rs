@@ -14,7 +14,11 @@ use std::{
 
 use rebalancer::{
     config::{EbpfConfig, OnCpuSource},
-    ebpf::{probe, Sampler},
+    ebpf::{
+        probe,
+        sample::{thread_cpu_time, ReadTimes, StepTime},
+        Sampler,
+    },
 };
 
 /// Tests that load CPUs with children take turns: 16 spinners pinned to CPU 0 would thin
@@ -365,26 +369,31 @@ fn read_10k_cgroups_timing() {
         "all 10,000 watched"
     );
     let mut full = Vec::new();
+    let mut full_cpu = Vec::new();
     let mut steps = Vec::new();
     for _ in 0..5 {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu_time());
         let got = sampler.read().unwrap();
         full.push(t.elapsed());
+        full_cpu.push(thread_cpu_time() - c);
         steps.push(sampler.last_read_times());
         assert_eq!(got.len() as u64, n, "every watched cgroup read back");
     }
     full.sort();
-    let median = |f: fn(&rebalancer::ebpf::sample::ReadTimes) -> std::time::Duration| {
-        let mut v: Vec<_> = steps.iter().map(f).collect();
-        v.sort();
-        v[2]
+    full_cpu.sort();
+    let median = |f: fn(&ReadTimes) -> StepTime| {
+        let mut wall: Vec<_> = steps.iter().map(|t| f(t).wall).collect();
+        let mut cpu: Vec<_> = steps.iter().map(|t| f(t).cpu).collect();
+        wall.sort();
+        cpu.sort();
+        format!("{:?} (CPU {:?})", wall[2], cpu[2])
     };
     eprintln!(
         "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}; \
          entry by entry: read median {:?} (min {:?}), fold median {:?}; \
          batched: read median {:?} (min {:?}), fold median {:?}; \
-         Sampler::read (all of it) median {:?} (min {:?}); its steps' medians: maps {:?}, \
-         prune {:?}, monotone {:?}, fold {:?}, steal {:?}",
+         Sampler::read (all of it) median {:?} (min {:?}), CPU median {:?} (min {:?}); \
+         its steps' medians: maps {}, prune {}, monotone {}, fold {}, steal {}",
         n,
         nodes.len(),
         topo.cpus.len(),
@@ -396,6 +405,8 @@ fn read_10k_cgroups_timing() {
         b_folds[2],
         full[2],
         full[0],
+        full_cpu[2],
+        full_cpu[0],
         median(|t| t.maps),
         median(|t| t.prune),
         median(|t| t.monotone),

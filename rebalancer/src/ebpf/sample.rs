@@ -312,19 +312,61 @@ pub struct Sampler {
     read_times: ReadTimes,
 }
 
-/// Wall time of each step of one [`Sampler::read`].
+/// Wall and CPU time of each step of one [`Sampler::read`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReadTimes {
     /// The maps read (`read_raw`) and the CPU counters (/proc/stat, per-CPU samples).
-    pub maps: std::time::Duration,
+    pub maps: StepTime,
     /// Entries of cgroups gone or no longer watched found and deleted.
-    pub prune: std::time::Duration,
+    pub prune: StepTime,
     /// Raw values made monotone key by key.
-    pub monotone: std::time::Duration,
+    pub monotone: StepTime,
     /// [`fold_read`] and the samples of cgroups not kept dropped.
-    pub fold: std::time::Duration,
+    pub fold: StepTime,
     /// The steal correction.
-    pub steal: std::time::Duration,
+    pub steal: StepTime,
+}
+
+/// Wall time of a step, and the CPU time the reading thread spent in it (on a loaded machine
+/// the wall time is mostly waiting for a CPU; the CPU time is the step's own cost).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTime {
+    pub wall: std::time::Duration,
+    pub cpu: std::time::Duration,
+}
+
+/// Starts timing a step.
+struct Stopwatch {
+    wall: std::time::Instant,
+    cpu: std::time::Duration,
+}
+
+impl Stopwatch {
+    fn start() -> Self {
+        Self {
+            wall: std::time::Instant::now(),
+            cpu: thread_cpu_time(),
+        }
+    }
+    fn stop(self) -> StepTime {
+        StepTime {
+            wall: self.wall.elapsed(),
+            cpu: thread_cpu_time().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`; zero if the clock fails).
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Nodes of `topo` with CPUs.
@@ -506,14 +548,14 @@ impl Sampler {
         if self.watched.is_none() {
             self.refresh_paths();
         }
-        let t = std::time::Instant::now();
+        let t = Stopwatch::start();
         let mut raw = self.read_raw()?;
         let reading = self.cpu_reading();
         if let Some(r) = &reading {
             self.perf.check_clock(&r.samples, std::time::Instant::now());
         }
-        let maps = t.elapsed();
-        let t = std::time::Instant::now();
+        let maps = t.stop();
+        let t = Stopwatch::start();
         let (deleted, stale) = if self.paths.is_empty() && self.watched.is_none() {
             (0, 0)
         } else {
@@ -523,8 +565,8 @@ impl Sampler {
         self.stale = stale;
         // Summed until taken: a mark's read between two rounds deletes entries too.
         self.deleted = self.deleted.saturating_add(deleted);
-        let prune = t.elapsed();
-        let t = std::time::Instant::now();
+        let prune = t.stop();
+        let t = Stopwatch::start();
         // The counts of a watched cgroup survive the eviction of its entries. Without a watch
         // list (`rebalancer sample`, a daemon whose watch list could not be written) the maps'
         // raw values are used as read: no state for a tenant's every cgroup that ever ran.
@@ -532,8 +574,8 @@ impl Sampler {
         self.monotone.apply(&mut raw, |id| {
             watched.as_ref().is_some_and(|w| w.contains(&id))
         });
-        let monotone = t.elapsed();
-        let t = std::time::Instant::now();
+        let monotone = t.stop();
+        let t = Stopwatch::start();
         let (mut out, dropped) = fold_read(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
@@ -551,15 +593,15 @@ impl Sampler {
         } else if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
-        let fold = t.elapsed();
-        let t = std::time::Instant::now();
+        let fold = t.stop();
+        let t = Stopwatch::start();
         self.steal.apply(reading, &self.cpu_node, &mut out);
         self.read_times = ReadTimes {
             maps,
             prune,
             monotone,
             fold,
-            steal: t.elapsed(),
+            steal: t.stop(),
         };
         Ok(out)
     }
