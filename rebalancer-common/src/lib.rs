@@ -175,7 +175,8 @@ pub enum Stat {
     MmMigrateEvents,
     NumaFaults,
     RemoteSamples,
-    /// A map update failed (map full without LRU, or out of memory).
+    /// A map update failed (map full without LRU, or out of memory), or a watched cgroup's
+    /// count had no counter (its CPU on a node id past `slot_nodes`).
     MapUpdateFailed,
     /// A program found an offset of 0 or out of bounds in `ProgConfig`.
     BadConfig,
