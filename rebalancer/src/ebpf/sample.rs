@@ -1151,7 +1151,7 @@ impl Sampler {
         match &self.mapped {
             Some(m) => format!(
                 "the daemon's watched cgroups in {SLOTS} slots of mmapable arrays \
-                 (BPF_F_MMAPABLE, Linux 5.5+; {} node ids per slot), read from this \
+                 (BPF_F_MMAPABLE, Linux 5.5+; {} node id(s) per slot), read from this \
                  process's mapping without syscalls; {hash}",
                 m.slot_nodes
             ),
