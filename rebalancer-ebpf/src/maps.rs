@@ -3,12 +3,14 @@
 //! The daemon's watched cgroups (`CFG_WATCHED_ONLY`) are counted in slots: `WATCHED` gives a
 //! cgroup id's slot, and the counters sit at that index of two `BPF_F_MMAPABLE` arrays
 //! (`SLOT_CPU` per (slot, node), `SLOT_EVENTS` per slot), added to atomically and read by
-//! userspace straight from its mapping: no syscall, no hash walk. Without a watch list every
-//! cgroup is counted under its own id in shared LRU hash maps, updated with atomic adds, not
-//! per-CPU maps: a per-CPU LRU map preallocates every entry's value on every *possible* CPU (16,384 ×
-//! 88 bytes × 256 CPUs is 369 MB, charged to the daemon's memory cgroup), while these hold one
-//! value per entry (userspace sizes them at load: 16,384 entries plus 128 per CPU for the
-//! LRU's per-CPU free lists, `loader::cg_map_entries`). An entry is created with `BPF_NOEXIST`; a program that loses
+//! userspace straight from its mapping: no syscall, no hash walk.
+//!
+//! Without a watch list every cgroup is counted under its own id in shared LRU hash maps,
+//! updated with atomic adds, not per-CPU maps: a per-CPU LRU map preallocates every entry's
+//! value on every *possible* CPU (16,384 × 88 bytes × 256 CPUs is 369 MB, charged to the
+//! daemon's memory cgroup), while these hold one value per entry (userspace sizes them at
+//! load: 16,384 entries plus 128 per CPU for the LRU's per-CPU free lists,
+//! `loader::cg_map_entries`). An entry is created with `BPF_NOEXIST`; a program that loses
 //! the race to create it adds into the winner's entry, so no count is overwritten.
 use aya_ebpf::{
     macros::map,

@@ -1138,6 +1138,13 @@ impl Sampler {
             })?;
             self.flag_watched_only = true;
         }
+        if slots.waiting > 0 {
+            tracing::debug!(
+                waiting = slots.waiting,
+                resting = self.slots.unowned_used(),
+                "managed cgroups wait for a freed counter slot to rest"
+            );
+        }
         // Anything short of the whole plan written, or a cgroup waiting for a slot, is tried
         // again at the next call, not taken for done while the ids stay the same.
         self.watching = (!failed && slots.waiting == 0).then(|| ids.clone());
