@@ -14,6 +14,18 @@ pub const CG_MAP_ENTRIES: u32 = 16384;
 /// Largest `migrate_reason` value tracked per cgroup (the kernel has about 10).
 pub const MAX_MIGRATE_REASONS: u32 = 16;
 
+/// Counter slots of the watched cgroups (`CFG_WATCHED_ONLY`): `SLOT_EVENTS` holds one
+/// [`SlotEvents`] per slot, `SLOT_CPU` one u64 per (slot, node). Both are `BPF_F_MMAPABLE`
+/// arrays that userspace reads through its own mapping.
+pub const SLOTS: u32 = CG_MAP_ENTRIES;
+
+/// Most NUMA node ids `SLOT_CPU` keeps per slot (userspace sizes it for the machine's nodes,
+/// up to this: 16,384 slots × 64 nodes × 8 bytes is 8 MiB).
+pub const MAX_SLOT_NODES: u32 = 64;
+
+/// `BPF_F_MMAPABLE` of `bpf_map_create` (Linux 5.5+): an array map userspace can mmap.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+
 /// Largest tracepoint context offset the programs accept (bounds check on the BPF side).
 pub const MAX_TP_OFFSET: u32 = 256;
 
@@ -33,10 +45,11 @@ pub const CFG_TASK_OFFSETS: u32 = 1;
 pub const CFG_RUNQ_OFFSETS: u32 = 2;
 
 /// `ProgConfig::flags` bit: count only cgroups in `WATCHED` (the daemon's managed cgroups and
-/// the cgroups below them, each under the id `WATCHED` gives); events of every other cgroup
-/// are counted in `Stat::Unwatched` and create no map entry, so no one else's cgroups can fill
-/// the LRU maps and evict a managed cgroup's counters. Unset (`rebalancer sample`, `top`):
-/// every cgroup is counted under its own id.
+/// the cgroups below them, each mapped to the slot of the cgroup it is counted under), into
+/// their slots of `SLOT_CPU` and `SLOT_EVENTS`; events of every other cgroup cost one failed
+/// lookup, are counted in `Stat::Unwatched` and touch no counter, so no one else's cgroups can
+/// take a managed cgroup's place. Unset (`rebalancer sample`, `top`): every cgroup is counted
+/// under its own id in the LRU hash maps.
 pub const CFG_WATCHED_ONLY: u32 = 4;
 
 /// Slots of the per-CPU `RUNQ` array: cpu-clock samples that read the run queue, and the sum
@@ -82,6 +95,16 @@ pub struct CgEvents {
     pub remote_events: u64,
     /// Local-DRAM PMU samples (userspace multiplies by the local event's period).
     pub local_events: u64,
+}
+
+/// The counters of one watched cgroup's slot, summed over nodes (only on-CPU time is kept per
+/// node, in `SLOT_CPU`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SlotEvents {
+    pub events: CgEvents,
+    /// Pages migrated per migrate reason (reasons past the last go to the last).
+    pub reasons: [u64; MAX_MIGRATE_REASONS as usize],
 }
 
 /// Per-CPU state of the exact (sched_switch) on-CPU accounting.
@@ -133,6 +156,9 @@ pub struct ProgConfig {
     pub cfs_rq_rq_off: u32,
     /// rq → tasks on the run queue, running or waiting (`nr_running`).
     pub rq_nr_running_off: u32,
+    /// Node ids per slot in `SLOT_CPU` (its index is `slot * slot_nodes + node`).
+    pub slot_nodes: u32,
+    pub _pad: u32,
 }
 
 /// Indices of the per-CPU `STATS` array, used by both sides.
@@ -149,7 +175,8 @@ pub enum Stat {
     MmMigrateEvents,
     NumaFaults,
     RemoteSamples,
-    /// A map update failed (map full without LRU, or out of memory).
+    /// A map update failed (map full without LRU, or out of memory), or a watched cgroup's
+    /// count had no counter (its CPU on a node id past `slot_nodes`).
     MapUpdateFailed,
     /// A program found an offset of 0 or out of bounds in `ProgConfig`.
     BadConfig,
@@ -208,7 +235,8 @@ const _: () = assert!(core::mem::size_of::<CgNodeKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgReasonKey>() == 16);
 const _: () = assert!(core::mem::size_of::<CgEvents>() == 72);
 const _: () = assert!(core::mem::size_of::<SwitchState>() == 24);
-const _: () = assert!(core::mem::size_of::<ProgConfig>() == 88);
+const _: () = assert!(core::mem::size_of::<ProgConfig>() == 96);
+const _: () = assert!(core::mem::size_of::<SlotEvents>() == 200);
 const _: () = assert!(Stat::Unwatched as u32 + 1 == Stat::COUNT);
 
 #[cfg(feature = "user")]
@@ -218,5 +246,6 @@ mod pod {
     unsafe impl aya::Pod for super::CgReasonKey {}
     unsafe impl aya::Pod for super::CgEvents {}
     unsafe impl aya::Pod for super::SwitchState {}
+    unsafe impl aya::Pod for super::SlotEvents {}
     unsafe impl aya::Pod for super::ProgConfig {}
 }

@@ -1,6 +1,7 @@
 //! rebalancer's eBPF programs. Entry points are thin; logic lives in `try_*` functions in the
-//! modules below; the per-cgroup counters are shared LRU maps updated with atomic adds (see
-//! `maps`), diffed (saturating) in userspace.
+//! modules below; the per-cgroup counters are updated with atomic adds (see `maps`): the
+//! daemon's watched cgroups in slots of mmapable arrays, every cgroup in shared LRU hash maps
+//! when there is no watch list; diffed (saturating) in userspace.
 //!
 //! - `on_cpu_sample` (perf_event, software cpu-clock at `ebpf.sample_hz` per CPU): on-CPU time
 //!   per (cgroup id, node) by sampling — the default; costs the same whatever the switch rate —

@@ -1,18 +1,24 @@
 //! Maps shared by every program, and the small helpers that update them.
 //!
-//! The per-cgroup counters are shared LRU hash maps updated with atomic adds, not per-CPU
-//! maps: a per-CPU LRU map preallocates every entry's value on every *possible* CPU (16,384 ×
-//! 88 bytes × 256 CPUs is 369 MB, charged to the daemon's memory cgroup), while these hold one
-//! value per entry (userspace sizes them at load: 16,384 entries plus 128 per CPU for the
-//! LRU's per-CPU free lists, `loader::cg_map_entries`). An entry is created with `BPF_NOEXIST`; a program that loses
+//! The daemon's watched cgroups (`CFG_WATCHED_ONLY`) are counted in slots: `WATCHED` gives a
+//! cgroup id's slot, and the counters sit at that index of two `BPF_F_MMAPABLE` arrays
+//! (`SLOT_CPU` per (slot, node), `SLOT_EVENTS` per slot), added to atomically and read by
+//! userspace straight from its mapping: no syscall, no hash walk.
+//!
+//! Without a watch list every cgroup is counted under its own id in shared LRU hash maps,
+//! updated with atomic adds, not per-CPU maps: a per-CPU LRU map preallocates every entry's
+//! value on every *possible* CPU (16,384 × 88 bytes × 256 CPUs is 369 MB, charged to the
+//! daemon's memory cgroup), while these hold one value per entry (userspace sizes them at
+//! load: 16,384 entries plus 128 per CPU for the LRU's per-CPU free lists,
+//! `loader::cg_map_entries`). An entry is created with `BPF_NOEXIST`; a program that loses
 //! the race to create it adds into the winner's entry, so no count is overwritten.
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use rebalancer_common::{
-    CgEvents, CgNodeKey, CgReasonKey, ProgConfig, Stat, SwitchState, CFG_WATCHED_ONLY,
-    CG_MAP_ENTRIES, MAX_CPUS, RUNQ_SLOTS,
+    CgEvents, CgNodeKey, CgReasonKey, ProgConfig, SlotEvents, Stat, SwitchState, BPF_F_MMAPABLE,
+    CFG_WATCHED_ONLY, CG_MAP_ENTRIES, MAX_CPUS, MAX_MIGRATE_REASONS, RUNQ_SLOTS, SLOTS,
 };
 
 /// `BPF_NOEXIST` of `bpf_map_update_elem`.
@@ -29,11 +35,18 @@ pub static EVENTS: LruHashMap<CgNodeKey, CgEvents> =
 #[map]
 pub static MIGRATE_REASONS: LruHashMap<CgReasonKey, u64> =
     LruHashMap::with_max_entries(CG_MAP_ENTRIES, 0);
-/// The cgroup ids counted when `CFG_WATCHED_ONLY` is set, each with the id its events are
-/// counted under (itself for a managed cgroup, the container for a cgroup below one), filled
-/// by the daemon each round.
+/// The cgroup ids counted when `CFG_WATCHED_ONLY` is set, each with the slot its events are
+/// counted in (the managed cgroup's own; a cgroup below one shares its container's), filled by
+/// the daemon each round. A slot's counters are zeroed before an id is given it.
 #[map]
-pub static WATCHED: HashMap<u64, u64> = HashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+pub static WATCHED: HashMap<u64, u32> = HashMap::with_max_entries(CG_MAP_ENTRIES, 0);
+/// On-CPU nanoseconds per (slot, node), at `slot * slot_nodes + node`. Userspace sizes it
+/// (`SLOTS * slot_nodes`) at load.
+#[map]
+pub static SLOT_CPU: Array<u64> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+/// Event counters and pages per migrate reason, per slot.
+#[map]
+pub static SLOT_EVENTS: Array<SlotEvents> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
 /// Exact-mode state of each CPU.
 #[map]
 pub static SWITCH_STATE: PerCpuArray<SwitchState> = PerCpuArray::with_max_entries(1, 0);
@@ -136,17 +149,25 @@ macro_rules! add_to {
     }};
 }
 
-/// The id events of `cgroup_id` are counted under: itself, unless the daemon asked for its
-/// managed cgroups only (`CFG_WATCHED_ONLY`): then `WATCHED`'s entry for it, or None (not
-/// counted) when it has none.
+/// Where the events of a cgroup are counted.
+enum Counted {
+    /// Under its own id, in the LRU hash maps (no watch list).
+    Id(u64),
+    /// In this slot of `SLOT_CPU` / `SLOT_EVENTS` (a watched cgroup).
+    Slot(u32),
+}
+
+/// Where events of `cgroup_id` are counted: under its own id, unless the daemon asked for its
+/// managed cgroups only (`CFG_WATCHED_ONLY`): then in the slot `WATCHED` gives it, or nowhere
+/// (None) when it has none.
 #[inline(always)]
-fn watched(cgroup_id: u64) -> Option<u64> {
+fn watched(cgroup_id: u64) -> Option<Counted> {
     if !config().is_ok_and(|c| c.flags & CFG_WATCHED_ONLY != 0) {
-        return Some(cgroup_id);
+        return Some(Counted::Id(cgroup_id));
     }
     match WATCHED.get_ptr(&cgroup_id) {
         // SAFETY: a map value, read once.
-        Some(p) => Some(unsafe { *p }),
+        Some(p) => Some(Counted::Slot(unsafe { *p })),
         None => {
             bump(Stat::Unwatched);
             None
@@ -154,11 +175,37 @@ fn watched(cgroup_id: u64) -> Option<u64> {
     }
 }
 
+/// The counters of `slot`, or None (counted as a failed update) when it is out of range.
+#[inline(always)]
+fn slot_events(slot: u32) -> Option<*mut SlotEvents> {
+    let p = SLOT_EVENTS.get_ptr_mut(slot);
+    if p.is_none() {
+        bump(Stat::MapUpdateFailed);
+    }
+    p
+}
+
 /// Adds `ns` to the on-CPU time of (cgroup, node).
 #[inline(always)]
 pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
-    let Some(cgroup_id) = watched(cgroup_id) else {
-        return;
+    let cgroup_id = match watched(cgroup_id) {
+        None => return,
+        Some(Counted::Id(id)) => id,
+        Some(Counted::Slot(slot)) => {
+            let stride = config().map_or(0, |c| c.slot_nodes);
+            // A node past the array's width (a node hot-added beyond the ids sized for) loses
+            // its time, counted as a failed update.
+            let p = if node < stride {
+                SLOT_CPU.get_ptr_mut(slot.wrapping_mul(stride).wrapping_add(node))
+            } else {
+                None
+            };
+            match p {
+                Some(p) => add(p, ns),
+                None => bump(Stat::MapUpdateFailed),
+            }
+            return;
+        }
     };
     let key = CgNodeKey {
         cgroup_id,
@@ -171,16 +218,24 @@ pub fn add_cpu_ns(cgroup_id: u64, node: u32, ns: u64) {
 /// Adds what `f` counts to the event counters of (cgroup, node), creating them when missing.
 #[inline(always)]
 pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
-    let Some(cgroup_id) = watched(cgroup_id) else {
-        return;
+    let mut d = CgEvents::default();
+    f(&mut d);
+    let cgroup_id = match watched(cgroup_id) {
+        None => return,
+        Some(Counted::Id(id)) => id,
+        Some(Counted::Slot(slot)) => {
+            if let Some(p) = slot_events(slot) {
+                // SAFETY: a field of a valid map value.
+                add_events(unsafe { &raw mut (*p).events }, &d);
+            }
+            return;
+        }
     };
     let key = CgNodeKey {
         cgroup_id,
         node,
         _pad: 0,
     };
-    let mut d = CgEvents::default();
-    f(&mut d);
     match EVENTS.get_ptr_mut(&key) {
         Some(p) => add_events(p, &d),
         None => {
@@ -197,8 +252,21 @@ pub fn update_events(cgroup_id: u64, node: u32, f: impl Fn(&mut CgEvents)) {
 /// Adds `pages` to (cgroup, reason).
 #[inline(always)]
 pub fn add_reason_pages(cgroup_id: u64, reason: u32, pages: u64) {
-    let Some(cgroup_id) = watched(cgroup_id) else {
-        return;
+    let cgroup_id = match watched(cgroup_id) {
+        None => return,
+        Some(Counted::Id(id)) => id,
+        Some(Counted::Slot(slot)) => {
+            if let Some(p) = slot_events(slot) {
+                let r = if reason < MAX_MIGRATE_REASONS {
+                    reason
+                } else {
+                    MAX_MIGRATE_REASONS - 1
+                } as usize;
+                // SAFETY: `r` is within the array of a valid map value.
+                add(unsafe { &raw mut (*p).reasons[r] }, pages);
+            }
+            return;
+        }
     };
     let key = CgReasonKey {
         cgroup_id,

@@ -5,6 +5,7 @@
 //! cpu-clock sampler and for exact sched_switch accounting. Skips (printing why) when not root,
 //! without kernel BTF, without a cgroup v2 hierarchy or with fewer than 2 CPUs.
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     os::unix::{fs::MetadataExt, process::CommandExt},
     path::{Path, PathBuf},
@@ -14,7 +15,11 @@ use std::{
 
 use rebalancer::{
     config::{EbpfConfig, OnCpuSource},
-    ebpf::{probe, Sampler},
+    ebpf::{
+        probe,
+        sample::{thread_cpu_time, ReadTimes, StepTime},
+        Sampler,
+    },
 };
 
 /// Tests that load CPUs with children take turns: 16 spinners pinned to CPU 0 would thin
@@ -201,10 +206,12 @@ fn sampled_cpu_time_matches_rusage_and_migrations_are_counted() {
     check_mode(OnCpuSource::Exact);
 }
 
-/// The per-cgroup maps are shared LRU hash maps (BPF_MAP_TYPE_LRU_HASH = 9), not per-CPU
+/// The per-cgroup hash maps are shared LRU hash maps (BPF_MAP_TYPE_LRU_HASH = 9), not per-CPU
 /// ones (LRU_PERCPU_HASH = 10): a per-CPU LRU map preallocates every entry on every possible
 /// CPU, 369 MB at 256 CPUs, more than the daemon's memory limit. Their memory (the kernel's
-/// `memlock`) stays within a bound that does not depend on the number of CPUs.
+/// `memlock`) stays within a bound that does not depend on the number of CPUs. The watched
+/// cgroups' slots are mmapable arrays (BPF_MAP_TYPE_ARRAY = 2, BPF_F_MMAPABLE) of one value
+/// per slot (per node for on-CPU time), and the watch list a hash map (1).
 #[test]
 fn per_cgroup_maps_hold_one_value_per_entry() {
     if let Some(why) = skip_reason() {
@@ -216,7 +223,18 @@ fn per_cgroup_maps_hold_one_value_per_entry() {
     let sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
     let maps = sampler.map_footprint();
     let names: Vec<&str> = maps.iter().map(|m| m.0).collect();
-    assert_eq!(names, ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"], "{maps:?}");
+    assert_eq!(
+        names,
+        [
+            "CPU_TIME",
+            "EVENTS",
+            "MIGRATE_REASONS",
+            "WATCHED",
+            "SLOT_CPU",
+            "SLOT_EVENTS"
+        ],
+        "{maps:?}"
+    );
     let per_entry_bound = 16 + std::mem::size_of::<rebalancer_common::CgEvents>() as u64 + 128;
     // One value per entry, and 128 more entries per CPU (the LRU's per-CPU free lists, at
     // most 2^17 entries in all), not one value per entry per possible CPU.
@@ -227,21 +245,41 @@ fn per_cgroup_maps_hold_one_value_per_entry() {
         (rebalancer_common::CG_MAP_ENTRIES + 128 * cpus).min(1 << 17),
         "sized for this machine"
     );
-    for (name, map_type, memlock) in &maps {
+    for (name, map_type, _, memlock) in &maps[..3] {
         assert_eq!(*map_type, 9, "{name} is a shared LRU hash map: {maps:?}");
         assert!(
             *memlock <= u64::from(entries) * per_entry_bound,
             "{name}: {memlock} bytes"
         );
     }
-    eprintln!("per-cgroup maps (name, type, memlock bytes): {maps:?}");
+    assert_eq!(maps[3].1, 1, "WATCHED is a hash map: {maps:?}");
+    let slots = u64::from(rebalancer_common::SLOTS);
+    let nodes = u64::from(rebalancer::ebpf::loader::slot_nodes(&topo));
+    let slot_event = std::mem::size_of::<rebalancer_common::SlotEvents>() as u64;
+    for ((name, map_type, flags, memlock), values) in maps[4..]
+        .iter()
+        .zip([slots * nodes * 8, slots * slot_event])
+    {
+        assert_eq!(*map_type, 2, "{name} is an array: {maps:?}");
+        assert_eq!(
+            flags & rebalancer_common::BPF_F_MMAPABLE,
+            rebalancer_common::BPF_F_MMAPABLE,
+            "{name} is mmapable: {maps:?}"
+        );
+        // The values, page-rounded, and the array's header page.
+        assert!(
+            (values..=values + 3 * 4096).contains(memlock),
+            "{name}: {memlock} bytes for {values} of values"
+        );
+    }
+    eprintln!("maps (name, type, flags, memlock bytes): {maps:?}");
 }
 
-/// An LRU map evicts one (cgroup, node) entry of a cgroup; the cgroup's counts must
-/// not go back (the next period would read 0 for its other nodes, or with a "reset" rule their
-/// lifetime), and the entry made again counts from 0.
+/// A watched cgroup's counts sit in its own slot: no eviction takes them back; out of the
+/// watch list and back it counts from 0 again; and a slot freed by one cgroup and given to
+/// another (after its rest) starts from 0, its first owner's counts gone and its id unmapped.
 #[test]
-fn an_evicted_entry_takes_no_counts_back() {
+fn a_recycled_slot_starts_from_zero() {
     if let Some(why) = skip_reason() {
         eprintln!("SKIP: {why}");
         return;
@@ -249,42 +287,66 @@ fn an_evicted_entry_takes_no_counts_back() {
     let topo = rebalancer::topology::sysfs::read(Path::new("/sys")).expect("read /sys topology");
     let (sampler, statuses) = Sampler::start(&topo, &EbpfConfig::default());
     let mut sampler = sampler.unwrap_or_else(|| panic!("no sampler: {statuses:#?}"));
-    let id = (1u64 << 41) + 7; // far from real cgroup ids
-    sampler
-        .watch_only(&[(id, id)].into_iter().collect(), &[])
-        .expect("watch list");
-    // One migration on node 0 and one on node 1 (nodes need not exist for the map).
-    sampler.bench_fill(id, 1, &[0]).unwrap();
-    sampler.bench_fill(id, 1, &[1]).unwrap();
-    let migrations = |s: &mut Sampler| s.read().expect("read")[&id].migrations;
-    assert_eq!(migrations(&mut sampler), 2);
-    sampler.bench_evict(id, 1);
+    let (a, b) = ((1u64 << 41) + 7, (1u64 << 41) + 9); // far from real cgroup ids
+    let watch = |ids: &[u64]| ids.iter().map(|&i| (i, i)).collect::<BTreeMap<u64, u64>>();
     assert_eq!(
-        migrations(&mut sampler),
-        2,
-        "an evicted entry's count is kept"
+        sampler.watch_only(&watch(&[a]), &[]).expect("watch list"),
+        0
     );
-    sampler.bench_fill(id, 1, &[1]).unwrap();
+    let slot_a = sampler.slot_of(a).expect("a slot for a");
     assert_eq!(
-        migrations(&mut sampler),
-        3,
-        "the entry made again counts from 0"
+        sampler.watched_in_kernel().unwrap(),
+        BTreeMap::from([(a, slot_a)])
     );
-    // Out of the watch list for one read (its entries deleted, the engine forgets
-    // its baseline), then watched again: it counts from then, not its lifetime.
-    sampler
-        .watch_only(&Default::default(), &[])
-        .expect("watch list");
-    assert!(!sampler.read().expect("read").contains_key(&id));
-    sampler
-        .watch_only(&[(id, id)].into_iter().collect(), &[])
-        .expect("watch list");
-    sampler.bench_fill(id, 1, &[0]).unwrap();
+    assert!(
+        !sampler.read().expect("read").contains_key(&a),
+        "nothing counted yet: no sample"
+    );
+    // One migration counted on node 0, one on node 1 (nodes need not exist for the slot).
+    sampler.bench_fill(a, 1, &[0]).unwrap();
+    sampler.bench_fill(a, 1, &[1]).unwrap();
+    let migrations = |s: &mut Sampler, id| s.read().expect("read").get(&id).map(|s| s.migrations);
+    assert_eq!(migrations(&mut sampler, a), Some(2));
+    // Out of the watch list: its entry goes at once, its slot rests.
+    sampler.watch_only(&watch(&[]), &[]).expect("watch list");
+    assert!(sampler.watched_in_kernel().unwrap().is_empty());
+    assert!(!sampler.read().expect("read").contains_key(&a));
+    // Back at once: a fresh slot (the old one still rests), counting from 0.
+    sampler.watch_only(&watch(&[a]), &[]).expect("watch list");
+    let slot_a2 = sampler.slot_of(a).expect("a slot for a");
+    assert_ne!(slot_a2, slot_a, "a resting slot is not given again at once");
+    sampler.bench_fill(a, 1, &[0]).unwrap();
     assert_eq!(
-        migrations(&mut sampler),
-        1,
+        migrations(&mut sampler, a),
+        Some(1),
         "back in the watch list: what it counted since"
     );
+    // `a` goes, `b` comes after the rest: `b` is given `a`'s slot, zeroed first.
+    for _ in 0..4 {
+        sampler.bench_fill(a, 1, &[0]).unwrap();
+    }
+    assert_eq!(migrations(&mut sampler, a), Some(5));
+    sampler.watch_only(&watch(&[]), &[]).expect("watch list");
+    std::thread::sleep(rebalancer::ebpf::slots::REUSE_AFTER + Duration::from_millis(100));
+    sampler.watch_only(&watch(&[b]), &[]).expect("watch list");
+    let slot_b = sampler.slot_of(b).expect("a slot for b");
+    assert!(
+        [slot_a, slot_a2].contains(&slot_b),
+        "a rested slot is given again ({slot_b} of {slot_a}, {slot_a2})"
+    );
+    assert_eq!(
+        sampler.watched_in_kernel().unwrap(),
+        BTreeMap::from([(b, slot_b)])
+    );
+    let read = sampler.read().expect("read");
+    assert!(
+        !read.contains_key(&b),
+        "b starts from 0: {:?}",
+        read.get(&b)
+    );
+    assert!(!read.contains_key(&a));
+    sampler.bench_fill(b, 1, &[0]).unwrap();
+    assert_eq!(migrations(&mut sampler, b), Some(1), "only b's own counts");
 }
 
 /// Reading 10,000 cgroups' entries (one CPU_TIME entry per node + one EVENTS entry each),
@@ -356,35 +418,47 @@ fn read_10k_cgroups_timing() {
         sorted(&it_raw),
         "batched read = entry-by-entry read"
     );
-    // What a round pays: the whole read (maps, pruning, per-key monotone counts, fold, steal)
-    // with the 10,000 cgroups watched.
+    // What a round pays: the whole read (the slots' walk, exact mode's pending time, the CPU
+    // counters, steal) with the 10,000 cgroups watched, each counted in its slot.
     let watch = (first..first + n).map(|id| (id, id)).collect();
     assert_eq!(
         sampler.watch_only(&watch, &[]).unwrap(),
         0,
         "all 10,000 watched"
     );
+    sampler.bench_fill(first, n, &nodes).unwrap();
     let mut full = Vec::new();
+    let mut full_cpu = Vec::new();
     let mut steps = Vec::new();
     for _ in 0..5 {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), thread_cpu_time());
         let got = sampler.read().unwrap();
         full.push(t.elapsed());
+        full_cpu.push(thread_cpu_time() - c);
         steps.push(sampler.last_read_times());
         assert_eq!(got.len() as u64, n, "every watched cgroup read back");
+        let s = &got[&(first + n - 1)];
+        assert_eq!(
+            (s.total_cpu_ns(), s.migrations),
+            (1_000 * nodes.len() as u64, 1),
+            "what was counted"
+        );
     }
     full.sort();
-    let median = |f: fn(&rebalancer::ebpf::sample::ReadTimes) -> std::time::Duration| {
-        let mut v: Vec<_> = steps.iter().map(f).collect();
-        v.sort();
-        v[2]
+    full_cpu.sort();
+    let median = |f: fn(&ReadTimes) -> StepTime| {
+        let mut wall: Vec<_> = steps.iter().map(|t| f(t).wall).collect();
+        let mut cpu: Vec<_> = steps.iter().map(|t| f(t).cpu).collect();
+        wall.sort();
+        cpu.sort();
+        format!("{:?} (CPU {:?})", wall[2], cpu[2])
     };
     eprintln!(
         "BENCH read_10k_cgroups: {} cgroups x {} node(s), {} CPUs: fill {fill:?}; \
          entry by entry: read median {:?} (min {:?}), fold median {:?}; \
          batched: read median {:?} (min {:?}), fold median {:?}; \
-         Sampler::read (all of it) median {:?} (min {:?}); its steps' medians: maps {:?}, \
-         prune {:?}, monotone {:?}, fold {:?}, steal {:?}",
+         Sampler::read (all of it) median {:?} (min {:?}), CPU median {:?} (min {:?}); \
+         its steps' medians: maps {}, prune {}, fold {}, steal {}",
         n,
         nodes.len(),
         topo.cpus.len(),
@@ -396,9 +470,10 @@ fn read_10k_cgroups_timing() {
         b_folds[2],
         full[2],
         full[0],
+        full_cpu[2],
+        full_cpu[0],
         median(|t| t.maps),
         median(|t| t.prune),
-        median(|t| t.monotone),
         median(|t| t.fold),
         median(|t| t.steal),
     );
@@ -727,17 +802,20 @@ fn only_watched_cgroups_are_counted() {
         unwatched(&sampler) > 0,
         "the tenant's events were seen and not counted"
     );
-    let raw = sampler.read_raw().unwrap();
-    assert!(
-        !raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == their_id),
-        "the unwatched cgroup holds no entry"
+    let slot = sampler.slot_of(our_id).expect("our slot");
+    assert_eq!(
+        sampler.watched_in_kernel().unwrap(),
+        BTreeMap::from([(our_id, slot), (sub_id, slot)]),
+        "the sub-cgroup counted in its container's slot; the unwatched cgroup has none"
     );
+    assert_eq!(sampler.slot_of(their_id), None);
 
-    // Dropped from the list: its entries go at the next read.
+    // Dropped from the list: its entries go at once, and so does its sample.
     sampler
         .watch_only(&[(their_id, their_id)].into(), &[])
         .unwrap();
-    sampler.read().unwrap();
-    let raw = sampler.read_raw().unwrap();
-    assert!(!raw.cpu_time.iter().any(|(k, _)| k.cgroup_id == our_id));
+    let kernel = sampler.watched_in_kernel().unwrap();
+    assert_eq!(kernel.keys().copied().collect::<Vec<_>>(), [their_id]);
+    assert_eq!(sampler.slot_of(our_id), None);
+    assert!(!sampler.read().unwrap().contains_key(&our_id));
 }

@@ -1,5 +1,5 @@
-//! `rebalancer probe`: which eBPF / PMU sources this kernel supports, the measured access source
-//! (written pages), and the cgroup mode.
+//! `rebalancer probe`: which eBPF / PMU sources this kernel supports, how their per-cgroup
+//! counters are kept and read, the measured access source (written pages), and the cgroup mode.
 //! It really loads and attaches every source (then detaches them), so "available" means the
 //! verifier accepted the program and the attach point exists.
 use std::process::ExitCode;
@@ -24,6 +24,8 @@ pub struct ProbeArgs {
 #[derive(Serialize)]
 struct Report {
     sources: Vec<SourceStatus>,
+    /// Where the programs count per cgroup and how the daemon reads it.
+    counters: String,
     kernel: String,
     cgroup_mode: &'static str,
 }
@@ -39,6 +41,10 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     })?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let (sampler, mut sources) = Sampler::start_with(&topo, &cfg.ebpf, true);
+    let counters = match &sampler {
+        Some(s) => s.counters(),
+        None => "none (no eBPF source: see below)".to_string(),
+    };
     drop(sampler);
     // The measured access source (`controller.written_pages`), probed as the daemon does.
     const WRITTEN: &str = "written_pages:soft_dirty";
@@ -52,6 +58,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     });
     let report = Report {
         sources,
+        counters,
         kernel: probe::kernel_release(),
         cgroup_mode: probe::cgroup_mode(&mountinfo).as_str(),
     };
@@ -59,6 +66,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("kernel {}  cgroups {}", report.kernel, report.cgroup_mode);
+        println!("counters: {}", report.counters);
         for s in &report.sources {
             let state = if s.available { "available" } else { "skipped" };
             println!("{:<22} {:<10} {}", s.name, state, s.reason);

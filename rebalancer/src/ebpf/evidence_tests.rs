@@ -1,14 +1,14 @@
-//! Every locality evidence through the real read path: injected map contents → [`fold_read`]
-//! (fold, PMU health, evidence marking) → per-period delta → [`Sample::access`] into the
+//! Every locality evidence through the real read path: injected slot contents →
+//! [`fold_slots`] and [`pmu_check`] (PMU health, evidence marking), as a watching sampler reads
+//! them, → per-period delta → [`Sample::access`] into the
 //! cgroup's observation → `ControllerState::observe` → `plan` → the decision `explain` shows.
 
 use std::collections::BTreeMap;
 
-use rebalancer_common::{CgEvents, CgNodeKey};
-
 use super::{
     pmu::{self, Event, EventPair},
-    sample::{fold_read, RawMaps},
+    sample::{fold_slots, pmu_check},
+    slots::EVENT_WORDS,
     Sample,
 };
 use crate::{
@@ -53,26 +53,20 @@ struct Counts {
 }
 
 impl Counts {
-    fn raw(&self) -> RawMaps {
-        let key = |node| CgNodeKey {
-            cgroup_id: CG,
-            node,
-            _pad: 0,
-        };
-        RawMaps {
-            cpu_time: vec![(key(0), self.cpu_ns_node0)],
-            events: vec![(
-                key(0),
-                CgEvents {
-                    local_faults: self.local_faults,
-                    remote_faults: self.remote_faults,
-                    local_events: self.local_samples,
-                    remote_events: self.remote_samples,
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        }
+    /// `SLOT_CPU` (2 nodes per slot) and `SLOT_EVENTS` words with the cgroup in slot 1.
+    fn slots(&self) -> (Vec<u64>, Vec<u64>) {
+        let mut cpu = vec![0; 4];
+        cpu[2] = self.cpu_ns_node0;
+        let mut ev = vec![0; 2 * EVENT_WORDS];
+        let e = &mut ev[EVENT_WORDS..];
+        // `CgEvents`' fields in order: local / remote faults, remote / local DRAM samples.
+        (e[5], e[6], e[7], e[8]) = (
+            self.local_faults,
+            self.remote_faults,
+            self.remote_samples,
+            self.local_samples,
+        );
+        (cpu, ev)
     }
 }
 
@@ -109,14 +103,16 @@ impl Pipe {
         c.remote_faults += add.remote_faults;
         c.local_samples += add.local_samples;
         c.remote_samples += add.remote_samples;
-        let (all, dropped) = fold_read(
-            &c.raw(),
-            |_| Some(0),
-            &BTreeMap::new(),
-            self.pmu.as_ref(),
-            &mut self.health,
+        let (cpu, ev) = c.slots();
+        let mut all = fold_slots(
+            &BTreeMap::from([(CG, 1)]),
+            |i| cpu[i],
+            |i| ev[i],
             2,
+            &[],
+            self.pmu.as_ref().is_some_and(|p| p.local_includes_remote),
         );
+        let dropped = pmu_check(&mut all, self.pmu.as_ref(), &mut self.health, 2);
         if dropped.is_some() {
             self.dropped = dropped;
         }

@@ -17,7 +17,9 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use rebalancer_common::{ProgConfig, CFG_RUNQ_OFFSETS, CFG_TASK_OFFSETS, MAX_CPUS};
+use rebalancer_common::{
+    ProgConfig, CFG_RUNQ_OFFSETS, CFG_TASK_OFFSETS, MAX_CPUS, MAX_SLOT_NODES, SLOTS,
+};
 
 use super::{
     btf,
@@ -62,6 +64,22 @@ pub struct Loaded {
     pub perf: PerfCpus,
     /// Entries each per-cgroup map was created with ([`cg_map_entries`]).
     pub cg_entries: u32,
+    /// Node ids per slot of `SLOT_CPU` ([`slot_nodes`]).
+    pub slot_nodes: u32,
+}
+
+/// Node ids per slot of `SLOT_CPU`: every node id of `topo` (CPU-less ones included: ids are
+/// not dense), at most `MAX_SLOT_NODES`. A CPU on a node past them has its watched time
+/// counted as a failed update (`Stat::MapUpdateFailed`).
+pub fn slot_nodes(topo: &Topology) -> u32 {
+    let top = topo
+        .nodes
+        .iter()
+        .map(|n| n.id)
+        .chain(topo.cpus.iter().filter_map(|c| c.node))
+        .max()
+        .unwrap_or(0);
+    top.saturating_add(1).clamp(1, MAX_SLOT_NODES)
 }
 
 /// Entries of each per-cgroup map (`CPU_TIME`, `EVENTS`, `MIGRATE_REASONS`) on a machine with
@@ -89,6 +107,7 @@ fn all_skipped(reason: &str) -> Loaded {
         sample_period_ns: 0,
         perf: PerfCpus::default(),
         cg_entries: 0,
+        slot_nodes: 0,
     }
 }
 
@@ -104,6 +123,12 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return all_skipped("not root (loading eBPF needs CAP_BPF and CAP_PERFMON)");
+    }
+    let release = super::probe::kernel_release();
+    if !super::probe::mmapable_arrays(&release) {
+        return all_skipped(&format!(
+            "kernel {release}: the watched cgroups' counters are mmapable BPF arrays (Linux 5.5+)"
+        ));
     }
     raise_memlock();
     let ncpu_entries = topo.cpus.iter().map(|c| c.id + 1).max().unwrap_or(1);
@@ -121,11 +146,14 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
     for m in ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"] {
         loader.map_max_entries(m, cg_entries);
     }
+    let slot_nodes = slot_nodes(topo);
+    loader.map_max_entries("SLOT_CPU", SLOTS * slot_nodes);
     let mut ebpf = match loader.load(OBJECT) {
         Ok(e) => e,
         Err(e) => return all_skipped(&format!("loading the eBPF object failed: {e}")),
     };
-    let (pc, reason_names, mut pre) = prog_config(cfg);
+    let (mut pc, reason_names, mut pre) = prog_config(cfg);
+    pc.slot_nodes = slot_nodes;
     if let Err(e) = fill_maps(&mut ebpf, topo, &pc) {
         return all_skipped(&format!("filling config maps failed: {e}"));
     }
@@ -292,6 +320,7 @@ pub fn load(topo: &Topology, cfg: &EbpfConfig, both_on_cpu: bool) -> Loaded {
             online.iter().copied().collect::<BTreeSet<u32>>(),
         ),
         cg_entries,
+        slot_nodes,
     }
 }
 

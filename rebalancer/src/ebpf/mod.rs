@@ -1,6 +1,7 @@
 //! eBPF sampling: the only module that imports aya. Probes sources, loads and attaches the
-//! embedded programs, and reads their maps (shared LRU hash maps, atomic adds on the BPF side)
-//! into per-cgroup samples.
+//! embedded programs, and reads their maps (atomic adds on the BPF side: the watched cgroups'
+//! counter slots in mmapable arrays, read from this process's mapping; every cgroup in shared
+//! LRU hash maps before there is a watch list) into per-cgroup samples.
 //!
 //! - `probe`: kernel release, cgroup mode and v2 mount (from /proc/self/mountinfo).
 //! - `pmu`: the local / remote DRAM event pair per CPU family, and whether its counts are
@@ -10,8 +11,9 @@
 //! - `loader`: loads the object, fills the config maps, attaches each source and reports it.
 //! - `perfcpu`: the perf_event programs' events per CPU, kept in step with CPU hotplug.
 //! - `sample`: [`Sampler`] — reads and folds the maps into a [`Sample`] per cgroup id, maps
-//!   ids to paths, deletes entries of vanished cgroups.
-//! - `monotone`: per-key monotone counts from the LRU maps (an evicted entry counts from 0).
+//!   ids to paths, deletes entries of vanished cgroups, keeps the watch list.
+//! - `slots`: which watched cgroup owns which counter slot (freed slots rest, then are zeroed
+//!   before reuse), and the mapped arrays.
 //! - `steal`: takes hypervisor steal time out of on-CPU time (both sources count wall time).
 //! - `runq`: run-queue pressure per node from the run-queue lengths the cpu-clock samples read.
 //!
@@ -36,12 +38,12 @@ use serde::Serialize;
 pub mod batch;
 pub mod btf;
 pub mod loader;
-pub mod monotone;
 pub mod perfcpu;
 pub mod pmu;
 pub mod probe;
 pub mod runq;
 pub mod sample;
+pub mod slots;
 pub mod steal;
 pub mod tracefs;
 
@@ -71,6 +73,12 @@ pub enum EbpfError {
     },
     #[error("map {0} missing from the eBPF object")]
     MissingMap(&'static str),
+    #[error("cannot mmap map {map}")]
+    Mmap {
+        map: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Whether one source (program + attach point) runs on this kernel, and why not.
@@ -171,8 +179,8 @@ impl Sample {
     pub fn delta(&self, earlier: &Sample) -> Sample {
         // Counters go back only as a cgroup re-created at the same path (a new id counting
         // from 0) or as a local-includes-remote pair's scaled local events: the period reads
-        // 0 then, never a lifetime. Evicted map entries are undone key by key before this
-        // (see `monotone`).
+        // 0 then, never a lifetime. A watched cgroup's counters are never evicted (see
+        // `slots`).
         let d = u64::saturating_sub;
         let map_delta = |a: &BTreeMap<u32, u64>, b: &BTreeMap<u32, u64>| {
             a.iter()

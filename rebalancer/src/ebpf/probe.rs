@@ -97,9 +97,35 @@ pub fn kernel_release() -> String {
         .into_owned()
 }
 
+/// Whether a kernel of this release creates `BPF_F_MMAPABLE` array maps (Linux 5.5+), which
+/// hold the watched cgroups' counters. An unparsable release is tried (the load then says).
+pub fn mmapable_arrays(release: &str) -> bool {
+    let mut it = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>());
+    match (it.next(), it.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (5, 5),
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mmapable_arrays_from_linux_5_5() {
+        for (r, ok) in [
+            ("6.1.0-27-cloud-amd64", true),
+            ("6.18.2", true),
+            ("5.5.0", true),
+            ("5.4.0-150-generic", false),
+            ("4.19.0", false),
+            ("weird", true),
+        ] {
+            assert_eq!(mmapable_arrays(r), ok, "{r}");
+        }
+    }
 
     const HYBRID: &str = "\
 25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw

@@ -3,7 +3,7 @@
 //! directory), deletes map entries of cgroups that no longer exist, and takes the hypervisor's
 //! steal time out of on-CPU time (`steal`). The folding is pure ([`fold`]) and unit-tested.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     os::fd::AsFd,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -13,14 +13,16 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use rebalancer_common::{CgEvents, CgNodeKey, CgReasonKey, Stat, SwitchState};
+use rebalancer_common::{
+    CgEvents, CgNodeKey, CgReasonKey, SlotEvents, Stat, SwitchState, MAX_MIGRATE_REASONS, SLOTS,
+};
 
 use super::{
     loader,
-    monotone::{IdSet, MonotoneMaps},
     perfcpu::{PerfCpus, SyncReport},
     pmu::{self, EventPair},
     probe,
+    slots::{Mapped, Slots, EVENT_WORDS},
     steal::{CpuReading, OnCpuClock, StealCorrection},
     EbpfError, Sample, SourceStatus,
 };
@@ -43,9 +45,6 @@ pub struct RawMaps {
     pub pending: Vec<(u32, SwitchState)>,
     pub events: Vec<(CgNodeKey, CgEvents)>,
     pub reasons: Vec<(CgReasonKey, u64)>,
-    /// Every hash map was read by batches (bucket by bucket): a key a read did not find was not
-    /// in the map. Entry by entry, a walk can skip keys when an entry it stands on is evicted.
-    pub exhaustive: bool,
 }
 
 /// Saturating sum of per-CPU counters.
@@ -160,9 +159,22 @@ pub fn fold_read(
         reason_names,
         pmu.is_some_and(|p| p.local_includes_remote),
     );
-    let dropped = pmu.and_then(|_| health.check(pmu_totals(&out), cpu_nodes));
-    mark_pmu(&mut out, pmu.is_some() && health.trusted());
+    let dropped = pmu_check(&mut out, pmu, health, cpu_nodes);
     (out, dropped)
+}
+
+/// The PMU pair's health checked on the machine-wide totals of `samples`, then every sample's
+/// DRAM events marked as evidence or not (`pmu`: the attached pair, None when it did not
+/// attach). Returns the reason when this read dropped the pair.
+pub fn pmu_check(
+    samples: &mut BTreeMap<u64, Sample>,
+    pmu: Option<&EventPair>,
+    health: &mut pmu::PmuHealth,
+    cpu_nodes: usize,
+) -> Option<String> {
+    let dropped = pmu.and_then(|_| health.check(pmu_totals(samples), cpu_nodes));
+    mark_pmu(samples, pmu.is_some() && health.trusted());
+    dropped
 }
 
 /// Machine-wide PMU sample counts and on-CPU time of folded samples (every cgroup).
@@ -180,6 +192,148 @@ pub fn pmu_totals(samples: &BTreeMap<u64, Sample>) -> pmu::Totals {
 pub fn mark_pmu(samples: &mut BTreeMap<u64, Sample>, trusted: bool) {
     for s in samples.values_mut() {
         s.pmu = trusted;
+    }
+}
+
+/// The samples of the watched cgroups from their slots (`owners`: managed cgroup id → slot, in
+/// id order): an indexed walk, no search and no sort. `cpu(i)` is word `i` of `SLOT_CPU` (a
+/// slot's node `n` at `slot * slot_nodes + n`), `events(i)` word `i` of `SLOT_EVENTS` (a
+/// [`SlotEvents`] per slot: [`CgEvents`]'s fields in order, then the pages per reason);
+/// `reason_names[r]` names reason `r`. Nodes and reasons that counted nothing are left out,
+/// and so are cgroups that counted nothing at all (not sampled yet: no entry, as the hash
+/// maps would have none). DRAM events are scaled as [`fold`] scales them; `Sample::pmu` is
+/// left false.
+pub fn fold_slots(
+    owners: &BTreeMap<u64, u32>,
+    cpu: impl Fn(usize) -> u64,
+    events: impl Fn(usize) -> u64,
+    slot_nodes: u32,
+    reason_names: &[String],
+    local_includes_remote: bool,
+) -> BTreeMap<u64, Sample> {
+    let stride = slot_nodes as usize;
+    let mut out = Vec::with_capacity(owners.len());
+    for (&id, &slot) in owners {
+        let slot = slot as usize;
+        let mut s = Sample::default();
+        let mut any = false;
+        let nodes = (0..stride).filter_map(|n| {
+            let ns = cpu(slot * stride + n);
+            (ns != 0).then_some((n as u32, ns))
+        });
+        s.cpu_ns = nodes.collect();
+        any |= !s.cpu_ns.is_empty();
+        let e = slot * EVENT_WORDS;
+        let mut field = |i: usize| {
+            let v = events(e + i);
+            any |= v != 0;
+            v
+        };
+        s.migrations = field(0);
+        s.cross_node_migrations = field(1);
+        s.numa_moves = field(2);
+        s.numa_stuck = field(3);
+        s.pages_migrated = field(4);
+        s.local_faults = field(5);
+        s.remote_faults = field(6);
+        s.remote_samples = field(7);
+        s.local_samples = field(8);
+        for (r, name) in reason_names
+            .iter()
+            .enumerate()
+            .take(MAX_MIGRATE_REASONS as usize)
+        {
+            let pages = field(EVENT_FIELDS + r);
+            if pages != 0 {
+                s.pages_by_reason.insert(name.clone(), pages);
+            }
+        }
+        if !any {
+            continue;
+        }
+        (s.local_events, s.remote_events) =
+            pmu::scale(local_includes_remote, s.local_samples, s.remote_samples);
+        out.push((id, s));
+    }
+    out.into_iter().collect()
+}
+
+/// u64 fields of [`CgEvents`], the first words of a [`SlotEvents`].
+const EVENT_FIELDS: usize = std::mem::size_of::<CgEvents>() / 8;
+const _: () =
+    assert!(EVENT_FIELDS == 9 && EVENT_WORDS == EVENT_FIELDS + MAX_MIGRATE_REASONS as usize);
+
+/// Adds exact mode's time not yet flushed (per CPU: the cgroup running there and its time) to
+/// the samples of the cgroups it is counted under (`watch_list`: cgroup id → managed id), on
+/// its CPU's node; time of cgroups not watched is dropped. A cgroup with pending time only
+/// gets a sample.
+pub fn add_pending(
+    out: &mut BTreeMap<u64, Sample>,
+    pending: &[(u32, SwitchState)],
+    watch_list: &BTreeMap<u64, u64>,
+    cpu_node: impl Fn(u32) -> Option<u32>,
+) {
+    for (cpu, st) in pending {
+        if st.pending_ns == 0 || st.cgroup_id == 0 {
+            continue;
+        }
+        let Some(to) = watch_list.get(&st.cgroup_id) else {
+            continue;
+        };
+        let ns = out
+            .entry(*to)
+            .or_default()
+            .cpu_ns
+            .entry(cpu_node(*cpu).unwrap_or(0))
+            .or_default();
+        *ns = ns.saturating_add(st.pending_ns);
+    }
+}
+
+/// Names of reasons `0..MAX_MIGRATE_REASONS` (`reason<N>` when the format file has none).
+fn reason_slots(names: &BTreeMap<u32, String>) -> Vec<String> {
+    (0..MAX_MIGRATE_REASONS)
+        .map(|r| {
+            names
+                .get(&r)
+                .cloned()
+                .unwrap_or_else(|| format!("reason{r}"))
+        })
+        .collect()
+}
+
+/// `SLOT_CPU` and `SLOT_EVENTS` mapped into this process.
+struct SlotMaps {
+    cpu: Mapped,
+    events: Mapped,
+    /// Node ids per slot in `SLOT_CPU`.
+    slot_nodes: u32,
+}
+
+impl SlotMaps {
+    fn new(ebpf: &Ebpf, slot_nodes: u32) -> Result<Self, EbpfError> {
+        let map = |name: &'static str, bytes: usize| -> Result<Mapped, EbpfError> {
+            let m = ebpf.map(name).ok_or(EbpfError::MissingMap(name))?;
+            let aya::maps::Map::Array(data) = m else {
+                return Err(EbpfError::MissingMap(name));
+            };
+            Mapped::new(data.fd().as_fd(), bytes)
+                .map_err(|source| EbpfError::Mmap { map: name, source })
+        };
+        let slots = SLOTS as usize;
+        Ok(Self {
+            cpu: map("SLOT_CPU", slots * slot_nodes as usize * 8)?,
+            events: map("SLOT_EVENTS", slots * std::mem::size_of::<SlotEvents>())?,
+            slot_nodes,
+        })
+    }
+
+    /// Zeroes `slot`'s counters.
+    fn zero(&self, slot: u32) {
+        let (slot, stride) = (slot as usize, self.slot_nodes as usize);
+        self.cpu.zero(slot * stride, (slot + 1) * stride);
+        self.events
+            .zero(slot * EVENT_WORDS, (slot + 1) * EVENT_WORDS);
     }
 }
 
@@ -281,17 +435,30 @@ pub struct Sampler {
     /// Nodes with CPUs (one node has no remote DRAM).
     cpu_nodes: usize,
     paths: BTreeMap<u64, String>,
-    /// The only ids the programs count under ([`Sampler::watch_only`]); None: every cgroup.
-    watched: Option<IdSet<u64>>,
-    /// `CFG_WATCHED_ONLY` is set in the programs' config.
+    /// `CFG_WATCHED_ONLY` is set in the programs' config: the programs count the watched
+    /// cgroups in their slots, and reads walk the slots.
     flag_watched_only: bool,
+    /// Which managed cgroup owns which counter slot.
+    slots: Slots,
+    /// `SLOT_CPU` and `SLOT_EVENTS` mapped into this process (None: the mapping failed; the
+    /// programs then count every cgroup in the hash maps, see [`Sampler::watch_only`]).
+    mapped: Option<SlotMaps>,
+    /// The last watch list (cgroup id → the managed id it is counted under).
+    watch_list: BTreeMap<u64, u64>,
+    /// `WATCHED` as last written (cgroup id → slot); None: unknown after a failed write, read
+    /// from the kernel at the next call.
+    kernel_watched: Option<BTreeMap<u64, u32>>,
+    /// The origin of the times the slots' rest is measured in.
+    epoch: std::time::Instant,
+    /// Name of each migrate reason, by number.
+    reason_slots: Vec<String>,
     /// The `first` of the last [`Sampler::watch_only`] (a reload can reclassify cgroups).
     watching_first: Vec<u64>,
     /// `WATCHED` as last written (cgroup id → id counted under); None: not yet, or the last
     /// write fell short and is retried at the next call.
     watching: Option<BTreeMap<u64, u64>>,
     /// Ids in the maps but not in the hierarchy at the previous read.
-    missing_before: IdSet<u64>,
+    missing_before: HashSet<u64>,
     /// Entries left in the per-cgroup maps after the last read's pruning.
     entries: usize,
     /// Of those, entries of cgroups no longer in the hierarchy (deleted at the next read).
@@ -302,8 +469,6 @@ pub struct Sampler {
     stats_fd: Option<std::os::fd::OwnedFd>,
     /// On-CPU time minus the hypervisor's steal (see [`StealCorrection`]).
     steal: StealCorrection,
-    /// Raw map values made monotone key by key (evicted entries; see [`super::monotone`]).
-    monotone: MonotoneMaps,
     /// Entries each per-cgroup map holds ([`loader::cg_map_entries`]).
     cg_entries: u32,
     /// The perf_event programs' events per CPU (see [`Sampler::sync_cpus`]).
@@ -312,19 +477,70 @@ pub struct Sampler {
     read_times: ReadTimes,
 }
 
-/// Wall time of each step of one [`Sampler::read`].
+/// Wall and CPU time of each step of one [`Sampler::read`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReadTimes {
-    /// The maps read (`read_raw`) and the CPU counters (/proc/stat, per-CPU samples).
-    pub maps: std::time::Duration,
-    /// Entries of cgroups gone or no longer watched found and deleted.
-    pub prune: std::time::Duration,
-    /// Raw values made monotone key by key.
-    pub monotone: std::time::Duration,
-    /// [`fold_read`] and the samples of cgroups not kept dropped.
-    pub fold: std::time::Duration,
+    /// The maps read by syscalls: the hash maps (`read_raw`), or, watching, exact mode's
+    /// pending time only; and the CPU counters (/proc/stat, per-CPU samples).
+    pub maps: StepTime,
+    /// Entries of cgroups gone found and deleted (the hash maps only).
+    pub prune: StepTime,
+    /// The samples built: [`fold`] of the hash maps, or, watching, the slots' walk
+    /// ([`fold_slots`]); the PMU pair's check.
+    pub fold: StepTime,
     /// The steal correction.
-    pub steal: std::time::Duration,
+    pub steal: StepTime,
+}
+
+/// Wall time of a step, and the CPU time the reading thread spent in it (on a loaded machine
+/// the wall time is mostly waiting for a CPU; the CPU time is the step's own cost).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTime {
+    pub wall: std::time::Duration,
+    pub cpu: std::time::Duration,
+}
+
+/// Starts timing a step.
+struct Stopwatch {
+    wall: std::time::Instant,
+    cpu: std::time::Duration,
+}
+
+impl StepTime {
+    fn plus(self, o: StepTime) -> StepTime {
+        StepTime {
+            wall: self.wall + o.wall,
+            cpu: self.cpu + o.cpu,
+        }
+    }
+}
+
+impl Stopwatch {
+    fn start() -> Self {
+        Self {
+            wall: std::time::Instant::now(),
+            cpu: thread_cpu_time(),
+        }
+    }
+    fn stop(self) -> StepTime {
+        StepTime {
+            wall: self.wall.elapsed(),
+            cpu: thread_cpu_time().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`; zero if the clock fails).
+pub fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Nodes of `topo` with CPUs.
@@ -407,6 +623,14 @@ impl Sampler {
             .filter_map(|c| Some((c.id, c.node?)))
             .collect();
         let cpu_nodes = cpu_nodes(topo);
+        let mapped = match SlotMaps::new(&ebpf, loaded.slot_nodes) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "the counter slots could not be mapped: every cgroup is counted in the hash maps");
+                None
+            }
+        };
+        let reason_slots = reason_slots(&loaded.reason_names);
         let mut s = Sampler {
             ebpf,
             logger,
@@ -418,17 +642,21 @@ impl Sampler {
             pmu_drop: None,
             cpu_nodes,
             paths: BTreeMap::new(),
-            watched: None,
             flag_watched_only: false,
+            slots: Slots::new(SLOTS),
+            mapped,
+            watch_list: BTreeMap::new(),
+            kernel_watched: Some(BTreeMap::new()),
+            epoch: std::time::Instant::now(),
+            reason_slots,
             watching_first: Vec::new(),
             watching: None,
-            missing_before: IdSet::default(),
+            missing_before: HashSet::new(),
             entries: 0,
             stale: 0,
             deleted: 0,
             stats_fd: None,
             steal: StealCorrection::new(clock, procfs::ns_per_tick(), None),
-            monotone: MonotoneMaps::default(),
             cg_entries: loaded.cg_entries,
             perf: loaded.perf,
             read_times: ReadTimes::default(),
@@ -495,26 +723,63 @@ impl Sampler {
         }
     }
 
-    /// Reads every map: cumulative samples per cgroup id since the sampler started. Cgroups not
-    /// in the v2 hierarchy are left out; their map entries are deleted once they are missing at
-    /// two reads in a row (a cgroup created between the hierarchy walk and the map read is
-    /// found by the next walk and keeps its counts).
+    /// Reads every map: cumulative samples per cgroup id since the sampler started. Watching
+    /// ([`Sampler::watch_only`]): the watched cgroups' slots, walked in id order. Otherwise
+    /// the hash maps: cgroups not in the v2 hierarchy are left out; their map entries are
+    /// deleted once they are missing at two reads in a row (a cgroup created between the
+    /// hierarchy walk and the map read is found by the next walk and keeps its counts).
     pub fn read(&mut self) -> Result<BTreeMap<u64, Sample>, EbpfError> {
         if let Some(l) = &mut self.logger {
             l.flush();
         }
-        if self.watched.is_none() {
-            self.refresh_paths();
+        if self.flag_watched_only {
+            if let Some(m) = &self.mapped {
+                let t = Stopwatch::start();
+                let mut out = fold_slots(
+                    self.slots.owners(),
+                    |i| m.cpu.load(i),
+                    |i| m.events.load(i),
+                    m.slot_nodes,
+                    &self.reason_slots,
+                    self.pmu.as_ref().is_some_and(|p| p.local_includes_remote),
+                );
+                let fold = t.stop();
+                // After the slots: time flushed between the two reads is lost for this read
+                // rather than counted twice.
+                let t = Stopwatch::start();
+                let pending = self.read_pending()?;
+                let reading = self.cpu_reading();
+                if let Some(r) = &reading {
+                    self.perf.check_clock(&r.samples, std::time::Instant::now());
+                }
+                let maps = t.stop();
+                let t = Stopwatch::start();
+                add_pending(&mut out, &pending, &self.watch_list, |c| {
+                    self.cpu_node.get(&c).copied()
+                });
+                self.check_pmu(&mut out);
+                let fold = fold.plus(t.stop());
+                let t = Stopwatch::start();
+                self.steal.apply(reading, &self.cpu_node, &mut out);
+                self.read_times = ReadTimes {
+                    maps,
+                    prune: StepTime::default(),
+                    fold,
+                    steal: t.stop(),
+                };
+                return Ok(out);
+            }
         }
-        let t = std::time::Instant::now();
-        let mut raw = self.read_raw()?;
+        self.refresh_paths();
+        let t = Stopwatch::start();
+        let raw = self.read_raw()?;
         let reading = self.cpu_reading();
         if let Some(r) = &reading {
             self.perf.check_clock(&r.samples, std::time::Instant::now());
         }
-        let maps = t.elapsed();
-        let t = std::time::Instant::now();
-        let (deleted, stale) = if self.paths.is_empty() && self.watched.is_none() {
+        let maps = t.stop();
+        let t = Stopwatch::start();
+        let (deleted, stale) = if self.paths.is_empty() {
             (0, 0)
         } else {
             self.prune(&raw)?
@@ -523,45 +788,53 @@ impl Sampler {
         self.stale = stale;
         // Summed until taken: a mark's read between two rounds deletes entries too.
         self.deleted = self.deleted.saturating_add(deleted);
-        let prune = t.elapsed();
-        let t = std::time::Instant::now();
-        // The counts of a watched cgroup survive the eviction of its entries. Without a watch
-        // list (`rebalancer sample`, a daemon whose watch list could not be written) the maps'
-        // raw values are used as read: no state for a tenant's every cgroup that ever ran.
-        let watched = &self.watched;
-        self.monotone.apply(&mut raw, |id| {
-            watched.as_ref().is_some_and(|w| w.contains(&id))
-        });
-        let monotone = t.elapsed();
-        let t = std::time::Instant::now();
-        let (mut out, dropped) = fold_read(
+        let prune = t.stop();
+        let t = Stopwatch::start();
+        // Without a watch list (`rebalancer sample`, `top`, a daemon whose slots could not be
+        // mapped) the maps' values are used as read: an evicted entry counts from 0 again.
+        let mut out = fold(
             &raw,
             |c| self.cpu_node.get(&c).copied(),
             &self.reason_names,
-            self.pmu.as_ref(),
-            &mut self.pmu_health,
-            self.cpu_nodes,
+            self.pmu.as_ref().is_some_and(|p| p.local_includes_remote),
         );
-        if let Some(why) = dropped {
-            tracing::warn!(reason = %why, "PMU DRAM counters dropped: locality falls back to hinting faults or the share model");
-            self.pmu_drop = Some(why);
-        }
-        if let Some(w) = &self.watched {
-            out.retain(|id, _| w.contains(id));
-        } else if !self.paths.is_empty() {
+        self.check_pmu(&mut out);
+        if !self.paths.is_empty() {
             out.retain(|id, _| self.paths.contains_key(id));
         }
-        let fold = t.elapsed();
-        let t = std::time::Instant::now();
+        let fold = t.stop();
+        let t = Stopwatch::start();
         self.steal.apply(reading, &self.cpu_node, &mut out);
         self.read_times = ReadTimes {
             maps,
             prune,
-            monotone,
             fold,
-            steal: t.elapsed(),
+            steal: t.stop(),
         };
         Ok(out)
+    }
+
+    /// The PMU pair's health checked on the machine-wide totals of `out`, and every sample's
+    /// DRAM events marked as evidence or not.
+    fn check_pmu(&mut self, out: &mut BTreeMap<u64, Sample>) {
+        if let Some(why) = pmu_check(out, self.pmu.as_ref(), &mut self.pmu_health, self.cpu_nodes) {
+            tracing::warn!(reason = %why, "PMU DRAM counters dropped: locality falls back to hinting faults or the share model");
+            self.pmu_drop = Some(why);
+        }
+    }
+
+    /// Exact mode's per-CPU time not yet flushed (cpu, state).
+    fn read_pending(&self) -> Result<Vec<(u32, SwitchState)>, EbpfError> {
+        let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
+        let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
+            map: "SWITCH_STATE",
+            source,
+        })?;
+        Ok(vals
+            .iter()
+            .enumerate()
+            .map(|(cpu, s)| (cpu as u32, *s))
+            .collect())
     }
 
     /// Where the last [`Sampler::read`]'s time went.
@@ -589,20 +862,23 @@ impl Sampler {
 
     /// Entries in the per-cgroup maps (CPU_TIME, EVENTS, MIGRATE_REASONS) after the last
     /// [`Sampler::read`] pruned those of vanished cgroups: after churn it returns to the
-    /// number for the live cgroups within two reads (see [`Sampler::read`]).
+    /// number for the live cgroups within two reads (see [`Sampler::read`]). Watching: the
+    /// entries of `WATCHED` (the ids counted in slots) after the last [`Sampler::watch_only`].
     pub fn map_entries(&self) -> usize {
         self.entries
     }
 
     /// Entries, after the last read, of cgroups gone from the hierarchy: they are deleted at
     /// the next read (a cgroup must be missing at two reads in a row), so this is 0 two reads
-    /// after the last cgroup went away. Anything else would be a leak.
+    /// after the last cgroup went away. Anything else would be a leak. Watching: 0 (an id no
+    /// longer watched loses its entry at once).
     pub fn stale_entries(&self) -> usize {
         self.stale
     }
 
-    /// Entries the reads since the last call deleted (of cgroups gone from the hierarchy for
-    /// two reads, or, watching, of ids no longer watched); the count starts again from 0.
+    /// Entries deleted since the last call (by reads, of cgroups gone from the hierarchy for
+    /// two reads; watching, from `WATCHED`, of ids no longer watched); the count starts again
+    /// from 0.
     pub fn take_deleted_entries(&mut self) -> usize {
         std::mem::take(&mut self.deleted)
     }
@@ -618,42 +894,30 @@ impl Sampler {
     pub fn read_raw_with(&self, batched: bool) -> Result<RawMaps, EbpfError> {
         // CPU_TIME before SWITCH_STATE: a flush between the two reads then loses a little
         // instead of counting twice.
-        let (cpu_time, b1) = self.read_hash::<CgNodeKey, u64>("CPU_TIME", batched)?;
-        let st: PerCpuArray<&MapData, SwitchState> = self.map("SWITCH_STATE")?;
-        let vals: PerCpuValues<SwitchState> = st.get(&0, 0).map_err(|source| EbpfError::Map {
-            map: "SWITCH_STATE",
-            source,
-        })?;
-        let pending = vals
-            .iter()
-            .enumerate()
-            .map(|(cpu, s)| (cpu as u32, *s))
-            .collect();
-        let (events, b2) = self.read_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?;
-        let (reasons, b3) = self.read_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?;
-        let raw = RawMaps {
+        let cpu_time = self.read_hash::<CgNodeKey, u64>("CPU_TIME", batched)?;
+        let pending = self.read_pending()?;
+        let events = self.read_hash::<CgNodeKey, CgEvents>("EVENTS", batched)?;
+        let reasons = self.read_hash::<CgReasonKey, u64>("MIGRATE_REASONS", batched)?;
+        Ok(RawMaps {
             cpu_time,
             pending,
             events,
             reasons,
-            exhaustive: b1 && b2 && b3,
-        };
-        Ok(raw)
+        })
     }
 
-    /// Every entry of a shared hash map, one per key, and whether it was read by batches.
+    /// Every entry of a shared hash map, one per key.
     fn read_hash<K: aya::Pod + Ord, V: aya::Pod>(
         &self,
         name: &'static str,
         batched: bool,
-    ) -> Result<(Vec<(K, V)>, bool), EbpfError> {
+    ) -> Result<Vec<(K, V)>, EbpfError> {
         let m: HashMap<&MapData, K, V> = self.map(name)?;
         if batched {
             let fd = aya::maps::IterableMap::<K, V>::map(&m).fd().as_fd();
             match super::batch::read_hash::<K, V>(fd) {
-                // The batch walk goes on from the bucket it stopped at: no key twice (and
-                // `monotone` counts a key once if it ever were).
-                Ok(Some(all)) => return Ok((all, true)),
+                // The batch walk goes on from the bucket it stopped at: no key twice.
+                Ok(Some(all)) => return Ok(all),
                 Ok(None) => {} // no batch lookup in this kernel: entry by entry
                 Err(e) => {
                     return Err(EbpfError::Map {
@@ -685,7 +949,7 @@ impl Sampler {
                 }),
             });
         }
-        Ok((super::batch::last_per_key(all), false))
+        Ok(super::batch::last_per_key(all))
     }
 
     fn map<'a, M>(&'a self, name: &'static str) -> Result<M, EbpfError>
@@ -708,18 +972,11 @@ impl Sampler {
     /// before. Returns how many entries it deleted, and how many of cgroups missing only at this
     /// read it kept.
     fn prune(&mut self, raw: &RawMaps) -> Result<(usize, usize), EbpfError> {
-        let (watched, paths) = (&self.watched, &self.paths);
-        let missing: IdSet<u64> = raw_ids(raw)
-            .filter(|id| match watched {
-                Some(w) => !w.contains(id),
-                None => !paths.contains_key(id),
-            })
-            .collect();
+        let paths = &self.paths;
+        let missing: HashSet<u64> = raw_ids(raw).filter(|id| !paths.contains_key(id)).collect();
         let before = std::mem::replace(&mut self.missing_before, missing);
         let missing = &self.missing_before;
-        // Watching: an id the daemon no longer watches gets no new counts; delete it at once.
-        // The look-ups go to the (usually empty) set of missing ids, not to the watch list.
-        let gone = |id: &u64| missing.contains(id) && (watched.is_some() || before.contains(id));
+        let gone = |id: &u64| missing.contains(id) && before.contains(id);
         let cpu: Vec<CgNodeKey> = raw
             .cpu_time
             .iter()
@@ -738,7 +995,7 @@ impl Sampler {
             .map(|(k, _)| *k)
             .filter(|k| gone(&k.cgroup_id))
             .collect();
-        let dead: IdSet<u64> = cpu
+        let dead: HashSet<u64> = cpu
             .iter()
             .map(|k| k.cgroup_id)
             .chain(ev.iter().map(|k| k.cgroup_id))
@@ -774,10 +1031,12 @@ impl Sampler {
 
     /// From now on the programs count only the cgroups of `ids` (cgroup id → the id its events
     /// are counted under: itself for a managed cgroup, its container for a cgroup below one;
-    /// see `CFG_WATCHED_ONLY`): `WATCHED` is brought in step (entries first, then the flag, so
-    /// no watched event is dropped), entries of ids no longer counted under are deleted at the
-    /// next read, and reads no longer walk the cgroup hierarchy. Returns how many ids did not
-    /// fit in `WATCHED` (uncounted; logged).
+    /// see `CFG_WATCHED_ONLY`), each managed cgroup in its own slot ([`Slots`]): `WATCHED` is
+    /// brought in step (entries of ids no longer counted deleted, the slots given at this call
+    /// zeroed, then the new entries written, then the flag, so no watched event is dropped and
+    /// a new owner starts from 0), and reads walk the slots instead of the hash maps. Returns
+    /// how many ids are not counted (more than `WATCHED` holds; logged). A managed cgroup that
+    /// finds no free slot yet (freed slots rest first) waits for a later call.
     pub fn watch_only(
         &mut self,
         ids: &BTreeMap<u64, u64>,
@@ -786,42 +1045,78 @@ impl Sampler {
         if self.watching.as_ref() == Some(ids) && self.watching_first == first {
             return Ok(0);
         }
+        if self.mapped.is_none() {
+            return Err(EbpfError::MissingMap("SLOT_CPU (not mapped)"));
+        }
         self.watching_first = first.to_vec();
         let plan = plan_watch(ids, first, rebalancer_common::CG_MAP_ENTRIES as usize);
-        // What reads keep from now on, even if writing the list below fails: a cgroup dropped
-        // here is dropped by the engine too, and must leave no counts behind to come back with
-        // (its entries are deleted at the next read).
-        self.watched = Some(plan.values().copied().collect());
-        let mut m: HashMap<&mut MapData, u64, u64> = self.map_mut("WATCHED")?;
-        // Anything short of the whole plan written is retried at the next call (`watching` is
-        // not set), not taken for done while the ids stay the same.
+        let slots = self.slots.assign(&plan, self.epoch.elapsed());
+        // What reads report from now on, even if writing `WATCHED` below falls short (a cgroup
+        // dropped here is dropped by the engine too; one whose entry is not written counts
+        // nothing until the next call writes it).
+        self.watch_list = plan;
         let mut failed = false;
-        let mut present = BTreeMap::new();
-        for item in m.iter() {
-            match item {
-                Ok((id, to)) => {
-                    present.insert(id, to);
+        let present = match self.kernel_watched.take() {
+            Some(p) => p,
+            None => {
+                let m: HashMap<&MapData, u64, u32> = self.map("WATCHED")?;
+                let mut present = BTreeMap::new();
+                for item in m.iter() {
+                    match item {
+                        Ok((id, slot)) => {
+                            present.insert(id, slot);
+                        }
+                        Err(_) => {
+                            failed = true;
+                            break;
+                        }
+                    }
                 }
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
+                present
             }
-        }
-        // Removals first: the slots they free are the new entries'.
-        for id in present.keys().filter(|id| !plan.contains_key(id)) {
+        };
+        let mut written = present.clone();
+        let mut m: HashMap<&mut MapData, u64, u32> = self.map_mut("WATCHED")?;
+        // Removals first: an id no longer counted (or counted elsewhere) adds nothing more to
+        // its old slot, and the room is the new entries'.
+        let mut removed = 0;
+        for (id, slot) in &present {
+            if slots.entries.get(id) == Some(slot) {
+                continue;
+            }
             match m.remove(id) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {
+                    written.remove(id);
+                    removed += 1;
+                }
                 Err(_) => failed = true,
             }
         }
-        let mut refused = ids.len() - plan.len();
-        for (id, to) in plan.iter().filter(|(id, to)| present.get(id) != Some(to)) {
-            if m.insert(id, to, 0).is_err() {
+        // A slot given at this call rested since its last owner's entries went: zeroed now,
+        // before any id points at it.
+        if let Some(mapped) = &self.mapped {
+            for &slot in &slots.zero {
+                mapped.zero(slot);
+            }
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let mut refused = ids.len() - self.watch_list.len();
+        let mut m: HashMap<&mut MapData, u64, u32> = self.map_mut("WATCHED")?;
+        for (id, slot) in &slots.entries {
+            if written.get(id) == Some(slot) {
+                continue;
+            }
+            if m.insert(id, slot, 0).is_ok() {
+                written.insert(*id, *slot);
+            } else {
                 refused += 1;
                 failed = true;
             }
         }
+        self.deleted = self.deleted.saturating_add(removed);
+        self.entries = written.len();
+        self.stale = 0;
+        self.kernel_watched = (!failed).then_some(written);
         if refused > 0 {
             tracing::warn!(
                 refused,
@@ -843,39 +1138,115 @@ impl Sampler {
             })?;
             self.flag_watched_only = true;
         }
-        self.watching = (!failed).then(|| ids.clone());
+        if slots.waiting > 0 {
+            tracing::debug!(
+                waiting = slots.waiting,
+                resting = self.slots.unowned_used(),
+                "managed cgroups wait for a freed counter slot to rest"
+            );
+        }
+        // Anything short of the whole plan written, or a cgroup waiting for a slot, is tried
+        // again at the next call, not taken for done while the ids stay the same.
+        self.watching = (!failed && slots.waiting == 0).then(|| ids.clone());
         Ok(refused)
     }
 
-    /// The per-cgroup maps as the kernel describes them (`/proc/self/fdinfo` of each map's
-    /// fd): name, `map_type` and `memlock` bytes. Their memory must not grow with the number
-    /// of possible CPUs (a per-CPU LRU map preallocates every entry on each of them).
-    pub fn map_footprint(&self) -> Vec<(&'static str, u32, u64)> {
-        ["CPU_TIME", "EVENTS", "MIGRATE_REASONS"]
-            .into_iter()
-            .filter_map(|name| {
-                let data = match self.ebpf.map(name)? {
-                    aya::maps::Map::LruHashMap(d)
-                    | aya::maps::Map::HashMap(d)
-                    | aya::maps::Map::PerCpuLruHashMap(d)
-                    | aya::maps::Map::PerCpuHashMap(d) => d,
-                    _ => return None,
-                };
-                let raw = std::os::fd::AsRawFd::as_raw_fd(&data.fd().as_fd());
-                let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()?;
-                let field = |k: &str| {
-                    info.lines()
-                        .find_map(|l| l.strip_prefix(k))
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                };
-                Some((name, field("map_type:")? as u32, field("memlock:")?))
+    /// Where the programs count per cgroup and how reads get it, for `probe`.
+    pub fn counters(&self) -> String {
+        let hash = "every cgroup (no watch list: `sample`, `top`) in LRU hash maps, read by \
+                    BPF_MAP_LOOKUP_BATCH (entry by entry before Linux 5.6)";
+        match &self.mapped {
+            Some(m) => format!(
+                "the daemon's watched cgroups in {SLOTS} slots of mmapable arrays \
+                 (BPF_F_MMAPABLE, Linux 5.5+; {} node id(s) per slot), read from this \
+                 process's mapping without syscalls; {hash}",
+                m.slot_nodes
+            ),
+            None => format!("the counter slots could not be mapped: {hash} (the daemon too)"),
+        }
+    }
+
+    /// The slot a managed cgroup's counts are in (watching).
+    pub fn slot_of(&self, id: u64) -> Option<u32> {
+        self.slots.owners().get(&id).copied()
+    }
+
+    /// `WATCHED` as the kernel holds it (cgroup id → slot), read entry by entry (for tests
+    /// and diagnostics).
+    pub fn watched_in_kernel(&self) -> Result<BTreeMap<u64, u32>, EbpfError> {
+        let m: HashMap<&MapData, u64, u32> = self.map("WATCHED")?;
+        m.iter()
+            .map(|item| {
+                item.map_err(|source| EbpfError::Map {
+                    map: "WATCHED",
+                    source,
+                })
             })
             .collect()
     }
 
-    /// Benchmark helper: fills CPU_TIME and EVENTS from userspace with `n` synthetic cgroup ids
-    /// (starting at `first_id`) on every node of `nodes`, as the programs would.
+    /// The per-cgroup maps as the kernel describes them (`/proc/self/fdinfo` of each map's
+    /// fd): name, `map_type`, `map_flags` and `memlock` bytes. Their memory must not grow with
+    /// the number of possible CPUs (a per-CPU LRU map preallocates every entry on each of them).
+    pub fn map_footprint(&self) -> Vec<(&'static str, u32, u32, u64)> {
+        [
+            "CPU_TIME",
+            "EVENTS",
+            "MIGRATE_REASONS",
+            "WATCHED",
+            "SLOT_CPU",
+            "SLOT_EVENTS",
+        ]
+        .into_iter()
+        .filter_map(|name| {
+            let data = match self.ebpf.map(name)? {
+                aya::maps::Map::LruHashMap(d)
+                | aya::maps::Map::HashMap(d)
+                | aya::maps::Map::PerCpuLruHashMap(d)
+                | aya::maps::Map::PerCpuHashMap(d)
+                | aya::maps::Map::Array(d) => d,
+                _ => return None,
+            };
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&data.fd().as_fd());
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()?;
+            let field = |k: &str| {
+                let v = info.lines().find_map(|l| l.strip_prefix(k))?.trim();
+                match v.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                    None => v.parse::<u64>().ok(),
+                }
+            };
+            Some((
+                name,
+                field("map_type:")? as u32,
+                field("map_flags:")? as u32,
+                field("memlock:")?,
+            ))
+        })
+        .collect()
+    }
+
+    /// Benchmark helper: adds to the counters of `n` synthetic cgroup ids (starting at
+    /// `first_id`) as the programs would, 1,000 ns on every node of `nodes` and one migration:
+    /// into their slots when watching (ids without one are not counted), else into CPU_TIME
+    /// and EVENTS (their entries set to those values).
     pub fn bench_fill(&mut self, first_id: u64, n: u64, nodes: &[u32]) -> Result<(), EbpfError> {
+        if self.flag_watched_only {
+            if let Some(m) = &self.mapped {
+                let stride = m.slot_nodes as usize;
+                for id in first_id..first_id + n {
+                    let Some(&slot) = self.slots.owners().get(&id) else {
+                        continue;
+                    };
+                    let slot = slot as usize;
+                    for &node in nodes.iter().filter(|&&node| (node as usize) < stride) {
+                        m.cpu.add(slot * stride + node as usize, 1_000);
+                    }
+                    m.events.add(slot * EVENT_WORDS, 1);
+                }
+                return Ok(());
+            }
+        }
         let mut cpu: HashMap<&mut MapData, CgNodeKey, u64> = self.map_mut("CPU_TIME")?;
         for id in first_id..first_id + n {
             for &node in nodes {
@@ -908,22 +1279,6 @@ impl Sampler {
             })?;
         }
         Ok(())
-    }
-
-    /// Test helper: deletes the `CPU_TIME` and `EVENTS` entries of (`id`, `node`), as the LRU
-    /// maps evict entries when full.
-    pub fn bench_evict(&mut self, id: u64, node: u32) {
-        let k = CgNodeKey {
-            cgroup_id: id,
-            node,
-            _pad: 0,
-        };
-        if let Ok(mut m) = self.map_mut::<HashMap<&mut MapData, CgNodeKey, u64>>("CPU_TIME") {
-            let _ = m.remove(&k);
-        }
-        if let Ok(mut m) = self.map_mut::<HashMap<&mut MapData, CgNodeKey, CgEvents>>("EVENTS") {
-            let _ = m.remove(&k);
-        }
     }
 
     /// The run-queue counters of each CPU (cumulative since the sampler started; see
@@ -1092,7 +1447,6 @@ mod tests {
                     1,
                 ),
             ],
-            exhaustive: true,
         };
         let names = BTreeMap::from([(5, "numa_misplaced".to_string())]);
         let node_of = |cpu: u32| (cpu == 3).then_some(1);
@@ -1213,8 +1567,7 @@ mod tests {
                     .iter()
                     .map(|&(cg, reason, v)| (CgReasonKey { cgroup_id: cg, reason, _pad: 0 }, v))
                     .collect(),
-                exhaustive: true,
-            };
+                };
             let names = BTreeMap::from([(1, "numa_misplaced".to_string())]);
             let node_of = |cpu: u32| (cpu < 4).then_some(cpu % 2);
             proptest::prop_assert_eq!(
@@ -1222,6 +1575,105 @@ mod tests {
                 fold_by_search(&raw, node_of, &names, lir)
             );
         }
+    }
+
+    proptest::proptest! {
+        /// The slots' indexed walk gives every cgroup what the hash maps' fold gives for the
+        /// same counts (one entry per non-zero (cgroup, node), events and reason): on-CPU time
+        /// per node, each event field, pages per named and unnamed reason, scaled DRAM events;
+        /// cgroups that counted nothing are absent from both.
+        #[test]
+        fn fold_slots_equals_the_fold_of_the_same_counts(
+            slots in proptest::collection::btree_map(0u64..1_000, 0u32..8, 0..8),
+            cpu in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0u64), count()],
+                8 * 3,
+            ),
+            events in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(0u64),
+                    proptest::strategy::Just(0u64),
+                    count()
+                ],
+                8 * EVENT_WORDS,
+            ),
+            lir: bool,
+        ) {
+            // Slots owned once each (a slot has one owner).
+            let mut owners = BTreeMap::new();
+            let mut taken = BTreeSet::new();
+            for (id, slot) in slots {
+                if taken.insert(slot) {
+                    owners.insert(id, slot);
+                }
+            }
+            let nodes = 3usize;
+            let names = BTreeMap::from([(1, "numa_misplaced".to_string())]);
+            let mut raw = RawMaps::default();
+            for (&id, &slot) in &owners {
+                let slot = slot as usize;
+                for n in 0..nodes {
+                    let v = cpu[slot * nodes + n];
+                    if v != 0 {
+                        raw.cpu_time.push((key(id, n as u32), v));
+                    }
+                }
+                let w = &events[slot * EVENT_WORDS..(slot + 1) * EVENT_WORDS];
+                let e = CgEvents {
+                    migrations: w[0],
+                    cross_node_migrations: w[1],
+                    numa_moves: w[2],
+                    numa_stuck: w[3],
+                    pages_migrated: w[4],
+                    local_faults: w[5],
+                    remote_faults: w[6],
+                    remote_events: w[7],
+                    local_events: w[8],
+                };
+                if e != CgEvents::default() {
+                    raw.events.push((key(id, 0), e));
+                }
+                for (r, &pages) in w[9..].iter().enumerate() {
+                    if pages != 0 {
+                        raw.reasons.push((CgReasonKey { cgroup_id: id, reason: r as u32, _pad: 0 }, pages));
+                    }
+                }
+            }
+            let got = fold_slots(
+                &owners,
+                |i| cpu[i],
+                |i| events[i],
+                nodes as u32,
+                &reason_slots(&names),
+                lir,
+            );
+            proptest::prop_assert_eq!(got, fold(&raw, |_| None, &names, lir));
+        }
+    }
+
+    /// Exact mode's time not yet flushed counts for the cgroup it is counted under (a
+    /// sub-cgroup's for its container), on its CPU's node; an unwatched cgroup's is dropped.
+    #[test]
+    fn pending_time_goes_to_the_cgroup_counted_under() {
+        let st = |cg, ns| SwitchState {
+            last_ns: 1,
+            cgroup_id: cg,
+            pending_ns: ns,
+        };
+        let mut out = BTreeMap::from([(10, Sample::default())]);
+        out.get_mut(&10).unwrap().cpu_ns.insert(1, 100);
+        let watch = BTreeMap::from([(10, 10), (11, 10), (20, 20)]);
+        let pending = [
+            (0, st(11, 5)),
+            (1, st(10, 7)),
+            (2, st(99, 1_000)),
+            (3, st(20, 0)),
+            (4, st(20, 3)),
+        ];
+        add_pending(&mut out, &pending, &watch, |c| Some(c % 2));
+        assert_eq!(out[&10].cpu_ns, BTreeMap::from([(0, 5), (1, 107)]));
+        assert_eq!(out[&20].cpu_ns, BTreeMap::from([(0, 3)]));
+        assert_eq!(out.len(), 2, "the unwatched cgroup's time is dropped");
     }
 
     /// Without eBPF the daemon gets no sampler and a reason for every source.

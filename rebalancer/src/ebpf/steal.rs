@@ -134,10 +134,10 @@ impl StealCorrection {
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
     /// values. `now` is the reading taken with the maps (None when unreadable: no correction
     /// this interval). A total that went back adds nothing that interval: by at most exact
-    /// mode's pending time (flushed between the reads of `CPU_TIME` and `SWITCH_STATE`: under
+    /// mode's pending time (flushed between the reads of the on-CPU counters and `SWITCH_STATE`: under
     /// `SWITCH_FLUSH_NS` per CPU of that node), it
-    /// adds nothing until it passes its highest value again; by more (an evicted entry made
-    /// again where no watch list lets `monotone` undo it), it counts on from its new value.
+    /// adds nothing until it passes its highest value again; by more (an evicted hash map
+    /// entry made again, without a watch list), it counts on from its new value.
     /// Cgroups absent from `samples` are forgotten.
     pub fn apply(
         &mut self,

@@ -52,9 +52,9 @@ pub trait CpuTimeSource: Send {
     /// The managed cgroups that are Kubernetes containers, for the next read: the eBPF watch
     /// list takes them (and the cgroups below them) before the others.
     fn containers_first(&mut self, _containers: &[String]) {}
-    /// Entries in the eBPF per-cgroup maps after the last read, how many of them belong to
-    /// cgroups already gone, and how many the reads since the last call deleted (None without
-    /// eBPF).
+    /// Entries of the eBPF watch list (without one, of the per-cgroup hash maps after the
+    /// last read), how many of them belong to cgroups already gone, and how many were deleted
+    /// since the last call (None without eBPF).
     fn map_entries(&mut self) -> Option<(usize, usize, usize)> {
         None
     }

@@ -28,8 +28,8 @@ fn a_cgroup_a_read_missed_keeps_its_baseline() {
     let managed = vec!["pod/a".to_string(), "pod/b".to_string()];
     let mut prev: std::collections::BTreeMap<String, crate::ebpf::Sample> = Default::default();
     let mut periods = Vec::new();
-    // Re-created at the same path (a new id, counting from 0; evicted map entries are undone
-    // in the sampler, see `ebpf::monotone`): that period reads 0, never the new id's counts
+    // Re-created at the same path (a new id, counting from 0; a watched cgroup's counters are
+    // never evicted, see `ebpf::slots`): that period reads 0, never the new id's counts
     // taken for a lifetime's, and the next counts from the new baseline.
     let evicted =
         |periods: &mut Vec<u64>,

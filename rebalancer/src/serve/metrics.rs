@@ -358,17 +358,17 @@ impl Metrics {
         );
         r.register(
             "ebpf_map_entries",
-            "Entries in the eBPF per-cgroup maps after the last round's pruning",
+            "Entries of the eBPF watch list (cgroup ids counted in slots; without one, of the per-cgroup hash maps) after the last round",
             m.ebpf_map_entries.clone(),
         );
         r.register(
             "ebpf_map_stale_entries",
-            "Of those, entries of cgroups already removed (deleted at the next round)",
+            "Of those, entries of cgroups already removed (0 with a watch list: deleted at once)",
             m.ebpf_map_stale_entries.clone(),
         );
         r.register(
             "ebpf_map_deleted_entries",
-            "eBPF per-cgroup map entries deleted by the daemon: of cgroups gone, or no longer managed",
+            "eBPF watch list entries deleted by the daemon: of cgroups gone, or no longer managed",
             m.ebpf_map_deleted_entries.clone(),
         );
         r.register(
