@@ -760,6 +760,7 @@ impl Applier {
 
     /// A move under way for longer than `after` is a stuck writer (default: 10 periods, at
     /// least 2 min, as the rounds' own limit).
+    #[cfg(test)]
     pub fn stuck_after(mut self, after: Duration) -> Applier {
         self.stuck_after = Some(after);
         self

@@ -256,10 +256,12 @@ impl Runtime {
     /// Whether timeouts turned unsolicited updates off for good: a runtime that is slow or
     /// ignores them would otherwise make the connection flap (each gap creates containers
     /// unplaced).
+    #[cfg(test)]
     pub fn updates_timed_out(&self) -> bool {
         self.lock().timeouts >= STICKY_TIMEOUTS
     }
 
+    #[cfg(test)]
     pub fn updates_enabled(&self) -> bool {
         self.lock().updates
     }
