@@ -929,6 +929,7 @@ impl Applier {
     }
 
     /// Waits until every move submitted is done; returns what was done since the last call.
+    #[cfg(test)]
     pub fn wait(&self) -> AppliedMoves {
         let mut q = self.queue();
         while !(q.waiting.is_empty() && q.running.is_empty()) {
