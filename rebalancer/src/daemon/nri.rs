@@ -636,20 +636,11 @@ impl Policy {
     /// are queued in `runtime` and sent once the connection is quiet.
     fn regrow_unsolicited(&self, io: &mut Io) {
         for u in self.regrow(io, false) {
-            let Some(cpu) = u
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.as_ref())
-                .and_then(|r| r.cpu.as_ref())
-            else {
-                continue;
-            };
             let Some(t) = self.containers.get(&u.container_id) else {
                 continue;
             };
-            let cpus = CpuSet::parse(&cpu.cpus).ok();
-            let mems = CpuSet::parse(&cpu.mems).ok().filter(|m| !m.is_empty());
-            if let Err(why) = self.runtime.submit(&t.cgroup, cpus.as_ref(), mems.as_ref()) {
+            // what the writer gave it is noted in `runtime` already: queued as it is
+            if let Err(why) = self.runtime.submit(&t.cgroup, None, None) {
                 tracing::warn!(cgroup = %t.cgroup, reason = ?why, "shared pool growth not sent to the runtime");
             }
         }
