@@ -773,18 +773,14 @@ impl Applier {
         self
     }
 
-    fn stuck_limit(&self, io: &mut Io) -> Duration {
-        self.stuck_after.unwrap_or_else(|| {
-            let period = Duration::from_millis(self.d.lock(io).cfg.controller.period_ms);
-            (period * 10).max(Duration::from_secs(120))
-        })
-    }
-
     /// The writers' health: a beat unless a move has been under way for longer than the
     /// stuck limit (then the `apply` component goes silent and, that limit later, dead). The
     /// round thread calls it every round (through [`Applier::in_flight`]).
     fn check_health(&self, io: &mut Io) {
-        let limit = self.stuck_limit(io);
+        let limit = self.stuck_after.unwrap_or_else(|| {
+            let period = Duration::from_millis(self.d.lock(io).cfg.controller.period_ms);
+            (period * 10).max(Duration::from_secs(120))
+        });
         let oldest = {
             let q = self.queue();
             q.running.iter().filter_map(|j| j.started).min()
