@@ -611,17 +611,7 @@ impl Admission {
             let mut s = self.daemon.lock(io);
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
-            if b.pod_uid.is_container() {
-                s.state.allocator.release(&b.pod_uid);
-            } else {
-                let sh = &mut *s;
-                sh.state.allocator.remove_member(
-                    &sh.topo,
-                    &sh.cfg.placement,
-                    &b.pod_uid,
-                    &b.container,
-                );
-            }
+            undo_member(&mut s, &b.pod_uid, &b.container, b.pod_uid.is_container());
             (
                 b,
                 excl != s.state.allocator.exclusive_cpus(),
@@ -816,7 +806,7 @@ impl Admission {
         }
         let sh = &mut *s;
         let dry_run = sh.cfg.daemon.dry_run;
-        let had_pool = has_unadmitted(sh) && shared_pool_left(sh);
+        let had_pool = !(sh.refused.is_empty() && sh.fenced.is_empty()) && shared_pool_left(sh);
         let r = admit(sh).and_then(|t| match leaves_unadmitted_no_cpu(sh, had_pool) {
             None => Ok(t),
             Some(rejection) => {
@@ -1339,7 +1329,8 @@ fn refuse_bindings_of(s: &mut Shared, uid: &str, own: Option<&str>, dry_run: boo
 }
 
 /// Undoes the admission of member `container` of pod `uid`: the pod released when this
-/// admission made it (`first`), else the member's share given back to the pod's hold.
+/// admission made it or it is the container's own (`first`), else the member's share given
+/// back to the pod's hold.
 fn undo_member(s: &mut Shared, uid: &str, container: &str, first: bool) {
     if first {
         s.state.allocator.release(uid);
@@ -1479,11 +1470,6 @@ fn leaves_unadmitted_no_cpu(s: &Shared, had_pool: bool) -> Option<Rejection> {
             "exclusive CPUs would leave no shared CPU for the {waiting} running container(s) not admitted (refused, or kubelet's), which must keep off them"
         ),
     ))
-}
-
-/// Whether a container not admitted (refused, or kubelet's fenced) lives.
-fn has_unadmitted(s: &Shared) -> bool {
-    !(s.refused.is_empty() && s.fenced.is_empty())
 }
 
 /// Whether the shared pool has a CPU now.

@@ -72,14 +72,10 @@ async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
     })
 }
 
-/// The request's deadline (`serve::conn` puts it there; None when served without it).
-fn deadline_of(req: &Request) -> Option<Instant> {
-    req.extensions().get::<RequestDeadline>().map(|d| d.0)
-}
-
 async fn admit(State(adm): State<Admission>, req: Request) -> Response {
     let since = Instant::now();
-    let deadline = deadline_of(&req);
+    // `serve::conn` puts it there; None when served without it
+    let deadline = req.extensions().get::<RequestDeadline>().map(|d| d.0);
     // The transport does not cut this request (see `serve::conn`): the body is read within
     // the deadline here, and the admission refuses if it could only start after it.
     let read = Bytes::from_request(req, &adm);

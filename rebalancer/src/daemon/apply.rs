@@ -760,6 +760,7 @@ impl Applier {
 
     /// A move under way for longer than `after` is a stuck writer (default: 10 periods, at
     /// least 2 min, as the rounds' own limit).
+    #[cfg(test)]
     pub fn stuck_after(mut self, after: Duration) -> Applier {
         self.stuck_after = Some(after);
         self
@@ -772,18 +773,14 @@ impl Applier {
         self
     }
 
-    fn stuck_limit(&self, io: &mut Io) -> Duration {
-        self.stuck_after.unwrap_or_else(|| {
-            let period = Duration::from_millis(self.d.lock(io).cfg.controller.period_ms);
-            (period * 10).max(Duration::from_secs(120))
-        })
-    }
-
     /// The writers' health: a beat unless a move has been under way for longer than the
     /// stuck limit (then the `apply` component goes silent and, that limit later, dead). The
     /// round thread calls it every round (through [`Applier::in_flight`]).
     fn check_health(&self, io: &mut Io) {
-        let limit = self.stuck_limit(io);
+        let limit = self.stuck_after.unwrap_or_else(|| {
+            let period = Duration::from_millis(self.d.lock(io).cfg.controller.period_ms);
+            (period * 10).max(Duration::from_secs(120))
+        });
         let oldest = {
             let q = self.queue();
             q.running.iter().filter_map(|j| j.started).min()
@@ -928,6 +925,7 @@ impl Applier {
     }
 
     /// Waits until every move submitted is done; returns what was done since the last call.
+    #[cfg(test)]
     pub fn wait(&self) -> AppliedMoves {
         let mut q = self.queue();
         while !(q.waiting.is_empty() && q.running.is_empty()) {

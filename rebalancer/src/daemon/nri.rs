@@ -40,7 +40,7 @@ use crate::cgroup::kube::{classify_in, CgroupKind};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
-use crate::daemon::nri_updates::Runtime;
+use crate::daemon::nri_updates::{update, Runtime};
 use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::{Daemon, Io};
 use crate::nri::api;
@@ -495,10 +495,6 @@ fn spec_cpuset(c: &api::Container) -> (CpuSet, CpuSet) {
     (parse(cpu.map(|c| &c.cpus)), parse(cpu.map(|c| &c.mems)))
 }
 
-fn update(id: &str, cpus: &CpuSet, mems: Option<&CpuSet>) -> api::ContainerUpdate {
-    super::nri_updates::update(id, Some(cpus), mems)
-}
-
 impl Policy {
     /// A policy over `d`; `cgroups` (when given) answers what a container's cpuset is before
     /// the plugin gave it one (after a restart); `runtime` is shared with the writers of the
@@ -612,7 +608,7 @@ impl Policy {
                 mine = Some(c);
             } else if let Some(id) = self.runtime.id_of(&c.cgroup) {
                 tracing::info!(container = %id, cgroup = %c.cgroup, cpus = %c.cpus, "container cpuset updated through the runtime");
-                out.push(update(&id, &c.cpus, c.mems.as_ref()));
+                out.push(update(&id, Some(&c.cpus), c.mems.as_ref()));
                 sent.push(c);
             } else if let Some(cg) = &self.writer.cgroups {
                 if let Err(e) = cg.write_cpus(&c.cgroup, &c.cpus) {
@@ -640,20 +636,11 @@ impl Policy {
     /// are queued in `runtime` and sent once the connection is quiet.
     fn regrow_unsolicited(&self, io: &mut Io) {
         for u in self.regrow(io, false) {
-            let Some(cpu) = u
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.as_ref())
-                .and_then(|r| r.cpu.as_ref())
-            else {
-                continue;
-            };
             let Some(t) = self.containers.get(&u.container_id) else {
                 continue;
             };
-            let cpus = CpuSet::parse(&cpu.cpus).ok();
-            let mems = CpuSet::parse(&cpu.mems).ok().filter(|m| !m.is_empty());
-            if let Err(why) = self.runtime.submit(&t.cgroup, cpus.as_ref(), mems.as_ref()) {
+            // what the writer gave it is noted in `runtime` already: queued as it is
+            if let Err(why) = self.runtime.submit(&t.cgroup, None, None) {
                 tracing::warn!(cgroup = %t.cgroup, reason = ?why, "shared pool growth not sent to the runtime");
             }
         }
@@ -863,7 +850,7 @@ impl Policy {
             return None;
         }
         let cpus = self.writer.cpus(cgroup)?;
-        Some(update(id, &cpus, None))
+        Some(update(id, Some(&cpus), None))
     }
 
     /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
@@ -1117,7 +1104,7 @@ impl Handler for Policy {
             }
             self.d().metrics.name_workload(&r.cgroup, names_of(&pod, c));
             if let Kubelets::Theirs(fenced) = self.kubelets(io, &r, c) {
-                updates.extend(fenced.map(|cpus| update(&c.id, &cpus, None)));
+                updates.extend(fenced.map(|cpus| update(&c.id, Some(&cpus), None)));
                 continue;
             }
             live.push(r.cgroup.clone());
@@ -1183,7 +1170,7 @@ impl Handler for Policy {
                 Ok((cpus, mems, others)) => {
                     tracing::info!(container = %id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
                     if !self.d().lock(io).cfg.daemon.dry_run {
-                        updates.push(update(&id, &cpus, Some(&mems)));
+                        updates.push(update(&id, Some(&cpus), Some(&mems)));
                     }
                     updates.extend(others);
                 }
@@ -1352,7 +1339,7 @@ impl Handler for Policy {
                 updates.extend(self.queued_for_hook(io));
                 // last: the runtime takes its resized container's resources from its update
                 match mine {
-                    Some(m) => updates.push(update(&c.id, &m.cpus, m.mems.as_ref())),
+                    Some(m) => updates.push(update(&c.id, Some(&m.cpus), m.mems.as_ref())),
                     None => updates.extend(pin),
                 }
                 Ok(api::UpdateContainerResponse {

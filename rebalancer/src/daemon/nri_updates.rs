@@ -256,10 +256,12 @@ impl Runtime {
     /// Whether timeouts turned unsolicited updates off for good: a runtime that is slow or
     /// ignores them would otherwise make the connection flap (each gap creates containers
     /// unplaced).
+    #[cfg(test)]
     pub fn updates_timed_out(&self) -> bool {
         self.lock().timeouts >= STICKY_TIMEOUTS
     }
 
+    #[cfg(test)]
     pub fn updates_enabled(&self) -> bool {
         self.lock().updates
     }
@@ -532,11 +534,6 @@ impl Runtime {
         }
     }
 
-    fn count_direct(&self, cgroup: &str, why: Direct, what: &str) {
-        tracing::info!(cgroup = %cgroup, reason = why.label(), change = what, "NRI mode: cpuset written to cgroupfs only, the runtime not told");
-        count(&self.metrics.nri_direct_writes, why.label());
-    }
-
     /// Tells the runtime of a write already made; counted when it cannot be told.
     /// A cpuset write of the moves' writer is in cgroupfs: told to the runtime. A mems write
     /// carries the cpus with it (`cpus_now`) when the runtime never gave the container any (an
@@ -558,7 +555,8 @@ impl Runtime {
 
     pub(super) fn tell(&self, cg: &str, cpus: Option<&CpuSet>, mems: Option<&CpuSet>, what: &str) {
         if let Err(why) = self.submit(cg, cpus, mems) {
-            self.count_direct(cg, why, what);
+            tracing::info!(cgroup = %cg, reason = why.label(), change = what, "NRI mode: cpuset written to cgroupfs only, the runtime not told");
+            count(&self.metrics.nri_direct_writes, why.label());
         }
     }
 }

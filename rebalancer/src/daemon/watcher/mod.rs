@@ -38,16 +38,18 @@ pub mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use policy::{
+pub use policy::WatchOutcome;
+#[cfg(test)]
+use policy::{
     container_for, guaranteed_millis_from_weight, limits_ready, pod_for,
-    request_millis_from_weight, WatchOutcome, LIMITS_GRACE,
+    request_millis_from_weight, LIMITS_GRACE,
 };
 
 /// How often the watcher looks at its retry queue while it holds a cgroup.
 const RETRY_TICK: Duration = Duration::from_millis(5);
 
 /// Container cgroups seen before their limits, with when each was first seen: seen again on
-/// later events and ticks, and admitted as they show once [`LIMITS_GRACE`] has passed since
+/// later events and ticks, and admitted as they show once [`policy::LIMITS_GRACE`] has passed since
 /// then, so none stays longer.
 #[derive(Debug, Default)]
 pub struct Retry {
