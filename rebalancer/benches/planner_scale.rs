@@ -2,7 +2,7 @@
 //! threads per node) with 100 / 1,000 / 10,000 managed cgroups:
 //! - `planner_round`: `ControllerState::observe_scored` + one `controller::plan_scored` (a
 //!   fifth of the cgroups are candidates: poor locality, memory split over two nodes), the
-//!   pair the daemon's round runs, on a copy of the state (as the daemon plans on one);
+//!   pair the daemon's round runs, the planner on a copy of the state as the daemon's is;
 //!   `planner_round_cpu` is the same round measured in the process's CPU time (every thread's):
 //!   on a machine loaded by other work, wall time is mostly waiting for a CPU;
 //! - `observe_build`: folding raw eBPF map contents (`ebpf::sample::fold`, what the daemon
@@ -168,11 +168,14 @@ fn planner_round_in<M: Measurement>(c: &mut Criterion<M>, name: &str) {
             state.observe(&obs, controller::EWMA_ALPHA);
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
-                    let mut st = state.clone();
-                    // As the daemon's round does (`rounds`): the scores observe
-                    // folded in are the planner's.
-                    let scores = st.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
-                    controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000)
+                    // As the daemon's round does (`Daemon::observe`, then `rounds::plan`):
+                    // observe folds the period into the state, the planner runs on a copy
+                    // of it (taken under the lock there) with the scores observe folded in,
+                    // and the copy and the plan are dropped.
+                    let scores = state.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
+                    let copy = state.clone();
+                    let plan = controller::plan_scored(&topo, &obs, &scores, &copy, &cfg, 60_000);
+                    (plan, copy)
                 })
             });
         }
@@ -248,6 +251,10 @@ fn observe_build(c: &mut Criterion) {
 }
 
 fn state_memory(_c: &mut Criterion) {
+    if std::env::var_os("PARTS").is_some() {
+        parts_probe();
+        std::process::exit(0);
+    }
     let cfg = ControllerConfig::default();
     let topo = machine(8);
     for n in [1_000usize, 10_000] {
@@ -292,3 +299,35 @@ criterion_group! {
     targets = planner_round_cpu
 }
 criterion_main!(benches, cpu_benches);
+
+#[allow(dead_code)]
+pub fn parts_probe() {
+    let cfg = ControllerConfig::default();
+    let topo = machine(32);
+    let obs = observations(&topo, 10_000);
+    let mut state = ControllerState::default();
+    state.observe(&obs, controller::EWMA_ALPHA);
+    let mut acc = [0u64; 6];
+    let iters = 30;
+    for _ in 0..iters {
+        let t0 = process_cpu_ns();
+        let scores = state.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
+        let t1 = process_cpu_ns();
+        let st = state.clone();
+        let t2 = process_cpu_ns();
+        let p = controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000);
+        let t3 = process_cpu_ns();
+        drop(p);
+        let t4 = process_cpu_ns();
+        drop(st);
+        drop(scores);
+        let t5 = process_cpu_ns();
+        for (a, d) in acc.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0]) {
+            *a += d;
+        }
+    }
+    let names = ["observe", "clone", "plan", "drop plan", "drop state", "all"];
+    for (n, a) in names.iter().zip(acc) {
+        eprintln!("parts 32n/10000 {n}: {:.3} ms CPU", a as f64 / iters as f64 / 1e6);
+    }
+}

@@ -3,15 +3,22 @@
 //! - the sampler's CPU time (`WrittenPages::sample`: the pagemap read, the nodes of the written
 //!   pages through move_pages(2), clear_refs), with every page written and with none;
 //! - the writer's extra minor faults and CPU time: after clear_refs, the first write to each
-//!   page (or each transparent huge page) faults once.
+//!   page (or each transparent huge page) faults once;
+//! - what a period costs at scale (`written_pages_cost_per_period_at_scale`): real cgroups
+//!   (1,000, or `REBALANCER_WRITTEN_CGROUPS`), each with one small process (`sleep`), every one
+//!   read as the daemon reads a cgroup whose memory spans nodes (`cgroup.procs`, then
+//!   `WrittenPages::sample`) within the period's pagemap budget.
 //!
 //! The figures are printed (BENCHMARKS.md, "Measured access", quotes them); the test fails when
 //! the source does not see the writes, sees writes that were not made, or costs more than a
 //! bound no default period could afford. On a kernel without soft-dirty tracking the sampler's
 //! two reads are still measured (the pagemap scan of the resident memory, the node lookup of
 //! every page as a fully written period needs) and the rest is skipped with the reason.
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
 
+use rebalancer::cgroup::{Cgroups, Controller, Mounts};
 use rebalancer::written::{probe, written_addresses, WrittenPages, PERIOD_PAGES};
 
 const PAGE: usize = 4096;
@@ -162,4 +169,132 @@ fn written_pages_cost_per_gib() {
         "{f} faults for {} pages",
         RESIDENT / PAGE
     );
+}
+
+/// Children killed and cgroup directories removed on drop (a failed assertion included).
+struct Population {
+    children: Vec<Child>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Population {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        // Children first, then the parent (a cgroup with children cannot be removed).
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// One period of the source over every cgroup at scale, as the daemon's round runs it for a
+/// cgroup whose memory is on two nodes or more: its `cgroup.procs`, then
+/// `WrittenPages::sample` of its processes (the period's pagemap budget shared by all), then
+/// `end_round`. Prints the median period's CPU time (this thread, user + system) and wall
+/// time, and how many cgroups were read before the budget ran out. On a kernel without
+/// soft-dirty tracking (this host's) no page is ever marked written, so this is the part
+/// that scales with the cgroup count when nothing was written: reading each process's
+/// mappings and pagemap, and clearing its bits.
+#[test]
+fn written_pages_cost_per_period_at_scale() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: not root");
+        return;
+    }
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let Some(v2) = rebalancer::ebpf::probe::cgroup2_mount(&mi) else {
+        println!("SKIP: no cgroup2 mount");
+        return;
+    };
+    let n: usize = std::env::var("REBALANCER_WRITTEN_CGROUPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    let proc_root = Path::new("/proc");
+    let parent = format!("rebalancer-test-written-{}", std::process::id());
+    let mut pop = Population {
+        children: Vec::with_capacity(n),
+        dirs: vec![v2.join(&parent)],
+    };
+    std::fs::create_dir(v2.join(&parent)).unwrap();
+    let rels: Vec<String> = (0..n).map(|i| format!("{parent}/c{i:05}")).collect();
+    for rel in &rels {
+        let dir = v2.join(rel);
+        std::fs::create_dir(&dir).unwrap();
+        pop.dirs.push(dir.clone());
+        let child = Command::new("sleep")
+            .arg("900")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        pop.children.push(child);
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+    let cg = Cgroups::new(Mounts {
+        v2: Some(v2.clone()),
+        v1: Default::default(),
+    });
+    let mut t = WrittenPages::default();
+    // One period: (cgroups read, processes skipped for want of budget, CPU ns, wall ns, CPU ns
+    // of the cgroup.procs reads alone).
+    let mut period = |t: &mut WrittenPages| {
+        let (mut read, mut procs_ns) = (0usize, 0u64);
+        let (c0, _) = thread_usage();
+        let w0 = Instant::now();
+        for rel in &rels {
+            let (p0, _) = thread_usage();
+            let pids = cg.procs(Controller::Cpuset, rel).expect("cgroup.procs");
+            let (p1, _) = thread_usage();
+            procs_ns += p1 - p0;
+            assert_eq!(pids.len(), 1, "{rel} holds its one process");
+            if t.sample(proc_root, &pids).is_some() {
+                read += 1;
+            }
+        }
+        let skipped = t.skipped as usize;
+        t.end_round();
+        let (c1, _) = thread_usage();
+        (read, skipped, c1 - c0, w0.elapsed().as_nanos() as u64, procs_ns)
+    };
+    // The first period only clears (nothing to compare yet): no cgroup has a measurement.
+    let (read, skipped, ..) = period(&mut t);
+    assert_eq!(read, 0, "a first period reads nothing");
+    let mut runs = Vec::new();
+    for _ in 0..PERIODS.min(3) {
+        let (read, skipped_now, cpu, wall, procs) = period(&mut t);
+        // Every cgroup's process is either read (cleared a period ago) or left for want of
+        // budget, which is spent in order: what is read is a prefix.
+        assert_eq!(
+            read + skipped_now,
+            n,
+            "{read} read + {skipped_now} skipped of {n}"
+        );
+        if skipped_now > 0 {
+            assert!(read > 0, "the budget reads some cgroups");
+        }
+        runs.push((cpu, wall, procs, read, skipped_now));
+    }
+    runs.sort_by_key(|r| r.0);
+    let (cpu, wall, procs, read, skipped_now) = runs[runs.len() / 2];
+    let ms = |ns: u64| ns as f64 / 1e6;
+    println!(
+        "written pages at {n} cgroups, one `sleep` each (median of {} periods by CPU): {:.1} ms \
+         CPU per period ({:.1} ms of it reading cgroup.procs), {:.1} ms wall; {read} cgroups \
+         read, {skipped_now} left for want of the period's budget ({PERIOD_PAGES} pagemap \
+         entries); the clearing period left {skipped}",
+        runs.len(),
+        ms(cpu),
+        ms(procs),
+        ms(wall),
+    );
+    // Past a second of CPU per period the source would cost a fifth of a CPU at the default
+    // 5 s period.
+    assert!(ms(cpu) < 1000.0, "{:.1} ms of CPU per period", ms(cpu));
 }
