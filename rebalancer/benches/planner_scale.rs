@@ -251,10 +251,6 @@ fn observe_build(c: &mut Criterion) {
 }
 
 fn state_memory(_c: &mut Criterion) {
-    if std::env::var_os("PARTS").is_some() {
-        parts_probe();
-        std::process::exit(0);
-    }
     let cfg = ControllerConfig::default();
     let topo = machine(8);
     for n in [1_000usize, 10_000] {
@@ -299,35 +295,3 @@ criterion_group! {
     targets = planner_round_cpu
 }
 criterion_main!(benches, cpu_benches);
-
-#[allow(dead_code)]
-pub fn parts_probe() {
-    let cfg = ControllerConfig::default();
-    let topo = machine(32);
-    let obs = observations(&topo, 10_000);
-    let mut state = ControllerState::default();
-    state.observe(&obs, controller::EWMA_ALPHA);
-    let mut acc = [0u64; 6];
-    let iters = 30;
-    for _ in 0..iters {
-        let t0 = process_cpu_ns();
-        let scores = state.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
-        let t1 = process_cpu_ns();
-        let st = state.clone();
-        let t2 = process_cpu_ns();
-        let p = controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000);
-        let t3 = process_cpu_ns();
-        drop(p);
-        let t4 = process_cpu_ns();
-        drop(st);
-        drop(scores);
-        let t5 = process_cpu_ns();
-        for (a, d) in acc.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0]) {
-            *a += d;
-        }
-    }
-    let names = ["observe", "clone", "plan", "drop plan", "drop state", "all"];
-    for (n, a) in names.iter().zip(acc) {
-        eprintln!("parts 32n/10000 {n}: {:.3} ms CPU", a as f64 / iters as f64 / 1e6);
-    }
-}

@@ -42,8 +42,11 @@ const BATCH: u64 = 65_536;
 const MAX_PAGES: u64 = 16 << 20;
 /// Most pagemap entries one period reads over every process (2 GiB of mappings). Measured on
 /// the build VM (`written_root`): the scan costs about 17 ms of CPU per GiB and the node lookup
-/// of written pages about 60 ms per GiB written, so a period pays at most about 150 ms (3% of
-/// a CPU at the default 5 s period) when all of it was written, 34 ms when none was.
+/// of written pages about 60 ms per GiB written, so the pages cost a period at most about
+/// 150 ms (3% of a CPU at the default 5 s period) when all were written, 34 ms when none
+/// were. What each process costs besides its pages (its maps read, pagemap opened,
+/// clear_refs) is not counted against it: about 83 µs a process, 0.6 s of CPU per period at
+/// 10,000 one-process cgroups (BENCHMARKS.md, "Planner scale").
 pub const PERIOD_PAGES: u64 = 512 << 10;
 /// Fewer written bytes than this in a period is no evidence (the share model decides).
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;

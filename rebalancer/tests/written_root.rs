@@ -261,7 +261,13 @@ fn written_pages_cost_per_period_at_scale() {
         let skipped = t.skipped as usize;
         t.end_round();
         let (c1, _) = thread_usage();
-        (read, skipped, c1 - c0, w0.elapsed().as_nanos() as u64, procs_ns)
+        (
+            read,
+            skipped,
+            c1 - c0,
+            w0.elapsed().as_nanos() as u64,
+            procs_ns,
+        )
     };
     // The first period only clears (nothing to compare yet): no cgroup has a measurement.
     let (read, skipped, ..) = period(&mut t);
