@@ -26,7 +26,7 @@ use rebalancer::config::Config;
 use rebalancer::controller::{CgroupWriteError, CgroupWriter, Move, Trigger};
 use rebalancer::cpuset::CpuSet;
 use rebalancer::daemon::nri::Policy;
-use rebalancer::daemon::{Daemon, Shared};
+use rebalancer::daemon::{Daemon, Io, Shared};
 use rebalancer::nri::{api, envelope, session};
 use rebalancer::serve::Metrics;
 use rebalancer::topology::TopologyBuilder;
@@ -74,7 +74,7 @@ impl CgroupWriter for MigratingWriter {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
         Ok(self.get(cg)?.1.clone())
     }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_cpus(&mut self, _io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         drop(self.queue.lock().unwrap()); // flush_workqueue
         self.live
             .get_mut(cg)
@@ -84,7 +84,7 @@ impl CgroupWriter for MigratingWriter {
             .0 = cpus.clone();
         Ok(())
     }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_mems(&mut self, _io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
         let queue = self.queue.clone();
         let wq = queue.lock().unwrap();
         let entry = self.live.get_mut(cg).ok_or(CgroupWriteError::Vanished {
@@ -103,10 +103,16 @@ impl CgroupWriter for MigratingWriter {
     fn read_memory_migrate(&self, _: &str) -> Result<bool, CgroupWriteError> {
         Ok(true)
     }
-    fn set_memory_migrate(&mut self, _: &str, _: bool) -> Result<(), CgroupWriteError> {
+    fn set_memory_migrate(&mut self, _io: &Io, _: &str, _: bool) -> Result<(), CgroupWriteError> {
         Ok(())
     }
-    fn move_pages(&mut self, _: &str, _: &CpuSet, _: u64) -> Result<u64, CgroupWriteError> {
+    fn move_pages(
+        &mut self,
+        _io: &Io,
+        _: &str,
+        _: &CpuSet,
+        _: u64,
+    ) -> Result<u64, CgroupWriteError> {
         Ok(0)
     }
 }
@@ -118,6 +124,7 @@ fn start_writers(d: &Daemon, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHan
         .map(|i| {
             let (d, stop, queue) = (d.clone(), stop.clone(), queue.clone());
             std::thread::spawn(move || {
+                let io = &mut Io::new();
                 let cg = format!("system.slice/writer{i}.service");
                 let set = |s: &str| CpuSet::parse(s).unwrap();
                 let sides = [
@@ -145,7 +152,7 @@ fn start_writers(d: &Daemon, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHan
                         stage: None,
                     };
                     let applied =
-                        rebalancer::daemon::apply::apply_moves(&d, &mut w, &[mv], 0, false);
+                        rebalancer::daemon::apply::apply_moves(io, &d, &mut w, &[mv], 0, false);
                     assert_eq!(applied.applied, 1, "writer {i}'s move {moves}: {applied:?}");
                     moves += 1;
                 }
@@ -285,8 +292,9 @@ fn run(migrating: bool) {
         "idle".to_string()
     };
     let t = Instant::now();
+    let io = &mut Io::new();
     for _ in 0..20 {
-        d.checkpoint().unwrap();
+        d.checkpoint(io).unwrap();
     }
     let ckpt = t.elapsed() / 20;
     let us = |d: Duration| d.as_secs_f64() * 1e6;

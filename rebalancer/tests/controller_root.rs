@@ -119,6 +119,7 @@ fn mv(rel: &str, from: &CpuSet, to: &CpuSet, mems: &CpuSet) -> Move {
 
 #[test]
 fn a_real_move_is_applied_and_read_back() {
+    let io = &mut rebalancer::daemon::Io::new();
     let Some((cg, rel, guard)) = setup("move") else {
         return;
     };
@@ -126,7 +127,7 @@ fn a_real_move_is_applied_and_read_back() {
     let mems = cg.effective_mems(&rel).unwrap();
     let to: CpuSet = from.iter().skip(1).take(1).collect();
     let mut w = OwnedWriter::new(cg.clone());
-    let done = controller::apply(&mv(&rel, &from, &to, &mems), &mut w, false).expect("apply");
+    let done = controller::apply(io, &mv(&rel, &from, &to, &mems), &mut w, false).expect("apply");
     assert!(!done.dry_run);
     assert_eq!(cg.effective_cpus(&rel).unwrap(), to);
     let pid = guard.child.as_ref().unwrap().id();
@@ -138,6 +139,7 @@ fn a_real_move_is_applied_and_read_back() {
 
 #[test]
 fn dry_run_leaves_every_file_byte_identical() {
+    let io = &mut rebalancer::daemon::Io::new();
     let _serial = common::serial();
     let Some((cg, rel, guard)) = setup("dry") else {
         return;
@@ -148,7 +150,7 @@ fn dry_run_leaves_every_file_byte_identical() {
     let to: CpuSet = from.iter().take(1).collect();
     let mut w = OwnedWriter::new(cg.clone());
     let done =
-        controller::apply(&mv(&rel, &from, &to, &mems), &mut w, true).expect("dry-run apply");
+        controller::apply(io, &mv(&rel, &from, &to, &mems), &mut w, true).expect("dry-run apply");
     assert!(done.dry_run);
     assert_eq!(
         snapshot(&guard.dir),

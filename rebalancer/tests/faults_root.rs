@@ -63,6 +63,7 @@ fn containers(tree: &mut KubeTree, n: usize, tag: &str) {
 /// round goes on: the next cgroup's move is applied and read back.
 #[test]
 fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
+    let io = &mut rebalancer::daemon::Io::new();
     let _serial = common::serial();
     let Some(cg) = common::root_cgroups() else {
         return;
@@ -101,19 +102,19 @@ fn cgroup_rmdired_between_plan_and_apply_is_skipped_and_others_still_move() {
     tree.rmdir(&a).unwrap();
     tree.rmdir(&a_pod).unwrap();
     let mut w = OwnedWriter::new(cg.clone());
-    let done = apply_moves(&d, &mut w, &plan, 1000, false);
+    let done = apply_moves(io, &d, &mut w, &plan, 1000, false);
     println!("apply after rmdir: {done:?}");
     assert_eq!(done.failed, [(a.clone(), "vanished")]);
     assert_eq!(done.applied, 1);
     assert_eq!(cg.effective_cpus(&b).unwrap(), one);
-    assert_eq!(d.lock().state.controller.failed_moves_total, 0);
+    assert_eq!(d.lock(io).state.controller.failed_moves_total, 0);
     assert!(!cg.exists(Controller::Cpuset, &a));
     // Invariants on what is left (nothing is bound: this daemon admitted nothing).
-    let status = serde_json::to_value(StatusDoc::of(&d.lock())).unwrap();
+    let status = serde_json::to_value(StatusDoc::of(&d.lock(io))).unwrap();
     let eff = cg.effective_cpus(&b).unwrap();
     assert!(!eff.is_empty() && eff.is_subset(&cg.effective_cpus(&tree.burstable).unwrap()));
     tree.rmdir(&b).unwrap();
-    d.checkpoint().unwrap();
+    d.checkpoint(io).unwrap();
     let cp: Persisted = checkpoint::load(state.path()).unwrap().unwrap();
     assert_invariants(&tree, &status, Some(&cp), BUDGET_MIB);
 }

@@ -16,7 +16,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::plan_types::Move;
-use crate::cpuset::CpuSet;
+use crate::{cpuset::CpuSet, daemon::Io};
 
 /// The cgroup files the actuator touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -108,21 +108,28 @@ impl CgroupWriteError {
     }
 }
 
-/// Reads and writes the cpuset of cgroups named by their path relative to the hierarchy.
+/// Reads and writes the cpuset of cgroups named by their path relative to the hierarchy. The
+/// writes and page moves take the thread's I/O token ([`Io`]): none runs under the state lock.
 pub trait CgroupWriter {
     fn read_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError>;
     fn read_mems(&self, cgroup: &str) -> Result<CpuSet, CgroupWriteError>;
-    fn write_cpus(&mut self, cgroup: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError>;
-    fn write_mems(&mut self, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError>;
+    fn write_cpus(&mut self, io: &Io, cgroup: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError>;
+    fn write_mems(&mut self, io: &Io, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError>;
     /// True on cgroup v1, where memory follows a mems change only with memory_migrate=1
     /// (v2 always migrates).
     fn needs_memory_migrate(&self) -> bool;
     fn read_memory_migrate(&self, cgroup: &str) -> Result<bool, CgroupWriteError>;
-    fn set_memory_migrate(&mut self, cgroup: &str, on: bool) -> Result<(), CgroupWriteError>;
+    fn set_memory_migrate(
+        &mut self,
+        io: &Io,
+        cgroup: &str,
+        on: bool,
+    ) -> Result<(), CgroupWriteError>;
     /// Moves at most `max_bytes` of the cgroup's pages that are on nodes outside `toward` to
     /// `toward` (move_pages(2)); returns the bytes moved. Used by staged moves only.
     fn move_pages(
         &mut self,
+        io: &Io,
         cgroup: &str,
         toward: &CpuSet,
         max_bytes: u64,
@@ -134,11 +141,12 @@ pub trait CgroupWriter {
     /// never for a stage. Default: [`CgroupWriter::move_pages`] (the fakes).
     fn migrate_pages(
         &mut self,
+        io: &Io,
         cgroup: &str,
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        self.move_pages(cgroup, toward, max_bytes)
+        self.move_pages(io, cgroup, toward, max_bytes)
     }
     /// Bytes of the cgroup's memory still on nodes outside `toward` (its memory.numa_stat):
     /// after its writer moved the pages its processes alone map, what is left is pages other
@@ -150,7 +158,7 @@ pub trait CgroupWriter {
     /// Waits until the writes made so far are in force, for a writer whose writes someone
     /// else applies later (the container runtime, in NRI mode); [`finish`] calls it before
     /// reading a move back. Never called with the daemon's allocator lock held.
-    fn settle(&mut self, _cgroup: &str) -> Result<(), CgroupWriteError> {
+    fn settle(&mut self, _io: &Io, _cgroup: &str) -> Result<(), CgroupWriteError> {
         Ok(())
     }
 }
@@ -295,21 +303,33 @@ pub fn steps_for(mv: &Move, cpus: &CpuSet, mems: &CpuSet, v1_migrate_off: bool) 
     steps
 }
 
-fn run(w: &mut dyn CgroupWriter, cgroup: &str, step: &Step) -> Result<(), CgroupWriteError> {
+fn run(
+    w: &mut dyn CgroupWriter,
+    io: &Io,
+    cgroup: &str,
+    step: &Step,
+) -> Result<(), CgroupWriteError> {
     match step {
-        Step::SetMemoryMigrate(on) => w.set_memory_migrate(cgroup, *on),
-        Step::WriteMems(s) => w.write_mems(cgroup, s),
-        Step::WriteCpus(s) => w.write_cpus(cgroup, s),
-        Step::MovePages { toward, max_bytes } => w.move_pages(cgroup, toward, *max_bytes).map(drop),
+        Step::SetMemoryMigrate(on) => w.set_memory_migrate(io, cgroup, *on),
+        Step::WriteMems(s) => w.write_mems(io, cgroup, s),
+        Step::WriteCpus(s) => w.write_cpus(io, cgroup, s),
+        Step::MovePages { toward, max_bytes } => {
+            w.move_pages(io, cgroup, toward, *max_bytes).map(drop)
+        }
     }
 }
 
 /// Applies `mv` through `w`; with `dry_run` only reads and returns the steps it would write.
 /// A failure at any step rolls back to the previous cpus and mems.
-pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Applied, ApplyError> {
-    match begin(mv, w, dry_run)? {
+pub fn apply(
+    io: &Io,
+    mv: &Move,
+    w: &mut dyn CgroupWriter,
+    dry_run: bool,
+) -> Result<Applied, ApplyError> {
+    match begin(io, mv, w, dry_run)? {
         Begun::DryRun(a) => Ok(a),
-        Begun::CpusMoved(rest) => finish(mv, w, rest),
+        Begun::CpusMoved(rest) => finish(io, mv, w, rest),
     }
 }
 
@@ -317,7 +337,12 @@ pub fn apply(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Appli
 /// (memory_migrate on, mems widened); the rest — narrowing mems (the kernel migrates the
 /// memory then) and the page moves — is [`finish`]. The daemon books the move before this
 /// half and settles it after (`daemon::apply`), no lock held over either half.
-pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun, ApplyError> {
+pub fn begin(
+    io: &Io,
+    mv: &Move,
+    w: &mut dyn CgroupWriter,
+    dry_run: bool,
+) -> Result<Begun, ApplyError> {
     let cg = mv.cgroup.as_str();
     for (set, file) in [
         (&mv.to_cpus, CgroupFile::Cpus),
@@ -377,7 +402,7 @@ pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun
         migrate_on: !migrate_off,
     };
     for step in &steps[..split] {
-        if let Err(e) = run(w, cg, step) {
+        if let Err(e) = run(w, io, cg, step) {
             let cause = classify(e, |source| ApplyError::Failed {
                 cgroup: cg.to_string(),
                 step: step.clone(),
@@ -386,7 +411,16 @@ pub fn begin(mv: &Move, w: &mut dyn CgroupWriter, dry_run: bool) -> Result<Begun
             if matches!(cause, ApplyError::Vanished { .. }) {
                 return Err(cause);
             }
-            return Err(rollback(w, cg, &state, &cpus, &mems, !migrate_off, cause));
+            return Err(rollback(
+                w,
+                io,
+                cg,
+                &state,
+                &cpus,
+                &mems,
+                !migrate_off,
+                cause,
+            ));
         }
         state.apply(step);
     }
@@ -465,7 +499,12 @@ impl Rest {
 
 /// The second half of [`apply`] (see [`begin`]): narrows mems, verifies by reading back, and
 /// moves a stage's pages.
-pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied, ApplyError> {
+pub fn finish(
+    io: &Io,
+    mv: &Move,
+    w: &mut dyn CgroupWriter,
+    rest: Rest,
+) -> Result<Applied, ApplyError> {
     let cg = mv.cgroup.as_str();
     let Rest {
         steps,
@@ -487,15 +526,24 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
         if matches!(cause, ApplyError::Vanished { .. }) {
             return cause;
         }
-        rollback(w, cg, state, &rollback_cpus, &mems, migrate_was_on, cause)
+        rollback(
+            w,
+            io,
+            cg,
+            state,
+            &rollback_cpus,
+            &mems,
+            migrate_was_on,
+            cause,
+        )
     };
     for step in &steps[split..] {
-        if let Err(e) = run(w, cg, step) {
+        if let Err(e) = run(w, io, cg, step) {
             return Err(fail(w, &state, step.clone(), e));
         }
         state.apply(step);
     }
-    if let Err(e) = w.settle(cg) {
+    if let Err(e) = w.settle(io, cg) {
         let step = steps
             .last()
             .cloned()
@@ -528,6 +576,7 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
             };
             return Err(rollback(
                 w,
+                io,
                 cg,
                 &state,
                 &rollback_cpus,
@@ -539,7 +588,7 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
     }
     let (moved_bytes, pages_error) = match &mv.stage {
         None => (mv.bytes_to_migrate, None),
-        Some(s) => match w.move_pages(cg, &s.toward, mv.bytes_to_migrate) {
+        Some(s) => match w.move_pages(io, cg, &s.toward, mv.bytes_to_migrate) {
             // Never credit more than the stage's share of the budget.
             Ok(b) => (b.min(mv.bytes_to_migrate), None),
             Err(e) => (0, Some(e.to_string())),
@@ -558,7 +607,13 @@ pub fn finish(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> Result<Applied
 /// (`found`) while it was under way. Its mems (and memory_migrate) go back to what they were
 /// before the move, its cpus stay as that someone wrote them; returns [`ApplyError::Stale`]
 /// (or `RollbackFailed`).
-pub fn abandon(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest, found: CpuSet) -> ApplyError {
+pub fn abandon(
+    io: &Io,
+    mv: &Move,
+    w: &mut dyn CgroupWriter,
+    rest: Rest,
+    found: CpuSet,
+) -> ApplyError {
     let Rest {
         mut state,
         mems,
@@ -572,7 +627,16 @@ pub fn abandon(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest, found: CpuSet) -
         found: found.to_string(),
     };
     state.cpus = found.clone();
-    rollback(w, &mv.cgroup, &state, &found, &mems, migrate_was_on, cause)
+    rollback(
+        w,
+        io,
+        &mv.cgroup,
+        &state,
+        &found,
+        &mems,
+        migrate_was_on,
+        cause,
+    )
 }
 
 /// Cuts a begun move short instead of [`finish`]ing it, because the daemon stops: no
@@ -580,12 +644,17 @@ pub fn abandon(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest, found: CpuSet) -
 /// The cpus stay moved, the mems stay widened (the old and the new nodes: nothing migrates);
 /// only memory_migrate (v1) is put back as it was. Returns [`ApplyError::Stopped`] (or
 /// `RollbackFailed` when that write failed).
-pub fn cut_short(mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> ApplyError {
+pub fn cut_short(io: &Io, mv: &Move, w: &mut dyn CgroupWriter, rest: Rest) -> ApplyError {
     let cause = ApplyError::Stopped {
         cgroup: mv.cgroup.clone(),
     };
     if rest.state.migrate_on != rest.migrate_was_on {
-        if let Err(source) = run(w, &mv.cgroup, &Step::SetMemoryMigrate(rest.migrate_was_on)) {
+        if let Err(source) = run(
+            w,
+            io,
+            &mv.cgroup,
+            &Step::SetMemoryMigrate(rest.migrate_was_on),
+        ) {
             return ApplyError::RollbackFailed {
                 cgroup: mv.cgroup.clone(),
                 cause: cause.to_string(),
@@ -616,8 +685,10 @@ impl Live {
 
 /// Restores `cpus`/`mems` (and memory_migrate) from `live`, widening mems first. Returns
 /// `cause` when the rollback worked, `RollbackFailed` otherwise.
+#[allow(clippy::too_many_arguments)]
 fn rollback(
     w: &mut dyn CgroupWriter,
+    io: &Io,
     cg: &str,
     live: &Live,
     cpus: &CpuSet,
@@ -644,7 +715,7 @@ fn rollback(
         steps.push(Step::SetMemoryMigrate(migrate_was_on));
     }
     for step in &steps {
-        if let Err(source) = run(w, cg, step) {
+        if let Err(source) = run(w, io, cg, step) {
             return ApplyError::RollbackFailed {
                 cgroup: cg.to_string(),
                 cause: cause.to_string(),

@@ -5,6 +5,7 @@ use super::actuator::{apply, ApplyError, CgroupFile, Step};
 use super::fake::{FakeCgroups, FakeFailure};
 use super::plan_types::{Move, Trigger};
 use crate::cpuset::CpuSet;
+use crate::daemon::Io;
 
 fn set(s: &str) -> CpuSet {
     CpuSet::parse(s).unwrap()
@@ -43,10 +44,10 @@ fn never_empty(f: &FakeCgroups) {
     }
 }
 
-fn check(v1: bool, m: Move, want: &[&str]) {
+fn check(io: &mut Io, v1: bool, m: Move, want: &[&str]) {
     let mut f = FakeCgroups::version(v1);
     f.insert("pod/c", &m.from_cpus.to_string(), &m.from_mems.to_string());
-    let a = apply(&m, &mut f, false).unwrap();
+    let a = apply(io, &m, &mut f, false).unwrap();
     assert_eq!(writes(&f), want, "{m:?}");
     assert_eq!(a.steps.len(), want.len());
     assert_eq!(f.cpus("pod/c"), Some(&m.to_cpus));
@@ -57,12 +58,15 @@ fn check(v1: bool, m: Move, want: &[&str]) {
 
 #[test]
 fn writes_in_safe_order() {
+    let io = &mut crate::daemon::Io::new();
     check(
+        io,
         false,
         mv("0-3", "4-7", "0", "1"),
         &["cpuset.mems=0-1", "cpuset.cpus=4-7", "cpuset.mems=1"],
     );
     check(
+        io,
         true,
         mv("0-3", "4-7", "0", "1"),
         &[
@@ -74,15 +78,22 @@ fn writes_in_safe_order() {
         ],
     );
     // CPUs only: mems unchanged, no memory_migrate dance.
-    check(true, mv("0-3", "4-7", "0-1", "0-1"), &["cpuset.cpus=4-7"]);
+    check(
+        io,
+        true,
+        mv("0-3", "4-7", "0-1", "0-1"),
+        &["cpuset.cpus=4-7"],
+    );
     // Narrowing only (mems already wide): cpus first, then mems.
     check(
+        io,
         false,
         mv("0-7", "4-7", "0-1", "1"),
         &["cpuset.cpus=4-7", "cpuset.mems=1"],
     );
     // Widening only.
     check(
+        io,
         false,
         mv("0-3", "0-7", "0", "0-1"),
         &["cpuset.mems=0-1", "cpuset.cpus=0-7"],
@@ -91,6 +102,7 @@ fn writes_in_safe_order() {
 
 #[test]
 fn rollback_restores_on_every_failure() {
+    let io = &mut crate::daemon::Io::new();
     let kinds = [
         FakeFailure::Busy,
         FakeFailure::Invalid,
@@ -114,7 +126,7 @@ fn rollback_restores_on_every_failure() {
                 let mut f = FakeCgroups::version(v1);
                 f.insert("pod/c", "0-3", "0");
                 f.fail_write(file, nth, kind);
-                let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
+                let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
                 let at = format!("v1={v1} {kind:?} at {file} #{nth}");
                 assert!(matches!(err, ApplyError::Failed { .. }), "{at}: {err}");
                 assert_eq!(f.cpus("pod/c"), Some(&set("0-3")), "{at}");
@@ -129,10 +141,11 @@ fn rollback_restores_on_every_failure() {
 
 #[test]
 fn failed_rollback_is_reported() {
+    let io = &mut crate::daemon::Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
     f.fail_write(CgroupFile::Cpus, 1, FakeFailure::Busy);
     f.fail_write(CgroupFile::Mems, 2, FakeFailure::Busy); // the rollback's narrowing
-    let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
+    let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(matches!(err, ApplyError::RollbackFailed { .. }), "{err}");
     assert!(err.to_string().contains("cpuset.cpus=4-7"), "{err}");
     // Still never empty: the cgroup keeps the widened mems and its old CPUs.
@@ -142,10 +155,11 @@ fn failed_rollback_is_reported() {
 
 #[test]
 fn dry_run_writes_nothing() {
+    let io = &mut crate::daemon::Io::new();
     for v1 in [false, true] {
         let mut f = FakeCgroups::version(v1);
         f.insert("pod/c", "0-3", "0");
-        let a = apply(&mv("0-3", "4-7", "0", "1"), &mut f, true).unwrap();
+        let a = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, true).unwrap();
         assert!(a.dry_run);
         assert_eq!(a.steps.len(), if v1 { 5 } else { 3 });
         assert_eq!(a.steps[a.steps.len() / 2], Step::WriteCpus(set("4-7")));
@@ -156,23 +170,25 @@ fn dry_run_writes_nothing() {
 
 #[test]
 fn vanished_cgroup_is_a_clean_error() {
+    let io = &mut crate::daemon::Io::new();
     let mut f = FakeCgroups::v2();
-    let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
+    let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(matches!(err, ApplyError::Vanished { .. }), "{err}");
     assert_eq!(err.to_string(), "cgroup pod/c vanished during the move");
     // Vanishing in the middle: no rollback attempted on a cgroup that no longer exists.
     let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
     f.fail_write(CgroupFile::Cpus, 1, FakeFailure::Vanished);
-    let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
+    let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(matches!(err, ApplyError::Vanished { .. }), "{err}");
     assert_eq!(writes(&f), ["cpuset.mems=0-1"]);
 }
 
 #[test]
 fn empty_target_refused_without_a_write() {
+    let io = &mut crate::daemon::Io::new();
     for m in [mv("0-3", "", "0", "1"), mv("0-3", "4-7", "0", "")] {
         let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
-        let err = apply(&m, &mut f, false).unwrap_err();
+        let err = apply(io, &m, &mut f, false).unwrap_err();
         assert!(matches!(err, ApplyError::EmptyTarget { .. }), "{err}");
         assert!(f.writes().is_empty());
     }
@@ -180,8 +196,9 @@ fn empty_target_refused_without_a_write() {
 
 #[test]
 fn external_change_is_adopted_not_fought() {
+    let io = &mut crate::daemon::Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "8-9", "0");
-    let err = apply(&mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
+    let err = apply(io, &mv("0-3", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(
         matches!(
             err,
@@ -197,10 +214,11 @@ fn external_change_is_adopted_not_fought() {
 
 #[test]
 fn read_back_mismatch_rolls_back() {
+    let io = &mut crate::daemon::Io::new();
     let mut f = FakeCgroups::v2().with("pod/c", "0-3", "0");
     f.misreport(CgroupFile::Cpus, set("4-5"));
     // The stale check reads the misreported value too, so plan from it.
-    let err = apply(&mv("4-5", "4-7", "0", "1"), &mut f, false).unwrap_err();
+    let err = apply(io, &mv("4-5", "4-7", "0", "1"), &mut f, false).unwrap_err();
     assert!(
         matches!(
             err,
@@ -219,6 +237,7 @@ fn read_back_mismatch_rolls_back() {
 /// bytes of pages toward the target; v1 and v2 alike. A dry run moves nothing.
 #[test]
 fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
+    let io = &mut crate::daemon::Io::new();
     const MIB: u64 = 1 << 20;
     for v1 in [false, true] {
         let mut f = FakeCgroups::version(v1);
@@ -233,7 +252,7 @@ fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
             }),
             ..mv("0-3", "4-7", "0", "0-1")
         };
-        let dry = apply(&m, &mut f, true).unwrap();
+        let dry = apply(io, &m, &mut f, true).unwrap();
         assert_eq!(dry.moved_bytes, 0);
         assert!(dry
             .steps
@@ -242,7 +261,7 @@ fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
         assert_eq!(f.migrated(), 0, "dry run");
         assert!(f.writes().is_empty(), "dry run");
 
-        let a = apply(&m, &mut f, false).unwrap();
+        let a = apply(io, &m, &mut f, false).unwrap();
         assert_eq!(a.moved_bytes, 100 * MIB);
         assert_eq!(a.pages_error, None);
         assert_eq!(f.migrated(), 100 * MIB, "widening migrated something");
@@ -256,7 +275,7 @@ fn a_stage_widens_mems_and_moves_only_its_budget_of_pages() {
 
         // The last round is a plain move: narrowing mems migrates the rest.
         let last = mv("4-7", "4-7", "0-1", "1");
-        apply(&last, &mut f, false).unwrap();
+        apply(io, &last, &mut f, false).unwrap();
         assert_eq!(f.migrated(), 300 * MIB);
         assert_eq!(
             f.memory("pod/c").unwrap(),

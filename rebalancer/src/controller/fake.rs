@@ -273,12 +273,22 @@ impl CgroupWriter for FakeCgroups {
             .clone())
     }
 
-    fn write_cpus(&mut self, cgroup: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_cpus(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cgroup: &str,
+        cpus: &CpuSet,
+    ) -> Result<(), CgroupWriteError> {
         let v = cpus.clone();
         self.write(cgroup, CgroupFile::Cpus, cpus.to_string(), |c| c.cpus = v)
     }
 
-    fn write_mems(&mut self, cgroup: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_mems(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cgroup: &str,
+        mems: &CpuSet,
+    ) -> Result<(), CgroupWriteError> {
         let v = mems.clone();
         let migrates = !self.v1 || self.get(cgroup)?.memory_migrate;
         let mut moved = 0;
@@ -296,6 +306,7 @@ impl CgroupWriter for FakeCgroups {
 
     fn move_pages(
         &mut self,
+        _io: &crate::daemon::Io,
         cgroup: &str,
         toward: &CpuSet,
         max_bytes: u64,
@@ -322,7 +333,12 @@ impl CgroupWriter for FakeCgroups {
         Ok(self.get(cgroup)?.memory_migrate)
     }
 
-    fn set_memory_migrate(&mut self, cgroup: &str, on: bool) -> Result<(), CgroupWriteError> {
+    fn set_memory_migrate(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cgroup: &str,
+        on: bool,
+    ) -> Result<(), CgroupWriteError> {
         let v = u8::from(on).to_string();
         self.write(cgroup, CgroupFile::MemoryMigrate, v, |c| {
             c.memory_migrate = on

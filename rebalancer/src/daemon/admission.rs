@@ -55,7 +55,7 @@ use std::{
 
 use super::{
     writer::{CpusetChange, CpusetWriter, WriteError},
-    Binding, Daemon, Shared,
+    Binding, Daemon, Io, Shared,
 };
 use crate::{
     checkpoint::CheckpointError,
@@ -221,8 +221,8 @@ impl Admission {
     }
 
     /// Admits `req.pod` (see the module doc).
-    pub fn admit(&self, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
-        self.admit_by(req, None)
+    pub fn admit(&self, io: &mut Io, req: AdmitRequest<'_>) -> Result<Admitted, AdmitError> {
+        self.admit_by(io, req, None)
     }
 
     /// As [`Admission::admit`], but refused with [`AdmitError::DeadlinePassed`], changing
@@ -231,23 +231,33 @@ impl Admission {
     /// check the admission runs to its end and its outcome is the answer.
     pub fn admit_by(
         &self,
+        io: &mut Io,
         req: AdmitRequest<'_>,
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_inner(req, deadline))
+        self.observed(self.admit_inner(io, req, deadline))
     }
 
     /// Admits one container of a pod under pod scope (see the module doc and
     /// `placement::hold`): the first container of the pod computes and holds the pod's
     /// affinity from `member.totals`, or refuses the pod; every container lands within it.
-    pub fn admit_member(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_member_inner(req))
+    pub fn admit_member(
+        &self,
+        io: &mut Io,
+        req: MemberRequest<'_>,
+    ) -> Result<Admitted, AdmitError> {
+        self.observed(self.admit_member_inner(io, req))
     }
 
-    fn admit_member_inner(&self, req: MemberRequest<'_>) -> Result<Admitted, AdmitError> {
+    fn admit_member_inner(
+        &self,
+        io: &mut Io,
+        req: MemberRequest<'_>,
+    ) -> Result<Admitted, AdmitError> {
         let uid = req.member.pod_uid;
         let cg = req.bind;
         let ((placement, _, first, exclusive_changed), dry_run) = self.book(
+            io,
             Some(cg),
             None,
             |sh| {
@@ -269,6 +279,7 @@ impl Admission {
         )?;
         let mut placement = placement;
         let shrunk = self.commit(
+            io,
             Booking {
                 uid,
                 cg: Some(cg),
@@ -293,21 +304,21 @@ impl Admission {
     /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox
     /// removed): the pod, its hold and any binding left are released. `false` for a pod that
     /// holds nothing (unknown, or admitted whole through the API: released by its DELETE).
-    pub fn pod_gone(&self, uid: &str, durability: Durability) -> bool {
+    pub fn pod_gone(&self, io: &mut Io, uid: &str, durability: Durability) -> bool {
         let held = self
             .daemon
-            .lock()
+            .lock(io)
             .state
             .allocator
             .pods
             .get(uid)
             .is_some_and(|p| p.hold.is_some());
-        held && self.release_pod(uid, durability, None).is_ok()
+        held && self.release_pod(io, uid, durability, None).is_ok()
     }
 
     /// Uids of the pods admitted one container at a time (they hold their pod's share).
-    pub fn held_pods(&self) -> Vec<String> {
-        let s = self.daemon.lock();
+    pub fn held_pods(&self, io: &mut Io) -> Vec<String> {
+        let s = self.daemon.lock(io);
         s.state
             .allocator
             .pods
@@ -344,6 +355,7 @@ impl Admission {
 
     fn admit_inner(
         &self,
+        io: &mut Io,
         req: AdmitRequest<'_>,
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
@@ -359,6 +371,7 @@ impl Admission {
         }
         let key = AllocKey::parse(&pod.uid);
         let (placements, dry_run) = self.book(
+            io,
             req.bind,
             deadline,
             |sh| {
@@ -382,6 +395,7 @@ impl Admission {
         let mut placements = placements;
         let exclusive = placements.iter().any(|p| p.exclusive);
         let shrunk = self.commit(
+            io,
             Booking {
                 uid: &pod.uid,
                 cg: req.bind,
@@ -410,6 +424,7 @@ impl Admission {
     /// of it is bound already.
     pub fn bind(
         &self,
+        io: &mut Io,
         cgroup: &str,
         pod_uid: &str,
         durability: Durability,
@@ -429,6 +444,7 @@ impl Admission {
             Some(c.placement.clone())
         };
         let (placement, dry_run) = self.book(
+            io,
             Some(cgroup),
             None,
             |s| Ok(next_unbound(s)),
@@ -440,6 +456,7 @@ impl Admission {
         };
         let exclusive = placement.exclusive;
         let shrunk = self.commit(
+            io,
             Booking {
                 uid: pod_uid,
                 cg: Some(cgroup),
@@ -462,8 +479,13 @@ impl Admission {
     }
 
     /// Releases pod `uid` and every binding to it.
-    pub fn release(&self, uid: &str, durability: Durability) -> Result<(), ReleaseError> {
-        self.release_pod(uid, durability, None)
+    pub fn release(
+        &self,
+        io: &mut Io,
+        uid: &str,
+        durability: Durability,
+    ) -> Result<(), ReleaseError> {
+        self.release_pod(io, uid, durability, None)
     }
 
     /// The API's release (`DELETE /v1/pods/{uid}`): refused with
@@ -473,12 +495,13 @@ impl Admission {
     /// `deadline`. A binding whose cgroup is gone (the watcher not yet told) is dropped.
     pub fn release_unbound(
         &self,
+        io: &mut Io,
         uid: &str,
         durability: Durability,
         deadline: Option<Instant>,
     ) -> Result<(), ReleaseError> {
         let (bound, binding) = {
-            let s = self.daemon.lock();
+            let s = self.daemon.lock(io);
             if deadline.is_some_and(|t| Instant::now() >= t) {
                 return Err(ReleaseError::DeadlinePassed);
             }
@@ -503,7 +526,7 @@ impl Admission {
                 cgroups: live,
             });
         }
-        self.release_pod(uid, durability, Some(&dead))
+        self.release_pod(io, uid, durability, Some(&dead))
     }
 
     /// Releases pod `uid` and its bindings. Durable: the pod stays booked until a checkpoint
@@ -518,17 +541,18 @@ impl Admission {
     /// holds the pod again.
     fn release_pod(
         &self,
+        io: &mut Io,
         uid: &str,
         durability: Durability,
         dead: Option<&[String]>,
     ) -> Result<(), ReleaseError> {
-        if !self.daemon.lock().state.allocator.pods.contains_key(uid) {
+        if !self.daemon.lock(io).state.allocator.pods.contains_key(uid) {
             return Err(ReleaseError::NotAdmitted(uid.into()));
         }
         let written = match durability {
             Durability::Durable => Some(
                 (self.daemon)
-                    .checkpoint_with(|st| {
+                    .checkpoint_with(io, |st| {
                         st.allocator.release(uid);
                         st.bindings.retain(|_, b| b.pod_uid != uid);
                     })
@@ -537,7 +561,7 @@ impl Admission {
             Durability::Deferred => None,
         };
         let (freed, dry_run) = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             let excl = s.state.allocator.exclusive_cpus();
             let live: Vec<String> = match dead {
                 Some(dead) => (s.state.bindings.iter())
@@ -550,7 +574,7 @@ impl Admission {
             if !live.is_empty() && s.state.allocator.pods.contains_key(uid) {
                 drop(s);
                 if written.is_some() {
-                    self.checkpoint_logged();
+                    self.checkpoint_logged(io);
                 }
                 return Err(ReleaseError::StillBound {
                     uid: uid.into(),
@@ -569,10 +593,10 @@ impl Admission {
         };
         // a checkpoint taken between ours and the commit still holds the pod
         if written.is_some_and(|gen| self.daemon.checkpointed_since(gen)) {
-            self.checkpoint_logged();
+            self.checkpoint_logged(io);
         }
         if freed {
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
         }
         tracing::info!(%uid, "pod released");
         Ok(())
@@ -582,9 +606,9 @@ impl Admission {
     /// it (uid `"<pod uid>/<container>"`) released, and a container of a pod admitted one
     /// container at a time gives its share back to the pod's hold (the pod goes with
     /// [`Admission::pod_gone`]); API pods are released by their DELETE.
-    pub fn unbind(&self, cgroup: &str, durability: Durability) -> Option<Binding> {
+    pub fn unbind(&self, io: &mut Io, cgroup: &str, durability: Durability) -> Option<Binding> {
         let b = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
             if b.pod_uid.is_container() {
@@ -607,10 +631,10 @@ impl Admission {
         let (b, freed, dry_run) = b;
         // Checkpointed before the shared pool grows, as in `release`.
         if durability == Durability::Durable {
-            self.checkpoint_logged();
+            self.checkpoint_logged(io);
         }
         if freed {
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
         }
         Some(b)
     }
@@ -625,13 +649,14 @@ impl Admission {
     /// cgroup counts as moving while the resize's write runs, so no move starts on it.
     pub fn resize(
         &self,
+        io: &mut Io,
         cgroup: &str,
         new: &crate::placement::pod::Container,
         durability: Durability,
     ) -> Result<Option<ContainerPlacement>, AdmitError> {
         let held_key = format!("resize {cgroup}");
         let (booking, placement, dry_run, grew) = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             let Some(b) = s.state.bindings.get(cgroup).cloned() else {
                 return Err(AdmitError::Invalid(format!(
                     "container cgroup {cgroup} is not bound"
@@ -709,21 +734,21 @@ impl Admission {
             (booking, placement, sh.cfg.daemon.dry_run, grew)
         };
         if grew {
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
         }
-        let written = self.write_own(cgroup, &placement, dry_run);
-        booking.settle(written.is_ok());
+        let written = self.write_own(io, cgroup, &placement, dry_run);
+        booking.settle(io, written.is_ok());
         if written.is_err() {
             // the shared containers back to the pool the books say again
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
             return written.map(|()| None);
         }
         if !grew {
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
         }
         match durability {
-            Durability::Durable => self.checkpoint_logged(),
-            Durability::Deferred => self.request_checkpoint(),
+            Durability::Durable => self.checkpoint_logged(io),
+            Durability::Deferred => self.request_checkpoint(io),
         }
         self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         Ok(Some(placement))
@@ -732,9 +757,9 @@ impl Admission {
     /// Exclusive CPUs that went offline are replaced (`Allocator::replace_offline`): each
     /// container's cgroup gets its new cpuset, and shared containers move off CPUs that just
     /// became exclusive. Returns how many placements were replaced. Checkpointed by the caller.
-    pub fn replace_offline(&self) -> usize {
+    pub fn replace_offline(&self, io: &mut Io) -> usize {
         let (writes, dry_run) = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             let sh = &mut *s;
             let replaced = sh
                 .state
@@ -765,23 +790,23 @@ impl Admission {
         };
         if !dry_run {
             for w in &writes {
-                if let Err(e) = self.write_noted(w) {
+                if let Err(e) = self.write_noted(io, w) {
                     tracing::warn!(cgroup = %w.cgroup, error = %e, "writing the replacement exclusive CPUs failed");
                 }
             }
         }
-        self.follow_pool(dry_run);
+        self.follow_pool(io, dry_run);
         writes.len()
     }
 
     /// Writes the checkpoint now (the state copied under the state lock, encoded and written
     /// outside it).
-    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        self.daemon.checkpoint()
+    pub fn checkpoint(&self, io: &mut Io) -> Result<(), CheckpointError> {
+        self.daemon.checkpoint(io)
     }
 
-    fn checkpoint_logged(&self) {
-        if let Err(e) = self.daemon.checkpoint() {
+    fn checkpoint_logged(&self, io: &mut Io) {
+        if let Err(e) = self.daemon.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint after admission changes failed");
         }
     }
@@ -789,7 +814,7 @@ impl Admission {
     /// Asks the checkpointer thread for a checkpoint soon: requests made while it writes are
     /// coalesced into its next write, at most one per [`CHECKPOINT_EVERY`]. Falls back to a
     /// checkpoint now when the thread cannot be started.
-    pub fn request_checkpoint(&self) {
+    pub fn request_checkpoint(&self, io: &mut Io) {
         let tx = self.checkpointer.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<()>();
             let me = self.clone_without_checkpointer();
@@ -798,9 +823,10 @@ impl Admission {
             let spawned = std::thread::Builder::new()
                 .name("checkpointer".into())
                 .spawn(move || {
+                    let io = &mut Io::new();
                     while rx.recv().is_ok() {
                         while rx.try_recv().is_ok() {}
-                        me.checkpoint_logged();
+                        me.checkpoint_logged(io);
                         std::thread::sleep(CHECKPOINT_EVERY);
                     }
                     // Every sender is gone (the daemon is stopping): not a failure.
@@ -812,7 +838,7 @@ impl Admission {
             tx
         });
         if tx.send(()).is_err() {
-            self.checkpoint_logged();
+            self.checkpoint_logged(io);
         }
     }
 
@@ -828,13 +854,14 @@ impl Admission {
     /// the exclusive CPUs. Returns what `admit` gave and whether this is a dry run.
     fn book<T>(
         &self,
+        io: &mut Io,
         cg: Option<&str>,
         deadline: Option<Instant>,
         admit: impl FnOnce(&mut Shared) -> Result<T, Rejection>,
         undo: impl FnOnce(&mut Shared, T),
         bound_to: impl FnOnce(&T) -> Option<Binding>,
     ) -> Result<(T, bool), AdmitError> {
-        let mut s = self.daemon.lock();
+        let mut s = self.daemon.lock(io);
         if deadline.is_some_and(|t| Instant::now() >= t) {
             return Err(AdmitError::DeadlinePassed);
         }
@@ -863,7 +890,7 @@ impl Admission {
                     .filter(|_| !dry_run)
                     .map(|cg| (cg, exclusive_and_pool(sh)));
                 drop(s);
-                let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(cg, &excl, &pool));
+                let fenced = fence.and_then(|(cg, (excl, pool))| self.fence(io, cg, &excl, &pool));
                 Err(AdmitError::Rejected { rejection, fenced })
             }
         }
@@ -878,29 +905,30 @@ impl Admission {
     /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the pool's changes.
     fn commit(
         &self,
+        io: &mut Io,
         b: Booking<'_>,
         give_back: &dyn Fn(&mut Shared),
     ) -> Result<Vec<CpusetChange>, AdmitError> {
         let bound = b.cg.zip(b.placement);
         if let Some((cg, p)) = bound {
             if b.adopts {
-                self.adopt_as_it_runs(cg, b.uid, p);
+                self.adopt_as_it_runs(io, cg, b.uid, p);
             }
-            if let Err(e) = self.write_and_bind(cg, b.uid, p, b.dry_run) {
-                give_back(&mut self.daemon.lock());
+            if let Err(e) = self.write_and_bind(io, cg, b.uid, p, b.dry_run) {
+                give_back(&mut self.daemon.lock(io));
                 return Err(e);
             }
         }
         let bound = b.cg.is_some();
         let shrunk = if b.exclusive && bound {
-            self.follow_pool(b.dry_run)
+            self.follow_pool(io, b.dry_run)
         } else {
             Vec::new()
         };
         if b.durability == Durability::Durable {
-            if let Err(e) = self.daemon.checkpoint() {
+            if let Err(e) = self.daemon.checkpoint(io) {
                 let others = {
-                    let mut s = self.daemon.lock();
+                    let mut s = self.daemon.lock(io);
                     if let Some(cg) = b.cg {
                         s.state.bindings.remove(cg);
                     }
@@ -908,7 +936,7 @@ impl Admission {
                     b.releases_pod && refuse_bindings_of(&mut s, b.uid, None, b.dry_run)
                 };
                 if (b.exclusive && bound) || others {
-                    self.follow_pool(b.dry_run);
+                    self.follow_pool(io, b.dry_run);
                 }
                 tracing::error!(error = %e, uid = %b.uid, "admission not checkpointed; undone");
                 return Err(AdmitError::Checkpoint(e));
@@ -929,6 +957,7 @@ impl Admission {
     /// the books no longer hold for it, is fenced as one refused ([`AdmitError::Released`]).
     fn write_and_bind(
         &self,
+        io: &mut Io,
         cg: &str,
         uid: &str,
         p: &ContainerPlacement,
@@ -939,8 +968,8 @@ impl Admission {
             cgroup: cg,
             settled: false,
         };
-        let written = self.write_own(cg, p, dry_run);
-        let mut s = self.daemon.lock();
+        let written = self.write_own(io, cg, p, dry_run);
+        let mut s = self.daemon.lock(io);
         s.binding.remove(cg);
         booked.settled = true;
         written?;
@@ -951,7 +980,7 @@ impl Admission {
             });
             drop(s);
             if let Some((excl, pool)) = fence {
-                self.fence(cg, &excl, &pool);
+                self.fence(io, cg, &excl, &pool);
             }
             tracing::warn!(cgroup = %cg, %uid, "pod released while its container's cpuset was written; not bound, fenced as a refused container");
             return Err(AdmitError::Released(uid.into()));
@@ -970,13 +999,13 @@ impl Admission {
     /// admissions waiting behind it (every cpuset write waits for the queued migrations). Narrowing is left to the control rounds, which move
     /// memory within the budget. Reads cgroupfs with no lock held; the books are changed under the
     /// state lock, checked against them as they are then (another admission may have come between).
-    fn adopt_as_it_runs(&self, cg: &str, uid: &str, p: &mut ContainerPlacement) {
+    fn adopt_as_it_runs(&self, io: &mut Io, cg: &str, uid: &str, p: &mut ContainerPlacement) {
         if !self.adopt {
             return;
         }
         let live = (p.exclusive).then(|| self.writer.cpus(cg)).flatten();
         let nodes = self.writer.memory_nodes(cg);
-        let mut s = self.daemon.lock();
+        let mut s = self.daemon.lock(io);
         let sh = &mut *s;
         if let Some(live) = live {
             let (topo, cfg) = (&sh.topo, &sh.cfg.placement);
@@ -1010,12 +1039,18 @@ impl Admission {
 
     /// Every cpuset write of the service: noted as the daemon's own first, so the round
     /// trigger does not take it for an operator's change (`trigger`).
-    fn write_noted(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        super::writer::apply(&*self.writer, &self.daemon.rounds, c)
+    fn write_noted(&self, io: &mut Io, c: &CpusetChange) -> Result<(), WriteError> {
+        super::writer::apply(io, &*self.writer, &self.daemon.rounds, c)
     }
 
     /// Writes container `cg`'s placement (nothing in a dry run).
-    fn write_own(&self, cg: &str, p: &ContainerPlacement, dry_run: bool) -> Result<(), AdmitError> {
+    fn write_own(
+        &self,
+        io: &mut Io,
+        cg: &str,
+        p: &ContainerPlacement,
+        dry_run: bool,
+    ) -> Result<(), AdmitError> {
         if dry_run {
             return Ok(());
         }
@@ -1024,7 +1059,7 @@ impl Admission {
             cpus: p.cpus.clone(),
             mems: Some(p.mems.clone()),
         };
-        match self.write_noted(&change) {
+        match self.write_noted(io, &change) {
             Ok(()) => Ok(()),
             Err(WriteError::Vanished { .. }) => {
                 tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written");
@@ -1042,22 +1077,22 @@ impl Admission {
     /// install (this one, the start's or a reload's) changed the exclusive CPUs, the shared
     /// containers set to their pools. Called at every CreateContainer hook and control round.
     /// Whether shared containers were set to their pools.
-    pub fn refresh_kubelet(&self) -> bool {
+    pub fn refresh_kubelet(&self, io: &mut Io) -> bool {
         let (dir, pending) = {
-            let s = self.daemon.lock();
+            let s = self.daemon.lock(io);
             (
                 s.cfg.kubernetes.kubelet_state_dir.clone(),
                 s.kubelet.shrink_pending,
             )
         };
         let now = super::kubelet::stamp(&dir);
-        let changed = super::kubelet::changed(&self.daemon.lock().kubelet, &dir, &now);
+        let changed = super::kubelet::changed(&self.daemon.lock(io).kubelet, &dir, &now);
         if !changed && !pending {
             return false;
         }
         let files = changed.then(|| super::kubelet::read_files(&dir));
         let (shrink, dry_run) = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             if let Some(files) = files {
                 // unless a reload changed the directory meanwhile (and read it)
                 if s.cfg.kubernetes.kubelet_state_dir == dir {
@@ -1073,7 +1108,7 @@ impl Admission {
             tracing::info!(
                 "kubelet's exclusive CPUs changed: shared containers set to their pools"
             );
-            self.follow_pool(dry_run);
+            self.follow_pool(io, dry_run);
         }
         shrink
     }
@@ -1084,12 +1119,12 @@ impl Admission {
     /// [`FOLLOW_PASSES`]). Changes run concurrently, so a write planned before another
     /// change's booking can land after that change's writes: the writer that made it is the
     /// one that sees it and corrects it. The changes written (dry run: those planned).
-    fn follow_pool(&self, dry_run: bool) -> Vec<CpusetChange> {
+    fn follow_pool(&self, io: &mut Io, dry_run: bool) -> Vec<CpusetChange> {
         let mut out: Vec<CpusetChange> = Vec::new();
         let mut tried: Vec<CpusetChange> = Vec::new();
         let mut failed = 0;
         for _ in 0..FOLLOW_PASSES {
-            let changes = shared_changes(&self.daemon, |cg| self.writer.cpus(cg));
+            let changes = shared_changes(io, &self.daemon, |cg| self.writer.cpus(cg));
             if dry_run {
                 out = changes;
                 break;
@@ -1103,7 +1138,7 @@ impl Admission {
             failed = 0;
             for change in todo {
                 tried.push(change.clone());
-                if let Err(e) = self.write_noted(&change) {
+                if let Err(e) = self.write_noted(io, &change) {
                     tracing::warn!(cgroup = %change.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
                     failed += 1;
                     continue;
@@ -1113,7 +1148,7 @@ impl Admission {
                 out.push(change);
             }
         }
-        shrink_outcome(&self.daemon, failed);
+        shrink_outcome(io, &self.daemon, failed);
         out
     }
 
@@ -1124,13 +1159,14 @@ impl Admission {
     /// changes written; none in a dry run.
     pub fn repair(
         &self,
+        io: &mut Io,
         seen: impl Fn(&str) -> Option<super::reconcile::Seen>,
     ) -> Vec<CpusetChange> {
         let mut out = Vec::new();
         let mut tried: Vec<CpusetChange> = Vec::new();
         for _ in 0..FOLLOW_PASSES {
             let books = {
-                let s = self.daemon.lock();
+                let s = self.daemon.lock(io);
                 if s.cfg.daemon.dry_run {
                     return out;
                 }
@@ -1144,7 +1180,7 @@ impl Admission {
             }
             for change in todo {
                 tried.push(change.clone());
-                match self.write_noted(&change) {
+                match self.write_noted(io, &change) {
                     Ok(()) => {
                         tracing::warn!(cgroup = %change.cgroup, cpus = %change.cpus, mems = ?change.mems, "container ran elsewhere than booked; set back to its booked cpuset");
                         self.daemon.metrics.books_repairs.inc();
@@ -1163,15 +1199,15 @@ impl Admission {
     /// The shared containers set to their pool again when a write of an earlier attempt
     /// failed (see `Shared::shrink_failures`): the container may still run on CPUs that became
     /// another's exclusive ones. Each round, from `refence`. The changes written.
-    fn reshrink(&self) -> Vec<CpusetChange> {
+    fn reshrink(&self, io: &mut Io) -> Vec<CpusetChange> {
         let (failures, dry_run) = {
-            let s = self.daemon.lock();
+            let s = self.daemon.lock(io);
             (s.shrink_failures, s.cfg.daemon.dry_run)
         };
         if failures == 0 || dry_run {
             return Vec::new();
         }
-        self.follow_pool(false)
+        self.follow_pool(io, false)
     }
 
     /// A kubelet pod's container, as the watcher sees it (it cannot tell which container a
@@ -1180,9 +1216,9 @@ impl Admission {
     /// left to kubelet; not booked (kubelet booked its memory) but remembered in
     /// `Shared::fenced`, so the exclusive CPUs admitted later are fenced off it too
     /// (`shared_changes`). The cpus written, if any.
-    pub fn fence_unassigned(&self, cg: &str, pod_uid: &str) -> Option<CpuSet> {
+    pub fn fence_unassigned(&self, io: &mut Io, cg: &str, pod_uid: &str) -> Option<CpuSet> {
         let (excl, pool) = {
-            let mut s = self.daemon.lock();
+            let mut s = self.daemon.lock(io);
             if s.cfg.daemon.dry_run {
                 return None;
             }
@@ -1194,6 +1230,7 @@ impl Admission {
         self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         let cpus = fence_cpus(&self.writer.cpus(cg)?, &excl, &pool)?;
         self.write_cpus(
+            io,
             cg,
             cpus,
             "fencing a kubelet pod's container off the exclusive CPUs",
@@ -1209,37 +1246,40 @@ impl Admission {
     /// The fences are planned from the books and the live cpusets, read with no lock held, and
     /// written with none; a fence stale by an admission meanwhile is that admission's to
     /// correct (`follow_pool` plans the fenced containers too).
-    pub fn refence(&self) -> Vec<CpusetChange> {
-        let mut out = self.repair(|cg| self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs));
-        let reshrunk = self.reshrink();
+    pub fn refence(&self, io: &mut Io) -> Vec<CpusetChange> {
+        let mut out = self.repair(io, |cg| {
+            self.writer.cpus(cg).map(super::reconcile::Seen::cgroupfs)
+        });
+        let reshrunk = self.reshrink(io);
         if !reshrunk.is_empty() {
             out.extend(reshrunk);
             return out;
         }
         {
-            let s = self.daemon.lock();
+            let s = self.daemon.lock(io);
             if (s.fenced.is_empty() && s.refused.is_empty()) || s.cfg.daemon.dry_run {
                 return out;
             }
         }
         let live = |cg: &str| self.writer.cpus(cg);
-        let wanted = fenced_changes(&self.daemon, &live);
+        let wanted = fenced_changes(io, &self.daemon, &live);
         // a cgroup fenced as it should be (whoever fixed it) starts its failure count afresh
-        (self.daemon.lock().fence_failures).retain(|cg, _| wanted.iter().any(|c| c.cgroup == *cg));
+        (self.daemon.lock(io).fence_failures)
+            .retain(|cg, _| wanted.iter().any(|c| c.cgroup == *cg));
         // a reload may have turned dry-run on while the plan was read
-        if wanted.is_empty() || self.daemon.lock().cfg.daemon.dry_run {
+        if wanted.is_empty() || self.daemon.lock(io).cfg.daemon.dry_run {
             return out;
         }
         for change in wanted {
-            match self.write_noted(&change) {
+            match self.write_noted(io, &change) {
                 Ok(()) => {
-                    self.daemon.lock().fence_failures.remove(&change.cgroup);
+                    self.daemon.lock(io).fence_failures.remove(&change.cgroup);
                     tracing::info!(cgroup = %change.cgroup, cpus = %change.cpus, "unaccounted container (kubelet's without kubelet CPUs, or not admitted) fenced off the exclusive CPUs again");
                     out.push(change);
                 }
                 Err(e) => {
                     let n = {
-                        let mut s = self.daemon.lock();
+                        let mut s = self.daemon.lock(io);
                         let n = s.fence_failures.entry(change.cgroup.clone()).or_default();
                         *n += 1;
                         *n
@@ -1258,12 +1298,13 @@ impl Admission {
     /// A container we could not admit still never runs on another container's exclusive CPUs:
     /// when its cpuset overlaps them it gets the shared pool instead (unaccounted, as kubelet's
     /// shared pool would run it).
-    fn fence(&self, cg: &str, excl: &CpuSet, pool: &CpuSet) -> Option<CpuSet> {
+    fn fence(&self, io: &mut Io, cg: &str, excl: &CpuSet, pool: &CpuSet) -> Option<CpuSet> {
         let current = self.writer.cpus(cg)?;
         if current.is_disjoint(excl) || pool.is_empty() {
             return None;
         }
         self.write_cpus(
+            io,
             cg,
             pool.clone(),
             "moving a rejected container off exclusive CPUs",
@@ -1271,13 +1312,13 @@ impl Admission {
     }
 
     /// Writes `cg`'s cpus alone; a failure is logged as `what` failed. The cpus written.
-    fn write_cpus(&self, cg: &str, cpus: CpuSet, what: &str) -> Option<CpuSet> {
+    fn write_cpus(&self, io: &mut Io, cg: &str, cpus: CpuSet, what: &str) -> Option<CpuSet> {
         let change = CpusetChange {
             cgroup: cg.into(),
             cpus,
             mems: None,
         };
-        match self.write_noted(&change) {
+        match self.write_noted(io, &change) {
             Ok(()) => Some(change.cpus),
             Err(e) => {
                 tracing::warn!(cgroup = %cg, error = %e, "{what} failed");
@@ -1356,9 +1397,9 @@ fn undo_member(s: &mut Shared, uid: &str, container: &str, first: bool) {
 /// Records how an attempt to set the shared containers to their pool ended: `failed` writes
 /// (0: all written). While some fail, each round tries again (`Admission::refence`); the
 /// rounds in a row that failed are counted and warned of at the 1st, 2nd, 4th, … of them.
-pub(crate) fn shrink_outcome(d: &Daemon, failed: usize) {
+pub(crate) fn shrink_outcome(io: &mut Io, d: &Daemon, failed: usize) {
     let n = {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         s.shrink_failures = if failed == 0 {
             0
         } else {
@@ -1462,9 +1503,13 @@ pub(crate) fn exclusive_and_pool(s: &Shared) -> (CpuSet, CpuSet) {
 /// taken (kubelet's shrink), larger again when they were freed. The changes for the bound shared
 /// containers whose live cpus (`live`, read without the state lock) differ from that; one whose
 /// pool is all exclusive keeps what it has (never an empty cpuset).
-pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
-    let want = shared_bound(&d.lock());
-    let mut out = fenced_changes(d, &live);
+pub fn shared_changes(
+    io: &mut Io,
+    d: &Daemon,
+    live: impl Fn(&str) -> Option<CpuSet>,
+) -> Vec<CpusetChange> {
+    let want = shared_bound(&d.lock(io));
+    let mut out = fenced_changes(io, d, &live);
     for (cg, cpus) in want {
         if cpus.is_empty() {
             tracing::warn!(cgroup = %cg, "no CPU left outside the exclusive ones; cpuset left as it is");
@@ -1484,9 +1529,13 @@ pub fn shared_changes(d: &Daemon, live: impl Fn(&str) -> Option<CpuSet>) -> Vec<
 /// The changes that keep kubelet's containers without kubelet CPUs (`Shared::fenced`) and the
 /// containers not admitted (`Shared::refused`) off the exclusive CPUs as they are now
 /// (`live`); forgets those whose pod kubelet no longer holds and those whose cgroup is gone.
-fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<CpusetChange> {
+fn fenced_changes(
+    io: &mut Io,
+    d: &Daemon,
+    live: &impl Fn(&str) -> Option<CpuSet>,
+) -> Vec<CpusetChange> {
     let fenced = {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         // fenced containers of pods kubelet no longer holds are no longer ours to fence
         let gone: Vec<String> = (s.fenced.iter())
             .filter(|(_, uid)| super::kubelet::cpu_assigned(&s, uid, None).is_none())
@@ -1520,7 +1569,7 @@ fn fenced_changes(d: &Daemon, live: &impl Fn(&str) -> Option<CpuSet>) -> Vec<Cpu
         }
     }
     if !vanished.is_empty() {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         for cg in &vanished {
             s.fenced.remove(cg);
             s.refused.remove(cg);
@@ -1668,8 +1717,12 @@ pub type BooksRefusal = &'static str;
 /// taken them since the round planned — and a bound container holding Memory Manager memory
 /// moves it only to nodes whose blocks can take it. A move that keeps its CPUs (an operator's
 /// pin) is checked for memory only.
-pub fn move_allowed(d: &Daemon, mv: &crate::controller::Move) -> Result<(), BooksRefusal> {
-    move_allowed_in(&d.lock(), mv)
+pub fn move_allowed(
+    io: &mut Io,
+    d: &Daemon,
+    mv: &crate::controller::Move,
+) -> Result<(), BooksRefusal> {
+    move_allowed_in(&d.lock(io), mv)
 }
 
 /// [`move_allowed`] on the state its caller holds locked.
@@ -1739,7 +1792,7 @@ impl Drop for BindingBooked<'_> {
     fn drop(&mut self) {
         if !self.settled {
             tracing::warn!(cgroup = %self.cgroup, "a bind's booking was never settled (its write panicked); given back");
-            self.d.lock().binding.remove(self.cgroup);
+            self.d.in_drop(|s| drop(s.binding.remove(self.cgroup)));
         }
     }
 }
@@ -1759,13 +1812,13 @@ struct ResizeBooked {
 }
 
 impl ResizeBooked {
-    fn settle(mut self, written: bool) {
-        self.settle_once(written);
+    fn settle(mut self, io: &mut Io, written: bool) {
+        let d = self.d.clone();
+        self.settle_in(&mut d.lock(io), written);
     }
 
-    fn settle_once(&mut self, written: bool) {
+    fn settle_in(&mut self, s: &mut Shared, written: bool) {
         self.settled = true;
-        let mut s = self.d.lock();
         s.moving.remove(&self.cgroup);
         s.state.allocator.let_go(&self.key);
         if let (false, Some((container, requests))) = (written, self.before.take()) {
@@ -1780,7 +1833,8 @@ impl Drop for ResizeBooked {
     fn drop(&mut self) {
         if !self.settled {
             tracing::warn!(cgroup = %self.cgroup, "a resize's booking was never settled (its write panicked); undone");
-            self.settle_once(false);
+            let d = self.d.clone();
+            d.in_drop(|s| self.settle_in(s, false));
         }
     }
 }
@@ -1792,11 +1846,12 @@ impl Drop for ResizeBooked {
 /// container is set onto them while the writes run, with no lock held. `Ok(None)`: nothing to
 /// book (a dry run, or the cpus stay).
 pub fn book_move(
+    io: &mut Io,
     d: &Daemon,
     mv: &crate::controller::Move,
     dry_run: bool,
 ) -> Result<Option<Booked>, BooksRefusal> {
-    let mut s = d.lock();
+    let mut s = d.lock(io);
     move_allowed_in(&s, mv)?;
     if dry_run || mv.to_cpus == mv.from_cpus {
         return Ok(None);
@@ -1832,13 +1887,14 @@ impl Booked {
     /// were. Returns whether the exclusive CPUs differ from those at the booking (this move's,
     /// or an admission's while the writes ran): the shared containers then follow
     /// ([`shared_changes`], written by the caller with no lock held), the moved one included.
-    pub fn settle(mut self, written: bool) -> bool {
-        self.settle_once(written)
+    pub fn settle(mut self, io: &mut Io, written: bool) -> bool {
+        let d = self.d.clone();
+        let changed = self.settle_in(&mut d.lock(io), written);
+        changed
     }
 
-    fn settle_once(&mut self, written: bool) -> bool {
+    fn settle_in(&mut self, s: &mut Shared, written: bool) -> bool {
         self.settled = true;
-        let mut s = self.d.lock();
         s.moving.remove(&self.cgroup);
         s.state.allocator.in_flight.remove(&self.cgroup);
         if let (false, Some((uid, container, cpus))) = (written, &self.bound) {
@@ -1852,7 +1908,10 @@ impl Drop for Booked {
     fn drop(&mut self) {
         if !self.settled {
             tracing::warn!(cgroup = %self.cgroup, "a move's booking was never settled (its writes panicked); given back");
-            self.settle_once(false);
+            let d = self.d.clone();
+            d.in_drop(|s| {
+                self.settle_in(s, false);
+            });
         }
     }
 }
@@ -1882,8 +1941,8 @@ pub fn record_cpus(s: &mut Shared, mv: &crate::controller::Move) -> bool {
 
 /// A move's mems were written (the migration done): the bound container's mems follow, and
 /// its Memory Manager memory is re-booked on the new nodes.
-pub fn record_mems(d: &Daemon, mv: &crate::controller::Move) {
-    let mut s = d.lock();
+pub fn record_mems(io: &mut Io, d: &Daemon, mv: &crate::controller::Move) {
+    let mut s = d.lock(io);
     let Some(b) = s.state.bindings.get(&mv.cgroup).cloned() else {
         return;
     };
@@ -1986,6 +2045,7 @@ pub(crate) mod tests {
     /// container. An API pod cannot take a single-container pod's key form.
     #[test]
     fn allocation_keys_load_typed_from_the_checkpoints_plain_strings() {
+        let io = &mut crate::daemon::Io::new();
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
         config_file(&file, &state, &CpuSet::new());
@@ -1996,21 +2056,24 @@ pub(crate) mod tests {
             d.clone(),
             Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
         );
-        let api = |uid: &str| {
-            adm.admit(AdmitRequest {
-                pod: &pod(uid, 1000, 64 << 20, true),
-                bind: None,
-                durability: Durability::Durable,
-                since: Instant::now(),
-            })
+        let api = |io: &mut Io, uid: &str| {
+            adm.admit(
+                io,
+                AdmitRequest {
+                    pod: &pod(uid, 1000, 64 << 20, true),
+                    bind: None,
+                    durability: Durability::Durable,
+                    since: Instant::now(),
+                },
+            )
         };
-        api("api-1").unwrap();
+        api(io, "api-1").unwrap();
         assert!(
-            matches!(api("ns/x"), Err(AdmitError::Invalid(_))),
+            matches!(api(io, "ns/x"), Err(AdmitError::Invalid(_))),
             "an API pod with a single-container pod's key form"
         );
         {
-            let mut s = d.lock();
+            let mut s = d.lock(io);
             let sh = &mut *s;
             for uid in ["u1/abc", "u2/def"] {
                 (sh.state.allocator)
@@ -2025,7 +2088,7 @@ pub(crate) mod tests {
                 },
             );
         }
-        adm.checkpoint().unwrap();
+        adm.checkpoint(io).unwrap();
         let raw: serde_json::Value = crate::checkpoint::load(&state).unwrap().unwrap();
         let pods = &raw["allocator"]["pods"];
         assert!(
@@ -2052,6 +2115,7 @@ pub(crate) mod tests {
     /// measured running well beyond what was charged there.
     #[test]
     fn admission_sees_the_load_a_round_measured() {
+        let io = &mut crate::daemon::Io::new();
         use crate::controller::{NodeObs, Observations};
         let dir = tempfile::tempdir().unwrap();
         let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
@@ -2069,18 +2133,21 @@ pub(crate) mod tests {
             d.clone(),
             Arc::new(CgroupCpusetWriter::new(Cgroups::new(Mounts::default()))),
         );
-        let admit = |uid: &str| {
+        let admit = |io: &mut Io, uid: &str| {
             let p = pod(uid, 500, 0, false);
-            let r = adm.admit(AdmitRequest {
-                pod: &p,
-                bind: None,
-                durability: Durability::Durable,
-                since: Instant::now(),
-            });
+            let r = adm.admit(
+                io,
+                AdmitRequest {
+                    pod: &p,
+                    bind: None,
+                    durability: Durability::Durable,
+                    since: Instant::now(),
+                },
+            );
             r.unwrap().placements[0].cpus.to_string()
         };
-        assert_eq!(admit("a"), "0-3,8-11");
-        assert_eq!(admit("b"), "4-7,12-15");
+        assert_eq!(admit(io, "a"), "0-3,8-11");
+        assert_eq!(admit(io, "b"), "4-7,12-15");
         // node 0 busy 6 CPUs' worth (500m charged), node 1 half a CPU (500m charged)
         let node = |busy| NodeObs {
             cpu_busy: busy,
@@ -2090,9 +2157,9 @@ pub(crate) mod tests {
             nodes: [(0, node(0.75)), (1, node(0.0625))].into_iter().collect(),
             ..Default::default()
         };
-        d.lock().observe(&obs, &cfg.controller);
+        d.lock(io).observe(&obs, &cfg.controller);
         let want: BTreeMap<u32, u64> = [(0, 5500)].into_iter().collect();
-        assert_eq!(d.lock().overuse.by_node, want);
+        assert_eq!(d.lock(io).overuse.by_node, want);
         // off (the default), a round measures nothing for admission
         let mut off = cfg.controller.clone();
         off.admission_load_periods = 0;
@@ -2100,11 +2167,11 @@ pub(crate) mod tests {
         probe.observe(&obs, &off);
         assert!(probe.overuse.by_node.is_empty());
         // by requests alone (a tie) the next pod would go to node 0
-        let mut plain = d.lock().state.allocator.clone();
+        let mut plain = d.lock(io).state.allocator.clone();
         let c = pod("c", 500, 0, false);
         let by_requests = plain.admit(&topo, &cfg.placement, &c).unwrap();
         assert_eq!(by_requests[0].cpus.to_string(), "0-3,8-11");
-        assert_eq!(admit("c"), "4-7,12-15");
+        assert_eq!(admit(io, "c"), "4-7,12-15");
     }
 
     /// What admission counts as lasting load: each node's lowest pressure over the last
@@ -2181,6 +2248,7 @@ pub(crate) mod tests {
         /// the reservations in force are the allocator's.
         #[test]
         fn a_reload_of_reserved_cpus_never_leaves_a_reserved_cpu_in_a_placement(ops in proptest::collection::vec(op(), 1..24)) {
+            let io = &mut crate::daemon::Io::new();
             let dir = tempfile::tempdir().unwrap();
             let (state, file) = (dir.path().join("state"), dir.path().join("c.toml"));
             config_file(&file, &state, &CpuSet::new());
@@ -2195,25 +2263,25 @@ pub(crate) mod tests {
                         let g = matches!(op, Op::Guaranteed(_));
                         let uid = format!("p{i}");
                         let p = pod(&uid, if g { n * 1000 } else { *n }, 64 << 20, g);
-                        if adm.admit(AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
+                        if adm.admit(io, AdmitRequest { pod: &p, bind: None, durability: Durability::Durable, since: Instant::now() }).is_ok() {
                             live.push(uid);
                         }
                     }
                     Op::Release(k) if !live.is_empty() => {
                         let uid = live.remove(k % live.len());
-                        adm.release(&uid, Durability::Durable).unwrap();
+                        adm.release(io, &uid, Durability::Durable).unwrap();
                     }
                     Op::Release(_) => {}
                     Op::Reserve(bits) => {
                         let want: CpuSet = (0..8).filter(|c| bits & (1 << c) != 0).collect();
-                        let before = d.lock().state.allocator.clone();
+                        let before = d.lock(io).state.allocator.clone();
                         let held: CpuSet = before
                             .placements()
                             .fold(CpuSet::new(), |a, p| a.union(&p.cpus))
                             .intersection(&want.difference(&before.reserved_cpus));
                         config_file(&file, &state, &want);
-                        reload(&d, Some(&file));
-                        let s = d.lock();
+                        reload(io, &d, Some(&file));
+                        let s = d.lock(io);
                         let in_force = &s.state.allocator.reserved_cpus;
                         let all_reserved = topo.online_cpus().is_subset(&want);
                         if held.is_empty() && !all_reserved {
@@ -2224,7 +2292,7 @@ pub(crate) mod tests {
                         prop_assert_eq!(&s.cfg.reserved_cpus(), in_force, "config and allocator disagree");
                     }
                 }
-                let s = d.lock();
+                let s = d.lock(io);
                 let reserved = &s.state.allocator.reserved_cpus;
                 for p in s.state.allocator.placements() {
                     prop_assert!(p.cpus.is_disjoint(reserved), "{} holds reserved CPUs {} after {:?}", p.container, reserved, op);
@@ -2244,7 +2312,7 @@ pub(crate) mod tests {
     }
 
     impl CpusetWriter for RunningNode {
-        fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        fn write(&self, _io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
             self.written.lock().unwrap().push(c.clone());
             Ok(())
         }
@@ -2261,6 +2329,7 @@ pub(crate) mod tests {
     /// exclusive CPUs and its memory's nodes, in the books too, so no write migrates memory.
     #[test]
     fn only_an_adopted_container_keeps_its_cpus_and_memory_where_they_are() {
+        let io = &mut crate::daemon::Io::new();
         let mut cfg = Config::default();
         cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
         // node 0 = CPUs 0-3,8-11, node 1 = 4-7,12-15
@@ -2272,45 +2341,48 @@ pub(crate) mod tests {
             written: Default::default(),
         });
         let adm = Admission::new(d.clone(), node.clone());
-        let admit = |adm: &Admission, uid: &str, cg: &str| {
+        let admit = |io: &mut Io, adm: &Admission, uid: &str, cg: &str| {
             let p = pod(uid, 2000, 64 << 20, true);
             let a = adm
-                .admit(AdmitRequest {
-                    pod: &p,
-                    bind: Some(cg),
-                    durability: Durability::Deferred,
-                    since: Instant::now(),
-                })
+                .admit(
+                    io,
+                    AdmitRequest {
+                        pod: &p,
+                        bind: Some(cg),
+                        durability: Durability::Deferred,
+                        since: Instant::now(),
+                    },
+                )
                 .unwrap();
             a.placements[0].clone()
         };
-        let booked = |uid: &str| {
-            d.lock().state.allocator.pods[uid].containers[0]
+        let booked = |io: &mut Io, uid: &str| {
+            d.lock(io).state.allocator.pods[uid].containers[0]
                 .placement
                 .clone()
         };
-        let new = admit(&adm, "new", "kubepods/new");
+        let new = admit(io, &adm, "new", "kubepods/new");
         assert_eq!(
             (new.cpus.to_string(), new.mems.to_string()),
             ("0,8".into(), "0".into())
         );
-        assert_eq!(booked("new"), new);
+        assert_eq!(booked(io, "new"), new);
         let w = node.written.lock().unwrap().last().cloned().unwrap();
         assert_eq!(w.mems, Some(new.mems.clone()));
-        let old = admit(&adm.adopting(), "old", "kubepods/old");
+        let old = admit(io, &adm.adopting(), "old", "kubepods/old");
         assert_eq!(
             (old.cpus.to_string(), old.mems.to_string()),
             ("3,11".into(), "0-1".into())
         );
-        assert_eq!(booked("old"), old);
+        assert_eq!(booked(io, "old"), old);
         let w = node.written.lock().unwrap().last().cloned().unwrap();
         assert_eq!((w.cpus, w.mems), (old.cpus.clone(), Some(old.mems.clone())));
         assert_eq!(
-            d.lock().state.allocator.exclusive_cpus().to_string(),
+            d.lock(io).state.allocator.exclusive_cpus().to_string(),
             "0,3,8,11"
         );
         // adoption does not stick to the service it was derived from
-        let next = admit(&adm, "next", "kubepods/next");
+        let next = admit(io, &adm, "next", "kubepods/next");
         assert_eq!(next.mems.to_string(), "0");
         assert!(next.cpus.is_disjoint(&CpuSet::parse("0,3,8,11").unwrap()));
     }

@@ -35,6 +35,7 @@ use axum::{
 use serde_json::json;
 
 use super::admission::{Admission, AdmitError, AdmitRequest, Durability, ReleaseError};
+use super::Io;
 use crate::{placement::pod::Pod, serve::conn::RequestDeadline};
 
 /// Largest accepted request body.
@@ -98,10 +99,11 @@ async fn admit(State(adm): State<Admission>, req: Request) -> Response {
         Ok(b) => b,
         Err(rejection) => return rejection.into_response(),
     };
-    blocking(move || admit_blocking(&adm, &body, since, deadline)).await
+    blocking(move || admit_blocking(&mut Io::new(), &adm, &body, since, deadline)).await
 }
 
 fn admit_blocking(
+    io: &mut Io,
     adm: &Admission,
     body: &[u8],
     since: Instant,
@@ -115,6 +117,7 @@ fn admit_blocking(
         }
     };
     match adm.admit_by(
+        io,
         AdmitRequest {
             pod: &pod,
             bind: None,
@@ -157,7 +160,7 @@ async fn release(
 ) -> Response {
     let deadline = deadline.map(|Extension(d)| d.0);
     blocking(
-        move || match adm.release_unbound(&uid, Durability::Durable, deadline) {
+        move || match adm.release_unbound(&mut Io::new(), &uid, Durability::Durable, deadline) {
             Ok(()) => {
                 (StatusCode::OK, Json(json!({"uid": uid, "released": true}))).into_response()
             }
@@ -182,7 +185,8 @@ async fn release(
 
 /// The status document as JSON (`StatusDoc`).
 async fn status(State(adm): State<Admission>) -> Response {
-    let doc = super::status::StatusDoc::of(&adm.daemon.lock());
+    let io = &mut Io::new();
+    let doc = super::status::StatusDoc::of(&adm.daemon.lock(io));
     (StatusCode::OK, Json(doc)).into_response()
 }
 
@@ -193,11 +197,12 @@ struct TopQuery {
 }
 
 async fn top(State(adm): State<Admission>, q: Result<Query<TopQuery>, QueryRejection>) -> Response {
+    let io = &mut Io::new();
     let limit = match q {
         Ok(Query(q)) => q.limit.unwrap_or(20).min(10_000),
         Err(e) => return err(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
     };
-    let s = adm.daemon.lock();
+    let s = adm.daemon.lock(io);
     let view = crate::serve::top::build(
         crate::serve::top::TopInput {
             topo: &s.topo,
@@ -212,6 +217,7 @@ async fn top(State(adm): State<Admission>, q: Result<Query<TopQuery>, QueryRejec
 }
 
 async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Response {
+    let io = &mut Io::new();
     let cgroup = cgroup.trim_matches('/').to_string();
     if cgroup.split('/').any(|c| c == ".." || c == ".") {
         return err(
@@ -219,7 +225,7 @@ async fn explain(State(adm): State<Admission>, Path(cgroup): Path<String>) -> Re
             "cgroup path may not contain `.` or `..` components",
         );
     }
-    let s = adm.daemon.lock();
+    let s = adm.daemon.lock(io);
     let decision = s.decisions.get(&cgroup);
     let binding = s.state.bindings.get(&cgroup);
     let ctl = s.state.controller.cgroups.get(&cgroup);
@@ -261,7 +267,7 @@ mod tests {
     struct Cgroups(Mutex<BTreeMap<String, CpuSet>>);
 
     impl CpusetWriter for Arc<Cgroups> {
-        fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+        fn write(&self, _io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
             match self.0.lock().unwrap().get_mut(&c.cgroup) {
                 Some(cpus) => {
                     *cpus = c.cpus.clone();
@@ -337,6 +343,7 @@ mod tests {
     /// admitted, and the answer says so; with the lock free the same request is admitted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_admission_past_its_request_timeout_is_refused_not_admitted_behind_a_408() {
+        let io = &mut crate::daemon::Io::new();
         let state = tempfile::tempdir().unwrap();
         let adm = admission(state.path(), Default::default());
         let addr = serve(&adm).await;
@@ -345,7 +352,8 @@ mod tests {
         let holder = {
             let d = adm.daemon.clone();
             std::thread::spawn(move || {
-                let _held = d.lock();
+                let mut io = Io::new();
+                let _held = d.lock(&mut io);
                 taken.send(()).unwrap();
                 // Past the 300 ms request timeout: the request waits here until then.
                 let _ = released.recv_timeout(Duration::from_secs(1));
@@ -359,14 +367,14 @@ mod tests {
         assert!(resp.contains("nothing was admitted"), "{resp}");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
-            adm.daemon.lock().state.allocator.pods.is_empty(),
+            adm.daemon.lock(io).state.allocator.pods.is_empty(),
             "admitted behind the refusal"
         );
         let resp = request(addr, "POST", "/v1/admit", POD).await;
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
         assert!(adm
             .daemon
-            .lock()
+            .lock(io)
             .state
             .allocator
             .pods
@@ -378,6 +386,7 @@ mod tests {
     /// with a 409 naming the cgroup, nothing released; once the cgroup is gone it succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn deleting_a_pod_whose_containers_still_run_is_refused_with_409() {
+        let io = &mut crate::daemon::Io::new();
         let state = tempfile::tempdir().unwrap();
         let cgroups = Arc::new(Cgroups::default());
         let cg = "kubepods/podlate/c";
@@ -391,7 +400,7 @@ mod tests {
         assert!(request(addr, "POST", "/v1/admit", POD)
             .await
             .starts_with("HTTP/1.1 200"));
-        let first = adm.bind(cg, "pod-late", Durability::Durable, Instant::now());
+        let first = adm.bind(io, cg, "pod-late", Durability::Durable, Instant::now());
         let cpus = first.unwrap().expect("bound").placements[0].cpus.clone();
         assert_eq!(cgroups.cpus(cg), Some(cpus.clone()));
 
@@ -402,7 +411,7 @@ mod tests {
             "{resp}"
         );
         {
-            let s = adm.daemon.lock();
+            let s = adm.daemon.lock(io);
             assert!(s.state.allocator.pods.contains_key("pod-late"));
             assert_eq!(
                 s.state.allocator.exclusive_cpus(),
@@ -414,7 +423,7 @@ mod tests {
         cgroups.0.lock().unwrap().remove(cg); // the container exited
         let resp = request(addr, "DELETE", "/v1/pods/pod-late", "").await;
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         assert!(s.state.allocator.pods.is_empty());
         assert!(s.state.bindings.is_empty());
     }

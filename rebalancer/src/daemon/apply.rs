@@ -92,7 +92,7 @@ use crate::{
     serve::metrics::count,
 };
 
-use super::Daemon;
+use super::{Daemon, Io};
 
 /// What one call of [`apply_moves`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,13 +110,14 @@ pub struct AppliedMoves {
 /// module doc): the reference of the tests and benches. The daemon's rounds use [`Applier`],
 /// the same per-move path.
 pub fn apply_moves(
+    io: &mut Io,
     d: &Daemon,
     w: &mut dyn CgroupWriter,
     moves: &[Move],
     now_ms: u64,
     dry_run: bool,
 ) -> AppliedMoves {
-    let budget = (d.lock().cfg.controller.migration_budget_mib).saturating_mul(1 << 20);
+    let budget = (d.lock(io).cfg.controller.migration_budget_mib).saturating_mul(1 << 20);
     let mut out = AppliedMoves::default();
     for (i, mv) in moves.iter().enumerate() {
         if d.stopping() {
@@ -131,7 +132,7 @@ pub fn apply_moves(
             out.over_budget += 1;
             continue;
         }
-        out.add(mv, apply_one(d, w, mv, now_ms, dry_run, false, false));
+        out.add(mv, apply_one(io, d, w, mv, now_ms, dry_run, false, false));
     }
     out
 }
@@ -180,11 +181,12 @@ impl CgroupWriter for Noting<'_> {
     }
     fn write_cpus(
         &mut self,
+        io: &Io,
         cg: &str,
         cpus: &crate::cpuset::CpuSet,
     ) -> Result<(), controller::CgroupWriteError> {
         self.d.rounds.note_own_cpus(cg, cpus);
-        let r = self.w.write_cpus(cg, cpus);
+        let r = self.w.write_cpus(io, cg, cpus);
         if r.is_err() {
             self.d.rounds.unnote_own_cpus(cg, cpus);
         }
@@ -192,10 +194,11 @@ impl CgroupWriter for Noting<'_> {
     }
     fn write_mems(
         &mut self,
+        io: &Io,
         cg: &str,
         mems: &crate::cpuset::CpuSet,
     ) -> Result<(), controller::CgroupWriteError> {
-        self.w.write_mems(cg, mems)
+        self.w.write_mems(io, cg, mems)
     }
     fn needs_memory_migrate(&self) -> bool {
         self.w.needs_memory_migrate()
@@ -205,29 +208,32 @@ impl CgroupWriter for Noting<'_> {
     }
     fn set_memory_migrate(
         &mut self,
+        io: &Io,
         cg: &str,
         on: bool,
     ) -> Result<(), controller::CgroupWriteError> {
-        self.w.set_memory_migrate(cg, on)
+        self.w.set_memory_migrate(io, cg, on)
     }
     fn move_pages(
         &mut self,
+        io: &Io,
         cg: &str,
         toward: &crate::cpuset::CpuSet,
         max_bytes: u64,
     ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.move_pages(cg, toward, max_bytes)
+        self.w.move_pages(io, cg, toward, max_bytes)
     }
     fn migrate_pages(
         &mut self,
+        io: &Io,
         cg: &str,
         toward: &crate::cpuset::CpuSet,
         max_bytes: u64,
     ) -> Result<u64, controller::CgroupWriteError> {
-        self.w.migrate_pages(cg, toward, max_bytes)
+        self.w.migrate_pages(io, cg, toward, max_bytes)
     }
-    fn settle(&mut self, cg: &str) -> Result<(), controller::CgroupWriteError> {
-        self.w.settle(cg)
+    fn settle(&mut self, io: &Io, cg: &str) -> Result<(), controller::CgroupWriteError> {
+        self.w.settle(io, cg)
     }
     fn left_behind(&self, cg: &str, toward: &crate::cpuset::CpuSet) -> Option<u64> {
         self.w.left_behind(cg, toward)
@@ -242,7 +248,9 @@ const PREMIGRATE_STEP: u64 = 16 << 20;
 /// One move: the books check and booking under the state lock, the writes up to cpuset.cpus
 /// with none, the settle under it; then (with `premigrate`) the cgroup's pages moved toward the target by
 /// this thread, the mems write that migrates the rest, and the record of the move.
+#[allow(clippy::too_many_arguments)]
 fn apply_one(
+    io: &mut Io,
     d: &Daemon,
     w: &mut dyn CgroupWriter,
     mv: &Move,
@@ -265,7 +273,7 @@ fn apply_one(
     // move leaves and takes held from admissions), then the writes up to the cpus with no
     // lock held, then the books settled: kept when the cpus were written, given back when
     // not. An admission meanwhile cannot take the held CPUs, and waits for no write.
-    let booked = match super::admission::book_move(d, mv, dry_run) {
+    let booked = match super::admission::book_move(io, d, mv, dry_run) {
         Ok(b) => b,
         Err(reason) => {
             tracing::info!(cgroup = %mv.cgroup, to_cpus = %mv.to_cpus, to_mems = %mv.to_mems, reason, "move not applied: the allocator's books changed since the round planned it");
@@ -273,18 +281,18 @@ fn apply_one(
             return MoveResult::Refused(reason);
         }
     };
-    let begun = controller::begin(mv, w, dry_run);
+    let begun = controller::begin(io, mv, w, dry_run);
     if let Some(b) = booked {
         let written = matches!(&begun, Ok(controller::Begun::CpusMoved(_)));
-        if b.settle(written) {
+        if b.settle(io, written) {
             // An exclusive container moved: the shared pool follows it.
-            shared_follow(d, w);
+            shared_follow(io, d, w);
         }
     }
     if let Ok(controller::Begun::CpusMoved(_)) = &begun {
         // The books changed with the cpus: on disk before the migration, so a stop (or a
         // crash) in the middle of it keeps them (encoded and written outside the locks).
-        if let Err(e) = d.checkpoint() {
+        if let Err(e) = d.checkpoint(io) {
             tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move's cpus failed");
         }
     }
@@ -324,8 +332,8 @@ fn apply_one(
                         // writer's exclusive move, an admission's shrink) is not someone
                         // else's: the books want it.
                         if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
-                            books_follow(d, w, mv, &now);
-                            return Err(controller::abandon(mv, w, rest, now));
+                            books_follow(io, d, w, mv, &now);
+                            return Err(controller::abandon(io, mv, w, rest, now));
                         }
                     }
                     if moved >= mv.bytes_to_migrate {
@@ -336,10 +344,10 @@ fn apply_one(
                     if d.stopping() {
                         // No narrowing write (it would migrate the rest, past the shutdown
                         // bound): the move stops here, mems still widened (see the doc).
-                        return Err(controller::cut_short(mv, w, rest));
+                        return Err(controller::cut_short(io, mv, w, rest));
                     }
                     let step = PREMIGRATE_STEP.min(mv.bytes_to_migrate - moved);
-                    match w.migrate_pages(&mv.cgroup, &mv.to_mems, step) {
+                    match w.migrate_pages(io, &mv.cgroup, &mv.to_mems, step) {
                         Ok(0) => {
                             walked = true;
                             break;
@@ -375,7 +383,7 @@ fn apply_one(
             // allocator has bound (its books hold its mems: they are written exactly).
             let left = (walked
                 && rest.mems_now() == &mv.from_mems
-                && !d.lock().state.bindings.contains_key(&mv.cgroup))
+                && !d.lock(io).state.bindings.contains_key(&mv.cgroup))
                 .then(|| w.left_behind(&mv.cgroup, &mv.to_mems))
                 .flatten();
             if premigrated {
@@ -402,7 +410,7 @@ fn apply_one(
                 .keep_cpus_on_failure()
                 .accepting_cpus(Box::new(move |c| hub.is_own(&cg, c)));
             let finishing = Instant::now();
-            let r = controller::finish(fin, w, rest);
+            let r = controller::finish(io, fin, w, rest);
             finish_ms = finishing.elapsed().as_millis();
             if let (Ok(_), Some(wide), Some(l)) = (&r, wide, left) {
                 // Only a move that finished is told as left wide (a rolled-back one put its
@@ -416,7 +424,7 @@ fn apply_one(
                         | ApplyError::RollbackFailed { .. }
                         | ApplyError::Stopped { .. }
                 ) {
-                    undo_cpus(d, w, mv);
+                    undo_cpus(io, d, w, mv);
                 }
             }
             r
@@ -443,9 +451,9 @@ fn apply_one(
                 tracing::warn!(cgroup = %mv.cgroup, error = %e, "staged move: moving pages failed; the cpuset writes stand");
             }
             if !dry_run {
-                super::admission::record_mems(d, mv);
+                super::admission::record_mems(io, d, mv);
                 {
-                    let mut s = d.lock();
+                    let mut s = d.lock(io);
                     let c = &mut s.state.controller;
                     c.record_move(mv, done.moved_bytes, at(now_ms));
                     if let (Some(st), Some(target)) = (c.cgroups.get_mut(&mv.cgroup), &planned_mems)
@@ -459,7 +467,7 @@ fn apply_one(
                 }
                 // On disk before the next move: a stop (or a crash) while later moves
                 // migrate keeps this one's cooldown and books.
-                if let Err(e) = d.checkpoint() {
+                if let Err(e) = d.checkpoint(io) {
                     tracing::warn!(cgroup = %mv.cgroup, error = %e, "checkpoint after a move failed");
                 }
             }
@@ -483,7 +491,7 @@ fn apply_one(
                 }
             }
             if reason != "vanished" {
-                d.lock()
+                d.lock(io)
                     .state
                     .controller
                     .record_failure(&mv.cgroup, at(now_ms));
@@ -500,7 +508,7 @@ fn apply_one(
 /// recorded and valid, stay). Nothing is written when the move kept the cpus, or when the
 /// cgroup's cpus are no longer the ones the move wrote: someone else (the operator, kubelet)
 /// changed them meanwhile, and their choice is kept.
-fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
+fn undo_cpus(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
     if mv.to_cpus == mv.from_cpus {
         return;
     }
@@ -514,19 +522,19 @@ fn undo_cpus(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move) {
         Err(_) => return, // vanished, or unreadable: nothing to put back
     }
     // As a move of its own: booked and held, written with no lock held, settled.
-    let booked = match super::admission::book_move(d, &back, false) {
+    let booked = match super::admission::book_move(io, d, &back, false) {
         Ok(b) => b,
         Err(reason) => {
             tracing::info!(cgroup = %mv.cgroup, cpus = %mv.to_cpus, reason, "failed move: its new cpus are kept; the old ones are no longer free");
             return;
         }
     };
-    let written = w.write_cpus(&mv.cgroup, &mv.from_cpus);
+    let written = w.write_cpus(io, &mv.cgroup, &mv.from_cpus);
     if let Err(e) = &written {
         tracing::warn!(cgroup = %mv.cgroup, error = %e, "failed move: putting its cpus back failed; the new cpus are kept")
     }
-    if booked.is_some_and(|b| b.settle(written.is_ok())) {
-        shared_follow(d, w);
+    if booked.is_some_and(|b| b.settle(io, written.is_ok())) {
+        shared_follow(io, d, w);
     }
 }
 
@@ -552,22 +560,22 @@ const FOLLOW_PASSES: usize = 3;
 /// The shared containers set to their pool after an exclusive container's cpus changed,
 /// with no lock held (see [`FOLLOW_PASSES`]); a failed write is retried every round
 /// (`admission::shrink_outcome`).
-fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
+fn shared_follow(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter) {
     let mut failed = 0;
     for _ in 0..FOLLOW_PASSES {
-        let changes = super::admission::shared_changes(d, |cg| w.read_cpus(cg).ok());
+        let changes = super::admission::shared_changes(io, d, |cg| w.read_cpus(cg).ok());
         if changes.is_empty() {
             break;
         }
         failed = 0;
         for c in changes {
-            if let Err(e) = w.write_cpus(&c.cgroup, &c.cpus) {
+            if let Err(e) = w.write_cpus(io, &c.cgroup, &c.cpus) {
                 tracing::warn!(cgroup = %c.cgroup, error = %e, "moving a shared container to its pool failed (retried every round)");
                 failed += 1;
             }
         }
     }
-    super::admission::shrink_outcome(d, failed);
+    super::admission::shrink_outcome(io, d, failed);
 }
 
 /// Someone else wrote the cgroup's cpus (`found`) while its move migrated. The
@@ -575,10 +583,16 @@ fn shared_follow(d: &Daemon, w: &mut dyn CgroupWriter) {
 /// now when the books allow it there (no one else's exclusive or reserved CPUs), so the
 /// allocator neither reserves CPUs the container left nor hands out the ones it runs on.
 /// When they do not allow it, the books keep the move's cpus and the overlap is logged.
-fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::cpuset::CpuSet) {
+fn books_follow(
+    io: &mut Io,
+    d: &Daemon,
+    w: &mut dyn CgroupWriter,
+    mv: &Move,
+    found: &crate::cpuset::CpuSet,
+) {
     let follow = cpus_from_new(mv, found);
     let followed = {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         match super::admission::move_allowed_in(&s, &follow) {
             Ok(()) => {
                 tracing::info!(cgroup = %mv.cgroup, cpus = %found, "move abandoned for someone else's cpus; the books follow them");
@@ -591,7 +605,7 @@ fn books_follow(d: &Daemon, w: &mut dyn CgroupWriter, mv: &Move, found: &crate::
         }
     };
     if followed {
-        shared_follow(d, w);
+        shared_follow(io, d, w);
     }
 }
 
@@ -765,9 +779,9 @@ impl Applier {
         self
     }
 
-    fn stuck_limit(&self) -> Duration {
+    fn stuck_limit(&self, io: &mut Io) -> Duration {
         self.stuck_after.unwrap_or_else(|| {
-            let period = Duration::from_millis(self.d.lock().cfg.controller.period_ms);
+            let period = Duration::from_millis(self.d.lock(io).cfg.controller.period_ms);
             (period * 10).max(Duration::from_secs(120))
         })
     }
@@ -775,8 +789,8 @@ impl Applier {
     /// The writers' health: a beat unless a move has been under way for longer than the
     /// stuck limit (then the `apply` component goes silent and, that limit later, dead). The
     /// round thread calls it every round (through [`Applier::in_flight`]).
-    fn check_health(&self) {
-        let limit = self.stuck_limit();
+    fn check_health(&self, io: &mut Io) {
+        let limit = self.stuck_limit(io);
         let oldest = {
             let q = self.queue();
             q.running.iter().filter_map(|j| j.started).min()
@@ -797,8 +811,8 @@ impl Applier {
 
     /// The cgroups whose moves are queued or under way, and the bytes they migrate: the next
     /// round plans around them (not those cgroups; the budget less those bytes).
-    pub fn in_flight(&self) -> (BTreeSet<String>, u64) {
-        self.check_health();
+    pub fn in_flight(&self, io: &mut Io) -> (BTreeSet<String>, u64) {
+        self.check_health(io);
         let q = self.queue();
         let cgs = q.jobs().map(|j| j.mv.cgroup.clone()).collect();
         (cgs, q.bytes())
@@ -808,35 +822,36 @@ impl Applier {
     /// or under way, plus those of the moves that ended within the last `controller.period_ms`
     /// — the budget is a rate (per period), however often rounds run (events bring them
     /// forward).
-    pub fn budget_used(&self) -> u64 {
-        let window = self.window();
+    pub fn budget_used(&self, io: &mut Io) -> u64 {
+        let window = self.window(io);
         let mut q = self.queue();
         q.bytes()
             .saturating_add(q.ended_within(Instant::now(), window))
     }
 
-    fn window(&self) -> Duration {
-        Duration::from_millis(self.d.lock().cfg.controller.period_ms)
+    fn window(&self, io: &mut Io) -> Duration {
+        Duration::from_millis(self.d.lock(io).cfg.controller.period_ms)
     }
 
     /// Queues `moves` (plan order) and returns at once. A move is queued only when, with the
     /// bytes of every move queued or under way, it fits the round's budget (so the bytes
     /// migrating at once never pass it), and no move of its cgroup is under way.
-    pub fn submit(&mut self, moves: &[Move], now_ms: u64, dry_run: bool) -> Submitted {
-        self.submit_at(moves, now_ms, dry_run, Instant::now())
+    pub fn submit(&mut self, io: &mut Io, moves: &[Move], now_ms: u64, dry_run: bool) -> Submitted {
+        self.submit_at(io, moves, now_ms, dry_run, Instant::now())
     }
 
     /// [`Applier::submit`] at `now` (the clock of the budget's window).
     pub(crate) fn submit_at(
         &mut self,
+        io: &mut Io,
         moves: &[Move],
         now_ms: u64,
         dry_run: bool,
         now: Instant,
     ) -> Submitted {
-        let window = self.window();
+        let window = self.window(io);
         let (budget, limit, managed) = {
-            let s = self.d.lock();
+            let s = self.d.lock(io);
             let managed: Vec<bool> = moves
                 .iter()
                 .map(|mv| {
@@ -903,14 +918,14 @@ impl Applier {
             let (d, pool, writer) = (self.d.clone(), self.pool.clone(), self.writer.clone());
             match std::thread::Builder::new()
                 .name(format!("apply-{}", self.workers.len()))
-                .spawn(move || work(d, pool, writer))
+                .spawn(move || work(&mut Io::new(), d, pool, writer))
             {
                 Ok(h) => self.workers.push(h),
                 Err(e) => {
                     tracing::warn!(error = %e, threads = self.workers.len(), "cannot start another apply thread");
                     if self.workers.is_empty() {
                         // No thread at all: the moves are applied here, one after the other.
-                        work_inline(&self.d, &self.pool, &self.writer);
+                        work_inline(io, &self.d, &self.pool, &self.writer);
                     }
                     break;
                 }
@@ -961,15 +976,15 @@ impl Drop for Applier {
 /// One apply thread: takes the next move that may start (plan order; not before the moves
 /// whose CPUs it takes, nor a Memory Manager move before an earlier one), applies it with its
 /// own writer, until the applier is closed and nothing is queued, or the daemon stops.
-fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
+fn work(io: &mut Io, d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
     let mut w = writer();
     // Restored when this function returns: it may run on the rounds thread (`work_inline`).
     let mut nice = Nice::new();
     // Read with no queue lock held (the daemon's lock is never taken under it), and set
     // before a move is picked: whether a lone move is premigrated follows the value the
     // thread has, not the one asked for (a refused -10 leaves the normal priority).
-    let want = d.lock().cfg.controller.apply_nice;
-    nice.set(want);
+    let want = d.lock(io).cfg.controller.apply_nice;
+    nice.set(io, want);
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if d.stopping() && !q.waiting.is_empty() {
@@ -999,6 +1014,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                 // `running` as failed, and the writer is made anew (its state is unknown).
                 let o = match catch_unwind(AssertUnwindSafe(|| {
                     apply_one(
+                        io,
                         &d,
                         &mut *w,
                         &job.mv,
@@ -1012,7 +1028,7 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                     Err(_) => {
                         tracing::error!(cgroup = %job.mv.cgroup, "applying a move panicked; it is counted as failed");
                         count(&d.metrics.moves_failed, "panic");
-                        d.lock()
+                        d.lock(io)
                             .state
                             .controller
                             .record_failure(&job.mv.cgroup, job.now_ms.max(super::boot_ms()));
@@ -1020,8 +1036,8 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
                         MoveResult::Failed("panic")
                     }
                 };
-                let want = d.lock().cfg.controller.apply_nice;
-                nice.set(want);
+                let want = d.lock(io).cfg.controller.apply_nice;
+                nice.set(io, want);
                 q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
                 q.end(&job, o);
                 pool.cv.notify_all();
@@ -1048,12 +1064,12 @@ fn work(d: Daemon, pool: Arc<Pool>, writer: WriterFactory) {
 }
 
 /// The moves queued, applied in the caller's thread (no apply thread could be started).
-fn work_inline(d: &Daemon, pool: &Arc<Pool>, writer: &WriterFactory) {
+fn work_inline(io: &mut Io, d: &Daemon, pool: &Arc<Pool>, writer: &WriterFactory) {
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     let limit = std::mem::replace(&mut q.limit, 1);
     let closed = std::mem::replace(&mut q.closed, true);
     drop(q);
-    work(d.clone(), pool.clone(), writer.clone());
+    work(io, d.clone(), pool.clone(), writer.clone());
     let mut q = pool.q.lock().unwrap_or_else(|e| e.into_inner());
     q.limit = limit;
     q.closed = closed;
@@ -1107,12 +1123,11 @@ impl Nice {
         self.now.is_some_and(|n| n < 0)
     }
 
-    fn set(&mut self, want: i32) {
+    /// A syscall, and a warning logged: never under the state lock.
+    fn set(&mut self, _io: &Io, want: i32) {
         if self.now == Some(want) {
             return;
         }
-        // a syscall, and a warning logged: never under the state lock
-        super::writer::io_edge();
         // SAFETY: a plain syscall on the calling thread with integer arguments.
         let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, gettid(), want) };
         if r == 0 {
@@ -1145,7 +1160,7 @@ impl Drop for Nice {
 
 #[cfg(test)]
 mod nice_tests {
-    use super::{gettid, thread_nice, Nice};
+    use super::{gettid, thread_nice, Io, Nice};
 
     /// A writer's nice value is the thread's only while its work runs: the value it had is
     /// restored when the work ends (the rounds thread runs it when no writer can start, and
@@ -1153,6 +1168,7 @@ mod nice_tests {
     #[test]
     fn a_threads_nice_value_is_restored_when_its_work_ends() {
         std::thread::spawn(|| {
+            let io = &Io::new();
             let base = thread_nice(gettid()).expect("getpriority of this thread");
             if base + 3 > 19 {
                 // Run under `nice -n 17` or more: no higher value is left to set.
@@ -1162,7 +1178,7 @@ mod nice_tests {
             {
                 let mut n = Nice::new();
                 assert!(!n.ahead() || base < 0);
-                n.set(base + 3);
+                n.set(io, base + 3);
                 assert_eq!(thread_nice(gettid()), Some(base + 3));
                 assert!(!n.ahead(), "a positive value is not ahead of the workloads");
             }

@@ -4,6 +4,7 @@
 //! starts no further move, a dry run writes nothing; and a property over random moves,
 //! failures and thread counts.
 
+use crate::daemon::Io;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Condvar, Mutex},
@@ -127,12 +128,12 @@ impl CgroupWriter for SharedFake {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
         self.fake.lock().unwrap().read_mems(cg)
     }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.fake.lock().unwrap().write_cpus(cg, cpus)
+    fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().write_cpus(io, cg, cpus)
     }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
         self.nices.lock().unwrap().push(thread_nice());
-        self.fake.lock().unwrap().write_mems(cg, mems)
+        self.fake.lock().unwrap().write_mems(io, cg, mems)
     }
     fn needs_memory_migrate(&self) -> bool {
         self.fake.lock().unwrap().needs_memory_migrate()
@@ -140,17 +141,29 @@ impl CgroupWriter for SharedFake {
     fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
         self.fake.lock().unwrap().read_memory_migrate(cg)
     }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.fake.lock().unwrap().set_memory_migrate(cg, on)
+    fn set_memory_migrate(&mut self, io: &Io, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().set_memory_migrate(io, cg, on)
     }
-    fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+    fn move_pages(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        to: &CpuSet,
+        max: u64,
+    ) -> Result<u64, CgroupWriteError> {
         self.calls.lock().unwrap().0 += 1;
         if let Some(g) = &self.gate {
             g.arrive();
         }
-        self.fake.lock().unwrap().move_pages(cg, to, max)
+        self.fake.lock().unwrap().move_pages(io, cg, to, max)
     }
-    fn migrate_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+    fn migrate_pages(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        to: &CpuSet,
+        max: u64,
+    ) -> Result<u64, CgroupWriteError> {
         self.calls.lock().unwrap().1 += 1;
         self.nices.lock().unwrap().push(thread_nice());
         if let Some(g) = &self.gate {
@@ -158,7 +171,7 @@ impl CgroupWriter for SharedFake {
         }
         // As if the cgroup were many small processes, each moved whole.
         let max = self.trickle.map_or(max, |t| t.min(max));
-        self.fake.lock().unwrap().move_pages(cg, to, max)
+        self.fake.lock().unwrap().move_pages(io, cg, to, max)
     }
     fn left_behind(&self, _cg: &str, _toward: &CpuSet) -> Option<u64> {
         self.left
@@ -242,6 +255,7 @@ fn check_history(initial: &[(&str, &str, &str)], fake: &FakeCgroups, exclusive: 
 /// target — moved by the writers' own page moves, not by the kernel's serialised mems writes.
 #[test]
 fn moves_of_a_round_migrate_at_the_same_time() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -265,7 +279,7 @@ fn moves_of_a_round_migrate_at_the_same_time() {
     ];
     let (_dir, d) = daemon(4, 1024);
     let mut a = Applier::new(d.clone(), w.factory());
-    assert_eq!(a.submit(&moves, 1000, false).queued, 4);
+    assert_eq!(a.submit(io, &moves, 1000, false).queued, 4);
     let done = a.wait();
     assert!(gate.met(), "the four page moves never overlapped");
     assert_eq!(done.applied, 4, "{done:?}");
@@ -285,7 +299,7 @@ fn moves_of_a_round_migrate_at_the_same_time() {
     check_history(&cgs, &f, &[]);
     drop(f);
     // Recorded as the sequential loop records: cooldowns and counters.
-    let s = d.lock();
+    let s = d.lock(io);
     assert_eq!(s.state.controller.moves_total, 4);
     assert_eq!(s.state.controller.bytes_migrated_total, 4 * 100 * MIB);
 }
@@ -294,6 +308,7 @@ fn moves_of_a_round_migrate_at_the_same_time() {
 /// third (of another round) does not fit the 1 GiB budget; once they are done it does.
 #[test]
 fn bytes_still_migrating_count_against_the_next_submit() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -314,36 +329,36 @@ fn bytes_still_migrating_count_against_the_next_submit() {
         mv("a", ("0-3", "0-3"), ("0-1", "1"), 400 * MIB),
         mv("b", ("4-7", "4-7"), ("0-1", "1"), 400 * MIB),
     ];
-    assert_eq!(a.submit(&first, 1000, false).queued, 2);
+    assert_eq!(a.submit(io, &first, 1000, false).queued, 2);
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while gate.arrived() < 2 && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(gate.arrived(), 2, "both writers are migrating");
-    assert_eq!(a.in_flight().1, 800 * MIB);
+    assert_eq!(a.in_flight(io).1, 800 * MIB);
     let third = [mv("c", ("8-11", "8-11"), ("0-1", "1"), 400 * MIB)];
-    let s = a.submit(&third, 2000, false);
+    let s = a.submit(io, &third, 2000, false);
     assert_eq!((s.queued, s.over_budget), (0, 1), "{s:?}");
     // A second move of a cgroup under way is not queued either.
     let again = [mv("a", ("0-3", "0-3"), ("0-1", "1"), 0)];
-    assert_eq!(a.submit(&again, 2000, false).in_flight, 1);
+    assert_eq!(a.submit(io, &again, 2000, false).in_flight, 1);
     gate.open();
     let done = a.wait();
     assert_eq!((done.applied, done.over_budget), (2, 1), "{done:?}");
     assert!(done.bytes <= 1024 * MIB);
-    assert_eq!(a.in_flight(), (Default::default(), 0));
+    assert_eq!(a.in_flight(io), (Default::default(), 0));
     // The budget is a rate: the 800 MiB that ended within the period still count, so the
     // third fits only once the period since they ended has passed.
-    assert_eq!(a.budget_used(), 800 * MIB);
-    let s = a.submit(&third, 3000, false);
+    assert_eq!(a.budget_used(io), 800 * MIB);
+    let s = a.submit(io, &third, 3000, false);
     assert_eq!((s.queued, s.over_budget), (0, 1), "{s:?}");
-    let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
-    assert_eq!(a.submit_at(&third, 3000, false, later).queued, 1);
+    let later = std::time::Instant::now() + Duration::from_millis(period_ms(io, &d) + 1);
+    assert_eq!(a.submit_at(io, &third, 3000, false, later).queued, 1);
     assert_eq!(a.wait().applied, 1);
 }
 
-fn period_ms(d: &Daemon) -> u64 {
-    d.lock().cfg.controller.period_ms
+fn period_ms(io: &mut Io, d: &Daemon) -> u64 {
+    d.lock(io).cfg.controller.period_ms
 }
 
 /// Rounds brought forward by events get no fresh budget. Moves that
@@ -352,6 +367,7 @@ fn period_ms(d: &Daemon) -> u64 {
 /// never both run within one period.
 #[test]
 fn the_budget_is_a_rate_over_the_period_not_per_round() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
     let mut fake = fake_of(&cgs);
     for (c, _, _) in &cgs {
@@ -362,16 +378,20 @@ fn the_budget_is_a_rate_over_the_period_not_per_round() {
     let mut a = Applier::new(d.clone(), w.factory());
     let t0 = std::time::Instant::now();
     let first = [mv("a", ("0-3", "0-3"), ("0-1", "1"), 600 * MIB)];
-    assert_eq!(a.submit_at(&first, 1000, false, t0).queued, 1);
+    assert_eq!(a.submit_at(io, &first, 1000, false, t0).queued, 1);
     assert_eq!(a.wait().applied, 1);
-    assert_eq!(a.in_flight().1, 0, "nothing under way");
-    assert_eq!(a.budget_used(), 600 * MIB, "but 600 MiB within the period");
+    assert_eq!(a.in_flight(io).1, 0, "nothing under way");
+    assert_eq!(
+        a.budget_used(io),
+        600 * MIB,
+        "but 600 MiB within the period"
+    );
     let second = [mv("b", ("4-7", "4-7"), ("0-1", "1"), 600 * MIB)];
-    let s = a.submit_at(&second, 1001, false, t0 + Duration::from_millis(1));
+    let s = a.submit_at(io, &second, 1001, false, t0 + Duration::from_millis(1));
     assert_eq!((s.queued, s.over_budget), (0, 1), "{s:?}");
     // A period after the first ended, the second fits.
-    let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
-    assert_eq!(a.submit_at(&second, 6001, false, later).queued, 1);
+    let later = std::time::Instant::now() + Duration::from_millis(period_ms(io, &d) + 1);
+    assert_eq!(a.submit_at(io, &second, 6001, false, later).queued, 1);
     let done = a.finish();
     assert_eq!((done.applied, done.over_budget), (1, 1), "{done:?}");
 }
@@ -381,6 +401,7 @@ fn the_budget_is_a_rate_over_the_period_not_per_round() {
 /// is counted as failed ("panic"), `wait` returns, and the same pool applies the next move.
 #[test]
 fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
+    let io = &mut Io::new();
     struct Panicky(SharedFake);
     impl CgroupWriter for Panicky {
         fn read_cpus(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
@@ -389,14 +410,14 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
         fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.0.read_mems(cg)
         }
-        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.0.write_cpus(cg, cpus)
+        fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.0.write_cpus(io, cg, cpus)
         }
-        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
             if cg == "a" {
                 panic!("a bug in a writer");
             }
-            self.0.write_mems(cg, mems)
+            self.0.write_mems(io, cg, mems)
         }
         fn needs_memory_migrate(&self) -> bool {
             false
@@ -404,11 +425,22 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
         fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
             self.0.read_memory_migrate(cg)
         }
-        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-            self.0.set_memory_migrate(cg, on)
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.0.set_memory_migrate(io, cg, on)
         }
-        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
-            self.0.move_pages(cg, to, max)
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            max: u64,
+        ) -> Result<u64, CgroupWriteError> {
+            self.0.move_pages(io, cg, to, max)
         }
     }
     let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
@@ -426,11 +458,11 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
         let mut a = Applier::new(d.clone(), factory.clone());
         let t0 = std::time::Instant::now();
         let first = [mv("a", ("0-3", "0-1"), ("0-1", "1"), 600 * MIB)];
-        assert_eq!(a.submit_at(&first, 1000, false, t0).queued, 1);
+        assert_eq!(a.submit_at(io, &first, 1000, false, t0).queued, 1);
         let done = a.wait();
         assert_eq!(done.failed, vec![("a".to_string(), "panic")], "{threads}");
         assert_eq!(
-            a.in_flight(),
+            a.in_flight(io),
             (Default::default(), 0),
             "{threads}: a not in flight"
         );
@@ -444,15 +476,15 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
             1
         );
         // The next move (its bytes past the period of a's) is applied by the same pool.
-        let later = std::time::Instant::now() + Duration::from_millis(period_ms(&d) + 1);
+        let later = std::time::Instant::now() + Duration::from_millis(period_ms(io, &d) + 1);
         let second = [mv("b", ("4-7", "4-5"), ("0-1", "1"), 600 * MIB)];
-        assert_eq!(a.submit_at(&second, 7000, false, later).queued, 1);
+        assert_eq!(a.submit_at(io, &second, 7000, false, later).queued, 1);
         assert_eq!(a.finish().applied, 1, "{threads}");
         assert_eq!(w.fake.lock().unwrap().mems("b"), Some(&set("1")));
         let mut f = w.fake.lock().unwrap();
         for (c, cpus, mems) in &cgs {
-            f.write_mems(c, &set(mems)).unwrap();
-            f.write_cpus(c, &set(cpus)).unwrap();
+            f.write_mems(io, c, &set(mems)).unwrap();
+            f.write_cpus(io, c, &set(cpus)).unwrap();
             f.set_memory(c, &[(0, 600 * MIB)]);
         }
     }
@@ -463,6 +495,7 @@ fn a_panicking_writer_fails_only_its_move_and_the_pool_goes_on() {
 /// restarted); once the move ends it is healthy again.
 #[test]
 fn a_stuck_writer_fails_health() {
+    let io = &mut crate::daemon::Io::new();
     let mut fake = fake_of(&[("a", "0-3", "0-1")]);
     fake.set_memory("a", &[(0, 10 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -475,6 +508,7 @@ fn a_stuck_writer_fails_health() {
         .stuck_after(Duration::from_millis(50))
         .premigrate_alone();
     a.submit(
+        io,
         &[mv("a", ("0-3", "0-3"), ("0-1", "1"), 10 * MIB)],
         1000,
         false,
@@ -487,14 +521,14 @@ fn a_stuck_writer_fails_health() {
     let health = &d.metrics.health;
     assert!(health.dead().is_empty(), "{:?}", health.dead());
     std::thread::sleep(Duration::from_millis(120));
-    a.in_flight(); // a round's check: the move is older than the limit, no beat
+    a.in_flight(io); // a round's check: the move is older than the limit, no beat
     std::thread::sleep(Duration::from_millis(60));
     let dead = health.dead();
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].component, "apply");
     gate.open();
     assert_eq!(a.wait().applied, 1);
-    a.in_flight();
+    a.in_flight(io);
     assert!(health.dead().is_empty(), "{:?}", health.dead());
     a.finish();
     assert!(health.dead().is_empty(), "stopped on purpose");
@@ -506,6 +540,7 @@ fn a_stuck_writer_fails_health() {
 /// the books of its cpus were checkpointed before the migration began.
 #[test]
 fn a_stop_during_the_page_moves_cuts_the_move_short() {
+    let io = &mut crate::daemon::Io::new();
     let mut fake = fake_of(&[("m", "0-3", "0")]);
     fake.set_memory("m", &[(0, 256 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -523,6 +558,7 @@ fn a_stop_during_the_page_moves_cuts_the_move_short() {
     assert!(!written(), "no checkpoint before the move");
     let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
     a.submit(
+        io,
         &[mv("m", ("0-3", "4-7"), ("0", "1"), 256 * MIB)],
         1000,
         false,
@@ -561,6 +597,7 @@ fn a_stop_during_the_page_moves_cuts_the_move_short() {
 /// what it asked for ends the page moves: the narrowing write migrates the rest.
 #[test]
 fn page_moves_that_trickle_give_way_to_the_mems_write() {
+    let io = &mut crate::daemon::Io::new();
     let mut fake = fake_of(&[("m", "0-3", "0")]);
     fake.set_memory("m", &[(0, 256 * MIB)]);
     let w = SharedFake {
@@ -570,6 +607,7 @@ fn page_moves_that_trickle_give_way_to_the_mems_write() {
     let (_dir, d) = daemon(2, 1024);
     let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
     a.submit(
+        io,
         &[mv("m", ("0-3", "4-7"), ("0", "1"), 256 * MIB)],
         1000,
         false,
@@ -592,6 +630,7 @@ fn page_moves_that_trickle_give_way_to_the_mems_write() {
 /// widened; b is restored, a and c keep their new cpusets.
 #[test]
 fn a_failing_writer_rolls_back_only_its_own_move() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [
         ("a", "0-3", "0-1"),
         ("b", "4-7", "0-1"),
@@ -614,7 +653,7 @@ fn a_failing_writer_rolls_back_only_its_own_move() {
         let w = SharedFake::new(fake);
         let (_dir, d) = daemon(3, 1024);
         let mut a = Applier::new(d.clone(), w.factory());
-        a.submit(&moves, 1000, false);
+        a.submit(io, &moves, 1000, false);
         let done = a.finish();
         assert_eq!(done.applied, 2, "{file:?} {failure:?}: {done:?}");
         assert_eq!(done.failed.len(), 1);
@@ -634,7 +673,7 @@ fn a_failing_writer_rolls_back_only_its_own_move() {
             (Some(&set("8-9")), Some(&set("1")))
         );
         check_history(&cgs, &f, &[]);
-        let s = d.lock();
+        let s = d.lock(io);
         assert_eq!(s.state.controller.failed_moves_total, 1);
         assert_eq!(s.state.controller.moves_total, 2);
     }
@@ -644,6 +683,7 @@ fn a_failing_writer_rolls_back_only_its_own_move() {
 /// at all when x failed (the two would overlap); z, independent, goes on.
 #[test]
 fn cpus_given_up_are_taken_only_once_free() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [("x", "0-1", "0"), ("y", "4-5", "1"), ("z", "6-7", "1")];
     let moves = [
         mv("x", ("0-1", "2-3"), ("0", "0"), 0),
@@ -654,7 +694,7 @@ fn cpus_given_up_are_taken_only_once_free() {
         let w = SharedFake::new(fake_of(&cgs));
         let (_dir, d) = daemon(threads, 1024);
         let mut a = Applier::new(d.clone(), w.factory());
-        a.submit(&moves, 1000, false);
+        a.submit(io, &moves, 1000, false);
         assert_eq!(a.finish().applied, 3);
         check_history(&cgs, &w.fake.lock().unwrap(), &["x", "y", "z"]);
 
@@ -663,7 +703,7 @@ fn cpus_given_up_are_taken_only_once_free() {
         let w = SharedFake::new(fake);
         let (_dir, d) = daemon(threads, 1024);
         let mut a = Applier::new(d.clone(), w.factory());
-        a.submit(&moves, 1000, false);
+        a.submit(io, &moves, 1000, false);
         let done = a.finish();
         assert_eq!(done.applied, 1, "only z: {done:?}");
         assert_eq!(done.failed, vec![("x".to_string(), "busy")]);
@@ -678,6 +718,7 @@ fn cpus_given_up_are_taken_only_once_free() {
 /// not started are not applied.
 #[test]
 fn a_stop_starts_no_further_move() {
+    let io = &mut crate::daemon::Io::new();
     let names = ["m0", "m1", "m2", "m3", "m4"];
     let cgs: Vec<(&str, &str, &str)> = names.iter().map(|n| (*n, "0-3", "0-1")).collect();
     let mut fake = fake_of(&cgs);
@@ -695,7 +736,7 @@ fn a_stop_starts_no_further_move() {
         .collect();
     let (_dir, d) = daemon(2, 1024);
     let mut a = Applier::new(d.clone(), w.factory());
-    assert_eq!(a.submit(&moves, 1000, false).queued, 5);
+    assert_eq!(a.submit(io, &moves, 1000, false).queued, 5);
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while gate.arrived() < 2 && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
@@ -724,6 +765,7 @@ fn a_stop_starts_no_further_move() {
 /// back, and the operator's cpus stay — never overwritten by the move's undo.
 #[test]
 fn an_operators_pin_during_a_migration_is_kept() {
+    let io = &mut Io::new();
     struct Meddler {
         w: SharedFake,
         pin: (String, CpuSet),
@@ -735,11 +777,11 @@ fn an_operators_pin_during_a_migration_is_kept() {
         fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.w.read_mems(cg)
         }
-        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.w.write_cpus(cg, cpus)
+        fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(io, cg, cpus)
         }
-        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.w.write_mems(cg, mems)
+        fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_mems(io, cg, mems)
         }
         fn needs_memory_migrate(&self) -> bool {
             false
@@ -747,14 +789,25 @@ fn an_operators_pin_during_a_migration_is_kept() {
         fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
             self.w.read_memory_migrate(cg)
         }
-        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-            self.w.set_memory_migrate(cg, on)
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(io, cg, on)
         }
-        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            max: u64,
+        ) -> Result<u64, CgroupWriteError> {
             // The operator's write lands while the pages move.
             let (c, cpus) = &self.pin;
-            self.w.fake.lock().unwrap().write_cpus(c, cpus).unwrap();
-            self.w.move_pages(cg, to, max)
+            self.w.fake.lock().unwrap().write_cpus(io, c, cpus).unwrap();
+            self.w.move_pages(io, cg, to, max)
         }
     }
     for (what, cpus) in [
@@ -778,7 +831,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
         // The writer's own page moves, which a move alone would leave to the kernel's mems
         // write (`a_move_alone_migrates_through_the_kernel`).
         let mut a = Applier::new(d.clone(), factory).premigrate_alone();
-        a.submit(&[m], 1000, false);
+        a.submit(io, &[m], 1000, false);
         let done = a.finish();
         assert_eq!(done.failed, vec![("w2".to_string(), "stale")], "{what}");
         let f = w.fake.lock().unwrap();
@@ -801,7 +854,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
     // otherwise reserve CPUs it left, and hand out the one it runs on).
     let (_dir, d) = daemon(2, 1024);
     let placed = {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         let sh = &mut *s;
         let p = crate::placement::admission::Pod {
             uid: "p".into(),
@@ -850,11 +903,11 @@ fn an_operators_pin_during_a_migration_is_kept() {
         10 * MIB,
     );
     let mut a = Applier::new(d.clone(), factory).premigrate_alone();
-    a.submit(&[m], 1000, false);
+    a.submit(io, &[m], 1000, false);
     let done = a.finish();
     assert_eq!(done.failed, vec![("w2".to_string(), "stale")]);
     assert_eq!(w.fake.lock().unwrap().cpus("w2"), Some(&set("6")));
-    let s = d.lock();
+    let s = d.lock(io);
     assert_eq!(
         s.state.allocator.current_cpus("p", "c"),
         Some(set("6")),
@@ -872,6 +925,7 @@ fn an_operators_pin_during_a_migration_is_kept() {
 /// several moves run at once (`moves_of_a_round_migrate_at_the_same_time`).
 #[test]
 fn a_move_alone_migrates_through_the_kernel() {
+    let io = &mut crate::daemon::Io::new();
     let mut fake = fake_of(&[("a", "0-3", "0-1")]);
     fake.set_memory("a", &[(0, 100 * MIB), (1, 100 * MIB)]);
     let gate = Gate::new(usize::MAX);
@@ -881,9 +935,10 @@ fn a_move_alone_migrates_through_the_kernel() {
     };
     let (_dir, d) = daemon(4, 1024);
     // At the workloads' priority (0), a lone move goes by its mems write.
-    d.lock().cfg.controller.apply_nice = 0;
+    d.lock(io).cfg.controller.apply_nice = 0;
     let mut a = Applier::new(d.clone(), w.factory());
     a.submit(
+        io,
         &[mv("a", ("0-3", "0-3"), ("0-1", "1"), 100 * MIB)],
         1000,
         false,
@@ -902,6 +957,7 @@ fn a_move_alone_migrates_through_the_kernel() {
 /// A dry run writes nothing from any thread, and moves no page.
 #[test]
 fn a_concurrent_dry_run_writes_nothing() {
+    let io = &mut crate::daemon::Io::new();
     let cgs = [("a", "0-3", "0-1"), ("b", "4-7", "0-1")];
     let mut fake = fake_of(&cgs);
     fake.set_memory("a", &[(1, 10 * MIB)]);
@@ -912,12 +968,16 @@ fn a_concurrent_dry_run_writes_nothing() {
     ];
     let (_dir, d) = daemon(2, 1024);
     let mut a = Applier::new(d.clone(), w.factory());
-    a.submit(&moves, 1000, true);
+    a.submit(io, &moves, 1000, true);
     assert_eq!(a.finish().applied, 2);
     let f = w.fake.lock().unwrap();
     assert!(f.writes().is_empty());
     assert_eq!(f.migrated(), 0);
-    assert_eq!(d.lock().state.controller.moves_total, 0, "nothing recorded");
+    assert_eq!(
+        d.lock(io).state.controller.moves_total,
+        0,
+        "nothing recorded"
+    );
 }
 
 proptest! {
@@ -935,6 +995,7 @@ proptest! {
             1..10,
         ),
     ) {
+        let io = &mut crate::daemon::Io::new();
         let mut cgs = Vec::new();
         let mut moves = Vec::new();
         let mut fake = FakeCgroups::v2();
@@ -970,8 +1031,8 @@ proptest! {
         let (_dir, d) = daemon(threads, budget_mib);
         let mut a = Applier::new(d.clone(), w.factory());
         let half = moves.len() / 2;
-        let s1 = a.submit(&moves[..half], 1000, false);
-        let s2 = a.submit(&moves[half..], 2000, false);
+        let s1 = a.submit(io, &moves[..half], 1000, false);
+        let s2 = a.submit(io, &moves[half..], 2000, false);
         prop_assert_eq!(s1.queued + s1.over_budget + s2.queued + s2.over_budget, moves.len());
         let done = a.finish();
         prop_assert!(done.bytes <= budget_mib * MIB, "{} > budget: {:?}", done.bytes, done);
@@ -996,6 +1057,7 @@ proptest! {
 /// writer thread was settled.
 #[test]
 fn writer_threads_settle_each_move_before_it_is_read_back() {
+    let io = &mut Io::new();
     struct Settling {
         w: SharedFake,
         settled: Arc<Mutex<Vec<String>>>,
@@ -1007,11 +1069,11 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
         fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.w.read_mems(cg)
         }
-        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.w.write_cpus(cg, cpus)
+        fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(io, cg, cpus)
         }
-        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.w.write_mems(cg, mems)
+        fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_mems(io, cg, mems)
         }
         fn needs_memory_migrate(&self) -> bool {
             false
@@ -1019,13 +1081,24 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
         fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
             self.w.read_memory_migrate(cg)
         }
-        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-            self.w.set_memory_migrate(cg, on)
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(io, cg, on)
         }
-        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
-            self.w.move_pages(cg, to, max)
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            max: u64,
+        ) -> Result<u64, CgroupWriteError> {
+            self.w.move_pages(io, cg, to, max)
         }
-        fn settle(&mut self, cg: &str) -> Result<(), CgroupWriteError> {
+        fn settle(&mut self, _io: &Io, cg: &str) -> Result<(), CgroupWriteError> {
             self.settled.lock().unwrap().push(cg.to_string());
             Ok(())
         }
@@ -1045,6 +1118,7 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
     let (_dir, d) = daemon(2, 1024);
     let mut a = Applier::new(d.clone(), factory);
     a.submit(
+        io,
         &[
             mv("a", ("0-3", "0-1"), ("0-1", "0"), 0),
             mv("b", ("4-7", "4-5"), ("0-1", "1"), 0),
@@ -1066,16 +1140,17 @@ fn writer_threads_settle_each_move_before_it_is_read_back() {
 /// daemon's priority.
 #[test]
 fn writers_migrate_at_their_nice_value() {
-    let lone = |nice: i32| {
+    let io = &mut crate::daemon::Io::new();
+    let lone = |io: &mut Io, nice: i32| {
         let cgs = [("a", "0-3", "0-1")];
         let mut fake = fake_of(&cgs);
         fake.set_memory("a", &[(0, 100 * MIB), (1, 100 * MIB)]);
         let w = SharedFake::new(fake);
         let (_dir, d) = daemon(4, 1024);
-        d.lock().cfg.controller.apply_nice = nice;
+        d.lock(io).cfg.controller.apply_nice = nice;
         let mut a = Applier::new(d.clone(), w.factory());
         let moves = [mv("a", ("0-3", "0-3"), ("0-1", "0"), 100 * MIB)];
-        assert_eq!(a.submit(&moves, 1000, false).queued, 1);
+        assert_eq!(a.submit(io, &moves, 1000, false).queued, 1);
         let done = a.wait();
         assert_eq!(done.applied, 1, "{done:?}");
         let f = w.fake.lock().unwrap();
@@ -1086,7 +1161,7 @@ fn writers_migrate_at_their_nice_value() {
         (calls.1, nices)
     };
     // Any thread may lower its own priority.
-    let (migrate_calls, nices) = lone(7);
+    let (migrate_calls, nices) = lone(io, 7);
     assert_eq!(
         migrate_calls, 0,
         "alone at nice 7: the narrowing mems write migrates"
@@ -1095,7 +1170,7 @@ fn writers_migrate_at_their_nice_value() {
         !nices.is_empty() && nices.iter().all(|&n| n == 7),
         "{nices:?}"
     );
-    let (migrate_calls, nices) = lone(-3);
+    let (migrate_calls, nices) = lone(io, -3);
     assert!(
         migrate_calls >= 1,
         "ahead of the workloads the writer moves the pages itself"
@@ -1117,88 +1192,94 @@ fn writers_migrate_at_their_nice_value() {
 /// hold its mems), or when it is not known, the narrowing write runs as before.
 #[test]
 fn pages_only_others_map_are_left_where_they_are() {
+    let io = &mut crate::daemon::Io::new();
     // 250 MiB to move of the 256 planned: the walk ends with a call that finds nothing more
     // (all 256 would end it on the planned bytes: the same).
-    let run_from = |from_mems: &str, left: Option<u64>, bound: bool, trickle: Option<u64>| {
-        let mut fake = fake_of(&[("w", "0-3", from_mems)]);
-        fake.set_memory("w", &[(0, 250 * MIB)]);
-        let w = SharedFake {
-            left,
-            trickle,
-            ..SharedFake::new(fake)
-        };
-        let (_dir, d) = daemon(2, 1024);
-        if bound {
-            d.lock().state.bindings.insert(
-                "w".into(),
-                crate::daemon::Binding {
-                    pod_uid: "uid".into(),
-                    container: "c".into(),
-                },
+    let run_from =
+        |io: &mut Io, from_mems: &str, left: Option<u64>, bound: bool, trickle: Option<u64>| {
+            let mut fake = fake_of(&[("w", "0-3", from_mems)]);
+            fake.set_memory("w", &[(0, 250 * MIB)]);
+            let w = SharedFake {
+                left,
+                trickle,
+                ..SharedFake::new(fake)
+            };
+            let (_dir, d) = daemon(2, 1024);
+            if bound {
+                d.lock(io).state.bindings.insert(
+                    "w".into(),
+                    crate::daemon::Binding {
+                        pod_uid: "uid".into(),
+                        container: "c".into(),
+                    },
+                );
+            }
+            let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
+            a.submit(
+                io,
+                &[mv("w", ("0-3", "4-7"), (from_mems, "1"), 256 * MIB)],
+                1000,
+                false,
             );
-        }
-        let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
-        a.submit(
-            &[mv("w", ("0-3", "4-7"), (from_mems, "1"), 256 * MIB)],
-            1000,
-            false,
-        );
-        assert_eq!(a.wait().applied, 1);
-        let f = w.fake.lock().unwrap();
-        assert_eq!(f.cpus("w"), Some(&set("4-7")));
-        let on: Vec<u32> = f.memory("w").unwrap().keys().copied().collect();
-        assert_eq!(on, [1], "its pages moved in every case");
-        let mems_writes = f
-            .writes()
-            .iter()
-            .filter(|x| x.file == CgroupFile::Mems)
-            .count();
-        let st = d.lock().state.controller.clone();
-        assert_eq!(st.moves_total, 1);
-        assert_eq!(st.cgroups["w"].last_cpus, Some(set("4-7")));
-        let mems = f.mems("w").cloned().unwrap();
-        assert_eq!(
-            st.cgroups["w"].wide_of,
-            (mems != set("1")).then(|| (mems.clone(), set("1"))),
-            "the target is kept exactly when mems were left wide"
-        );
-        let wide = mems != set("1");
-        assert_eq!(d.metrics.moves_mems_left_wide.get(), u64::from(wide));
-        // Left wide: what its page moves reported; narrowed: the planned figure (the mems
-        // write migrated the rest, how much is not known).
-        assert_eq!(
-            st.bytes_migrated_total,
-            if wide { 250 * MIB } else { 256 * MIB }
-        );
-        (mems, mems_writes)
-    };
-    let run = |left, bound| run_from("0-1", left, bound, None);
+            assert_eq!(a.wait().applied, 1);
+            let f = w.fake.lock().unwrap();
+            assert_eq!(f.cpus("w"), Some(&set("4-7")));
+            let on: Vec<u32> = f.memory("w").unwrap().keys().copied().collect();
+            assert_eq!(on, [1], "its pages moved in every case");
+            let mems_writes = f
+                .writes()
+                .iter()
+                .filter(|x| x.file == CgroupFile::Mems)
+                .count();
+            let st = d.lock(io).state.controller.clone();
+            assert_eq!(st.moves_total, 1);
+            assert_eq!(st.cgroups["w"].last_cpus, Some(set("4-7")));
+            let mems = f.mems("w").cloned().unwrap();
+            assert_eq!(
+                st.cgroups["w"].wide_of,
+                (mems != set("1")).then(|| (mems.clone(), set("1"))),
+                "the target is kept exactly when mems were left wide"
+            );
+            let wide = mems != set("1");
+            assert_eq!(d.metrics.moves_mems_left_wide.get(), u64::from(wide));
+            // Left wide: what its page moves reported; narrowed: the planned figure (the mems
+            // write migrated the rest, how much is not known).
+            assert_eq!(
+                st.bytes_migrated_total,
+                if wide { 250 * MIB } else { 256 * MIB }
+            );
+            (mems, mems_writes)
+        };
+    let run = |io: &mut Io, left, bound| run_from(io, "0-1", left, bound, None);
     assert_eq!(
-        run(Some(MIB), false),
+        run(io, Some(MIB), false),
         (set("0-1"), 0),
         "1 MiB of shared pages left: no narrowing write"
     );
-    assert_eq!(run(None, false), (set("1"), 1), "not known: narrowed");
+    assert_eq!(run(io, None, false), (set("1"), 1), "not known: narrowed");
     assert_eq!(
-        run(Some(0), false),
+        run(io, Some(0), false),
         (set("0-1"), 0),
         "nothing charged left: shared pages charged elsewhere may still be mapped"
     );
     assert_eq!(
-        run(Some(17 * MIB), false),
+        run(io, Some(17 * MIB), false),
         (set("1"), 1),
         "more than a sixteenth left"
     );
     assert_eq!(
-        run(Some(MIB), true),
+        run(io, Some(MIB), true),
         (set("1"), 1),
         "bound: its books hold its mems"
     );
     // Its mems did not hold the target (widened to 0-1 for the move): narrowed, no node left
     // open that no one chose.
-    assert_eq!(run_from("0", Some(MIB), false, None), (set("1"), 2));
+    assert_eq!(run_from(io, "0", Some(MIB), false, None), (set("1"), 2));
     // The walk cut short by a trickle (1 MiB a call of 16 asked): what is left may be its own.
-    assert_eq!(run_from("0-1", Some(MIB), false, Some(MIB)), (set("1"), 1));
+    assert_eq!(
+        run_from(io, "0-1", Some(MIB), false, Some(MIB)),
+        (set("1"), 1)
+    );
 }
 
 /// A move whose mems were to be left wide but whose finish failed (here: putting v1's
@@ -1206,6 +1287,7 @@ fn pages_only_others_map_are_left_where_they_are() {
 /// kept for the planner, no move recorded.
 #[test]
 fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
+    let io = &mut crate::daemon::Io::new();
     let mut fake = FakeCgroups::v1().with("w", "0-3", "0-1");
     fake.set_memory("w", &[(0, 250 * MIB)]);
     fake.fail_write(CgroupFile::MemoryMigrate, 2, FakeFailure::Busy);
@@ -1216,6 +1298,7 @@ fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
     let (_dir, d) = daemon(2, 1024);
     let mut a = Applier::new(d.clone(), w.factory()).premigrate_alone();
     a.submit(
+        io,
         &[mv("w", ("0-3", "4-7"), ("0-1", "1"), 256 * MIB)],
         1000,
         false,
@@ -1235,7 +1318,7 @@ fn a_move_left_wide_that_fails_to_finish_is_a_failed_move() {
         !f.writes().iter().any(|x| x.file == CgroupFile::Mems),
         "no mems write: the move was on its wide path"
     );
-    let st = d.lock().state.controller.clone();
+    let st = d.lock(io).state.controller.clone();
     assert_eq!(st.moves_total, 0);
     assert_eq!(st.failed_moves_total, 1);
     assert_eq!(st.cgroups["w"].wide_of, None);

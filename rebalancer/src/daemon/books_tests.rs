@@ -7,6 +7,7 @@
 //! short: its memory is booked in full, on nodes its cgroup may allocate from, and no block is
 //! booked past what it has.
 
+use crate::daemon::Io;
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
@@ -39,7 +40,7 @@ const NODE_BYTES: u64 = 2 << 30;
 struct FakeCpuset(Arc<Mutex<FakeCgroups>>);
 
 impl CpusetWriter for FakeCpuset {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+    fn write(&self, io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
         let mut f = self.0.lock().unwrap();
         let conv = |e: CgroupWriteError| match e {
             CgroupWriteError::Vanished { cgroup } => WriteError::Vanished { cgroup },
@@ -49,9 +50,9 @@ impl CpusetWriter for FakeCpuset {
             },
         };
         if let Some(m) = &c.mems {
-            f.write_mems(&c.cgroup, m).map_err(conv)?;
+            f.write_mems(io, &c.cgroup, m).map_err(conv)?;
         }
-        f.write_cpus(&c.cgroup, &c.cpus).map_err(conv)
+        f.write_cpus(io, &c.cgroup, &c.cpus).map_err(conv)
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
@@ -84,8 +85,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// One round's observations of the bound cgroups, as the engine makes them: CPU time on
 /// `node`, memory where the fake has it, the books' constraints, nodes' free memory minus
 /// what the Memory Manager promised and is unused.
-fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
-    let s = d.lock();
+fn observe(io: &mut Io, d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
+    let s = d.lock(io);
     let mut used: BTreeMap<u32, u64> = BTreeMap::new();
     let mut cgroups = Vec::new();
     for cg in s.state.bindings.keys() {
@@ -134,8 +135,8 @@ fn observe(d: &Daemon, fake: &FakeCgroups, node: u32) -> Observations {
 }
 
 /// The invariants of the module doc; `Err` names the first one broken.
-fn books_agree(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
-    let s = d.lock();
+fn books_agree(io: &mut Io, d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
+    let s = d.lock(io);
     let a = &s.state.allocator;
     let mut excl = CpuSet::new();
     for (cg, b) in &s.state.bindings {
@@ -244,6 +245,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..30),
         move_exclusive in any::<bool>(),
     ) {
+        let io = &mut crate::daemon::Io::new();
         let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
         let cooldown = ctl.cooldown_ms;
         let mut live: Vec<(String, String)> = Vec::new();
@@ -261,32 +263,32 @@ proptest! {
                     }
                     let millis = if g { cpus * 1000 } else { cpus };
                     let p = pod(&uid, millis, mib * MIB, g);
-                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                    match adm.admit(io, AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
                         Ok(_) => live.push((uid, cg)),
                         Err(_) => fake.lock().unwrap().remove(&cg),
                     }
                 }
                 Op::Release(k) if !live.is_empty() => {
                     let (_, cg) = live.remove(k % live.len());
-                    prop_assert!(adm.unbind(&cg, Durability::Deferred).is_some());
+                    prop_assert!(adm.unbind(io, &cg, Durability::Deferred).is_some());
                     fake.lock().unwrap().remove(&cg);
                 }
                 Op::Release(_) => {}
                 Op::Round(node) => {
                     let mut f = fake.lock().unwrap();
-                    let obs = observe(&d, &f, node);
+                    let obs = observe(io, &d, &f, node);
                     let state = {
-                        let mut s = d.lock();
+                        let mut s = d.lock(io);
                         s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
                     let plan = controller::plan(&topo, &obs, &state, &ctl, now);
-                    moves += apply_moves(&d, &mut *f, &plan.moves, now, false).applied;
+                    moves += apply_moves(io, &d, &mut *f, &plan.moves, now, false).applied;
                     now += cooldown + 1;
                 }
             }
             let f = fake.lock().unwrap();
-            if let Err(e) = books_agree(&d, &f) {
+            if let Err(e) = books_agree(io, &d, &f) {
                 prop_assert!(false, "after step {i} {op:?} (ops {ops:?}): {e}");
             }
         }
@@ -305,8 +307,9 @@ proptest! {
         move_exclusive in any::<bool>(),
         threads in 1u32..=4,
     ) {
+        let io = &mut crate::daemon::Io::new();
         let World { _dir, topo, ctl, d, fake, adm } = world(move_exclusive);
-        d.lock().cfg.controller.apply_threads = threads;
+        d.lock(io).cfg.controller.apply_threads = threads;
         let writer = super::apply_tests::SharedFake::over(fake.clone());
         let mut applier = super::apply::Applier::new(d.clone(), writer.factory());
         let cooldown = ctl.cooldown_ms;
@@ -324,27 +327,27 @@ proptest! {
                     }
                     let millis = if g { cpus * 1000 } else { cpus };
                     let p = pod(&uid, millis, mib * MIB, g);
-                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                    match adm.admit(io, AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
                         Ok(_) => live.push((uid, cg)),
                         Err(_) => fake.lock().unwrap().remove(&cg),
                     }
                 }
                 Op::Release(k) if !live.is_empty() => {
                     let (_, cg) = live.remove(k % live.len());
-                    prop_assert!(adm.unbind(&cg, Durability::Deferred).is_some());
+                    prop_assert!(adm.unbind(io, &cg, Durability::Deferred).is_some());
                     fake.lock().unwrap().remove(&cg);
                 }
                 Op::Release(_) => {}
                 Op::Round(node) => {
                     applier.wait();
-                    let obs = observe(&d, &fake.lock().unwrap(), node);
+                    let obs = observe(io, &d, &fake.lock().unwrap(), node);
                     let state = {
-                        let mut s = d.lock();
+                        let mut s = d.lock(io);
                         s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
                     let plan = controller::plan(&topo, &obs, &state, &ctl, now);
-                    applier.submit(&plan.moves, now, false);
+                    applier.submit(io, &plan.moves, now, false);
                     now += cooldown + 1;
                     // Checked after the next step, which runs while these moves migrate.
                     continue;
@@ -353,13 +356,13 @@ proptest! {
             let done = applier.wait();
             prop_assert!(done.bytes <= ctl.migration_budget_mib * MIB);
             let f = fake.lock().unwrap();
-            if let Err(e) = books_agree(&d, &f) {
+            if let Err(e) = books_agree(io, &d, &f) {
                 prop_assert!(false, "after step {i} {op:?} (threads {threads}, ops {ops:?}): {e}");
             }
         }
         applier.wait();
         let f = fake.lock().unwrap();
-        if let Err(e) = books_agree(&d, &f) {
+        if let Err(e) = books_agree(io, &d, &f) {
             prop_assert!(false, "at the end (threads {threads}, ops {ops:?}): {e}");
         }
     }
@@ -371,6 +374,7 @@ proptest! {
 /// constraint); and memory promised to it but untouched is not free to a Burstable move.
 #[test]
 fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir,
         topo,
@@ -379,24 +383,27 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
         fake,
         adm,
     } = world(true);
-    let admit = |i: usize, g: bool, mem: u64| {
+    let admit = |io: &mut Io, i: usize, g: bool, mem: u64| {
         let cg = format!("kubepods/p{i}/c");
         fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, mem, g);
-        adm.admit(AdmitRequest {
-            pod: &p,
-            bind: Some(&cg),
-            durability: Durability::Deferred,
-            since: Instant::now(),
-        })
+        adm.admit(
+            io,
+            AdmitRequest {
+                pod: &p,
+                bind: Some(&cg),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            },
+        )
         .unwrap()
     };
     // A Burstable container (shared pool, memory on node 0) and a Guaranteed one (1 CPU and
     // 256 MiB of Memory Manager memory, on node 0).
-    admit(0, false, 0);
-    let g = admit(1, true, 256 * MIB);
+    admit(io, 0, false, 0);
+    let g = admit(io, 1, true, 256 * MIB);
     assert_eq!(g.placements[0].mems, CpuSet::parse("0").unwrap());
-    let g_booked = d.lock().state.allocator.pods["p1"].containers[0]
+    let g_booked = d.lock(io).state.allocator.pods["p1"].containers[0]
         .memory
         .clone()
         .unwrap();
@@ -405,31 +412,31 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
             .unwrap()
             .set_memory(&format!("kubepods/p{i}/c"), &[(0, 256 * MIB)]);
     }
-    let round = |now: u64| {
+    let round = |io: &mut Io, now: u64| {
         let mut f = fake.lock().unwrap();
-        let obs = observe(&d, &f, 1);
+        let obs = observe(io, &d, &f, 1);
         let state = {
-            let mut s = d.lock();
+            let mut s = d.lock(io);
             s.state
                 .controller
                 .observe(&obs, crate::controller::EWMA_ALPHA);
             s.state.controller.clone()
         };
         let plan = controller::plan(&topo, &obs, &state, &ctl, now);
-        let n = apply_moves(&d, &mut *f, &plan.moves, now, false).applied;
-        books_agree(&d, &f).unwrap();
+        let n = apply_moves(io, &d, &mut *f, &plan.moves, now, false).applied;
+        books_agree(io, &d, &f).unwrap();
         n
     };
     // Both run on node 1 now.
     let applied: usize = (0..3)
-        .map(|r| round(1_000_000 + r * (ctl.cooldown_ms + 1)))
+        .map(|r| round(io, 1_000_000 + r * (ctl.cooldown_ms + 1)))
         .sum();
     assert_eq!(
         applied, 1,
         "the shared container moved, the Guaranteed one kept its group"
     );
     {
-        let s = d.lock();
+        let s = d.lock(io);
         let b = &s.state.allocator.pods["p0"].containers[0];
         assert_eq!(b.placement.mems, CpuSet::parse("1").unwrap());
         assert!(
@@ -450,16 +457,16 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
     // A second Guaranteed container is promised 1.875 GiB on node 1 and touches none of it; a
     // Burstable container running on node 1 with 1 GiB on node 0 must not move there (MemFree
     // alone would say 2 GiB are free).
-    let big = admit(2, true, NODE_BYTES - 128 * MIB);
+    let big = admit(io, 2, true, NODE_BYTES - 128 * MIB);
     assert_eq!(big.placements[0].mems, CpuSet::parse("1").unwrap());
-    admit(3, false, 0);
+    admit(io, 3, false, 0);
     fake.lock().unwrap().set_memory("kubepods/p2/c", &[]);
     fake.lock()
         .unwrap()
         .set_memory("kubepods/p3/c", &[(0, 1 << 30)]);
     let before = fake.lock().unwrap().mems("kubepods/p3/c").cloned();
     for r in 0..3 {
-        round(100_000_000 + r * (ctl.cooldown_ms + 1));
+        round(io, 100_000_000 + r * (ctl.cooldown_ms + 1));
     }
     assert_eq!(
         fake.lock().unwrap().mems("kubepods/p3/c").cloned(),
@@ -473,6 +480,7 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
 /// stays disjoint from the exclusive CPUs the books still hold.
 #[test]
 fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -480,15 +488,18 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
         let cg = format!("kubepods/p{i}/c");
         fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, 256 * MIB, g);
-        adm.admit(AdmitRequest {
-            pod: &p,
-            bind: Some(&cg),
-            durability: Durability::Deferred,
-            since: Instant::now(),
-        })
+        adm.admit(
+            io,
+            AdmitRequest {
+                pod: &p,
+                bind: Some(&cg),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            },
+        )
         .unwrap();
     }
-    let excl = d.lock().state.allocator.exclusive_cpus();
+    let excl = d.lock(io).state.allocator.exclusive_cpus();
     assert!(!excl.is_empty(), "the Guaranteed pod holds exclusive CPUs");
     let shared = || fake.lock().unwrap().read_cpus("kubepods/p0/c").unwrap();
     assert!(shared().is_disjoint(&excl), "{} vs {excl}", shared());
@@ -496,14 +507,14 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
     // The checkpoint cannot be written: its directory would be under a regular file.
     let blocker = _dir.path().join("not-a-dir");
     std::fs::write(&blocker, b"").unwrap();
-    d.lock().cfg.daemon.state_dir = blocker.join("state");
-    let r = adm.release("p1", Durability::Durable);
+    d.lock(io).cfg.daemon.state_dir = blocker.join("state");
+    let r = adm.release(io, "p1", Durability::Durable);
     assert!(
         matches!(r, Err(super::admission::ReleaseError::Checkpoint(_))),
         "{r:?}"
     );
     assert_eq!(
-        d.lock().state.allocator.exclusive_cpus(),
+        d.lock(io).state.allocator.exclusive_cpus(),
         excl,
         "release undone"
     );
@@ -514,12 +525,12 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
     );
 
     // Once the checkpoint can be written, the release goes through and the pool grows.
-    d.lock().cfg.daemon.state_dir = _dir.path().join("state");
-    adm.release("p1", Durability::Durable).unwrap();
+    d.lock(io).cfg.daemon.state_dir = _dir.path().join("state");
+    adm.release(io, "p1", Durability::Durable).unwrap();
     assert!(excl.is_subset(&shared()), "{} vs {excl}", shared());
     assert_eq!(
         Some(shared()),
-        d.lock().state.allocator.current_cpus("p0", "c")
+        d.lock(io).state.allocator.current_cpus("p0", "c")
     );
 }
 
@@ -537,19 +548,15 @@ impl CgroupWriter for RacingWriter {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
         self.fake.lock().unwrap().read_mems(cg)
     }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+    fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
         if let Some(hook) = self.hook.take() {
             // no lock is held across a move's writes: the racing change runs here, inline
-            assert!(
-                !super::state_held(),
-                "a move's write with the state lock held"
-            );
-            hook();
+            run_racing(hook);
         }
-        self.fake.lock().unwrap().write_cpus(cg, cpus)
+        self.fake.lock().unwrap().write_cpus(io, cg, cpus)
     }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        self.fake.lock().unwrap().write_mems(cg, mems)
+    fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().write_mems(io, cg, mems)
     }
     fn needs_memory_migrate(&self) -> bool {
         self.fake.lock().unwrap().needs_memory_migrate()
@@ -557,11 +564,17 @@ impl CgroupWriter for RacingWriter {
     fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
         self.fake.lock().unwrap().read_memory_migrate(cg)
     }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-        self.fake.lock().unwrap().set_memory_migrate(cg, on)
+    fn set_memory_migrate(&mut self, io: &Io, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+        self.fake.lock().unwrap().set_memory_migrate(io, cg, on)
     }
-    fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
-        self.fake.lock().unwrap().move_pages(cg, to, max)
+    fn move_pages(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        to: &CpuSet,
+        max: u64,
+    ) -> Result<u64, CgroupWriteError> {
+        self.fake.lock().unwrap().move_pages(io, cg, to, max)
     }
 }
 
@@ -570,17 +583,21 @@ impl CgroupWriter for RacingWriter {
 /// the move's own write (its settle sets the container right).
 #[test]
 fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
     let g = "kubepods/p0/c";
     fake.lock().unwrap().insert(g, "0-7", "0-1");
-    adm.admit(AdmitRequest {
-        pod: &pod("p0", 1000, 256 * MIB, true),
-        bind: Some(g),
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p0", 1000, 256 * MIB, true),
+            bind: Some(g),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     let (from_cpus, mems) = {
         let f = fake.lock().unwrap();
@@ -604,7 +621,8 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
     let racing = {
         let (adm, fake, repaired) = (adm.clone(), fake.clone(), repaired.clone());
         move || {
-            let changes = adm.repair(|cg| {
+            let io = &mut Io::new();
+            let changes = adm.repair(io, |cg| {
                 fake.lock()
                     .unwrap()
                     .cpus(cg)
@@ -620,7 +638,7 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
         fake: fake.clone(),
         hook: Some(Box::new(racing)),
     };
-    let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
+    let applied = apply_moves(io, &d, &mut w, &[mv], 1_000_000, false);
     assert_eq!(applied.applied, 1, "{applied:?}");
     assert_eq!(
         repaired.lock().unwrap().take(),
@@ -628,7 +646,7 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
         "repaired while moving"
     );
     assert_eq!(fake.lock().unwrap().cpus(g), Some(&to));
-    books_agree(&d, &fake.lock().unwrap()).unwrap();
+    books_agree(io, &d, &fake.lock().unwrap()).unwrap();
 }
 
 /// A move whose cpus write panics (a bug in a writer; the writer threads catch it and go on)
@@ -636,17 +654,21 @@ fn a_repair_during_a_moves_write_leaves_the_moving_container_alone() {
 /// container runs on.
 #[test]
 fn a_move_whose_write_panics_gives_its_booking_back() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
     let g = "kubepods/p0/c";
     fake.lock().unwrap().insert(g, "0-7", "0-1");
-    adm.admit(AdmitRequest {
-        pod: &pod("p0", 1000, 256 * MIB, true),
-        bind: Some(g),
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p0", 1000, 256 * MIB, true),
+            bind: Some(g),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     let (from_cpus, mems) = {
         let f = fake.lock().unwrap();
@@ -673,16 +695,16 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
         hook: Some(Box::new(|| panic!("a bug in a writer"))),
     };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        apply_moves(&d, &mut w, &[mv], 1_000_000, false)
+        apply_moves(io, &d, &mut w, &[mv], 1_000_000, false)
     }));
     assert!(r.is_err(), "the writer panicked");
     {
-        let s = d.lock();
+        let s = d.lock(io);
         let a = &s.state.allocator;
         assert!(a.in_flight.is_empty(), "held: {:?}", a.in_flight);
         assert_eq!(a.exclusive_cpus(), from_cpus);
     }
-    books_agree(&d, &fake.lock().unwrap()).unwrap();
+    books_agree(io, &d, &fake.lock().unwrap()).unwrap();
 }
 
 /// An admission that makes CPUs exclusive while a control round moves a shared
@@ -694,17 +716,21 @@ fn a_move_whose_write_panics_gives_its_booking_back() {
 /// are set to their pool again.
 #[test]
 fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_cpus() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
     let b = "kubepods/p0/c";
     fake.lock().unwrap().insert(b, "0-7", "0-1");
-    adm.admit(AdmitRequest {
-        pod: &pod("p0", 500, 0, false),
-        bind: Some(b),
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p0", 500, 0, false),
+            bind: Some(b),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     let (from_cpus, from_mems) = {
         let f = fake.lock().unwrap();
@@ -732,22 +758,26 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
     let mut w = RacingWriter {
         fake: fake.clone(),
         hook: Some(Box::new(move || {
+            let io = &mut Io::new();
             racing
-                .admit(AdmitRequest {
-                    pod: &pod("p1", 1000, 256 * MIB, true),
-                    bind: Some("kubepods/p1/c"),
-                    durability: Durability::Deferred,
-                    since: Instant::now(),
-                })
+                .admit(
+                    io,
+                    AdmitRequest {
+                        pod: &pod("p1", 1000, 256 * MIB, true),
+                        bind: Some("kubepods/p1/c"),
+                        durability: Durability::Deferred,
+                        since: Instant::now(),
+                    },
+                )
                 .unwrap();
         })),
     };
-    let applied = apply_moves(&d, &mut w, &[mv], 1_000_000, false);
+    let applied = apply_moves(io, &d, &mut w, &[mv], 1_000_000, false);
     assert!(
         w.hook.is_none(),
         "the admission ran during the round's write"
     );
-    let excl = d.lock().state.allocator.exclusive_cpus();
+    let excl = d.lock(io).state.allocator.exclusive_cpus();
     assert!(!excl.is_empty(), "the admission took exclusive CPUs");
     let f = fake.lock().unwrap();
     let on = f.read_cpus(b).unwrap();
@@ -756,7 +786,7 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
         "shared container on exclusive CPUs: {on} vs {excl} ({applied:?})"
     );
     assert_eq!(applied.applied, 1, "{applied:?}");
-    books_agree(&d, &f).unwrap();
+    books_agree(io, &d, &f).unwrap();
 }
 
 /// A shared container's move and an exclusive container's move into the
@@ -766,6 +796,7 @@ fn round_move_racing_an_admission_never_leaves_a_shared_container_on_exclusive_c
 /// memory is not migrated back): both moves land, and the books and cgroupfs agree.
 #[test]
 fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move() {
+    let io = &mut Io::new();
     use super::apply::{Applier, WriterFactory};
     use super::apply_tests::SharedFake;
 
@@ -797,14 +828,14 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
         fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.w.read_mems(cg)
         }
-        fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-            self.w.write_cpus(cg, cpus)
+        fn write_cpus(&mut self, io: &Io, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
+            self.w.write_cpus(io, cg, cpus)
         }
-        fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
+        fn write_mems(&mut self, io: &Io, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
             if cg == self.s && !self.in_pages && mems.is_subset(&self.target) {
                 self.hold();
             }
-            self.w.write_mems(cg, mems)
+            self.w.write_mems(io, cg, mems)
         }
         fn needs_memory_migrate(&self) -> bool {
             false
@@ -812,14 +843,25 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
         fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
             self.w.read_memory_migrate(cg)
         }
-        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-            self.w.set_memory_migrate(cg, on)
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.w.set_memory_migrate(io, cg, on)
         }
-        fn move_pages(&mut self, cg: &str, to: &CpuSet, max: u64) -> Result<u64, CgroupWriteError> {
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            to: &CpuSet,
+            max: u64,
+        ) -> Result<u64, CgroupWriteError> {
             if cg == self.s && self.in_pages {
                 self.hold();
             }
-            self.w.move_pages(cg, to, max)
+            self.w.move_pages(io, cg, to, max)
         }
     }
 
@@ -832,8 +874,8 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
             adm,
             ..
         } = world(true);
-        d.lock().cfg.controller.apply_threads = 2;
-        let admit = |uid: &str, g: bool| {
+        d.lock(io).cfg.controller.apply_threads = 2;
+        let admit = |io: &mut Io, uid: &str, g: bool| {
             let cg = format!("kubepods/{uid}/c");
             fake.lock().unwrap().insert(&cg, "0-7", "0-1");
             let p = pod(
@@ -842,17 +884,20 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
                 if g { 256 * MIB } else { 0 },
                 g,
             );
-            adm.admit(AdmitRequest {
-                pod: &p,
-                bind: Some(&cg),
-                durability: Durability::Deferred,
-                since: Instant::now(),
-            })
+            adm.admit(
+                io,
+                AdmitRequest {
+                    pod: &p,
+                    bind: Some(&cg),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                },
+            )
             .unwrap();
             cg
         };
-        let x = admit("x", true);
-        let s = admit("s", false);
+        let x = admit(io, "x", true);
+        let s = admit(io, "s", false);
         let (x_cpus, x_mems, s_cpus, s_mems) = {
             let f = fake.lock().unwrap();
             (
@@ -922,10 +967,10 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
             // S alone would migrate through the kernel's mems write.
             a = a.premigrate_alone();
         }
-        assert_eq!(a.submit(&[s_move], 1000, false).queued, 1);
+        assert_eq!(a.submit(io, &[s_move], 1000, false).queued, 1);
         let t0 = Instant::now();
         while !inside.load(std::sync::atomic::Ordering::SeqCst)
-            && !a.in_flight().0.is_empty()
+            && !a.in_flight(io).0.is_empty()
             && t0.elapsed() < std::time::Duration::from_secs(20)
         {
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -937,7 +982,7 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
                 fake.lock().unwrap().writes()
             );
         }
-        assert_eq!(a.submit(&[x_move], 1000, false).queued, 1);
+        assert_eq!(a.submit(io, &[x_move], 1000, false).queued, 1);
         let done = a.finish();
         assert_eq!(done.failed, vec![], "in_pages {in_pages}: {done:?}");
         assert_eq!(done.applied, 2, "in_pages {in_pages}: {done:?}");
@@ -954,7 +999,7 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
             vec![to],
             "S's memory is on node 1, not migrated back"
         );
-        books_agree(&d, &f).unwrap();
+        books_agree(io, &d, &f).unwrap();
     }
 }
 
@@ -968,8 +1013,8 @@ struct FakeNode {
 }
 
 impl CpusetWriter for FakeNode {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        FakeCpuset(self.cgroupfs.clone()).write(c)?;
+    fn write(&self, io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
+        FakeCpuset(self.cgroupfs.clone()).write(io, c)?;
         let mut spec = self.spec.lock().unwrap();
         let e = spec.entry(c.cgroup.clone()).or_default();
         e.0 = c.cpus.clone();
@@ -1040,18 +1085,14 @@ struct HookedNode {
 type Hook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 impl CpusetWriter for HookedNode {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
+    fn write(&self, io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
         if c.cgroup == self.on {
             let hook = self.hook.lock().unwrap().take();
             if let Some(hook) = hook {
-                assert!(
-                    !super::state_held(),
-                    "a change's write with the state lock held"
-                );
-                hook();
+                run_racing(hook);
             }
         }
-        self.node.write(c)
+        self.node.write(io, c)
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
@@ -1089,8 +1130,8 @@ fn event() -> impl Strategy<Value = Event> {
 /// Once reconciled: every bound container the books can place (its CPUs online) runs on
 /// exactly its booked cpuset (and mems, where the runtime gave none), no cpuset is empty, and
 /// no bound container runs on another's exclusive CPU.
-fn node_agrees(d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
-    let s = d.lock();
+fn node_agrees(io: &mut Io, d: &Daemon, fake: &FakeCgroups) -> Result<(), String> {
+    let s = d.lock(io);
     let books = super::reconcile::booked(&s);
     for b in &books {
         let cpus = fake
@@ -1150,6 +1191,7 @@ proptest! {
     fn once_reconciled_every_bound_container_runs_as_booked(
         events in proptest::collection::vec(event(), 1..40),
     ) {
+        let io = &mut crate::daemon::Io::new();
         let World { _dir, ctl, mut d, fake, .. } = world(true);
         let node = FakeNode { cgroupfs: fake.clone(), spec: Default::default() };
         let mut adm = Admission::new(d.clone(), Arc::new(node.clone()));
@@ -1166,7 +1208,7 @@ proptest! {
                         f.set_memory(&cg, &[(*n, mib * MIB)]);
                     }
                     let p = pod(&uid, if g { cpus * 1000 } else { *cpus }, mib * MIB, g);
-                    match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                    match adm.admit(io, AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
                         Ok(_) => live.push((uid, cg, p)),
                         Err(_) => fake.lock().unwrap().remove(&cg),
                     }
@@ -1174,32 +1216,32 @@ proptest! {
                 Event::Books(Op::Release(k)) if !live.is_empty() => {
                     let (_, cg, _) = live.remove(k % live.len());
                     fake.lock().unwrap().remove(&cg);
-                    adm.unbind(&cg, Durability::Deferred);
+                    adm.unbind(io, &cg, Durability::Deferred);
                 }
                 Event::Books(Op::Release(_)) => {}
                 Event::Books(Op::Round(n)) => {
                     let mut f = fake.lock().unwrap();
-                    let obs = observe(&d, &f, *n);
+                    let obs = observe(io, &d, &f, *n);
                     let state = {
-                        let mut s = d.lock();
+                        let mut s = d.lock(io);
                         s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                         s.state.controller.clone()
                     };
-                    let topo_now = d.lock().topo.clone();
+                    let topo_now = d.lock(io).topo.clone();
                     let plan = controller::plan(&topo_now, &obs, &state, &ctl, now);
-                    apply_moves(&d, &mut *f, &plan.moves, now, false);
+                    apply_moves(io, &d, &mut *f, &plan.moves, now, false);
                     now += ctl.cooldown_ms + 1;
                 }
                 Event::RacingRound(n, cpus) => {
                     let plan = {
                         let f = fake.lock().unwrap();
-                        let obs = observe(&d, &f, *n);
+                        let obs = observe(io, &d, &f, *n);
                         let state = {
-                            let mut s = d.lock();
+                            let mut s = d.lock(io);
                             s.state.controller.observe(&obs, crate::controller::EWMA_ALPHA);
                             s.state.controller.clone()
                         };
-                        let topo_now = d.lock().topo.clone();
+                        let topo_now = d.lock(io).topo.clone();
                         controller::plan(&topo_now, &obs, &state, &ctl, now)
                     };
                     let (uid, cg) = (format!("p{i}/c"), format!("kubepods/p{i}/c"));
@@ -1210,11 +1252,12 @@ proptest! {
                     let racing = {
                         let (adm, p, cg, admitted, overlap, fake) = (adm.clone(), p.clone(), cg.clone(), admitted.clone(), overlap.clone(), fake.clone());
                         move || {
-                            let r = adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() });
+                            let io = &mut Io::new();
+                            let r = adm.admit(io, AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() });
                             *admitted.lock().unwrap() = Some(r.is_ok());
                             // while the move's write is under way: the CPUs just handed out
                             // are none an exclusive container still runs on
-                            let s = adm.daemon.lock();
+                            let s = adm.daemon.lock(io);
                             let f = fake.lock().unwrap();
                             let Some(ours) = super::admission::bound_container(&s, &cg).map(|c| c.placement.cpus.clone()) else { return };
                             for other in s.state.bindings.keys().filter(|o| **o != cg) {
@@ -1227,11 +1270,11 @@ proptest! {
                         }
                     };
                     let mut w = RacingWriter { fake: fake.clone(), hook: Some(Box::new(racing)) };
-                    apply_moves(&d, &mut w, &plan.moves, now, false);
+                    apply_moves(io, &d, &mut w, &plan.moves, now, false);
                     let overlap = overlap.lock().unwrap().take();
                     prop_assert!(overlap.is_none(), "step {i}: {overlap:?}");
                     if let Some(hook) = w.hook.take() {
-                        hook(); // no move wrote cpus: admitted after the round
+                        run_racing(hook); // no move wrote cpus: admitted after the round
                     }
                     if admitted.lock().unwrap().take() == Some(true) {
                         live.push((uid, cg, p));
@@ -1251,11 +1294,12 @@ proptest! {
                     let hook = {
                         let (adm, pb, cg_b, uid_a, clash, b_ok) = (adm.clone(), pb.clone(), cg_b.clone(), uid_a.clone(), clash.clone(), b_ok.clone());
                         move || {
-                            let Ok(got) = adm.admit(AdmitRequest { pod: &pb, bind: Some(&cg_b), durability: Durability::Deferred, since: Instant::now() }) else { return };
+                            let io = &mut Io::new();
+                            let Ok(got) = adm.admit(io, AdmitRequest { pod: &pb, bind: Some(&cg_b), durability: Durability::Deferred, since: Instant::now() }) else { return };
                             *b_ok.lock().unwrap() = true;
                             // while the first one's write is under way: its booked CPUs are
                             // none of those just handed out
-                            let s = adm.daemon.lock();
+                            let s = adm.daemon.lock(io);
                             let booked = (s.state.allocator.pods.get(&uid_a)).map(|p| p.containers[0].placement.cpus.clone());
                             if let Some(a) = booked.filter(|a| !a.is_disjoint(&got.placements[0].cpus)) {
                                 *clash.lock().unwrap() = Some(format!("{uid_a} booked {a}, racing admission got {}", got.placements[0].cpus));
@@ -1264,7 +1308,7 @@ proptest! {
                     };
                     let hooked = HookedNode::new(&node, &cg_a, hook);
                     let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
-                    match racing.admit(AdmitRequest { pod: &pa, bind: Some(&cg_a), durability: Durability::Deferred, since: Instant::now() }) {
+                    match racing.admit(io, AdmitRequest { pod: &pa, bind: Some(&cg_a), durability: Durability::Deferred, since: Instant::now() }) {
                         Ok(_) => live.push((uid_a, cg_a, pa)),
                         Err(_) => fake.lock().unwrap().remove(&cg_a),
                     }
@@ -1288,10 +1332,11 @@ proptest! {
                     let hook = {
                         let (adm, pc, cg_c, cg, clash, c_ok, fake) = (adm.clone(), pc.clone(), cg_c.clone(), cg.clone(), clash.clone(), c_ok.clone(), fake.clone());
                         move || {
+                            let io = &mut Io::new();
                             // what the resized container runs on until its write: exclusive
                             // CPUs it is leaving, held in the books meanwhile
                             let runs_on = fake.lock().unwrap().cpus(&cg).cloned().unwrap_or_default();
-                            let Ok(got) = adm.admit(AdmitRequest { pod: &pc, bind: Some(&cg_c), durability: Durability::Deferred, since: Instant::now() }) else { return };
+                            let Ok(got) = adm.admit(io, AdmitRequest { pod: &pc, bind: Some(&cg_c), durability: Durability::Deferred, since: Instant::now() }) else { return };
                             *c_ok.lock().unwrap() = true;
                             if !runs_on.is_disjoint(&got.placements[0].cpus) {
                                 *clash.lock().unwrap() = Some(format!("{cg} runs on {runs_on} during its resize, racing admission got {}", got.placements[0].cpus));
@@ -1300,10 +1345,10 @@ proptest! {
                     };
                     let hooked = HookedNode::new(&node, &cg, hook);
                     let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
-                    let exclusive = super::admission::bound_container(&d.lock(), &cg).is_some_and(|c| c.placement.exclusive);
+                    let exclusive = super::admission::bound_container(&d.lock(io), &cg).is_some_and(|c| c.placement.exclusive);
                     // durable: checkpointed inline (a deferred one would start a checkpointer thread that
                     // outlives a restart of this test daemon)
-                    if let Ok(Some(_)) = racing.resize(&cg, &grown.containers[0], Durability::Durable) {
+                    if let Ok(Some(_)) = racing.resize(io, &cg, &grown.containers[0], Durability::Durable) {
                         live[j].2 = grown;
                     }
                     let clash = clash.lock().unwrap().take();
@@ -1326,7 +1371,7 @@ proptest! {
                 }
                 Event::Hotplug(c) => {
                     {
-                        let mut s = d.lock();
+                        let mut s = d.lock(io);
                         let others_online = s.topo.online_cpus().len() > 2;
                         let cpu = s.topo.cpus.iter_mut().find(|x| x.id == *c).unwrap();
                         if cpu.online && !others_online {
@@ -1344,31 +1389,31 @@ proptest! {
                     }
                     // as the daemon does on every topology change (`Engine::refresh_topology`):
                     // a CPU back online can make whole an exclusive container left short
-                    adm.replace_offline();
+                    adm.replace_offline(io);
                 }
                 Event::Restart(checkpointed) => {
                     if *checkpointed {
-                        adm.checkpoint().unwrap();
+                        adm.checkpoint(io).unwrap();
                     }
-                    let (cfg, topo_now) = { let s = d.lock(); (s.cfg.clone(), s.topo.clone()) };
+                    let (cfg, topo_now) = { let s = d.lock(io); (s.cfg.clone(), s.topo.clone()) };
                     let restored = super::run::restore(&cfg, &topo_now).unwrap();
                     d = Daemon::new(Shared::new(topo_now, cfg, restored), Metrics::default());
                     adm = Admission::new(d.clone(), Arc::new(node.clone()));
                     // the start-up reconcile's releases and admissions, over the fake
-                    let gone: Vec<String> = (d.lock().state.bindings.keys())
+                    let gone: Vec<String> = (d.lock(io).state.bindings.keys())
                         .filter(|cg| !live.iter().any(|(_, l, _)| l == *cg))
                         .cloned()
                         .collect();
                     for cg in gone {
-                        adm.unbind(&cg, Durability::Deferred);
+                        adm.unbind(io, &cg, Durability::Deferred);
                     }
                     let mut kept = Vec::new();
                     for (uid, cg, p) in std::mem::take(&mut live) {
-                        if d.lock().state.bindings.contains_key(&cg) {
+                        if d.lock(io).state.bindings.contains_key(&cg) {
                             kept.push((uid, cg, p));
                             continue;
                         }
-                        match adm.admit(AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
+                        match adm.admit(io, AdmitRequest { pod: &p, bind: Some(&cg), durability: Durability::Deferred, since: Instant::now() }) {
                             Ok(_) => kept.push((uid, cg, p)),
                             Err(_) => fake.lock().unwrap().remove(&cg),
                         }
@@ -1378,11 +1423,11 @@ proptest! {
             }
             // The reconcile, as often as writes fail (each injected failure fails one write).
             for _ in 0..4 {
-                adm.repair(|cg| node.seen(cg));
-                adm.refence();
+                adm.repair(io, |cg| node.seen(cg));
+                adm.refence(io);
             }
             let f = fake.lock().unwrap();
-            if let Err(e) = node_agrees(&d, &f) {
+            if let Err(e) = node_agrees(io, &d, &f) {
                 prop_assert!(false, "after step {i} {ev:?} (events {events:?}): {e}");
             }
         }
@@ -1408,19 +1453,15 @@ impl HookedReads {
 }
 
 impl CpusetWriter for HookedReads {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        FakeCpuset(self.fake.clone()).write(c)
+    fn write(&self, io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
+        FakeCpuset(self.fake.clone()).write(io, c)
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
         if cgroup == self.on {
             let hook = self.hook.lock().unwrap().take();
             if let Some(hook) = hook {
-                assert!(
-                    !super::state_held(),
-                    "a change's read with the state lock held"
-                );
-                hook();
+                run_racing(hook);
             }
         }
         FakeCpuset(self.fake.clone()).cpus(cgroup)
@@ -1428,17 +1469,20 @@ impl CpusetWriter for HookedReads {
 }
 
 /// A Guaranteed API pod of two one-CPU containers, admitted unbound.
-fn two_container_pod(adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
+fn two_container_pod(io: &mut Io, adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
     let mut p = pod(uid, 1000, 64 * MIB, true);
     let mut second = p.containers[0].clone();
     second.name = "d".into();
     p.containers.push(second);
-    adm.admit(AdmitRequest {
-        pod: &p,
-        bind: None,
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &p,
+            bind: None,
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     p
 }
@@ -1448,11 +1492,12 @@ fn two_container_pod(adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
 /// binding stay, and the container runs on CPUs the books hold for it.
 #[test]
 fn a_release_racing_a_bind_is_refused_at_its_commit() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
-    two_container_pod(&adm, "p");
+    two_container_pod(io, &adm, "p");
     let (gone, racing_cg) = ("kubepods/p/a", "kubepods/p/b");
     fake.lock().unwrap().insert(gone, "0-7", "0-1");
-    adm.bind(gone, "p", Durability::Deferred, Instant::now())
+    adm.bind(io, gone, "p", Durability::Deferred, Instant::now())
         .unwrap()
         .unwrap();
     // its container exited; the watcher not yet told
@@ -1461,21 +1506,22 @@ fn a_release_racing_a_bind_is_refused_at_its_commit() {
     let hook = {
         let adm = adm.clone();
         move || {
-            adm.bind(racing_cg, "p", Durability::Deferred, Instant::now())
+            let io = &mut Io::new();
+            adm.bind(io, racing_cg, "p", Durability::Deferred, Instant::now())
                 .unwrap()
                 .unwrap();
         }
     };
     let reads = HookedReads::new(&fake, gone, hook);
     let api = Admission::new(d.clone(), Arc::new(reads));
-    let r = api.release_unbound("p", Durability::Durable, None);
+    let r = api.release_unbound(io, "p", Durability::Durable, None);
     match &r {
         Err(super::admission::ReleaseError::StillBound { cgroups, .. }) => {
             assert_eq!(cgroups, &vec![racing_cg.to_string()])
         }
         r => panic!("release not refused: {r:?}"),
     }
-    let s = d.lock();
+    let s = d.lock(io);
     assert!(s.state.allocator.pods.contains_key("p"));
     let booked = super::admission::bound_container(&s, racing_cg)
         .map(|c| c.placement.cpus.clone())
@@ -1491,15 +1537,19 @@ fn a_release_racing_a_bind_is_refused_at_its_commit() {
 /// the gone pod, and the container is kept off the exclusive CPUs admitted next (refused).
 #[test]
 fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
-    adm.admit(AdmitRequest {
-        pod: &pod("p", 2000, 64 * MIB, true),
-        bind: None,
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p", 2000, 64 * MIB, true),
+            bind: None,
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
-    let p_cpus = d.lock().state.allocator.exclusive_cpus();
+    let p_cpus = d.lock(io).state.allocator.exclusive_cpus();
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
     let node = FakeNode {
@@ -1508,31 +1558,37 @@ fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
     };
     let hook = {
         let adm = adm.clone();
-        move || adm.release("p", Durability::Deferred).unwrap()
+        move || {
+            let io = &mut Io::new();
+            adm.release(io, "p", Durability::Deferred).unwrap()
+        }
     };
     let hooked = HookedNode::new(&node, cg, hook);
     let watcher = Admission::new(d.clone(), Arc::new(hooked.clone()));
-    let r = watcher.bind(cg, "p", Durability::Deferred, Instant::now());
+    let r = watcher.bind(io, cg, "p", Durability::Deferred, Instant::now());
     assert!(hooked.ran());
     assert!(
         matches!(r, Err(super::admission::AdmitError::Released(_))),
         "{r:?}"
     );
-    assert!(!d.lock().state.bindings.contains_key(cg));
+    assert!(!d.lock(io).state.bindings.contains_key(cg));
     assert_eq!(fake.lock().unwrap().cpus(cg), Some(&p_cpus));
     // the CPUs it was written onto handed out again: it is moved off them
     let q = "kubepods/q/c";
     fake.lock().unwrap().insert(q, "0-7", "0-1");
     let got = adm
-        .admit(AdmitRequest {
-            pod: &pod("q", 2000, 64 * MIB, true),
-            bind: Some(q),
-            durability: Durability::Deferred,
-            since: Instant::now(),
-        })
+        .admit(
+            io,
+            AdmitRequest {
+                pod: &pod("q", 2000, 64 * MIB, true),
+                bind: Some(q),
+                durability: Durability::Deferred,
+                since: Instant::now(),
+            },
+        )
         .unwrap();
     assert_eq!(got.placements[0].cpus, p_cpus, "the same CPUs handed out");
-    let excl = d.lock().state.allocator.exclusive_cpus();
+    let excl = d.lock(io).state.allocator.exclusive_cpus();
     let runs = fake.lock().unwrap().cpus(cg).cloned().unwrap();
     assert!(
         runs.is_disjoint(&excl),
@@ -1545,6 +1601,7 @@ fn a_bind_racing_a_release_is_not_committed_and_its_container_fenced() {
 /// left bound to a gone pod, and is kept off the exclusive CPUs as a refused one.
 #[test]
 fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
+    let io = &mut crate::daemon::Io::new();
     let World {
         _dir, d, fake, adm, ..
     } = world(false);
@@ -1562,7 +1619,8 @@ fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
     let hook = {
         let adm = adm.clone();
         move || {
-            adm.bind(cg_b, "p", Durability::Deferred, Instant::now())
+            let io = &mut Io::new();
+            adm.bind(io, cg_b, "p", Durability::Deferred, Instant::now())
                 .unwrap()
                 .unwrap();
         }
@@ -1572,19 +1630,22 @@ fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
     // The checkpoint cannot be written: its directory would be under a regular file.
     let blocker = _dir.path().join("not-a-dir");
     std::fs::write(&blocker, b"").unwrap();
-    d.lock().cfg.daemon.state_dir = blocker.join("state");
-    let r = racing.admit(AdmitRequest {
-        pod: &p,
-        bind: Some(cg_a),
-        durability: Durability::Durable,
-        since: Instant::now(),
-    });
+    d.lock(io).cfg.daemon.state_dir = blocker.join("state");
+    let r = racing.admit(
+        io,
+        AdmitRequest {
+            pod: &p,
+            bind: Some(cg_a),
+            durability: Durability::Durable,
+            since: Instant::now(),
+        },
+    );
     assert!(hooked.ran());
     assert!(
         matches!(r, Err(super::admission::AdmitError::Checkpoint(_))),
         "{r:?}"
     );
-    let s = d.lock();
+    let s = d.lock(io);
     assert!(!s.state.allocator.pods.contains_key("p"));
     assert_eq!(
         s.state.bindings.keys().collect::<Vec<_>>(),
@@ -1602,42 +1663,50 @@ fn a_failed_durable_admission_undoes_the_bindings_made_meanwhile() {
 /// container's memory again in full.
 #[test]
 fn a_failed_shrink_books_its_memory_again_in_full() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
-    let bind = |uid: &str, cpus: u64, mib: u64| {
+    let bind = |io: &mut Io, uid: &str, cpus: u64, mib: u64| {
         let cg = format!("kubepods/{uid}/c");
         fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let got = adm
-            .admit(AdmitRequest {
-                pod: &pod(uid, cpus * 1000, mib * MIB, true),
-                bind: Some(&cg),
-                durability: Durability::Deferred,
-                since: Instant::now(),
-            })
+            .admit(
+                io,
+                AdmitRequest {
+                    pod: &pod(uid, cpus * 1000, mib * MIB, true),
+                    bind: Some(&cg),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                },
+            )
             .unwrap();
         (cg, got.placements[0].mems.clone())
     };
-    let (cg, p_node) = bind("p", 2, 1536);
+    let (cg, p_node) = bind(io, "p", 2, 1536);
     // the other node's memory taken: what the shrink frees is the only room for a 1 GiB pod
-    let (_, r_node) = bind("r", 1, 1536);
+    let (_, r_node) = bind(io, "r", 1, 1536);
     assert_ne!(p_node, r_node);
-    let booked = |uid: &str| -> u64 {
-        let s = d.lock();
+    let booked = |io: &mut Io, uid: &str| -> u64 {
+        let s = d.lock(io);
         let c = &s.state.allocator.pods[uid].containers[0];
         c.memory.as_ref().unwrap().taken.iter().map(|t| t.2).sum()
     };
-    assert_eq!(booked("p"), 1536 * MIB);
+    assert_eq!(booked(io, "p"), 1536 * MIB);
     let racing_ok = Arc::new(Mutex::new(None));
     let hook = {
         let (adm, fake, racing_ok, cg) = (adm.clone(), fake.clone(), racing_ok.clone(), cg.clone());
         move || {
+            let io = &mut Io::new();
             let q = "kubepods/q/c";
             fake.lock().unwrap().insert(q, "0-7", "0-1");
-            let r = adm.admit(AdmitRequest {
-                pod: &pod("q", 1000, 1024 * MIB, true),
-                bind: Some(q),
-                durability: Durability::Deferred,
-                since: Instant::now(),
-            });
+            let r = adm.admit(
+                io,
+                AdmitRequest {
+                    pod: &pod("q", 1000, 1024 * MIB, true),
+                    bind: Some(q),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                },
+            );
             *racing_ok.lock().unwrap() = Some(r.is_ok());
             // the resize's own write fails next
             fake.lock().unwrap().fail_cgroup_write(
@@ -1655,7 +1724,7 @@ fn a_failed_shrink_books_its_memory_again_in_full() {
     let hooked = HookedNode::new(&node, &cg, hook);
     let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
     let shrunk = pod("p", 1000, 256 * MIB, true);
-    let r = racing.resize(&cg, &shrunk.containers[0], Durability::Deferred);
+    let r = racing.resize(io, &cg, &shrunk.containers[0], Durability::Deferred);
     assert!(hooked.ran());
     assert!(r.is_err(), "the resize's write failed: {r:?}");
     assert_eq!(
@@ -1663,8 +1732,8 @@ fn a_failed_shrink_books_its_memory_again_in_full() {
         Some(false),
         "the memory the shrink freed stays held while its write runs"
     );
-    assert_eq!(booked("p"), 1536 * MIB, "undone in full");
-    let s = d.lock();
+    assert_eq!(booked(io, "p"), 1536 * MIB, "undone in full");
+    let s = d.lock(io);
     assert!(s.state.allocator.in_flight_memory.is_empty());
     assert!(s.state.allocator.in_flight.is_empty());
 }
@@ -1695,39 +1764,44 @@ fn move_of(fake: &Arc<Mutex<FakeCgroups>>, cg: &str, to: &str) -> controller::Mo
 /// booked while a resize's write runs.
 #[test]
 fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
-    adm.admit(AdmitRequest {
-        pod: &pod("p", 1000, 256 * MIB, true),
-        bind: Some(cg),
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p", 1000, 256 * MIB, true),
+            bind: Some(cg),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     let grown = pod("p", 2000, 256 * MIB, true);
-    let booked = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false)
+    let booked = super::admission::book_move(io, &d, &move_of(&fake, cg, "6"), false)
         .unwrap()
         .expect("the move is booked");
-    let before = d.lock().state.allocator.clone();
-    let r = adm.resize(cg, &grown.containers[0], Durability::Deferred);
+    let before = d.lock(io).state.allocator.clone();
+    let r = adm.resize(io, cg, &grown.containers[0], Durability::Deferred);
     assert!(
         matches!(r, Err(super::admission::AdmitError::Moving(_))),
         "{r:?}"
     );
     assert_eq!(
-        d.lock().state.allocator,
+        d.lock(io).state.allocator,
         before,
         "the refused resize changed nothing"
     );
-    booked.settle(false);
+    booked.settle(io, false);
 
     // a move during the resize's write is refused
     let refused = Arc::new(Mutex::new(None));
     let hook = {
         let (d, fake, refused) = (d.clone(), fake.clone(), refused.clone());
         move || {
-            let r = super::admission::book_move(&d, &move_of(&fake, cg, "6"), false);
+            let io = &mut Io::new();
+            let r = super::admission::book_move(io, &d, &move_of(&fake, cg, "6"), false);
             *refused.lock().unwrap() = Some(r.err());
         }
     };
@@ -1738,12 +1812,12 @@ fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
     let hooked = HookedNode::new(&node, cg, hook);
     let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
     let got = racing
-        .resize(cg, &grown.containers[0], Durability::Deferred)
+        .resize(io, cg, &grown.containers[0], Durability::Deferred)
         .unwrap()
         .expect("resized");
     assert!(hooked.ran());
     assert_eq!(*refused.lock().unwrap(), Some(Some("books-moving")));
-    let s = d.lock();
+    let s = d.lock(io);
     assert!(s.moving.is_empty());
     assert_eq!(
         super::admission::bound_container(&s, cg).map(|c| c.placement.cpus.clone()),
@@ -1755,17 +1829,21 @@ fn a_resize_and_a_move_of_one_cgroup_never_overlap() {
 /// longer moving, the container's record as before.
 #[test]
 fn a_resize_whose_write_panics_gives_its_booking_back() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
-    adm.admit(AdmitRequest {
-        pod: &pod("p", 2000, 512 * MIB, true),
-        bind: Some(cg),
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p", 2000, 512 * MIB, true),
+            bind: Some(cg),
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
-    let before = d.lock().state.allocator.clone();
+    let before = d.lock(io).state.allocator.clone();
     let node = FakeNode {
         cgroupfs: fake.clone(),
         spec: Default::default(),
@@ -1774,10 +1852,10 @@ fn a_resize_whose_write_panics_gives_its_booking_back() {
     let racing = Admission::new(d.clone(), Arc::new(hooked));
     let shrunk = pod("p", 1000, 256 * MIB, true);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        racing.resize(cg, &shrunk.containers[0], Durability::Deferred)
+        racing.resize(io, cg, &shrunk.containers[0], Durability::Deferred)
     }));
     assert!(r.is_err(), "the writer panicked");
-    let s = d.lock();
+    let s = d.lock(io);
     assert!(s.moving.is_empty());
     assert_eq!(s.state.allocator, before, "booking given back");
 }
@@ -1785,13 +1863,17 @@ fn a_resize_whose_write_panics_gives_its_booking_back() {
 /// A bind whose write panics gives its cgroup's booking back: the cgroup can be bound again.
 #[test]
 fn a_bind_whose_write_panics_gives_its_booking_back() {
+    let io = &mut crate::daemon::Io::new();
     let World { d, fake, adm, .. } = world(false);
-    adm.admit(AdmitRequest {
-        pod: &pod("p", 1000, 64 * MIB, true),
-        bind: None,
-        durability: Durability::Deferred,
-        since: Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &pod("p", 1000, 64 * MIB, true),
+            bind: None,
+            durability: Durability::Deferred,
+            since: Instant::now(),
+        },
+    )
     .unwrap();
     let cg = "kubepods/p/c";
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
@@ -1802,11 +1884,19 @@ fn a_bind_whose_write_panics_gives_its_booking_back() {
     let hooked = HookedNode::new(&node, cg, || panic!("a bug in a writer"));
     let racing = Admission::new(d.clone(), Arc::new(hooked));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        racing.bind(cg, "p", Durability::Deferred, Instant::now())
+        racing.bind(io, cg, "p", Durability::Deferred, Instant::now())
     }));
     assert!(r.is_err(), "the writer panicked");
-    assert!(d.lock().binding.is_empty(), "booking given back");
-    adm.bind(cg, "p", Durability::Deferred, Instant::now())
+    assert!(d.lock(io).binding.is_empty(), "booking given back");
+    adm.bind(io, cg, "p", Durability::Deferred, Instant::now())
         .unwrap()
         .expect("bound at the next attempt");
+}
+
+/// A change racing a write, run on a thread of its own (it locks with that thread's token)
+/// while the write that lets it in waits.
+fn run_racing(change: impl FnOnce() + Send) {
+    std::thread::scope(|s| {
+        s.spawn(change);
+    });
 }

@@ -4,6 +4,7 @@
 //! CPUs disjoint and never reserved, the round's migration budget kept, and the checkpoint on
 //! disk equal to the daemon's state.
 
+use crate::daemon::Io;
 use std::path::Path;
 
 use super::{apply::apply_moves, Daemon, Persisted, Shared};
@@ -66,13 +67,14 @@ fn mv(cg: &str, from: &str, to: &str, from_mems: &str, to_mems: &str, mib: u64) 
 /// The invariants of PRODUCT.md on the daemon's state, the fake cgroups (`parent` is every
 /// cgroup's parent effective set: (cpus, mems)) and the checkpoint on disk.
 fn assert_invariants(
+    io: &mut Io,
     d: &Daemon,
     fake: &FakeCgroups,
     cgroups: &[&str],
     parent: (&CpuSet, &CpuSet),
     applied_bytes: u64,
 ) {
-    let s = d.lock();
+    let s = d.lock(io);
     for cg in cgroups {
         let (Some(cpus), Some(mems)) = (fake.cpus(cg), fake.mems(cg)) else {
             continue; // vanished
@@ -107,11 +109,15 @@ fn assert_invariants(
     let budget = s.cfg.controller.migration_budget_mib * MIB;
     assert!(applied_bytes <= budget, "{applied_bytes} > budget {budget}");
     drop(s);
-    d.checkpoint().unwrap();
-    let on_disk: Persisted = crate::checkpoint::load(&d.lock().state_dir())
+    d.checkpoint(io).unwrap();
+    let on_disk: Persisted = crate::checkpoint::load(&d.lock(io).state_dir())
         .unwrap()
         .unwrap();
-    assert_eq!(on_disk, d.lock().state, "checkpoint differs from the state");
+    assert_eq!(
+        on_disk,
+        d.lock(io).state,
+        "checkpoint differs from the state"
+    );
 }
 
 fn failed(d: &Daemon, reason: &str) -> u64 {
@@ -129,6 +135,7 @@ fn failed(d: &Daemon, reason: &str) -> u64 {
 /// goes on: the next cgroup's move is applied.
 #[test]
 fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
+    let io = &mut crate::daemon::Io::new();
     let table = [
         (FakeFailure::Busy, "busy"),
         (FakeFailure::Invalid, "invalid"),
@@ -160,7 +167,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
                     mv("pod/a", "0-3", "4-7", "0", "1", 10),
                     mv("pod/b", "0-3", "4-7", "0", "1", 10),
                 ];
-                let done = apply_moves(&d, &mut f, &moves, 1000, false);
+                let done = apply_moves(io, &d, &mut f, &moves, 1000, false);
                 assert_eq!(done.failed, [("pod/a".to_string(), reason)], "{at}");
                 assert_eq!(done.applied, 1, "{at}: the round goes on");
                 assert_eq!(f.cpus("pod/a"), Some(&set("0-3")), "{at}: rolled back");
@@ -169,7 +176,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
                 assert_eq!(f.cpus("pod/b"), Some(&set("4-7")), "{at}");
                 assert_eq!(failed(&d, reason), 1, "{at}: counted by reason");
                 {
-                    let s = d.lock();
+                    let s = d.lock(io);
                     let st = &s.state.controller;
                     assert_eq!(st.failed_moves_total, 1, "{at}");
                     assert!(
@@ -178,7 +185,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
                         "{at}"
                     );
                 }
-                assert_invariants(&d, &f, &["pod/a", "pod/b"], (&all, &mems), done.bytes);
+                assert_invariants(io, &d, &f, &["pod/a", "pod/b"], (&all, &mems), done.bytes);
             }
         }
     }
@@ -189,6 +196,7 @@ fn each_write_errno_rolls_back_is_counted_by_reason_and_the_round_continues() {
 /// and the other moves of the round are applied.
 #[test]
 fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
     let mut f = FakeCgroups::v2()
@@ -199,13 +207,14 @@ fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
         mv("pod/b", "0-3", "4-7", "0", "1", 10),
     ];
     f.remove("pod/a"); // the container exited after the plan
-    let done = apply_moves(&d, &mut f, &moves, 1000, false);
+    let done = apply_moves(io, &d, &mut f, &moves, 1000, false);
     assert_eq!(done.failed, [("pod/a".to_string(), "vanished")]);
     assert_eq!(done.applied, 1);
     assert_eq!(f.cpus("pod/b"), Some(&set("4-7")));
     assert_eq!(failed(&d, "vanished"), 1);
-    assert_eq!(d.lock().state.controller.failed_moves_total, 0);
+    assert_eq!(d.lock(io).state.controller.failed_moves_total, 0);
     assert_invariants(
+        io,
         &d,
         &f,
         &["pod/a", "pod/b"],
@@ -218,9 +227,10 @@ fn cgroup_removed_between_plan_and_apply_is_skipped_and_the_round_continues() {
 /// budget are not attempted (and counted as skipped for "budget").
 #[test]
 fn a_plan_past_the_migration_budget_is_cut_at_the_budget() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
-    d.lock().cfg.controller.migration_budget_mib = 100;
+    d.lock(io).cfg.controller.migration_budget_mib = 100;
     let mut f = FakeCgroups::v2();
     let names = ["pod/a", "pod/b", "pod/c"];
     for n in names {
@@ -230,10 +240,10 @@ fn a_plan_past_the_migration_budget_is_cut_at_the_budget() {
         .iter()
         .map(|n| mv(n, "0-3", "4-7", "0", "1", 60))
         .collect();
-    let done = apply_moves(&d, &mut f, &moves, 1000, false);
+    let done = apply_moves(io, &d, &mut f, &moves, 1000, false);
     assert_eq!((done.applied, done.over_budget), (1, 2));
     assert_eq!(f.cpus("pod/b"), Some(&set("0-3")), "not attempted");
-    assert_invariants(&d, &f, &names, (&set("0-7"), &set("0-1")), done.bytes);
+    assert_invariants(io, &d, &f, &names, (&set("0-7"), &set("0-1")), done.bytes);
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -316,6 +326,7 @@ fn pulled_to(topo: &Topology, to: u32) -> Observations {
 /// point at that node (before the change, the same observation moved it there).
 #[test]
 fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
+    let io = &mut crate::daemon::Io::new();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
     let root = tempfile::tempdir().unwrap();
     copy_tree(&fixture, root.path());
@@ -333,10 +344,13 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
             Mounts::default(),
         ))),
     );
-    assert!(!engine.refresh_topology(&adm), "first look only records");
-    assert!(!engine.refresh_topology(&adm), "nothing changed");
+    assert!(
+        !engine.refresh_topology(io, &adm),
+        "first look only records"
+    );
+    assert!(!engine.refresh_topology(io, &adm), "nothing changed");
 
-    let cfg = d.lock().cfg.controller.clone();
+    let cfg = d.lock(io).cfg.controller.clone();
     let (gone, gone_cpus) = (
         before.nodes.last().unwrap().id,
         before.nodes.last().unwrap().cpus.clone(),
@@ -356,8 +370,8 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
 
     let (id, cpus) = take_last_node_offline(root.path(), &before);
     assert_eq!((id, &cpus), (gone, &gone_cpus));
-    assert!(engine.refresh_topology(&adm), "the change is noticed");
-    let after = d.lock().topo.clone();
+    assert!(engine.refresh_topology(io, &adm), "the change is noticed");
+    let after = d.lock(io).topo.clone();
     assert_eq!(after.nodes.len(), before.nodes.len() - 1);
     assert!(after.node(gone).is_none());
     assert!(after.online_cpus().intersection(&gone_cpus).is_empty());
@@ -378,7 +392,7 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
         assert!(m.to_cpus.is_subset(&after.online_cpus()));
     }
     // And the rebuilt topology is what every later round uses: a second check is quiet.
-    assert!(!engine.refresh_topology(&adm));
+    assert!(!engine.refresh_topology(io, &adm));
     let mut f = FakeCgroups::v2();
     f.insert("pod/c", &after.nodes[0].cpus.to_string(), "0");
     let all_mems: CpuSet = after.nodes.iter().map(|n| n.id).collect();
@@ -386,8 +400,9 @@ fn node_going_offline_rebuilds_the_topology_and_plans_avoid_its_cpus() {
     for m in &mut moves {
         m.from_mems = set("0");
     }
-    let done = apply_moves(&d, &mut f, &moves, 1_000_000, false);
+    let done = apply_moves(io, &d, &mut f, &moves, 1_000_000, false);
     assert_invariants(
+        io,
         &d,
         &f,
         &["pod/c"],
@@ -429,6 +444,7 @@ impl crate::rounds::CpuTimeSource for FollowingSource {
 /// attach to retry); otherwise it leaves the source alone.
 #[test]
 fn sampler_follows_cpu_hotplug() {
+    let io = &mut crate::daemon::Io::new();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/epyc-nps4");
     let root = tempfile::tempdir().unwrap();
     copy_tree(&fixture, root.path());
@@ -451,22 +467,22 @@ fn sampler_follows_cpu_hotplug() {
             Mounts::default(),
         ))),
     );
-    assert!(!engine.follow_topology(&adm));
-    assert!(!engine.follow_topology(&adm));
+    assert!(!engine.follow_topology(io, &adm));
+    assert!(!engine.follow_topology(io, &adm));
     assert!(syncs.lock().unwrap().is_empty(), "nothing changed");
 
     let (_, gone_cpus) = take_last_node_offline(root.path(), &before);
-    assert!(engine.follow_topology(&adm));
-    let after = d.lock().topo.online_cpus();
+    assert!(engine.follow_topology(io, &adm));
+    let after = d.lock(io).topo.online_cpus();
     assert_eq!(*syncs.lock().unwrap(), vec![after.clone()]);
     assert!(after.intersection(&gone_cpus).is_empty());
 
     // A CPU the source could not attach: retried at every check until it is not pending.
     pending.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(!engine.follow_topology(&adm));
-    assert!(!engine.follow_topology(&adm));
+    assert!(!engine.follow_topology(io, &adm));
+    assert!(!engine.follow_topology(io, &adm));
     pending.store(false, std::sync::atomic::Ordering::Relaxed);
-    assert!(!engine.follow_topology(&adm));
+    assert!(!engine.follow_topology(io, &adm));
     assert_eq!(
         *syncs.lock().unwrap(),
         vec![after.clone(), after.clone(), after]
@@ -479,16 +495,17 @@ fn sampler_follows_cpu_hotplug() {
 /// cooldown began anew, and a restart after a long uptime made it last for the old uptime).
 #[test]
 fn cooldowns_after_a_restart_are_what_they_were_before_it() {
+    let io = &mut crate::daemon::Io::new();
     let state = tempfile::tempdir().unwrap();
     let topo = two_nodes();
     let d = daemon(topo.clone(), state.path(), None);
-    let cooldown = d.lock().cfg.controller.cooldown_ms;
+    let cooldown = d.lock(io).cfg.controller.cooldown_ms;
     assert!(
         cooldown >= 10_000,
         "the default cooldown is long enough to measure"
     );
     let m = mv("pod/c", "0-3", "4-7", "0", "1", 10);
-    d.lock()
+    d.lock(io)
         .state
         .controller
         .record_move(&m, 10 * MIB, crate::daemon::boot_ms());
@@ -498,9 +515,9 @@ fn cooldowns_after_a_restart_are_what_they_were_before_it() {
             .expect("still cooling down")
     };
     let t_before = crate::daemon::boot_ms();
-    let before = left(&d.lock().state.controller, t_before);
-    d.checkpoint().unwrap();
-    let cfg = d.lock().cfg.clone();
+    let before = left(&d.lock(io).state.controller, t_before);
+    d.checkpoint(io).unwrap();
+    let cfg = d.lock(io).cfg.clone();
     drop(d);
 
     // The restart: the state restored as `run` does.
@@ -542,12 +559,22 @@ impl controller::CgroupWriter for StopDuringFirstMove {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, controller::CgroupWriteError> {
         self.fake.read_mems(cg)
     }
-    fn write_cpus(&mut self, cg: &str, c: &CpuSet) -> Result<(), controller::CgroupWriteError> {
+    fn write_cpus(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        c: &CpuSet,
+    ) -> Result<(), controller::CgroupWriteError> {
         self.d.request_stop();
-        self.fake.write_cpus(cg, c)
+        self.fake.write_cpus(io, cg, c)
     }
-    fn write_mems(&mut self, cg: &str, m: &CpuSet) -> Result<(), controller::CgroupWriteError> {
-        self.fake.write_mems(cg, m)
+    fn write_mems(
+        &mut self,
+        io: &Io,
+        cg: &str,
+        m: &CpuSet,
+    ) -> Result<(), controller::CgroupWriteError> {
+        self.fake.write_mems(io, cg, m)
     }
     fn needs_memory_migrate(&self) -> bool {
         self.fake.needs_memory_migrate()
@@ -557,18 +584,20 @@ impl controller::CgroupWriter for StopDuringFirstMove {
     }
     fn set_memory_migrate(
         &mut self,
+        io: &Io,
         cg: &str,
         on: bool,
     ) -> Result<(), controller::CgroupWriteError> {
-        self.fake.set_memory_migrate(cg, on)
+        self.fake.set_memory_migrate(io, cg, on)
     }
     fn move_pages(
         &mut self,
+        io: &Io,
         cg: &str,
         toward: &CpuSet,
         max: u64,
     ) -> Result<u64, controller::CgroupWriteError> {
-        self.fake.move_pages(cg, toward, max)
+        self.fake.move_pages(io, cg, toward, max)
     }
 }
 
@@ -578,6 +607,7 @@ impl controller::CgroupWriter for StopDuringFirstMove {
 /// not leave time for).
 #[test]
 fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), dir.path(), None);
     let names = ["pod/a", "pod/b", "pod/c"];
@@ -590,7 +620,7 @@ fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown
         .iter()
         .map(|n| mv(n, "0-3", "4-7", "0", "1", 10))
         .collect();
-    let done = apply_moves(&d, &mut w, &moves, 1000, false);
+    let done = apply_moves(io, &d, &mut w, &moves, 1000, false);
     assert_eq!(done.applied, 1, "{done:?}");
     assert_eq!(w.fake.cpus("pod/a"), Some(&set("4-7")));
     for n in ["pod/b", "pod/c"] {
@@ -617,6 +647,7 @@ fn a_stop_during_a_slow_migration_applies_no_further_move_and_keeps_the_cooldown
 /// uid, waiting for its container) are kept.
 #[test]
 fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart() {
+    let io = &mut crate::daemon::Io::new();
     use crate::placement::pod::{Container, Pod};
     let state = tempfile::tempdir().unwrap();
     let topo = two_nodes();
@@ -634,7 +665,7 @@ fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart(
         init_containers: Vec::new(),
     };
     {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         let sh = &mut *s;
         for uid in ["p1/aaaaaaaaaaaa", "p2/bbbbbbbbbbbb", "api-pod"] {
             sh.state
@@ -652,8 +683,8 @@ fn a_container_admission_checkpointed_before_its_binding_is_released_at_restart(
         );
         assert_eq!(sh.state.allocator.exclusive_cpus().len(), 3);
     }
-    d.checkpoint().unwrap();
-    let cfg = d.lock().cfg.clone();
+    d.checkpoint(io).unwrap();
+    let cfg = d.lock(io).cfg.clone();
     drop(d);
     let restored = super::run::restore(&cfg, &topo).unwrap();
     let keys: Vec<&str> = restored.allocator.pods.keys().map(|k| k.as_str()).collect();

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::Config;
+use crate::daemon::Io;
 use crate::daemon::Shared;
 use crate::kubelet_files::*;
 use crate::serve::Metrics;
@@ -438,13 +439,14 @@ struct FakeCpuset(std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups
 impl crate::daemon::writer::CpusetWriter for FakeCpuset {
     fn write(
         &self,
+        io: &Io,
         c: &crate::daemon::writer::CpusetChange,
     ) -> Result<(), crate::daemon::writer::WriteError> {
         use crate::controller::CgroupWriter as _;
         self.0
             .lock()
             .unwrap()
-            .write_cpus(&c.cgroup, &c.cpus)
+            .write_cpus(io, &c.cgroup, &c.cpus)
             .map_err(|e| crate::daemon::writer::WriteError::Failed {
                 cgroup: c.cgroup.clone(),
                 message: e.to_string(),
@@ -462,6 +464,7 @@ impl crate::daemon::writer::CpusetWriter for FakeCpuset {
 /// gone from the file gives its CPUs back.
 #[test]
 fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
+    let io = &mut crate::daemon::Io::new();
     use crate::daemon::admission::{Admission, AdmitRequest, Durability};
     let dir = tempfile::tempdir().unwrap();
     let d = crate::daemon::Daemon::new(shared(dir.path()), Metrics::default());
@@ -470,34 +473,37 @@ fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
     fake.lock().unwrap().insert(cg, "0-7", "0-1");
     let adm = Admission::new(d.clone(), std::sync::Arc::new(FakeCpuset(fake.clone())));
     let p = crate::daemon::admission::tests::pod("s", 0, 0, false);
-    adm.admit(AdmitRequest {
-        pod: &p,
-        bind: Some(cg),
-        durability: Durability::Deferred,
-        since: std::time::Instant::now(),
-    })
+    adm.admit(
+        io,
+        AdmitRequest {
+            pod: &p,
+            bind: Some(cg),
+            durability: Durability::Deferred,
+            since: std::time::Instant::now(),
+        },
+    )
     .unwrap();
     let cpus = |f: &std::sync::Arc<std::sync::Mutex<crate::controller::FakeCgroups>>| {
         f.lock().unwrap().cpus(cg).cloned().unwrap()
     };
     assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
     // no file yet: nothing changes
-    assert!(!adm.refresh_kubelet());
+    assert!(!adm.refresh_kubelet(io));
     // kubelet admits a static pod: CPU 3 is its
     std::fs::write(
         dir.path().join(CPU_FILE),
         cpu_static("0-2,4-7", &[(POD, "app", "3")]),
     )
     .unwrap();
-    assert!(adm.refresh_kubelet());
-    assert!(owns_pod(&d.lock(), POD));
+    assert!(adm.refresh_kubelet(io));
+    assert!(owns_pod(&d.lock(io), POD));
     assert_eq!(cpus(&fake), CpuSet::parse("0-2,4-7").unwrap());
     // unchanged: not read again
-    assert!(!adm.refresh_kubelet());
+    assert!(!adm.refresh_kubelet(io));
     // the pod gone from the file: its CPU back to the pool
     std::fs::write(dir.path().join(CPU_FILE), cpu_static("0-7", &[])).unwrap();
-    assert!(adm.refresh_kubelet());
-    assert!(!owns_pod(&d.lock(), POD));
+    assert!(adm.refresh_kubelet(io));
+    assert!(!owns_pod(&d.lock(io), POD));
     assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
     // an install elsewhere (start, SIGHUP: files read and installed there) leaves the shrink
     // pending for the next refresh, though the files are unchanged by then
@@ -506,11 +512,11 @@ fn a_changed_state_file_is_read_again_and_shrinks_the_shared_containers() {
         cpu_static("0-4,6-7", &[(POD, "app", "5")]),
     )
     .unwrap();
-    adopt(&mut d.lock(), &Metrics::default());
+    adopt(&mut d.lock(io), &Metrics::default());
     assert_eq!(cpus(&fake), CpuSet::parse("0-7").unwrap());
-    assert!(adm.refresh_kubelet());
+    assert!(adm.refresh_kubelet(io));
     assert_eq!(cpus(&fake), CpuSet::parse("0-4,6-7").unwrap());
-    assert!(!adm.refresh_kubelet());
+    assert!(!adm.refresh_kubelet(io));
 }
 
 #[test]

@@ -364,7 +364,13 @@ impl CheckpointWriter {
     }
 
     /// Writes `bytes` of generation `gen` unless a newer generation is already on disk.
-    pub fn write(&self, dir: &Path, gen: u64, bytes: &[u8]) -> Result<(), CheckpointError> {
+    pub fn write(
+        &self,
+        _io: &Io,
+        dir: &Path,
+        gen: u64,
+        bytes: &[u8],
+    ) -> Result<(), CheckpointError> {
         let mut on_disk = self.written.lock().unwrap_or_else(|p| p.into_inner());
         if *on_disk > gen {
             return Ok(());
@@ -440,26 +446,26 @@ impl Daemon {
     /// encoded and written (fsync, rename) outside it, so neither the encoding nor a slow disk
     /// holds up an admission, the watcher or the API (the NRI hook waited for a 200-pod
     /// encoding in the state lock: the bulk of its p99).
-    pub fn checkpoint(&self) -> Result<(), CheckpointError> {
-        self.checkpoint_with(|_| {}).map(|_| ())
+    pub fn checkpoint(&self, io: &mut Io) -> Result<(), CheckpointError> {
+        self.checkpoint_with(io, |_| {}).map(|_| ())
     }
 
     /// [`Daemon::checkpoint`] of the state as `edit` leaves a copy of it (a release not yet
     /// committed to the books: `Admission::release`). Returns the generation written.
     pub fn checkpoint_with(
         &self,
+        io: &mut Io,
         edit: impl FnOnce(&mut Persisted),
     ) -> Result<u64, CheckpointError> {
         let (dir, gen, mut state) = {
-            let s = self.lock();
+            let s = self.lock(io);
             let gen = self.ckpt.next_generation();
             (s.cfg.daemon.state_dir.clone(), gen, s.state.clone())
         };
         edit(&mut state);
         self.books.bump();
-        writer::io_edge();
         let bytes = checkpoint::encode(&dir, &state)?;
-        self.ckpt.write(&dir, gen, &bytes)?;
+        self.ckpt.write(io, &dir, gen, &bytes)?;
         Ok(gen)
     }
 
@@ -470,34 +476,67 @@ impl Daemon {
 
     /// Locks the shared state. A panic in another holder does not make the state unusable:
     /// every mutation is all-or-nothing (see `Allocator::admit`), so the data is consistent.
-    /// The guard is counted per thread while it lives: the effects path (`writer::io_edge`)
-    /// refuses to run on a thread that holds one.
-    pub fn lock(&self) -> StateGuard<'_> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        HELD.with(|h| h.set(h.get() + 1));
-        StateGuard(g)
+    /// The guard keeps `io` borrowed while it lives, so no effect (each takes `&Io`) compiles
+    /// in its scope.
+    pub fn lock<'a>(&'a self, _io: &'a mut Io) -> StateGuard<'a> {
+        StateGuard(self.locked(), std::marker::PhantomData::<&'a mut Io>)
+    }
+
+    /// The state for a `Drop` body, which has no token to give (the undo of a booking dropped
+    /// unsettled, a plugin thread's end): `f` sees the state only and does no I/O.
+    pub(crate) fn in_drop(&self, f: impl FnOnce(&mut Shared)) {
+        f(&mut self.locked())
+    }
+
+    fn locked(&self) -> MutexGuard<'_, Shared> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// The capability to do I/O (a cgroupfs write, a runtime call, a page move, an fsync): every
+/// effect takes `&Io`, and [`Daemon::lock`] takes `&mut Io` and keeps it borrowed for the
+/// guard's lifetime, so an effect with the state lock held does not compile:
+///
+/// ```compile_fail,E0502
+/// # fn f(d: &rebalancer::daemon::Daemon, sink: &dyn rebalancer::daemon::writer::CpusetWriter,
+/// #      c: &rebalancer::daemon::writer::CpusetChange) {
+/// let mut io = rebalancer::daemon::Io::new();
+/// let guard = d.lock(&mut io);
+/// let _ = sink.write(&io, c); // `io` is borrowed by the guard
+/// drop(guard);
+/// # }
+/// ```
+///
+/// A token cannot leave its thread (`!Send`), and a thread has at most one at a time (making a
+/// second one while the first lives panics), so none can be made afresh under a guard: tokens
+/// are made where a thread starts its work (its entry point, a blocking task, a request
+/// handler's synchronous part) and passed down.
+pub struct Io(std::marker::PhantomData<*const ()>);
 
 thread_local! {
-    /// State guards the thread holds now ([`Daemon::lock`]).
-    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static TOKEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this thread holds the state lock now.
-pub fn state_held() -> bool {
-    HELD.with(|h| h.get() > 0)
-}
-
-/// The state lock's guard ([`Daemon::lock`]), counted per thread so I/O can check that no
-/// guard is held (`writer::io_edge`).
-pub struct StateGuard<'a>(MutexGuard<'a, Shared>);
-
-impl Drop for StateGuard<'_> {
-    fn drop(&mut self) {
-        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+impl Io {
+    /// This thread's token. Panics when the thread has one already.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Io {
+        assert!(
+            !TOKEN.with(|t| t.replace(true)),
+            "a second I/O token on one thread"
+        );
+        Io(std::marker::PhantomData)
     }
 }
+
+impl Drop for Io {
+    fn drop(&mut self) {
+        TOKEN.with(|t| t.set(false));
+    }
+}
+
+/// The state lock's guard ([`Daemon::lock`]): holds the thread's [`Io`] borrowed.
+pub struct StateGuard<'a>(MutexGuard<'a, Shared>, std::marker::PhantomData<&'a mut Io>);
 
 impl std::ops::Deref for StateGuard<'_> {
     type Target = Shared;
@@ -509,5 +548,26 @@ impl std::ops::Deref for StateGuard<'_> {
 impl std::ops::DerefMut for StateGuard<'_> {
     fn deref_mut(&mut self) -> &mut Shared {
         &mut self.0
+    }
+}
+
+#[cfg(test)]
+mod io_tests {
+    use super::Io;
+
+    /// No token can be made while the thread's first lives, so none can be conjured under a
+    /// guard that holds the first.
+    #[test]
+    #[should_panic(expected = "a second I/O token on one thread")]
+    fn a_second_token_on_one_thread_panics() {
+        let _first = Io::new();
+        let _second = Io::new();
+    }
+
+    /// A dropped token leaves the thread free to make one again.
+    #[test]
+    fn a_token_can_be_made_again_once_the_first_is_dropped() {
+        drop(Io::new());
+        drop(Io::new());
     }
 }

@@ -42,7 +42,7 @@ use crate::cpuset::CpuSet;
 use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
 use crate::daemon::nri_updates::Runtime;
 use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, Io};
 use crate::nri::api;
 use crate::nri::session::Handler;
 use crate::placement::admission::{Container, Pod, PodMember};
@@ -357,11 +357,10 @@ impl NriWriter {
 }
 
 impl CpusetWriter for NriWriter {
-    fn write(&self, change: &CpusetChange) -> Result<(), WriteError> {
-        super::writer::io_edge();
+    fn write(&self, io: &Io, change: &CpusetChange) -> Result<(), WriteError> {
         if self.runtime.id_of(&change.cgroup).is_some() {
             if let Some(w) = self.sink.as_ref() {
-                w.write(change)?;
+                w.write(io, change)?;
             }
         }
         self.runtime
@@ -470,7 +469,7 @@ impl Drop for Policy {
         if self.health.is_some() {
             let _stale = self.runtime.set_connected(false);
             self.d().metrics.nri_connected.set(0);
-            self.d().lock().nri_connected = false;
+            self.d().in_drop(|s| s.nri_connected = false);
         }
     }
 }
@@ -528,22 +527,24 @@ impl Policy {
     /// [`request`] under the configured kubelet cgroup root.
     fn request(
         &self,
+        io: &mut Io,
         pod: &api::PodSandbox,
         c: &api::Container,
     ) -> Result<Option<Request>, String> {
-        let kube_root = self.d().lock().cfg.cgroups.kubernetes_root.clone();
+        let kube_root = self.d().lock(io).cfg.cgroups.kubernetes_root.clone();
         request(pod, c, kube_root.as_deref())
     }
 
     /// Whether `c` is a container of a pod kubelet's static managers placed
     /// (`daemon::kubelet`), and what becomes of it (see [`Kubelets`]).
-    fn kubelets(&self, r: &Request, c: &api::Container) -> Kubelets {
+    fn kubelets(&self, io: &mut Io, r: &Request, c: &api::Container) -> Kubelets {
         let uid = r.key.pod_uid();
-        let left_to_runtime = (self.d().lock().state.annotated.get(uid)).is_some_and(|a| a.runtime);
+        let left_to_runtime =
+            (self.d().lock(io).state.annotated.get(uid)).is_some_and(|a| a.runtime);
         let (given, _) = spec_cpuset(c);
         // (kubelet's answer, the cpus to fence to, what it runs on once the answer applies)
         let (assigned, fenced, runs) = {
-            let mut s = self.d().lock();
+            let mut s = self.d().lock(io);
             // a pod left to the runtime by its annotation is treated as one of kubelet's
             // without kubelet CPUs: not admitted, only fenced (as containers never admitted)
             let assigned = if left_to_runtime {
@@ -629,10 +630,10 @@ impl Policy {
     /// The shared pool's growth after a release, as runtime updates: what the admission
     /// service queued through the writer for the release, plus any shared container still off
     /// its pool (one adopted after a restart) — one rule, `admission::shared_changes`.
-    fn regrow(&self, hooked: bool) -> Vec<api::ContainerUpdate> {
-        if !self.d().lock().cfg.daemon.dry_run {
-            for c in super::admission::shared_changes(self.d(), |cg| self.writer.cpus(cg)) {
-                let _ = self.writer.write(&c);
+    fn regrow(&self, io: &mut Io, hooked: bool) -> Vec<api::ContainerUpdate> {
+        if !self.d().lock(io).cfg.daemon.dry_run {
+            for c in super::admission::shared_changes(io, self.d(), |cg| self.writer.cpus(cg)) {
+                let _ = self.writer.write(io, &c);
             }
         }
         self.drain(None, hooked).1
@@ -640,8 +641,8 @@ impl Policy {
 
     /// [`Self::regrow`] outside any answer (after a RemoveContainer, an event): the updates
     /// are queued in `runtime` and sent once the connection is quiet.
-    fn regrow_unsolicited(&self) {
-        for u in self.regrow(false) {
+    fn regrow_unsolicited(&self, io: &mut Io) {
+        for u in self.regrow(io, false) {
             let Some(cpu) = u
                 .linux
                 .as_ref()
@@ -663,11 +664,11 @@ impl Policy {
 
     /// Writes `stale` cgroups' given cpusets to cgroupfs again (the runtime may have applied
     /// an older value over them: see `nri_updates`), with no lock held.
-    fn rewrite(&self, stale: Vec<String>) {
+    fn rewrite(&self, io: &mut Io, stale: Vec<String>) {
         let Some(cgroups) = self.writer.cgroups.as_ref().filter(|_| !stale.is_empty()) else {
             return;
         };
-        if self.dry_run() {
+        if self.dry_run(io) {
             tracing::info!(cgroups = ?stale, "dry run: cpusets not written again after a stale runtime update");
             return;
         }
@@ -683,10 +684,9 @@ impl Policy {
                         cpus,
                         mems,
                     };
-                    super::writer::apply(&sink, &self.d().rounds, &change)
+                    super::writer::apply(io, &sink, &self.d().rounds, &change)
                 }
                 (None, Some(m)) => {
-                    super::writer::io_edge();
                     (cgroups.write_mems(&cg, &m)).map_err(|e| super::writer::WriteError::Failed {
                         cgroup: cg.clone(),
                         message: e.to_string(),
@@ -705,15 +705,15 @@ impl Policy {
         }
     }
 
-    fn dry_run(&self) -> bool {
-        self.d().lock().cfg.daemon.dry_run
+    fn dry_run(&self, io: &mut Io) -> bool {
+        self.d().lock(io).cfg.daemon.dry_run
     }
 
     /// The queued runtime updates for a hook's answer; none in a dry run (one turned on by a
     /// reload holds back what was queued before it: a dry run changes nothing, the runtime's
     /// specs included).
-    fn queued_for_hook(&self) -> Vec<api::ContainerUpdate> {
-        if self.dry_run() {
+    fn queued_for_hook(&self, io: &mut Io) -> Vec<api::ContainerUpdate> {
+        if self.dry_run(io) {
             return Vec::new();
         }
         self.runtime.take_for_hook()
@@ -723,7 +723,7 @@ impl Policy {
     /// where cgroupfs holds the answer's old cpus, the runtime overwrote the newer write:
     /// written again and told again; where it holds the newer ones, looked at again later;
     /// anything else is someone else's write, left alone.
-    fn settle_hooked(&self) {
+    fn settle_hooked(&self, io: &mut Io) {
         let Some(cgroups) = self.writer.cgroups.as_ref() else {
             return;
         };
@@ -739,39 +739,39 @@ impl Policy {
                 self.runtime.settled(&h.cgroup);
             }
         }
-        self.rewrite(stale);
+        self.rewrite(io, stale);
     }
 
     /// A removed container the plugin did not place (kubelet's, fenced or left alone): what
     /// it was given and its fence are forgotten now, not at the next Synchronize.
-    fn forget_unplaced(&self, c: &api::Container) {
+    fn forget_unplaced(&self, io: &mut Io, c: &api::Container) {
         let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
         if path.is_empty() {
             return;
         }
         let cg = cgroup_rel(path);
         self.runtime.untrack(&cg);
-        let mut s = self.d().lock();
+        let mut s = self.d().lock(io);
         s.fenced.remove(&cg);
         s.refused.remove(&cg);
         s.fence_failures.remove(&cg);
     }
 
     /// Releases a placed container; `true` when it held an allocation.
-    fn release(&mut self, id: &str, durability: Durability) -> bool {
+    fn release(&mut self, io: &mut Io, id: &str, durability: Durability) -> bool {
         let Some(t) = self.containers.remove(id) else {
             return false;
         };
         if !t.key.is_container() {
             // one container of a pod under pod scope: its share goes back to the pod
             self.runtime.untrack(&t.cgroup);
-            return self.admission.unbind(&t.cgroup, durability).is_some();
+            return self.admission.unbind(io, &t.cgroup, durability).is_some();
         }
-        match self.admission.release(&t.key, durability) {
+        match self.admission.release(io, &t.key, durability) {
             Ok(()) => {
                 self.runtime.untrack(&t.cgroup);
                 if durability == Durability::Deferred {
-                    self.admission.request_checkpoint();
+                    self.admission.request_checkpoint(io);
                 }
                 tracing::info!(container = %id, cgroup = %t.cgroup, "container released");
                 true
@@ -796,12 +796,12 @@ impl Policy {
     /// it finds paused as unknown and leaves it out of the list): they keep their allocation,
     /// counted `live` and tracked again, until they go (RemoveContainer, or a later
     /// Synchronize that finds their cgroup empty or gone).
-    fn keep_unlisted(&mut self, live: &mut Vec<String>) {
+    fn keep_unlisted(&mut self, io: &mut Io, live: &mut Vec<String>) {
         let Some(cgroups) = self.writer.cgroups.clone() else {
             return;
         };
         let unlisted: Vec<(String, AllocKey)> = {
-            let s = self.d().lock();
+            let s = self.d().lock(io);
             (s.state.bindings.iter())
                 .filter(|(cg, _)| !live.contains(cg))
                 .map(|(cg, b)| (cg.clone(), b.pod_uid.clone()))
@@ -836,8 +836,14 @@ impl Policy {
     /// Fails the `hook` (CreateContainer, UpdateContainer) with `why`; a dry run lets the
     /// container start or the update through as the runtime makes it instead (the empty
     /// answer), logging and counting the refusal it would have made.
-    fn refuse<T: Default>(&self, hook: &str, id: &str, why: String) -> Result<T, String> {
-        if self.dry_run() {
+    fn refuse<T: Default>(
+        &self,
+        io: &mut Io,
+        hook: &str,
+        id: &str,
+        why: String,
+    ) -> Result<T, String> {
+        if self.dry_run(io) {
             tracing::warn!(container = %id, error = %why, "dry run: {hook} would be refused; left as the runtime makes it");
             self.d().metrics.dry_run_refusals.inc();
             return Ok(T::default());
@@ -850,12 +856,13 @@ impl Policy {
     /// (kubelet's CPU Manager writes its own pools that way) and this is no dry run.
     fn pin_current(
         &self,
+        io: &mut Io,
         id: &str,
         cgroup: &str,
         r: Option<&api::LinuxResources>,
     ) -> Option<api::ContainerUpdate> {
         let names = (r.and_then(|r| r.cpu.as_ref())).is_some_and(|c| !c.cpus.is_empty());
-        if !names || self.dry_run() {
+        if !names || self.dry_run(io) {
             return None;
         }
         let cpus = self.writer.cpus(cgroup)?;
@@ -863,8 +870,8 @@ impl Policy {
     }
 
     /// Per node: its CPUs free for an exclusive allocation now (for refusal messages).
-    fn free_by_node(&self) -> String {
-        let s = self.d().lock();
+    fn free_by_node(&self, io: &mut Io) -> String {
+        let s = self.d().lock(io);
         let pool = s
             .state
             .allocator
@@ -889,12 +896,12 @@ impl Policy {
     /// device provider's hints come from their PCI NUMA node. Each node's outcome is logged
     /// at debug; a PCI device the topology does not list (hot-plugged after the topology was
     /// read) is left out with a warning.
-    fn attached_devices(&self, r: &Request) -> Vec<String> {
+    fn attached_devices(&self, io: &mut Io, r: &Request) -> Vec<String> {
         if r.devices.is_empty() {
             return Vec::new();
         }
         let (root, known) = {
-            let s = self.d().lock();
+            let s = self.d().lock(io);
             let known: std::collections::BTreeSet<String> =
                 s.topo.devices.iter().map(|d| d.address.clone()).collect();
             (s.cfg.daemon.sysfs_root.clone(), known)
@@ -927,12 +934,13 @@ impl Policy {
     /// updates, or the refusal message.
     fn admit(
         &mut self,
+        io: &mut Io,
         r: &Request,
         id: &str,
         pod_id: &str,
         durability: Durability,
     ) -> Result<(CpuSet, CpuSet, Vec<api::ContainerUpdate>), String> {
-        let attached = self.attached_devices(r);
+        let attached = self.attached_devices(io, r);
         let with_devices;
         let r = if attached.is_empty() {
             r
@@ -943,7 +951,7 @@ impl Policy {
             &with_devices
         };
         self.writer.take();
-        let pod_scope = self.d().lock().cfg.placement.scope == crate::config::TopologyScope::Pod;
+        let pod_scope = self.d().lock(io).cfg.placement.scope == crate::config::TopologyScope::Pod;
         let res = match (r.key.container_part()).filter(|_| pod_scope) {
             // Pod scope: one container of its pod, named uniquely (a restarted container
             // keeps its name), the pod's totals as the runtime sent them.
@@ -954,23 +962,29 @@ impl Policy {
                     ..r.pod.containers[0].clone()
                 };
                 let none = Container::default();
-                self.admission.admit_member(MemberRequest {
-                    member: PodMember {
-                        pod_uid,
-                        totals: r.totals.as_ref().unwrap_or(&none),
-                        container: &c,
+                self.admission.admit_member(
+                    io,
+                    MemberRequest {
+                        member: PodMember {
+                            pod_uid,
+                            totals: r.totals.as_ref().unwrap_or(&none),
+                            container: &c,
+                        },
+                        bind: &r.cgroup,
+                        durability,
+                        since: Instant::now(),
                     },
-                    bind: &r.cgroup,
+                )
+            }
+            None => self.admission.admit(
+                io,
+                AdmitRequest {
+                    pod: &r.pod,
+                    bind: Some(&r.cgroup),
                     durability,
                     since: Instant::now(),
-                })
-            }
-            None => self.admission.admit(AdmitRequest {
-                pod: &r.pod,
-                bind: Some(&r.cgroup),
-                durability,
-                since: Instant::now(),
-            }),
+                },
+            ),
         };
         match res {
             Ok(a) => {
@@ -995,7 +1009,7 @@ impl Policy {
                     c.memory_request() >> 20
                 );
                 if !c.attached_devices.is_empty() {
-                    let s = self.d().lock();
+                    let s = self.d().lock(io);
                     let on = |a: &String| {
                         let node = s.topo.devices.iter().find(|d| &d.address == a);
                         match node.and_then(|d| d.node) {
@@ -1013,7 +1027,7 @@ impl Policy {
                         r.key.pod_uid(),
                         rejection.reason,
                         rejection.details,
-                        self.free_by_node()
+                        self.free_by_node(io)
                     ),
                     other => format!("rebalancer: container {}: {other}", c.name),
                 })
@@ -1024,8 +1038,9 @@ impl Policy {
 
 impl Handler for Policy {
     fn configure(&mut self, req: api::ConfigureRequest) -> Result<api::ConfigureResponse, String> {
+        let io = &mut Io::new();
         use crate::config::RuntimeUpdates as U;
-        let mode = self.d().lock().cfg.kubernetes.nri_runtime_updates;
+        let mode = self.d().lock(io).cfg.kubernetes.nri_runtime_updates;
         let (safe, why) =
             super::nri_updates::runtime_updates_safe(&req.runtime_name, &req.runtime_version);
         let (on, why) = match mode {
@@ -1045,7 +1060,7 @@ impl Handler for Policy {
             )
         };
         tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version, unsolicited_updates = on, reason = %why, "NRI plugin configured by the runtime");
-        self.d().lock().nri_runtime = super::status::NriRuntime {
+        self.d().lock(io).nri_runtime = super::status::NriRuntime {
             name: req.runtime_name.clone(),
             version: req.runtime_version.clone(),
             unsolicited_updates: on,
@@ -1060,12 +1075,13 @@ impl Handler for Policy {
         &mut self,
         mut req: api::SynchronizeRequest,
     ) -> Result<api::SynchronizeResponse, String> {
+        let io = &mut Io::new();
         // moved, not cloned: the request is as large as the runtime's whole node
         let listed: Vec<String> = req.pods.iter().map(|p| p.uid.clone()).collect();
         let pods = std::mem::take(&mut req.pods);
         {
             // the runtime's pods are all there is: what gone pods asked goes with them
-            let mut s = self.d().lock();
+            let mut s = self.d().lock(io);
             s.state.annotated.clear();
             for p in &pods {
                 note_annotations(&mut s.state.annotated, p);
@@ -1091,7 +1107,7 @@ impl Handler for Policy {
                 tracing::warn!(container = %c.id, pod = %c.pod_sandbox_id, "synchronize: container of a pod the runtime did not list; ignored");
                 continue;
             };
-            let r = match self.request(&pod, c) {
+            let r = match self.request(io, &pod, c) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
                 Err(e) => {
@@ -1103,12 +1119,12 @@ impl Handler for Policy {
                 continue;
             }
             self.d().metrics.name_workload(&r.cgroup, names_of(&pod, c));
-            if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
+            if let Kubelets::Theirs(fenced) = self.kubelets(io, &r, c) {
                 updates.extend(fenced.map(|cpus| update(&c.id, &cpus, None)));
                 continue;
             }
             live.push(r.cgroup.clone());
-            let bound = self.d().lock().state.bindings.get(&r.cgroup).cloned();
+            let bound = self.d().lock(io).state.bindings.get(&r.cgroup).cloned();
             match bound {
                 // Placed before the restart: kept as it is, once.
                 Some(b) => {
@@ -1125,7 +1141,7 @@ impl Handler for Policy {
                 None => adopt.push((r, c.id.clone(), pod.id.clone())),
             }
         }
-        self.keep_unlisted(&mut live);
+        self.keep_unlisted(io, &mut live);
         self.runtime.retrack(
             self.containers
                 .iter()
@@ -1136,7 +1152,7 @@ impl Handler for Policy {
         // containers gone give their share back, pods gone release their hold.
         let (mut gone, mut gone_members) = (Vec::new(), Vec::new());
         {
-            let s = self.d().lock();
+            let s = self.d().lock(io);
             for (cg, b) in (s.state.bindings.iter()).filter(|(cg, _)| !live.contains(cg)) {
                 if b.pod_uid.is_container() {
                     gone.push(b.pod_uid.to_string());
@@ -1147,16 +1163,16 @@ impl Handler for Policy {
             }
         }
         for cg in &gone_members {
-            self.admission.unbind(cg, Durability::Deferred);
+            self.admission.unbind(io, cg, Durability::Deferred);
         }
         let mut pods_gone = 0;
-        for uid in self.admission.held_pods() {
-            if !listed.contains(&uid) && self.admission.pod_gone(&uid, Durability::Deferred) {
+        for uid in self.admission.held_pods(io) {
+            if !listed.contains(&uid) && self.admission.pod_gone(io, &uid, Durability::Deferred) {
                 pods_gone += 1;
             }
         }
         for key in &gone {
-            if let Err(e) = self.admission.release(key, Durability::Deferred) {
+            if let Err(e) = self.admission.release(io, key, Durability::Deferred) {
                 tracing::warn!(%key, error = %e, "synchronize: release failed");
             } else {
                 tracing::info!(%key, "synchronize: container gone while disconnected; released");
@@ -1166,10 +1182,10 @@ impl Handler for Policy {
         let adopting = self.admission.adopting();
         let plain = std::mem::replace(&mut self.admission, adopting);
         for (r, id, pod_id) in adopt {
-            match self.admit(&r, &id, &pod_id, Durability::Deferred) {
+            match self.admit(io, &r, &id, &pod_id, Durability::Deferred) {
                 Ok((cpus, mems, others)) => {
                     tracing::info!(container = %id, cgroup = %r.cgroup, %cpus, %mems, "running container adopted");
-                    if !self.d().lock().cfg.daemon.dry_run {
+                    if !self.d().lock(io).cfg.daemon.dry_run {
                         updates.push(update(&id, &cpus, Some(&mems)));
                     }
                     updates.extend(others);
@@ -1181,11 +1197,11 @@ impl Handler for Policy {
         }
         self.admission = plain;
         if !gone.is_empty() || !gone_members.is_empty() || pods_gone > 0 {
-            updates.extend(self.regrow(true));
+            updates.extend(self.regrow(io, true));
         }
         // Every bound container the runtime runs elsewhere than booked (an answer it gave up
         // waiting for started it unplaced; an update it never got): set back, through it.
-        let repaired = self.admission.repair(|cg| {
+        let repaired = self.admission.repair(io, |cg| {
             let (cpus, mems) = reported.get(cg)?;
             let mut seen = super::reconcile::Seen {
                 cpus: vec![cpus.clone()],
@@ -1198,7 +1214,7 @@ impl Handler for Policy {
         if !repaired.is_empty() {
             updates.extend(self.drain(None, true).1);
         }
-        if let Err(e) = self.admission.checkpoint() {
+        if let Err(e) = self.admission.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint after synchronize failed");
         }
         tracing::info!(
@@ -1209,7 +1225,7 @@ impl Handler for Policy {
             repaired = repaired.len(),
             "synchronized with the runtime"
         );
-        updates.extend(self.queued_for_hook());
+        updates.extend(self.queued_for_hook(io));
         Ok(api::SynchronizeResponse { update: updates })
     }
 
@@ -1217,6 +1233,7 @@ impl Handler for Policy {
         &mut self,
         req: api::CreateContainerRequest,
     ) -> Result<api::CreateContainerResponse, String> {
+        let io = &mut Io::new();
         let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
             self.admission.record_invalid();
             return Err("rebalancer: CreateContainer without its pod or container".into());
@@ -1228,19 +1245,19 @@ impl Handler for Policy {
                 c.id, c.name, pod.id
             ));
         }
-        let r = match self.request(pod, c) {
+        let r = match self.request(io, pod, c) {
             Ok(Some(r)) => r,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
                 self.admission.record_invalid();
-                return self.refuse("CreateContainer", &c.id, format!("rebalancer: {e}"));
+                return self.refuse(io, "CreateContainer", &c.id, format!("rebalancer: {e}"));
             }
         };
         self.d().metrics.name_workload(&r.cgroup, names_of(pod, c));
         // kubelet writes its state file at admission, before CreateContainer: a changed file
         // is read again first, and the shared containers it shrank ride this answer
-        let refreshed = self.admission.refresh_kubelet();
-        if let Kubelets::Theirs(fenced) = self.kubelets(&r, c) {
+        let refreshed = self.admission.refresh_kubelet(io);
+        if let Kubelets::Theirs(fenced) = self.kubelets(io, &r, c) {
             let update = if refreshed {
                 self.drain(None, true).1
             } else {
@@ -1255,25 +1272,29 @@ impl Handler for Policy {
         if self.containers.contains_key(&c.id) {
             self.admission.record_invalid();
             return self.refuse(
+                io,
                 "CreateContainer",
                 &c.id,
                 format!("rebalancer: container {} created twice", c.id),
             );
         }
-        let (cpus, mems, updates) = match self.admit(&r, &c.id, &pod.id, Durability::Deferred) {
+        let (cpus, mems, updates) = match self.admit(io, &r, &c.id, &pod.id, Durability::Deferred) {
             Ok(a) => a,
-            Err(e) => return self.refuse("CreateContainer", &c.id, e),
+            Err(e) => return self.refuse(io, "CreateContainer", &c.id, e),
         };
         // Checkpointed soon (coalesced), not before answering: if the daemon dies first, the
         // runtime's Synchronize on reconnect lists the container and it is adopted again.
-        self.admission.request_checkpoint();
+        self.admission.request_checkpoint(io);
         tracing::info!(container = %c.id, name = %c.name, cgroup = %r.cgroup, %cpus, %mems, "container admitted at creation (NRI)");
-        if self.d().lock().cfg.daemon.dry_run {
+        if self.d().lock(io).cfg.daemon.dry_run {
             return Ok(Default::default());
         }
         Ok(api::CreateContainerResponse {
             adjust: Some(adjustment(&cpus, Some(&mems))),
-            update: updates.into_iter().chain(self.queued_for_hook()).collect(),
+            update: updates
+                .into_iter()
+                .chain(self.queued_for_hook(io))
+                .collect(),
             evict: vec![],
         })
     }
@@ -1287,6 +1308,7 @@ impl Handler for Policy {
         &mut self,
         req: api::UpdateContainerRequest,
     ) -> Result<api::UpdateContainerResponse, String> {
+        let io = &mut Io::new();
         let (Some(pod), Some(c)) = (req.pod.as_ref(), req.container.as_ref()) else {
             self.admission.record_invalid();
             return Err("rebalancer: UpdateContainer without its pod or container".into());
@@ -1294,7 +1316,7 @@ impl Handler for Policy {
         let Some(t) = self.containers.get(&c.id).cloned() else {
             // not placed by the plugin (not Kubernetes', kubelet's, or never admitted)
             return Ok(api::UpdateContainerResponse {
-                update: self.queued_for_hook(),
+                update: self.queued_for_hook(io),
                 ..Default::default()
             });
         };
@@ -1303,9 +1325,9 @@ impl Handler for Policy {
         // where unset) asks for no size: not a resize, whatever QoS its zeros would read as.
         // Either way, a cpuset it names is answered with the one the container has: the
         // runtime would apply the asked one over the books otherwise.
-        let pin = self.pin_current(&c.id, &t.cgroup, req.linux_resources.as_ref());
+        let pin = self.pin_current(io, &c.id, &t.cgroup, req.linux_resources.as_ref());
         if !asks_a_size(req.linux_resources.as_ref()) {
-            let mut update = self.queued_for_hook();
+            let mut update = self.queued_for_hook(io);
             update.extend(pin);
             return Ok(api::UpdateContainerResponse {
                 update,
@@ -1317,22 +1339,22 @@ impl Handler for Policy {
         if let (Some(l), Some(r)) = (next.linux.as_mut(), req.linux_resources.clone()) {
             l.resources = Some(r);
         }
-        let asked = match self.request(pod, &next) {
+        let asked = match self.request(io, pod, &next) {
             Ok(Some(r)) => r.pod.containers[0].clone(),
             Ok(None) => return Ok(Default::default()),
-            Err(e) => return self.refuse("UpdateContainer", &c.id, format!("rebalancer: {e}")),
+            Err(e) => return self.refuse(io, "UpdateContainer", &c.id, format!("rebalancer: {e}")),
         };
         self.writer.take();
         match self
             .admission
-            .resize(&t.cgroup, &asked, Durability::Deferred)
+            .resize(io, &t.cgroup, &asked, Durability::Deferred)
         {
             Ok(placed) => {
                 let (mine, mut updates) = self.drain(Some(&t.cgroup), true);
                 if let Some(p) = &placed {
                     tracing::info!(container = %c.id, cgroup = %t.cgroup, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized");
                 }
-                updates.extend(self.queued_for_hook());
+                updates.extend(self.queued_for_hook(io));
                 // last: the runtime takes its resized container's resources from its update
                 match mine {
                     Some(m) => updates.push(update(&c.id, &m.cpus, m.mems.as_ref())),
@@ -1351,9 +1373,9 @@ impl Handler for Policy {
                     c.name,
                     asked.cpu_request(),
                     asked.memory_request() >> 20,
-                    self.free_by_node()
+                    self.free_by_node(io)
                 );
-                self.refuse("UpdateContainer", &c.id, why)
+                self.refuse(io, "UpdateContainer", &c.id, why)
             }
         }
     }
@@ -1362,27 +1384,29 @@ impl Handler for Policy {
         &mut self,
         req: api::StopContainerRequest,
     ) -> Result<api::StopContainerResponse, String> {
+        let io = &mut Io::new();
         let Some(c) = req.container.as_ref() else {
             return Err("rebalancer: StopContainer without its container".into());
         };
-        let mut update = if self.release(&c.id, Durability::Deferred) {
-            self.regrow(true)
+        let mut update = if self.release(io, &c.id, Durability::Deferred) {
+            self.regrow(io, true)
         } else {
             Vec::new()
         };
-        update.extend(self.queued_for_hook());
+        update.extend(self.queued_for_hook(io));
         Ok(api::StopContainerResponse { update })
     }
 
     fn state_change(&mut self, ev: api::StateChangeEvent) -> Result<(), String> {
+        let io = &mut Io::new();
         let event = api::Event::try_from(ev.event)
             .map_err(|_| format!("rebalancer: unknown NRI event {}", ev.event))?;
         match event {
             api::Event::RunPodSandbox => {
                 let pod = ev.pod.ok_or("rebalancer: RunPodSandbox without its pod")?;
-                let asks = note_annotations(&mut self.d().lock().state.annotated, &pod);
+                let asks = note_annotations(&mut self.d().lock(io).state.annotated, &pod);
                 if asks {
-                    self.admission.request_checkpoint();
+                    self.admission.request_checkpoint(io);
                 }
                 self.pods.insert(pod.id.clone(), pod);
             }
@@ -1394,10 +1418,10 @@ impl Handler for Policy {
                 self.d()
                     .metrics
                     .forget_workload(Some(&cgroup_rel(path)), None);
-                if self.release(&c.id, Durability::Deferred) {
-                    self.regrow_unsolicited();
+                if self.release(io, &c.id, Durability::Deferred) {
+                    self.regrow_unsolicited(io);
                 } else {
-                    self.forget_unplaced(&c);
+                    self.forget_unplaced(io, &c);
                 }
             }
             // A stopped sandbox (a completed pod keeps it until the pod object goes) frees
@@ -1409,14 +1433,14 @@ impl Handler for Policy {
                 if event == api::Event::RemovePodSandbox {
                     self.pods.remove(&pod.id);
                     self.d().metrics.forget_workload(None, Some(&pod.uid));
-                    let asked = self.d().lock().state.annotated.remove(&pod.uid);
+                    let asked = self.d().lock(io).state.annotated.remove(&pod.uid);
                     if asked.is_some() {
-                        self.admission.request_checkpoint();
+                        self.admission.request_checkpoint(io);
                     }
                 }
                 // kubelet's containers of the pod that were fenced: gone with it
                 {
-                    let mut s = self.d().lock();
+                    let mut s = self.d().lock(io);
                     let sh = &mut *s;
                     for (cg, _) in sh.fenced.iter().filter(|(_, uid)| **uid == pod.uid) {
                         self.runtime.untrack(cg);
@@ -1432,12 +1456,12 @@ impl Handler for Policy {
                     .collect();
                 let mut any = false;
                 for id in ids {
-                    any |= self.release(&id, Durability::Deferred);
+                    any |= self.release(io, &id, Durability::Deferred);
                 }
                 // pod scope: the pod's hold goes with its sandbox
-                any |= self.admission.pod_gone(&pod.uid, Durability::Deferred);
+                any |= self.admission.pod_gone(io, &pod.uid, Durability::Deferred);
                 if any {
-                    self.regrow_unsolicited();
+                    self.regrow_unsolicited(io);
                 }
             }
             _ => {}
@@ -1446,20 +1470,23 @@ impl Handler for Policy {
     }
 
     fn pending_updates(&mut self) -> Vec<api::ContainerUpdate> {
-        if self.dry_run() {
+        let io = &mut Io::new();
+        if self.dry_run(io) {
             return Vec::new();
         }
         // hook answers the runtime has had time to apply: newer writes put back
-        self.settle_hooked();
+        self.settle_hooked(io);
         self.runtime.take_batch()
     }
 
     fn updates_answered(&mut self, result: Result<Vec<String>, String>) {
-        self.rewrite(self.runtime.answered(result));
+        let io = &mut Io::new();
+        self.rewrite(io, self.runtime.answered(result));
     }
 
     fn updates_timed_out(&mut self) {
-        self.rewrite(self.runtime.timed_out());
+        let io = &mut Io::new();
+        self.rewrite(io, self.runtime.timed_out());
     }
 
     fn alive(&mut self) {
@@ -1475,13 +1502,14 @@ impl Handler for Policy {
     }
 
     fn connection(&mut self, up: bool) {
+        let io = &mut Io::new();
         if up {
             self.alive();
         }
         let stale = self.runtime.set_connected(up);
-        self.rewrite(stale);
+        self.rewrite(io, stale);
         self.d().metrics.nri_connected.set(i64::from(up));
-        self.d().lock().nri_connected = up;
+        self.d().lock(io).nri_connected = up;
         if up {
             tracing::info!("NRI plugin registered with the runtime");
         } else {
@@ -1503,12 +1531,13 @@ pub fn resolve_mode(cfg: &crate::config::KubernetesConfig) -> crate::config::Adm
 /// Starts the plugin thread: connects to the runtime and reconnects for as long as the daemon
 /// runs.
 pub fn spawn(
+    io: &mut Io,
     d: Daemon,
     cgroups: Cgroups,
     runtime: Arc<Runtime>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let k = d.lock().cfg.kubernetes.clone();
+    let k = d.lock(io).cfg.kubernetes.clone();
     let opts = crate::nri::session::Options {
         socket: k.nri_socket,
         name: "rebalancer".into(),
@@ -1636,11 +1665,11 @@ mod tests {
         p.health = Some(d.metrics.health.register("nri", Some(NRI_MAX_UNREGISTERED)));
         p.connection(true);
         p.alive();
-        assert!(d.lock().nri_connected);
+        assert!(d.lock(&mut Io::new()).nri_connected);
         assert_eq!(d.metrics.nri_connected.get(), 1);
         assert!(d.metrics.health.dead().is_empty());
         drop(p);
-        assert!(!d.lock().nri_connected);
+        assert!(!d.lock(&mut Io::new()).nri_connected);
         assert_eq!(d.metrics.nri_connected.get(), 0);
         let dead = d.metrics.health.dead();
         assert_eq!(dead.len(), 1, "{dead:?}");
@@ -1655,7 +1684,7 @@ mod tests {
         let mut p = policy(dir.path());
         // cgroupfs driver, kubelet --cgroup-root=/kubelet
         let root = "/kubelet/kubepods";
-        p.d().lock().cfg.cgroups.kubernetes_root = Some(root.into());
+        p.d().lock(&mut Io::new()).cfg.cgroups.kubernetes_root = Some(root.into());
         let mut gp = pod("g", "");
         gp.linux.as_mut().unwrap().cgroup_parent = format!("{root}/pod{UID}");
         run_pod(&mut p, &gp);
@@ -1735,7 +1764,8 @@ mod tests {
         assert!(!adjusted_cpus(&create(&mut p, &tp, &twin).unwrap()).is_empty());
         let cg = |c: &api::Container| cgroup_rel(&c.linux.as_ref().unwrap().cgroups_path);
         {
-            let s = p.d().lock();
+            let mut io = Io::new();
+            let s = p.d().lock(&mut io);
             assert!(
                 !s.state.bindings.contains_key(&cg(&left)),
                 "left to the runtime: not admitted"
@@ -1749,7 +1779,8 @@ mod tests {
         // other node. The planner moves the twin there and never the pinned one.
         let moved = {
             use crate::controller::{self, CgroupObs, NodeObs, Observations};
-            let s = p.d().lock();
+            let mut io = Io::new();
+            let s = p.d().lock(&mut io);
             let mut obs = Observations {
                 period_ns: 2_000_000_000,
                 nodes: (s.topo.nodes.iter())
@@ -1828,7 +1859,8 @@ mod tests {
             container: None,
         })
         .unwrap();
-        let s = p.d().lock();
+        let mut io = Io::new();
+        let s = p.d().lock(&mut io);
         assert!(!s.state.annotated.contains_key(&kp.uid));
         assert!(s.state.annotated.contains_key(&lp.uid));
     }
@@ -1869,7 +1901,13 @@ mod tests {
             })
             .unwrap();
         assert_eq!(stop.update.len(), 1);
-        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+        assert!(p
+            .d()
+            .lock(&mut Io::new())
+            .state
+            .allocator
+            .exclusive_cpus()
+            .is_empty());
     }
 
     /// A dry run turned on by a reload sends nothing to the runtime, not even
@@ -1896,7 +1934,7 @@ mod tests {
                 container: Some(g.clone()),
             })
             .unwrap();
-            p.d().lock().cfg.daemon.dry_run = dry;
+            p.d().lock(&mut Io::new()).cfg.daemon.dry_run = dry;
             let sent = p.pending_updates();
             if dry {
                 assert!(sent.is_empty(), "dry run sent {sent:?}");
@@ -1958,7 +1996,10 @@ mod tests {
         kc.name = "app".into();
         let r = create(&mut p, &kp, &kc).unwrap();
         assert!(r.adjust.is_none(), "{r:?}");
-        assert!(super::super::kubelet::owns_pod(&p.d().lock(), kube_uid));
+        assert!(super::super::kubelet::owns_pod(
+            &p.d().lock(&mut Io::new()),
+            kube_uid
+        ));
         assert_eq!(r.update.len(), 1, "{:?}", r.update);
         assert_eq!(r.update[0].container_id, b.id);
         let upd = r.update[0]
@@ -1990,7 +2031,10 @@ mod tests {
         assert_eq!(r.pod.containers[0].cpu_limit_millis, 2000);
         let cpus = adjusted_cpus(&create(&mut p, &gp, &c).unwrap());
         assert_eq!(cpus.len(), 2, "{cpus}");
-        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), cpus);
+        assert_eq!(
+            p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus(),
+            cpus
+        );
         // a quota, when there is one, is the request
         let q = request(&gp, &ctr("b", &gp, 100_000, 2048, 1 << 30), None)
             .unwrap()
@@ -2058,7 +2102,7 @@ mod tests {
         let one = adjusted_cpus(&create(&mut p, &gp, &g).unwrap());
         let b = ctr("b", &bp, 0, 512, 0);
         create(&mut p, &bp, &b).unwrap();
-        let excl = |p: &Policy| p.d().lock().state.allocator.exclusive_cpus();
+        let excl = |p: &Policy| p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus();
 
         let r = resize(&mut p, &gp, &g, 200_000).unwrap();
         let two = updated_cpus(&r, &g.id).expect("the resized container's update");
@@ -2074,14 +2118,14 @@ mod tests {
             .cpus(&request(&bp, &b, None).unwrap().unwrap().cgroup);
         assert!(shared.is_none_or(|s| s.is_disjoint(&two)));
 
-        let before = p.d().lock().state.clone();
+        let before = p.d().lock(&mut Io::new()).state.clone();
         let e = resize(&mut p, &gp, &g, 300_000).unwrap_err();
         assert!(
             e.contains("refused the resize") && e.contains("InsufficientCPU"),
             "{e}"
         );
         assert_eq!(
-            p.d().lock().state,
+            p.d().lock(&mut Io::new()).state,
             before,
             "a refused resize changes nothing"
         );
@@ -2106,7 +2150,7 @@ mod tests {
         run_pod(&mut p, &gp);
         let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
         create(&mut p, &gp, &g).unwrap();
-        p.d().lock().cfg.daemon.dry_run = true;
+        p.d().lock(&mut Io::new()).cfg.daemon.dry_run = true;
         let r = resize(&mut p, &gp, &g, 300_000).expect("a dry run refuses nothing");
         assert!(r.update.is_empty(), "{r:?}");
         assert_eq!(p.d().metrics.dry_run_refusals.get(), 1);
@@ -2123,7 +2167,7 @@ mod tests {
         run_pod(&mut p, &gp);
         let g = ctr("a", &gp, 100_000, 1024, 1 << 30);
         create(&mut p, &gp, &g).unwrap();
-        let before = p.d().lock().state.clone();
+        let before = p.d().lock(&mut Io::new()).state.clone();
         let zero_i = Some(api::OptionalInt64 { value: 0 });
         let r = p
             .update_container(api::UpdateContainerRequest {
@@ -2152,9 +2196,13 @@ mod tests {
             "the cpuset it has, not the asked one: {r:?}"
         );
         assert_eq!(r.update.last().unwrap().container_id, g.id);
-        assert_eq!(p.d().lock().state, before, "nothing booked");
+        assert_eq!(p.d().lock(&mut Io::new()).state, before, "nothing booked");
         assert!(resize(&mut p, &gp, &g, 200_000).is_ok());
-        assert_ne!(p.d().lock().state, before, "a real resize is still booked");
+        assert_ne!(
+            p.d().lock(&mut Io::new()).state,
+            before,
+            "a real resize is still booked"
+        );
     }
 
     #[test]
@@ -2197,10 +2245,10 @@ mod tests {
         for dry in [false, true] {
             let dir = tempfile::tempdir().unwrap();
             let mut p = policy(dir.path());
-            p.d().lock().cfg.daemon.dry_run = dry;
+            p.d().lock(&mut Io::new()).cfg.daemon.dry_run = dry;
             let gp = pod("g", "");
             run_pod(&mut p, &gp);
-            let before = p.d().lock().state.clone();
+            let before = p.d().lock(&mut Io::new()).state.clone();
             let big = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20));
             let mut bad = ctr("b", &gp, 100_000, 1024, 1 << 20);
             bad.linux.as_mut().unwrap().resources = None;
@@ -2216,7 +2264,7 @@ mod tests {
                 assert!(bad.unwrap_err().contains("without linux resources"));
                 assert_eq!(p.d().metrics.dry_run_refusals.get(), 0);
             }
-            assert_eq!(p.d().lock().state, before, "nothing booked");
+            assert_eq!(p.d().lock(&mut Io::new()).state, before, "nothing booked");
         }
     }
 
@@ -2226,7 +2274,7 @@ mod tests {
         let mut p = policy(dir.path());
         let gp = pod("g", "");
         run_pod(&mut p, &gp);
-        let before = p.d().lock().state.clone();
+        let before = p.d().lock(&mut Io::new()).state.clone();
         // A container of a pod the runtime never announced.
         let other = pod("x", "");
         let e = create(&mut p, &other, &ctr("a", &other, 100_000, 1024, 1 << 20)).unwrap_err();
@@ -2263,7 +2311,7 @@ mod tests {
         // Too big: refused with the reason.
         let e = create(&mut p, &gp, &ctr("a", &gp, 900_000, 9216, 1 << 20)).unwrap_err();
         assert!(e.contains("InsufficientCPU"), "{e}");
-        assert_eq!(p.d().lock().state, before, "nothing changed");
+        assert_eq!(p.d().lock(&mut Io::new()).state, before, "nothing changed");
 
         // Through the wire: garbage payloads and unknown methods are refused by status code.
         let req = |method: &str, payload: Vec<u8>| envelope::Request {
@@ -2287,7 +2335,7 @@ mod tests {
             dispatch(&mut p, &other_service).unwrap_err().code,
             CODE_UNIMPLEMENTED
         );
-        assert_eq!(p.d().lock().state, before, "nothing changed");
+        assert_eq!(p.d().lock(&mut Io::new()).state, before, "nothing changed");
 
         // Unknown fields (a newer NRI) are skipped, as protobuf intends: the request works.
         let g = ctr("a", &gp, 100_000, 1024, 1 << 20);
@@ -2312,7 +2360,7 @@ mod tests {
         let g2 = ctr("c", &gp, 100_000, 1024, 1 << 20);
         let answer = create(&mut p, &gp, &g).unwrap();
         create(&mut p, &gp, &g2).unwrap();
-        let excl = p.d().lock().state.allocator.exclusive_cpus();
+        let excl = p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus();
         // A restarted plugin (fresh Policy, same state): g still runs, g2 is gone, g3 is new.
         let mut p = Policy::new(p.d().clone(), None, p.runtime.clone());
         let mut running = g.clone();
@@ -2338,7 +2386,8 @@ mod tests {
                 containers: vec![running, g3.clone()],
             })
             .unwrap();
-        let s = p.d().lock();
+        let mut io = Io::new();
+        let s = p.d().lock(&mut io);
         assert_eq!(
             s.state.allocator.pods.len(),
             2,
@@ -2377,7 +2426,10 @@ mod tests {
                 containers: vec![paused],
             })
             .unwrap();
-        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
+        assert_eq!(
+            p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus(),
+            booked
+        );
         assert_eq!(r.update.len(), 1, "{:?}", r.update);
         assert_eq!(r.update[0].container_id, g.id);
         let cpu = r.update[0]
@@ -2424,15 +2476,24 @@ mod tests {
         std::fs::write(&events, "populated 1\nfrozen 1\n").unwrap();
         let mut p = Policy::new(p.d().clone(), Some(cgroups), p.runtime.clone());
         sync(&mut p);
-        assert_eq!(p.d().lock().state.allocator.exclusive_cpus(), booked);
-        assert!(p.d().lock().state.bindings.contains_key(&cg));
+        assert_eq!(
+            p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus(),
+            booked
+        );
+        assert!(p.d().lock(&mut Io::new()).state.bindings.contains_key(&cg));
         std::fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
         sync(&mut p);
         assert!(
-            p.d().lock().state.bindings.is_empty(),
+            p.d().lock(&mut Io::new()).state.bindings.is_empty(),
             "released once empty"
         );
-        assert!(p.d().lock().state.allocator.exclusive_cpus().is_empty());
+        assert!(p
+            .d()
+            .lock(&mut Io::new())
+            .state
+            .allocator
+            .exclusive_cpus()
+            .is_empty());
     }
 
     #[test]
@@ -2469,7 +2530,8 @@ mod tests {
             "pod total = sidecar + app, as kubelet counts a restartable init container"
         );
         // Another pod can use what the finished init container had and the app did not take.
-        let s = p.d().lock();
+        let mut io = Io::new();
+        let s = p.d().lock(&mut io);
         assert_eq!(
             s.state.allocator.exclusive_cpus(),
             app_cpus.union(&side_cpus)
@@ -2486,7 +2548,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut p = policy(dir.path());
         {
-            let mut s = p.d().lock();
+            let mut io = Io::new();
+            let mut s = p.d().lock(&mut io);
             s.cfg.placement.scope = crate::config::TopologyScope::Pod;
             s.cfg.placement.policy = crate::config::TopologyPolicy::SingleNumaNode;
         }
@@ -2519,7 +2582,13 @@ mod tests {
         run_pod(&mut p, &big);
         let err = create(&mut p, &big, &ctr("d", &big, 100_000, 1024, 1 << 20)).unwrap_err();
         assert!(err.contains("TopologyAffinityError"), "{err}");
-        assert!(!p.d().lock().state.allocator.pods.contains_key(&big.uid));
+        assert!(!p
+            .d()
+            .lock(&mut Io::new())
+            .state
+            .allocator
+            .pods
+            .contains_key(&big.uid));
         let gp = with_totals("g", UID, 2);
         let hp = with_totals("h", "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", 1);
         run_pod(&mut p, &gp);
@@ -2528,7 +2597,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.totals.as_ref().unwrap().cpu_limit_millis, 2000);
-        let node = |p: &Policy, cpus: &CpuSet| p.d().lock().topo.node_of_cpu(cpus.first().unwrap());
+        let node = |p: &Policy, cpus: &CpuSet| {
+            p.d()
+                .lock(&mut Io::new())
+                .topo
+                .node_of_cpu(cpus.first().unwrap())
+        };
         let a_ctr = ctr("a", &gp, 100_000, 1024, 1 << 20);
         let a = adjusted_cpus(&create(&mut p, &gp, &a_ctr).unwrap());
         let x =
@@ -2548,7 +2622,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(
-            p.d().lock().state.allocator.exclusive_cpus(),
+            p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus(),
             a.union(&bc).union(&x)
         );
         // the sandbox stopped (a completed pod keeps it until the pod object goes): the pod
@@ -2565,7 +2639,8 @@ mod tests {
         })
         .unwrap();
         {
-            let s = p.d().lock();
+            let mut io = Io::new();
+            let s = p.d().lock(&mut io);
             assert!(!s.state.allocator.pods.contains_key(UID));
             assert_eq!(s.state.allocator.exclusive_cpus(), x);
         }
@@ -2575,7 +2650,8 @@ mod tests {
             container: None,
         })
         .unwrap();
-        let s = p.d().lock();
+        let mut io = Io::new();
+        let s = p.d().lock(&mut io);
         assert!(!s.state.allocator.pods.contains_key(UID));
         assert_eq!(s.state.allocator.exclusive_cpus(), x);
     }
@@ -2607,7 +2683,8 @@ mod tests {
             ),
         )
         .unwrap();
-        let mut s = p.d().lock();
+        let mut io = Io::new();
+        let mut s = p.d().lock(&mut io);
         s.cfg.kubernetes.kubelet_state_dir = dir.to_path_buf();
         let m = p.d().metrics.clone();
         crate::daemon::kubelet::adopt(&mut s, &m);
@@ -2641,7 +2718,7 @@ mod tests {
         assert!(r.adjust.is_none() && r.update.is_empty(), "{r:?}");
         assert!(!p
             .d()
-            .lock()
+            .lock(&mut Io::new())
             .state
             .bindings
             .keys()
@@ -2665,7 +2742,8 @@ mod tests {
         run_pod(&mut p, &gp);
         assert!(create(&mut p, &gp, &ctr("d", &gp, 100_000, 1024, 1 << 20)).is_err());
         // never planned: the same pulled observation moves an unpinned container
-        let s = p.d().lock();
+        let mut io = Io::new();
+        let s = p.d().lock(&mut io);
         let kube_cg = request(&kp, &kc, None).unwrap().unwrap().cgroup;
         let obs_of =
             |id: &str, c: crate::controller::Constraints| crate::controller::Observations {
@@ -2735,7 +2813,7 @@ mod tests {
         run_pod(&mut p, &gp);
         let ours =
             adjusted_cpus(&create(&mut p, &gp, &ctr("a", &gp, 100_000, 1024, 1 << 20)).unwrap());
-        let excl = p.d().lock().state.allocator.exclusive_cpus();
+        let excl = p.d().lock(&mut Io::new()).state.allocator.exclusive_cpus();
         assert!(excl.contains(0) && ours.is_subset(&excl), "{excl}");
         let mut kp = pod("k", "");
         kp.uid = kube_uid.into();
@@ -2767,12 +2845,12 @@ mod tests {
         let mut bare = ctr("d", &kp, 50_000, 512, 1 << 20);
         bare.name = "bare".into();
         let fenced = adjusted_cpus(&create(&mut p, &kp, &bare).unwrap());
-        let online = p.d().lock().topo.online_cpus();
+        let online = p.d().lock(&mut Io::new()).topo.online_cpus();
         assert_eq!(fenced, online.difference(&excl));
         // neither is admitted or bound: kubelet booked the pod
         assert!(!p
             .d()
-            .lock()
+            .lock(&mut Io::new())
             .state
             .bindings
             .keys()
@@ -2818,7 +2896,7 @@ mod tests {
         })
         .unwrap();
         assert!(p.runtime.given(&side_cg).is_none());
-        assert!(!p.d().lock().fenced.contains_key(&side_cg));
+        assert!(!p.d().lock(&mut Io::new()).fenced.contains_key(&side_cg));
         // the sandbox gone: nothing of it is fenced or remembered any more
         p.state_change(api::StateChangeEvent {
             event: api::Event::RemovePodSandbox as i32,
@@ -2826,7 +2904,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert!(p.d().lock().fenced.is_empty());
+        assert!(p.d().lock(&mut Io::new()).fenced.is_empty());
         for k in [&bare, &off] {
             let cg = request(&kp, k, None).unwrap().unwrap().cgroup;
             assert!(p.runtime.given(&cg).is_none(), "{cg} still remembered");
@@ -2847,7 +2925,8 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-            let s = p.d().lock();
+            let mut io = Io::new();
+            let s = p.d().lock(&mut io);
             assert_eq!(s.nri_runtime.version, version);
             (
                 p.runtime.updates_enabled(),
@@ -2859,10 +2938,18 @@ mod tests {
         assert!(!on && !shown, "{why}");
         assert!(why.contains("13733"), "{why}");
         assert!(conf(&mut p, "v2.4.1").0);
-        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::On;
+        p.d()
+            .lock(&mut Io::new())
+            .cfg
+            .kubernetes
+            .nri_runtime_updates = U::On;
         let (on, _, why) = conf(&mut p, "1.7.24~ds1");
         assert!(on && why.contains("nri_runtime_updates = true"), "{why}");
-        p.d().lock().cfg.kubernetes.nri_runtime_updates = U::Off;
+        p.d()
+            .lock(&mut Io::new())
+            .cfg
+            .kubernetes
+            .nri_runtime_updates = U::Off;
         assert!(!conf(&mut p, "v2.4.1").0);
         // the config key takes "auto", true and false, and refuses anything else
         let k = |v: &str| {
@@ -2923,7 +3010,8 @@ mod tests {
         let placed = |kind: &str, allow_all: bool, policy_is: T| {
             let mut p = policy(dir.path());
             {
-                let mut s = p.d().lock();
+                let mut io = Io::new();
+                let mut s = p.d().lock(&mut io);
                 s.cfg.daemon.sysfs_root = sys.clone();
                 s.cfg.placement.policy = policy_is;
                 s.topo.devices.push(crate::topology::PciDevice {

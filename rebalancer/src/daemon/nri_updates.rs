@@ -592,6 +592,7 @@ mod tests {
     use crate::cgroup::Cgroups;
     use crate::controller::{CgroupWriteError, CgroupWriter, FakeCgroups};
     use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter};
+    use crate::daemon::Io;
     use std::sync::Arc;
 
     fn set(s: &str) -> CpuSet {
@@ -730,17 +731,17 @@ mod tests {
         fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
             self.0.lock().unwrap().read_mems(cg)
         }
-        fn write_cpus(&mut self, cg: &str, c: &CpuSet) -> Result<(), CgroupWriteError> {
+        fn write_cpus(&mut self, io: &Io, cg: &str, c: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("cpus {cg} {c}"));
-            self.0.lock().unwrap().write_cpus(cg, c)?;
+            self.0.lock().unwrap().write_cpus(io, cg, c)?;
             if let Some(rt) = self.2 {
                 rt.written(cg, Some(c), None, || None);
             }
             Ok(())
         }
-        fn write_mems(&mut self, cg: &str, m: &CpuSet) -> Result<(), CgroupWriteError> {
+        fn write_mems(&mut self, io: &Io, cg: &str, m: &CpuSet) -> Result<(), CgroupWriteError> {
             self.1.lock().unwrap().push(format!("mems {cg} {m}"));
-            self.0.lock().unwrap().write_mems(cg, m)?;
+            self.0.lock().unwrap().write_mems(io, cg, m)?;
             if let Some(rt) = self.2 {
                 rt.written(cg, None, Some(m), || self.read_cpus(cg).ok());
             }
@@ -752,11 +753,22 @@ mod tests {
         fn read_memory_migrate(&self, cg: &str) -> Result<bool, CgroupWriteError> {
             self.0.lock().unwrap().read_memory_migrate(cg)
         }
-        fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
-            self.0.lock().unwrap().set_memory_migrate(cg, on)
+        fn set_memory_migrate(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            on: bool,
+        ) -> Result<(), CgroupWriteError> {
+            self.0.lock().unwrap().set_memory_migrate(io, cg, on)
         }
-        fn move_pages(&mut self, cg: &str, t: &CpuSet, b: u64) -> Result<u64, CgroupWriteError> {
-            self.0.lock().unwrap().move_pages(cg, t, b)
+        fn move_pages(
+            &mut self,
+            io: &Io,
+            cg: &str,
+            t: &CpuSet,
+            b: u64,
+        ) -> Result<u64, CgroupWriteError> {
+            self.0.lock().unwrap().move_pages(io, cg, t, b)
         }
     }
 
@@ -781,6 +793,7 @@ mod tests {
     /// never answers here), so a stop is never held up by it.
     #[test]
     fn a_move_of_a_runtime_container_is_in_cgroupfs_first_and_told_to_the_runtime() {
+        let io = &mut crate::daemon::Io::new();
         let mut fake = FakeCgroups::v1().with("kubepods/pod1/c1", "0-1", "0");
         fake.set_memory("kubepods/pod1/c1", &[(0, 1 << 20)]);
         let kernel = Arc::new(Mutex::new(fake));
@@ -793,7 +806,7 @@ mod tests {
         let mv = a_move();
         let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
         let t0 = std::time::Instant::now();
-        let done = crate::controller::apply(&mv, &mut w, false).unwrap();
+        let done = crate::controller::apply(io, &mv, &mut w, false).unwrap();
         assert!(
             t0.elapsed() < crate::daemon::run::SHUTDOWN_BOUND,
             "{:?}",
@@ -839,6 +852,7 @@ mod tests {
     /// newer cgroupfs write, onto CPUs the books may have given away).
     #[test]
     fn a_write_while_disconnected_is_what_the_reconnect_sends() {
+        let io = &mut crate::daemon::Io::new();
         let kernel = Arc::new(Mutex::new(FakeCgroups::v1().with("x", "0-7", "0")));
         let direct = Arc::new(Mutex::new(Vec::new()));
         let metrics = Metrics::default();
@@ -849,7 +863,7 @@ mod tests {
         rt.submit("x", Some(&set("0-1")), None).unwrap();
         rt.set_connected(false);
         let mut w = Shared(kernel.clone(), direct, Some(&rt));
-        w.write_cpus("x", &set("2-3")).unwrap();
+        w.write_cpus(io, "x", &set("2-3")).unwrap();
         assert_eq!(kernel.lock().unwrap().cpus("x"), Some(&set("2-3")));
         assert!(metrics
             .render()
@@ -872,6 +886,7 @@ mod tests {
 
     #[test]
     fn without_the_runtime_a_move_is_written_directly_and_counted() {
+        let io = &mut crate::daemon::Io::new();
         let kernel = Arc::new(Mutex::new(FakeCgroups::v2().with(
             "kubepods/pod1/c1",
             "0-1",
@@ -881,7 +896,7 @@ mod tests {
         let metrics = Metrics::default();
         let rt = Runtime::new(metrics.clone());
         let mut w = Shared(kernel.clone(), direct.clone(), Some(&rt));
-        crate::controller::apply(&a_move(), &mut w, false).unwrap();
+        crate::controller::apply(io, &a_move(), &mut w, false).unwrap();
         assert!(!direct.lock().unwrap().is_empty());
         assert!(metrics
             .render()
@@ -891,7 +906,7 @@ mod tests {
         let mut mv = a_move();
         (mv.from_cpus, mv.to_cpus, mv.from_mems, mv.to_mems) =
             (set("2-3"), set("0-1"), set("1"), set("0"));
-        crate::controller::apply(&mv, &mut w, false).unwrap();
+        crate::controller::apply(io, &mv, &mut w, false).unwrap();
         assert!(metrics
             .render()
             .contains("rebalancer_nri_direct_writes_total{reason=\"not-runtime-container\"}"));
@@ -1031,6 +1046,7 @@ mod tests {
     /// failed runtime update leaves the books and the readers on what cgroupfs has.
     #[test]
     fn a_failed_update_leaves_the_books_on_what_cgroupfs_has() {
+        let io = &mut crate::daemon::Io::new();
         let root = tempfile::tempdir().unwrap();
         let cg = "kubepods/burstable/pod1/s";
         let put = |rel: &str, v: &str| {
@@ -1067,11 +1083,14 @@ mod tests {
         rt.track(cg, "sid");
         let w = CgroupCpusetWriter::telling(cgroups.clone(), Some(rt.clone()));
         let pool = set("0-3,5-7");
-        w.write(&CpusetChange {
-            cgroup: cg.into(),
-            cpus: pool.clone(),
-            mems: None,
-        })
+        w.write(
+            io,
+            &CpusetChange {
+                cgroup: cg.into(),
+                cpus: pool.clone(),
+                mems: None,
+            },
+        )
         .unwrap();
         assert_eq!(
             cgroups.cpus(cg).unwrap(),

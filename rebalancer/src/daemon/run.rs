@@ -14,7 +14,7 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{admission::Admission, writer::CgroupCpusetWriter, Daemon, Persisted, Shared};
+use super::{admission::Admission, writer::CgroupCpusetWriter, Daemon, Io, Persisted, Shared};
 use crate::{
     checkpoint,
     config::{AdmissionMode, Config},
@@ -138,7 +138,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     let metrics = serve::Metrics::default();
     let daemon = Daemon::new(Shared::new(topo, cfg.clone(), persisted), metrics.clone());
     let kubelet_files = super::kubelet::read_files(&cfg.kubernetes.kubelet_state_dir);
-    super::kubelet::install_files(&mut daemon.lock(), kubelet_files, &metrics);
+    super::kubelet::install_files(&mut daemon.lock(&mut Io::new()), kubelet_files, &metrics);
     let mode = super::nri::resolve_mode(&cfg.kubernetes);
     // NRI mode: the plugin's runtime link. The other threads' changes to the runtime's
     // containers (moves, hotplug, API admissions' shrink) are written to cgroupfs and told to
@@ -176,7 +176,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
 
     // Only once nothing can fail at start any more: an early error must not leave it off.
     let autonuma_restore = coexist_with_autonuma(cfg.controller.autonuma, &cfg.daemon.state_dir);
-    daemon.lock().admission = mode;
+    daemon.lock(&mut Io::new()).admission = mode;
     let nri_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     match mode {
         AdmissionMode::Nri => {
@@ -185,13 +185,19 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
                 tracing::info!("placement.scope = \"pod\": each container is admitted as one container of its pod, within the affinity its pod's first container computes from the pod's totals (the sandbox's pod_resources, as kubelet >= 1.26 sets them; without them, the containers seen so far)");
             }
             let rt = runtime.clone().expect("made for NRI mode");
-            super::nri::spawn(daemon.clone(), cgroups.clone(), rt, nri_stop.clone())
-                .context("starting the NRI plugin thread")?;
+            super::nri::spawn(
+                &mut Io::new(),
+                daemon.clone(),
+                cgroups.clone(),
+                rt,
+                nri_stop.clone(),
+            )
+            .context("starting the NRI plugin thread")?;
         }
         AdmissionMode::Watcher | AdmissionMode::Auto => {
             tracing::info!(nri_socket = %cfg.kubernetes.nri_socket.display(), "admission: cgroup watcher (no NRI socket, or chosen)");
             // the containers met here already run: adopted where they run (`Admission::adopting`)
-            for o in super::watcher::reconcile(&admission.adopting(), &cgroups) {
+            for o in super::watcher::reconcile(&mut Io::new(), &admission.adopting(), &cgroups) {
                 tracing::info!(outcome = ?o, "reconciled at start");
             }
             super::watcher::supervise(admission.clone(), cgroups.clone())
@@ -203,7 +209,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         crate::nrt::export::spawn(daemon.clone())
             .context("starting the NodeResourceTopology export thread")?;
     }
-    let cpu_source = rounds::source::start(&daemon, &cgroups);
+    let cpu_source = rounds::source::start(&mut Io::new(), &daemon, &cgroups);
     tracing::info!(
         source = cpu_source.name(),
         "per-cgroup, per-node CPU time source"
@@ -213,8 +219,13 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
         engine = engine.with_runtime(rt.clone());
     }
     let (limit_tx, mut limit_rx) = tokio::sync::oneshot::channel::<u64>();
-    let (rounds_tx, rounds_thread) =
-        rounds::thread::spawn(engine, admission.clone(), max_rounds, limit_tx)?;
+    let (rounds_tx, rounds_thread) = rounds::thread::spawn(
+        &mut Io::new(),
+        engine,
+        admission.clone(),
+        max_rounds,
+        limit_tx,
+    )?;
     let reloads = {
         let rounds_tx = rounds_tx.clone();
         Reloader::spawn(daemon.clone(), config_path.clone(), move || {
@@ -295,7 +306,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     }
     let _ = std::fs::remove_file(&cfg.server.socket);
     let d = daemon.clone();
-    match tokio::task::spawn_blocking(move || d.checkpoint()).await {
+    match tokio::task::spawn_blocking(move || d.checkpoint(&mut Io::new())).await {
         Ok(Ok(())) => tracing::info!("final checkpoint written"),
         Ok(Err(e)) => tracing::warn!(error = %e, "final checkpoint failed"),
         Err(e) => tracing::warn!(error = %e, "final checkpoint not written: its task failed"),
@@ -326,7 +337,10 @@ impl Reloader {
         tokio::spawn(async move {
             while rx.recv().await.is_some() {
                 let (d, path) = (d.clone(), path.clone());
-                let _ = tokio::task::spawn_blocking(move || reload(&d, path.as_deref())).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    reload(&mut Io::new(), &d, path.as_deref())
+                })
+                .await;
                 after();
             }
         });
@@ -422,7 +436,7 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma, state_dir: &Path) -> O
 /// dry-run on apply at once (dry-run off only at a restart: `--dry-run` stays in force); the placement section applies when its reservations can be applied
 /// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root, the eBPF samplers) are reported as such.
-pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
+pub(crate) fn reload(io: &mut Io, d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
         Ok(c) => {
             Config::warn_removed_keys(path);
@@ -435,7 +449,7 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     };
     // kubelet's files are read before any lock is taken (no lock held across I/O)
     let kubelet_files = super::kubelet::read_files(&new.kubernetes.kubelet_state_dir);
-    let mut s = d.lock();
+    let mut s = d.lock(io);
     if new.server != s.cfg.server
         || new.daemon.state_dir != s.cfg.daemon.state_dir
         || new.daemon.sysfs_root != s.cfg.daemon.sysfs_root
@@ -476,7 +490,7 @@ pub(crate) fn reload(d: &Daemon, path: Option<&std::path::Path>) {
     super::kubelet::install_files(sh, kubelet_files, &d.metrics);
     drop(s);
     if placed {
-        if let Err(e) = d.checkpoint() {
+        if let Err(e) = d.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint after the reload failed");
         }
     }
@@ -535,26 +549,31 @@ mod tests {
     /// the rest of the reload applies. Dry-run on by a reload applies.
     #[test]
     fn a_reload_does_not_turn_dry_run_off() {
+        let io = &mut crate::daemon::Io::new();
         let state = tempfile::tempdir().unwrap();
         let file = state.path().join("rebalancer.toml");
         let d = daemon(state.path());
-        d.lock().cfg.daemon.dry_run = true; // --dry-run
+        d.lock(io).cfg.daemon.dry_run = true; // --dry-run
         config(&file, state.path(), "[controller]\nperiod_ms = 4321\n");
-        reload(&d, Some(&file));
-        assert!(d.lock().cfg.daemon.dry_run, "--dry-run kept");
-        assert_eq!(d.lock().cfg.controller.period_ms, 4321, "the rest applied");
+        reload(io, &d, Some(&file));
+        assert!(d.lock(io).cfg.daemon.dry_run, "--dry-run kept");
+        assert_eq!(
+            d.lock(io).cfg.controller.period_ms,
+            4321,
+            "the rest applied"
+        );
         config(&file, state.path(), "dry_run = false\n");
-        reload(&d, Some(&file));
+        reload(io, &d, Some(&file));
         assert!(
-            d.lock().cfg.daemon.dry_run,
+            d.lock(io).cfg.daemon.dry_run,
             "an explicit false is refused too"
         );
 
         let d = daemon(state.path());
-        assert!(!d.lock().cfg.daemon.dry_run);
+        assert!(!d.lock(io).cfg.daemon.dry_run);
         config(&file, state.path(), "dry_run = true\n");
-        reload(&d, Some(&file));
-        assert!(d.lock().cfg.daemon.dry_run, "dry-run on applies at once");
+        reload(io, &d, Some(&file));
+        assert!(d.lock(io).cfg.daemon.dry_run, "dry-run on applies at once");
     }
 
     /// The round thread's liveness limit (10 periods, at least 2 min) follows
@@ -562,6 +581,7 @@ mod tests {
     /// would make the thread "dead" (503, exit) between two healthy rounds.
     #[test]
     fn a_reload_lengthening_the_period_moves_the_rounds_liveness_limit() {
+        let io = &mut crate::daemon::Io::new();
         let state = tempfile::tempdir().unwrap();
         let d = daemon(state.path());
         let none = crate::cgroup::Cgroups::new(crate::cgroup::Mounts::default());
@@ -572,10 +592,10 @@ mod tests {
             "/proc".as_ref(),
         );
         let (limit_tx, _limit_rx) = tokio::sync::oneshot::channel();
-        let (tx, thread) = rounds::thread::spawn(engine, adm, 0, limit_tx).unwrap();
+        let (tx, thread) = rounds::thread::spawn(io, engine, adm, 0, limit_tx).unwrap();
         let health = &d.metrics.health;
         assert_eq!(health.max_silence("rounds"), Some(Duration::from_secs(120)));
-        d.lock().cfg.controller.period_ms = 60_000;
+        d.lock(io).cfg.controller.period_ms = 60_000;
         tx.send(rounds::thread::RoundCmd::Reload).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while health.max_silence("rounds") != Some(Duration::from_secs(600))
@@ -594,6 +614,7 @@ mod tests {
     /// the reload runs once the lock is free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reload_waiting_for_the_state_lock_does_not_block_the_main_loop() {
+        let io = &mut crate::daemon::Io::new();
         let state = tempfile::tempdir().unwrap();
         let file = state.path().join("rebalancer.toml");
         std::fs::write(
@@ -618,7 +639,8 @@ mod tests {
         let holder = {
             let d = d.clone();
             std::thread::spawn(move || {
-                let _held = d.lock();
+                let mut io = Io::new();
+                let _held = d.lock(&mut io);
                 taken.send(()).unwrap();
                 let _ = released.recv();
             })
@@ -654,6 +676,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         // One running (waiting for the lock) and one queued: five SIGHUPs are two reloads.
         assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), 2);
-        assert_eq!(d.lock().cfg.controller.period_ms, 7777);
+        assert_eq!(d.lock(io).cfg.controller.period_ms, 7777);
     }
 }

@@ -10,26 +10,12 @@
 
 use std::sync::Arc;
 
-use super::nri_updates::Runtime;
+use super::{nri_updates::Runtime, Io};
 use crate::rounds::trigger::Hub;
 use crate::{
     cgroup::{Cgroups, Controller},
     cpuset::CpuSet,
 };
-
-/// Every effect of the daemon (a cgroupfs write, a runtime update, a page move, a checkpoint's
-/// fsync) passes here first: none runs on a thread that holds the state lock. A debug build
-/// panics (every test), a release build logs once, so a lock held across I/O is found by any
-/// test that reaches the write.
-pub fn io_edge() {
-    if super::state_held() {
-        if cfg!(debug_assertions) {
-            panic!("I/O with the daemon's state lock held");
-        }
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| tracing::error!("I/O with the daemon's state lock held"));
-    }
-}
 
 /// One container's cpuset change: `cpus`, and `mems` when they change too.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,12 +36,12 @@ pub enum WriteError {
     Failed { cgroup: String, message: String },
 }
 
-/// Where admission's cpuset changes go. Implementations do I/O; they are called with no lock
-/// of the daemon's state held.
+/// Where admission's cpuset changes go. Implementations do I/O: a write takes the thread's
+/// [`Io`], so none runs under the state lock.
 pub trait CpusetWriter: Send + Sync {
     /// Applies `change`: mems first (a task never has CPUs without an allowed memory node), then
     /// cpus.
-    fn write(&self, change: &CpusetChange) -> Result<(), WriteError>;
+    fn write(&self, io: &Io, change: &CpusetChange) -> Result<(), WriteError>;
     /// The container's cpus as set now (its own `cpuset.cpus`, or the effective set when that
     /// is empty); None when unreadable.
     fn cpus(&self, cgroup: &str) -> Option<CpuSet>;
@@ -107,8 +93,7 @@ impl CgroupCpusetWriter {
 }
 
 impl CpusetWriter for CgroupCpusetWriter {
-    fn write(&self, c: &CpusetChange) -> Result<(), WriteError> {
-        io_edge();
+    fn write(&self, _io: &Io, c: &CpusetChange) -> Result<(), WriteError> {
         let cg = &self.cgroups;
         let r = match &c.mems {
             Some(m) => cg.write_mems(&c.cgroup, m),
@@ -151,9 +136,14 @@ impl CpusetWriter for CgroupCpusetWriter {
 /// The one way a cpuset change is made: noted as the daemon's own first (so the round trigger
 /// does not take it for an operator's change), written through `sink` (which reads it back and
 /// tells the runtime), and the note taken back when the write failed.
-pub fn apply(sink: &dyn CpusetWriter, hub: &Hub, c: &CpusetChange) -> Result<(), WriteError> {
+pub fn apply(
+    io: &Io,
+    sink: &dyn CpusetWriter,
+    hub: &Hub,
+    c: &CpusetChange,
+) -> Result<(), WriteError> {
     hub.note_own_cpus(&c.cgroup, &c.cpus);
-    let r = sink.write(c);
+    let r = sink.write(io, c);
     if r.is_err() {
         hub.unnote_own_cpus(&c.cgroup, &c.cpus);
     }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::client::{Client, KubeClientError};
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, Io};
 
 const RESYNC: Duration = Duration::from_secs(60);
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -115,14 +115,14 @@ pub fn spawn(daemon: Daemon) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("nrt-export".into())
         .spawn(move || {
-            run(&daemon, &health);
+            run(&mut Io::new(), &daemon, &health);
             health.stopped();
         })?;
     Ok(())
 }
 
-fn set_status(daemon: &Daemon, f: impl FnOnce(&mut ExportStatus)) {
-    let mut s = daemon.lock();
+fn set_status(io: &mut Io, daemon: &Daemon, f: impl FnOnce(&mut ExportStatus)) {
+    let mut s = daemon.lock(io);
     f(s.topology_export.get_or_insert_with(Default::default));
 }
 
@@ -141,9 +141,9 @@ fn pause(daemon: &Daemon, d: Duration) -> bool {
     }
 }
 
-fn run(daemon: &Daemon, health: &crate::health::Reporter) {
+fn run(io: &mut Io, daemon: &Daemon, health: &crate::health::Reporter) {
     let (configured, kubeconfig, interval) = {
-        let s = daemon.lock();
+        let s = daemon.lock(io);
         let k = &s.cfg.kubernetes;
         (
             k.node_name.clone(),
@@ -152,15 +152,15 @@ fn run(daemon: &Daemon, health: &crate::health::Reporter) {
         )
     };
     let node = node_name(&configured);
-    set_status(daemon, |st| {
+    set_status(io, daemon, |st| {
         st.node = node.clone();
         st.state = "starting".into();
     });
     let mut backoff = BACKOFF_MIN;
-    let degraded = |why: String, backoff: &mut Duration| {
+    let degraded = |io: &mut Io, why: String, backoff: &mut Duration| {
         tracing::warn!(reason = %why, retry_in = ?*backoff, "NodeResourceTopology export degraded");
         health.set_degraded(Some(why.clone()));
-        set_status(daemon, |st| {
+        set_status(io, daemon, |st| {
             st.state = "degraded".into();
             st.reason = why;
         });
@@ -183,13 +183,13 @@ fn run(daemon: &Daemon, health: &crate::health::Reporter) {
         match c {
             Ok(c) => break c,
             Err(e) => {
-                if !degraded(e.to_string(), &mut backoff) {
+                if !degraded(io, e.to_string(), &mut backoff) {
                     return;
                 }
             }
         }
     };
-    set_status(daemon, |st| st.server = client.server());
+    set_status(io, daemon, |st| st.server = client.server());
     let mut written: Option<Value> = None;
     let mut last_write = Instant::now() - RESYNC;
     let mut built_for = None;
@@ -204,21 +204,21 @@ fn run(daemon: &Daemon, health: &crate::health::Reporter) {
         }
         built_for = Some(seen);
         let body = {
-            let s = daemon.lock();
+            let s = daemon.lock(io);
             let zones = super::zones(&s.topo, &s.state.allocator, &s.cfg.placement);
             super::object(&node, &zones, &s.cfg.placement)
         };
         if written.as_ref() != Some(&body) || last_write.elapsed() >= RESYNC {
             match write(&client, &body) {
                 Ok(()) => {
-                    if written.is_none() || health_was_degraded(daemon) {
+                    if written.is_none() || health_was_degraded(io, daemon) {
                         tracing::info!(node = %node, server = %client.server(), "NodeResourceTopology object written");
                     }
                     written = Some(body);
                     last_write = Instant::now();
                     backoff = BACKOFF_MIN;
                     health.set_degraded(None);
-                    set_status(daemon, |st| {
+                    set_status(io, daemon, |st| {
                         st.state = "ok".into();
                         st.reason.clear();
                         st.writes += 1;
@@ -227,7 +227,7 @@ fn run(daemon: &Daemon, health: &crate::health::Reporter) {
                 }
                 Err(why) => {
                     written = None;
-                    if !degraded(why, &mut backoff) {
+                    if !degraded(io, why, &mut backoff) {
                         return;
                     }
                     continue;
@@ -240,9 +240,9 @@ fn run(daemon: &Daemon, health: &crate::health::Reporter) {
     }
 }
 
-fn health_was_degraded(daemon: &Daemon) -> bool {
+fn health_was_degraded(io: &mut Io, daemon: &Daemon) -> bool {
     daemon
-        .lock()
+        .lock(io)
         .topology_export
         .as_ref()
         .is_some_and(|s| s.state == "degraded")

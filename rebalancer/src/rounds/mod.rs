@@ -18,7 +18,7 @@ use crate::{
     cgroup::{Cgroups, Controller},
     config::Config,
     controller::{self, Observations, Outcome, Plan},
-    daemon::{admission::Admission, apply::Applier, nri_updates::Runtime, Daemon},
+    daemon::{admission::Admission, apply::Applier, nri_updates::Runtime, Daemon, Io},
     ebpf::Sample,
     serve::metrics::{EvidenceLabel, NodeLabel, ReasonLabel},
     topology::Topology,
@@ -120,14 +120,14 @@ impl Engine {
     /// see where each ran since (see [`Engine::mark`]'s field): the round loop takes one at the
     /// first event of a burst (the event round then sees where each workload runs since the
     /// event) and halfway through a period without one. A failed read leaves no mark.
-    pub fn mark(&mut self, adm: &Admission) {
+    pub fn mark(&mut self, io: &mut Io, adm: &Admission) {
         if self.last_round.is_none()
             || self.last_managed.is_empty()
             || !self.cpu_source.sees_moves()
         {
             return;
         }
-        let topo = adm.daemon.lock().topology().clone();
+        let topo = adm.daemon.lock(io).topology().clone();
         self.mark = self
             .cpu_source
             .reread(&self.cgroups, &self.last_managed, &topo);
@@ -180,13 +180,13 @@ impl Engine {
     }
 
     /// Runs one round. Returns the number of moves handed to the writer threads.
-    pub fn round(&mut self, adm: &Admission) -> usize {
+    pub fn round(&mut self, io: &mut Io, adm: &Admission) -> usize {
         let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
-        test_hook_hold_round(adm);
-        self.follow_books(adm);
-        let (cfg, topo, reserved_cpus) = d.lock().round_inputs();
+        test_hook_hold_round(io, adm);
+        self.follow_books(io, adm);
+        let (cfg, topo, reserved_cpus) = d.lock(io).round_inputs();
         // A hierarchy that cannot be walked is no round: observing "no cgroups" would forget
         // every cgroup's cooldown, staging and CPU-time baseline.
         let Some((managed, watchable)) = self.walk(&cfg) else {
@@ -198,8 +198,8 @@ impl Engine {
         // bytes, and those of the moves that ended within the last period, come off this
         // round's budget (a rate: event rounds get no fresh budget).
         let applier = self.applier(d);
-        let (moving, _) = applier.in_flight();
-        let budget_used = applier.budget_used();
+        let (moving, _) = applier.in_flight(io);
+        let budget_used = applier.budget_used(io);
         self.cpu_source
             .containers_first(&source::containers_of(&cfg, &managed));
         let Some(mut cumulative) = self.cpu_source.cumulative(&self.cgroups, &managed, &topo)
@@ -209,18 +209,18 @@ impl Engine {
         self.skipped_in_a_row = 0;
         source::carry_forward(&mut cumulative, &self.prev, &managed);
         if let Some(why) = self.cpu_source.take_pmu_drop() {
-            pmu_dropped(d, &why);
+            pmu_dropped(io, d, &why);
         }
-        let mut obs = self.observe(d, &cfg, &topo, &managed, cumulative, &moving);
+        let mut obs = self.observe(io, d, &cfg, &topo, &managed, cumulative, &moving);
         obs.reserved_cpus = reserved_cpus;
         let now_ms = crate::daemon::boot_ms();
-        let plan = plan(d, &cfg, &topo, &obs, budget_used, now_ms);
+        let plan = plan(io, d, &cfg, &topo, &obs, budget_used, now_ms);
         // Handed to the writer threads; the round does not wait for their migrations.
         let queued = (self.applier(d))
-            .submit(&plan.moves, now_ms, cfg.daemon.dry_run)
+            .submit(io, &plan.moves, now_ms, cfg.daemon.dry_run)
             .queued;
         self.last_managed = managed;
-        self.publish(d, &plan, obs);
+        self.publish(io, d, &plan, obs);
         d.metrics.round_duration.observe(t0.elapsed().as_secs_f64());
         // Give freed heap back to the kernel once a round: the daemon's threads (watcher,
         // checkpointer, runtime workers) each get a malloc arena, and under cgroup churn their
@@ -243,11 +243,11 @@ impl Engine {
 
     /// What a round does through the admission service before it observes: follow the
     /// topology, kubelet's state files, the fences, and the watcher's resized containers.
-    fn follow_books(&mut self, adm: &Admission) {
-        self.follow_topology(adm);
-        adm.refresh_kubelet();
-        adm.refence();
-        crate::daemon::watcher::policy::resized(adm, &self.cgroups, &mut self.resize_refused);
+    fn follow_books(&mut self, io: &mut Io, adm: &Admission) {
+        self.follow_topology(io, adm);
+        adm.refresh_kubelet(io);
+        adm.refence(io);
+        crate::daemon::watcher::policy::resized(io, adm, &self.cgroups, &mut self.resize_refused);
     }
 
     /// The moves' writer threads, started at the first round.
@@ -267,7 +267,7 @@ impl Engine {
 
     /// The round's decisions and observations published for `explain` and `top`, the books
     /// checkpointed, and the round's metrics set.
-    fn publish(&mut self, d: &Daemon, plan: &Plan, obs: Observations) {
+    fn publish(&mut self, io: &mut Io, d: &Daemon, plan: &Plan, obs: Observations) {
         let mut scores = Vec::new();
         let mut by_evidence: BTreeMap<&str, i64> = ["hinting-faults", "pmu", "share-model", "none"]
             .into_iter()
@@ -315,11 +315,11 @@ impl Engine {
             (d.metrics.node_memory_free.get_or_create(&l)).set(n.free_bytes as i64);
         }
         let kube_root = {
-            let mut s = d.lock();
+            let mut s = d.lock(io);
             s.publish_round(&plan.decisions, obs);
             s.config().cgroups.kubernetes_root.clone()
         };
-        if let Err(e) = d.checkpoint() {
+        if let Err(e) = d.checkpoint(io) {
             tracing::warn!(error = %e, "checkpoint failed");
         }
         d.metrics.set_cgroup_scores(&scores, kube_root.as_deref());
@@ -335,6 +335,7 @@ impl Engine {
 /// The round's moves: the observations folded into the controller's state, and the pure
 /// planner run on a copy of it (outside the lock) within what is left of the budget.
 fn plan(
+    io: &mut Io,
     d: &Daemon,
     cfg: &Config,
     topo: &Topology,
@@ -342,7 +343,7 @@ fn plan(
     budget_used: u64,
     now_ms: u64,
 ) -> Plan {
-    let (scores, ctl) = d.lock().observe(obs, &cfg.controller);
+    let (scores, ctl) = d.lock(io).observe(obs, &cfg.controller);
     let mut plan_cfg = cfg.controller.clone();
     plan_cfg.migration_budget_mib = plan_cfg
         .migration_budget_mib
@@ -352,35 +353,35 @@ fn plan(
 
 /// The PMU DRAM counters were dropped (stuck or implausible, see `ebpf::pmu::PmuHealth`): the
 /// source shows as unavailable with the reason in `status` and in the metrics.
-fn pmu_dropped(d: &Daemon, why: &str) {
+fn pmu_dropped(io: &mut Io, d: &Daemon, why: &str) {
     d.metrics.pmu_dropped.inc();
     let st = crate::ebpf::SourceStatus::skipped(
         "dram_access:pmu",
         format!("dropped while running: {why}"),
     );
-    report_source(d, st);
+    report_source(io, d, st);
 }
 
 /// Reports a source probed at its first use or dropped: `status` lists it (with the reason
 /// where it is absent) and /metrics says whether it is available.
-pub(crate) fn report_source(d: &Daemon, st: crate::ebpf::SourceStatus) {
+pub(crate) fn report_source(io: &mut Io, d: &Daemon, st: crate::ebpf::SourceStatus) {
     let label = crate::serve::metrics::SourceLabel {
         source: st.name.clone(),
     };
     (d.metrics.ebpf_source_available.get_or_create(&label)).set(st.available as i64);
-    d.lock().set_source(st);
+    d.lock(io).set_source(st);
 }
 
 /// Debug builds only, and only with `REBALANCER_TEST_HOOKS=1` in the environment: while
 /// `<state_dir>/test-hold-round` exists (at most 30 s), a round waits right after its start
 /// (logging "test hook: round held"), so the root tests can signal a daemon mid-round without
 /// racing its rounds (`tests/faults_root.rs`). Release builds compile it to nothing.
-fn test_hook_hold_round(adm: &Admission) {
+fn test_hook_hold_round(io: &mut Io, adm: &Admission) {
     if !cfg!(debug_assertions) || std::env::var_os("REBALANCER_TEST_HOOKS").is_none_or(|v| v != "1")
     {
         return;
     }
-    let hold = adm.daemon.lock().state_dir().join("test-hold-round");
+    let hold = adm.daemon.lock(io).state_dir().join("test-hold-round");
     if !hold.exists() {
         return;
     }

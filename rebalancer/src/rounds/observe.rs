@@ -16,7 +16,7 @@ use crate::{
         CgroupObs, Constraints, NodeObs, Observations,
     },
     cpuset::CpuSet,
-    daemon::{admission::Admission, Daemon},
+    daemon::{admission::Admission, Daemon, Io},
     ebpf::{Sample, SourceStatus},
     procfs,
     topology::{sysfs, Topology},
@@ -28,6 +28,7 @@ impl Engine {
     /// and reports the source in `status` (with the reason, when it is absent).
     fn own_waits(
         &mut self,
+        io: &mut Io,
         d: &Daemon,
         on: bool,
         managed: &[String],
@@ -52,7 +53,7 @@ impl Engine {
                     SourceStatus::skipped(NAME, why.clone())
                 }
             };
-            report_source(d, st);
+            report_source(io, d, st);
             self.own_wait = Some(probed.map(|()| Default::default()));
         }
         let Some(Ok(t)) = &mut self.own_wait else {
@@ -79,6 +80,7 @@ impl Engine {
     /// the reason, when it is absent).
     fn written_tracker(
         &mut self,
+        io: &mut Io,
         d: &Daemon,
         on: bool,
     ) -> Option<&mut crate::written::WrittenPages> {
@@ -101,7 +103,7 @@ impl Engine {
                     SourceStatus::skipped(NAME, why.clone())
                 }
             };
-            report_source(d, st);
+            report_source(io, d, st);
             self.written = Some(probed.map(|()| crate::written::WrittenPages::default()));
         }
         self.written.as_mut().and_then(|w| w.as_mut().ok())
@@ -205,8 +207,15 @@ impl Engine {
     /// pins (task affinity, or a cpuset we did not write) for everything else. Takes the
     /// shared lock only for the binding lookup (the /proc reads run without it, so the watcher
     /// is never held up by a round).
-    fn constraints(&self, d: &Daemon, topo: &Topology, cg: &str, eff_cpus: &CpuSet) -> Constraints {
-        if let Some(c) = d.lock().bound_constraints(cg) {
+    fn constraints(
+        &self,
+        io: &mut Io,
+        d: &Daemon,
+        topo: &Topology,
+        cg: &str,
+        eff_cpus: &CpuSet,
+    ) -> Constraints {
+        if let Some(c) = d.lock(io).bound_constraints(cg) {
             return c;
         }
         let mut c = Constraints {
@@ -252,9 +261,9 @@ impl Engine {
     /// topology was rebuilt (the round then has the CPU-time source follow it: the eBPF
     /// sampler's per-CPU perf events and `CPU_NODE`). A tree that cannot be read keeps the old
     /// topology (and is tried again next round).
-    pub fn refresh_topology(&mut self, adm: &Admission) -> bool {
+    pub fn refresh_topology(&mut self, io: &mut Io, adm: &Admission) -> bool {
         let d = &adm.daemon;
-        let root = d.lock().config().daemon.sysfs_root.clone();
+        let root = d.lock(io).config().daemon.sysfs_root.clone();
         let now = topology_fingerprint(&root);
         let Some(before) = self.topo_fingerprint.replace(now.clone()) else {
             return false;
@@ -270,8 +279,8 @@ impl Engine {
                 return false;
             }
         };
-        d.lock().set_topology(topo);
-        adm.replace_offline();
+        d.lock(io).set_topology(topo);
+        adm.replace_offline(io);
         true
     }
 
@@ -279,10 +288,10 @@ impl Engine {
     /// rebuilt or the CPU-time source still misses some online CPU, the source follows the
     /// current topology (the eBPF sampler opens and closes per-CPU perf events: syscalls, made
     /// with no lock held). Returns whether the topology was rebuilt.
-    pub fn follow_topology(&mut self, adm: &Admission) -> bool {
-        let changed = self.refresh_topology(adm);
+    pub fn follow_topology(&mut self, io: &mut Io, adm: &Admission) -> bool {
+        let changed = self.refresh_topology(io, adm);
         if changed || self.cpu_source.cpus_pending() {
-            let topo = adm.daemon.lock().topology().clone();
+            let topo = adm.daemon.lock(io).topology().clone();
             self.cpu_source.sync_cpus(&topo);
         }
         changed
@@ -290,8 +299,10 @@ impl Engine {
 
     /// The round's observations of `managed` and of the nodes, from the samples `cumulative`
     /// (the window since the last round, and since the mark where one was taken).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn observe(
         &mut self,
+        io: &mut Io,
         d: &Daemon,
         cfg: &Config,
         topo: &Topology,
@@ -306,7 +317,7 @@ impl Engine {
             });
         self.last_round = Some(std::time::Instant::now());
         let nodes = self.node_obs(cfg, topo);
-        let waits = self.own_waits(d, cfg.controller.own_wait, managed);
+        let waits = self.own_waits(io, d, cfg.controller.own_wait, managed);
         // Taken for this round's window only (a failed read leaves it for the next).
         let mark = self.mark.take();
         let mut window = Window {
@@ -327,9 +338,9 @@ impl Engine {
             reserved_cpus: CpuSet::new(),
         };
         // Probed (and reported in `status`) at the first round, whether or not a cgroup needs it.
-        let _ = self.written_tracker(d, cfg.controller.written_pages);
+        let _ = self.written_tracker(io, d, cfg.controller.written_pages);
         for cg in managed {
-            let Some(mut o) = self.observe_cgroup(d, topo, cg, &mut window) else {
+            let Some(mut o) = self.observe_cgroup(io, d, topo, cg, &mut window) else {
                 continue;
             };
             o.constraints.moving = moving.contains(cg);
@@ -345,7 +356,7 @@ impl Engine {
             if cfg.controller.written_pages && mem_nodes >= 2 {
                 let proc_root = self.proc_root.clone();
                 let pids = (self.cgroups.procs(Controller::Cpuset, cg)).unwrap_or_default();
-                if let Some(t) = self.written_tracker(d, true) {
+                if let Some(t) = self.written_tracker(io, d, true) {
                     o.written_bytes_per_node = t.sample(&proc_root, &pids).unwrap_or_default();
                 }
             }
@@ -366,7 +377,7 @@ impl Engine {
         }
         // Memory the Memory Manager promised Guaranteed containers and they have not touched
         // yet is free to the kernel but not to moves: the planner sees it as taken.
-        for (node, bytes) in d.lock().promised_unused(&obs) {
+        for (node, bytes) in d.lock(io).promised_unused(&obs) {
             if let Some(n) = obs.nodes.get_mut(&node) {
                 n.free_bytes = n.free_bytes.saturating_sub(bytes);
             }
@@ -377,6 +388,7 @@ impl Engine {
     /// One managed cgroup's observation in this window (None: its cpusets cannot be read).
     fn observe_cgroup(
         &self,
+        io: &mut Io,
         d: &Daemon,
         topo: &Topology,
         cg: &String,
@@ -397,7 +409,7 @@ impl Engine {
         for (n, b) in &numa.file {
             *mem.entry(*n).or_default() += b;
         }
-        let constraints = self.constraints(d, topo, cg, &cpus);
+        let constraints = self.constraints(io, d, topo, cg, &cpus);
         let mut o = CgroupObs {
             id: cg.clone(),
             cpu_ns_per_node,
@@ -411,7 +423,7 @@ impl Engine {
             ..Default::default()
         };
         delta.access().fill(&mut o);
-        self.follow_shift(d, cg, &now, &mut o, w);
+        self.follow_shift(io, d, cg, &now, &mut o, w);
         // Where its threads may run now (the nodes of its cpuset, which bounds every
         // thread): CPU time spent elsewhere this period predates a re-pin or a move
         // and is counted there. Not the threads' affinity (read from each process's
@@ -444,6 +456,7 @@ impl Engine {
     /// window.
     fn follow_shift(
         &self,
+        io: &mut Io,
         d: &Daemon,
         cg: &String,
         now: &Sample,
@@ -475,7 +488,7 @@ impl Engine {
             // Counters that went back (the cgroup re-created at its path since the
             // last round or the mark) say nothing of where it ran.
             .filter(|m| grew(&prev_or_zero, m) && grew(m, now))
-            .filter(|_| (d.lock().score_periods(cg)).is_none_or(|p| p < FRESH_MAX_PERIODS))
+            .filter(|_| (d.lock(io).score_periods(cg)).is_none_or(|p| p < FRESH_MAX_PERIODS))
             .map(|m| m.delta(&prev_or_zero).cpu_ns);
         let (before, guard) = match self.ran.get(cg) {
             Some(r) => (Some(r), ShiftGuard::REFERENCE),

@@ -10,7 +10,7 @@ use std::{
 use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller},
     config::Config,
-    daemon::Daemon,
+    daemon::{Daemon, Io},
     ebpf::Sample,
     procfs,
     topology::Topology,
@@ -361,9 +361,9 @@ impl CpuTimeSource for ProcCpuTime {
 /// Starts the eBPF samplers (when enabled), records every source's status, and picks the
 /// per-cgroup CPU-time source: eBPF where the cpuset hierarchy is v2 (its ids are v2 ids),
 /// /proc otherwise.
-pub fn start(d: &Daemon, cgroups: &Cgroups) -> Box<dyn CpuTimeSource> {
+pub fn start(io: &mut Io, d: &Daemon, cgroups: &Cgroups) -> Box<dyn CpuTimeSource> {
     let (topo, ebpf_cfg) = {
-        let s = d.lock();
+        let s = d.lock(io);
         (s.topology().clone(), s.config().ebpf.clone())
     };
     let proc_source = || Box::new(ProcCpuTime::new("/proc".as_ref())) as Box<dyn CpuTimeSource>;
@@ -377,7 +377,7 @@ pub fn start(d: &Daemon, cgroups: &Cgroups) -> Box<dyn CpuTimeSource> {
     for st in &statuses {
         let attached = if st.available { "attached" } else { "skipped" };
         tracing::info!(source = %st.name, reason = %st.reason, "eBPF source {attached}");
-        super::report_source(d, st.clone());
+        super::report_source(io, d, st.clone());
     }
     let v2 = cgroups
         .hierarchy(Controller::Cpuset)

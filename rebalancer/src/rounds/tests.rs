@@ -1,6 +1,7 @@
 //! The control rounds on fake cgroups, `/proc` and sysfs fixtures: readings carried across
 //! missed reads, the eBPF watch list, skipped rounds, and workloads that moved themselves.
 
+use crate::daemon::Io;
 use std::path::Path;
 
 use super::{source, CpuTimeSource, Engine, ProcCpuTime};
@@ -111,6 +112,7 @@ fn cpu_time_from_proc_reaches_cgroups_without_ebpf_entries() {
 /// engine says how many in a row (the loop beats health only when that is 0).
 #[test]
 fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
+    let io = &mut crate::daemon::Io::new();
     let state = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), state.path(), None);
     let mut engine = Engine::new(
@@ -125,8 +127,8 @@ fn skipped_rounds_are_counted_and_not_a_sign_of_life() {
             Cgroups::new(Mounts::default()),
         )),
     );
-    assert_eq!(engine.round(&adm), 0);
-    assert_eq!(engine.round(&adm), 0);
+    assert_eq!(engine.round(io, &adm), 0);
+    assert_eq!(engine.round(io, &adm), 0);
     assert_eq!(engine.skipped_in_a_row(), 2);
     let text = d.metrics.render();
     assert!(
@@ -246,6 +248,7 @@ fn the_watch_list_knows_the_kubernetes_containers() {
 /// managed is watched, with processes or not; only populated ones are managed.
 #[test]
 fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process() {
+    let io = &mut crate::daemon::Io::new();
     let root = tempfile::tempdir().unwrap();
     for (rel, procs) in [("bench/w1", ""), ("bench/w2", "4242\n"), ("other/x", "1\n")] {
         std::fs::create_dir_all(root.path().join(rel)).unwrap();
@@ -259,7 +262,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
     let state = tempfile::tempdir().unwrap();
     let d = daemon(two_nodes(), state.path(), None);
     {
-        let mut s = d.lock();
+        let mut s = d.lock(io);
         s.cfg.cgroups.roots = vec!["bench".into()];
         s.cfg.cgroups.kubernetes = false;
     }
@@ -268,7 +271,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
         Box::new(ProcCpuTime::new(Path::new("/proc"))),
         Path::new("/proc"),
     );
-    let cfg = d.lock().cfg.clone();
+    let cfg = d.lock(io).cfg.clone();
     assert_eq!(
         engine.walk(&cfg).unwrap().0,
         ["bench/w2"],
@@ -278,7 +281,7 @@ fn empty_cgroups_under_a_configured_root_are_watched_before_their_first_process(
         d.clone(),
         std::sync::Arc::new(crate::daemon::writer::CgroupCpusetWriter::new(cgroups)),
     );
-    engine.round(&adm);
+    engine.round(io, &adm);
     let watched: Vec<String> = engine.watch_files().into_iter().map(|(c, _)| c).collect();
     // The root itself too: it would be managed with processes in it.
     assert_eq!(watched, ["bench", "bench/w1", "bench/w2"]);
@@ -341,6 +344,7 @@ struct ShiftRig {
 
 impl ShiftRig {
     fn new(
+        io: &mut Io,
         readings: std::collections::VecDeque<
             std::collections::BTreeMap<String, crate::ebpf::Sample>,
         >,
@@ -369,7 +373,7 @@ impl ShiftRig {
         let state = tempfile::tempdir().unwrap();
         let d = daemon(two_nodes(), state.path(), None);
         {
-            let mut s = d.lock();
+            let mut s = d.lock(io);
             s.cfg.cgroups.roots = vec!["bench".into()];
             s.cfg.cgroups.kubernetes = false;
             s.cfg.daemon.dry_run = true;
@@ -392,32 +396,33 @@ impl ShiftRig {
         }
     }
 
-    fn round(&mut self) {
-        self.engine.round(&self.adm);
+    fn round(&mut self, io: &mut Io) {
+        self.engine.round(io, &self.adm);
     }
 
     /// The state of `bench/w` after `rounds` rounds, a mark and one more round.
     fn marked_after(
+        io: &mut Io,
         readings: std::collections::VecDeque<
             std::collections::BTreeMap<String, crate::ebpf::Sample>,
         >,
         rounds: usize,
     ) -> crate::controller::CgroupState {
-        let mut rig = ShiftRig::new(readings, true);
+        let mut rig = ShiftRig::new(io, readings, true);
         for _ in 0..rounds {
-            rig.round();
+            rig.round(io);
         }
-        rig.mark();
-        rig.round();
-        rig.state()
+        rig.mark(io);
+        rig.round(io);
+        rig.state(io)
     }
 
-    fn mark(&mut self) {
-        self.engine.mark(&self.adm);
+    fn mark(&mut self, io: &mut Io) {
+        self.engine.mark(io, &self.adm);
     }
 
-    fn state(&self) -> crate::controller::CgroupState {
-        self.d.lock().state.controller.cgroups["bench/w"].clone()
+    fn state(&self, io: &mut Io) -> crate::controller::CgroupState {
+        self.d.lock(io).state.controller.cgroups["bench/w"].clone()
     }
 }
 
@@ -432,6 +437,7 @@ impl ShiftRig {
 /// node it left.
 #[test]
 fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
+    let io = &mut crate::daemon::Io::new();
     const S: u64 = 1_000_000_000;
     let reading = w_reading;
     #[derive(PartialEq)]
@@ -450,7 +456,7 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         /// (a tenant flipping its affinity every period).
         FlipsBack,
     }
-    let smoothed_after = |moved: Moved| {
+    let smoothed_after = |io: &mut Io, moved: Moved| {
         // Three rounds local on node 0; then 0.3 s on node 1 before the mark and 0.2 s after.
         let mut readings: std::collections::VecDeque<_> =
             [reading(10 * S, 0), reading(12 * S, 0), reading(14 * S, 0)].into();
@@ -466,46 +472,46 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
             readings.push_back(reading(15 * S + S / 2, 5 * S / 2));
         }
-        let mut rig = ShiftRig::new(readings, moved != Moved::BlindSource);
+        let mut rig = ShiftRig::new(io, readings, moved != Moved::BlindSource);
         for _ in 0..3 {
-            rig.round();
+            rig.round(io);
         }
-        assert_eq!(rig.state().smoothed, Some(1.0), "local on node 0 so far");
+        assert_eq!(rig.state(io).smoothed, Some(1.0), "local on node 0 so far");
         if marked || moved == Moved::BlindSource {
-            rig.mark();
+            rig.mark(io);
             assert_eq!(rig.engine.marked(), marked, "no marks without");
         }
-        rig.round();
+        rig.round(io);
         if matches!(moved, Moved::LateInTheLastWindow | Moved::BlindSource) {
-            let s = rig.state().smoothed.unwrap();
+            let s = rig.state(io).smoothed.unwrap();
             assert!(s > 0.9, "the window of the move, mostly on node 0: {s}");
-            rig.round();
+            rig.round(io);
         }
         if moved == Moved::FlipsBack {
-            let c = rig.state();
+            let c = rig.state(io);
             assert_eq!((c.smoothed, c.smoothed_weight), (Some(0.0), 0.0), "shifted");
-            rig.mark();
-            rig.round();
-            let c = rig.state();
+            rig.mark(io);
+            rig.round(io);
+            let c = rig.state(io);
             assert!(c.smoothed_weight > 0.0, "not shifted again: {c:?}");
         }
         assert!(!rig.engine.marked(), "a mark serves one round");
-        rig.state().smoothed.unwrap()
+        rig.state(io).smoothed.unwrap()
     };
     assert_eq!(
-        smoothed_after(Moved::BeforeTheMark),
+        smoothed_after(io, Moved::BeforeTheMark),
         0.0,
         "all its time now on node 1, its memory on node 0"
     );
-    assert_eq!(smoothed_after(Moved::LateInTheLastWindow), 0.0);
-    let flipped = smoothed_after(Moved::FlipsBack);
+    assert_eq!(smoothed_after(io, Moved::LateInTheLastWindow), 0.0);
+    let flipped = smoothed_after(io, Moved::FlipsBack);
     assert!(
         flipped > 0.0 && flipped < 1.0,
         "its window after the shift, 0.6 s of 2.6 on node 1, counted as it ran: {flipped}"
     );
-    let blind = smoothed_after(Moved::BlindSource);
+    let blind = smoothed_after(io, Moved::BlindSource);
     assert!(blind > 0.9, "no mark, no move said: {blind}");
-    let unmarked = smoothed_after(Moved::Unmarked);
+    let unmarked = smoothed_after(io, Moved::Unmarked);
     assert!(
         unmarked > 0.9,
         "a short window barely moves a settled score: {unmarked}"
@@ -521,10 +527,15 @@ fn a_workload_that_moved_itself_is_seen_where_it_runs_in_the_next_round() {
 /// for one round only.
 #[test]
 fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() {
+    let io = &mut crate::daemon::Io::new();
     const S: u64 = 1_000_000_000;
     let r = w_reading;
     // Idle for three rounds, 1 s on node 0 before the mark, 0.2 s on node 1 after it.
-    let c = ShiftRig::marked_after([r(0, 0), r(0, 0), r(0, 0), r(S, 0), r(S, S / 5)].into(), 3);
+    let c = ShiftRig::marked_after(
+        io,
+        [r(0, 0), r(0, 0), r(0, 0), r(S, 0), r(S, S / 5)].into(),
+        3,
+    );
     // (Without: its window, 1 s of 1.2 on node 0, near its memory: 0.83.)
     assert_eq!(
         c.smoothed,
@@ -534,6 +545,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     // 0.4 s on node 0 over three short windows (none a reference), 0.15 s more before the
     // mark: 0.55 s since its start, but 0.15 s since the last round's reading, too little.
     let c = ShiftRig::marked_after(
+        io,
         [
             r(S / 10, 0),
             r(S / 5, 0),
@@ -552,6 +564,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     // mark (61 % on node 0, 0.47 s: no reference by the last window's tests), 0.22 s on node
     // 1 since: seen where it runs now.
     let c = ShiftRig::marked_after(
+        io,
         [
             r(0, 0),
             r(0, 0),
@@ -567,6 +580,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     // round): 0.3 s on node 0 before the mark and 0.16 s after (no move), then 0.3 s on node
     // 0 before the next mark and 0.16 s on node 1 after: not tested again.
     let mut rig = ShiftRig::new(
+        io,
         [
             r(0, 0),
             r(3 * S / 10, 0),
@@ -577,12 +591,12 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         .into(),
         true,
     );
-    rig.round();
+    rig.round(io);
     for _ in 0..2 {
-        rig.mark();
-        rig.round();
+        rig.mark(io);
+        rig.round(io);
     }
-    let c = rig.state();
+    let c = rig.state(io);
     assert!(
         c.smoothed.is_some_and(|s| s > 0.0),
         "tested once only: {c:?}"
@@ -592,7 +606,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     let mut readings: std::collections::VecDeque<_> = (1..=8).map(|i| r(i * S / 10, 0)).collect();
     readings.push_back(r(11 * S / 10, 0));
     readings.push_back(r(11 * S / 10, S / 5));
-    let c = ShiftRig::marked_after(readings, 8);
+    let c = ShiftRig::marked_after(io, readings, 8);
     assert!(
         c.smoothed.is_some_and(|s| s > 0.0),
         "a score of 8 periods is not fresh: {c:?}"
@@ -600,6 +614,7 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
     // A shift, an idle round (0.1 s), then 1 s on node 0 before the mark and 0.3 s on node 1
     // after it: shifted again (the shift's empty reference held for the idle round only).
     let mut rig = ShiftRig::new(
+        io,
         [
             r(10 * S, 0),
             r(12 * S, 0),
@@ -614,16 +629,16 @@ fn a_workload_with_no_last_window_is_compared_with_its_window_before_the_mark() 
         true,
     );
     for _ in 0..3 {
-        rig.round();
+        rig.round(io);
     }
-    rig.mark();
-    rig.round();
-    assert_eq!(rig.state().smoothed_weight, 0.0, "shifted");
-    rig.round();
-    assert!(rig.state().smoothed_weight > 0.0, "idle: no shift");
-    rig.mark();
-    rig.round();
-    let c = rig.state();
+    rig.mark(io);
+    rig.round(io);
+    assert_eq!(rig.state(io).smoothed_weight, 0.0, "shifted");
+    rig.round(io);
+    assert!(rig.state(io).smoothed_weight > 0.0, "idle: no shift");
+    rig.mark(io);
+    rig.round(io);
+    let c = rig.state(io);
     assert_eq!(
         (c.smoothed, c.smoothed_weight),
         (Some(0.0), 0.0),

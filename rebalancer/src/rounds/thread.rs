@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::{trigger, Engine};
-use crate::daemon::admission::Admission;
+use crate::daemon::{admission::Admission, Io};
 
 /// What the main task (and the trigger) tell the control-round thread.
 #[derive(Debug)]
@@ -31,6 +31,7 @@ pub enum RoundCmd {
 /// `max_rounds` rounds (0: no limit) it waits for the moves still being applied, reports on
 /// `limit` and stops.
 pub fn spawn(
+    io: &mut Io,
     mut engine: Engine,
     adm: Admission,
     max_rounds: u64,
@@ -39,15 +40,15 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel::<RoundCmd>();
     // Dead when the thread panics, or when no round finished for 10 periods (at least 2 min);
     // the limit follows a reloaded period.
-    let max_silence = |adm: &Admission| {
-        let period = Duration::from_millis(adm.daemon.lock().config().controller.period_ms);
+    let max_silence = |io: &mut Io, adm: &Admission| {
+        let period = Duration::from_millis(adm.daemon.lock(io).config().controller.period_ms);
         Some((period * 10).max(Duration::from_secs(120)))
     };
     let health = adm
         .daemon
         .metrics
         .health
-        .register("rounds", max_silence(&adm));
+        .register("rounds", max_silence(io, &adm));
     {
         let tx = std::sync::Mutex::new(tx.clone());
         adm.daemon.rounds.connect(move |why| {
@@ -64,29 +65,30 @@ pub fn spawn(
             None
         }
     };
-    let settle = |adm: &Admission| {
-        Duration::from_millis(adm.daemon.lock().config().controller.event_settle_ms)
+    let settle = |io: &mut Io, adm: &Admission| {
+        Duration::from_millis(adm.daemon.lock(io).config().controller.event_settle_ms)
     };
-    let gap = |adm: &Admission| {
-        let s = adm.daemon.lock();
+    let gap = |io: &mut Io, adm: &Admission| {
+        let s = adm.daemon.lock(io);
         let c = &s.config().controller;
         trigger::min_gap(
             Duration::from_millis(c.event_settle_ms),
             Duration::from_millis(c.period_ms),
         )
     };
-    let mut events = trigger::Coalescer::new(settle(&adm));
-    events.set_min_gap(gap(&adm));
+    let mut events = trigger::Coalescer::new(settle(io, &adm));
+    events.set_min_gap(gap(io, &adm));
     let h = std::thread::Builder::new()
         .name("control-rounds".into())
         .spawn(move || {
+            let io = &mut Io::new();
             let mut rounds = 0u64;
             loop {
                 let started = Instant::now();
                 if events.round_started(started) {
                     tracing::debug!("round brought forward by an event");
                 }
-                engine.round(&adm);
+                engine.round(io, &adm);
                 // A skipped round (cgroup walk or samples' read failed) is no sign of life:
                 // if it lasts, health sees the rounds silent and the daemon restarts.
                 if engine.skipped_in_a_row() == 0 {
@@ -110,7 +112,7 @@ pub fn spawn(
                 let mut halfway = false;
                 loop {
                     let period =
-                        Duration::from_millis(adm.daemon.lock().config().controller.period_ms);
+                        Duration::from_millis(adm.daemon.lock(io).config().controller.period_ms);
                     let due = events
                         .due()
                         .map_or(started + period, |e| e.min(started + period));
@@ -123,9 +125,9 @@ pub fn spawn(
                         .saturating_duration_since(Instant::now());
                     match rx.recv_timeout(wait) {
                         Ok(RoundCmd::Reload) => {
-                            health.set_max_silence(max_silence(&adm));
-                            events.set_settle(settle(&adm));
-                            events.set_min_gap(gap(&adm));
+                            health.set_max_silence(max_silence(io, &adm));
+                            events.set_settle(settle(io, &adm));
+                            events.set_min_gap(gap(io, &adm));
                             continue;
                         }
                         Ok(RoundCmd::Event(why)) => {
@@ -136,7 +138,7 @@ pub fn spawn(
                             let first = !events.bursting();
                             events.event(Instant::now());
                             if first && events.bursting() {
-                                engine.mark(&adm);
+                                engine.mark(io, &adm);
                             }
                             continue;
                         }
@@ -147,7 +149,7 @@ pub fn spawn(
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) if mark_at.is_some() => {
                             halfway = true;
-                            engine.mark(&adm);
+                            engine.mark(io, &adm);
                             continue;
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) => break,

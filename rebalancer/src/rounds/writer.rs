@@ -5,7 +5,7 @@ use crate::{
     cgroup::{CgroupError, Cgroups, Controller},
     controller::{CgroupFile, CgroupWriteError, CgroupWriter},
     cpuset::CpuSet,
-    daemon::{nri_updates, writer::io_edge},
+    daemon::nri_updates,
 };
 
 /// The moves' writer of one apply thread (`apply::Applier`), and of the one-after-the-other
@@ -63,16 +63,24 @@ impl CgroupWriter for OwnedWriter {
     fn read_mems(&self, cg: &str) -> Result<CpuSet, CgroupWriteError> {
         (self.cgroups.effective_mems(cg)).map_err(|e| wrap(cg, CgroupFile::Mems, e))
     }
-    fn write_cpus(&mut self, cg: &str, cpus: &CpuSet) -> Result<(), CgroupWriteError> {
-        io_edge();
+    fn write_cpus(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cg: &str,
+        cpus: &CpuSet,
+    ) -> Result<(), CgroupWriteError> {
         (self.cgroups.write_cpus(cg, cpus)).map_err(|e| wrap(cg, CgroupFile::Cpus, e))?;
         if let Some(rt) = &self.runtime {
             rt.written(cg, Some(cpus), None, || None);
         }
         Ok(())
     }
-    fn write_mems(&mut self, cg: &str, mems: &CpuSet) -> Result<(), CgroupWriteError> {
-        io_edge();
+    fn write_mems(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cg: &str,
+        mems: &CpuSet,
+    ) -> Result<(), CgroupWriteError> {
         (self.cgroups.write_mems(cg, mems)).map_err(|e| wrap(cg, CgroupFile::Mems, e))?;
         if let Some(rt) = &self.runtime {
             rt.written(cg, None, Some(mems), || self.read_cpus(cg).ok());
@@ -91,18 +99,23 @@ impl CgroupWriter for OwnedWriter {
             .map(|s| s.trim() == "1")
             .map_err(|e| CgroupWriteError::from_io(cg, CgroupFile::MemoryMigrate, "", e))
     }
-    fn set_memory_migrate(&mut self, cg: &str, on: bool) -> Result<(), CgroupWriteError> {
+    fn set_memory_migrate(
+        &mut self,
+        _io: &crate::daemon::Io,
+        cg: &str,
+        on: bool,
+    ) -> Result<(), CgroupWriteError> {
         (self.cgroups.set_memory_migrate(cg, on))
             .map_err(|e| wrap(cg, CgroupFile::MemoryMigrate, e))
     }
     /// A step of move_pages(2), continuing this thread's walk (see [`crate::pages::Walk`]).
     fn move_pages(
         &mut self,
+        _io: &crate::daemon::Io,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        io_edge();
         let cgroups = &self.cgroups;
         let procs = || procs_of(cgroups, cg);
         (self.walk.step(cg, toward, max_bytes, procs, procs))
@@ -112,11 +125,11 @@ impl CgroupWriter for OwnedWriter {
     /// ([`crate::pages::Walk::step_whole`]).
     fn migrate_pages(
         &mut self,
+        _io: &crate::daemon::Io,
         cg: &str,
         toward: &CpuSet,
         max_bytes: u64,
     ) -> Result<u64, CgroupWriteError> {
-        io_edge();
         let cgroups = &self.cgroups;
         let procs = || procs_of(cgroups, cg);
         (self.walk.step_whole(cg, toward, max_bytes, procs, procs))

@@ -26,6 +26,7 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 
 use crate::{
     cgroup::{Cgroups, Controller},
+    daemon::Io,
     daemon::{
         admission::Admission,
         reconcile::Seen,
@@ -58,6 +59,7 @@ impl Retry {
     /// a `NotReady` cgroup is kept for [`Retry::revisit`].
     pub fn created(
         &mut self,
+        io: &mut Io,
         adm: &Admission,
         cgroups: &Cgroups,
         rel: &str,
@@ -65,7 +67,7 @@ impl Retry {
     ) -> WatchOutcome {
         let key = rel.trim_matches('/').to_string();
         let seen = *self.first_seen.entry(key.clone()).or_insert(t0);
-        let o = created(adm, cgroups, &key, seen);
+        let o = created(io, adm, cgroups, &key, seen);
         if !matches!(o, WatchOutcome::NotReady { .. }) {
             self.first_seen.remove(&key);
         }
@@ -78,7 +80,12 @@ impl Retry {
     }
 
     /// Every queued cgroup seen again (those gone dropped); what changed.
-    pub fn revisit(&mut self, adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
+    pub fn revisit(
+        &mut self,
+        io: &mut Io,
+        adm: &Admission,
+        cgroups: &Cgroups,
+    ) -> Vec<WatchOutcome> {
         let queued: Vec<String> = self.first_seen.keys().cloned().collect();
         let mut out = Vec::new();
         for rel in queued {
@@ -86,7 +93,7 @@ impl Retry {
                 self.first_seen.remove(&rel);
                 continue;
             }
-            match self.created(adm, cgroups, &rel, Instant::now()) {
+            match self.created(io, adm, cgroups, &rel, Instant::now()) {
                 WatchOutcome::NotReady { .. } => {}
                 o => out.push(o),
             }
@@ -102,28 +109,34 @@ use policy::{created, removed};
 
 /// Handles a cgroup that appeared (see [`policy::created`]) and checkpoints the change now.
 #[cfg(test)]
-pub fn on_created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
-    let o = created(adm, cgroups, rel, t0);
+pub fn on_created(
+    io: &mut Io,
+    adm: &Admission,
+    cgroups: &Cgroups,
+    rel: &str,
+    t0: Instant,
+) -> WatchOutcome {
+    let o = created(io, adm, cgroups, rel, t0);
     if o.changed() {
-        checkpoint(adm);
+        checkpoint(io, adm);
     }
     o
 }
 
 /// Handles a cgroup that disappeared (see [`policy::removed`]) and checkpoints the change now.
 #[cfg(test)]
-pub fn on_removed(adm: &Admission, rel: &str) -> WatchOutcome {
-    let o = removed(adm, rel);
+pub fn on_removed(io: &mut Io, adm: &Admission, rel: &str) -> WatchOutcome {
+    let o = removed(io, adm, rel);
     if o.changed() {
-        checkpoint(adm);
+        checkpoint(io, adm);
     }
     o
 }
 
 /// Writes the checkpoint after watcher changes. A failure is logged: the live cgroups are the
 /// truth for watcher admissions, and a restart reconciles from them.
-fn checkpoint(adm: &Admission) {
-    if let Err(e) = adm.checkpoint() {
+fn checkpoint(io: &mut Io, adm: &Admission) {
+    if let Err(e) = adm.checkpoint(io) {
         tracing::warn!(error = %e, "checkpoint after watcher changes failed");
     }
 }
@@ -132,16 +145,21 @@ fn checkpoint(adm: &Admission) {
 /// that cannot be walked whole (out of file descriptors, unmounted) releases nothing: an
 /// incomplete list would read as every container gone, and their CPUs would be handed out
 /// again while they run. It is tried again at the next overflow or restart.
-pub fn reconcile(adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
-    reconcile_with(adm, cgroups, &mut Retry::default())
+pub fn reconcile(io: &mut Io, adm: &Admission, cgroups: &Cgroups) -> Vec<WatchOutcome> {
+    reconcile_with(io, adm, cgroups, &mut Retry::default())
 }
 
 /// [`reconcile`], a cgroup whose limits are still to come kept in `retry` (seen again at the
 /// next call, or by whoever revisits `retry`).
-pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> Vec<WatchOutcome> {
+pub fn reconcile_with(
+    io: &mut Io,
+    adm: &Admission,
+    cgroups: &Cgroups,
+    retry: &mut Retry,
+) -> Vec<WatchOutcome> {
     // Bindings and pods are only ever under kubelet's root: the rest is not walked.
     let roots = crate::cgroup::kube::kubernetes_roots(
-        adm.daemon.lock().cfg.cgroups.kubernetes_root.as_deref(),
+        adm.daemon.lock(io).cfg.cgroups.kubernetes_root.as_deref(),
     );
     let live: std::collections::BTreeSet<String> = match cgroups
         .walk_roots(Controller::Cpuset, &roots)
@@ -157,20 +175,20 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     };
     // A binding's cgroup is released only when it is really gone, asked once more: a
     // directory the walk missed is not a container that exited.
-    let unlisted: Vec<String> = (adm.daemon.lock().state.bindings.keys())
+    let unlisted: Vec<String> = (adm.daemon.lock(io).state.bindings.keys())
         .filter(|k| !live.contains(k.as_str()))
         .cloned()
         .collect();
     let live: Vec<String> = live.into_iter().collect();
     let mut out: Vec<WatchOutcome> = (unlisted.iter())
         .filter(|g| !cgroups.exists(Controller::Cpuset, g))
-        .map(|g| removed(adm, g))
+        .map(|g| removed(io, adm, g))
         .collect();
-    out.extend(policy::pods_gone(adm, &live));
+    out.extend(policy::pods_gone(io, adm, &live));
     // refused ones stay refused (and fenced) until they go: not asked again every period
-    let refused = adm.daemon.lock().refused.clone();
+    let refused = adm.daemon.lock(io).refused.clone();
     for rel in live.iter().filter(|r| !refused.contains(*r)) {
-        match retry.created(adm, cgroups, rel, Instant::now()) {
+        match retry.created(io, adm, cgroups, rel, Instant::now()) {
             WatchOutcome::Ignored | WatchOutcome::NotReady { .. } => {}
             o => out.push(o),
         }
@@ -178,9 +196,9 @@ pub fn reconcile_with(adm: &Admission, cgroups: &Cgroups, retry: &mut Retry) -> 
     // What the books restored or kept, against what the containers run on now (the books
     // are not changed: logged and counted by `repair`).
     let live_cpus = CgroupCpusetWriter::new(cgroups.clone());
-    adm.repair(|cg| live_cpus.cpus(cg).map(Seen::cgroupfs));
+    adm.repair(io, |cg| live_cpus.cpus(cg).map(Seen::cgroupfs));
     if out.iter().any(WatchOutcome::changed) {
-        checkpoint(adm);
+        checkpoint(io, adm);
     }
     out
 }
@@ -205,7 +223,7 @@ fn supervise_with<F>(
     mut start: F,
 ) -> std::io::Result<std::thread::JoinHandle<()>>
 where
-    F: FnMut(Admission, Cgroups, Lost) -> std::io::Result<std::thread::JoinHandle<()>>
+    F: FnMut(&mut Io, Admission, Cgroups, Lost) -> std::io::Result<std::thread::JoinHandle<()>>
         + Send
         + 'static,
 {
@@ -213,6 +231,7 @@ where
     std::thread::Builder::new()
         .name("cgroup-watcher-supervisor".into())
         .spawn(move || {
+            let io = &mut Io::new();
             let mut running: Option<(std::thread::JoinHandle<()>, Lost)> = None;
             let mut retry = Retry::default();
             let mut reason: Option<String> = None;
@@ -230,7 +249,7 @@ where
                     reason = Some(why);
                 } else if running.is_none() {
                     let l: Lost = Default::default();
-                    match start(adm.clone(), cgroups.clone(), l.clone()) {
+                    match start(io, adm.clone(), cgroups.clone(), l.clone()) {
                         Ok(h) => {
                             running = Some((h, l));
                             if reason.take().is_some() {
@@ -251,12 +270,12 @@ where
                     }
                 }
                 if running.is_none() {
-                    let n = reconcile_with(&adm, &cgroups, &mut retry).len();
+                    let n = reconcile_with(io, &adm, &cgroups, &mut retry).len();
                     if n > 0 {
                         tracing::info!(changes = n, "reconciled without inotify");
                     }
                 }
-                let period = adm.daemon.lock().cfg.controller.period_ms.max(10);
+                let period = adm.daemon.lock(io).cfg.controller.period_ms.max(10);
                 std::thread::sleep(Duration::from_millis(period));
             }
             health.stopped();
@@ -267,6 +286,7 @@ where
 /// any directory in scope cannot be watched (nothing kept: the instance and its watches are
 /// freed). A watch that cannot be added later ends the thread with the reason in `lost`.
 fn spawn_watcher(
+    io: &mut Io,
     adm: Admission,
     cgroups: Cgroups,
     lost: Lost,
@@ -276,7 +296,7 @@ fn spawn_watcher(
         .map(|(p, _)| p.to_path_buf())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
     let scope = {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         Scope::new(root.clone(), &s.cfg.cgroups)
     };
     let mut ino = Inotify::init().map_err(|e| {
@@ -306,15 +326,16 @@ fn spawn_watcher(
     }
     let health = metrics.health.register("watcher", None);
     std::thread::Builder::new().name("cgroup-watcher".into()).spawn(move || {
+        let io = &mut Io::new();
         // Dropped by a panic or a return: the watcher shows dead in /healthz.
         let health = health;
         let mut retry = Retry::default();
         let mut changed = false;
         for rel in initial {
-            changed |= retry.created(&adm, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
+            changed |= retry.created(io, &adm, &cgroups, &rel.to_string_lossy(), Instant::now()).changed();
         }
         if changed {
-            adm.request_checkpoint();
+            adm.request_checkpoint(io);
         }
         let mut buf = [0u8; 64 * 1024];
         loop {
@@ -349,22 +370,22 @@ fn spawn_watcher(
                     let rel = parent.join(name);
                     test_hook_kill(name);
                     if ev.mask.contains(EventMask::CREATE) && ev.mask.contains(EventMask::ISDIR) {
-                        changed |= retry.created(&adm, &cgroups, &rel.to_string_lossy(), t0).changed();
+                        changed |= retry.created(io, &adm, &cgroups, &rel.to_string_lossy(), t0).changed();
                         // Directories made below it before its watch existed are admitted too.
                         add_tree(&mut ino, &mut watches, &scope, &rel, mask, &mut found, &metrics, &mut failed);
                         for sub in found.drain(..) {
-                            changed |= retry.created(&adm, &cgroups, &sub.to_string_lossy(), t0).changed();
+                            changed |= retry.created(io, &adm, &cgroups, &sub.to_string_lossy(), t0).changed();
                         }
                     } else if ev.mask.contains(EventMask::DELETE) && ev.mask.contains(EventMask::ISDIR) {
                         retry.forget(&rel.to_string_lossy());
-                        changed |= removed(&adm, &rel.to_string_lossy()).changed();
+                        changed |= removed(io, &adm, &rel.to_string_lossy()).changed();
                         watches.retain(|_, p| !p.starts_with(&rel));
                     }
                 }
             }
-            changed |= retry.revisit(&adm, &cgroups).iter().any(WatchOutcome::changed);
+            changed |= retry.revisit(io, &adm, &cgroups).iter().any(WatchOutcome::changed);
             if changed {
-                adm.request_checkpoint();
+                adm.request_checkpoint(io);
             }
             if let Some(why) = failed {
                 // Containers below the unwatched directory would go unseen: the supervisor
@@ -376,7 +397,7 @@ fn spawn_watcher(
             }
             if overflow {
                 tracing::warn!("inotify queue overflowed; reconciling");
-                reconcile_with(&adm, &cgroups, &mut retry);
+                reconcile_with(io, &adm, &cgroups, &mut retry);
             }
         }
     })
@@ -555,6 +576,10 @@ fn test_hook_kill(name: &OsStr) {
 
 /// The watcher thread alone, without a supervisor (tests of the watch mechanics).
 #[cfg(test)]
-fn spawn(adm: Admission, cgroups: Cgroups) -> std::io::Result<std::thread::JoinHandle<()>> {
-    spawn_watcher(adm, cgroups, Default::default())
+fn spawn(
+    io: &mut Io,
+    adm: Admission,
+    cgroups: Cgroups,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    spawn_watcher(io, adm, cgroups, Default::default())
 }

@@ -18,6 +18,7 @@ use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller},
     config::{AdmissionMode, TopologyScope},
     daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
+    daemon::Io,
     placement::{
         admission::PodMember,
         pod::{Container, Pod, Qos},
@@ -195,10 +196,16 @@ pub fn container_for(cgroups: &Cgroups, rel: &str, name: &str, qos: Qos) -> Cont
 /// Handles a cgroup that appeared (first seen at `t0`): admit (or bind) and write its cpuset
 /// (unless dry-run); `NotReady` while its limits are still to come within [`LIMITS_GRACE`]
 /// of `t0`. The change is not checkpointed here (see `Durability::Deferred`).
-pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> WatchOutcome {
+pub fn created(
+    io: &mut Io,
+    adm: &Admission,
+    cgroups: &Cgroups,
+    rel: &str,
+    t0: Instant,
+) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
     let (kind, kubernetes, known, kube_root, pod_scope) = {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         // Pods and containers only under kubelet's cgroup root (see cgroup::kube): a
         // kubepods-looking tree anywhere else is never admitted.
         let kube_root = s.cfg.cgroups.kubernetes_root.clone();
@@ -229,8 +236,8 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
     }
     // kubelet writes its state files at pod admission, before the runtime makes the
     // containers: a changed file is read first (a stat when unchanged), as NRI does
-    adm.refresh_kubelet();
-    let kubelets = super::super::kubelet::cpu_assigned(&adm.daemon.lock(), &pod_uid, None);
+    adm.refresh_kubelet(io);
+    let kubelets = super::super::kubelet::cpu_assigned(&adm.daemon.lock(io), &pod_uid, None);
     if let Some(cpus) = kubelets {
         // kubelet's static managers placed the pod (adopted from their state files); its mems
         // are kubelet's. A cgroup does not say which container it is, so each is fenced off
@@ -238,7 +245,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         // gave CPUs runs within the pod's own and is left as it is, a sidecar on kubelet's
         // shared pool keeps off the other exclusive CPUs. Again at each round (`refence`):
         // the runtime writes the cpuset after this.
-        let fenced = adm.fence_unassigned(&rel, &pod_uid);
+        let fenced = adm.fence_unassigned(io, &rel, &pod_uid);
         if cpus {
             tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's static CPU / Memory Manager placed; cpus kept off the exclusive CPUs but the pod's own");
         } else {
@@ -261,7 +268,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         }
     }
     // A pod admitted through the API: bind to its next unbound container.
-    match adm.bind(&rel, &pod_uid, Durability::Deferred, t0) {
+    match adm.bind(io, &rel, &pod_uid, Durability::Deferred, t0) {
         Ok(Some(_)) => {
             return WatchOutcome::Bound {
                 cgroup: rel,
@@ -285,23 +292,29 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
         Some((pod_rel, _)) => {
             let totals = container_for(cgroups, pod_rel, "pod", qos);
-            adm.admit_member(MemberRequest {
-                member: PodMember {
-                    pod_uid: &pod_uid,
-                    totals: &totals,
-                    container: &pod.containers[0],
+            adm.admit_member(
+                io,
+                MemberRequest {
+                    member: PodMember {
+                        pod_uid: &pod_uid,
+                        totals: &totals,
+                        container: &pod.containers[0],
+                    },
+                    bind: &rel,
+                    durability: Durability::Deferred,
+                    since: t0,
                 },
-                bind: &rel,
+            )
+        }
+        None => adm.admit(
+            io,
+            AdmitRequest {
+                pod: &pod,
+                bind: Some(&rel),
                 durability: Durability::Deferred,
                 since: t0,
-            })
-        }
-        None => adm.admit(AdmitRequest {
-            pod: &pod,
-            bind: Some(&rel),
-            durability: Durability::Deferred,
-            since: t0,
-        }),
+            },
+        ),
     };
     // Not admitted: kept fenced off the exclusive CPUs as they change, until it goes.
     let refused = matches!(
@@ -309,7 +322,7 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
         Err(AdmitError::Rejected { .. } | AdmitError::Invalid(_) | AdmitError::Released(_))
     );
     {
-        let mut s = adm.daemon.lock();
+        let mut s = adm.daemon.lock(io);
         if refused && !s.cfg.daemon.dry_run {
             s.refused.insert(rel.clone());
         } else {
@@ -362,15 +375,15 @@ pub fn created(adm: &Admission, cgroups: &Cgroups, rel: &str, t0: Instant) -> Wa
 /// Handles a cgroup that disappeared: unbind, and release a watcher-admitted pod; a pod
 /// cgroup's removal releases a pod admitted one container at a time (pod scope). Not
 /// checkpointed here.
-pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
+pub fn removed(io: &mut Io, adm: &Admission, rel: &str) -> WatchOutcome {
     let rel = rel.trim_matches('/').to_string();
-    adm.daemon.lock().refused.remove(&rel);
-    if adm.unbind(&rel, Durability::Deferred).is_some() {
+    adm.daemon.lock(io).refused.remove(&rel);
+    if adm.unbind(io, &rel, Durability::Deferred).is_some() {
         tracing::info!(cgroup = %rel, "container cgroup removed; released");
         return WatchOutcome::Released { cgroup: rel };
     }
     let kind = {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         classify_in(
             &rel,
             s.cfg.cgroups.kubernetes_root.as_deref(),
@@ -378,7 +391,7 @@ pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
         )
     };
     match kind {
-        CgroupKind::Pod { uid, .. } if adm.pod_gone(&uid, Durability::Deferred) => {
+        CgroupKind::Pod { uid, .. } if adm.pod_gone(io, &uid, Durability::Deferred) => {
             tracing::info!(cgroup = %rel, pod = %uid, "pod cgroup removed; the pod's hold released");
             WatchOutcome::Released { cgroup: rel }
         }
@@ -389,13 +402,13 @@ pub fn removed(adm: &Admission, rel: &str) -> WatchOutcome {
 /// Pods admitted one container at a time whose pod cgroup is not among `live` (paths relative
 /// to the hierarchy) any more: released (the watcher missed the removal: a restart, an
 /// overflow).
-pub fn pods_gone(adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
-    let held = adm.held_pods();
+pub fn pods_gone(io: &mut Io, adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
+    let held = adm.held_pods(io);
     if held.is_empty() {
         return Vec::new();
     }
     let (kube_root, roots) = {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         (
             s.cfg.cgroups.kubernetes_root.clone(),
             s.cfg.cgroups.roots.clone(),
@@ -411,7 +424,7 @@ pub fn pods_gone(adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
         .collect();
     held.into_iter()
         .filter(|uid| !live_pods.contains(uid))
-        .filter(|uid| adm.pod_gone(uid, Durability::Deferred))
+        .filter(|uid| adm.pod_gone(io, uid, Durability::Deferred))
         .map(|uid| {
             tracing::info!(pod = %uid, "pod cgroup gone; the pod's hold released");
             WatchOutcome::Released { cgroup: uid }
@@ -427,12 +440,13 @@ pub fn pods_gone(adm: &Admission, live: &[String]) -> Vec<WatchOutcome> {
 /// kept in `refused` and not tried (nor logged) again until the limits change once more.
 /// Returns how many were resized. Watcher mode only; cgroupfs is read with no lock held.
 pub fn resized(
+    io: &mut Io,
     adm: &Admission,
     cgroups: &Cgroups,
     refused: &mut BTreeMap<String, Container>,
 ) -> usize {
     let bound: Vec<(String, String, String, Qos)> = {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         if !matches!(s.admission, AdmissionMode::Watcher | AdmissionMode::Auto) {
             return 0;
         }
@@ -453,11 +467,11 @@ pub fn resized(
     for (cg, uid, name, qos) in bound {
         let asked = container_for(cgroups, &cg, &name, qos);
         if refused.get(&cg) == Some(&asked)
-            || !(adm.daemon.lock().state.allocator).asks_other_than_booked(&uid, &asked)
+            || !(adm.daemon.lock(io).state.allocator).asks_other_than_booked(&uid, &asked)
         {
             continue;
         }
-        match adm.resize(&cg, &asked, Durability::Deferred) {
+        match adm.resize(io, &cg, &asked, Durability::Deferred) {
             Ok(p) => {
                 refused.remove(&cg);
                 n += 1;
@@ -477,7 +491,7 @@ pub fn resized(
         }
     }
     if n > 0 {
-        adm.request_checkpoint();
+        adm.request_checkpoint(io);
     }
     n
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::daemon::Io;
 use crate::{
     cgroup::Mounts,
     config::{Config, TopologyScope},
@@ -91,13 +92,14 @@ fn guaranteed_limits(dir: &Path) {
 
 #[test]
 fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_ones_move_off() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
     let us = UID.replace('-', "_");
     // A BestEffort container first: the whole shared pool.
     let be = besteffort_container(root);
-    let o = on_created(&d, &cg, &be, Instant::now());
+    let o = on_created(io, &d, &cg, &be, Instant::now());
     assert!(
         matches!(&o, WatchOutcome::Admitted { cpus, .. } if cpus == "0-3"),
         "{o:?}"
@@ -106,12 +108,12 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
     // waited for, then admitted when seen again.
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     let mut retry = Retry::default();
-    let o = retry.created(&d, &cg, &g, Instant::now());
+    let o = retry.created(io, &d, &cg, &g, Instant::now());
     assert_eq!(o, WatchOutcome::NotReady { cgroup: g.clone() });
     assert!(!retry.is_empty());
-    assert!(retry.revisit(&d, &cg).is_empty(), "still not ready");
+    assert!(retry.revisit(io, &d, &cg).is_empty(), "still not ready");
     guaranteed_limits(&root.join(&g));
-    let mut done = retry.revisit(&d, &cg);
+    let mut done = retry.revisit(io, &d, &cg);
     assert!(retry.is_empty());
     assert_eq!(done.len(), 1, "{done:?}");
     let o = done.remove(0);
@@ -124,11 +126,11 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
         1,
         "one exclusive CPU, not the shared pool: {o:?}"
     );
-    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), gcpus);
+    assert_eq!(d.daemon.lock(io).state.allocator.exclusive_cpus(), gcpus);
     assert_eq!(
         mems,
         &d.daemon
-            .lock()
+            .lock(io)
             .topo
             .node_of_cpu(gcpus.iter().next().unwrap())
             .unwrap()
@@ -145,7 +147,7 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
     );
     assert!(!limits_ready(&cg, &never, Qos::Guaranteed));
     let seen = Instant::now() - LIMITS_GRACE;
-    let o = retry.created(&d, &cg, &never, seen);
+    let o = retry.created(io, &d, &cg, &never, seen);
     assert!(!matches!(o, WatchOutcome::NotReady { .. }), "{o:?}");
     assert!(retry.is_empty());
     // A queued cgroup removed before its limits came is dropped.
@@ -155,11 +157,11 @@ fn guaranteed_limits_written_after_mkdir_still_get_exclusive_cpus_and_shared_one
         "d",
     );
     assert!(matches!(
-        retry.created(&d, &cg, &gone, Instant::now()),
+        retry.created(io, &d, &cg, &gone, Instant::now()),
         WatchOutcome::NotReady { .. }
     ));
     std::fs::remove_dir_all(root.join(&gone)).unwrap();
-    assert!(retry.revisit(&d, &cg).is_empty());
+    assert!(retry.revisit(io, &d, &cg).is_empty());
     assert!(retry.is_empty());
 }
 
@@ -173,6 +175,7 @@ struct FailFor {
 impl crate::daemon::writer::CpusetWriter for FailFor {
     fn write(
         &self,
+        io: &Io,
         c: &crate::daemon::writer::CpusetChange,
     ) -> Result<(), crate::daemon::writer::WriteError> {
         if self.fail.lock().unwrap().as_deref() == Some(c.cgroup.as_str()) {
@@ -181,7 +184,7 @@ impl crate::daemon::writer::CpusetWriter for FailFor {
                 message: "EBUSY (test)".into(),
             });
         }
-        self.inner.write(c)
+        self.inner.write(io, c)
     }
 
     fn cpus(&self, cgroup: &str) -> Option<CpuSet> {
@@ -194,6 +197,7 @@ impl crate::daemon::writer::CpusetWriter for FailFor {
 /// exclusive CPUs.
 #[test]
 fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d0, cg) = fake(root);
@@ -207,37 +211,37 @@ fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
     );
     let be = besteffort_container(root);
     assert!(matches!(
-        on_created(&d, &cg, &be, Instant::now()),
+        on_created(io, &d, &cg, &be, Instant::now()),
         WatchOutcome::Admitted { .. }
     ));
     *fail.lock().unwrap() = Some(be.clone());
     let us = UID.replace('-', "_");
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     guaranteed_limits(&root.join(&g));
-    let o = on_created(&d, &cg, &g, Instant::now());
+    let o = on_created(io, &d, &cg, &g, Instant::now());
     let WatchOutcome::Admitted { cpus, .. } = &o else {
         panic!("{o:?}")
     };
     let gcpus = CpuSet::parse(cpus).unwrap();
     // the write failed: still on the exclusive CPU, and counted
     assert!(!cg.cpus(&be).unwrap().is_disjoint(&gcpus));
-    assert_eq!(d.daemon.lock().shrink_failures, 1);
+    assert_eq!(d.daemon.lock(io).shrink_failures, 1);
     assert_eq!(d.daemon.metrics.shared_pool_pending.get(), 1);
     // a round while it still fails: counted again, nothing else changes
-    assert!(d.refence().is_empty());
-    assert_eq!(d.daemon.lock().shrink_failures, 2);
+    assert!(d.refence(io).is_empty());
+    assert_eq!(d.daemon.lock(io).shrink_failures, 2);
     // the next round after the cause went: moved off
     *fail.lock().unwrap() = None;
-    let changed = d.refence();
+    let changed = d.refence(io);
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert_eq!(
         cg.cpus(&be).unwrap(),
         CpuSet::parse("0-3").unwrap().difference(&gcpus)
     );
-    assert_eq!(d.daemon.lock().shrink_failures, 0);
+    assert_eq!(d.daemon.lock(io).shrink_failures, 0);
     assert_eq!(d.daemon.metrics.shared_pool_pending.get(), 0);
     // and no more retries
-    assert!(d.refence().is_empty());
+    assert!(d.refence(io).is_empty());
 }
 
 /// CPU hotplug: a Guaranteed container's exclusive CPU goes offline; it gets another one
@@ -245,27 +249,28 @@ fn a_failed_move_off_exclusive_cpus_is_retried_each_round() {
 /// empty.
 #[test]
 fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
     let us = UID.replace('-', "_");
     let be = besteffort_container(root);
-    on_created(&d, &cg, &be, Instant::now());
+    on_created(io, &d, &cg, &be, Instant::now());
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     guaranteed_limits(&root.join(&g));
-    let o = on_created(&d, &cg, &g, Instant::now());
+    let o = on_created(io, &d, &cg, &g, Instant::now());
     assert!(matches!(o, WatchOutcome::Admitted { .. }), "{o:?}");
     let old = cg.cpus(&g).unwrap();
     assert_eq!(old.len(), 1);
     let gone = old.first().unwrap();
 
-    for c in d.daemon.lock().topo.cpus.iter_mut() {
+    for c in d.daemon.lock(io).topo.cpus.iter_mut() {
         if c.id == gone {
             c.online = false;
         }
     }
-    d.replace_offline();
-    let s = d.daemon.lock();
+    d.replace_offline(io);
+    let s = d.daemon.lock(io);
     let new = cg.cpus(&g).unwrap();
     assert_eq!(new.len(), 1, "CPU count kept: {new}");
     assert!(!new.contains(gone));
@@ -277,16 +282,17 @@ fn an_exclusive_cpu_going_offline_is_replaced_in_the_cgroup() {
     );
     // Nothing more to do at the next check.
     drop(s);
-    assert_eq!(d.replace_offline(), 0);
+    assert_eq!(d.replace_offline(io), 0);
     assert_eq!(cg.cpus(&g).unwrap(), new);
 }
 
 #[test]
 fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
-    spawn(d.clone(), cg.clone()).unwrap();
+    spawn(io, d.clone(), cg.clone()).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let pod = format!(
         "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
@@ -295,7 +301,7 @@ fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
     let be = {
         // Hold the lock: the watcher takes the pod cgroup's event and then waits in
         // on_created, before it can watch the pod cgroup; the container appears meanwhile.
-        let _held = d.daemon.lock();
+        let _held = d.daemon.lock(io);
         std::fs::create_dir_all(root.join(&pod)).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         container(root, &pod, "e")
@@ -313,6 +319,7 @@ fn a_container_made_before_its_pod_cgroup_is_watched_is_still_admitted() {
 
 #[test]
 fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -325,12 +332,12 @@ fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
     // The runtime writes the 500m request's weight after the directory appears; until then
     // the kernel default (100, i.e. ~2.6 CPUs) shows, and the cgroup waits in the queue.
     let mut retry = Retry::default();
-    let o = retry.created(&d, &cg, &b, Instant::now());
+    let o = retry.created(io, &d, &cg, &b, Instant::now());
     assert!(matches!(o, WatchOutcome::NotReady { .. }), "{o:?}");
     std::fs::write(root.join(&b).join("cpu.weight"), "20\n").unwrap();
-    let o = retry.revisit(&d, &cg);
+    let o = retry.revisit(io, &d, &cg);
     assert!(matches!(o[..], [WatchOutcome::Admitted { .. }]), "{o:?}");
-    let s = d.daemon.lock();
+    let s = d.daemon.lock(io);
     let pod = s.state.allocator.pods.values().next().unwrap();
     assert!(
         (450..=550).contains(&pod.cpu_request_millis),
@@ -341,6 +348,7 @@ fn a_burstable_weight_written_after_mkdir_is_the_request_admitted() {
 
 #[test]
 fn a_rejected_container_is_fenced_off_exclusive_cpus() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -349,7 +357,7 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     put(root, &format!("{g}/cpu.max"), "300000 100000\n");
     put(root, &format!("{g}/memory.max"), "67108864\n");
-    let o = on_created(&d, &cg, &g, Instant::now());
+    let o = on_created(io, &d, &cg, &g, Instant::now());
     let WatchOutcome::Admitted { cpus, .. } = &o else {
         panic!("{o:?}")
     };
@@ -365,27 +373,30 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     );
     put(root, &format!("{b}/cpu.weight"), "313\n");
     put(root, &format!("{b}/cpuset.cpus.effective"), "0-3\n");
-    let o = on_created(&d, &cg, &b, Instant::now());
+    let o = on_created(io, &d, &cg, &b, Instant::now());
     assert!(matches!(o, WatchOutcome::Rejected { .. }), "{o:?}");
     let now = cg.cpus(&b).unwrap();
     assert!(!now.is_empty() && now.is_disjoint(&excl), "{now} vs {excl}");
     assert_eq!(now, CpuSet::parse("0-3").unwrap().difference(&excl));
     // Kept in the books as fenced: the runtime writing it back onto the exclusive CPUs is
     // undone at the next round.
-    assert!(d.daemon.lock().refused.contains(&b));
+    assert!(d.daemon.lock(io).refused.contains(&b));
     put(
         root,
         &format!("{b}/cpuset.cpus"),
         "0-3
 ",
     );
-    let changed = d.refence();
+    let changed = d.refence(io);
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert!(cg.cpus(&b).unwrap().is_disjoint(&excl));
     // The exclusive set changing (the Guaranteed container gone, the refused one on every
     // CPU again, a 2-CPU container admitted): fenced off the new exclusive CPUs at that
     // admission, never an empty cpuset.
-    assert!(matches!(on_removed(&d, &g), WatchOutcome::Released { .. }));
+    assert!(matches!(
+        on_removed(io, &d, &g),
+        WatchOutcome::Released { .. }
+    ));
     put(root, &format!("{b}/cpuset.cpus"), "0-3\n");
     let third = UID.replace('8', "7").replace('-', "_");
     let g2 = container(
@@ -395,7 +406,7 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     );
     put(root, &format!("{g2}/cpu.max"), "200000 100000\n");
     put(root, &format!("{g2}/memory.max"), "67108864\n");
-    let excl2 = admitted_cpus(&on_created(&d, &cg, &g2, Instant::now()));
+    let excl2 = admitted_cpus(&on_created(io, &d, &cg, &g2, Instant::now()));
     let now = cg.cpus(&b).unwrap();
     assert!(
         !now.is_empty() && now.is_disjoint(&excl2),
@@ -403,8 +414,8 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
     );
     // Its cgroup gone: released from the books.
     std::fs::remove_dir_all(root.join(&b)).unwrap();
-    on_removed(&d, &b);
-    assert!(d.daemon.lock().refused.is_empty());
+    on_removed(io, &d, &b);
+    assert!(d.daemon.lock(io).refused.is_empty());
 }
 
 /// A refused container runs on the shared pool: an exclusive admission that would take the
@@ -412,6 +423,7 @@ fn a_rejected_container_is_fenced_off_exclusive_cpus() {
 /// admitted once it is gone.
 #[test]
 fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -419,7 +431,7 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     put(root, &format!("{g}/cpu.max"), "200000 100000\n");
     put(root, &format!("{g}/memory.max"), "67108864\n");
-    let excl = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    let excl = admitted_cpus(&on_created(io, &d, &cg, &g, Instant::now()));
     let other = UID.replace('8', "9").replace('-', "_");
     let b = container(
         root,
@@ -429,7 +441,7 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
     put(root, &format!("{b}/cpu.weight"), "313\n");
     put(root, &format!("{b}/cpuset.cpus.effective"), "0-3\n");
     assert!(matches!(
-        on_created(&d, &cg, &b, Instant::now()),
+        on_created(io, &d, &cg, &b, Instant::now()),
         WatchOutcome::Rejected { .. }
     ));
     let fenced = cg.cpus(&b).unwrap();
@@ -442,7 +454,7 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
     );
     put(root, &format!("{g2}/cpu.max"), "200000 100000\n");
     put(root, &format!("{g2}/memory.max"), "67108864\n");
-    let o = on_created(&d, &cg, &g2, Instant::now());
+    let o = on_created(io, &d, &cg, &g2, Instant::now());
     let WatchOutcome::Rejected { reason, .. } = &o else {
         panic!("the last shared CPU was made exclusive under a refused container: {o:?}")
     };
@@ -452,12 +464,12 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
         fenced,
         "the refused container keeps its CPU"
     );
-    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), excl);
+    assert_eq!(d.daemon.lock(io).state.allocator.exclusive_cpus(), excl);
     // the refused container gone, the same request fits
     std::fs::remove_dir_all(root.join(&b)).unwrap();
-    on_removed(&d, &b);
-    on_removed(&d, &g2);
-    let excl2 = admitted_cpus(&on_created(&d, &cg, &g2, Instant::now()));
+    on_removed(io, &d, &b);
+    on_removed(io, &d, &g2);
+    let excl2 = admitted_cpus(&on_created(io, &d, &cg, &g2, Instant::now()));
     assert_eq!(excl2, fenced);
 }
 
@@ -468,6 +480,7 @@ fn the_last_shared_cpu_is_not_made_exclusive_under_a_refused_container() {
 /// placement's mems as they are, even with memory off them already.
 #[test]
 fn a_running_container_is_adopted_with_its_memory_where_it_is() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -480,7 +493,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         "anon N0=0 N1=1073741824\nfile N0=0 N1=0\n",
     );
     // the start-up reconcile (`run`) adopts what runs
-    let o = super::reconcile(&d.adopting(), &cg).remove(0);
+    let o = super::reconcile(io, &d.adopting(), &cg).remove(0);
     let cpus = admitted_cpus(&o);
     let WatchOutcome::Admitted { mems, .. } = &o else {
         unreachable!()
@@ -488,7 +501,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
     let (mems, written) = (CpuSet::parse(mems).unwrap(), cg.mems(&a).unwrap());
     assert_eq!(written, mems);
     assert!(written.contains(1), "its memory's node kept: {written}");
-    let s = d.daemon.lock();
+    let s = d.daemon.lock(io);
     let booked = s
         .state
         .allocator
@@ -497,7 +510,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         .unwrap();
     assert_eq!(booked.mems, written, "the books agree");
     drop(s);
-    assert!(d.repair(|_| None).is_empty());
+    assert!(d.repair(io, |_| None).is_empty());
     // a new container: nothing to keep
     let other = UID.replace('8', "9").replace('-', "_");
     let b = container(
@@ -511,7 +524,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
         &format!("{b}/memory.numa_stat"),
         "anon N0=0 N1=1048576\nfile N0=0 N1=0\n",
     );
-    let o = on_created(&d, &cg, &b, Instant::now());
+    let o = on_created(io, &d, &cg, &b, Instant::now());
     let WatchOutcome::Admitted { mems, .. } = &o else {
         panic!("{o:?}")
     };
@@ -524,6 +537,7 @@ fn a_running_container_is_adopted_with_its_memory_where_it_is() {
 /// effective mems, so the write narrows nothing and the kernel migrates nothing in it.
 #[test]
 fn an_adopted_container_keeps_its_effective_mems_whatever_numa_stat_shows() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     // single-numa-node: placed on node 0, mems 0 — and its charged memory is there too
@@ -539,17 +553,18 @@ fn an_adopted_container_keeps_its_effective_mems_whatever_numa_stat_shows() {
         &format!("{a}/memory.numa_stat"),
         "anon N0=1073741824 N1=0\nfile N0=0 N1=0\n",
     );
-    let o = super::reconcile(&d.adopting(), &cg).remove(0);
+    let o = super::reconcile(io, &d.adopting(), &cg).remove(0);
     let WatchOutcome::Admitted { mems, .. } = &o else {
         panic!("{o:?}")
     };
     assert_eq!(mems, "0-1", "{o:?}");
     assert_eq!(cg.mems(&a).unwrap().to_string(), "0-1", "written as wide");
-    assert!(d.repair(|_| None).is_empty(), "the books agree");
+    assert!(d.repair(io, |_| None).is_empty(), "the books agree");
 }
 
 #[test]
 fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (adm, cg) = fake(root);
@@ -559,9 +574,9 @@ fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
     // cpuset.mems cannot be written (a directory in its place), the cgroup still exists.
     std::fs::remove_file(root.join(&g).join("cpuset.mems")).unwrap();
     std::fs::create_dir(root.join(&g).join("cpuset.mems")).unwrap();
-    let o = on_created(&adm, &cg, &g, Instant::now());
+    let o = on_created(io, &adm, &cg, &g, Instant::now());
     assert_eq!(o, WatchOutcome::WriteFailed { cgroup: g.clone() });
-    let s = adm.daemon.lock();
+    let s = adm.daemon.lock(io);
     assert!(
         s.state.allocator.pods.is_empty(),
         "admission kept after a failed write"
@@ -572,6 +587,7 @@ fn a_failed_cpuset_write_leaves_no_admission_and_no_binding() {
 
 #[test]
 fn a_kubepods_decoy_outside_kubelets_root_is_never_admitted() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (adm, cg) = fake(root);
@@ -587,11 +603,11 @@ fn a_kubepods_decoy_outside_kubelets_root_is_never_admitted() {
     );
     guaranteed_limits(&root.join(&decoy));
     assert_eq!(
-        on_created(&adm, &cg, &decoy, Instant::now()),
+        on_created(io, &adm, &cg, &decoy, Instant::now()),
         WatchOutcome::Ignored
     );
-    assert!(reconcile(&adm, &cg).is_empty());
-    let s = adm.daemon.lock();
+    assert!(reconcile(io, &adm, &cg).is_empty());
+    let s = adm.daemon.lock(io);
     assert!(s.state.allocator.pods.is_empty() && s.state.bindings.is_empty());
     assert_eq!(
         std::fs::read_to_string(root.join(&decoy).join("cpuset.cpus")).unwrap(),
@@ -778,19 +794,20 @@ fn the_watcher_watches_only_the_paths_to_kubelets_root_its_tiers_and_pods() {
 /// admitted container keeps its binding and its CPUs stay allocated.
 #[test]
 fn a_hierarchy_that_cannot_be_walked_releases_nothing() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cg");
     std::fs::create_dir(&root).unwrap();
     let (adm, cg) = fake(&root);
     let be = besteffort_container(&root);
     assert!(matches!(
-        on_created(&adm, &cg, &be, Instant::now()),
+        on_created(io, &adm, &cg, &be, Instant::now()),
         WatchOutcome::Admitted { .. }
     ));
-    assert!(adm.daemon.lock().state.bindings.contains_key(&be));
+    assert!(adm.daemon.lock(io).state.bindings.contains_key(&be));
     std::fs::rename(&root, dir.path().join("elsewhere")).unwrap();
-    assert!(reconcile(&adm, &cg).is_empty());
-    let s = adm.daemon.lock();
+    assert!(reconcile(io, &adm, &cg).is_empty());
+    let s = adm.daemon.lock(io);
     assert!(
         s.state.bindings.contains_key(&be),
         "released on a failed walk"
@@ -826,6 +843,7 @@ fn an_enospc_watch_failure_names_the_sysctl() {
 /// watch hands back to reconciling the same way.
 #[test]
 fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_period() {
+    let io = &mut crate::daemon::Io::new();
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
@@ -838,7 +856,7 @@ fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_p
             .to_string(),
     ));
     let (w, l, n, y) = (works.clone(), lose.clone(), starts.clone(), why.clone());
-    let sup = supervise_with(d.clone(), cg.clone(), move |adm, _, lost| {
+    let sup = supervise_with(d.clone(), cg.clone(), move |_io, adm, _, lost| {
         n.fetch_add(1, Ordering::SeqCst);
         if !w.load(Ordering::SeqCst) {
             return Err(std::io::Error::other(y.lock().unwrap().clone()));
@@ -856,14 +874,14 @@ fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_p
     })
     .unwrap();
     let health = d.daemon.metrics.health.clone();
-    let wait = |what: &str, f: &dyn Fn() -> bool| {
+    let wait = |what: &str, f: &mut dyn FnMut() -> bool| {
         let t0 = Instant::now();
         while !f() {
             assert!(t0.elapsed() < Duration::from_secs(10), "timed out: {what}");
             std::thread::sleep(Duration::from_millis(2));
         }
     };
-    wait("the inotify component to fail", &|| {
+    wait("the inotify component to fail", &mut || {
         !health.dead().is_empty()
     });
     let dead = health.dead();
@@ -872,28 +890,28 @@ fn a_watcher_that_cannot_start_fails_health_and_containers_are_reconciled_each_p
     assert!(dead[0].reason.contains("max_user_instances"), "{dead:?}");
     // without inotify, a new container is admitted by a round's reconcile
     let be = besteffort_container(root);
-    wait("the reconcile to admit the container", &|| {
-        d.daemon.lock().state.bindings.contains_key(&be)
+    wait("the reconcile to admit the container", &mut || {
+        d.daemon.lock(io).state.bindings.contains_key(&be)
     });
     assert!(
         starts.load(Ordering::SeqCst) >= 2,
         "inotify tried again each period"
     );
     works.store(true, Ordering::SeqCst);
-    wait("the watcher to start", &|| health.dead().is_empty());
+    wait("the watcher to start", &mut || health.dead().is_empty());
     // a watch lost (and inotify short again): failing again, reconciling again
     *why.lock().unwrap() = "cannot watch x (ENOSPC); raise fs.inotify.max_user_watches".into();
     works.store(false, Ordering::SeqCst);
     lose.store(true, Ordering::SeqCst);
-    wait("the lost watch to show", &|| {
+    wait("the lost watch to show", &mut || {
         health.dead().iter().any(|x| x.reason.contains("ENOSPC"))
     });
     std::fs::remove_dir_all(root.join(&be)).unwrap();
-    wait("the reconcile to release the container", &|| {
-        !d.daemon.lock().state.bindings.contains_key(&be)
+    wait("the reconcile to release the container", &mut || {
+        !d.daemon.lock(io).state.bindings.contains_key(&be)
     });
     works.store(true, Ordering::SeqCst);
-    wait("a whole watcher again", &|| health.dead().is_empty());
+    wait("a whole watcher again", &mut || health.dead().is_empty());
     d.daemon.request_stop();
     sup.join().unwrap();
 }
@@ -924,6 +942,7 @@ fn admitted_cpus(o: &WatchOutcome) -> CpuSet {
 /// the pod cgroup's removal releases it.
 #[test]
 fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_them() {
+    let io = &mut crate::daemon::Io::new();
     let other = "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9";
     for scope in [TopologyScope::Pod, TopologyScope::Container] {
         let dir = tempfile::tempdir().unwrap();
@@ -931,40 +950,52 @@ fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_th
         let (d, cg) = fake_with(root, |c| c.placement.scope = scope);
         let p = guaranteed_pod(root, UID, 2, 128 << 20);
         let q = guaranteed_pod(root, other, 1, 64 << 20);
-        let node = |cpus: &CpuSet| d.daemon.lock().topo.node_of_cpu(cpus.first().unwrap());
+        let node =
+            |io: &mut Io, cpus: &CpuSet| d.daemon.lock(io).topo.node_of_cpu(cpus.first().unwrap());
         let a = container(root, &p, "a");
         guaranteed_limits(&root.join(&a));
-        let ca = admitted_cpus(&on_created(&d, &cg, &a, Instant::now()));
+        let ca = admitted_cpus(&on_created(io, &d, &cg, &a, Instant::now()));
         // (container ids are hex, as the runtimes make them)
         let x = container(root, &q, "c");
         guaranteed_limits(&root.join(&x));
-        let cx = admitted_cpus(&on_created(&d, &cg, &x, Instant::now()));
+        let cx = admitted_cpus(&on_created(io, &d, &cg, &x, Instant::now()));
         let b = container(root, &p, "b");
         guaranteed_limits(&root.join(&b));
-        let cb = admitted_cpus(&on_created(&d, &cg, &b, Instant::now()));
+        let cb = admitted_cpus(&on_created(io, &d, &cg, &b, Instant::now()));
         assert_eq!(cg.cpus(&b).unwrap(), cb, "written");
         assert!(ca.is_disjoint(&cb) && ca.is_disjoint(&cx) && cb.is_disjoint(&cx));
         if scope == TopologyScope::Container {
-            assert_ne!(node(&ca), node(&cb), "container scope splits the pod");
+            assert_ne!(
+                node(io, &ca),
+                node(io, &cb),
+                "container scope splits the pod"
+            );
             continue;
         }
-        assert_eq!(node(&ca), node(&cb), "{scope:?}: {ca} and {cb}");
-        assert_ne!(node(&cx), node(&ca), "the other pod went to the other node");
+        assert_eq!(node(io, &ca), node(io, &cb), "{scope:?}: {ca} and {cb}");
+        assert_ne!(
+            node(io, &cx),
+            node(io, &ca),
+            "the other pod went to the other node"
+        );
         // b gone: its CPU is held for the pod again, not given to anyone
         std::fs::remove_dir_all(root.join(&b)).unwrap();
-        assert!(matches!(on_removed(&d, &b), WatchOutcome::Released { .. }));
+        assert!(matches!(
+            on_removed(io, &d, &b),
+            WatchOutcome::Released { .. }
+        ));
         assert_eq!(
-            d.daemon.lock().state.allocator.exclusive_cpus(),
+            d.daemon.lock(io).state.allocator.exclusive_cpus(),
             ca.union(&cb).union(&cx)
         );
         std::fs::remove_dir_all(root.join(&a)).unwrap();
-        on_removed(&d, &a);
-        assert!(d.daemon.lock().state.allocator.pods.contains_key(UID));
+        on_removed(io, &d, &a);
+        assert!(d.daemon.lock(io).state.allocator.pods.contains_key(UID));
         // the pod cgroup gone: the pod is released
         std::fs::remove_dir_all(root.join(&p)).unwrap();
-        let o = on_removed(&d, &p);
+        let o = on_removed(io, &d, &p);
         assert!(matches!(o, WatchOutcome::Released { .. }), "{o:?}");
-        let s = d.daemon.lock();
+        let s = d.daemon.lock(io);
         assert!(!s.state.allocator.pods.contains_key(UID));
         assert_eq!(s.state.allocator.exclusive_cpus(), cx);
     }
@@ -975,6 +1006,7 @@ fn pod_scope_keeps_a_pods_containers_on_one_node_where_container_scope_splits_th
 /// container alone would fit; nothing is held, and container scope admits the container.
 #[test]
 fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
+    let io = &mut crate::daemon::Io::new();
     for (scope, refused) in [
         (TopologyScope::Pod, true),
         (TopologyScope::Container, false),
@@ -988,13 +1020,13 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
         let p = guaranteed_pod(root, UID, 3, 192 << 20);
         let a = container(root, &p, "a");
         guaranteed_limits(&root.join(&a));
-        let o = on_created(&d, &cg, &a, Instant::now());
+        let o = on_created(io, &d, &cg, &a, Instant::now());
         if refused {
             assert!(
                 matches!(&o, WatchOutcome::Rejected { reason, .. } if reason == "TopologyAffinityError"),
                 "{o:?}"
             );
-            let s = d.daemon.lock();
+            let s = d.daemon.lock(io);
             assert!(s.state.allocator.pods.is_empty() && s.state.bindings.is_empty());
         } else {
             assert_eq!(admitted_cpus(&o).len(), 1, "{o:?}");
@@ -1010,7 +1042,7 @@ fn pod_scope_refuses_a_pod_that_fits_no_single_node() {
 /// Memory Manager entry for its container "app", no CPUs), adopted.
 const KUBE_UID: &str = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9";
 
-fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
+fn kubelet_memory_pod(io: &mut Io, dir: &Path) -> (Admission, Cgroups, PathBuf) {
     use crate::kubelet_files::{fnv1a32, spew_memory, MemoryCheckpoint};
     let root = dir.join("cg");
     let kdir = dir.join("kubelet");
@@ -1026,7 +1058,7 @@ fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
     .unwrap();
     let (adm, cg) = fake_with(&root, |c| c.kubernetes.kubelet_state_dir = kdir.clone());
     {
-        let mut s = adm.daemon.lock();
+        let mut s = adm.daemon.lock(io);
         let m = adm.daemon.metrics.clone();
         crate::daemon::kubelet::adopt(&mut s, &m);
         assert!(s.kubelet.errors.is_empty(), "{:?}", s.kubelet.errors);
@@ -1037,11 +1069,18 @@ fn kubelet_memory_pod(dir: &Path) -> (Admission, Cgroups, PathBuf) {
 }
 
 /// A Guaranteed container of our pod `pod_uid` admitted through the watcher: its exclusive CPU.
-fn admit_exclusive(adm: &Admission, cg: &Cgroups, root: &Path, pod_uid: &str, id: &str) -> CpuSet {
+fn admit_exclusive(
+    io: &mut Io,
+    adm: &Admission,
+    cg: &Cgroups,
+    root: &Path,
+    pod_uid: &str,
+    id: &str,
+) -> CpuSet {
     let u = pod_uid.replace('-', "_");
     let g = container(root, &format!("kubepods.slice/kubepods-pod{u}.slice"), id);
     guaranteed_limits(&root.join(&g));
-    let o = on_created(adm, cg, &g, Instant::now());
+    let o = on_created(io, adm, cg, &g, Instant::now());
     let WatchOutcome::Admitted { cpus, .. } = &o else {
         panic!("{o:?}")
     };
@@ -1052,11 +1091,12 @@ fn admit_exclusive(adm: &Admission, cg: &Cgroups, root: &Path, pod_uid: &str, id
 
 #[test]
 fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
-    let (adm, cg, root) = kubelet_memory_pod(dir.path());
+    let (adm, cg, root) = kubelet_memory_pod(io, dir.path());
     let kube_uid = KUBE_UID;
     // one exclusive CPU of ours
-    let ours = admit_exclusive(&adm, &cg, &root, UID, "a");
+    let ours = admit_exclusive(io, &adm, &cg, &root, UID, "a");
     // kubelet's memory-managed pod: its container keeps off our CPU, and is not admitted
     let ku = kube_uid.replace('-', "_");
     let k = container(
@@ -1068,7 +1108,7 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     // as the kernel shows a new cgroup: every CPU, the one exclusive to us included
     put(&root, &format!("{k}/cpuset.cpus.effective"), "0-3\n");
     assert_eq!(
-        on_created(&adm, &cg, &k, Instant::now()),
+        on_created(io, &adm, &cg, &k, Instant::now()),
         WatchOutcome::Ignored
     );
     assert_eq!(
@@ -1081,12 +1121,12 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         "mems left to kubelet"
     );
     {
-        let s = adm.daemon.lock();
+        let s = adm.daemon.lock(io);
         assert!(!s.state.bindings.contains_key(&k));
         assert_eq!(s.state.allocator.exclusive_cpus(), ours);
     }
     // An exclusive CPU admitted after it is fenced off it too
-    let later = admit_exclusive(&adm, &cg, &root, &UID.replace('8', "7"), "d");
+    let later = admit_exclusive(io, &adm, &cg, &root, &UID.replace('8', "7"), "d");
     assert_eq!(
         cg.cpus(&k).unwrap(),
         CpuSet::parse("0-3")
@@ -1102,10 +1142,10 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
         .difference(&later);
     put(&root, &format!("{k}/cpuset.cpus"), "0-3\n");
     put(&root, &format!("{k}/cpuset.cpus.effective"), "0-3\n");
-    let again = adm.refence();
+    let again = adm.refence(io);
     assert_eq!(again.len(), 1, "{again:?}");
     assert_eq!(cg.cpus(&k).unwrap(), fence);
-    assert!(adm.refence().is_empty(), "nothing to do once fenced");
+    assert!(adm.refence(io).is_empty(), "nothing to do once fenced");
     // and cgroup v1's shape: a fresh cpuset cgroup is empty (effective too) until the runtime
     // copies its parent's into it, so the fence at mkdir writes nothing; the next round does
     let k2 = container(
@@ -1116,21 +1156,21 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
     guaranteed_limits(&root.join(&k2));
     put(&root, &format!("{k2}/cpuset.cpus.effective"), "");
     assert_eq!(
-        on_created(&adm, &cg, &k2, Instant::now()),
+        on_created(io, &adm, &cg, &k2, Instant::now()),
         WatchOutcome::Ignored
     );
     assert!(cg.cpus(&k2).unwrap().is_empty(), "nothing to fence yet");
     put(&root, &format!("{k2}/cpuset.cpus"), "0-3\n");
     put(&root, &format!("{k2}/cpuset.cpus.effective"), "0-3\n");
-    assert_eq!(adm.refence().len(), 1);
+    assert_eq!(adm.refence(io).len(), 1);
     assert_eq!(cg.cpus(&k2).unwrap(), fence);
     std::fs::remove_dir_all(root.join(&k2)).unwrap();
     // its cgroup gone: forgotten at the next shrink
     std::fs::remove_dir_all(root.join(&k)).unwrap();
-    let _ = crate::daemon::admission::shared_changes(&adm.daemon, |c| {
+    let _ = crate::daemon::admission::shared_changes(io, &adm.daemon, |c| {
         crate::daemon::writer::CpusetWriter::cpus(&CgroupCpusetWriter::new(cg.clone()), c)
     });
-    assert!(adm.daemon.lock().fenced.is_empty());
+    assert!(adm.daemon.lock(io).fenced.is_empty());
 }
 
 /// A pod kubelet's CPU Manager gave CPUs to one container: every container of it
@@ -1139,18 +1179,19 @@ fn a_memory_managed_kubelet_pods_container_is_fenced_off_the_exclusive_cpus() {
 /// sidecar on every CPU keeps off ours.
 #[test]
 fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
-    let (adm, cg, root) = kubelet_memory_pod(dir.path());
+    let (adm, cg, root) = kubelet_memory_pod(io, dir.path());
     {
         // as an adopted cpu_manager_state entry gives it: CPU 3 exclusive to "app"
-        let mut s = adm.daemon.lock();
+        let mut s = adm.daemon.lock(io);
         let p = (s.state.allocator.pods)
             .get_mut(&format!("kubelet:{KUBE_UID}"))
             .unwrap();
         p.containers[0].placement.exclusive = true;
         p.containers[0].placement.cpus = CpuSet::parse("3").unwrap();
     }
-    let ours = admit_exclusive(&adm, &cg, &root, UID, "a");
+    let ours = admit_exclusive(io, &adm, &cg, &root, UID, "a");
     assert!(!ours.contains(3), "{ours}");
     let ku = KUBE_UID.replace('-', "_");
     let pod = format!("kubepods.slice/kubepods-pod{ku}.slice");
@@ -1160,7 +1201,7 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
     put(&root, &format!("{app}/cpuset.cpus"), "3\n");
     put(&root, &format!("{app}/cpuset.cpus.effective"), "3\n");
     assert_eq!(
-        on_created(&adm, &cg, &app, Instant::now()),
+        on_created(io, &adm, &cg, &app, Instant::now()),
         WatchOutcome::Ignored
     );
     assert_eq!(cg.cpus(&app).unwrap(), CpuSet::parse("3").unwrap());
@@ -1169,14 +1210,14 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
     guaranteed_limits(&root.join(&side));
     put(&root, &format!("{side}/cpuset.cpus.effective"), "0-3\n");
     assert_eq!(
-        on_created(&adm, &cg, &side, Instant::now()),
+        on_created(io, &adm, &cg, &side, Instant::now()),
         WatchOutcome::Ignored
     );
     assert_eq!(
         cg.cpus(&side).unwrap(),
         CpuSet::parse("0-3").unwrap().difference(&ours)
     );
-    assert!(adm.refence().is_empty(), "both as they should be");
+    assert!(adm.refence(io).is_empty(), "both as they should be");
     assert_eq!(cg.cpus(&app).unwrap(), CpuSet::parse("3").unwrap());
 }
 
@@ -1185,6 +1226,7 @@ fn a_kubelet_pods_sidecar_is_fenced_off_the_exclusive_cpus_but_its_pods_own() {
 /// as it is, asks for exactly 2 CPUs and gets 2 exclusive ones.
 #[test]
 fn a_guaranteed_container_without_a_quota_gets_its_weight_as_exclusive_cpus() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
@@ -1197,9 +1239,9 @@ fn a_guaranteed_container_without_a_quota_gets_its_weight_as_exclusive_cpus() {
     assert!(limits_ready(&cg, &g, Qos::Guaranteed));
     let c = container_for(&cg, &g, "a", Qos::Guaranteed);
     assert_eq!((c.cpu_request_millis, c.cpu_limit_millis), (2000, 2000));
-    let cpus = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    let cpus = admitted_cpus(&on_created(io, &d, &cg, &g, Instant::now()));
     assert_eq!(cpus.len(), 2, "{cpus}");
-    assert_eq!(d.daemon.lock().state.allocator.exclusive_cpus(), cpus);
+    assert_eq!(d.daemon.lock(io).state.allocator.exclusive_cpus(), cpus);
 }
 
 /// The weight inverse lands on whole CPUs wherever kubelet's whole-CPU shares map (every
@@ -1227,21 +1269,26 @@ fn whole_cpu_weights_invert_exactly() {
 /// and shrinks it back to 1 CPU, the other going back to the shared pool.
 #[test]
 fn a_resize_written_to_the_limits_follows_like_nris() {
+    let io = &mut crate::daemon::Io::new();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let (d, cg) = fake(root);
-    d.daemon.lock().admission = crate::config::AdmissionMode::Watcher;
+    d.daemon.lock(io).admission = crate::config::AdmissionMode::Watcher;
     let us = UID.replace('-', "_");
     let g = container(root, &format!("kubepods.slice/kubepods-pod{us}.slice"), "a");
     guaranteed_limits(&root.join(&g));
-    let one = admitted_cpus(&on_created(&d, &cg, &g, Instant::now()));
+    let one = admitted_cpus(&on_created(io, &d, &cg, &g, Instant::now()));
     assert_eq!(one.len(), 1);
     let b = besteffort_container(root);
-    on_created(&d, &cg, &b, Instant::now());
+    on_created(io, &d, &cg, &b, Instant::now());
     let mut refused = BTreeMap::new();
-    assert_eq!(policy::resized(&d, &cg, &mut refused), 0, "nothing changed");
-    let booked = |d: &Admission| {
-        let s = d.daemon.lock();
+    assert_eq!(
+        policy::resized(io, &d, &cg, &mut refused),
+        0,
+        "nothing changed"
+    );
+    let booked = |io: &mut Io, d: &Admission| {
+        let s = d.daemon.lock(io);
         let b = &s.state.bindings[&g];
         let p = &s.state.allocator.pods[&b.pod_uid];
         (p.cpu_request_millis, p.containers[0].placement.clone())
@@ -1257,8 +1304,8 @@ fn a_resize_written_to_the_limits_follows_like_nris() {
     };
     // grow to 2 CPUs
     put(root, &format!("{g}/cpu.max"), "200000 100000\n");
-    assert_eq!(policy::resized(&d, &cg, &mut refused), 1);
-    let (millis, p) = booked(&d);
+    assert_eq!(policy::resized(io, &d, &cg, &mut refused), 1);
+    let (millis, p) = booked(io, &d);
     assert_eq!((millis, p.exclusive, p.cpus.len()), (2000, true, 2));
     assert!(
         one.is_subset(&p.cpus),
@@ -1273,22 +1320,22 @@ fn a_resize_written_to_the_limits_follows_like_nris() {
     );
     // past the machine: refused, nothing changes, not asked again while the limits stay
     put(root, &format!("{g}/cpu.max"), "900000 100000\n");
-    let before = d.daemon.lock().state.allocator.clone();
+    let before = d.daemon.lock(io).state.allocator.clone();
     let n0 = rejected(&d);
-    assert_eq!(policy::resized(&d, &cg, &mut refused), 0);
-    assert_eq!(d.daemon.lock().state.allocator, before);
+    assert_eq!(policy::resized(io, &d, &cg, &mut refused), 0);
+    assert_eq!(d.daemon.lock(io).state.allocator, before);
     assert!(refused.contains_key(&g));
     let n1 = rejected(&d);
     assert!(n1 > n0, "counted with its reason");
-    assert_eq!(policy::resized(&d, &cg, &mut refused), 0);
+    assert_eq!(policy::resized(io, &d, &cg, &mut refused), 0);
     assert_eq!(rejected(&d), n1, "not asked again");
     // shrink back to 1 CPU: the other goes back to the shared pool
     put(root, &format!("{g}/cpu.max"), "100000 100000\n");
-    assert_eq!(policy::resized(&d, &cg, &mut refused), 1);
+    assert_eq!(policy::resized(io, &d, &cg, &mut refused), 1);
     assert!(refused.is_empty());
-    let (millis, p) = booked(&d);
+    let (millis, p) = booked(io, &d);
     assert_eq!((millis, p.cpus.len()), (1000, 1));
     assert_eq!(cg.cpus(&g).unwrap(), p.cpus);
-    let excl = d.daemon.lock().state.allocator.exclusive_cpus();
+    let excl = d.daemon.lock(io).state.allocator.exclusive_cpus();
     assert_eq!(excl, p.cpus);
 }
