@@ -244,7 +244,7 @@ fn written_pages_cost_per_period_at_scale() {
     let mut t = WrittenPages::default();
     // One period: (cgroups read, processes skipped for want of budget, CPU ns, wall ns, CPU ns
     // of the cgroup.procs reads alone).
-    let mut period = |t: &mut WrittenPages| {
+    let period = |t: &mut WrittenPages| {
         let (mut read, mut procs_ns) = (0usize, 0u64);
         let (c0, _) = thread_usage();
         let w0 = Instant::now();
