@@ -18,8 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use rebalancer::cgroup::{Cgroups, Controller, Mounts};
-use rebalancer::written::{probe, written_addresses, WrittenPages, PERIOD_PAGES};
+use rebalancer::cgroup::{Cgroups, Mounts};
+use rebalancer::written::{
+    probe, written_addresses, Live, Source, WrittenPages, PERIOD_PAGES, PROCESS_COST,
+    PROCS_READ_COST,
+};
 
 const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
@@ -113,8 +116,8 @@ fn written_pages_cost_per_gib() {
     let (base_cpu, base_faults) = write_all(&mut buf, 2); // no clear: no faults expected
 
     let mut t = WrittenPages::default();
-    let _ = t.sample(proc_root, &[me]); // the first period only clears
-    t.end_round();
+    let me_cg = vec!["me".to_string()];
+    let _ = t.period(&mut Me, &me_cg); // the first period only clears
     let (mut sample_cpu, mut write_cpu, mut write_faults) = (vec![], vec![], vec![]);
     for p in 0..PERIODS {
         let (c, f) = write_all(&mut buf, 3 + p as u8);
@@ -122,10 +125,10 @@ fn written_pages_cost_per_gib() {
         write_faults.push(f);
         let (c0, _) = thread_usage();
         let w = t
-            .sample(proc_root, &[me])
+            .period(&mut Me, &me_cg)
+            .remove("me")
             .expect("a period after the clear");
         let (c1, _) = thread_usage();
-        t.end_round();
         sample_cpu.push(c1 - c0);
         let written: u64 = w.values().sum();
         assert!(
@@ -138,7 +141,8 @@ fn written_pages_cost_per_gib() {
     // A period in which the buffer was not written: only the pagemap read is left.
     let (c0, _) = thread_usage();
     let idle = t
-        .sample(proc_root, &[me])
+        .period(&mut Me, &me_cg)
+        .remove("me")
         .expect("a period after the clear");
     let (c1, _) = thread_usage();
     let idle_cpu = c1 - c0;
@@ -171,6 +175,24 @@ fn written_pages_cost_per_gib() {
     );
 }
 
+/// This test process as the one process of cgroup "me".
+struct Me;
+impl Source for Me {
+    fn procs(&mut self, _: &str) -> Vec<u32> {
+        vec![std::process::id()]
+    }
+    fn read(
+        &mut self,
+        pid: u32,
+        limit: u64,
+    ) -> std::io::Result<(std::collections::BTreeMap<u32, u64>, u64)> {
+        rebalancer::written::written_per_node(Path::new("/proc"), pid, limit)
+    }
+    fn clear(&mut self, pid: u32) -> std::io::Result<()> {
+        rebalancer::written::clear(Path::new("/proc"), pid)
+    }
+}
+
 /// Children killed and cgroup directories removed on drop (a failed assertion included).
 struct Population {
     children: Vec<Child>,
@@ -192,14 +214,14 @@ impl Drop for Population {
     }
 }
 
-/// One period of the source over every cgroup at scale, as the daemon's round runs it for a
-/// cgroup whose memory is on two nodes or more: its `cgroup.procs`, then
-/// `WrittenPages::sample` of its processes (the period's pagemap budget shared by all), then
-/// `end_round`. Prints the median period's CPU time (this thread, user + system) and wall
-/// time, and how many cgroups were read before the budget ran out. On a kernel without
-/// soft-dirty tracking (this host's) no page is ever marked written, so this is the part
-/// that scales with the cgroup count when nothing was written: reading each process's
-/// mappings and pagemap, and clearing its bits.
+/// Periods of the source over every cgroup at scale, as the daemon's round runs them when
+/// every cgroup's memory is on two nodes or more: `WrittenPages::period` over all of them
+/// (`cgroup.procs`, then each process read and cleared, within the period's budget, going on
+/// where the last period stopped). Prints the median period's CPU time (this thread, user +
+/// system) and wall time, how many cgroups a period visits and how many periods a full pass
+/// takes. On a kernel without soft-dirty tracking (this host's) no page is ever marked
+/// written, so this is the part that scales with the cgroup count when nothing was written:
+/// reading each process's mappings and pagemap, and clearing its bits.
 #[test]
 fn written_pages_cost_per_period_at_scale() {
     // SAFETY: geteuid has no preconditions.
@@ -241,64 +263,49 @@ fn written_pages_cost_per_period_at_scale() {
         v2: Some(v2.clone()),
         v1: Default::default(),
     });
+    let mut src = Live {
+        cgroups: &cg,
+        proc_root,
+    };
     let mut t = WrittenPages::default();
-    // One period: (cgroups read, processes skipped for want of budget, CPU ns, wall ns, CPU ns
-    // of the cgroup.procs reads alone).
-    let period = |t: &mut WrittenPages| {
-        let (mut read, mut procs_ns) = (0usize, 0u64);
+    // The most cgroups of one `sleep` a period can pay for.
+    let most = (PERIOD_PAGES / (PROCS_READ_COST + PROCESS_COST)) as usize;
+    // Two passes: the first visit of each cgroup clears, the second reads. Per period: CPU
+    // ns, wall ns, cgroups visited.
+    let (mut runs, mut measured) = (Vec::new(), std::collections::BTreeSet::new());
+    let mut periods = 0;
+    let bound = 2 * (n.div_ceil(most / 2) + 1);
+    while measured.len() < n {
+        assert!(
+            periods < bound,
+            "{} of {n} cgroups measured after {periods} periods",
+            measured.len()
+        );
         let (c0, _) = thread_usage();
         let w0 = Instant::now();
-        for rel in &rels {
-            let (p0, _) = thread_usage();
-            let pids = cg.procs(Controller::Cpuset, rel).expect("cgroup.procs");
-            let (p1, _) = thread_usage();
-            procs_ns += p1 - p0;
-            assert_eq!(pids.len(), 1, "{rel} holds its one process");
-            if t.sample(proc_root, &pids).is_some() {
-                read += 1;
-            }
-        }
-        let skipped = t.skipped as usize;
-        t.end_round();
+        let got = t.period(&mut src, &rels);
         let (c1, _) = thread_usage();
-        (
-            read,
-            skipped,
-            c1 - c0,
-            w0.elapsed().as_nanos() as u64,
-            procs_ns,
-        )
-    };
-    // The first period only clears (nothing to compare yet): no cgroup has a measurement.
-    let (read, skipped, ..) = period(&mut t);
-    assert_eq!(read, 0, "a first period reads nothing");
-    let mut runs = Vec::new();
-    for _ in 0..PERIODS.min(3) {
-        let (read, skipped_now, cpu, wall, procs) = period(&mut t);
-        // Every cgroup's process is either read (cleared a period ago) or left for want of
-        // budget, which is spent in order: what is read is a prefix.
-        assert_eq!(
-            read + skipped_now,
-            n,
-            "{read} read + {skipped_now} skipped of {n}"
-        );
-        if skipped_now > 0 {
-            assert!(read > 0, "the budget reads some cgroups");
-        }
-        runs.push((cpu, wall, procs, read, skipped_now));
+        runs.push((c1 - c0, w0.elapsed().as_nanos() as u64, t.visited));
+        assert!(t.visited <= most, "{} cgroups visited", t.visited);
+        assert!(t.visited == n || t.visited > 0);
+        measured.extend(got.into_keys());
+        periods += 1;
     }
+    let visits: usize = runs.iter().map(|r| r.2).sum();
     runs.sort_by_key(|r| r.0);
-    let (cpu, wall, procs, read, skipped_now) = runs[runs.len() / 2];
+    let (cpu, wall, visited) = runs[runs.len() / 2];
+    let max_cpu = runs.last().expect("a period").0;
     let ms = |ns: u64| ns as f64 / 1e6;
     println!(
-        "written pages at {n} cgroups, one `sleep` each (median of {} periods by CPU): {:.1} ms \
-         CPU per period ({:.1} ms of it reading cgroup.procs), {:.1} ms wall; {read} cgroups \
-         read, {skipped_now} left for want of the period's budget ({PERIOD_PAGES} pagemap \
-         entries); the clearing period left {skipped}",
-        runs.len(),
+        "written pages at {n} cgroups, one `sleep` each (median of {periods} periods by CPU): \
+         {:.1} ms CPU per period (most {:.1} ms), {:.1} ms wall; {visited} cgroups visited a \
+         period (budget {PERIOD_PAGES} pagemap-entry equivalents); every cgroup read after \
+         {periods} periods ({visits} visits: a first visit clears, the next reads), i.e. a \
+         full pass every {:.1} periods",
         ms(cpu),
-        ms(procs),
+        ms(max_cpu),
         ms(wall),
+        periods as f64 / 2.0,
     );
     // Past a second of CPU per period the source would cost a fifth of a CPU at the default
     // 5 s period.
