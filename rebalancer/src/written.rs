@@ -571,18 +571,22 @@ garbage
         };
         let c = names(4);
         let mut t = WrittenPages::with_budget(2 * PROCS_READ_COST + 3 * PROCESS_COST + 1);
-        let mut period = |t: &mut WrittenPages| {
-            t.period(&mut src, &c);
+        let period = |t: &mut WrittenPages, src: &mut Fake| {
+            t.period(src, &c);
             (t.visited, t.skipped, t.cursor.clone().unwrap_or_default())
         };
         // c0, then two of c1's three processes: c1 goes first next time.
-        assert_eq!(period(&mut t), (2, 1, "c1".into()));
-        assert_eq!(period(&mut t), (1, 0, "c2".into()));
+        assert_eq!(period(&mut t, &mut src), (2, 1, "c1".into()));
+        assert_eq!(period(&mut t, &mut src), (1, 0, "c2".into()));
         // c2, then two of c3's 50.
-        assert_eq!(period(&mut t), (2, 48, "c3".into()));
+        assert_eq!(period(&mut t, &mut src), (2, 48, "c3".into()));
         // c3 does not fit a whole period: the pass goes on without its tail.
-        assert_eq!(period(&mut t), (1, 47, "c0".into()));
-        assert_eq!(period(&mut t), (2, 1, "c1".into()));
+        assert_eq!(period(&mut t, &mut src), (1, 47, "c0".into()));
+        assert_eq!(period(&mut t, &mut src), (2, 1, "c1".into()));
+        // c1's third process, cleared two periods ago and left alone since, is read now.
+        assert!(!src.log.contains(&('r', 102)));
+        assert_eq!(period(&mut t, &mut src), (1, 0, "c2".into()));
+        assert!(src.log.contains(&('r', 102)));
         // A process past the budget is neither read nor cleared.
         assert!(src.log.contains(&('r', 300)) && src.log.contains(&('c', 302)));
         assert!(!src.log.iter().any(|e| e.1 == 303 && e.0 != 'p'));
