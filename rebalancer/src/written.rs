@@ -502,6 +502,9 @@ garbage
             t.budget - t.left,
             PROCS_READ_COST + 2 * (PROCESS_COST + 100)
         );
+        // A period it was no candidate in forgets it: its next visit only clears.
+        t.period(&mut src, &[]);
+        assert!(t.period(&mut src, &names(1)).is_empty());
     }
 
     /// 10,000 candidates: a period visits what its budget pays for, not all of them.
