@@ -19,9 +19,13 @@
 //! where it does not, `probe` and `status` say why and the share model decides. Its cost is
 //! bounded twice: the daemon reads only cgroups whose memory is on two nodes or more (on one
 //! node the written pages are where the resident ones are, so weighting by them changes
-//! nothing), and a period reads at most [`PERIOD_PAGES`] pagemap entries over all cgroups
-//! (processes past it are neither read nor cleared, so they take no extra faults). What is
-//! left is one minor fault per written page per period and the pagemap read (BENCHMARKS.md,
+//! nothing), and a period spends at most [`PERIOD_PAGES`] pagemap-entry equivalents over all
+//! of them, each cgroup's `cgroup.procs` read and each process charged at its measured cost
+//! besides its pages ([`PROCS_READ_COST`], [`PROCESS_COST`]), whatever the number of cgroups
+//! and processes. Periods go round the candidates (`WrittenPages`): the next starts where the
+//! last stopped, so each is read within a bounded number of periods; processes past the
+//! budget are neither read nor cleared, so they take no extra faults. What is left is one
+//! minor fault per written page per window and the pagemap read (BENCHMARKS.md,
 //! "Measured access": per GiB of resident memory, from the test `written_root`).
 
 use std::{
@@ -53,7 +57,7 @@ pub const PROCESS_COST: u64 = 1_280;
 /// What reading a cgroup's `cgroup.procs` costs, in pagemap entries: 116-121 ms over 10,000
 /// cgroups (`written_root`), 12 µs / 65 ns an entry.
 pub const PROCS_READ_COST: u64 = 185;
-/// Fewer written bytes than this in a period is no evidence (the share model decides).
+/// Fewer written bytes than this in a window is no evidence (the share model decides).
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;
 
 /// Private writable mappings of `/proc/<pid>/maps` text (where a process's own data is:
