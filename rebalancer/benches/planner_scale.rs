@@ -2,7 +2,9 @@
 //! threads per node) with 100 / 1,000 / 10,000 managed cgroups:
 //! - `planner_round`: `ControllerState::observe_scored` + one `controller::plan_scored` (a
 //!   fifth of the cgroups are candidates: poor locality, memory split over two nodes), the
-//!   pair the daemon's round runs;
+//!   pair the daemon's round runs, the planner on a copy of the state as the daemon's is;
+//!   `planner_round_cpu` is the same round measured in the process's CPU time (every thread's):
+//!   on a machine loaded by other work, wall time is mostly waiting for a CPU;
 //! - `observe_build`: folding raw eBPF map contents (`ebpf::sample::fold`, what the daemon
 //!   does after the map read) into samples, and building the `Observations` from them;
 //! - `state_memory` (printed once, not timed): heap bytes held by the controller state, the
@@ -14,6 +16,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rebalancer::config::ControllerConfig;
 use rebalancer::controller::{self, CgroupObs, ControllerState, NodeObs, Observations};
@@ -105,9 +108,55 @@ fn observations(topo: &Topology, n: usize) -> Observations {
     }
 }
 
+/// The process's CPU time (every thread's, `CLOCK_PROCESS_CPUTIME_ID`), in nanoseconds.
+struct ProcessCpu;
+
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Measurement for ProcessCpu {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        process_cpu_ns()
+    }
+    fn end(&self, start: u64) -> u64 {
+        process_cpu_ns().saturating_sub(start)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        // Nanoseconds, printed as wall time is.
+        WallTime.formatter()
+    }
+}
+
 fn planner_round(c: &mut Criterion) {
+    planner_round_in(c, "planner_round");
+}
+
+fn planner_round_cpu(c: &mut Criterion<ProcessCpu>) {
+    planner_round_in(c, "planner_round_cpu");
+}
+
+fn planner_round_in<M: Measurement>(c: &mut Criterion<M>, name: &str) {
     let cfg = ControllerConfig::default();
-    let mut g = c.benchmark_group("planner_round");
+    let mut g = c.benchmark_group(name);
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
@@ -119,11 +168,14 @@ fn planner_round(c: &mut Criterion) {
             state.observe(&obs, controller::EWMA_ALPHA);
             g.bench_with_input(BenchmarkId::new(format!("{nodes}n"), n), &n, |b, _| {
                 b.iter(|| {
-                    let mut st = state.clone();
-                    // As the daemon's round does (`rounds`): the scores observe
-                    // folded in are the planner's.
-                    let scores = st.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
-                    controller::plan_scored(&topo, &obs, &scores, &st, &cfg, 60_000)
+                    // As the daemon's round does (`Daemon::observe`, then `rounds::plan`):
+                    // observe folds the period into the state, the planner runs on a copy
+                    // of it (taken under the lock there) with the scores observe folded in,
+                    // and the copy and the plan are dropped.
+                    let scores = state.observe_scored(black_box(&obs), controller::EWMA_ALPHA);
+                    let copy = state.clone();
+                    let plan = controller::plan_scored(&topo, &obs, &scores, &copy, &cfg, 60_000);
+                    (plan, copy)
                 })
             });
         }
@@ -237,4 +289,9 @@ mod erased {
 }
 
 criterion_group!(benches, state_memory, planner_round, observe_build);
-criterion_main!(benches);
+criterion_group! {
+    name = cpu_benches;
+    config = Criterion::default().with_measurement(ProcessCpu);
+    targets = planner_round_cpu
+}
+criterion_main!(benches, cpu_benches);

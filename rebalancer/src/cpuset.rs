@@ -199,6 +199,40 @@ impl CpuSet {
         self.words.iter().zip(&other.words).all(|(a, b)| a & b == 0)
     }
 
+    /// The order of the two sets' ascending id lists, compared lexicographically (as
+    /// `self.iter().cmp(other.iter())`), word by word: the planner breaks ties between
+    /// thousands of options by it. At the lowest id in one set only, that set's list goes on
+    /// with it while the other's goes on with a higher id (the lesser list) or ends (the
+    /// greater, being a prefix of the first).
+    pub fn cmp_ids(&self, other: &CpuSet) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        let n = self.words.len().max(other.words.len());
+        for i in 0..n {
+            let a = self.words.get(i).copied().unwrap_or(0);
+            let b = other.words.get(i).copied().unwrap_or(0);
+            let d = a ^ b;
+            if d == 0 {
+                continue;
+            }
+            let bit = d.trailing_zeros();
+            let above = if bit == 63 { 0 } else { !0u64 << (bit + 1) };
+            // Trimmed: a set with a word past `i` has an id there.
+            let more = |w: u64, set: &CpuSet| w & above != 0 || set.words.len() > i + 1;
+            return if a & (1 << bit) != 0 {
+                if more(b, other) {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                }
+            } else if more(a, self) {
+                Ordering::Greater
+            } else {
+                Ordering::Less
+            };
+        }
+        Ordering::Equal
+    }
+
     /// The kernel's compact cpulist form (`0-3,8`); empty string for the empty set.
     pub fn to_cpulist(&self) -> String {
         self.to_string()
@@ -296,6 +330,33 @@ mod tests {
         check("3,1,2", &[1, 2, 3], "1-3");
     }
 
+    /// `cmp_ids` is the order of the id lists, prefixes and word edges included.
+    #[test]
+    fn cmp_ids_orders_as_the_id_lists() {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        let set = |ids: &[u32]| CpuSet::from_iter(ids.iter().copied());
+        for (a, b, want) in [
+            (&[][..], &[][..], Equal),
+            (&[], &[0], Less),
+            (&[1, 2], &[1, 2, 3], Less),
+            (&[1, 2, 70], &[1, 2], Greater),
+            (&[63], &[63, 64], Less),
+            (&[63, 64], &[63], Greater),
+            (&[62, 63], &[62], Greater),
+            (&[5], &[3, 7], Greater),
+            (&[3, 200], &[3, 7], Greater),
+            (&[3, 7], &[3, 200], Less),
+            (&[0, 127], &[0, 128], Less),
+            (&[64], &[0, 64], Greater),
+            (&[130], &[130], Equal),
+        ] {
+            let (sa, sb) = (set(a), set(b));
+            assert_eq!(sa.cmp_ids(&sb), want, "{a:?} vs {b:?}");
+            assert_eq!(sa.cmp_ids(&sb), sa.iter().cmp(sb.iter()), "{a:?} vs {b:?}");
+            assert_eq!(sb.cmp_ids(&sa), want.reverse(), "{b:?} vs {a:?}");
+        }
+    }
+
     #[test]
     fn rejects_malformed_cpulists() {
         for bad in [
@@ -342,6 +403,8 @@ mod tests {
             proptest::prop_assert_eq!(&sa.union(&sb), &want);
             proptest::prop_assert_eq!(sa.is_subset(&sb), a.is_subset(&b));
             proptest::prop_assert_eq!(sa.is_disjoint(&sb), a.is_disjoint(&b));
+            proptest::prop_assert_eq!(sa.cmp_ids(&sb), a.iter().cmp(b.iter()));
+            proptest::prop_assert_eq!(sa.cmp_ids(&sa), std::cmp::Ordering::Equal);
         }
 
         #[test]

@@ -9,8 +9,10 @@
 //! `state.record_move` / `state.record_failure` starts the cooldown.
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::cpuset::CpuSet;
 
@@ -243,10 +245,79 @@ struct Window {
     period_ms: u64,
 }
 
-/// The controller's memory across rounds (serialisable into the checkpoint).
+/// A value its copies share until one of them is changed (`DerefMut`, which gives that copy
+/// its own first when another still holds it). The daemon copies the controller's state out
+/// of its lock every round for the planner, which only reads it: the copy is a count, not
+/// 10,000 cgroups' states allocated and freed again. Serialised as the value itself.
+#[derive(Default, PartialEq)]
+pub struct CopyOnWrite<T>(Arc<T>);
+
+impl<T> Clone for CopyOnWrite<T> {
+    fn clone(&self) -> Self {
+        CopyOnWrite(Arc::clone(&self.0))
+    }
+}
+
+impl<T> From<T> for CopyOnWrite<T> {
+    fn from(v: T) -> Self {
+        CopyOnWrite(Arc::new(v))
+    }
+}
+
+impl<T: Clone> CopyOnWrite<T> {
+    /// The value, copied only when another copy still holds it.
+    pub fn into_inner(self) -> T {
+        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
+impl<T> Deref for CopyOnWrite<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Clone> DerefMut for CopyOnWrite<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl<'a, T> IntoIterator for &'a CopyOnWrite<T>
+where
+    &'a T: IntoIterator,
+{
+    type Item = <&'a T as IntoIterator>::Item;
+    type IntoIter = <&'a T as IntoIterator>::IntoIter;
+    fn into_iter(self) -> Self::IntoIter {
+        (*self.0).into_iter()
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for CopyOnWrite<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: Serialize> Serialize for CopyOnWrite<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for CopyOnWrite<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(d).map(CopyOnWrite::from)
+    }
+}
+
+/// The controller's memory across rounds (serialisable into the checkpoint). Copies share
+/// the per-cgroup states until one changes them ([`CopyOnWrite`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ControllerState {
-    pub cgroups: BTreeMap<String, CgroupState>,
+    pub cgroups: CopyOnWrite<BTreeMap<String, CgroupState>>,
     pub rounds: u64,
     pub moves_total: u64,
     pub bytes_migrated_total: u64,
@@ -343,20 +414,21 @@ impl ControllerState {
         // of a lookup by string per cgroup: the state keeps its keys, only new ones are cloned.
         let mut cgs: Vec<(&CgroupObs, Option<(f64, Evidence)>)> =
             obs.cgroups.iter().zip(scores.0.iter().copied()).collect();
-        let unique = cgs.windows(2).all(|w| w[0].0.id < w[1].0.id);
-        if !unique {
+        // The steady state: the same cgroups as last period, updated in place (no rebuild).
+        // In the map's key order, so sorted and unique too: one equality per cgroup sees it.
+        let same = self.cgroups.len() == cgs.len()
+            && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
+        if !same && !cgs.windows(2).all(|w| w[0].0.id < w[1].0.id) {
             cgs.sort_by(|a, b| a.0.id.cmp(&b.0.id));
         }
-        // The steady state: the same cgroups as last period, updated in place (no rebuild).
-        let same = unique
-            && self.cgroups.len() == cgs.len()
-            && self.cgroups.keys().zip(&cgs).all(|(id, cg)| *id == cg.0.id);
         if same {
             for ((_, st), (cg, inst)) in self.cgroups.iter_mut().zip(cgs) {
                 st.fold(inst, alpha, window, placed(topo, cg), cg.shifted);
             }
         } else {
-            let mut old = std::mem::take(&mut self.cgroups).into_iter().peekable();
+            let mut old = (std::mem::take(&mut self.cgroups).into_inner())
+                .into_iter()
+                .peekable();
             let mut kept: Vec<(String, CgroupState)> = Vec::with_capacity(cgs.len());
             for (cg, inst) in cgs {
                 if kept.last().is_none_or(|(id, _)| *id != cg.id) {
@@ -373,7 +445,7 @@ impl ControllerState {
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.
-            self.cgroups = kept.into_iter().collect();
+            self.cgroups = CopyOnWrite::from(kept.into_iter().collect::<BTreeMap<_, _>>());
         }
         for (&n, o) in &obs.nodes {
             let h = self.node_pressure.entry(n).or_default();

@@ -60,8 +60,9 @@ pub struct CgroupObs {
     /// PMU remote / local DRAM access samples, where the hardware has such events.
     pub remote_events: Option<u64>,
     pub local_events: Option<u64>,
-    /// Bytes written during the period per node of the page (soft-dirty sampling, see
-    /// `crate::written`); empty when not measured.
+    /// Bytes written per node of the page since the cgroup's last visit by the soft-dirty
+    /// source (one period, or a pass over many cgroups: see `crate::written`); empty when not
+    /// measured this period.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub written_bytes_per_node: BTreeMap<u32, u64>,
     /// Nanoseconds its tasks waited on each node's run queues during the period, where this

@@ -70,14 +70,22 @@ pub(super) fn plan_with(
     };
     let mut pairs: Vec<(&CgroupObs, Instant)> =
         obs.cgroups.iter().zip(scores.0.iter().copied()).collect();
+    // The steady state: the cgroups the state holds, in its (sorted, unique) key order, as
+    // `observe` leaves it. One equality per cgroup sees it; each state is then its key's.
+    let steady = state.cgroups.len() == pairs.len()
+        && (state.cgroups.keys().zip(&pairs)).all(|(id, p)| *id == p.0.id);
     // Usually already sorted and unique (one comparison per cgroup to see it).
-    if !pairs.windows(2).all(|w| w[0].0.id < w[1].0.id) {
+    if !steady && !pairs.windows(2).all(|w| w[0].0.id < w[1].0.id) {
         pairs.sort_by(|a, b| a.0.id.cmp(&b.0.id));
         pairs.dedup_by(|a, b| a.0.id == b.0.id);
     }
     let (cgs, insts): (Vec<&CgroupObs>, Vec<Instant>) = pairs.into_iter().unzip();
     // Each cgroup's state, by one ordered walk of both (no string lookup per cgroup).
-    let sts = states_of(&cgs, state);
+    let sts = if steady {
+        state.cgroups.values().map(Some).collect()
+    } else {
+        states_of(&cgs, state)
+    };
 
     let mut proj = Projection::new(topo, obs, state, cfg);
     // Staged moves under way go first: finishing what was started.
@@ -535,7 +543,7 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             .total_cmp(&x.net)
             .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
             .then(x.nodes.len().cmp(&y.nodes.len()))
-            .then_with(|| x.nodes.iter().cmp(y.nodes.iter()))
+            .then_with(|| x.nodes.cmp_ids(&y.nodes))
     };
     let within = acceptable()
         .filter(|&k| options[k].bytes_to_migrate <= budget)

@@ -339,6 +339,8 @@ impl Engine {
         };
         // Probed (and reported in `status`) at the first round, whether or not a cgroup needs it.
         let _ = self.written_tracker(io, d, cfg.controller.written_pages);
+        // Sorted, as `managed` is: the written-pages source goes round them.
+        let mut written_candidates = Vec::new();
         for cg in managed {
             let Some(mut o) = self.observe_cgroup(io, d, topo, cg, &mut window) else {
                 continue;
@@ -354,11 +356,7 @@ impl Engine {
             // pages are where its resident ones are, and weighting by them changes nothing.
             let mem_nodes = o.mem_bytes_per_node.values().filter(|&&b| b > 0).count();
             if cfg.controller.written_pages && mem_nodes >= 2 {
-                let proc_root = self.proc_root.clone();
-                let pids = (self.cgroups.procs(Controller::Cpuset, cg)).unwrap_or_default();
-                if let Some(t) = self.written_tracker(io, d, true) {
-                    o.written_bytes_per_node = t.sample(&proc_root, &pids).unwrap_or_default();
-                }
+                written_candidates.push(cg.clone());
             }
             obs.cgroups.push(o);
         }
@@ -366,14 +364,25 @@ impl Engine {
         self.fresh_tried = window.fresh_tried;
         self.prev = cumulative;
         if let Some(Ok(t)) = &mut self.written {
-            if t.skipped > 0 {
+            let mut src = crate::written::Live {
+                cgroups: &self.cgroups,
+                proc_root: &self.proc_root,
+            };
+            let mut written = t.period(&mut src, &written_candidates);
+            for o in &mut obs.cgroups {
+                if let Some(w) = written.remove(&o.id) {
+                    o.written_bytes_per_node = w;
+                }
+            }
+            if t.visited < written_candidates.len() || t.skipped > 0 {
                 tracing::debug!(
-                    processes = t.skipped,
-                    budget_pages = t.budget,
-                    "written pages: the period's pagemap budget ran out; the processes past it keep the share model"
+                    visited = t.visited,
+                    candidates = written_candidates.len(),
+                    processes_left = t.skipped,
+                    budget = t.budget,
+                    "written pages: the period's budget ran out; the next period goes on from there"
                 );
             }
-            t.end_round();
         }
         // Memory the Memory Manager promised Guaranteed containers and they have not touched
         // yet is free to the kernel but not to moves: the planner sees it as taken.
