@@ -559,6 +559,88 @@ impl Drop for WithoutSysNice {
     }
 }
 
+/// This thread's CPU affinity (`pid` 0) or a process's; `None` when it cannot be read.
+fn affinity(pid: u32) -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most size_of::<cpu_set_t>() bytes into `set`.
+    let r = unsafe {
+        libc::sched_getaffinity(
+            pid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        )
+    };
+    (r == 0).then_some(set)
+}
+
+/// Whether `cpu` is in `set`.
+fn has_cpu(set: &libc::cpu_set_t, cpu: usize) -> bool {
+    // SAFETY: CPU_ISSET checks `cpu` against the set's size before it reads.
+    cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, set) }
+}
+
+/// `cpu` added to `set` (ignored past its size).
+fn add_cpu(set: &mut libc::cpu_set_t, cpu: usize) {
+    if cpu < libc::CPU_SETSIZE as usize {
+        // SAFETY: `cpu` is within the set.
+        unsafe { libc::CPU_SET(cpu, set) };
+    }
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> bool {
+    // SAFETY: pid 0 is this thread; the kernel reads the whole set.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
+}
+
+/// While it lives, this thread runs on the CPUs the process `pid` may run on (those of them
+/// it may use itself), and its own affinity comes back on drop. Page migration unmaps each
+/// page and flushes its TLB entry on every CPU that runs the process's mm: one IPI per page
+/// to the workload's CPU when the migration runs elsewhere (Linux 6.1 does not batch these
+/// flushes for migration). Run on the workload's own CPUs, the writer (nice -10) takes them
+/// while it copies: the mm is not active on a CPU the writer holds, so a single-threaded
+/// workload on a one-CPU node costs no IPI, and the copy is paid where AutoNUMA's would be
+/// (the faulting task migrates its own page). In the multi-NUMA guest, 8,558 pages moved in
+/// 938 ms from another node's CPU (BENCHMARKS.md, "Measured access").
+struct OnItsCpus {
+    saved: Option<libc::cpu_set_t>,
+}
+
+impl OnItsCpus {
+    fn new(pid: u32) -> OnItsCpus {
+        let (Some(mine), Some(its)) = (affinity(0), affinity(pid)) else {
+            return OnItsCpus { saved: None };
+        };
+        // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+        let mut both: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let mut any = false;
+        for cpu in 0..libc::CPU_SETSIZE as usize {
+            if has_cpu(&mine, cpu) && has_cpu(&its, cpu) {
+                add_cpu(&mut both, cpu);
+                any = true;
+            }
+        }
+        // None in common (the daemon's own cpuset leaves it no CPU of the workload's): the
+        // migration runs where the thread is.
+        if !any || !set_affinity(&both) {
+            return OnItsCpus { saved: None };
+        }
+        OnItsCpus { saved: Some(mine) }
+    }
+}
+
+impl Drop for OnItsCpus {
+    fn drop(&mut self) {
+        if let Some(s) = &self.saved {
+            if !set_affinity(s) {
+                tracing::warn!(
+                    "could not restore a writer thread's CPU affinity after its page moves"
+                );
+            }
+        }
+    }
+}
+
 /// migrate_pages(2) of `pid`: its pages on `from` to `toward` (the kernel's walk of the mm),
 /// only those the process alone maps ([`WithoutSysNice`]), or with `shared_too` those it
 /// shares as well (the thread's CAP_SYS_NICE kept: `MPOL_MF_MOVE_ALL`). Pages that could not
@@ -577,6 +659,7 @@ fn migrate_pages(
     new.resize(words, 0);
     let maxnode = n1.max(n2);
     let _own_pages_only = (!shared_too).then(WithoutSysNice::new);
+    let _on_its_cpus = OnItsCpus::new(pid);
     // SAFETY: both masks have `words` 64-bit words, maxnode - 1 = words × 64 bits.
     let r = unsafe {
         libc::syscall(
@@ -962,5 +1045,52 @@ garbage line
         }
         other.join().unwrap();
         assert_eq!(capget().unwrap()[0].effective, before[0].effective);
+    }
+    /// Page moves run on the CPUs of the process they move, in their own thread only, and
+    /// the thread gets its own affinity back after.
+    #[test]
+    fn page_moves_run_on_the_processs_cpus_and_give_them_back() {
+        fn cpus_of(s: &libc::cpu_set_t) -> Vec<usize> {
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| has_cpu(s, c))
+                .collect()
+        }
+        let cpus = cpus_of(&affinity(0).expect("own affinity"));
+        // A process allowed only our last CPU (as `taskset -c` starts it).
+        let last = *cpus.last().expect("a CPU");
+        // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        add_cpu(&mut one, last);
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30");
+        // SAFETY: sched_setaffinity is async-signal-safe; the set was built before the fork.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                if set_affinity(&one) {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn sleep");
+        let pid = child.id();
+        assert_eq!(cpus_of(&affinity(pid).unwrap()), [last]);
+        // A thread started before (a new one inherits the affinity of the thread that starts it).
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            asked.recv().unwrap();
+            cpus_of(&affinity(0).unwrap())
+        });
+        {
+            let _g = OnItsCpus::new(pid);
+            assert_eq!(cpus_of(&affinity(0).unwrap()), [last], "on its CPU");
+            ask.send(()).unwrap();
+            assert_eq!(other.join().unwrap(), cpus, "another thread keeps its own");
+        }
+        assert_eq!(cpus_of(&affinity(0).unwrap()), cpus, "given back");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

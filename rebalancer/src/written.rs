@@ -59,6 +59,13 @@ pub const PROCESS_COST: u64 = 1_280;
 pub const PROCS_READ_COST: u64 = 185;
 /// Fewer written bytes than this in a window is no evidence (the share model decides).
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;
+/// How long a cgroup's first window lasts ([`WrittenPages::quick`]): its first visit clears
+/// its bits and the same round reads them this long after, so a new candidate, or one an
+/// operator re-pinned, is decided on what it writes now rather than a whole period later.
+/// Long enough for a busy writer to touch [`MIN_WRITTEN_BYTES`] many times over (a page a
+/// few microseconds, its first write a minor fault), short enough to add little to the round
+/// that waits for it.
+pub const QUICK_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Private writable mappings of `/proc/<pid>/maps` text (where a process's own data is:
 /// heap, stacks, anonymous mmaps, .data/.bss), as `[start, end)`. Shared mappings (page cache,
@@ -249,10 +256,21 @@ pub fn rotation<'a>(
 /// (the same whatever the window) and [`MIN_WRITTEN_BYTES`] as a floor on how many distinct
 /// pages were seen (a page written again counts once whatever the window, so a rate would
 /// call a steady hot set smaller the longer the pass).
+///
+/// A cgroup's first window is short: a visit that finds nothing cleared before (a new
+/// candidate, or one whose CPUs changed since its last visit: [`WrittenPages::placed`]) only
+/// clears, and [`WrittenPages::quick`] reads it again [`QUICK_WINDOW`] later in the same
+/// round, out of what is left of the period's budget. A re-pin restarts the window because
+/// what was written before it belongs to the placement it left (a workload that allocated
+/// its cold memory locally and then writes a remote hot set would look local for a period).
 #[derive(Debug)]
 pub struct WrittenPages {
     /// Per candidate cgroup, its processes cleared at its last visit.
     cleared: BTreeMap<String, BTreeSet<u32>>,
+    /// Per candidate cgroup, its CPUs at its last visit ([`WrittenPages::placed`]).
+    cpus: BTreeMap<String, crate::cpuset::CpuSet>,
+    /// Cgroups of the last period whose visit only cleared, for [`WrittenPages::quick`].
+    fresh: Vec<String>,
     /// The cgroup the next period starts from; `None`: the first.
     cursor: Option<String>,
     /// Pagemap-entry equivalents one period may spend.
@@ -275,6 +293,8 @@ impl WrittenPages {
     pub fn with_budget(budget: u64) -> Self {
         WrittenPages {
             cleared: BTreeMap::new(),
+            cpus: BTreeMap::new(),
+            fresh: Vec::new(),
             cursor: None,
             budget,
             left: budget,
@@ -293,9 +313,12 @@ impl WrittenPages {
     ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         self.cleared
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
+        self.cpus
+            .retain(|cg, _| candidates.binary_search(cg).is_ok());
         self.left = self.budget;
         self.skipped = 0;
         self.visited = 0;
+        self.fresh.clear();
         let mut out = BTreeMap::new();
         let mut next = None;
         let mut order = rotation(candidates, self.cursor.as_deref()).peekable();
@@ -306,9 +329,12 @@ impl WrittenPages {
             }
             self.left -= PROCS_READ_COST;
             self.visited += 1;
+            let first = !self.cleared.contains_key(cg.as_str());
             let (written, done) = self.visit(src, cg);
             if let Some(w) = written {
                 out.insert(cg.clone(), w);
+            } else if first && self.cleared.get(cg.as_str()).is_some_and(|c| !c.is_empty()) {
+                self.fresh.push(cg.clone());
             }
             if !done {
                 // Its remaining processes come first next period; one that does not fit a
@@ -323,6 +349,44 @@ impl WrittenPages {
         }
         if next.is_some() {
             self.cursor = next;
+        }
+        out
+    }
+
+    /// Notes `cgroup`'s CPUs now, before a period: when they changed since its last visit
+    /// (an operator's or the daemon's re-pin), its cleared bits are dropped, so its next
+    /// visit starts a fresh window (and [`WrittenPages::quick`] reads it in the same round).
+    pub fn placed(&mut self, cgroup: &str, cpus: &crate::cpuset::CpuSet) {
+        match self.cpus.get(cgroup) {
+            Some(c) if c == cpus => return,
+            Some(_) => {
+                self.cleared.remove(cgroup);
+            }
+            None => {}
+        }
+        self.cpus.insert(cgroup.to_string(), cpus.clone());
+    }
+
+    /// Whether the last period cleared a cgroup for the first time (see
+    /// [`WrittenPages::quick`]): the round then waits [`QUICK_WINDOW`] and calls it.
+    pub fn has_fresh(&self) -> bool {
+        !self.fresh.is_empty()
+    }
+
+    /// The first window's read: each cgroup the last period only cleared (its first visit, or
+    /// its first since a re-pin) is visited again — read, cleared — out of what is left of
+    /// the period's budget (so the period's spending stays bounded by it). Called
+    /// [`QUICK_WINDOW`] after the period; what it reports are the pages written since.
+    pub fn quick(&mut self, src: &mut impl Source) -> BTreeMap<String, BTreeMap<u32, u64>> {
+        let mut out = BTreeMap::new();
+        for cg in std::mem::take(&mut self.fresh) {
+            if self.left < PROCS_READ_COST + PROCESS_COST {
+                break;
+            }
+            self.left -= PROCS_READ_COST;
+            if let (Some(w), _) = self.visit(src, &cg) {
+                out.insert(cg, w);
+            }
         }
         out
     }
@@ -597,5 +661,87 @@ garbage
         // A process past the budget is neither read nor cleared.
         assert!(src.log.contains(&('r', 300)) && src.log.contains(&('c', 302)));
         assert!(!src.log.iter().any(|e| e.1 == 303 && e.0 != 'p'));
+    }
+    /// A first visit only clears; the quick read of the same round then reads the cgroup,
+    /// out of what the period left of its budget. A cgroup read before is not read twice.
+    #[test]
+    fn a_first_visit_is_read_again_in_the_same_round() {
+        let mut src = Fake {
+            procs: vec![1, 2],
+            entries: 100,
+            ..Default::default()
+        };
+        let mut t = WrittenPages::with_budget(1 << 20);
+        assert!(t.period(&mut src, &names(1)).is_empty());
+        assert!(t.has_fresh());
+        let spent = t.budget - t.left;
+        assert_eq!(
+            t.quick(&mut src),
+            [("c0".into(), [(0, PAGE)].into())].into()
+        );
+        assert_eq!(
+            t.budget - t.left,
+            spent + PROCS_READ_COST + PROCESS_COST + 100,
+            "charged to the period's budget"
+        );
+        assert!(!t.has_fresh() && t.quick(&mut src).is_empty(), "once");
+        // c0 known, c1 new: the period reads c0 and clears c1; the quick read reads c1 only.
+        src.log.clear();
+        let w = t.period(&mut src, &names(2));
+        assert_eq!(w.keys().collect::<Vec<_>>(), ["c0"]);
+        let q = t.quick(&mut src);
+        assert_eq!(q["c1"], [(0, 2 * PAGE)].into());
+        assert_eq!(q.len(), 1);
+        let reads = |log: &[(char, u32)]| log.iter().filter(|e| e.0 == 'r').count();
+        assert_eq!(reads(&src.log), 1 + 2);
+    }
+
+    /// CPUs that changed since the last visit restart the window: the next period only clears
+    /// (what was written before the re-pin is not read) and its quick read reads it.
+    #[test]
+    fn a_re_pin_restarts_the_window() {
+        let mut src = Fake {
+            procs: vec![1],
+            entries: 0,
+            ..Default::default()
+        };
+        let c = names(1);
+        let (all, node0): (crate::cpuset::CpuSet, crate::cpuset::CpuSet) =
+            ("0-7".parse().unwrap(), "0-1".parse().unwrap());
+        let mut t = WrittenPages::with_budget(1 << 20);
+        t.placed("c0", &all);
+        t.period(&mut src, &c);
+        t.quick(&mut src);
+        t.placed("c0", &all);
+        assert!(t.period(&mut src, &c).contains_key("c0"), "same CPUs: read");
+        assert!(!t.has_fresh());
+        t.placed("c0", &node0);
+        src.log.clear();
+        assert!(t.period(&mut src, &c).is_empty(), "re-pinned: only cleared");
+        assert_eq!(src.log, [('p', 0), ('c', 0)]);
+        assert!(t.quick(&mut src).contains_key("c0"));
+        t.placed("c0", &node0);
+        assert!(t.period(&mut src, &c).contains_key("c0"));
+    }
+
+    /// The quick read spends only what the period left: with the budget spent it reads
+    /// nothing, and the cgroup keeps its cleared bits for its next visit.
+    #[test]
+    fn the_quick_read_stays_within_the_budget() {
+        let mut src = Fake {
+            procs: vec![1, 1],
+            entries: 0,
+            ..Default::default()
+        };
+        // Two first visits fit, no more.
+        let mut t = WrittenPages::with_budget(2 * (PROCS_READ_COST + PROCESS_COST) + 1);
+        t.period(&mut src, &names(2));
+        assert_eq!(t.visited, 2);
+        assert!(t.has_fresh());
+        src.log.clear();
+        assert!(t.quick(&mut src).is_empty());
+        assert!(src.log.is_empty(), "{:?}", src.log);
+        // The next period reads both, their bits cleared by the first.
+        assert_eq!(t.period(&mut src, &names(2)).len(), 2);
     }
 }

@@ -356,7 +356,7 @@ impl Engine {
             // pages are where its resident ones are, and weighting by them changes nothing.
             let mem_nodes = o.mem_bytes_per_node.values().filter(|&&b| b > 0).count();
             if cfg.controller.written_pages && mem_nodes >= 2 {
-                written_candidates.push(cg.clone());
+                written_candidates.push((cg.clone(), o.cpus.clone()));
             }
             obs.cgroups.push(o);
         }
@@ -368,16 +368,29 @@ impl Engine {
                 cgroups: &self.cgroups,
                 proc_root: &self.proc_root,
             };
-            let mut written = t.period(&mut src, &written_candidates);
+            for (cg, cpus) in &written_candidates {
+                t.placed(cg, cpus);
+            }
+            let names: Vec<String> = written_candidates.into_iter().map(|(cg, _)| cg).collect();
+            let mut written = t.period(&mut src, &names);
+            if t.has_fresh() {
+                // New candidates (or re-pinned ones) were only cleared: their first window is
+                // a short one read now, not a period later. This thread holds no lock while
+                // it waits; the round is that much longer.
+                std::thread::sleep(crate::written::QUICK_WINDOW);
+                let quick = t.quick(&mut src);
+                tracing::debug!(cgroups = ?quick.keys().collect::<Vec<_>>(), "written pages: first windows read");
+                written.extend(quick);
+            }
             for o in &mut obs.cgroups {
                 if let Some(w) = written.remove(&o.id) {
                     o.written_bytes_per_node = w;
                 }
             }
-            if t.visited < written_candidates.len() || t.skipped > 0 {
+            if t.visited < names.len() || t.skipped > 0 {
                 tracing::debug!(
                     visited = t.visited,
-                    candidates = written_candidates.len(),
+                    candidates = names.len(),
                     processes_left = t.skipped,
                     budget = t.budget,
                     "written pages: the period's budget ran out; the next period goes on from there"

@@ -39,6 +39,9 @@ start_work() {
     mkdir -p "$cg" || { verdict $S FAIL "cannot create $cg"; exit 0; }
     cat $CG/cpuset.cpus.effective > "$cg"/cpuset.cpus
     cat $CG/cpuset.mems.effective > "$cg"/cpuset.mems
+    # Emptied first: the wait below must not see the last run's reports (and pin before this
+    # workload has allocated, which makes it fail).
+    : > $out
     sh -c "echo \$\$ > $cg/cgroup.procs && exec guest-tool hotset --hot-mib 32 --hot-node $hot --cold-mib 224 --cold-node $run --run-node $run --seconds 900 --interval-ms 500" > $out 2>&1 &
     WORK=$!
     _i=0
@@ -47,6 +50,7 @@ start_work() {
         [ $_i -lt 240 ] || { cat $out; verdict $S FAIL "the workload never started writing"; exit 0; }
     done
     cpus_of "$run" > "$cg"/cpuset.cpus
+    echo "# pinned at $(date -u +%T) uptime $(uptime_s) ($(grep '^HOTSET' $out | tail -1))"
 }
 stop_work() {
     kill -9 $WORK 2>/dev/null
@@ -84,7 +88,7 @@ stop_work
 echo 0 > /proc/sys/kernel/numa_balancing
 
 # 2. The daemon alone, with its defaults.
-start_daemon /tmp/hs.toml $log || { tail -20 $log; verdict $S FAIL "daemon did not start"; exit 0; }
+RUST_LOG=rebalancer=debug start_daemon /tmp/hs.toml $log || { tail -20 $log; verdict $S FAIL "daemon did not start"; exit 0; }
 echo "# daemon up after ${DAEMON_UP} s; sources:"
 rebalancer status --json | tr '{' '\n' | grep -E 'dram_access|numa_faults|written_pages' | cut -c1-300
 m0=$(vmstat pgmigrate_success)
@@ -94,7 +98,11 @@ await "$m0" rebalancer
 rb_fixed=$FIXED; rb_moved=$MOVED
 kill -0 $DAEMON 2>/dev/null || fail_exit=yes
 rebalancer explain vmtest-hot 2>&1 | head -40
-echo "# daemon log (moves):"; grep -i -e 'move' -e 'written' $log | grep -v 'moves=0 queued=0' | tail -20
+# The daemon's timeline from the pin on (debug log): rounds, reads of written pages, the move's
+# parts (page moves, the narrowing write).
+echo "# daemon log (rounds, written pages, moves):"
+grep -e 'round start' -e 'brought forward' -e 'written' -e 'move' -e 'migrate_pages' $log \
+    | grep -v 'moves=0 queued=0' | tail -40 | cut -c1-400
 stop_work
 kill $DAEMON 2>/dev/null
 
