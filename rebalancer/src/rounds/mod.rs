@@ -211,10 +211,14 @@ impl Engine {
         if let Some(why) = self.cpu_source.take_pmu_drop() {
             pmu_dropped(io, d, &why);
         }
+        let observing = Instant::now();
         let mut obs = self.observe(io, d, &cfg, &topo, &managed, cumulative, &moving);
         obs.reserved_cpus = reserved_cpus;
+        let observe_ms = observing.elapsed().as_millis() as u64;
         let now_ms = crate::daemon::boot_ms();
+        let planning = Instant::now();
         let plan = plan(io, d, &cfg, &topo, &obs, budget_used, now_ms);
+        let plan_ms = planning.elapsed().as_millis() as u64;
         // Handed to the writer threads; the round does not wait for their migrations.
         let queued = (self.applier(d))
             .submit(io, &plan.moves, now_ms, cfg.daemon.dry_run)
@@ -236,6 +240,11 @@ impl Engine {
             queued,
             in_flight = moving.len(),
             source = self.cpu_source.name(),
+            // Where a round's time goes (the decision latency after an event is settle +
+            // the round up to its plan).
+            ms = t0.elapsed().as_millis() as u64,
+            observe_ms,
+            plan_ms,
             "round done"
         );
         queued

@@ -372,14 +372,16 @@ impl Engine {
                 t.placed(cg, cpus);
             }
             let names: Vec<String> = written_candidates.into_iter().map(|(cg, _)| cg).collect();
+            let reading = std::time::Instant::now();
             let mut written = t.period(&mut src, &names);
+            let period_ms = reading.elapsed().as_millis() as u64;
             if t.has_fresh() {
                 // New candidates (or re-pinned ones) were only cleared: their first window is
                 // a short one read now, not a period later. This thread holds no lock while
                 // it waits; the round is that much longer.
                 std::thread::sleep(crate::written::QUICK_WINDOW);
                 let quick = t.quick(&mut src);
-                tracing::debug!(cgroups = ?quick.keys().collect::<Vec<_>>(), "written pages: first windows read");
+                tracing::debug!(cgroups = ?quick.keys().collect::<Vec<_>>(), period_ms, ms = reading.elapsed().as_millis() as u64, "written pages: first windows read");
                 written.extend(quick);
             }
             for o in &mut obs.cgroups {

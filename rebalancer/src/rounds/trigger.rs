@@ -17,8 +17,10 @@
 //!   follow-up) never starts sooner than [`min_gap`] after the event round before it, nor
 //!   sooner than `settle` after any round, so a stream of events (pod churn, a user rewriting
 //!   a file) costs at most one event round a second (half the period when that is shorter)
-//!   beside the period's own; a period round that happened to start just before an
-//!   operator's pin does not hold the pin's round back. An event round's window of samples can be short: the controller weighs
+//!   and its follow-up beside the period's own; a period round that happened to start just
+//!   before an operator's pin does not hold the pin's round back, nor does a follow-up (the
+//!   daemon's own, not an event's: a workload started with one cpuset write and pinned a
+//!   second later had its pin's round held up to a second behind the first write's follow-up). An event round's window of samples can be short: the controller weighs
 //!   it by its length, and restarts a cgroup's score when its nodes changed
 //!   (`controller::CgroupState::fold`), so a sliver of samples does not sway a settled
 //!   score as a period would, and a pinned cgroup's score starts again (its CPU time is
@@ -198,7 +200,9 @@ impl Coalescer {
         if evented {
             self.follow_up = Some(now + FOLLOW_UP);
         }
-        if evented || follow {
+        // The gap counts from rounds that events brought, not from follow-ups: each event
+        // round has at most one, so events still bring at most two rounds per gap.
+        if evented {
             self.last_event_round = Some(now);
         }
         evented || follow
@@ -650,6 +654,26 @@ mod tests {
         assert!(c.round_started(t0 + ms(200)));
         c.event(t0 + ms(300));
         assert_eq!(c.due(), Some(t0 + ms(1200)), "1 s after the event round");
+    }
+
+    /// A follow-up round does not hold back the next event's round: a workload started with
+    /// one cpuset write and pinned just after its follow-up gets its pin's round `settle`
+    /// after the pin; event rounds themselves stay a gap apart.
+    #[test]
+    fn a_follow_up_does_not_hold_back_the_next_event_round() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(ms(200));
+        c.set_min_gap(min_gap(ms(200), ms(5000)));
+        c.event(t0);
+        assert!(c.round_started(t0 + ms(200)), "the first write's round");
+        assert_eq!(c.due(), Some(t0 + ms(1200)));
+        assert!(c.round_started(t0 + ms(1200)), "its follow-up");
+        c.event(t0 + ms(1500));
+        assert_eq!(c.due(), Some(t0 + ms(1700)), "settle after the pin");
+        assert!(c.round_started(t0 + ms(1700)));
+        // The next event round is a gap after this one.
+        c.event(t0 + ms(1800));
+        assert_eq!(c.due(), Some(t0 + ms(2700)));
     }
 
     /// A cpuset.cpus that a non-root user can write is not watched (its

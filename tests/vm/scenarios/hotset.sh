@@ -101,8 +101,8 @@ rebalancer explain vmtest-hot 2>&1 | head -40
 # The daemon's timeline from the pin on (debug log): rounds, reads of written pages, the move's
 # parts (page moves, the narrowing write).
 echo "# daemon log (rounds, written pages, moves):"
-grep -e 'round start' -e 'brought forward' -e 'written' -e 'move' -e 'migrate_pages' $log \
-    | grep -v 'moves=0 queued=0' | tail -40 | cut -c1-400
+grep -e 'round start' -e 'round done' -e 'brought forward' -e 'written' -e 'move' -e 'migrate_pages' \
+    $log | tail -40 | cut -c1-400
 stop_work
 kill $DAEMON 2>/dev/null
 
