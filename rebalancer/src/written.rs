@@ -259,8 +259,8 @@ pub fn rotation<'a>(
 ///
 /// A cgroup's first window is short: a visit that finds nothing cleared before (a new
 /// candidate, or one whose CPUs changed since its last visit: [`WrittenPages::placed`]) only
-/// clears, and [`WrittenPages::quick`] reads it again [`QUICK_WINDOW`] later in the same
-/// round, out of what is left of the period's budget. A re-pin restarts the window because
+/// clears, and [`WrittenPages::quick`] reads it (without clearing) [`QUICK_WINDOW`] later in
+/// the same round, out of what is left of the period's budget. A re-pin restarts the window because
 /// what was written before it belongs to the placement it left (a workload that allocated
 /// its cold memory locally and then writes a remote hot set would look local for a period).
 #[derive(Debug)]
@@ -374,9 +374,10 @@ impl WrittenPages {
     }
 
     /// The first window's read: each cgroup the last period only cleared (its first visit, or
-    /// its first since a re-pin) is visited again — read, cleared — out of what is left of
+    /// its first since a re-pin) is read again, not cleared (`peek`), out of what is left of
     /// the period's budget (so the period's spending stays bounded by it). Called
-    /// [`QUICK_WINDOW`] after the period; what it reports are the pages written since.
+    /// [`QUICK_WINDOW`] after the period; what it reports are the pages written since; the
+    /// cgroup's next visit reads them again with what follows.
     pub fn quick(&mut self, src: &mut impl Source) -> BTreeMap<String, BTreeMap<u32, u64>> {
         let mut out = BTreeMap::new();
         for cg in std::mem::take(&mut self.fresh) {
@@ -384,8 +385,34 @@ impl WrittenPages {
                 break;
             }
             self.left -= PROCS_READ_COST;
-            if let (Some(w), _) = self.visit(src, &cg) {
+            if let Some(w) = self.peek(src, &cg) {
                 out.insert(cg, w);
+            }
+        }
+        out
+    }
+
+    /// The pages written by `cg`'s processes cleared at its last visit, read without clearing
+    /// them again: its window stays open until its next visit, which reads it whole (a clear
+    /// costs a walk of every page table and a minor fault on each page written after it).
+    fn peek(&mut self, src: &mut impl Source, cg: &str) -> Option<BTreeMap<u32, u64>> {
+        let cleared = self.cleared.get(cg)?.clone();
+        let mut out: Option<BTreeMap<u32, u64>> = None;
+        for pid in src.procs(cg).into_iter().filter(|p| cleared.contains(p)) {
+            if self.left <= PROCESS_COST {
+                self.skipped += 1;
+                continue;
+            }
+            self.left -= PROCESS_COST;
+            match src.read(pid, self.left) {
+                Ok((m, read)) => {
+                    self.left = self.left.saturating_sub(read);
+                    let o = out.get_or_insert_with(BTreeMap::new);
+                    for (n, b) in m {
+                        *o.entry(n).or_default() += b;
+                    }
+                }
+                Err(e) => tracing::debug!(pid, error = %e, "written pages not read"),
             }
         }
         out
@@ -675,6 +702,7 @@ garbage
         assert!(t.period(&mut src, &names(1)).is_empty());
         assert!(t.has_fresh());
         let spent = t.budget - t.left;
+        src.log.clear();
         assert_eq!(
             t.quick(&mut src),
             [("c0".into(), [(0, PAGE)].into())].into()
@@ -684,6 +712,7 @@ garbage
             spent + PROCS_READ_COST + PROCESS_COST + 100,
             "charged to the period's budget"
         );
+        assert_eq!(src.log, [('p', 0), ('r', 0)], "read, not cleared again");
         assert!(!t.has_fresh() && t.quick(&mut src).is_empty(), "once");
         // c0 known, c1 new: the period reads c0 and clears c1; the quick read reads c1 only.
         src.log.clear();

@@ -15,8 +15,9 @@ pub enum RoundCmd {
     /// The config was reloaded: the next round is due `period_ms` (the new one) after the
     /// last round started.
     Reload,
-    /// An event wants a round soon (see `trigger`).
-    Event(trigger::Why),
+    /// An event wants a round soon (see `trigger`), and when it was sent: one that came
+    /// while a round ran is settled from its own time, not from when the round ended.
+    Event(trigger::Why, Instant),
     /// Finish the round under way, if any, wait for the moves being applied, and stop.
     Stop,
 }
@@ -55,7 +56,7 @@ pub fn spawn(
             let _ = tx
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .send(RoundCmd::Event(why));
+                .send(RoundCmd::Event(why, Instant::now()));
         });
     }
     let trigger = match trigger::CpusetTrigger::spawn(adm.daemon.clone()) {
@@ -130,13 +131,13 @@ pub fn spawn(
                             events.set_min_gap(gap(io, &adm));
                             continue;
                         }
-                        Ok(RoundCmd::Event(why)) => {
+                        Ok(RoundCmd::Event(why, at)) => {
                             tracing::debug!(?why, "event: a round soon");
                             // The first event of a burst: the event round sees where each
                             // workload has run since (a workload that moved itself just
                             // before is not averaged with where it was).
                             let first = !events.bursting();
-                            events.event(Instant::now());
+                            events.event(at);
                             if first && events.bursting() {
                                 engine.mark(io, &adm);
                             }

@@ -96,6 +96,7 @@ start_work
 echo "# rebalancer: $(grep '^HOTSET' $out | head -1); cpus=$(cat $cg/cpuset.cpus.effective)"
 await "$m0" rebalancer
 rb_fixed=$FIXED; rb_moved=$MOVED
+echo "# the workload's reports:"; grep '^HOTSET' $out | head -12
 kill -0 $DAEMON 2>/dev/null || fail_exit=yes
 rebalancer explain vmtest-hot 2>&1 | head -40
 # The daemon's timeline from the pin on (debug log): rounds, reads of written pages, the move's
