@@ -271,6 +271,9 @@ pub struct WrittenPages {
     cpus: BTreeMap<String, crate::cpuset::CpuSet>,
     /// Cgroups of the last period whose visit only cleared, for [`WrittenPages::quick`].
     fresh: Vec<String>,
+    /// What restarts at events ([`WrittenPages::restart`]) spent since the last period, taken
+    /// off the next period's budget.
+    owed: u64,
     /// The cgroup the next period starts from; `None`: the first.
     cursor: Option<String>,
     /// Pagemap-entry equivalents one period may spend.
@@ -295,6 +298,7 @@ impl WrittenPages {
             cleared: BTreeMap::new(),
             cpus: BTreeMap::new(),
             fresh: Vec::new(),
+            owed: 0,
             cursor: None,
             budget,
             left: budget,
@@ -315,7 +319,7 @@ impl WrittenPages {
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
         self.cpus
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
-        self.left = self.budget;
+        self.left = self.budget.saturating_sub(std::mem::take(&mut self.owed));
         self.skipped = 0;
         self.visited = 0;
         self.fresh.clear();
@@ -365,6 +369,42 @@ impl WrittenPages {
             None => {}
         }
         self.cpus.insert(cgroup.to_string(), cpus.clone());
+    }
+
+    /// An operator re-pinned `cgroup` (its CPUs now `cpus`): when it is a candidate and its
+    /// CPUs changed, its window restarts now — its processes cleared at the event, not at the
+    /// event's round — so the round (`event_settle_ms` later) reads a window all after the
+    /// pin without waiting [`QUICK_WINDOW`]. What it costs is taken off the next period's
+    /// budget; a process past what a whole budget pays is left for the round. Whether the
+    /// window restarted.
+    pub fn restart(
+        &mut self,
+        src: &mut impl Source,
+        cgroup: &str,
+        cpus: &crate::cpuset::CpuSet,
+    ) -> bool {
+        match self.cpus.get_mut(cgroup) {
+            Some(c) if c != cpus => *c = cpus.clone(),
+            _ => return false,
+        }
+        self.cleared.remove(cgroup);
+        let mut spent = self.owed + PROCS_READ_COST;
+        let mut now = BTreeSet::new();
+        for pid in src.procs(cgroup) {
+            if spent + PROCESS_COST > self.budget {
+                break;
+            }
+            spent += PROCESS_COST;
+            match src.clear(pid) {
+                Ok(()) => {
+                    now.insert(pid);
+                }
+                Err(e) => tracing::debug!(pid, error = %e, "clear_refs failed"),
+            }
+        }
+        self.owed = spent;
+        self.cleared.insert(cgroup.to_string(), now);
+        true
     }
 
     /// Whether the last period cleared a cgroup for the first time (see
@@ -772,5 +812,46 @@ garbage
         assert!(src.log.is_empty(), "{:?}", src.log);
         // The next period reads both, their bits cleared by the first.
         assert_eq!(t.period(&mut src, &names(2)).len(), 2);
+    }
+    /// A re-pin seen at its event restarts a candidate's window there: its processes are
+    /// cleared at once, the event's round reads them (no first-window wait), and what the
+    /// restart cost comes off that period's budget. Not a candidate, or the same CPUs:
+    /// nothing.
+    #[test]
+    fn a_re_pin_at_its_event_restarts_the_window_then() {
+        let mut src = Fake {
+            procs: vec![2],
+            entries: 10,
+            ..Default::default()
+        };
+        let c = names(1);
+        let (all, node0): (crate::cpuset::CpuSet, crate::cpuset::CpuSet) =
+            ("0-7".parse().unwrap(), "0-1".parse().unwrap());
+        let mut t = WrittenPages::with_budget(1 << 20);
+        assert!(!t.restart(&mut src, "c0", &node0), "not a candidate yet");
+        assert!(src.log.is_empty());
+        t.placed("c0", &all);
+        t.period(&mut src, &c);
+        t.quick(&mut src);
+        assert!(!t.restart(&mut src, "c0", &all), "the same CPUs");
+        src.log.clear();
+        assert!(t.restart(&mut src, "c0", &node0));
+        assert_eq!(src.log, [('p', 0), ('c', 0), ('c', 1)]);
+        // The round: the same CPUs now, a window open since the event — read, not only cleared.
+        t.placed("c0", &node0);
+        src.log.clear();
+        let w = t.period(&mut src, &c);
+        assert_eq!(w["c0"], [(0, 2 * PAGE)].into());
+        assert!(!t.has_fresh());
+        let restart = PROCS_READ_COST + 2 * PROCESS_COST;
+        let visit = PROCS_READ_COST + 2 * (PROCESS_COST + 10);
+        assert_eq!(
+            t.budget - t.left,
+            restart + visit,
+            "the restart's cost is the period's"
+        );
+        // Owed once: the next period has its whole budget.
+        t.period(&mut src, &c);
+        assert_eq!(t.budget - t.left, visit);
     }
 }

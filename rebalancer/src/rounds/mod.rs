@@ -61,6 +61,8 @@ pub struct Engine {
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
     written: Option<Result<crate::written::WrittenPages, String>>,
+    /// When a re-pin last restarted a cgroup's written-pages window (`Engine::repinned`).
+    written_restarted: Option<Instant>,
     /// Each workload's own run-queue wait (`controller.own_wait`): `None` until first
     /// checked, then the tracker, or the reason this kernel cannot measure it.
     own_wait: Option<Result<crate::runwait::OwnWait, String>>,
@@ -105,6 +107,7 @@ impl Engine {
             skipped_in_a_row: 0,
             topo_fingerprint: None,
             written: None,
+            written_restarted: None,
             own_wait: None,
             own_wait_truncated: false,
             epoch: Instant::now(),

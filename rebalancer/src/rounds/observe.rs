@@ -109,6 +109,27 @@ impl Engine {
         self.written.as_mut().and_then(|w| w.as_mut().ok())
     }
 
+    /// Cgroups someone else re-pinned (`trigger::Hub::take_repinned`): the written-pages
+    /// windows of those that are candidates restart now, at the event, so the event's round
+    /// reads what they wrote since the pin (`written::WrittenPages::restart`). Runs on the
+    /// round thread between rounds; takes no lock.
+    pub fn repinned(&mut self, cgroups: &[String]) {
+        let Some(Ok(t)) = &mut self.written else {
+            return;
+        };
+        let mut src = crate::written::Live {
+            cgroups: &self.cgroups,
+            proc_root: &self.proc_root,
+        };
+        for cg in cgroups {
+            if let Ok(cpus) = self.cgroups.effective_cpus(cg) {
+                if t.restart(&mut src, cg, &cpus) {
+                    self.written_restarted = Some(std::time::Instant::now());
+                }
+            }
+        }
+    }
+
     /// The managed cgroups — Kubernetes containers (when enabled) and cgroups with processes
     /// at or below a configured root, sorted, relative, without a leading '/' — and every
     /// cgroup that would be one with processes in it (a configured root's empty cgroups).
@@ -372,6 +393,11 @@ impl Engine {
                 t.placed(cg, cpus);
             }
             let names: Vec<String> = written_candidates.into_iter().map(|(cg, _)| cg).collect();
+            // A window restarted at an event that came while the last round ran is read no
+            // sooner than QUICK_WINDOW after (its round may be due at once).
+            if let Some(at) = self.written_restarted.take() {
+                std::thread::sleep(crate::written::QUICK_WINDOW.saturating_sub(at.elapsed()));
+            }
             let reading = std::time::Instant::now();
             let mut written = t.period(&mut src, &names);
             let period_ms = reading.elapsed().as_millis() as u64;

@@ -136,6 +136,9 @@ pub fn spawn(
                             // The first event of a burst: the event round sees where each
                             // workload has run since (a workload that moved itself just
                             // before is not averaged with where it was).
+                            // Re-pinned cgroups' written-pages windows start now, so the
+                            // event's round reads them without waiting for a first window.
+                            engine.repinned(&adm.daemon.rounds.take_repinned());
                             let first = !events.bursting();
                             events.event(at);
                             if first && events.bursting() {

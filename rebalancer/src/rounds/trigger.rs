@@ -62,6 +62,9 @@ pub struct Hub {
     sink: Mutex<Option<Sink>>,
     /// cgroup → the cpuset.cpus the daemon last wrote there.
     own: Mutex<BTreeMap<String, CpuSet>>,
+    /// Cgroups someone else re-pinned since the round thread last took them
+    /// ([`Hub::take_repinned`]): their written-pages windows restart at the event.
+    repinned: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Hub {
@@ -75,6 +78,18 @@ impl Hub {
         if let Some(s) = &*self.sink.lock().unwrap_or_else(|e| e.into_inner()) {
             s(why);
         }
+    }
+
+    /// Someone other than the daemon wrote `cgroup`'s cpuset.cpus (before its [`Hub::wake`]).
+    pub fn note_repinned(&self, cgroup: &str) {
+        (self.repinned.lock().unwrap_or_else(|e| e.into_inner())).insert(cgroup.to_string());
+    }
+
+    /// The cgroups re-pinned by someone else since the last call.
+    pub fn take_repinned(&self) -> Vec<String> {
+        std::mem::take(&mut *self.repinned.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .collect()
     }
 
     /// The daemon is about to write `cpus` to `cgroup`'s cpuset.cpus.
@@ -324,6 +339,7 @@ impl CpusetTrigger {
                             continue;
                         }
                         tracing::debug!(cgroup = %cg, cpus = ?now.map(|c| c.to_string()), "cpuset.cpus written by someone else: a round soon");
+                        d.rounds.note_repinned(&cg);
                         wake = true;
                     }
                     if wake {
@@ -548,6 +564,8 @@ mod tests {
             Ok(Why::CpusetWritten)
         );
         drain();
+        assert_eq!(d.rounds.take_repinned(), ["a"], "noted re-pinned");
+        assert!(d.rounds.take_repinned().is_empty(), "taken once");
         // The trigger's counts of what it saw.
         let count = |reason: &str| {
             let m = d.metrics.render();
@@ -584,6 +602,10 @@ mod tests {
             others,
             "the daemon's own write counted as another's"
         );
+        assert!(
+            d.rounds.take_repinned().is_empty(),
+            "the daemon's own write re-pins nothing"
+        );
         // Someone else writes b after the daemon: an event again.
         std::fs::write(&fb, "3\n").unwrap();
         assert_eq!(
@@ -591,6 +613,7 @@ mod tests {
             Ok(Why::CpusetWritten)
         );
         drain();
+        assert_eq!(d.rounds.take_repinned(), ["b"]);
         // a no longer watched (no longer managed): its writes wake nobody, its own-write
         // note is forgotten.
         d.rounds.note_own_cpus("a", &CpuSet::parse("0").unwrap());
