@@ -1606,3 +1606,65 @@ fn every_outcome_reads_back_as_it_was_written() {
         assert_eq!(back, o, "{json}");
     }
 }
+
+/// Relief is counted no longer than the workloads that overload the source are expected to
+/// stay (each as long as it has lived). Node 0 (8 CPUs) is wanted by 12: `a` wants 4 and
+/// holds 16 GiB there, `y` (pinned) wants 8; both have run there for the whole horizon, so the
+/// overload has lasted it. With `y` seen for one period only, `y` is expected to leave first
+/// and take the overload with it (12 − 8 = 4 ≤ 8 CPUs): the relief of moving `a` is counted
+/// for `y`'s 1 s, less than the 16 CPU-s of its migration, and `a` stays. With `y` as old as `a`, the
+/// overload is expected to outlast the horizon and `a` moves.
+#[test]
+fn relief_is_counted_no_longer_than_the_overloading_workloads_are_expected_to_stay() {
+    let a = waited(
+        cg("a", &[(0, 8.0 / 3.0)], &[(0, 16 * 1024)], "0-3,16-19", "0"),
+        &[(0, 4.0 / 3.0)],
+    );
+    let mut y = waited(
+        cg("y", &[(0, 16.0 / 3.0)], &[(0, 64)], "0-3,16-19", "0"),
+        &[(0, 8.0 / 3.0)],
+    );
+    y.constraints.pinned = true;
+    let load = |obs: &mut Observations| {
+        for (&n, o) in obs.nodes.iter_mut() {
+            let r: f64 = if n == 0 { 1.5 } else { 0.1 };
+            o.cpu_busy = r.min(1.0);
+            o.runnable = Some(r);
+        }
+    };
+    let mut without_y = world(vec![a.clone()]);
+    load(&mut without_y);
+    let mut both = world(vec![a, y]);
+    load(&mut both);
+
+    let mut state = ControllerState::default();
+    for _ in 0..60 {
+        state.observe(&without_y, 0.5);
+    }
+    state.observe(&both, 0.5);
+    assert_eq!(state.cgroups["y"].lived_ms, 1000);
+    let p = plan(&machine(), &both, &state, &cfg(), 0);
+    assert!(p.moves.is_empty(), "{p:#?}");
+    let d = p.decision("a").unwrap();
+    assert_eq!(kind(&d.outcome), "skip:short-horizon", "{d:#?}");
+    let c = d.considered.iter().find(|c| c.nodes == set("1")).unwrap();
+    assert_eq!(c.relief_horizon_ms, 1000, "{c:#?}");
+    // Its 4 CPUs' relief over 1 s, less than the migration.
+    assert!(c.relief > 0.0, "{c:#?}");
+    assert!((c.saving - c.relief * 4.0).abs() < 1e-6, "{c:#?}");
+    assert!(c.net < 0.0, "{c:#?}");
+
+    let mut state = ControllerState::default();
+    for _ in 0..61 {
+        state.observe(&both, 0.5);
+    }
+    let p = plan(&machine(), &both, &state, &cfg(), 0);
+    assert_eq!(p.moves.len(), 1, "{p:#?}");
+    assert_eq!(p.moves[0].cgroup, "a");
+    let d = p.decision("a").unwrap();
+    let Outcome::Moved { to_nodes } = &d.outcome else {
+        panic!("{d:#?}")
+    };
+    let c = d.considered.iter().find(|c| &c.nodes == to_nodes).unwrap();
+    assert_eq!(c.relief_horizon_ms, 60_000, "{c:#?}");
+}
