@@ -277,28 +277,21 @@ impl Admission {
             |sh, (_, before, _, _)| sh.state.allocator = before,
             |(p, ..)| Some(binding(uid, p)),
         )?;
-        let mut placement = placement;
-        let shrunk = self.commit(
+        self.commit(
             io,
             Booking {
                 uid,
                 cg: Some(cg),
-                placement: Some(&mut placement),
+                placements: vec![placement],
                 dry_run,
                 exclusive: exclusive_changed,
                 durability: req.durability,
                 releases_pod: first,
                 adopts: true,
+                since: req.since,
             },
             &|s| undo_member(s, uid, &req.member.container.name, first),
-        )?;
-        Ok(Admitted {
-            uid: uid.into(),
-            bound: Some((cg.into(), placement.container.clone())),
-            placements: vec![placement],
-            shrunk,
-            micros: req.since.elapsed().as_micros(),
-        })
+        )
     }
 
     /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox
@@ -388,35 +381,24 @@ impl Admission {
             },
             |p| p.first().map(|first| binding(&pod.uid, first)),
         )?;
-        let bound = req
-            .bind
-            .zip(placements.first())
-            .map(|(cg, p)| (cg.to_string(), p.container.clone()));
-        let mut placements = placements;
         let exclusive = placements.iter().any(|p| p.exclusive);
-        let shrunk = self.commit(
+        self.commit(
             io,
             Booking {
                 uid: &pod.uid,
                 cg: req.bind,
-                placement: placements.first_mut(),
+                placements,
                 dry_run,
                 exclusive,
                 durability: req.durability,
                 releases_pod: true,
                 adopts: true,
+                since: req.since,
             },
             &|s| {
                 s.state.allocator.release(&pod.uid);
             },
-        )?;
-        Ok(Admitted {
-            uid: pod.uid.clone(),
-            placements,
-            bound,
-            shrunk,
-            micros: req.since.elapsed().as_micros(),
-        })
+        )
     }
 
     /// Binds `cgroup` to the next unbound container of pod `pod_uid` (admitted earlier, through
@@ -451,31 +433,21 @@ impl Admission {
             |_, _| {},
             |p| p.as_ref().map(|p| binding(pod_uid, p)),
         )?;
-        let Some(mut placement) = placement else {
+        let Some(placement) = placement else {
             return Ok(None);
         };
-        let exclusive = placement.exclusive;
-        let shrunk = self.commit(
-            io,
-            Booking {
-                uid: pod_uid,
-                cg: Some(cgroup),
-                placement: Some(&mut placement),
-                dry_run,
-                exclusive,
-                durability,
-                releases_pod: false,
-                adopts: false,
-            },
-            &|_| {},
-        )?;
-        Ok(Some(Admitted {
-            uid: pod_uid.into(),
-            bound: Some((cgroup.into(), placement.container.clone())),
+        let booking = Booking {
+            uid: pod_uid,
+            cg: Some(cgroup),
+            exclusive: placement.exclusive,
             placements: vec![placement],
-            shrunk,
-            micros: since.elapsed().as_micros(),
-        }))
+            dry_run,
+            durability,
+            releases_pod: false,
+            adopts: false,
+            since,
+        };
+        self.commit(io, booking, &|_| {}).map(Some)
     }
 
     /// Releases pod `uid` and every binding to it.
@@ -838,15 +810,14 @@ impl Admission {
     /// exclusive CPUs changed, the books checkpointed when durable, and a round woken for the
     /// new container. A failed write or checkpoint gives the booking back (`give_back`); a
     /// failed checkpoint of a booking that made its pod (`releases_pod`) also drops the
-    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the pool's changes.
+    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the answer.
     fn commit(
         &self,
         io: &mut Io,
-        b: Booking<'_>,
+        mut b: Booking<'_>,
         give_back: &dyn Fn(&mut Shared),
-    ) -> Result<Vec<CpusetChange>, AdmitError> {
-        let bound = b.cg.zip(b.placement);
-        if let Some((cg, p)) = bound {
+    ) -> Result<Admitted, AdmitError> {
+        if let Some((cg, p)) = b.cg.zip(b.placements.first_mut()) {
             if b.adopts {
                 self.adopt_as_it_runs(io, cg, b.uid, p);
             }
@@ -882,7 +853,13 @@ impl Admission {
             // A new container placed: a round soon sees it (`trigger`).
             self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         }
-        Ok(shrunk)
+        Ok(Admitted {
+            uid: b.uid.into(),
+            bound: (b.cg.zip(b.placements.first())).map(|(cg, p)| (cg.into(), p.container.clone())),
+            placements: b.placements,
+            shrunk,
+            micros: b.since.elapsed().as_micros(),
+        })
     }
 
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
@@ -1294,9 +1271,9 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
 /// A booked admission, member admission or bind, for [`Admission::commit`].
 struct Booking<'a> {
     uid: &'a str,
-    /// The container's cgroup and its placement, when one is bound.
+    /// The container's cgroup, when one is bound (to the first placement).
     cg: Option<&'a str>,
-    placement: Option<&'a mut ContainerPlacement>,
+    placements: Vec<ContainerPlacement>,
     dry_run: bool,
     /// Whether the booking changed the exclusive CPUs.
     exclusive: bool,
@@ -1307,6 +1284,8 @@ struct Booking<'a> {
     /// own booking, which its undo gives back whole. A bind to an API pod does not adopt: its
     /// undo gives nothing back, so an adoption's changes to the pod would stay in the books.
     adopts: bool,
+    /// When the request arrived.
+    since: Instant,
 }
 
 /// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
