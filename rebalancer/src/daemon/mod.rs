@@ -215,7 +215,7 @@ impl Shared {
     }
 
     /// A round's inputs: the config, the topology and the reservations in force (see
-    /// `admission::reconfigure`).
+    /// `Allocator::reconfigure`).
     pub fn round_inputs(&self) -> (Config, Topology, crate::cpuset::CpuSet) {
         let reserved = self.state.allocator.reserved_cpus.clone();
         (self.cfg.clone(), self.topo.clone(), reserved)
