@@ -235,7 +235,55 @@ impl Admission {
         req: AdmitRequest<'_>,
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_inner(io, req, deadline))
+        self.observed(io, |io| {
+            let pod = req.pod;
+            pod.validate().map_err(AdmitError::Invalid)?;
+            // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
+            // released when their container goes; the API's pods go with their DELETE only.
+            if req.bind.is_none() && pod.uid.contains('/') {
+                return Err(AdmitError::Invalid(format!(
+                    "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
+                    pod.uid
+                )));
+            }
+            let key = AllocKey::parse(&pod.uid);
+            let (placements, dry_run) = self.book(
+                io,
+                req.bind,
+                deadline,
+                |sh| {
+                    (sh.state.allocator).admit_keyed(
+                        &sh.topo,
+                        &sh.cfg.placement,
+                        key.clone(),
+                        pod,
+                        &sh.overuse,
+                    )
+                },
+                |sh, _| {
+                    sh.state.allocator.release(&pod.uid);
+                },
+                |p| p.first().map(|first| binding(&pod.uid, first)),
+            )?;
+            let exclusive = placements.iter().any(|p| p.exclusive);
+            self.commit(
+                io,
+                Booking {
+                    uid: &pod.uid,
+                    cg: req.bind,
+                    placements,
+                    dry_run,
+                    exclusive,
+                    durability: req.durability,
+                    releases_pod: true,
+                    adopts: true,
+                    since: req.since,
+                },
+                &|s| {
+                    s.state.allocator.release(&pod.uid);
+                },
+            )
+        })
     }
 
     /// Admits one container of a pod under pod scope (see the module doc and
@@ -246,52 +294,46 @@ impl Admission {
         io: &mut Io,
         req: MemberRequest<'_>,
     ) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_member_inner(io, req))
-    }
-
-    fn admit_member_inner(
-        &self,
-        io: &mut Io,
-        req: MemberRequest<'_>,
-    ) -> Result<Admitted, AdmitError> {
-        let uid = req.member.pod_uid;
-        let cg = req.bind;
-        let ((placement, _, first, exclusive_changed), dry_run) = self.book(
-            io,
-            Some(cg),
-            None,
-            |sh| {
-                let first = !sh.state.allocator.pods.contains_key(uid);
-                let before = sh.state.allocator.clone();
-                let p = (sh.state.allocator).admit_member_seeing(
-                    &sh.topo,
-                    &sh.cfg.placement,
-                    req.member,
-                    &sh.overuse,
-                )?;
-                // The pod's hold may have taken (or given back) exclusive CPUs besides the
-                // container's.
-                let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
-                Ok((p, before, first, changed))
-            },
-            |sh, (_, before, _, _)| sh.state.allocator = before,
-            |(p, ..)| Some(binding(uid, p)),
-        )?;
-        self.commit(
-            io,
-            Booking {
-                uid,
-                cg: Some(cg),
-                placements: vec![placement],
-                dry_run,
-                exclusive: exclusive_changed,
-                durability: req.durability,
-                releases_pod: first,
-                adopts: true,
-                since: req.since,
-            },
-            &|s| undo_member(s, uid, &req.member.container.name, first),
-        )
+        self.observed(io, |io| {
+            let uid = req.member.pod_uid;
+            let cg = req.bind;
+            let ((placement, _, first, exclusive_changed), dry_run) = self.book(
+                io,
+                Some(cg),
+                None,
+                |sh| {
+                    let first = !sh.state.allocator.pods.contains_key(uid);
+                    let before = sh.state.allocator.clone();
+                    let p = (sh.state.allocator).admit_member_seeing(
+                        &sh.topo,
+                        &sh.cfg.placement,
+                        req.member,
+                        &sh.overuse,
+                    )?;
+                    // The pod's hold may have taken (or given back) exclusive CPUs besides the
+                    // container's.
+                    let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
+                    Ok((p, before, first, changed))
+                },
+                |sh, (_, before, _, _)| sh.state.allocator = before,
+                |(p, ..)| Some(binding(uid, p)),
+            )?;
+            self.commit(
+                io,
+                Booking {
+                    uid,
+                    cg: Some(cg),
+                    placements: vec![placement],
+                    dry_run,
+                    exclusive: exclusive_changed,
+                    durability: req.durability,
+                    releases_pod: first,
+                    adopts: true,
+                    since: req.since,
+                },
+                &|s| undo_member(s, uid, &req.member.container.name, first),
+            )
+        })
     }
 
     /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox
@@ -321,8 +363,13 @@ impl Admission {
             .collect()
     }
 
-    /// One answer, its admission metrics counted.
-    fn observed(&self, r: Result<Admitted, AdmitError>) -> Result<Admitted, AdmitError> {
+    /// One admission's answer, its metrics counted.
+    fn observed(
+        &self,
+        io: &mut Io,
+        admit: impl FnOnce(&mut Io) -> Result<Admitted, AdmitError>,
+    ) -> Result<Admitted, AdmitError> {
+        let r = admit(io);
         let m = &self.daemon.metrics;
         match &r {
             Ok(a) => {
@@ -344,61 +391,6 @@ impl Admission {
             Err(AdmitError::Moving(_)) => self.count("moving"),
         }
         r
-    }
-
-    fn admit_inner(
-        &self,
-        io: &mut Io,
-        req: AdmitRequest<'_>,
-        deadline: Option<Instant>,
-    ) -> Result<Admitted, AdmitError> {
-        let pod = req.pod;
-        pod.validate().map_err(AdmitError::Invalid)?;
-        // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
-        // released when their container goes; the API's pods go with their DELETE only.
-        if req.bind.is_none() && pod.uid.contains('/') {
-            return Err(AdmitError::Invalid(format!(
-                "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
-                pod.uid
-            )));
-        }
-        let key = AllocKey::parse(&pod.uid);
-        let (placements, dry_run) = self.book(
-            io,
-            req.bind,
-            deadline,
-            |sh| {
-                (sh.state.allocator).admit_keyed(
-                    &sh.topo,
-                    &sh.cfg.placement,
-                    key.clone(),
-                    pod,
-                    &sh.overuse,
-                )
-            },
-            |sh, _| {
-                sh.state.allocator.release(&pod.uid);
-            },
-            |p| p.first().map(|first| binding(&pod.uid, first)),
-        )?;
-        let exclusive = placements.iter().any(|p| p.exclusive);
-        self.commit(
-            io,
-            Booking {
-                uid: &pod.uid,
-                cg: req.bind,
-                placements,
-                dry_run,
-                exclusive,
-                durability: req.durability,
-                releases_pod: true,
-                adopts: true,
-                since: req.since,
-            },
-            &|s| {
-                s.state.allocator.release(&pod.uid);
-            },
-        )
     }
 
     /// Binds `cgroup` to the next unbound container of pod `pod_uid` (admitted earlier, through
