@@ -571,18 +571,14 @@ impl Admission {
     /// container at a time gives its share back to the pod's hold (the pod goes with
     /// [`Admission::pod_gone`]); API pods are released by their DELETE.
     pub fn unbind(&self, io: &mut Io, cgroup: &str, durability: Durability) -> Option<Binding> {
-        let b = {
+        let (b, freed, dry_run) = {
             let mut s = self.daemon.lock(io);
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
             undo_member(&mut s, &b.pod_uid, &b.container, b.pod_uid.is_container());
-            (
-                b,
-                excl != s.state.allocator.exclusive_cpus(),
-                s.cfg.daemon.dry_run,
-            )
+            let freed = excl != s.state.allocator.exclusive_cpus();
+            (b, freed, s.cfg.daemon.dry_run)
         };
-        let (b, freed, dry_run) = b;
         // Checkpointed before the shared pool grows, as in `release`.
         if durability == Durability::Durable {
             self.checkpoint_logged(io);

@@ -575,12 +575,8 @@ impl Policy {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
                 Kubelets::Theirs(None)
             }
-            Some(false) if left_to_runtime => {
-                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod annotated {}=runtime: not admitted, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
-                Kubelets::Theirs(fenced)
-            }
             Some(false) => {
-                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, left_to_runtime, "container not admitted (its pod annotated {}=runtime, or one kubelet's static managers placed without kubelet CPUs): mems left as they are, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
                 Kubelets::Theirs(fenced)
             }
         }

@@ -246,11 +246,7 @@ pub fn created(
         // shared pool keeps off the other exclusive CPUs. Again at each round (`refence`):
         // the runtime writes the cpuset after this.
         let fenced = adm.fence_unassigned(io, &rel, &pod_uid);
-        if cpus {
-            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's static CPU / Memory Manager placed; cpus kept off the exclusive CPUs but the pod's own");
-        } else {
-            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's Memory Manager placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
-        }
+        tracing::info!(cgroup = %rel, pod = %pod_uid, kubelet_cpus = cpus, fenced = ?fenced, "container of a pod kubelet's static managers placed; mems left to kubelet, cpus kept off the exclusive CPUs but the pod's own kubelet CPUs");
         return WatchOutcome::Ignored;
     }
     // Through the API (its requests are known) or already bound: nothing to wait for. Limits
@@ -341,16 +337,9 @@ pub fn created(
             }
         }
         Err(AdmitError::Rejected { rejection, fenced }) => {
-            match &fenced {
-                Some(pool) => {
-                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, cpus = %pool,
-                    "container cgroup not admitted; moved off exclusive CPUs to the shared pool, unaccounted")
-                }
-                None => {
-                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details,
-                    "container cgroup not admitted; left as the runtime made it")
-                }
-            }
+            // fenced: moved off the exclusive CPUs to the shared pool; None: left as it is
+            tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, fenced = ?fenced,
+                "container cgroup not admitted; unaccounted, kept off the exclusive CPUs");
             WatchOutcome::Rejected {
                 cgroup: rel,
                 reason: rejection.reason.to_string(),
@@ -475,14 +464,10 @@ pub fn resized(
             Ok(p) => {
                 refused.remove(&cg);
                 n += 1;
-                match p {
-                    Some(p) => {
-                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized (its limits changed)")
-                    }
-                    None => {
-                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, "container resized (its limits changed); its placement stays")
-                    }
-                }
+                // placed None: its placement stays
+                let placed =
+                    p.map(|p| format!("cpus {} mems {} exclusive {}", p.cpus, p.mems, p.exclusive));
+                tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, placed = ?placed, "container resized (its limits changed)");
             }
             Err(e) => {
                 tracing::warn!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, error = %e, "container's new limits (a resize) refused; it keeps its placement and its books");
