@@ -6,6 +6,7 @@
 //! ```text
 //! Admission::admit(AdmitRequest { pod, bind, durability, since }) -> Result<Admitted, AdmitError>
 //! Admission::admit_member(MemberRequest { member, bind, durability, since }) -> Result<Admitted, AdmitError>
+//! Admission::admit_bound(pod, member, bind, durability, since) -> Result<Admitted, AdmitError>
 //! Admission::pod_gone(pod_uid, durability)             -> bool
 //! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
 //! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
@@ -334,6 +335,40 @@ impl Admission {
                 &|s| undo_member(s, uid, &req.member.container.name, first),
             )
         })
+    }
+
+    /// A container bound to its cgroup `bind` as it arrives (the watcher, NRI): with `member`
+    /// (`placement.scope = "pod"`) one container of its pod ([`Admission::admit_member`]),
+    /// else `pod`, its single-container pod ([`Admission::admit`]).
+    pub fn admit_bound(
+        &self,
+        io: &mut Io,
+        pod: &Pod,
+        member: Option<PodMember<'_>>,
+        bind: &str,
+        durability: Durability,
+        since: Instant,
+    ) -> Result<Admitted, AdmitError> {
+        match member {
+            Some(member) => self.admit_member(
+                io,
+                MemberRequest {
+                    member,
+                    bind,
+                    durability,
+                    since,
+                },
+            ),
+            None => self.admit(
+                io,
+                AdmitRequest {
+                    pod,
+                    bind: Some(bind),
+                    durability,
+                    since,
+                },
+            ),
+        }
     }
 
     /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox

@@ -39,7 +39,7 @@ use std::time::Instant;
 use crate::cgroup::kube::{classify_in, CgroupKind};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
-use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
+use crate::daemon::admission::{Admission, AdmitError, Durability};
 use crate::daemon::nri_updates::{update, Runtime};
 use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::{Daemon, Io};
@@ -923,40 +923,22 @@ impl Policy {
         };
         self.writer.take();
         let pod_scope = self.d().lock(io).cfg.placement.scope == crate::config::TopologyScope::Pod;
-        let res = match (r.key.container_part()).filter(|_| pod_scope) {
-            // Pod scope: one container of its pod, named uniquely (a restarted container
-            // keeps its name), the pod's totals as the runtime sent them.
-            Some(short) => {
-                let pod_uid = r.key.pod_uid();
-                let c = Container {
-                    name: format!("{}-{short}", r.pod.containers[0].name),
-                    ..r.pod.containers[0].clone()
-                };
-                let none = Container::default();
-                self.admission.admit_member(
-                    io,
-                    MemberRequest {
-                        member: PodMember {
-                            pod_uid,
-                            totals: r.totals.as_ref().unwrap_or(&none),
-                            container: &c,
-                        },
-                        bind: &r.cgroup,
-                        durability,
-                        since: Instant::now(),
-                    },
-                )
-            }
-            None => self.admission.admit(
-                io,
-                AdmitRequest {
-                    pod: &r.pod,
-                    bind: Some(&r.cgroup),
-                    durability,
-                    since: Instant::now(),
-                },
-            ),
-        };
+        // Pod scope: one container of its pod, named uniquely (a restarted container keeps
+        // its name), the pod's totals as the runtime sent them.
+        let member = (r.key.container_part())
+            .filter(|_| pod_scope)
+            .map(|short| Container {
+                name: format!("{}-{short}", r.pod.containers[0].name),
+                ..r.pod.containers[0].clone()
+            });
+        let none = Container::default();
+        let member = member.as_ref().map(|container| PodMember {
+            pod_uid: r.key.pod_uid(),
+            totals: r.totals.as_ref().unwrap_or(&none),
+            container,
+        });
+        let since = Instant::now();
+        let res = (self.admission).admit_bound(io, &r.pod, member, &r.cgroup, durability, since);
         match res {
             Ok(a) => {
                 self.track(

@@ -17,7 +17,7 @@ use std::{
 use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller},
     config::{AdmissionMode, TopologyScope},
-    daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
+    daemon::admission::{Admission, AdmitError, Durability},
     daemon::Io,
     placement::{
         admission::PodMember,
@@ -284,34 +284,15 @@ pub fn created(
         }
     }
     let pod = pod_for(cgroups, &rel, &pod_uid, &id, qos);
-    let answer = match rel.rsplit_once('/').filter(|_| pod_scope) {
-        // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
-        Some((pod_rel, _)) => {
-            let totals = container_for(cgroups, pod_rel, "pod", qos);
-            adm.admit_member(
-                io,
-                MemberRequest {
-                    member: PodMember {
-                        pod_uid: &pod_uid,
-                        totals: &totals,
-                        container: &pod.containers[0],
-                    },
-                    bind: &rel,
-                    durability: Durability::Deferred,
-                    since: t0,
-                },
-            )
-        }
-        None => adm.admit(
-            io,
-            AdmitRequest {
-                pod: &pod,
-                bind: Some(&rel),
-                durability: Durability::Deferred,
-                since: t0,
-            },
-        ),
-    };
+    // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
+    let totals = (rel.rsplit_once('/').filter(|_| pod_scope))
+        .map(|(pod_rel, _)| container_for(cgroups, pod_rel, "pod", qos));
+    let member = totals.as_ref().map(|totals| PodMember {
+        pod_uid: &pod_uid,
+        totals,
+        container: &pod.containers[0],
+    });
+    let answer = adm.admit_bound(io, &pod, member, &rel, Durability::Deferred, t0);
     // Not admitted: kept fenced off the exclusive CPUs as they change, until it goes.
     let refused = matches!(
         answer,
