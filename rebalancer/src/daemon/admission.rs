@@ -707,18 +707,13 @@ impl Admission {
                 let replaced_all = r.added.len() >= r.lost.len();
                 tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
                     replaced_all, "exclusive CPUs went offline");
-                if let Some((cg, _)) = sh
-                    .state
-                    .bindings
-                    .iter()
-                    .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container)
-                {
-                    writes.push(CpusetChange {
-                        cgroup: cg.clone(),
-                        cpus: r.cpus.clone(),
-                        mems: None,
-                    });
-                }
+                let bound = (sh.state.bindings.iter())
+                    .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container);
+                writes.extend(bound.map(|(cg, _)| CpusetChange {
+                    cgroup: cg.clone(),
+                    cpus: r.cpus.clone(),
+                    mems: None,
+                }));
             }
             if replaced.is_empty() {
                 return 0;
@@ -995,17 +990,16 @@ impl Admission {
             cpus: p.cpus.clone(),
             mems: Some(p.mems.clone()),
         };
-        match self.write_noted(io, &change) {
-            Ok(()) => Ok(()),
-            Err(WriteError::Vanished { .. }) => {
+        self.write_noted(io, &change).map_err(|e| match e {
+            WriteError::Vanished { .. } => {
                 tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written");
-                Err(AdmitError::Vanished(cg.into()))
+                AdmitError::Vanished(cg.into())
             }
-            Err(e) => {
+            e => {
                 tracing::warn!(cgroup = %cg, error = %e, "writing the admitted cpuset failed");
-                Err(AdmitError::WriteFailed(cg.into()))
+                AdmitError::WriteFailed(cg.into())
             }
-        }
+        })
     }
 
     /// kubelet's state files again when they changed since last read (a cheap `stat`; read
