@@ -1787,15 +1787,6 @@ impl Drop for Booked {
     }
 }
 
-impl std::fmt::Debug for Booked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Booked")
-            .field("cgroup", &self.cgroup)
-            .field("bound", &self.bound)
-            .finish()
-    }
-}
-
 /// A move's cpus were written: the bound container's placement follows them — its CPUs (for a
 /// shared container, its pool and the CPU charges spread over it) — so later admissions
 /// decide on what cgroupfs holds: for cpus someone else wrote (a move's are booked by
