@@ -1244,13 +1244,8 @@ fn book_resize(
         return Ok(None);
     }
     let grew = !(sh.state.allocator.exclusive_cpus()).is_subset(&excl_before);
-    let exclusive_of = |p: &ContainerPlacement| {
-        if p.exclusive {
-            p.cpus.clone()
-        } else {
-            CpuSet::new()
-        }
-    };
+    let exclusive_of =
+        |p: &ContainerPlacement| p.exclusive.then(|| p.cpus.clone()).unwrap_or_default();
     let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
     if !held.is_empty() {
         sh.state.allocator.in_flight.insert(key.clone(), held);
@@ -1572,18 +1567,8 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
         .bindings
         .iter()
         .filter(|(cg, _)| !s.moving.contains(*cg))
-        .filter_map(|(cg, b)| {
-            let c = s
-                .state
-                .allocator
-                .pods
-                .get(&b.pod_uid)?
-                .containers
-                .iter()
-                .find(|c| c.placement.container == b.container)?;
-            if c.placement.exclusive {
-                return None;
-            }
+        .filter_map(|(cg, _)| {
+            let c = bound_container(s, cg).filter(|c| !c.placement.exclusive)?;
             Some((cg.clone(), c.placement.cpus.difference(&exclusive)))
         })
         .collect()
