@@ -2038,61 +2038,6 @@ pub(crate) mod tests {
         assert_eq!(got(64), want(&[(0, 0.2), (1, 0.9)]));
     }
 
-    /// A pod admitted one container at a time whose only container has gone (a crash loop, or
-    /// between its init and app containers) holds its Memory Manager memory in its hold, no
-    /// container has any: a changed `reserved_memory` is still refused (applying it would drop
-    /// the hold's booking from the fresh tables and give that memory away twice).
-    #[test]
-    fn a_reserved_memory_change_is_refused_while_a_pod_hold_has_memory() {
-        use crate::config::{ReservedMemory, TopologyScope};
-        use crate::placement::admission::PodMember;
-        let topo = TopologyBuilder {
-            cores_per_node: 4,
-            threads_per_core: 1,
-            ..Default::default()
-        }
-        .build();
-        let mut cfg = crate::config::PlacementConfig {
-            scope: TopologyScope::Pod,
-            ..Default::default()
-        };
-        let mut a = crate::placement::admission::Allocator::new(&topo, &cfg).unwrap();
-        let totals = pod("p", 2000, 256 << 20, true).containers.remove(0);
-        let c = pod("p", 1000, 128 << 20, true).containers.remove(0);
-        let m = PodMember {
-            pod_uid: "p",
-            totals: &totals,
-            container: &c,
-        };
-        a.admit_member(&topo, &cfg, m).unwrap();
-        assert!(a.remove_member(&topo, &cfg, "p", "c"));
-        let p = &a.pods["p"];
-        assert!(p.containers.is_empty());
-        assert!(
-            p.hold.as_ref().unwrap().memory.is_some(),
-            "the hold keeps the pod's memory"
-        );
-        let before = a.clone();
-        cfg.reserved_memory = vec![ReservedMemory {
-            node: 0,
-            memory_bytes: 64 << 20,
-            hugepages_2mi_bytes: 0,
-            hugepages_1gi_bytes: 0,
-        }];
-        let err = a.reconfigure(&topo, &cfg).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                crate::placement::reserve::ReservationError::MemoryHeld(1)
-            ),
-            "{err}"
-        );
-        assert_eq!(a.memory, before.memory, "a refused reload changes nothing");
-        // once the pod is gone the change applies
-        a.release("p");
-        assert!(a.reconfigure(&topo, &cfg).unwrap());
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Whatever the order of admissions, releases and SIGHUPs changing
