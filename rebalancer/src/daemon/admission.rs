@@ -1244,8 +1244,13 @@ fn book_resize(
         return Ok(None);
     }
     let grew = !(sh.state.allocator.exclusive_cpus()).is_subset(&excl_before);
-    let exclusive_of =
-        |p: &ContainerPlacement| p.exclusive.then(|| p.cpus.clone()).unwrap_or_default();
+    let exclusive_of = |p: &ContainerPlacement| {
+        if p.exclusive {
+            p.cpus.clone()
+        } else {
+            CpuSet::new()
+        }
+    };
     let held = (old.map(exclusive_of).unwrap_or_default()).union(&exclusive_of(&placement));
     if !held.is_empty() {
         sh.state.allocator.in_flight.insert(key.clone(), held);
