@@ -514,11 +514,8 @@ impl Runtime {
             s.timeouts += 1;
             (s.inflight.len() as u64, s.timeouts >= STICKY_TIMEOUTS)
         };
-        if sticky {
-            tracing::warn!(containers = n, "the runtime did not answer container updates in time, again; closing the NRI connection (it reconnects); unsolicited updates off until the daemon restarts, changes ride the hooks' answers");
-        } else {
-            tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
-        }
+        // sticky: unsolicited updates off until the daemon restarts, changes ride the hooks' answers
+        tracing::warn!(containers = n, sticky, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
         self.count(n.max(1), "timeout");
         self.set_connected(false)
     }
