@@ -57,9 +57,6 @@ pub(super) struct Projection<'t> {
     /// this period included, at most the horizon: how long the relief of a move off it is
     /// counted (what has lasted that long is expected to last about as long again).
     overload_ms: Vec<u64>,
-    /// Per node, how long its overload is expected to last from the workloads that make it
-    /// (see [`overload_life`]): a relief off it is counted no longer.
-    overload_life_ms: Vec<u64>,
     /// Per node, `peak[i][k]` = the highest pressure of the last k + 1 periods (newest first;
     /// empty without a history): the load a target may go back to within a window.
     peak: Vec<Vec<f64>>,
@@ -228,9 +225,7 @@ impl<'t> Projection<'t> {
         } else {
             CpuSet::new()
         };
-        let life = overload_life(topo, &index, obs, state, cfg, &demand, &ncpus, &measured);
         let mut p = Projection {
-            overload_life_ms: life,
             without_memory,
             overload_ms: overload,
             peak,
@@ -544,13 +539,6 @@ impl<'t> Projection<'t> {
                     .map(|n| self.index.get(n).map_or(0, |i| self.overload_ms[i]))
                     .min()
                     .unwrap_or(0);
-                // Nor past the time the workloads that overload them are expected to leave.
-                let life = nodes
-                    .iter()
-                    .map(|n| self.index.get(n).map_or(0, |i| self.overload_life_ms[i]))
-                    .min()
-                    .unwrap_or(0);
-                let lasted = lasted.min(life);
                 (src, lasted)
             }
             Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
@@ -1189,72 +1177,6 @@ fn overload_ms(
         None => u64::from(hot(obs.nodes.get(&node).map_or(1.0, NodeObs::pressure))),
     };
     (periods.saturating_mul(obs.period_ns) / 1_000_000).min(cfg.horizon_ms)
-}
-
-/// How long the overload of each node is expected to last, ms, from the workloads that make
-/// it: each managed workload running there is expected to stay as long as it has lived so far
-/// (a cgroup not seen yet: the horizon), so they leave youngest first, and the overload ends
-/// once the node's runnable demand is down to its CPUs (where the contention model stops
-/// stretching work). A node whose demand without them still passes its CPUs (demand the planner
-/// does not manage), or whose run queue is not measured (its busy share cannot tell how far
-/// past its CPUs it is), gets the horizon: no bound from here.
-#[allow(clippy::too_many_arguments)]
-fn overload_life(
-    topo: &Topology,
-    index: &NodeIndex,
-    obs: &Observations,
-    state: &ControllerState,
-    cfg: &ControllerConfig,
-    demand: &[f64],
-    ncpus: &[usize],
-    measured: &[bool],
-) -> Vec<u64> {
-    let k = topo.nodes.len();
-    let over: Vec<bool> = (0..k)
-        .map(|i| measured[i] && demand[i] > ncpus[i] as f64)
-        .collect();
-    // (lived, demand there) of the workloads on each overloaded node; only theirs are looked up.
-    let mut on: Vec<Vec<(u64, f64)>> = vec![Vec::new(); k];
-    for cg in &obs.cgroups {
-        let mut lived = None;
-        for &n in cg.cpu_ns_per_node.keys() {
-            let Some(i) = index.get(n).filter(|&i| over[i]) else {
-                continue;
-            };
-            let d = obs.wanted_on(cg, n);
-            if d > 0.0 {
-                let l = *lived.get_or_insert_with(|| {
-                    state
-                        .cgroups
-                        .get(&cg.id)
-                        .filter(|s| s.periods > 0)
-                        .map_or(cfg.horizon_ms, |s| s.lived_ms.min(cfg.horizon_ms))
-                });
-                on[i].push((l, d));
-            }
-        }
-    }
-    (0..k)
-        .map(|i| {
-            if !measured[i] {
-                return cfg.horizon_ms;
-            }
-            let limit = ncpus[i] as f64;
-            let mut left = demand[i];
-            if left <= limit {
-                return 0;
-            }
-            // Youngest first; of equal age, the largest first (a stable order of the ties).
-            on[i].sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
-            for &(lived, d) in &on[i] {
-                left -= d;
-                if left <= limit {
-                    return lived;
-                }
-            }
-            cfg.horizon_ms
-        })
-        .collect()
 }
 
 /// Sum that saturates instead of overflowing on absurd input.
