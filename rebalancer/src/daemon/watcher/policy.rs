@@ -318,9 +318,10 @@ pub fn created(
             }
         }
         Err(AdmitError::Rejected { rejection, fenced }) => {
-            // fenced: moved off the exclusive CPUs to the shared pool; None: left as it is
+            // fenced: moved off the exclusive CPUs to the shared pool; None: left as the runtime
+            // made it (dry run, no shared pool, the fence write failed, or already off them)
             tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, fenced = ?fenced,
-                "container cgroup not admitted; unaccounted, kept off the exclusive CPUs");
+                "container cgroup not admitted; unaccounted");
             WatchOutcome::Rejected {
                 cgroup: rel,
                 reason: rejection.reason.to_string(),
@@ -445,10 +446,12 @@ pub fn resized(
             Ok(p) => {
                 refused.remove(&cg);
                 n += 1;
-                // placed None: its placement stays
-                let placed =
-                    p.map(|p| format!("cpus {} mems {} exclusive {}", p.cpus, p.mems, p.exclusive));
-                tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, placed = ?placed, "container resized (its limits changed)");
+                // no placement: the one it had stays
+                let cpus = p.as_ref().map(|p| p.cpus.to_string()).unwrap_or_default();
+                let mems = p.as_ref().map(|p| p.mems.to_string()).unwrap_or_default();
+                let exclusive = p.as_ref().map(|p| p.exclusive);
+                tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes,
+                    cpus, mems, exclusive, "container resized (its limits changed)");
             }
             Err(e) => {
                 tracing::warn!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, error = %e, "container's new limits (a resize) refused; it keeps its placement and its books");
