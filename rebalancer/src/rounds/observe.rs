@@ -375,8 +375,11 @@ impl Engine {
             }
             // Only where its memory is on two nodes or more: on one node its written
             // pages are where its resident ones are, and weighting by them changes nothing.
+            // Not while its move is under way: it is not planned then, and a clear takes its
+            // mm's write lock against the migration (a 2-node guest's move of 8,538 pages
+            // took 3.3 s beside a round reading it, 0.12 s alone).
             let mem_nodes = o.mem_bytes_per_node.values().filter(|&&b| b > 0).count();
-            if cfg.controller.written_pages && mem_nodes >= 2 {
+            if cfg.controller.written_pages && mem_nodes >= 2 && !o.constraints.moving {
                 written_candidates.push((cg.clone(), o.cpus.clone()));
             }
             obs.cgroups.push(o);
