@@ -26,7 +26,9 @@
 //! last stopped, so each is read within a bounded number of periods; processes past the
 //! budget are neither read nor cleared, so they take no extra faults. What is left is one
 //! minor fault per written page per window and the pagemap read (BENCHMARKS.md,
-//! "Measured access": per GiB of resident memory, from the test `written_root`).
+//! "Measured access": per GiB of resident memory, from the test `written_root`). A cgroup's
+//! first window — a new candidate, or one re-pinned (restarted at the pin's event) — is read
+//! within its round ([`QUICK_WINDOW`]), not a period later.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
