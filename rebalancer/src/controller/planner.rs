@@ -105,10 +105,7 @@ pub(super) fn plan_with(
     }
     // The decisions are built in place (one per cgroup, in id order); what a candidate's
     // move needs besides its decision is kept aside, for the candidates alone.
-    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
-    let mut proposals: Vec<Proposal> = Vec::new();
-    let mut continued = continued.into_iter().peekable();
-    let evals = evaluate_all(
+    let (mut decisions, mut proposals) = evaluate_all(
         &proj,
         obs,
         &cgs,
@@ -118,24 +115,13 @@ pub(super) fn plan_with(
         now_ms,
         threads.unwrap_or_else(|| plan_threads(cgs.len(), topo.nodes.len())),
     );
-    for (i, e) in evals.into_iter().enumerate() {
-        match continued.next_if(|c| c.0 == i) {
-            None => {
-                if let Some(chosen) = e.chosen {
-                    proposals.push(Proposal {
-                        i,
-                        picks: e.picks,
-                        chosen,
-                    });
-                }
-                decisions.push(e.decision);
-            }
-            Some((_, outcome)) => {
-                let mut d = e.decision;
-                d.outcome = outcome;
-                d.considered.clear();
-                decisions.push(d);
-            }
+    if !continued.is_empty() {
+        // A continued stage is the cgroup's move this round: no proposal of its own.
+        proposals.retain(|p| continued.binary_search_by_key(&p.i, |c| c.0).is_err());
+        for (i, outcome) in continued {
+            let d = &mut decisions[i];
+            d.outcome = outcome;
+            d.considered.clear();
         }
     }
 
@@ -225,9 +211,11 @@ fn plan_threads(cgroups: usize, nodes: usize) -> usize {
 }
 
 /// Every cgroup's first evaluation against the round's projection before any move (which
-/// they only read), in `cgs` order. With `threads` > 1 the cgroups are split into contiguous
+/// they only read): the decisions in `cgs` order, and a proposal for each candidate with an
+/// option chosen, in index order. With `threads` > 1 the cgroups are split into contiguous
 /// chunks evaluated on scoped threads: the same evaluations, so the same plan, in less wall
-/// time; the CPU time is the same.
+/// time; the CPU time is the same. The calling thread's chunk is written straight into the
+/// round's list (10,000 decisions are a few MB: each copy of them costs).
 #[allow(clippy::too_many_arguments)]
 fn evaluate_all(
     proj: &Projection<'_>,
@@ -238,15 +226,31 @@ fn evaluate_all(
     cfg: &ControllerConfig,
     now_ms: u64,
     threads: usize,
-) -> Vec<Eval> {
-    let one = |i: usize| evaluate(proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+) -> (Vec<Decision>, Vec<Proposal>) {
+    let run =
+        |r: std::ops::Range<usize>, decisions: &mut Vec<Decision>, props: &mut Vec<Proposal>| {
+            decisions.extend(r.map(|i| {
+                let e = evaluate(proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+                if let Some(chosen) = e.chosen {
+                    props.push(Proposal {
+                        i,
+                        picks: e.picks,
+                        chosen,
+                    });
+                }
+                e.decision
+            }));
+        };
+    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
+    let mut proposals: Vec<Proposal> = Vec::new();
     let threads = threads.min(cgs.len());
     if threads <= 1 {
-        return (0..cgs.len()).map(one).collect();
+        run(0..cgs.len(), &mut decisions, &mut proposals);
+        return (decisions, proposals);
     }
     let chunk = cgs.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let one = &one;
+        let run = &run;
         // The calling thread takes the first chunk; the others run beside it. A thread that
         // cannot be started (a pids limit, no memory) leaves its chunk to the calling thread.
         let others: Vec<_> = (1..threads)
@@ -256,23 +260,29 @@ fn evaluate_all(
                     .name("rb-plan".into())
                     .spawn_scoped(s, {
                         let r = r.clone();
-                        move || r.map(one).collect::<Vec<Eval>>()
+                        move || {
+                            let (mut d, mut p) = (Vec::with_capacity(r.len()), Vec::new());
+                            run(r, &mut d, &mut p);
+                            (d, p)
+                        }
                     });
                 (r, spawned.ok())
             })
             .collect();
-        let mut all: Vec<Eval> = Vec::with_capacity(cgs.len());
-        all.extend((0..chunk.min(cgs.len())).map(one));
+        run(0..chunk.min(cgs.len()), &mut decisions, &mut proposals);
         for (r, h) in others {
             match h.map(|h| h.join()) {
-                Some(Ok(v)) => all.extend(v),
+                Some(Ok((d, p))) => {
+                    decisions.extend(d);
+                    proposals.extend(p);
+                }
                 // A panic in a worker is the round's, as it would be on this thread.
                 Some(Err(p)) => std::panic::resume_unwind(p),
-                None => all.extend(r.map(one)),
+                None => run(r, &mut decisions, &mut proposals),
             }
         }
-        all
-    })
+    });
+    (decisions, proposals)
 }
 
 /// A candidate with an option chosen: its index (in id order), what turning its options

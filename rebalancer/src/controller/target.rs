@@ -583,6 +583,15 @@ impl<'t> Projection<'t> {
         }
     }
 
+    /// The nodes of `t` (ascending) with their positions (see [`NodeIndex`]).
+    fn positions(&self, t: &CpuSet) -> SmallVec<[(u32, Option<usize>); 4]> {
+        let mut out = SmallVec::new();
+        for n in t.iter() {
+            out.push((n, self.index.get(n)));
+        }
+        out
+    }
+
     /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate) into
     /// `considered`, and into `picks` the whole cores picked for exclusive CPUs and whether
     /// the cgroup keeps its current CPUs.
@@ -600,14 +609,18 @@ impl<'t> Projection<'t> {
         let demand = fx.demand;
         // The set's nodes (ascending, as `t.iter()`) with their positions, walked once: every
         // per-node value below is read by position, not looked up again.
-        let tn: SmallVec<[(u32, Option<usize>); 4]> =
-            t.iter().map(|n| (n, self.index.get(n))).collect();
+        let tn = self.positions(&t);
         // Memory lands on the nodes a move there writes into cpuset.mems: `t`, or for a node
         // without memory the nearest memory nodes, where it is never local to the CPUs on it
         // (what runs there is remote whatever moves).
-        let mn: SmallVec<[(u32, Option<usize>); 4]> = match self.mems_of(&t) {
-            std::borrow::Cow::Borrowed(_) => tn.clone(),
-            std::borrow::Cow::Owned(m) => m.iter().map(|n| (n, self.index.get(n))).collect(),
+        let mems_t = self.mems_of(&t);
+        let mn_owned;
+        let mn: &[(u32, Option<usize>)] = match &mems_t {
+            std::borrow::Cow::Borrowed(_) => &tn,
+            std::borrow::Cow::Owned(m) => {
+                mn_owned = self.positions(m);
+                &mn_owned
+            }
         };
         let after = locality::expected_after(cg, &t) * self.with_memory_share(cg, &t);
         let normal_in = mn
@@ -661,7 +674,7 @@ impl<'t> Projection<'t> {
         // cpuset (admission's choice): keep them.
         // The target's pool, built (or borrowed) once, and only for the nodes it is on.
         // (by the mems a move there writes: on a node without memory, those stand in for it)
-        let same_nodes = *self.mems_of(&t) == cg.mems;
+        let same_nodes = *mems_t == cg.mems;
         let pool_t = same_nodes.then(|| self.pool_ref(&t));
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
