@@ -238,12 +238,10 @@ pub struct Staging {
 /// What one round's observation covers, for [`CgroupState::fold`].
 #[derive(Clone, Copy, Debug)]
 struct Window {
-    /// Its length in control periods.
-    periods: f64,
     ms: u64,
     period_ms: u64,
-    /// The weight the smoothed score keeps over the window, (1 − alpha)^periods: the same
-    /// for every cgroup of a round, so computed once per round, not per cgroup.
+    /// The weight the smoothed score keeps over the window, (1 − alpha)^(its length in
+    /// control periods): the same for every cgroup of a round, so computed once per round.
     keep: f64,
 }
 
@@ -407,7 +405,6 @@ impl ControllerState {
             1.0
         };
         let window = Window {
-            periods,
             ms,
             period_ms,
             keep: (1.0 - alpha).powf(periods.max(0.0)),

@@ -8,8 +8,6 @@
 //! consolidating its CPUs avoids —, cost). The [`Projection`] is
 //! updated after every accepted move so two moves of one round never count the same room twice.
 
-use std::collections::BTreeMap;
-
 use super::locality;
 use super::observe::{CgroupObs, NodeObs, Observations};
 use super::plan_types::{Considered, TargetRejection, Trigger};
@@ -49,8 +47,9 @@ pub(super) struct Projection<'t> {
     pool_len: Vec<usize>,
     /// Ids of the nodes with CPUs, ascending.
     cpu_nodes: Vec<u32>,
-    /// Per node with CPUs: the other nodes with CPUs, nearest first (distance, id).
-    nearest: BTreeMap<u32, Vec<u32>>,
+    /// Per node with CPUs, ascending ids: the node and the other nodes with CPUs, nearest
+    /// first (distance, id), each with its position (see [`NodeIndex`]).
+    nearest: Vec<(NodeAt, Vec<NodeAt>)>,
     /// Length of the observed period, ns (rates per second).
     period_ns: u64,
     /// Per node, how long it has been overloaded (pressure ≥ `overload_busy`) without a break,
@@ -130,6 +129,12 @@ struct Fixed<'a> {
     huge: Entries<u64>,
 }
 
+/// A node id and its position in `topo.nodes` (see [`NodeIndex`]).
+type NodeAt = (u32, Option<usize>);
+
+/// A target's nodes with their positions, inline for ≤ 4 nodes.
+type Nodes = SmallVec<[NodeAt; 4]>;
+
 /// A cgroup's per-node values (node, value), ascending node ids, inline for ≤ 4 nodes.
 type Entries<T> = SmallVec<[(u32, T); 4]>;
 
@@ -191,12 +196,13 @@ impl<'t> Projection<'t> {
             .collect();
         cpu_nodes.sort_unstable();
         cpu_nodes.dedup();
+        let at = |n: u32| (n, index.get(n));
         let nearest = cpu_nodes
             .iter()
             .map(|&s| {
                 let mut others: Vec<u32> = cpu_nodes.iter().copied().filter(|&n| n != s).collect();
                 others.sort_by_key(|&n| (topo.distance(s, n), n));
-                (s, others)
+                (at(s), others.into_iter().map(at).collect())
             })
             .collect();
         let mut overload = vec![0; k];
@@ -448,9 +454,10 @@ impl<'t> Projection<'t> {
             // workload: it asks for that node, never for less than it ran.
             let largest = self
                 .nearest
-                .keys()
-                .filter(|&&n| self.allowed(cg, n))
-                .map(|&n| self.pool_len(n) as u32)
+                .iter()
+                .map(|e| e.0 .0)
+                .filter(|&n| self.allowed(cg, n))
+                .map(|n| self.pool_len(n) as u32)
                 .max()
                 .unwrap_or(0);
             at_least(ran).min(largest.max(at_least(obs.cpu_demand(cg))))
@@ -465,7 +472,7 @@ impl<'t> Projection<'t> {
             demand,
             ..fixed
         };
-        let capacity = |n: u32| -> usize {
+        let capacity = |(n, i): NodeAt| -> usize {
             if c.keep_cpus {
                 // The operator's CPUs stay: what the node offers is the part of them on it.
                 return self
@@ -473,7 +480,7 @@ impl<'t> Projection<'t> {
                     .node(n)
                     .map_or(0, |node| node.cpus.intersection(&cg.cpus).len());
             }
-            let pool = self.pool_len(n);
+            let pool = i.map_or(0, |i| self.pool_len[i]);
             let own = if fixed.own_excl.is_empty() {
                 0
             } else {
@@ -489,26 +496,31 @@ impl<'t> Projection<'t> {
             keep_cpus: Vec::with_capacity(self.nearest.len()),
             picked: Vec::new(),
         };
-        for (&seed, nearest) in &self.nearest {
-            if !self.allowed(cg, seed) {
+        for (seed, nearest) in &self.nearest {
+            if !self.allowed(cg, seed.0) {
                 continue;
             }
             let mut t = CpuSet::new();
-            t.insert(seed);
-            let mut cap = capacity(seed);
+            t.insert(seed.0);
+            // The set's nodes with their positions, as grown; ascending once grown.
+            let mut tn: Nodes = SmallVec::new();
+            tn.push(*seed);
+            let mut cap = capacity(*seed);
             for &n in nearest {
                 if cap >= need_cpus as usize {
                     break;
                 }
-                if self.allowed(cg, n) {
-                    t.insert(n);
+                if self.allowed(cg, n.0) {
+                    t.insert(n.0);
+                    tn.push(n);
                     cap += capacity(n);
                 }
             }
             // Every set holds its own seed and the seeds are distinct, so a single node set
             // is new; only a grown one can repeat an earlier set.
-            if t.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
-                self.price(obs, cg, cfg, &fixed, t, &mut considered, &mut picks);
+            if tn.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
+                tn.sort_unstable_by_key(|e| e.0);
+                self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks);
             }
         }
         (considered, picks)
@@ -584,7 +596,7 @@ impl<'t> Projection<'t> {
     }
 
     /// The nodes of `t` (ascending) with their positions (see [`NodeIndex`]).
-    fn positions(&self, t: &CpuSet) -> SmallVec<[(u32, Option<usize>); 4]> {
+    fn positions(&self, t: &CpuSet) -> Nodes {
         let mut out = SmallVec::new();
         for n in t.iter() {
             out.push((n, self.index.get(n)));
@@ -603,26 +615,31 @@ impl<'t> Projection<'t> {
         cfg: &ControllerConfig,
         fx: &Fixed<'_>,
         t: CpuSet,
+        tn: &[NodeAt],
         considered: &mut Vec<Considered>,
         picks: &mut Picks,
     ) {
         let demand = fx.demand;
-        // The set's nodes (ascending, as `t.iter()`) with their positions, walked once: every
-        // per-node value below is read by position, not looked up again.
-        let tn = self.positions(&t);
+        // `tn`: the set's nodes (ascending, as `t.iter()`) with their positions, walked once:
+        // every per-node value below is read by position, not looked up again.
         // Memory lands on the nodes a move there writes into cpuset.mems: `t`, or for a node
         // without memory the nearest memory nodes, where it is never local to the CPUs on it
         // (what runs there is remote whatever moves).
         let mems_t = self.mems_of(&t);
         let mn_owned;
-        let mn: &[(u32, Option<usize>)] = match &mems_t {
-            std::borrow::Cow::Borrowed(_) => &tn,
+        let mn: &[NodeAt] = match &mems_t {
+            std::borrow::Cow::Borrowed(_) => tn,
             std::borrow::Cow::Owned(m) => {
                 mn_owned = self.positions(m);
                 &mn_owned
             }
         };
-        let after = locality::expected_after(cg, &t) * self.with_memory_share(cg, &t);
+        // A single node with memory: all local after the move (what `expected_after` and
+        // `with_memory_share` give for it, without walking the cgroup's maps).
+        let after = match tn {
+            [(n, _)] if !self.without_memory.contains(*n) => 1.0,
+            _ => locality::expected_after(cg, &t) * self.with_memory_share(cg, &t),
+        };
         let normal_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.mem, n))
@@ -638,7 +655,7 @@ impl<'t> Projection<'t> {
         // CPU share per target node after the move (and its demand there now), once: the
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
         let mut shares = Shares::new();
-        for &(n, _) in &tn {
+        for &(n, _) in tn {
             shares.push((n, 0.0, entry(&fx.cpu, n).unwrap_or(0.0)));
         }
         let on_t: f64 = shares.iter().map(|s| s.2).sum();
@@ -649,7 +666,7 @@ impl<'t> Projection<'t> {
         // The load it adds there.
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
-        for (&(n, share, own), &(_, i)) in shares.iter().zip(&tn) {
+        for (&(n, share, own), &(_, i)) in shares.iter().zip(tn) {
             let ncpu = i.map_or(0, |i| self.ncpus[i]).max(1) as f64;
             let added = ((demand * share - own) / ncpu).max(0.0);
             let busy_after = i.map_or(1.0, |i| self.busy[i]) + added;
