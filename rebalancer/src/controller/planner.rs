@@ -496,7 +496,32 @@ fn continue_stage(
 /// the best acceptable option over the budget when at least a quarter of the round's budget
 /// is left (its first stage takes that). Otherwise the reason.
 fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
-    // Index walks, no lists: this runs for every candidate (and again for each proposal).
+    let rank = |a: &usize, b: &usize| -> Ordering {
+        let (x, y) = (&options[*a], &options[*b]);
+        y.net
+            .total_cmp(&x.net)
+            .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
+            .then(x.nodes.len().cmp(&y.nodes.len()))
+            .then_with(|| x.nodes.cmp_ids(&y.nodes))
+    };
+    // The usual answer in one walk (this runs for every candidate, and again for each
+    // proposal): the best acceptable option within the budget, the first of equals as
+    // `min_by` keeps it. Without one, the walks below say why or stage.
+    let mut within: Option<usize> = None;
+    for (k, c) in options.iter().enumerate() {
+        if c.rejected.is_none()
+            && c.gain >= cfg.min_gain
+            && c.net > 0.0
+            && c.bytes_to_migrate <= budget
+            && within.is_none_or(|w| rank(&w, &k) == Ordering::Greater)
+        {
+            within = Some(k);
+        }
+    }
+    if let Some(k) = within {
+        return Ok(k);
+    }
+    // Index walks, no lists.
     let feasible = || (0..options.len()).filter(|&k| options[k].rejected.is_none());
     if feasible().next().is_none() {
         let here = options
@@ -547,24 +572,13 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             None => Skip::NoFeasibleTarget,
         });
     }
-    let rank = |a: &usize, b: &usize| -> Ordering {
-        let (x, y) = (&options[*a], &options[*b]);
-        y.net
-            .total_cmp(&x.net)
-            .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
-            .then(x.nodes.len().cmp(&y.nodes.len()))
-            .then_with(|| x.nodes.cmp_ids(&y.nodes))
-    };
-    let within = acceptable()
-        .filter(|&k| options[k].bytes_to_migrate <= budget)
-        .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
         (budget > 0 && budget >= full / 4)
             .then(|| acceptable().min_by(rank))
             .flatten()
     };
-    within.or_else(staged).ok_or_else(|| Skip::Budget {
+    staged().ok_or_else(|| Skip::Budget {
         need: acceptable()
             .map(|k| options[k].bytes_to_migrate)
             .min()

@@ -127,6 +127,8 @@ struct Fixed<'a> {
     cpu: Entries<f64>,
     mem: Entries<u64>,
     huge: Entries<u64>,
+    /// The position of each node of `cpu`, index for index.
+    cpu_at: SmallVec<[Option<usize>; 4]>,
 }
 
 /// A node id and its position in `topo.nodes` (see [`NodeIndex`]).
@@ -582,6 +584,11 @@ impl<'t> Projection<'t> {
                 .keys()
                 .map(|&n| (n, Self::demand_on(obs, cg, n)))
                 .collect(),
+            cpu_at: cg
+                .cpu_ns_per_node
+                .keys()
+                .map(|&n| self.index.get(n))
+                .collect(),
             mem: cg
                 .mem_bytes_per_node
                 .iter()
@@ -702,7 +709,7 @@ impl<'t> Projection<'t> {
         let delta = if keep_cpus {
             0.0
         } else {
-            self.contention_delta(&fx.cpu, &t, &shares, demand)
+            self.contention_delta(fx, &t, tn, &shares, demand)
         };
         let measured = fx.sources_measured
             && tn.iter().all(|&(n, i)| match i {
@@ -849,14 +856,38 @@ impl<'t> Projection<'t> {
     /// D × max(1, D / C) CPU-time of work per unit of useful work (every runnable task is
     /// stretched by D / C once D > C); the move takes the workload's demand off its current
     /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`).
+    /// This is [`Projection::contention_delta_by`] at each node's demand now, every node read
+    /// by its position (`tn`: the target's, index for index with `shares`; `fx.cpu_at`) instead
+    /// of looked up: it runs for every option of every candidate.
     fn contention_delta(
         &self,
-        cpu: &[(u32, f64)],
+        fx: &Fixed<'_>,
         t: &CpuSet,
+        tn: &[NodeAt],
         shares: &[(u32, f64, f64)],
         demand: f64,
     ) -> f64 {
-        self.contention_delta_by(cpu, t, shares, demand, |n| self.demand(n))
+        let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
+        let mut delta = 0.0;
+        let mut node = |i: Option<usize>, own_now: f64, own_after: f64| {
+            let (c, d0) = i.map_or((0.0, 0.0), |i| (self.ncpus[i] as f64, self.demand[i]));
+            let d1 = (d0 - own_now + own_after).max(0.0);
+            delta += stretched(d1, c) - stretched(d0, c);
+        };
+        for (&(_, share, own), &(_, i)) in shares.iter().zip(tn) {
+            node(i, own, demand * share);
+        }
+        for (&(n, own), &i) in fx.cpu.iter().zip(&fx.cpu_at) {
+            if !t.contains(n) {
+                node(i, own, 0.0);
+            }
+        }
+        // Below a millionth of a CPU it is rounding, not contention.
+        if delta.abs() > 1e-6 {
+            delta
+        } else {
+            0.0
+        }
     }
 
     /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
