@@ -63,6 +63,9 @@ pub(super) struct Projection<'t> {
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
     pub dirty: bool,
+    /// Every option priced by the general code (`price`), the oracle of the short ways.
+    #[cfg(test)]
+    general_only: bool,
 }
 
 /// Per option of a candidate, what turning it into a move needs besides its [`Considered`],
@@ -129,6 +132,26 @@ struct Fixed<'a> {
     huge: Entries<u64>,
     /// The position of each node of `cpu`, index for index.
     cpu_at: SmallVec<[Option<usize>; 4]>,
+}
+
+/// What an option's figures take from its node set (see [`Projection::finish`]).
+struct Shape {
+    /// Nodes in the set.
+    nodes: usize,
+    after: f64,
+    normal_need: u64,
+    huge_need: u64,
+    /// A rejection found while spreading the load (overload), before the others are checked.
+    rejected: Option<TargetRejection>,
+    picked: Option<CpuSet>,
+    pool_len: usize,
+    keep_cpus: bool,
+    unchanged: bool,
+    delta: f64,
+    relief: f64,
+    relief_ms: u64,
+    free: u64,
+    free_huge: u64,
 }
 
 /// A node id and its position in `topo.nodes` (see [`NodeIndex`]).
@@ -255,6 +278,8 @@ impl<'t> Projection<'t> {
             budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
             moves_left: super::MAX_MOVES_PER_ROUND,
             dirty: false,
+            #[cfg(test)]
+            general_only: false,
         };
         p.refresh_pools();
         p
@@ -492,6 +517,10 @@ impl<'t> Projection<'t> {
             };
             pool + own
         };
+        // Priced as shared CPUs and not for an overload: a single node may take the short way.
+        let shared = !c.exclusive && !c.keep_cpus && !matches!(trigger, Trigger::Overloaded { .. });
+        #[cfg(test)]
+        let shared = shared && !self.general_only;
         // Each distinct set is priced as soon as it is grown (in seed order).
         let mut considered: Vec<Considered> = Vec::with_capacity(self.nearest.len());
         let mut picks = Picks {
@@ -522,7 +551,14 @@ impl<'t> Projection<'t> {
             // is new; only a grown one can repeat an earlier set.
             if tn.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
                 tn.sort_unstable_by_key(|e| e.0);
-                self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks);
+                match tn[..] {
+                    [(n, Some(i))]
+                        if shared && !self.without_memory.contains(n) && self.pool[i].is_some() =>
+                    {
+                        self.price_single(cg, cfg, &fixed, t, (n, i), &mut considered, &mut picks)
+                    }
+                    _ => self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks),
+                }
             }
         }
         (considered, picks)
@@ -657,7 +693,6 @@ impl<'t> Projection<'t> {
             .fold(0u64, u64::saturating_add);
         let normal_need = fx.normal_total.saturating_sub(normal_in);
         let huge_need = fx.huge_total.saturating_sub(huge_in);
-        let bytes = normal_need.saturating_add(huge_need);
 
         // CPU share per target node after the move (and its demand there now), once: the
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
@@ -763,9 +798,133 @@ impl<'t> Projection<'t> {
             Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
         };
 
+        let free = mn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free[i]))
+        });
+        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
+        });
+        let unchanged = same_nodes
+            && match &picked {
+                Some(p) => *p == cg.cpus,
+                None => keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus == **p),
+            };
+        let shape = Shape {
+            nodes: tn.len(),
+            after,
+            normal_need,
+            huge_need,
+            rejected,
+            picked,
+            pool_len,
+            keep_cpus,
+            unchanged,
+            delta,
+            relief,
+            relief_ms,
+            free,
+            free_huge,
+        };
+        self.finish(cg, cfg, fx, t, shape, considered, picks);
+    }
+
+    /// [`Projection::price`] of a single node `n` (at position `i`, with memory and a shared
+    /// pool) for a candidate that is priced as shared CPUs (not exclusive, not the operator's)
+    /// and not for an overload: what the general code computes for such a set, read straight
+    /// from the node's figures (no lists, no set operations besides the two the decision
+    /// needs). Most options of a round are these (`target_props` checks both agree).
+    #[allow(clippy::too_many_arguments)]
+    fn price_single(
+        &self,
+        cg: &CgroupObs,
+        cfg: &ControllerConfig,
+        fx: &Fixed<'_>,
+        t: CpuSet,
+        (n, i): (u32, usize),
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
+        let demand = fx.demand;
+        let own = entry(&fx.cpu, n).unwrap_or(0.0);
+        // `cpu_after` over one node: all of it there (its own demand over the same sum).
+        let share = if own > 0.0 { own / own } else { 1.0 };
+        let ncpu = self.ncpus[i].max(1) as f64;
+        let added = ((demand * share - own) / ncpu).max(0.0);
+        let busy_after = self.busy[i] + added;
+        let rejected = (added > 1e-12 && busy_after > cfg.overload_busy).then_some(
+            TargetRejection::Overloaded {
+                node: n,
+                busy_after,
+            },
+        );
+        let pool = self.pool[i].as_ref();
+        let same_nodes = t == cg.mems;
+        let keep_cpus =
+            same_nodes && !cg.cpus.is_empty() && pool.is_some_and(|p| cg.cpus.is_subset(p));
+        let delta = if keep_cpus {
+            0.0
+        } else {
+            self.contention_delta(fx, &t, &[(n, Some(i))], &[(n, share, own)], demand)
+        };
+        let shape = Shape {
+            nodes: 1,
+            after: 1.0,
+            normal_need: fx
+                .normal_total
+                .saturating_sub(entry(&fx.mem, n).unwrap_or(0)),
+            huge_need: fx
+                .huge_total
+                .saturating_sub(entry(&fx.huge, n).unwrap_or(0)),
+            rejected,
+            picked: None,
+            pool_len: self.pool_len[i],
+            keep_cpus,
+            unchanged: same_nodes && (keep_cpus || pool.is_some_and(|p| cg.cpus == *p)),
+            delta,
+            relief: 0.0,
+            relief_ms: 0,
+            free: self.free[i],
+            free_huge: self.free_huge[i],
+        };
+        self.finish(cg, cfg, fx, t, shape, considered, picks);
+    }
+
+    /// The figures of an option from its [`Shape`], the same formulas for every option: gain,
+    /// saving, cost, contention, the first rejection that applies; pushed onto `considered`
+    /// and `picks`.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        cg: &CgroupObs,
+        cfg: &ControllerConfig,
+        fx: &Fixed<'_>,
+        t: CpuSet,
+        shape: Shape,
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
+        let Shape {
+            nodes,
+            after,
+            normal_need,
+            huge_need,
+            rejected,
+            picked,
+            pool_len,
+            keep_cpus,
+            unchanged,
+            delta,
+            relief,
+            relief_ms,
+            free,
+            free_huge,
+        } = shape;
+        let demand = fx.demand;
+        let horizon_ms = fx.horizon_ms;
+        let bytes = normal_need.saturating_add(huge_need);
         let locality_gain = after - fx.before.unwrap_or(after);
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
-        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, tn.len(), keep_cpus);
+        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, nodes, keep_cpus);
         let migration_points = if demand > 0.0 {
             avoided * super::CROSS_NODE_MIGRATION_COST_US * 1e-6 / demand
         } else {
@@ -787,27 +946,16 @@ impl<'t> Projection<'t> {
             None if keep_cpus => cg.cpus.len(),
             None => pool_len,
         };
-        let unchanged = same_nodes
-            && match &picked {
-                Some(p) => *p == cg.cpus,
-                None => keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus == **p),
-            };
         // The operator's CPUs stay: the threads run where they ran, only memory moves.
         let contention = if keep_cpus || delta <= 1e-6 {
             0.0
         } else {
             delta * horizon_s
         };
-        let free = mn.iter().fold(0u64, |a, &(_, i)| {
-            a.saturating_add(i.map_or(0, |i| self.free[i]))
-        });
-        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
-            a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
-        });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
-        let pre = if tn.len() as u32 > max_nodes {
+        let pre = if nodes as u32 > max_nodes {
             Some(TargetRejection::TooManyNodes {
-                need: tn.len() as u32,
+                need: nodes as u32,
                 max: max_nodes,
             })
         } else if n_cpus < need_cpus as usize || n_cpus == 0 {
@@ -1164,6 +1312,10 @@ impl<'t> Projection<'t> {
                     .is_some_and(|n| !n.cpus.is_disjoint(&cg.cpus)))
     }
 }
+
+#[cfg(test)]
+#[path = "target_props.rs"]
+mod props;
 
 /// Node id → position in `topo.nodes` (the last one, should an id repeat): a table indexed by
 /// id for the small ids machines have, a sorted list otherwise.
