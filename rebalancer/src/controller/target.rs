@@ -154,6 +154,21 @@ struct Shape {
     free_huge: u64,
 }
 
+/// The figures of an option that follow from its set's size, locality after, bytes to
+/// migrate, whether it keeps its CPUs and its relief (see [`Projection::figures`]): for a
+/// single node, from its bytes and whether it keeps its CPUs alone, the same for nearly
+/// every node of a candidate.
+#[derive(Clone, Copy)]
+struct Figures {
+    bytes: u64,
+    keep_cpus: bool,
+    gain: f64,
+    avoided: f64,
+    lived_ms: u64,
+    saving: f64,
+    cost: f64,
+}
+
 /// A node id and its position in `topo.nodes` (see [`NodeIndex`]).
 type NodeAt = (u32, Option<usize>);
 
@@ -521,6 +536,8 @@ impl<'t> Projection<'t> {
         let shared = !c.exclusive && !c.keep_cpus && !matches!(trigger, Trigger::Overloaded { .. });
         #[cfg(test)]
         let shared = shared && !self.general_only;
+        // The figures of the last single node priced the short way (see `price_single`).
+        let mut last: Option<Figures> = None;
         // Each distinct set is priced as soon as it is grown (in seed order).
         let mut considered: Vec<Considered> = Vec::with_capacity(self.nearest.len());
         let mut picks = Picks {
@@ -555,7 +572,16 @@ impl<'t> Projection<'t> {
                     [(n, Some(i))]
                         if shared && !self.without_memory.contains(n) && self.pool[i].is_some() =>
                     {
-                        self.price_single(cg, cfg, &fixed, t, (n, i), &mut considered, &mut picks)
+                        self.price_single(
+                            cg,
+                            cfg,
+                            &fixed,
+                            t,
+                            (n, i),
+                            &mut last,
+                            &mut considered,
+                            &mut picks,
+                        )
                     }
                     _ => self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks),
                 }
@@ -825,7 +851,18 @@ impl<'t> Projection<'t> {
             free,
             free_huge,
         };
-        self.finish(cg, cfg, fx, t, shape, considered, picks);
+        let figures = self.figures(
+            cg,
+            cfg,
+            fx,
+            shape.nodes,
+            after,
+            normal_need.saturating_add(huge_need),
+            keep_cpus,
+            relief,
+            relief_ms,
+        );
+        self.finish(cg, fx, t, shape, figures, considered, picks);
     }
 
     /// [`Projection::price`] of a single node `n` (at position `i`, with memory and a shared
@@ -841,6 +878,7 @@ impl<'t> Projection<'t> {
         fx: &Fixed<'_>,
         t: CpuSet,
         (n, i): (u32, usize),
+        last: &mut Option<Figures>,
         considered: &mut Vec<Considered>,
         picks: &mut Picks,
     ) {
@@ -866,15 +904,24 @@ impl<'t> Projection<'t> {
         } else {
             self.contention_delta(fx, &t, &[(n, Some(i))], &[(n, share, own)], demand)
         };
+        let normal_need = fx
+            .normal_total
+            .saturating_sub(entry(&fx.mem, n).unwrap_or(0));
+        let huge_need = fx
+            .huge_total
+            .saturating_sub(entry(&fx.huge, n).unwrap_or(0));
+        let bytes = normal_need.saturating_add(huge_need);
+        // The same for every node the candidate has as much memory on (all but a few): kept
+        // from the last single node priced.
+        let figures = match *last {
+            Some(f) if f.bytes == bytes && f.keep_cpus == keep_cpus => f,
+            _ => *last.insert(self.figures(cg, cfg, fx, 1, 1.0, bytes, keep_cpus, 0.0, 0)),
+        };
         let shape = Shape {
             nodes: 1,
             after: 1.0,
-            normal_need: fx
-                .normal_total
-                .saturating_sub(entry(&fx.mem, n).unwrap_or(0)),
-            huge_need: fx
-                .huge_total
-                .saturating_sub(entry(&fx.huge, n).unwrap_or(0)),
+            normal_need,
+            huge_need,
             rejected,
             picked: None,
             pool_len: self.pool_len[i],
@@ -886,20 +933,66 @@ impl<'t> Projection<'t> {
             free: self.free[i],
             free_huge: self.free_huge[i],
         };
-        self.finish(cg, cfg, fx, t, shape, considered, picks);
+        self.finish(cg, fx, t, shape, figures, considered, picks);
     }
 
-    /// The figures of an option from its [`Shape`], the same formulas for every option: gain,
-    /// saving, cost, contention, the first rejection that applies; pushed onto `considered`
-    /// and `picks`.
+    /// The figures of an option that follow from its set's size, locality after, memory to
+    /// migrate, whether it keeps its CPUs and its relief (see [`Figures`]).
     #[allow(clippy::too_many_arguments)]
-    fn finish(
+    fn figures(
         &self,
         cg: &CgroupObs,
         cfg: &ControllerConfig,
         fx: &Fixed<'_>,
+        nodes: usize,
+        after: f64,
+        bytes: u64,
+        keep_cpus: bool,
+        relief: f64,
+        relief_ms: u64,
+    ) -> Figures {
+        let demand = fx.demand;
+        let horizon_ms = fx.horizon_ms;
+        let locality_gain = after - fx.before.unwrap_or(after);
+        // Scheduler migrations the move avoids, as CPU share of the workload they cost.
+        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, nodes, keep_cpus);
+        let migration_points = if demand > 0.0 {
+            avoided * super::CROSS_NODE_MIGRATION_COST_US * 1e-6 / demand
+        } else {
+            0.0
+        };
+        let gain = locality_gain + relief + migration_points;
+        // Locality points are worth what a remote access costs here (relief and migrations
+        // avoided are CPU time already). What the move saves is counted for as long as the
+        // workload has lived so far, the relief as long as the overload has lasted; what it
+        // costs (migration, contention added) in full.
+        let priced = locality_gain * fx.remote_weight + migration_points;
+        let lived_ms = fx.lived_ms.min(horizon_ms);
+        let saving = priced * demand * lived_ms as f64 / 1000.0
+            + relief * demand * relief_ms as f64 / 1000.0;
+        let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
+        Figures {
+            bytes,
+            keep_cpus,
+            gain,
+            avoided,
+            lived_ms,
+            saving,
+            cost,
+        }
+    }
+
+    /// An option from its [`Shape`] and [`Figures`]: the contention it adds, the first
+    /// rejection that applies; pushed onto `considered` and `picks`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        cg: &CgroupObs,
+        fx: &Fixed<'_>,
         t: CpuSet,
         shape: Shape,
+        figures: Figures,
         considered: &mut Vec<Considered>,
         picks: &mut Picks,
     ) {
@@ -919,28 +1012,16 @@ impl<'t> Projection<'t> {
             free,
             free_huge,
         } = shape;
-        let demand = fx.demand;
-        let horizon_ms = fx.horizon_ms;
-        let bytes = normal_need.saturating_add(huge_need);
-        let locality_gain = after - fx.before.unwrap_or(after);
-        // Scheduler migrations the move avoids, as CPU share of the workload they cost.
-        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, nodes, keep_cpus);
-        let migration_points = if demand > 0.0 {
-            avoided * super::CROSS_NODE_MIGRATION_COST_US * 1e-6 / demand
-        } else {
-            0.0
-        };
-        let gain = locality_gain + relief + migration_points;
-        // Locality points are worth what a remote access costs here (relief and migrations
-        // avoided are CPU time already). What the move saves is counted for as long as the
-        // workload has lived so far, the relief as long as the overload has lasted; what it
-        // costs (migration, contention added) in full.
-        let priced = locality_gain * fx.remote_weight + migration_points;
-        let horizon_s = horizon_ms as f64 / 1000.0;
-        let lived_ms = fx.lived_ms.min(horizon_ms);
-        let saving = priced * demand * lived_ms as f64 / 1000.0
-            + relief * demand * relief_ms as f64 / 1000.0;
-        let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
+        let Figures {
+            bytes,
+            gain,
+            avoided,
+            lived_ms,
+            saving,
+            cost,
+            ..
+        } = figures;
+        let horizon_s = fx.horizon_ms as f64 / 1000.0;
         let n_cpus = match &picked {
             Some(p) => p.len(),
             None if keep_cpus => cg.cpus.len(),
@@ -1007,6 +1088,7 @@ impl<'t> Projection<'t> {
     /// This is [`Projection::contention_delta_by`] at each node's demand now, every node read
     /// by its position (`tn`: the target's, index for index with `shares`; `fx.cpu_at`) instead
     /// of looked up: it runs for every option of every candidate.
+    #[inline]
     fn contention_delta(
         &self,
         fx: &Fixed<'_>,
