@@ -884,8 +884,10 @@ impl<'t> Projection<'t> {
     ) {
         let demand = fx.demand;
         let own = entry(&fx.cpu, n).unwrap_or(0.0);
-        // `cpu_after` over one node: all of it there (its own demand over the same sum).
-        let share = if own > 0.0 { own / own } else { 1.0 };
+        // As `cpu_after` spreads it over one node: its demand there over the set's sum of it
+        // (1, computed as there: the same bits however odd the demand).
+        let on_t = own;
+        let share = if on_t > 0.0 { own / on_t } else { 1.0 };
         let ncpu = self.ncpus[i].max(1) as f64;
         let added = ((demand * share - own) / ncpu).max(0.0);
         let busy_after = self.busy[i] + added;
