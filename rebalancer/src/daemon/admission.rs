@@ -6,6 +6,7 @@
 //! ```text
 //! Admission::admit(AdmitRequest { pod, bind, durability, since }) -> Result<Admitted, AdmitError>
 //! Admission::admit_member(MemberRequest { member, bind, durability, since }) -> Result<Admitted, AdmitError>
+//! Admission::admit_bound(pod, member, bind, durability, since) -> Result<Admitted, AdmitError>
 //! Admission::pod_gone(pod_uid, durability)             -> bool
 //! Admission::bind(cgroup, pod_uid, durability, since)  -> Result<Option<Admitted>, AdmitError>
 //! Admission::release(uid, durability)                  -> Result<(), ReleaseError>
@@ -235,7 +236,55 @@ impl Admission {
         req: AdmitRequest<'_>,
         deadline: Option<Instant>,
     ) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_inner(io, req, deadline))
+        self.observed(io, |io| {
+            let pod = req.pod;
+            pod.validate().map_err(AdmitError::Invalid)?;
+            // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
+            // released when their container goes; the API's pods go with their DELETE only.
+            if req.bind.is_none() && pod.uid.contains('/') {
+                return Err(AdmitError::Invalid(format!(
+                    "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
+                    pod.uid
+                )));
+            }
+            let key = AllocKey::parse(&pod.uid);
+            let (placements, dry_run) = self.book(
+                io,
+                req.bind,
+                deadline,
+                |sh| {
+                    (sh.state.allocator).admit_keyed(
+                        &sh.topo,
+                        &sh.cfg.placement,
+                        key.clone(),
+                        pod,
+                        &sh.overuse,
+                    )
+                },
+                |sh, _| {
+                    sh.state.allocator.release(&pod.uid);
+                },
+                |p| p.first().map(|first| binding(&pod.uid, first)),
+            )?;
+            let exclusive = placements.iter().any(|p| p.exclusive);
+            self.commit(
+                io,
+                Booking {
+                    uid: &pod.uid,
+                    cg: req.bind,
+                    placements,
+                    dry_run,
+                    exclusive,
+                    durability: req.durability,
+                    releases_pod: true,
+                    adopts: true,
+                    since: req.since,
+                },
+                &|s| {
+                    s.state.allocator.release(&pod.uid);
+                },
+            )
+        })
     }
 
     /// Admits one container of a pod under pod scope (see the module doc and
@@ -246,59 +295,80 @@ impl Admission {
         io: &mut Io,
         req: MemberRequest<'_>,
     ) -> Result<Admitted, AdmitError> {
-        self.observed(self.admit_member_inner(io, req))
+        self.observed(io, |io| {
+            let uid = req.member.pod_uid;
+            let cg = req.bind;
+            let ((placement, _, first, exclusive_changed), dry_run) = self.book(
+                io,
+                Some(cg),
+                None,
+                |sh| {
+                    let first = !sh.state.allocator.pods.contains_key(uid);
+                    let before = sh.state.allocator.clone();
+                    let p = (sh.state.allocator).admit_member_seeing(
+                        &sh.topo,
+                        &sh.cfg.placement,
+                        req.member,
+                        &sh.overuse,
+                    )?;
+                    // The pod's hold may have taken (or given back) exclusive CPUs besides the
+                    // container's.
+                    let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
+                    Ok((p, before, first, changed))
+                },
+                |sh, (_, before, _, _)| sh.state.allocator = before,
+                |(p, ..)| Some(binding(uid, p)),
+            )?;
+            self.commit(
+                io,
+                Booking {
+                    uid,
+                    cg: Some(cg),
+                    placements: vec![placement],
+                    dry_run,
+                    exclusive: exclusive_changed,
+                    durability: req.durability,
+                    releases_pod: first,
+                    adopts: true,
+                    since: req.since,
+                },
+                &|s| undo_member(s, uid, &req.member.container.name, first),
+            )
+        })
     }
 
-    fn admit_member_inner(
+    /// A container bound to its cgroup `bind` as it arrives (the watcher, NRI): with `member`
+    /// (`placement.scope = "pod"`) one container of its pod ([`Admission::admit_member`]),
+    /// else `pod`, its single-container pod ([`Admission::admit`]).
+    pub fn admit_bound(
         &self,
         io: &mut Io,
-        req: MemberRequest<'_>,
+        pod: &Pod,
+        member: Option<PodMember<'_>>,
+        bind: &str,
+        durability: Durability,
+        since: Instant,
     ) -> Result<Admitted, AdmitError> {
-        let uid = req.member.pod_uid;
-        let cg = req.bind;
-        let ((placement, _, first, exclusive_changed), dry_run) = self.book(
-            io,
-            Some(cg),
-            None,
-            |sh| {
-                let first = !sh.state.allocator.pods.contains_key(uid);
-                let before = sh.state.allocator.clone();
-                let p = (sh.state.allocator).admit_member_seeing(
-                    &sh.topo,
-                    &sh.cfg.placement,
-                    req.member,
-                    &sh.overuse,
-                )?;
-                // The pod's hold may have taken (or given back) exclusive CPUs besides the
-                // container's.
-                let changed = before.exclusive_cpus() != sh.state.allocator.exclusive_cpus();
-                Ok((p, before, first, changed))
-            },
-            |sh, (_, before, _, _)| sh.state.allocator = before,
-            |(p, ..)| Some(binding(uid, p)),
-        )?;
-        let mut placement = placement;
-        let shrunk = self.commit(
-            io,
-            Booking {
-                uid,
-                cg: Some(cg),
-                placement: Some(&mut placement),
-                dry_run,
-                exclusive: exclusive_changed,
-                durability: req.durability,
-                releases_pod: first,
-                adopts: true,
-            },
-            &|s| undo_member(s, uid, &req.member.container.name, first),
-        )?;
-        Ok(Admitted {
-            uid: uid.into(),
-            bound: Some((cg.into(), placement.container.clone())),
-            placements: vec![placement],
-            shrunk,
-            micros: req.since.elapsed().as_micros(),
-        })
+        match member {
+            Some(member) => self.admit_member(
+                io,
+                MemberRequest {
+                    member,
+                    bind,
+                    durability,
+                    since,
+                },
+            ),
+            None => self.admit(
+                io,
+                AdmitRequest {
+                    pod,
+                    bind: Some(bind),
+                    durability,
+                    since,
+                },
+            ),
+        }
     }
 
     /// A pod admitted one container at a time is gone (its pod cgroup removed, its sandbox
@@ -328,8 +398,13 @@ impl Admission {
             .collect()
     }
 
-    /// One answer, its admission metrics counted.
-    fn observed(&self, r: Result<Admitted, AdmitError>) -> Result<Admitted, AdmitError> {
+    /// One admission's answer, its metrics counted.
+    fn observed(
+        &self,
+        io: &mut Io,
+        admit: impl FnOnce(&mut Io) -> Result<Admitted, AdmitError>,
+    ) -> Result<Admitted, AdmitError> {
+        let r = admit(io);
         let m = &self.daemon.metrics;
         match &r {
             Ok(a) => {
@@ -351,72 +426,6 @@ impl Admission {
             Err(AdmitError::Moving(_)) => self.count("moving"),
         }
         r
-    }
-
-    fn admit_inner(
-        &self,
-        io: &mut Io,
-        req: AdmitRequest<'_>,
-        deadline: Option<Instant>,
-    ) -> Result<Admitted, AdmitError> {
-        let pod = req.pod;
-        pod.validate().map_err(AdmitError::Invalid)?;
-        // `<pod uid>/<container>` is the key of the watcher's and NRI's single-container pods,
-        // released when their container goes; the API's pods go with their DELETE only.
-        if req.bind.is_none() && pod.uid.contains('/') {
-            return Err(AdmitError::Invalid(format!(
-                "pod uid {:?}: '/' is reserved for the daemon's single-container pods",
-                pod.uid
-            )));
-        }
-        let key = AllocKey::parse(&pod.uid);
-        let (placements, dry_run) = self.book(
-            io,
-            req.bind,
-            deadline,
-            |sh| {
-                (sh.state.allocator).admit_keyed(
-                    &sh.topo,
-                    &sh.cfg.placement,
-                    key.clone(),
-                    pod,
-                    &sh.overuse,
-                )
-            },
-            |sh, _| {
-                sh.state.allocator.release(&pod.uid);
-            },
-            |p| p.first().map(|first| binding(&pod.uid, first)),
-        )?;
-        let bound = req
-            .bind
-            .zip(placements.first())
-            .map(|(cg, p)| (cg.to_string(), p.container.clone()));
-        let mut placements = placements;
-        let exclusive = placements.iter().any(|p| p.exclusive);
-        let shrunk = self.commit(
-            io,
-            Booking {
-                uid: &pod.uid,
-                cg: req.bind,
-                placement: placements.first_mut(),
-                dry_run,
-                exclusive,
-                durability: req.durability,
-                releases_pod: true,
-                adopts: true,
-            },
-            &|s| {
-                s.state.allocator.release(&pod.uid);
-            },
-        )?;
-        Ok(Admitted {
-            uid: pod.uid.clone(),
-            placements,
-            bound,
-            shrunk,
-            micros: req.since.elapsed().as_micros(),
-        })
     }
 
     /// Binds `cgroup` to the next unbound container of pod `pod_uid` (admitted earlier, through
@@ -451,31 +460,21 @@ impl Admission {
             |_, _| {},
             |p| p.as_ref().map(|p| binding(pod_uid, p)),
         )?;
-        let Some(mut placement) = placement else {
+        let Some(placement) = placement else {
             return Ok(None);
         };
-        let exclusive = placement.exclusive;
-        let shrunk = self.commit(
-            io,
-            Booking {
-                uid: pod_uid,
-                cg: Some(cgroup),
-                placement: Some(&mut placement),
-                dry_run,
-                exclusive,
-                durability,
-                releases_pod: false,
-                adopts: false,
-            },
-            &|_| {},
-        )?;
-        Ok(Some(Admitted {
-            uid: pod_uid.into(),
-            bound: Some((cgroup.into(), placement.container.clone())),
+        let booking = Booking {
+            uid: pod_uid,
+            cg: Some(cgroup),
+            exclusive: placement.exclusive,
             placements: vec![placement],
-            shrunk,
-            micros: since.elapsed().as_micros(),
-        }))
+            dry_run,
+            durability,
+            releases_pod: false,
+            adopts: false,
+            since,
+        };
+        self.commit(io, booking, &|_| {}).map(Some)
     }
 
     /// Releases pod `uid` and every binding to it.
@@ -607,18 +606,14 @@ impl Admission {
     /// container at a time gives its share back to the pod's hold (the pod goes with
     /// [`Admission::pod_gone`]); API pods are released by their DELETE.
     pub fn unbind(&self, io: &mut Io, cgroup: &str, durability: Durability) -> Option<Binding> {
-        let b = {
+        let (b, freed, dry_run) = {
             let mut s = self.daemon.lock(io);
             let b = s.state.bindings.remove(cgroup)?;
             let excl = s.state.allocator.exclusive_cpus();
             undo_member(&mut s, &b.pod_uid, &b.container, b.pod_uid.is_container());
-            (
-                b,
-                excl != s.state.allocator.exclusive_cpus(),
-                s.cfg.daemon.dry_run,
-            )
+            let freed = excl != s.state.allocator.exclusive_cpus();
+            (b, freed, s.cfg.daemon.dry_run)
         };
-        let (b, freed, dry_run) = b;
         // Checkpointed before the shared pool grows, as in `release`.
         if durability == Durability::Durable {
             self.checkpoint_logged(io);
@@ -712,18 +707,13 @@ impl Admission {
                 let replaced_all = r.added.len() >= r.lost.len();
                 tracing::warn!(pod = %r.pod_uid, container = %r.container, lost = %r.lost, added = %r.added, cpus = %r.cpus,
                     replaced_all, "exclusive CPUs went offline");
-                if let Some((cg, _)) = sh
-                    .state
-                    .bindings
-                    .iter()
-                    .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container)
-                {
-                    writes.push(CpusetChange {
-                        cgroup: cg.clone(),
-                        cpus: r.cpus.clone(),
-                        mems: None,
-                    });
-                }
+                let bound = (sh.state.bindings.iter())
+                    .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container);
+                writes.extend(bound.map(|(cg, _)| CpusetChange {
+                    cgroup: cg.clone(),
+                    cpus: r.cpus.clone(),
+                    mems: None,
+                }));
             }
             if replaced.is_empty() {
                 return 0;
@@ -838,15 +828,14 @@ impl Admission {
     /// exclusive CPUs changed, the books checkpointed when durable, and a round woken for the
     /// new container. A failed write or checkpoint gives the booking back (`give_back`); a
     /// failed checkpoint of a booking that made its pod (`releases_pod`) also drops the
-    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the pool's changes.
+    /// bindings to that pod made meanwhile (`refuse_bindings_of`). Returns the answer.
     fn commit(
         &self,
         io: &mut Io,
-        b: Booking<'_>,
+        mut b: Booking<'_>,
         give_back: &dyn Fn(&mut Shared),
-    ) -> Result<Vec<CpusetChange>, AdmitError> {
-        let bound = b.cg.zip(b.placement);
-        if let Some((cg, p)) = bound {
+    ) -> Result<Admitted, AdmitError> {
+        if let Some((cg, p)) = b.cg.zip(b.placements.first_mut()) {
             if b.adopts {
                 self.adopt_as_it_runs(io, cg, b.uid, p);
             }
@@ -882,7 +871,13 @@ impl Admission {
             // A new container placed: a round soon sees it (`trigger`).
             self.daemon.rounds.wake(crate::rounds::trigger::Why::Placed);
         }
-        Ok(shrunk)
+        Ok(Admitted {
+            uid: b.uid.into(),
+            bound: (b.cg.zip(b.placements.first())).map(|(cg, p)| (cg.into(), p.container.clone())),
+            placements: b.placements,
+            shrunk,
+            micros: b.since.elapsed().as_micros(),
+        })
     }
 
     /// Writes container `cg`'s cpuset (unless `dry_run`), then commits its binding (booked by
@@ -995,17 +990,16 @@ impl Admission {
             cpus: p.cpus.clone(),
             mems: Some(p.mems.clone()),
         };
-        match self.write_noted(io, &change) {
-            Ok(()) => Ok(()),
-            Err(WriteError::Vanished { .. }) => {
+        self.write_noted(io, &change).map_err(|e| match e {
+            WriteError::Vanished { .. } => {
                 tracing::debug!(cgroup = %cg, "container cgroup vanished before its cpuset was written");
-                Err(AdmitError::Vanished(cg.into()))
+                AdmitError::Vanished(cg.into())
             }
-            Err(e) => {
+            e => {
                 tracing::warn!(cgroup = %cg, error = %e, "writing the admitted cpuset failed");
-                Err(AdmitError::WriteFailed(cg.into()))
+                AdmitError::WriteFailed(cg.into())
             }
-        }
+        })
     }
 
     /// kubelet's state files again when they changed since last read (a cheap `stat`; read
@@ -1294,9 +1288,9 @@ fn binding(uid: &str, p: &ContainerPlacement) -> Binding {
 /// A booked admission, member admission or bind, for [`Admission::commit`].
 struct Booking<'a> {
     uid: &'a str,
-    /// The container's cgroup and its placement, when one is bound.
+    /// The container's cgroup, when one is bound (to the first placement).
     cg: Option<&'a str>,
-    placement: Option<&'a mut ContainerPlacement>,
+    placements: Vec<ContainerPlacement>,
     dry_run: bool,
     /// Whether the booking changed the exclusive CPUs.
     exclusive: bool,
@@ -1307,6 +1301,8 @@ struct Booking<'a> {
     /// own booking, which its undo gives back whole. A bind to an API pod does not adopt: its
     /// undo gives nothing back, so an adoption's changes to the pod would stay in the books.
     adopts: bool,
+    /// When the request arrived.
+    since: Instant,
 }
 
 /// An undone admission released pod `uid`: the bindings to it (but `own`, the undone change's
@@ -1576,125 +1572,11 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
         .bindings
         .iter()
         .filter(|(cg, _)| !s.moving.contains(*cg))
-        .filter_map(|(cg, b)| {
-            let c = s
-                .state
-                .allocator
-                .pods
-                .get(&b.pod_uid)?
-                .containers
-                .iter()
-                .find(|c| c.placement.container == b.container)?;
-            if c.placement.exclusive {
-                return None;
-            }
+        .filter_map(|(cg, _)| {
+            let c = bound_container(s, cg).filter(|c| !c.placement.exclusive)?;
             Some((cg.clone(), c.placement.cpus.difference(&exclusive)))
         })
         .collect()
-}
-
-/// Why new reservations were not applied to the allocator.
-#[derive(Debug, thiserror::Error)]
-pub enum ReservationError {
-    #[error("{0}")]
-    Invalid(#[from] crate::placement::admission::PlacementError),
-    #[error("placement.reserved_cpus {reserved} would take CPUs {taken} that admitted containers hold: {holders}; release them first")]
-    CpusHeld {
-        reserved: CpuSet,
-        taken: CpuSet,
-        holders: String,
-    },
-    #[error("placement.reserved_memory changed while {0} admitted container(s) or pod hold(s) have Memory Manager memory; release them first")]
-    MemoryHeld(usize),
-}
-
-/// Applies `cfg`'s `reserved_cpus` and `reserved_memory` to `alloc` (a restart with a changed
-/// config, or SIGHUP), or refuses with the reason and leaves `alloc` unchanged. Newly reserved
-/// CPUs may not be in any admitted placement — exclusive, or a shared container's pool — so no
-/// reserved CPU is ever in a placement; CPUs no longer reserved simply become free. Memory
-/// reservations may change only while no admitted container holds Memory Manager memory (the
-/// blocks' reserved figures would otherwise be rebuilt under live allocations).
-pub fn reconfigure(
-    alloc: &mut crate::placement::admission::Allocator,
-    topo: &crate::topology::Topology,
-    cfg: &crate::config::PlacementConfig,
-) -> Result<bool, ReservationError> {
-    use crate::placement::admission::Allocator;
-    let fresh = Allocator::new(topo, cfg)?;
-    let cpus_changed = fresh.reserved_cpus != alloc.reserved_cpus;
-    // What each block was built with (its live `reserved` / `free` move with allocations).
-    let built = |m: &crate::placement::memory::MemoryState| -> Vec<(u32, &'static str, u64)> {
-        m.nodes
-            .iter()
-            .flat_map(|n| {
-                n.blocks
-                    .iter()
-                    .map(move |(r, b)| (n.id, r.name(), b.system_reserved))
-            })
-            .collect()
-    };
-    let memory_changed = built(&alloc.memory) != built(&fresh.memory);
-    let strict_changed = fresh.strict_reservation != alloc.strict_reservation;
-    if !cpus_changed && !memory_changed && !strict_changed {
-        return Ok(false);
-    }
-    let added = fresh.reserved_cpus.difference(&alloc.reserved_cpus);
-    // without strict-cpu-reservation shared containers may keep running on reserved CPUs;
-    // turning it on reserves every reserved CPU from them too
-    let off_shared = match (fresh.strict_reservation, alloc.strict_reservation) {
-        (true, false) => fresh.reserved_cpus.clone(),
-        (true, true) => added.clone(),
-        (false, _) => CpuSet::new(),
-    };
-    let mut taken = CpuSet::new();
-    let mut holders = Vec::new();
-    for (uid, p) in &alloc.pods {
-        for c in &p.containers {
-            let off = if c.placement.exclusive {
-                &added
-            } else {
-                &off_shared
-            };
-            let hit = c.placement.cpus.intersection(off);
-            if !hit.is_empty() {
-                taken = taken.union(&hit);
-                holders.push(format!("{uid}/{} on {hit}", c.placement.container));
-            }
-        }
-        // CPUs a pod holds for its containers still to come are exclusive too
-        if let Some(h) = &p.hold {
-            let hit = h.cpus.intersection(&added);
-            if !hit.is_empty() {
-                taken = taken.union(&hit);
-                holders.push(format!("{uid} (held for its containers) on {hit}"));
-            }
-        }
-    }
-    if !taken.is_empty() {
-        return Err(ReservationError::CpusHeld {
-            reserved: fresh.reserved_cpus,
-            taken,
-            holders: holders.join(", "),
-        });
-    }
-    if memory_changed {
-        // Memory a pod holds for its containers still to come is booked in the tables too.
-        let held = alloc
-            .pods
-            .values()
-            .map(|p| {
-                let live = p.containers.iter().filter(|c| c.memory.is_some()).count();
-                live + usize::from(p.hold.as_ref().is_some_and(|h| h.memory.is_some()))
-            })
-            .sum::<usize>();
-        if held > 0 {
-            return Err(ReservationError::MemoryHeld(held));
-        }
-        alloc.memory = fresh.memory;
-    }
-    alloc.reserved_cpus = fresh.reserved_cpus;
-    alloc.strict_reservation = fresh.strict_reservation;
-    Ok(true)
 }
 
 /// Why the books refuse a control-round move (a reason label for `moves_skipped`).
@@ -1892,15 +1774,6 @@ impl Drop for Booked {
                 self.settle_in(s, false);
             });
         }
-    }
-}
-
-impl std::fmt::Debug for Booked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Booked")
-            .field("cgroup", &self.cgroup)
-            .field("bound", &self.bound)
-            .finish()
     }
 }
 
@@ -2168,55 +2041,6 @@ pub(crate) mod tests {
         assert_eq!(got(1), want(&[(0, 1.4), (1, 0.9)]));
         assert_eq!(got(3), want(&[(0, 1.2), (1, 0.9)]));
         assert_eq!(got(64), want(&[(0, 0.2), (1, 0.9)]));
-    }
-
-    /// A pod admitted one container at a time whose only container has gone (a crash loop, or
-    /// between its init and app containers) holds its Memory Manager memory in its hold, no
-    /// container has any: a changed `reserved_memory` is still refused (applying it would drop
-    /// the hold's booking from the fresh tables and give that memory away twice).
-    #[test]
-    fn a_reserved_memory_change_is_refused_while_a_pod_hold_has_memory() {
-        use crate::config::{ReservedMemory, TopologyScope};
-        use crate::placement::admission::PodMember;
-        let topo = TopologyBuilder {
-            cores_per_node: 4,
-            threads_per_core: 1,
-            ..Default::default()
-        }
-        .build();
-        let mut cfg = crate::config::PlacementConfig {
-            scope: TopologyScope::Pod,
-            ..Default::default()
-        };
-        let mut a = crate::placement::admission::Allocator::new(&topo, &cfg).unwrap();
-        let totals = pod("p", 2000, 256 << 20, true).containers.remove(0);
-        let c = pod("p", 1000, 128 << 20, true).containers.remove(0);
-        let m = PodMember {
-            pod_uid: "p",
-            totals: &totals,
-            container: &c,
-        };
-        a.admit_member(&topo, &cfg, m).unwrap();
-        assert!(a.remove_member(&topo, &cfg, "p", "c"));
-        let p = &a.pods["p"];
-        assert!(p.containers.is_empty());
-        assert!(
-            p.hold.as_ref().unwrap().memory.is_some(),
-            "the hold keeps the pod's memory"
-        );
-        let before = a.clone();
-        cfg.reserved_memory = vec![ReservedMemory {
-            node: 0,
-            memory_bytes: 64 << 20,
-            hugepages_2mi_bytes: 0,
-            hugepages_1gi_bytes: 0,
-        }];
-        let err = reconfigure(&mut a, &topo, &cfg).unwrap_err();
-        assert!(matches!(err, ReservationError::MemoryHeld(1)), "{err}");
-        assert_eq!(a.memory, before.memory, "a refused reload changes nothing");
-        // once the pod is gone the change applies
-        a.release("p");
-        assert!(reconfigure(&mut a, &topo, &cfg).unwrap());
     }
 
     proptest! {

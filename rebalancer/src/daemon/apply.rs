@@ -294,14 +294,9 @@ fn apply_one(
             let mut moved = 0u64;
             if premigrated {
                 loop {
-                    if let Ok(now) = w.read_cpus(&mv.cgroup) {
-                        // The daemon's own rewrite (the shared pool following another
-                        // writer's exclusive move, an admission's shrink) is not someone
-                        // else's: the books want it.
-                        if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
-                            books_follow(io, d, w, mv, &now);
-                            return Err(controller::abandon(io, mv, w, rest, now));
-                        }
+                    if let Some(now) = repinned(d, w, mv) {
+                        books_follow(io, d, w, mv, &now);
+                        return Err(controller::abandon(io, mv, w, rest, now));
                     }
                     if moved >= mv.bytes_to_migrate {
                         // All it planned moved: what is left is beyond the plan.
@@ -401,11 +396,9 @@ fn apply_one(
                     }
                 }
                 ahead_ms = ahead.elapsed().as_millis();
-                if let Ok(now) = w.read_cpus(&mv.cgroup) {
-                    if now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now) {
-                        books_follow(io, d, w, mv, &now);
-                        return Err(controller::abandon(io, mv, w, rest, now));
-                    }
+                if let Some(now) = repinned(d, w, mv) {
+                    books_follow(io, d, w, mv, &now);
+                    return Err(controller::abandon(io, mv, w, rest, now));
                 }
             }
             let hub = d.rounds.clone();
@@ -564,6 +557,14 @@ fn shared_follow(io: &mut Io, d: &Daemon, w: &mut dyn CgroupWriter) {
     super::admission::follow_pool(io, d, w, false, read, |io, w, c| {
         write_own_cpus(io, d, w, &c.cgroup, &c.cpus)
     });
+}
+
+/// The cgroup's cpus when someone else wrote them after `mv` moved them (the operator
+/// re-pinned it). The daemon's own rewrite (the shared pool following another writer's
+/// exclusive move, an admission's shrink) is not someone else's: the books want it.
+fn repinned(d: &Daemon, w: &dyn CgroupWriter, mv: &Move) -> Option<crate::cpuset::CpuSet> {
+    let now = w.read_cpus(&mv.cgroup).ok()?;
+    (now != mv.to_cpus && !d.rounds.is_own(&mv.cgroup, &now)).then_some(now)
 }
 
 /// Someone else wrote the cgroup's cpus (`found`) while its move migrated. The

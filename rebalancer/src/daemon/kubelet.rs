@@ -114,19 +114,20 @@ pub struct Files {
 pub fn read_files(dir: &Path) -> Files {
     // stamped before reading: a change while reading is seen by the next check
     let stamp = stamp(dir);
-    if dir.as_os_str().is_empty() {
-        return Files {
-            dir: dir.into(),
-            stamp,
-            cpu: Ok(None),
-            memory: Ok(None),
-        };
-    }
+    let none = dir.as_os_str().is_empty();
     Files {
         dir: dir.into(),
         stamp,
-        cpu: read_cpu(&dir.join(CPU_FILE)),
-        memory: read_memory(&dir.join(MEMORY_FILE)),
+        cpu: if none {
+            Ok(None)
+        } else {
+            read_cpu(&dir.join(CPU_FILE))
+        },
+        memory: if none {
+            Ok(None)
+        } else {
+            read_memory(&dir.join(MEMORY_FILE))
+        },
     }
 }
 
@@ -361,16 +362,19 @@ fn install(
 ///, so its cpus are fenced off them (`admission::fence_cpus`), its mems left to
 /// kubelet.
 pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Option<bool> {
-    let p = s
-        .state
+    let mut exclusive = pod_of(s, pod_uid)?
+        .containers
+        .iter()
+        .filter(|c| c.placement.exclusive);
+    Some(exclusive.any(|c| name.is_none_or(|n| c.placement.container == n)))
+}
+
+/// The adopted pod of kubelet's `pod_uid`.
+fn pod_of<'a>(s: &'a super::Shared, pod_uid: &str) -> Option<&'a AdmittedPod> {
+    s.state
         .allocator
         .pods
-        .get(AllocKey::kubelet(pod_uid).as_str())?;
-    Some(
-        p.containers
-            .iter()
-            .any(|c| c.placement.exclusive && name.is_none_or(|n| c.placement.container == n)),
-    )
+        .get(AllocKey::kubelet(pod_uid).as_str())
 }
 
 /// The CPUs kubelet's static CPU Manager gave `pod_uid`'s containers (empty when it gave none,
@@ -378,13 +382,8 @@ pub fn cpu_assigned(s: &super::Shared, pod_uid: &str, name: Option<&str>) -> Opt
 /// these; one it gave none (a sidecar) on kubelet's shared pool.
 pub fn pod_cpus(s: &super::Shared, pod_uid: &str) -> CpuSet {
     let mut out = CpuSet::new();
-    if let Some(p) = s
-        .state
-        .allocator
-        .pods
-        .get(AllocKey::kubelet(pod_uid).as_str())
-    {
-        for c in p.containers.iter().filter(|c| c.placement.exclusive) {
+    for c in pod_of(s, pod_uid).iter().flat_map(|p| &p.containers) {
+        if c.placement.exclusive {
             out.union_with(&c.placement.cpus);
         }
     }
@@ -393,10 +392,7 @@ pub fn pod_cpus(s: &super::Shared, pod_uid: &str) -> CpuSet {
 
 /// Whether `pod_uid` is a pod whose assignments were adopted from kubelet.
 pub fn owns_pod(s: &super::Shared, pod_uid: &str) -> bool {
-    s.state
-        .allocator
-        .pods
-        .contains_key(AllocKey::kubelet(pod_uid).as_str())
+    pod_of(s, pod_uid).is_some()
 }
 
 /// Whether the cgroup `cg` is a container of an adopted kubelet pod (never moved), under

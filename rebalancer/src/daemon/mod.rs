@@ -181,12 +181,11 @@ impl Shared {
             crate::controller::EWMA_ALPHA,
             cfg.period_ms,
         );
-        if cfg.admission_load_periods == 0 {
-            self.overuse = Default::default();
-            return (scores, self.state.controller.clone());
-        }
-        let lasting = (self.state.controller).lasting_pressure(cfg.admission_load_periods as usize);
-        self.overuse = self.state.allocator.overuse(&self.topo, &lasting);
+        self.overuse = match cfg.admission_load_periods as usize {
+            0 => Default::default(),
+            n => (self.state.allocator)
+                .overuse(&self.topo, &self.state.controller.lasting_pressure(n)),
+        };
         (scores, self.state.controller.clone())
     }
 
@@ -215,7 +214,7 @@ impl Shared {
     }
 
     /// A round's inputs: the config, the topology and the reservations in force (see
-    /// `admission::reconfigure`).
+    /// `Allocator::reconfigure`).
     pub fn round_inputs(&self) -> (Config, Topology, crate::cpuset::CpuSet) {
         let reserved = self.state.allocator.reserved_cpus.clone();
         (self.cfg.clone(), self.topo.clone(), reserved)

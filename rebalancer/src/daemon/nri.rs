@@ -39,7 +39,7 @@ use std::time::Instant;
 use crate::cgroup::kube::{classify_in, CgroupKind};
 use crate::cgroup::Cgroups;
 use crate::cpuset::CpuSet;
-use crate::daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest};
+use crate::daemon::admission::{Admission, AdmitError, Durability};
 use crate::daemon::nri_updates::{update, Runtime};
 use crate::daemon::writer::{CgroupCpusetWriter, CpusetChange, CpusetWriter, WriteError};
 use crate::daemon::{Daemon, Io};
@@ -203,8 +203,6 @@ pub fn request(
             c.id, c.name
         ));
     }
-    let (limit_millis, shares_millis) = cpu_millis(res.and_then(|r| r.cpu.as_ref()));
-    let mem_limit = res.map_or(0, memory_limit);
     let mut hp2m = 0;
     let mut hp1g = 0;
     for h in res.map(|r| r.hugepage_limits.as_slice()).unwrap_or(&[]) {
@@ -221,31 +219,27 @@ pub fn request(
     }
     let container = match qos {
         Qos::Guaranteed => {
-            // kubelet with `cpuCFSQuota: false` sets no quota: the request is in the shares
-            let millis = guaranteed_millis(limit_millis, shares_millis);
-            if millis == 0 || mem_limit == 0 {
-                return Err(format!(
+            let sized = res.and_then(|r| container_of(r, qos, &c.name)).ok_or_else(|| {
+                format!(
                     "container {} ({}) of Guaranteed pod {pod_uid} has no CPU quota or shares, or no memory limit",
                     c.id, c.name
-                ));
-            }
+                )
+            })?;
             Container {
-                name: c.name.clone(),
-                cpu_request_millis: millis,
-                cpu_limit_millis: millis,
-                memory_bytes: mem_limit,
-                memory_limit_bytes: mem_limit,
                 hugepages_2mi_bytes: hp2m,
                 hugepages_1gi_bytes: hp1g,
+                ..sized
+            }
+        }
+        Qos::Burstable => {
+            let (limit_millis, shares_millis) = cpu_millis(res.and_then(|r| r.cpu.as_ref()));
+            Container {
+                name: c.name.clone(),
+                cpu_request_millis: shares_millis.max(1),
+                cpu_limit_millis: limit_millis.max(shares_millis.max(1)),
                 ..Default::default()
             }
         }
-        Qos::Burstable => Container {
-            name: c.name.clone(),
-            cpu_request_millis: shares_millis.max(1),
-            cpu_limit_millis: limit_millis.max(shares_millis.max(1)),
-            ..Default::default()
-        },
         Qos::BestEffort => Container {
             name: c.name.clone(),
             ..Default::default()
@@ -285,8 +279,6 @@ pub fn request(
     }))
 }
 
-/// Pod-level resources as one container of QoS class `qos` (a Guaranteed pod needs a quota
-/// and a memory limit, as kubelet sets them); None when they say nothing usable.
 /// The memory limit `r` sets (0: none).
 fn memory_limit(r: &api::LinuxResources) -> u64 {
     (r.memory.as_ref())
@@ -294,6 +286,9 @@ fn memory_limit(r: &api::LinuxResources) -> u64 {
         .map_or(0, |l| l.value.max(0) as u64)
 }
 
+/// Resources as one container of QoS class `qos` (a Guaranteed one needs its CPU — a quota,
+/// or with kubelet's `cpuCFSQuota: false` the shares — and a memory limit, as kubelet sets
+/// them); None when they say nothing usable.
 fn container_of(r: &api::LinuxResources, qos: Qos, name: &str) -> Option<Container> {
     let (limit, shares) = cpu_millis(r.cpu.as_ref());
     let mem = memory_limit(r);
@@ -580,12 +575,8 @@ impl Policy {
                 tracing::info!(cgroup = %r.cgroup, pod = %uid, "container of a pod kubelet's static CPU / Memory Manager placed; left as kubelet made it");
                 Kubelets::Theirs(None)
             }
-            Some(false) if left_to_runtime => {
-                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod annotated {}=runtime: not admitted, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
-                Kubelets::Theirs(fenced)
-            }
             Some(false) => {
-                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, "container of a pod kubelet's static managers placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
+                tracing::info!(cgroup = %r.cgroup, pod = %uid, container = %c.name, fenced = ?fenced, left_to_runtime, "container not admitted (its pod annotated {}=runtime, or one kubelet's static managers placed without kubelet CPUs): mems left as they are, cpus kept off the exclusive CPUs", super::annotations::ADMISSION);
                 Kubelets::Theirs(fenced)
             }
         }
@@ -668,14 +659,10 @@ impl Policy {
                         cpus,
                         mems,
                     };
-                    super::writer::apply(io, &sink, &self.d().rounds, &change)
+                    let rounds = &self.d().rounds;
+                    super::writer::apply(io, &sink, rounds, &change).map_err(|e| e.to_string())
                 }
-                (None, Some(m)) => {
-                    (cgroups.write_mems(&cg, &m)).map_err(|e| super::writer::WriteError::Failed {
-                        cgroup: cg.clone(),
-                        message: e.to_string(),
-                    })
-                }
+                (None, Some(m)) => cgroups.write_mems(&cg, &m).map_err(|e| e.to_string()),
                 (None, None) => Ok(()),
             };
             match r {
@@ -936,40 +923,22 @@ impl Policy {
         };
         self.writer.take();
         let pod_scope = self.d().lock(io).cfg.placement.scope == crate::config::TopologyScope::Pod;
-        let res = match (r.key.container_part()).filter(|_| pod_scope) {
-            // Pod scope: one container of its pod, named uniquely (a restarted container
-            // keeps its name), the pod's totals as the runtime sent them.
-            Some(short) => {
-                let pod_uid = r.key.pod_uid();
-                let c = Container {
-                    name: format!("{}-{short}", r.pod.containers[0].name),
-                    ..r.pod.containers[0].clone()
-                };
-                let none = Container::default();
-                self.admission.admit_member(
-                    io,
-                    MemberRequest {
-                        member: PodMember {
-                            pod_uid,
-                            totals: r.totals.as_ref().unwrap_or(&none),
-                            container: &c,
-                        },
-                        bind: &r.cgroup,
-                        durability,
-                        since: Instant::now(),
-                    },
-                )
-            }
-            None => self.admission.admit(
-                io,
-                AdmitRequest {
-                    pod: &r.pod,
-                    bind: Some(&r.cgroup),
-                    durability,
-                    since: Instant::now(),
-                },
-            ),
-        };
+        // Pod scope: one container of its pod, named uniquely (a restarted container keeps
+        // its name), the pod's totals as the runtime sent them.
+        let member = (r.key.container_part())
+            .filter(|_| pod_scope)
+            .map(|short| Container {
+                name: format!("{}-{short}", r.pod.containers[0].name),
+                ..r.pod.containers[0].clone()
+            });
+        let none = Container::default();
+        let member = member.as_ref().map(|container| PodMember {
+            pod_uid: r.key.pod_uid(),
+            totals: r.totals.as_ref().unwrap_or(&none),
+            container,
+        });
+        let since = Instant::now();
+        let res = (self.admission).admit_bound(io, &r.pod, member, &r.cgroup, durability, since);
         match res {
             Ok(a) => {
                 self.track(

@@ -514,11 +514,9 @@ impl Runtime {
             s.timeouts += 1;
             (s.inflight.len() as u64, s.timeouts >= STICKY_TIMEOUTS)
         };
-        if sticky {
-            tracing::warn!(containers = n, "the runtime did not answer container updates in time, again; closing the NRI connection (it reconnects); unsolicited updates off until the daemon restarts, changes ride the hooks' answers");
-        } else {
-            tracing::warn!(containers = n, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects)");
-        }
+        // sticky: changes ride the hooks' answers from now on
+        tracing::warn!(containers = n, sticky, "the runtime did not answer container updates in time; closing the NRI connection (it reconnects){}",
+            if sticky { "; unsolicited updates off until the daemon restarts" } else { "" });
         self.count(n.max(1), "timeout");
         self.set_connected(false)
     }

@@ -124,7 +124,7 @@ pub async fn run(cfg: Config, config_path: Option<PathBuf>, max_rounds: u64) -> 
     tracing::info!(mode = %cgroups.mode(), cpuset = %cpuset, "cgroups");
     let mut cfg = cfg;
     let mut persisted = restore(&cfg, &topo)?;
-    match super::admission::reconfigure(&mut persisted.allocator, &topo, &cfg.placement) {
+    match persisted.allocator.reconfigure(&topo, &cfg.placement) {
         Ok(true) => {
             tracing::info!(reserved_cpus = %persisted.allocator.reserved_cpus, "changed reservations applied to the restored allocator")
         }
@@ -434,7 +434,7 @@ fn coexist_with_autonuma(choice: crate::config::AutoNuma, state_dir: &Path) -> O
 /// SIGHUP: re-read the config; a bad file is reported and the running config kept. The
 /// controller section (period included: the round thread reads it before each wait) and
 /// dry-run on apply at once (dry-run off only at a restart: `--dry-run` stays in force); the placement section applies when its reservations can be applied
-/// to the allocator (`admission::reconfigure`), else it is refused with the reason. Settings
+/// to the allocator (`Allocator::reconfigure`), else it is refused with the reason. Settings
 /// that need a restart (listeners, state dir, sysfs root, the eBPF samplers) are reported as such.
 pub(crate) fn reload(io: &mut Io, d: &Daemon, path: Option<&std::path::Path>) {
     let new = match Config::load(path) {
@@ -469,11 +469,7 @@ pub(crate) fn reload(io: &mut Io, d: &Daemon, path: Option<&std::path::Path>) {
         s.cfg.daemon.dry_run = new.daemon.dry_run;
     }
     let sh = &mut *s;
-    let placed = match super::admission::reconfigure(
-        &mut sh.state.allocator,
-        &sh.topo,
-        &new.placement,
-    ) {
+    let placed = match sh.state.allocator.reconfigure(&sh.topo, &new.placement) {
         Ok(changed) => {
             sh.cfg.placement = new.placement;
             if changed {

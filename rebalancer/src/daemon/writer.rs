@@ -100,21 +100,15 @@ impl CpusetWriter for CgroupCpusetWriter {
             None => Ok(()),
         }
         .and_then(|_| cg.write_cpus(&c.cgroup, &c.cpus));
-        match r {
-            Ok(()) => {}
+        let cgroup = c.cgroup.clone();
+        r.map_err(|e| match cg.exists(Controller::Cpuset, &c.cgroup) {
             // Removed meanwhile (ENOENT, or ENODEV from a dying cgroup).
-            Err(_) if !cg.exists(Controller::Cpuset, &c.cgroup) => {
-                return Err(WriteError::Vanished {
-                    cgroup: c.cgroup.clone(),
-                })
-            }
-            Err(e) => {
-                return Err(WriteError::Failed {
-                    cgroup: c.cgroup.clone(),
-                    message: e.to_string(),
-                })
-            }
-        }
+            false => WriteError::Vanished { cgroup },
+            true => WriteError::Failed {
+                cgroup,
+                message: e.to_string(),
+            },
+        })?;
         if let Some(rt) = &self.runtime {
             rt.tell(&c.cgroup, Some(&c.cpus), c.mems.as_ref(), "cpuset");
         }

@@ -21,4 +21,5 @@ pub mod memory;
 pub mod memory_case;
 pub mod pod;
 pub mod quantity;
+pub mod reserve;
 pub mod shared;

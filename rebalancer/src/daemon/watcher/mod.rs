@@ -246,11 +246,9 @@ where
                     match start(io, adm.clone(), cgroups.clone(), l.clone()) {
                         Ok(h) => {
                             running = Some((h, l));
-                            if reason.take().is_some() {
-                                tracing::info!("cgroup watcher running again (inotify); reconciling each period stopped");
-                            } else {
-                                tracing::info!("cgroup watcher running (inotify)");
-                            }
+                            // again: reconciling each period stops
+                            let again = reason.take().is_some();
+                            tracing::info!(again, "cgroup watcher running (inotify)");
                             health.recovered();
                         }
                         Err(e) => {

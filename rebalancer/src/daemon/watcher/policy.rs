@@ -17,7 +17,7 @@ use std::{
 use crate::{
     cgroup::{classify_in, CgroupKind, Cgroups, Controller},
     config::{AdmissionMode, TopologyScope},
-    daemon::admission::{Admission, AdmitError, AdmitRequest, Durability, MemberRequest},
+    daemon::admission::{Admission, AdmitError, Durability},
     daemon::Io,
     placement::{
         admission::PodMember,
@@ -246,11 +246,7 @@ pub fn created(
         // shared pool keeps off the other exclusive CPUs. Again at each round (`refence`):
         // the runtime writes the cpuset after this.
         let fenced = adm.fence_unassigned(io, &rel, &pod_uid);
-        if cpus {
-            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's static CPU / Memory Manager placed; cpus kept off the exclusive CPUs but the pod's own");
-        } else {
-            tracing::info!(cgroup = %rel, pod = %pod_uid, fenced = ?fenced, "container of a pod kubelet's Memory Manager placed, without kubelet CPUs; mems left to kubelet, cpus kept off the exclusive CPUs");
-        }
+        tracing::info!(cgroup = %rel, pod = %pod_uid, kubelet_cpus = cpus, fenced = ?fenced, "container of a pod kubelet's static managers placed; mems left to kubelet, cpus kept off the exclusive CPUs but the pod's own kubelet CPUs");
         return WatchOutcome::Ignored;
     }
     // Through the API (its requests are known) or already bound: nothing to wait for. Limits
@@ -288,34 +284,15 @@ pub fn created(
         }
     }
     let pod = pod_for(cgroups, &rel, &pod_uid, &id, qos);
-    let answer = match rel.rsplit_once('/').filter(|_| pod_scope) {
-        // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
-        Some((pod_rel, _)) => {
-            let totals = container_for(cgroups, pod_rel, "pod", qos);
-            adm.admit_member(
-                io,
-                MemberRequest {
-                    member: PodMember {
-                        pod_uid: &pod_uid,
-                        totals: &totals,
-                        container: &pod.containers[0],
-                    },
-                    bind: &rel,
-                    durability: Durability::Deferred,
-                    since: t0,
-                },
-            )
-        }
-        None => adm.admit(
-            io,
-            AdmitRequest {
-                pod: &pod,
-                bind: Some(&rel),
-                durability: Durability::Deferred,
-                since: t0,
-            },
-        ),
-    };
+    // Pod scope: one container of its pod, the pod's totals from the pod cgroup.
+    let totals = (rel.rsplit_once('/').filter(|_| pod_scope))
+        .map(|(pod_rel, _)| container_for(cgroups, pod_rel, "pod", qos));
+    let member = totals.as_ref().map(|totals| PodMember {
+        pod_uid: &pod_uid,
+        totals,
+        container: &pod.containers[0],
+    });
+    let answer = adm.admit_bound(io, &pod, member, &rel, Durability::Deferred, t0);
     // Not admitted: kept fenced off the exclusive CPUs as they change, until it goes.
     let refused = matches!(
         answer,
@@ -341,16 +318,10 @@ pub fn created(
             }
         }
         Err(AdmitError::Rejected { rejection, fenced }) => {
-            match &fenced {
-                Some(pool) => {
-                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, cpus = %pool,
-                    "container cgroup not admitted; moved off exclusive CPUs to the shared pool, unaccounted")
-                }
-                None => {
-                    tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details,
-                    "container cgroup not admitted; left as the runtime made it")
-                }
-            }
+            // fenced: moved off the exclusive CPUs to the shared pool; None: left as the runtime
+            // made it (dry run, no shared pool, the fence write failed, or already off them)
+            tracing::warn!(cgroup = %rel, reason = %rejection.reason, details = %rejection.details, fenced = ?fenced,
+                "container cgroup not admitted; unaccounted");
             WatchOutcome::Rejected {
                 cgroup: rel,
                 reason: rejection.reason.to_string(),
@@ -475,14 +446,12 @@ pub fn resized(
             Ok(p) => {
                 refused.remove(&cg);
                 n += 1;
-                match p {
-                    Some(p) => {
-                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, cpus = %p.cpus, mems = %p.mems, exclusive = p.exclusive, "container resized (its limits changed)")
-                    }
-                    None => {
-                        tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, "container resized (its limits changed); its placement stays")
-                    }
-                }
+                // no placement: the one it had stays
+                let cpus = p.as_ref().map(|p| p.cpus.to_string()).unwrap_or_default();
+                let mems = p.as_ref().map(|p| p.mems.to_string()).unwrap_or_default();
+                let exclusive = p.as_ref().map(|p| p.exclusive);
+                tracing::info!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes,
+                    cpus, mems, exclusive, "container resized (its limits changed)");
             }
             Err(e) => {
                 tracing::warn!(cgroup = %cg, cpu_millis = asked.cpu_request(), memory_bytes = asked.memory_limit_bytes, error = %e, "container's new limits (a resize) refused; it keeps its placement and its books");
