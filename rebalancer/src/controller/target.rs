@@ -548,8 +548,7 @@ impl<'t> Projection<'t> {
             if !self.allowed(cg, seed.0) {
                 continue;
             }
-            let mut t = CpuSet::new();
-            t.insert(seed.0);
+            let mut t = CpuSet::one(seed.0);
             // The set's nodes with their positions, as grown; ascending once grown.
             let mut tn: Nodes = SmallVec::new();
             tn.push(*seed);
@@ -986,7 +985,7 @@ impl<'t> Projection<'t> {
 
     /// An option from its [`Shape`] and [`Figures`]: the contention it adds, the first
     /// rejection that applies; pushed onto `considered` and `picks`.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
@@ -1090,7 +1089,7 @@ impl<'t> Projection<'t> {
     /// This is [`Projection::contention_delta_by`] at each node's demand now, every node read
     /// by its position (`tn`: the target's, index for index with `shares`; `fx.cpu_at`) instead
     /// of looked up: it runs for every option of every candidate.
-    #[inline]
+    #[inline(always)]
     fn contention_delta(
         &self,
         fx: &Fixed<'_>,
