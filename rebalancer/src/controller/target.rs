@@ -132,6 +132,9 @@ struct Fixed<'a> {
     huge: Entries<u64>,
     /// The position of each node of `cpu`, index for index.
     cpu_at: SmallVec<[Option<usize>; 4]>,
+    /// The nodes of `cpu`, `mem` and `huge`: a node outside them has none of its CPU time,
+    /// memory or hugepages (no lists to scan for it).
+    own_nodes: CpuSet,
 }
 
 /// What an option's figures take from its node set (see [`Projection::finish`]).
@@ -548,11 +551,30 @@ impl<'t> Projection<'t> {
             if !self.allowed(cg, seed.0) {
                 continue;
             }
+            let mut cap = capacity(*seed);
+            // A seed that holds what the workload needs is its own set, and new (the seeds
+            // are distinct): the usual option, priced the short way where it may be.
+            if let (true, Some(i)) = (cap >= need_cpus as usize, seed.1) {
+                if shared && !self.without_memory.contains(seed.0) && self.pool[i].is_some() {
+                    let t = CpuSet::one(seed.0);
+                    let at = (seed.0, i);
+                    self.price_single(
+                        cg,
+                        cfg,
+                        &fixed,
+                        t,
+                        at,
+                        &mut last,
+                        &mut considered,
+                        &mut picks,
+                    );
+                    continue;
+                }
+            }
             let mut t = CpuSet::one(seed.0);
             // The set's nodes with their positions, as grown; ascending once grown.
             let mut tn: Nodes = SmallVec::new();
             tn.push(*seed);
-            let mut cap = capacity(*seed);
             for &n in nearest {
                 if cap >= need_cpus as usize {
                     break;
@@ -649,6 +671,11 @@ impl<'t> Projection<'t> {
                 .cpu_ns_per_node
                 .keys()
                 .map(|&n| self.index.get(n))
+                .collect(),
+            own_nodes: (cg.cpu_ns_per_node.keys())
+                .chain(cg.mem_bytes_per_node.keys())
+                .chain(cg.hugepage_bytes_per_node.keys())
+                .copied()
                 .collect(),
             mem: cg
                 .mem_bytes_per_node
@@ -882,7 +909,8 @@ impl<'t> Projection<'t> {
         picks: &mut Picks,
     ) {
         let demand = fx.demand;
-        let own = entry(&fx.cpu, n).unwrap_or(0.0);
+        let mine = fx.own_nodes.contains(n);
+        let own = if mine { entry(&fx.cpu, n) } else { None }.unwrap_or(0.0);
         // As `cpu_after` spreads it over one node: its demand there over the set's sum of it
         // (1, computed as there: the same bits however odd the demand).
         let on_t = own;
@@ -905,12 +933,13 @@ impl<'t> Projection<'t> {
         } else {
             self.contention_delta(fx, &t, &[(n, Some(i))], &[(n, share, own)], demand)
         };
-        let normal_need = fx
-            .normal_total
-            .saturating_sub(entry(&fx.mem, n).unwrap_or(0));
-        let huge_need = fx
-            .huge_total
-            .saturating_sub(entry(&fx.huge, n).unwrap_or(0));
+        let (normal_in, huge_in) = if mine {
+            (entry(&fx.mem, n), entry(&fx.huge, n))
+        } else {
+            (None, None)
+        };
+        let normal_need = fx.normal_total.saturating_sub(normal_in.unwrap_or(0));
+        let huge_need = fx.huge_total.saturating_sub(huge_in.unwrap_or(0));
         let bytes = normal_need.saturating_add(huge_need);
         // The same for every node the candidate has as much memory on (all but a few): kept
         // from the last single node priced.
@@ -1062,7 +1091,9 @@ impl<'t> Projection<'t> {
         };
         picks.keep_cpus.push(keep_cpus);
         // Some for every option of an exclusive workload, None for every other's.
-        picks.picked.extend(picked);
+        if let Some(p) = picked {
+            picks.picked.push(p);
+        }
         // Written in place (a round prices tens of thousands of these).
         considered.push(Considered {
             nodes: t,
