@@ -589,23 +589,7 @@ impl<'t> Projection<'t> {
             // is new; only a grown one can repeat an earlier set.
             if tn.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
                 tn.sort_unstable_by_key(|e| e.0);
-                match tn[..] {
-                    [(n, Some(i))]
-                        if shared && !self.without_memory.contains(n) && self.pool[i].is_some() =>
-                    {
-                        self.price_single(
-                            cg,
-                            cfg,
-                            &fixed,
-                            t,
-                            (n, i),
-                            &mut last,
-                            &mut considered,
-                            &mut picks,
-                        )
-                    }
-                    _ => self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks),
-                }
+                self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks);
             }
         }
         (considered, picks)
@@ -896,6 +880,7 @@ impl<'t> Projection<'t> {
     /// and not for an overload: what the general code computes for such a set, read straight
     /// from the node's figures (no lists, no set operations besides the two the decision
     /// needs). Most options of a round are these (`target_props` checks both agree).
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn price_single(
         &self,
