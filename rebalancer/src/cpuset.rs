@@ -97,6 +97,7 @@ impl CpuSet {
 
     /// The set of `id` alone: built in place for an id below 128 (the planner makes one per
     /// node of every candidate).
+    #[inline]
     pub fn one(id: u32) -> Self {
         match id / 64 {
             0 => CpuSet {

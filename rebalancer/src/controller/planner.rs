@@ -509,18 +509,29 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
     // The usual answer in one walk (this runs for every candidate, and again for each
     // proposal): the best acceptable option within the budget, the first of equals as
     // `min_by` keeps it. Without one, the walks below say why or stage.
-    let mut within: Option<usize> = None;
+    // The best so far with its net, bytes and node count (`rank`'s keys, read once each).
+    let mut within: Option<(usize, f64, u64, usize)> = None;
     for (k, c) in options.iter().enumerate() {
         if c.rejected.is_none()
             && c.gain >= cfg.min_gain
             && c.net > 0.0
             && c.bytes_to_migrate <= budget
-            && within.is_none_or(|w| rank(&w, &k) == Ordering::Greater)
         {
-            within = Some(k);
+            // `rank(w, k)` is `Greater`: `k` goes first.
+            let ahead = within.is_none_or(|(w, net, bytes, len)| {
+                c.net
+                    .total_cmp(&net)
+                    .then(bytes.cmp(&c.bytes_to_migrate))
+                    .then_with(|| len.cmp(&c.nodes.len()))
+                    .then_with(|| options[w].nodes.cmp_ids(&c.nodes))
+                    == Ordering::Greater
+            });
+            if ahead {
+                within = Some((k, c.net, c.bytes_to_migrate, c.nodes.len()));
+            }
         }
     }
-    if let Some(k) = within {
+    if let Some((k, ..)) = within {
         return Ok(k);
     }
     // Index walks, no lists.
@@ -588,3 +599,7 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
         remaining: budget,
     })
 }
+
+#[cfg(test)]
+#[path = "planner_props.rs"]
+mod props;
