@@ -132,6 +132,10 @@ struct Fixed<'a> {
     huge: Entries<u64>,
     /// The position of each node of `cpu`, index for index.
     cpu_at: SmallVec<[Option<usize>; 4]>,
+    /// The contention each node of `cpu` sheds when the workload leaves it (its term of
+    /// [`Projection::contention_delta`]), index for index: the same for every option that
+    /// does not hold the node.
+    leave: SmallVec<[f64; 4]>,
     /// The nodes of `cpu`, `mem` and `huge`: a node outside them has none of its CPU time,
     /// memory or hugepages (no lists to scan for it).
     own_nodes: CpuSet,
@@ -510,13 +514,16 @@ impl<'t> Projection<'t> {
             at_least(ran)
         };
         let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
-        let fixed = Fixed {
+        let mut fixed = Fixed {
             need_cpus,
             max_nodes,
             own_excl,
             demand,
             ..fixed
         };
+        fixed.leave = (fixed.cpu.iter().zip(&fixed.cpu_at))
+            .map(|(&(_, own), &i)| self.contention_term(i, own, 0.0))
+            .collect();
         let capacity = |(n, i): NodeAt| -> usize {
             if c.keep_cpus {
                 // The operator's CPUs stay: what the node offers is the part of them on it.
@@ -656,6 +663,7 @@ impl<'t> Projection<'t> {
                 .keys()
                 .map(|&n| self.index.get(n))
                 .collect(),
+            leave: SmallVec::new(),
             own_nodes: (cg.cpu_ns_per_node.keys())
                 .chain(cg.mem_bytes_per_node.keys())
                 .chain(cg.hugepage_bytes_per_node.keys())
@@ -1114,19 +1122,13 @@ impl<'t> Projection<'t> {
         shares: &[(u32, f64, f64)],
         demand: f64,
     ) -> f64 {
-        let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
         let mut delta = 0.0;
-        let mut node = |i: Option<usize>, own_now: f64, own_after: f64| {
-            let (c, d0) = i.map_or((0.0, 0.0), |i| (self.ncpus[i] as f64, self.demand[i]));
-            let d1 = (d0 - own_now + own_after).max(0.0);
-            delta += stretched(d1, c) - stretched(d0, c);
-        };
         for (&(_, share, own), &(_, i)) in shares.iter().zip(tn) {
-            node(i, own, demand * share);
+            delta += self.contention_term(i, own, demand * share);
         }
-        for (&(n, own), &i) in fx.cpu.iter().zip(&fx.cpu_at) {
+        for (&(n, _), &leave) in fx.cpu.iter().zip(&fx.leave) {
             if !t.contains(n) {
-                node(i, own, 0.0);
+                delta += leave;
             }
         }
         // Below a millionth of a CPU it is rounding, not contention.
@@ -1135,6 +1137,16 @@ impl<'t> Projection<'t> {
         } else {
             0.0
         }
+    }
+
+    /// The contention a node (at position `i`, at its demand now) gains when the workload's
+    /// demand there goes from `own_now` to `own_after` (see [`Projection::contention_delta_by`]).
+    #[inline(always)]
+    fn contention_term(&self, i: Option<usize>, own_now: f64, own_after: f64) -> f64 {
+        let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
+        let (c, d0) = i.map_or((0.0, 0.0), |i| (self.ncpus[i] as f64, self.demand[i]));
+        let d1 = (d0 - own_now + own_after).max(0.0);
+        stretched(d1, c) - stretched(d0, c)
     }
 
     /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
