@@ -5,8 +5,11 @@
 //! then checked against the constraints and the projected free CPUs, memory, hugepages and load,
 //! and priced (locality after, bytes to migrate, gain, saving — locality points weighted by how
 //! far its remote memory is, plus the CPU time of the cross-node scheduler migrations that
-//! consolidating its CPUs avoids —, cost). The [`Projection`] is
-//! updated after every accepted move so two moves of one round never count the same room twice.
+//! consolidating its CPUs avoids —, cost). A round prices tens of thousands of sets, most of
+//! them one node for a candidate on shared CPUs: those take a short way from the node's and the
+//! candidate's figures (`Projection::price_single`, property-tested equal to the general code).
+//! The [`Projection`] is updated after every accepted move so two moves of one round never
+//! count the same room twice.
 
 use super::locality;
 use super::observe::{CgroupObs, NodeObs, Observations};
