@@ -251,7 +251,8 @@ impl<'t> Projection<'t> {
             .iter()
             .map(|&s| {
                 let mut others: Vec<u32> = cpu_nodes.iter().copied().filter(|&n| n != s).collect();
-                others.sort_by_key(|&n| (topo.distance(s, n), n));
+                // Each distance looked up once (a lookup walks the node list).
+                others.sort_by_cached_key(|&n| (topo.distance(s, n), n));
                 (at(s), others.into_iter().map(at).collect())
             })
             .collect();
