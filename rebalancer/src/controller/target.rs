@@ -1113,10 +1113,11 @@ impl<'t> Projection<'t> {
     /// contention (negative: takes away). A node with runnable demand D on C CPUs does
     /// D × max(1, D / C) CPU-time of work per unit of useful work (every runnable task is
     /// stretched by D / C once D > C); the move takes the workload's demand off its current
-    /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`).
-    /// This is [`Projection::contention_delta_by`] at each node's demand now, every node read
-    /// by its position (`tn`: the target's, index for index with `shares`; `fx.cpu_at`) instead
-    /// of looked up: it runs for every option of every candidate.
+    /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`). The same sum as
+    /// [`Projection::contention_delta_by`] at each node's demand now, in the same order, with
+    /// every node read by its position (`tn`: the target's, index for index with `shares`) and
+    /// the terms of the nodes it leaves computed once per candidate (`fx.leave`): it runs for
+    /// every option of every candidate.
     #[inline(always)]
     fn contention_delta(
         &self,
