@@ -95,6 +95,25 @@ impl CpuSet {
         Ok(set)
     }
 
+    /// The set of `id` alone: built in place for an id below 128 (the planner makes one per
+    /// node of every candidate).
+    #[inline]
+    pub fn one(id: u32) -> Self {
+        match id / 64 {
+            0 => CpuSet {
+                words: SmallVec::from_buf_and_len([1 << id, 0], 1),
+            },
+            1 => CpuSet {
+                words: SmallVec::from_buf([0, 1 << (id % 64)]),
+            },
+            _ => {
+                let mut s = CpuSet::new();
+                s.insert(id);
+                s
+            }
+        }
+    }
+
     pub fn insert(&mut self, id: u32) {
         let (w, b) = ((id / 64) as usize, id % 64);
         // Grown by push, not `resize` (a generic extend: slow for the one word a node set needs).
@@ -371,6 +390,16 @@ mod tests {
             "70000",
         ] {
             assert!(CpuSet::parse(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn one_is_the_set_of_its_id() {
+        for id in [0, 1, 63, 64, 65, 127, 128, 200, 4000] {
+            let s = CpuSet::one(id);
+            assert_eq!(s, CpuSet::from_iter([id]), "{id}");
+            assert_eq!(s.iter().collect::<Vec<_>>(), vec![id]);
+            assert_eq!(s.len(), 1);
         }
     }
 

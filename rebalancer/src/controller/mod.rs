@@ -160,7 +160,6 @@ impl CgroupState {
     fn fold(
         &mut self,
         inst: Option<(f64, Evidence)>,
-        alpha: f64,
         window: Window,
         placed: Option<(CpuSet, &CpuSet)>,
         shifted: bool,
@@ -199,7 +198,7 @@ impl CgroupState {
             if self.smoothed.is_none() {
                 self.smoothed_from.clear();
             }
-            let keep = (1.0 - alpha).powf(window.periods.max(0.0));
+            let keep = window.keep;
             let gain = 1.0 - keep;
             let old = self
                 .smoothed
@@ -239,10 +238,11 @@ pub struct Staging {
 /// What one round's observation covers, for [`CgroupState::fold`].
 #[derive(Clone, Copy, Debug)]
 struct Window {
-    /// Its length in control periods.
-    periods: f64,
     ms: u64,
     period_ms: u64,
+    /// The weight the smoothed score keeps over the window, (1 − alpha)^(its length in
+    /// control periods): the same for every cgroup of a round, so computed once per round.
+    keep: f64,
 }
 
 /// A value its copies share until one of them is changed (`DerefMut`, which gives that copy
@@ -399,15 +399,15 @@ impl ControllerState {
         } else {
             obs.period_ns as f64 / 1e6 / period_ms as f64
         };
-        let window = Window {
-            periods,
-            ms,
-            period_ms,
-        };
         let alpha = if alpha.is_finite() {
             alpha.clamp(0.0, 1.0)
         } else {
             1.0
+        };
+        let window = Window {
+            ms,
+            period_ms,
+            keep: (1.0 - alpha).powf(periods.max(0.0)),
         };
         // One ordered walk over the observations (sorted by id, stable: a duplicated id is
         // folded in the order observed) and the old state (a BTreeMap, in id order), instead
@@ -423,7 +423,7 @@ impl ControllerState {
         }
         if same {
             for ((_, st), (cg, inst)) in self.cgroups.iter_mut().zip(cgs) {
-                st.fold(inst, alpha, window, placed(topo, cg), cg.shifted);
+                st.fold(inst, window, placed(topo, cg), cg.shifted);
             }
         } else {
             let mut old = (std::mem::take(&mut self.cgroups).into_inner())
@@ -441,7 +441,7 @@ impl ControllerState {
                 let Some((_, st)) = kept.last_mut() else {
                     continue;
                 };
-                st.fold(inst, alpha, window, placed(topo, cg), cg.shifted);
+                st.fold(inst, window, placed(topo, cg), cg.shifted);
             }
             drop(old);
             // Sorted and unique: the map is built in one pass.

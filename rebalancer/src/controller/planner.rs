@@ -105,10 +105,7 @@ pub(super) fn plan_with(
     }
     // The decisions are built in place (one per cgroup, in id order); what a candidate's
     // move needs besides its decision is kept aside, for the candidates alone.
-    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
-    let mut proposals: Vec<Proposal> = Vec::new();
-    let mut continued = continued.into_iter().peekable();
-    let evals = evaluate_all(
+    let (mut decisions, mut proposals) = evaluate_all(
         &proj,
         obs,
         &cgs,
@@ -118,32 +115,19 @@ pub(super) fn plan_with(
         now_ms,
         threads.unwrap_or_else(|| plan_threads(cgs.len(), topo.nodes.len())),
     );
-    for (i, e) in evals.into_iter().enumerate() {
-        match continued.next_if(|c| c.0 == i) {
-            None => {
-                if let Some(chosen) = e.chosen {
-                    proposals.push(Proposal {
-                        i,
-                        picks: e.picks,
-                        chosen,
-                    });
-                }
-                decisions.push(e.decision);
-            }
-            Some((_, outcome)) => {
-                let mut d = e.decision;
-                d.outcome = outcome;
-                d.considered.clear();
-                decisions.push(d);
-            }
+    if !continued.is_empty() {
+        // A continued stage is the cgroup's move this round: no proposal of its own.
+        proposals.retain(|p| continued.binary_search_by_key(&p.i, |c| c.0).is_err());
+        for (i, outcome) in continued {
+            let d = &mut decisions[i];
+            d.outcome = outcome;
+            d.considered.clear();
         }
     }
 
-    let net = |p: &Proposal| decisions[p.i].considered[p.chosen].net;
-    proposals.sort_by(|a, b| {
-        // `cgs` is sorted by id and unique: index order is id order (no string compare).
-        net(b).total_cmp(&net(a)).then(a.i.cmp(&b.i))
-    });
+    // `cgs` is sorted by id and unique: index order is id order (no string compare), and no
+    // two proposals are equal (any sort gives this order).
+    proposals.sort_unstable_by(|a, b| b.net.total_cmp(&a.net).then(a.i.cmp(&b.i)));
 
     for mut p in proposals {
         let i = p.i;
@@ -225,9 +209,11 @@ fn plan_threads(cgroups: usize, nodes: usize) -> usize {
 }
 
 /// Every cgroup's first evaluation against the round's projection before any move (which
-/// they only read), in `cgs` order. With `threads` > 1 the cgroups are split into contiguous
+/// they only read): the decisions in `cgs` order, and a proposal for each candidate with an
+/// option chosen, in index order. With `threads` > 1 the cgroups are split into contiguous
 /// chunks evaluated on scoped threads: the same evaluations, so the same plan, in less wall
-/// time; the CPU time is the same.
+/// time; the CPU time is the same. The calling thread's chunk is written straight into the
+/// round's list (10,000 decisions are a few MB: each copy of them costs).
 #[allow(clippy::too_many_arguments)]
 fn evaluate_all(
     proj: &Projection<'_>,
@@ -238,15 +224,32 @@ fn evaluate_all(
     cfg: &ControllerConfig,
     now_ms: u64,
     threads: usize,
-) -> Vec<Eval> {
-    let one = |i: usize| evaluate(proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+) -> (Vec<Decision>, Vec<Proposal>) {
+    let run =
+        |r: std::ops::Range<usize>, decisions: &mut Vec<Decision>, props: &mut Vec<Proposal>| {
+            decisions.extend(r.map(|i| {
+                let e = evaluate(proj, obs, cgs[i], insts[i], sts[i], cfg, now_ms);
+                if let Some(chosen) = e.chosen {
+                    props.push(Proposal {
+                        i,
+                        picks: e.picks,
+                        chosen,
+                        net: e.decision.considered[chosen].net,
+                    });
+                }
+                e.decision
+            }));
+        };
+    let mut decisions: Vec<Decision> = Vec::with_capacity(cgs.len());
+    let mut proposals: Vec<Proposal> = Vec::new();
     let threads = threads.min(cgs.len());
     if threads <= 1 {
-        return (0..cgs.len()).map(one).collect();
+        run(0..cgs.len(), &mut decisions, &mut proposals);
+        return (decisions, proposals);
     }
     let chunk = cgs.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let one = &one;
+        let run = &run;
         // The calling thread takes the first chunk; the others run beside it. A thread that
         // cannot be started (a pids limit, no memory) leaves its chunk to the calling thread.
         let others: Vec<_> = (1..threads)
@@ -256,23 +259,29 @@ fn evaluate_all(
                     .name("rb-plan".into())
                     .spawn_scoped(s, {
                         let r = r.clone();
-                        move || r.map(one).collect::<Vec<Eval>>()
+                        move || {
+                            let (mut d, mut p) = (Vec::with_capacity(r.len()), Vec::new());
+                            run(r, &mut d, &mut p);
+                            (d, p)
+                        }
                     });
                 (r, spawned.ok())
             })
             .collect();
-        let mut all: Vec<Eval> = Vec::with_capacity(cgs.len());
-        all.extend((0..chunk.min(cgs.len())).map(one));
+        run(0..chunk.min(cgs.len()), &mut decisions, &mut proposals);
         for (r, h) in others {
             match h.map(|h| h.join()) {
-                Some(Ok(v)) => all.extend(v),
+                Some(Ok((d, p))) => {
+                    decisions.extend(d);
+                    proposals.extend(p);
+                }
                 // A panic in a worker is the round's, as it would be on this thread.
                 Some(Err(p)) => std::panic::resume_unwind(p),
-                None => all.extend(r.map(one)),
+                None => run(r, &mut decisions, &mut proposals),
             }
         }
-        all
-    })
+    });
+    (decisions, proposals)
 }
 
 /// A candidate with an option chosen: its index (in id order), what turning its options
@@ -281,6 +290,9 @@ struct Proposal {
     i: usize,
     picks: Picks,
     chosen: usize,
+    /// The chosen option's net gain, which ranks the proposals (kept here: the sort reads it
+    /// without reaching into 10,000 decisions).
+    net: f64,
 }
 
 /// The state of each of `cgs` (sorted by id, unique), walking the state's map in step.
@@ -486,7 +498,43 @@ fn continue_stage(
 /// the best acceptable option over the budget when at least a quarter of the round's budget
 /// is left (its first stage takes that). Otherwise the reason.
 fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result<usize, Skip> {
-    // Index walks, no lists: this runs for every candidate (and again for each proposal).
+    let rank = |a: &usize, b: &usize| -> Ordering {
+        let (x, y) = (&options[*a], &options[*b]);
+        y.net
+            .total_cmp(&x.net)
+            .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
+            .then(x.nodes.len().cmp(&y.nodes.len()))
+            .then_with(|| x.nodes.cmp_ids(&y.nodes))
+    };
+    // The usual answer in one walk (this runs for every candidate, and again for each
+    // proposal): the best acceptable option within the budget, the first of equals as
+    // `min_by` keeps it. Without one, the walks below say why or stage.
+    // The best so far with its net, bytes and node count (`rank`'s keys, read once each).
+    let mut within: Option<(usize, f64, u64, usize)> = None;
+    for (k, c) in options.iter().enumerate() {
+        if c.rejected.is_none()
+            && c.gain >= cfg.min_gain
+            && c.net > 0.0
+            && c.bytes_to_migrate <= budget
+        {
+            // `rank(w, k)` is `Greater`: `k` goes first.
+            let ahead = within.is_none_or(|(w, net, bytes, len)| {
+                c.net
+                    .total_cmp(&net)
+                    .then(bytes.cmp(&c.bytes_to_migrate))
+                    .then_with(|| len.cmp(&c.nodes.len()))
+                    .then_with(|| options[w].nodes.cmp_ids(&c.nodes))
+                    == Ordering::Greater
+            });
+            if ahead {
+                within = Some((k, c.net, c.bytes_to_migrate, c.nodes.len()));
+            }
+        }
+    }
+    if let Some((k, ..)) = within {
+        return Ok(k);
+    }
+    // Index walks, no lists.
     let feasible = || (0..options.len()).filter(|&k| options[k].rejected.is_none());
     if feasible().next().is_none() {
         let here = options
@@ -537,24 +585,13 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
             None => Skip::NoFeasibleTarget,
         });
     }
-    let rank = |a: &usize, b: &usize| -> Ordering {
-        let (x, y) = (&options[*a], &options[*b]);
-        y.net
-            .total_cmp(&x.net)
-            .then(x.bytes_to_migrate.cmp(&y.bytes_to_migrate))
-            .then(x.nodes.len().cmp(&y.nodes.len()))
-            .then_with(|| x.nodes.cmp_ids(&y.nodes))
-    };
-    let within = acceptable()
-        .filter(|&k| options[k].bytes_to_migrate <= budget)
-        .min_by(rank);
     let full = cfg.migration_budget_mib.saturating_mul(1 << 20);
     let staged = || {
         (budget > 0 && budget >= full / 4)
             .then(|| acceptable().min_by(rank))
             .flatten()
     };
-    within.or_else(staged).ok_or_else(|| Skip::Budget {
+    staged().ok_or_else(|| Skip::Budget {
         need: acceptable()
             .map(|k| options[k].bytes_to_migrate)
             .min()
@@ -562,3 +599,7 @@ fn choose(options: &[Considered], cfg: &ControllerConfig, budget: u64) -> Result
         remaining: budget,
     })
 }
+
+#[cfg(test)]
+#[path = "planner_props.rs"]
+mod props;

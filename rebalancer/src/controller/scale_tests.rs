@@ -22,7 +22,7 @@ const MIB: u64 = 1 << 20;
 const PERIOD_NS: u64 = 5_000_000_000;
 
 /// The bench's machines: 16 cores × 2 threads per node, 2 / 8 / 32 nodes.
-fn machine(nodes: u32) -> Topology {
+pub(super) fn machine(nodes: u32) -> Topology {
     let (sockets, per) = match nodes {
         2 => (2, 1),
         8 => (2, 4),
@@ -103,7 +103,7 @@ impl Rng {
 
 /// A mixed population on `topo`: `n` cgroups (two of them sharing an id), with a state that
 /// has history, cooldowns and staged moves under way, and nodes of which some are overloaded.
-fn mixed(topo: &Topology, n: usize, seed: u64) -> (Observations, ControllerState) {
+pub(super) fn mixed(topo: &Topology, n: usize, seed: u64) -> (Observations, ControllerState) {
     let mut r = Rng(seed);
     let nodes = topo.nodes.len() as u64;
     let node = |r: &mut Rng| r.below(nodes) as u32;

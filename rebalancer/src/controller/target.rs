@@ -5,10 +5,11 @@
 //! then checked against the constraints and the projected free CPUs, memory, hugepages and load,
 //! and priced (locality after, bytes to migrate, gain, saving — locality points weighted by how
 //! far its remote memory is, plus the CPU time of the cross-node scheduler migrations that
-//! consolidating its CPUs avoids —, cost). The [`Projection`] is
-//! updated after every accepted move so two moves of one round never count the same room twice.
-
-use std::collections::BTreeMap;
+//! consolidating its CPUs avoids —, cost). A round prices tens of thousands of sets, most of
+//! them one node for a candidate on shared CPUs: those take a short way from the node's and the
+//! candidate's figures (`Projection::price_single`, property-tested equal to the general code).
+//! The [`Projection`] is updated after every accepted move so two moves of one round never
+//! count the same room twice.
 
 use super::locality;
 use super::observe::{CgroupObs, NodeObs, Observations};
@@ -49,8 +50,9 @@ pub(super) struct Projection<'t> {
     pool_len: Vec<usize>,
     /// Ids of the nodes with CPUs, ascending.
     cpu_nodes: Vec<u32>,
-    /// Per node with CPUs: the other nodes with CPUs, nearest first (distance, id).
-    nearest: BTreeMap<u32, Vec<u32>>,
+    /// Per node with CPUs, ascending ids: the node and the other nodes with CPUs, nearest
+    /// first (distance, id), each with its position (see [`NodeIndex`]).
+    nearest: Vec<(NodeAt, Vec<NodeAt>)>,
     /// Length of the observed period, ns (rates per second).
     period_ns: u64,
     /// Per node, how long it has been overloaded (pressure ≥ `overload_busy`) without a break,
@@ -64,6 +66,9 @@ pub(super) struct Projection<'t> {
     pub moves_left: u32,
     /// Set once a move was accepted: later candidates are re-evaluated.
     pub dirty: bool,
+    /// Every option priced by the general code (`price`), the oracle of the short ways.
+    #[cfg(test)]
+    general_only: bool,
 }
 
 /// Per option of a candidate, what turning it into a move needs besides its [`Considered`],
@@ -128,7 +133,57 @@ struct Fixed<'a> {
     cpu: Entries<f64>,
     mem: Entries<u64>,
     huge: Entries<u64>,
+    /// The position of each node of `cpu`, index for index.
+    cpu_at: SmallVec<[Option<usize>; 4]>,
+    /// The contention each node of `cpu` sheds when the workload leaves it (its term of
+    /// [`Projection::contention_delta`]), index for index: the same for every option that
+    /// does not hold the node.
+    leave: SmallVec<[f64; 4]>,
+    /// The nodes of `cpu`, `mem` and `huge`: a node outside them has none of its CPU time,
+    /// memory or hugepages (no lists to scan for it).
+    own_nodes: CpuSet,
 }
+
+/// What an option's figures take from its node set (see [`Projection::finish`]).
+struct Shape {
+    /// Nodes in the set.
+    nodes: usize,
+    after: f64,
+    normal_need: u64,
+    huge_need: u64,
+    /// A rejection found while spreading the load (overload), before the others are checked.
+    rejected: Option<TargetRejection>,
+    picked: Option<CpuSet>,
+    pool_len: usize,
+    keep_cpus: bool,
+    unchanged: bool,
+    delta: f64,
+    relief: f64,
+    relief_ms: u64,
+    free: u64,
+    free_huge: u64,
+}
+
+/// The figures of an option that follow from its set's size, locality after, bytes to
+/// migrate, whether it keeps its CPUs and its relief (see [`Projection::figures`]): for a
+/// single node, from its bytes and whether it keeps its CPUs alone, the same for nearly
+/// every node of a candidate.
+#[derive(Clone, Copy)]
+struct Figures {
+    bytes: u64,
+    keep_cpus: bool,
+    gain: f64,
+    avoided: f64,
+    lived_ms: u64,
+    saving: f64,
+    cost: f64,
+}
+
+/// A node id and its position in `topo.nodes` (see [`NodeIndex`]).
+type NodeAt = (u32, Option<usize>);
+
+/// A target's nodes with their positions, inline for ≤ 4 nodes.
+type Nodes = SmallVec<[NodeAt; 4]>;
 
 /// A cgroup's per-node values (node, value), ascending node ids, inline for ≤ 4 nodes.
 type Entries<T> = SmallVec<[(u32, T); 4]>;
@@ -191,12 +246,14 @@ impl<'t> Projection<'t> {
             .collect();
         cpu_nodes.sort_unstable();
         cpu_nodes.dedup();
+        let at = |n: u32| (n, index.get(n));
         let nearest = cpu_nodes
             .iter()
             .map(|&s| {
                 let mut others: Vec<u32> = cpu_nodes.iter().copied().filter(|&n| n != s).collect();
-                others.sort_by_key(|&n| (topo.distance(s, n), n));
-                (s, others)
+                // Each distance looked up once (a lookup walks the node list).
+                others.sort_by_cached_key(|&n| (topo.distance(s, n), n));
+                (at(s), others.into_iter().map(at).collect())
             })
             .collect();
         let mut overload = vec![0; k];
@@ -247,6 +304,8 @@ impl<'t> Projection<'t> {
             budget_left: cfg.migration_budget_mib.saturating_mul(1 << 20),
             moves_left: super::MAX_MOVES_PER_ROUND,
             dirty: false,
+            #[cfg(test)]
+            general_only: false,
         };
         p.refresh_pools();
         p
@@ -448,9 +507,10 @@ impl<'t> Projection<'t> {
             // workload: it asks for that node, never for less than it ran.
             let largest = self
                 .nearest
-                .keys()
-                .filter(|&&n| self.allowed(cg, n))
-                .map(|&n| self.pool_len(n) as u32)
+                .iter()
+                .map(|e| e.0 .0)
+                .filter(|&n| self.allowed(cg, n))
+                .map(|n| self.pool_len(n) as u32)
                 .max()
                 .unwrap_or(0);
             at_least(ran).min(largest.max(at_least(obs.cpu_demand(cg))))
@@ -458,14 +518,17 @@ impl<'t> Projection<'t> {
             at_least(ran)
         };
         let fixed = self.fixed(obs, cg, trigger, before, cfg, lived_ms);
-        let fixed = Fixed {
+        let mut fixed = Fixed {
             need_cpus,
             max_nodes,
             own_excl,
             demand,
             ..fixed
         };
-        let capacity = |n: u32| -> usize {
+        fixed.leave = (fixed.cpu.iter().zip(&fixed.cpu_at))
+            .map(|(&(_, own), &i)| self.contention_term(i, own, 0.0))
+            .collect();
+        let capacity = |(n, i): NodeAt| -> usize {
             if c.keep_cpus {
                 // The operator's CPUs stay: what the node offers is the part of them on it.
                 return self
@@ -473,7 +536,7 @@ impl<'t> Projection<'t> {
                     .node(n)
                     .map_or(0, |node| node.cpus.intersection(&cg.cpus).len());
             }
-            let pool = self.pool_len(n);
+            let pool = i.map_or(0, |i| self.pool_len[i]);
             let own = if fixed.own_excl.is_empty() {
                 0
             } else {
@@ -483,32 +546,61 @@ impl<'t> Projection<'t> {
             };
             pool + own
         };
+        // Priced as shared CPUs and not for an overload: a single node may take the short way.
+        let shared = !c.exclusive && !c.keep_cpus && !matches!(trigger, Trigger::Overloaded { .. });
+        #[cfg(test)]
+        let shared = shared && !self.general_only;
+        // The figures of the last single node priced the short way (see `price_single`).
+        let mut last: Option<Figures> = None;
         // Each distinct set is priced as soon as it is grown (in seed order).
         let mut considered: Vec<Considered> = Vec::with_capacity(self.nearest.len());
         let mut picks = Picks {
             keep_cpus: Vec::with_capacity(self.nearest.len()),
             picked: Vec::new(),
         };
-        for (&seed, nearest) in &self.nearest {
-            if !self.allowed(cg, seed) {
+        for (seed, nearest) in &self.nearest {
+            if !self.allowed(cg, seed.0) {
                 continue;
             }
-            let mut t = CpuSet::new();
-            t.insert(seed);
-            let mut cap = capacity(seed);
+            let mut cap = capacity(*seed);
+            // A seed that holds what the workload needs is its own set, and new (the seeds
+            // are distinct): the usual option, priced the short way where it may be.
+            if let (true, Some(i)) = (cap >= need_cpus as usize, seed.1) {
+                if shared && !self.without_memory.contains(seed.0) && self.pool[i].is_some() {
+                    let t = CpuSet::one(seed.0);
+                    let at = (seed.0, i);
+                    self.price_single(
+                        cg,
+                        cfg,
+                        &fixed,
+                        t,
+                        at,
+                        &mut last,
+                        &mut considered,
+                        &mut picks,
+                    );
+                    continue;
+                }
+            }
+            let mut t = CpuSet::one(seed.0);
+            // The set's nodes with their positions, as grown; ascending once grown.
+            let mut tn: Nodes = SmallVec::new();
+            tn.push(*seed);
             for &n in nearest {
                 if cap >= need_cpus as usize {
                     break;
                 }
-                if self.allowed(cg, n) {
-                    t.insert(n);
+                if self.allowed(cg, n.0) {
+                    t.insert(n.0);
+                    tn.push(n);
                     cap += capacity(n);
                 }
             }
             // Every set holds its own seed and the seeds are distinct, so a single node set
             // is new; only a grown one can repeat an earlier set.
-            if t.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
-                self.price(obs, cg, cfg, &fixed, t, &mut considered, &mut picks);
+            if tn.len() == 1 || !considered.iter().any(|c| c.nodes == t) {
+                tn.sort_unstable_by_key(|e| e.0);
+                self.price(obs, cg, cfg, &fixed, t, &tn, &mut considered, &mut picks);
             }
         }
         (considered, picks)
@@ -570,6 +662,17 @@ impl<'t> Projection<'t> {
                 .keys()
                 .map(|&n| (n, Self::demand_on(obs, cg, n)))
                 .collect(),
+            cpu_at: cg
+                .cpu_ns_per_node
+                .keys()
+                .map(|&n| self.index.get(n))
+                .collect(),
+            leave: SmallVec::new(),
+            own_nodes: (cg.cpu_ns_per_node.keys())
+                .chain(cg.mem_bytes_per_node.keys())
+                .chain(cg.hugepage_bytes_per_node.keys())
+                .copied()
+                .collect(),
             mem: cg
                 .mem_bytes_per_node
                 .iter()
@@ -583,6 +686,15 @@ impl<'t> Projection<'t> {
         }
     }
 
+    /// The nodes of `t` (ascending) with their positions (see [`NodeIndex`]).
+    fn positions(&self, t: &CpuSet) -> Nodes {
+        let mut out = SmallVec::new();
+        for n in t.iter() {
+            out.push((n, self.index.get(n)));
+        }
+        out
+    }
+
     /// Prices one target node set `t` of `cg` (see [`Fixed`] for what is per candidate) into
     /// `considered`, and into `picks` the whole cores picked for exclusive CPUs and whether
     /// the cgroup keeps its current CPUs.
@@ -594,22 +706,31 @@ impl<'t> Projection<'t> {
         cfg: &ControllerConfig,
         fx: &Fixed<'_>,
         t: CpuSet,
+        tn: &[NodeAt],
         considered: &mut Vec<Considered>,
         picks: &mut Picks,
     ) {
         let demand = fx.demand;
-        // The set's nodes (ascending, as `t.iter()`) with their positions, walked once: every
-        // per-node value below is read by position, not looked up again.
-        let tn: SmallVec<[(u32, Option<usize>); 4]> =
-            t.iter().map(|n| (n, self.index.get(n))).collect();
+        // `tn`: the set's nodes (ascending, as `t.iter()`) with their positions, walked once:
+        // every per-node value below is read by position, not looked up again.
         // Memory lands on the nodes a move there writes into cpuset.mems: `t`, or for a node
         // without memory the nearest memory nodes, where it is never local to the CPUs on it
         // (what runs there is remote whatever moves).
-        let mn: SmallVec<[(u32, Option<usize>); 4]> = match self.mems_of(&t) {
-            std::borrow::Cow::Borrowed(_) => tn.clone(),
-            std::borrow::Cow::Owned(m) => m.iter().map(|n| (n, self.index.get(n))).collect(),
+        let mems_t = self.mems_of(&t);
+        let mn_owned;
+        let mn: &[NodeAt] = match &mems_t {
+            std::borrow::Cow::Borrowed(_) => tn,
+            std::borrow::Cow::Owned(m) => {
+                mn_owned = self.positions(m);
+                &mn_owned
+            }
         };
-        let after = locality::expected_after(cg, &t) * self.with_memory_share(cg, &t);
+        // A single node with memory: all local after the move (what `expected_after` and
+        // `with_memory_share` give for it, without walking the cgroup's maps).
+        let after = match tn {
+            [(n, _)] if !self.without_memory.contains(*n) => 1.0,
+            _ => locality::expected_after(cg, &t) * self.with_memory_share(cg, &t),
+        };
         let normal_in = mn
             .iter()
             .filter_map(|&(n, _)| entry(&fx.mem, n))
@@ -620,12 +741,11 @@ impl<'t> Projection<'t> {
             .fold(0u64, u64::saturating_add);
         let normal_need = fx.normal_total.saturating_sub(normal_in);
         let huge_need = fx.huge_total.saturating_sub(huge_in);
-        let bytes = normal_need.saturating_add(huge_need);
 
         // CPU share per target node after the move (and its demand there now), once: the
         // demand first (one lookup per node), then the shares from it as `cpu_after` does.
         let mut shares = Shares::new();
-        for &(n, _) in &tn {
+        for &(n, _) in tn {
             shares.push((n, 0.0, entry(&fx.cpu, n).unwrap_or(0.0)));
         }
         let on_t: f64 = shares.iter().map(|s| s.2).sum();
@@ -636,7 +756,7 @@ impl<'t> Projection<'t> {
         // The load it adds there.
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
-        for (&(n, share, own), &(_, i)) in shares.iter().zip(&tn) {
+        for (&(n, share, own), &(_, i)) in shares.iter().zip(tn) {
             let ncpu = i.map_or(0, |i| self.ncpus[i]).max(1) as f64;
             let added = ((demand * share - own) / ncpu).max(0.0);
             let busy_after = i.map_or(1.0, |i| self.busy[i]) + added;
@@ -661,7 +781,7 @@ impl<'t> Projection<'t> {
         // cpuset (admission's choice): keep them.
         // The target's pool, built (or borrowed) once, and only for the nodes it is on.
         // (by the mems a move there writes: on a node without memory, those stand in for it)
-        let same_nodes = *self.mems_of(&t) == cg.mems;
+        let same_nodes = *mems_t == cg.mems;
         let pool_t = same_nodes.then(|| self.pool_ref(&t));
         let keep_cpus = picked.is_none()
             && !cg.cpus.is_empty()
@@ -672,7 +792,7 @@ impl<'t> Projection<'t> {
         let delta = if keep_cpus {
             0.0
         } else {
-            self.contention_delta(&fx.cpu, &t, &shares, demand)
+            self.contention_delta(fx, &t, tn, &shares, demand)
         };
         let measured = fx.sources_measured
             && tn.iter().all(|&(n, i)| match i {
@@ -726,9 +846,143 @@ impl<'t> Projection<'t> {
             Trigger::PoorLocality | Trigger::Migrating { .. } => (0.0, 0),
         };
 
+        let free = mn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free[i]))
+        });
+        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
+            a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
+        });
+        let unchanged = same_nodes
+            && match &picked {
+                Some(p) => *p == cg.cpus,
+                None => keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus == **p),
+            };
+        let shape = Shape {
+            nodes: tn.len(),
+            after,
+            normal_need,
+            huge_need,
+            rejected,
+            picked,
+            pool_len,
+            keep_cpus,
+            unchanged,
+            delta,
+            relief,
+            relief_ms,
+            free,
+            free_huge,
+        };
+        let figures = self.figures(
+            cg,
+            cfg,
+            fx,
+            shape.nodes,
+            after,
+            normal_need.saturating_add(huge_need),
+            keep_cpus,
+            relief,
+            relief_ms,
+        );
+        self.finish(cg, fx, t, shape, figures, considered, picks);
+    }
+
+    /// [`Projection::price`] of a single node `n` (at position `i`, with memory and a shared
+    /// pool) for a candidate that is priced as shared CPUs (not exclusive, not the operator's)
+    /// and not for an overload: what the general code computes for such a set, read straight
+    /// from the node's figures (no lists, no set operations besides the two the decision
+    /// needs). Most options of a round are these (`target_props` checks both agree).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn price_single(
+        &self,
+        cg: &CgroupObs,
+        cfg: &ControllerConfig,
+        fx: &Fixed<'_>,
+        t: CpuSet,
+        (n, i): (u32, usize),
+        last: &mut Option<Figures>,
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
+        let demand = fx.demand;
+        let mine = fx.own_nodes.contains(n);
+        let own = if mine { entry(&fx.cpu, n) } else { None }.unwrap_or(0.0);
+        // As `cpu_after` spreads it over one node: its demand there over the set's sum of it
+        // (1, computed as there: the same bits however odd the demand).
+        let on_t = own;
+        let share = if on_t > 0.0 { own / on_t } else { 1.0 };
+        let ncpu = self.ncpus[i].max(1) as f64;
+        let added = ((demand * share - own) / ncpu).max(0.0);
+        let busy_after = self.busy[i] + added;
+        let rejected = (added > 1e-12 && busy_after > cfg.overload_busy).then_some(
+            TargetRejection::Overloaded {
+                node: n,
+                busy_after,
+            },
+        );
+        let pool = self.pool[i].as_ref();
+        let same_nodes = t == cg.mems;
+        let keep_cpus =
+            same_nodes && !cg.cpus.is_empty() && pool.is_some_and(|p| cg.cpus.is_subset(p));
+        let delta = if keep_cpus {
+            0.0
+        } else {
+            self.contention_delta(fx, &t, &[(n, Some(i))], &[(n, share, own)], demand)
+        };
+        let (normal_in, huge_in) = if mine {
+            (entry(&fx.mem, n), entry(&fx.huge, n))
+        } else {
+            (None, None)
+        };
+        let normal_need = fx.normal_total.saturating_sub(normal_in.unwrap_or(0));
+        let huge_need = fx.huge_total.saturating_sub(huge_in.unwrap_or(0));
+        let bytes = normal_need.saturating_add(huge_need);
+        // The same for every node the candidate has as much memory on (all but a few): kept
+        // from the last single node priced.
+        let figures = match *last {
+            Some(f) if f.bytes == bytes && f.keep_cpus == keep_cpus => f,
+            _ => *last.insert(self.figures(cg, cfg, fx, 1, 1.0, bytes, keep_cpus, 0.0, 0)),
+        };
+        let shape = Shape {
+            nodes: 1,
+            after: 1.0,
+            normal_need,
+            huge_need,
+            rejected,
+            picked: None,
+            pool_len: self.pool_len[i],
+            keep_cpus,
+            unchanged: same_nodes && (keep_cpus || pool.is_some_and(|p| cg.cpus == *p)),
+            delta,
+            relief: 0.0,
+            relief_ms: 0,
+            free: self.free[i],
+            free_huge: self.free_huge[i],
+        };
+        self.finish(cg, fx, t, shape, figures, considered, picks);
+    }
+
+    /// The figures of an option that follow from its set's size, locality after, memory to
+    /// migrate, whether it keeps its CPUs and its relief (see [`Figures`]).
+    #[allow(clippy::too_many_arguments)]
+    fn figures(
+        &self,
+        cg: &CgroupObs,
+        cfg: &ControllerConfig,
+        fx: &Fixed<'_>,
+        nodes: usize,
+        after: f64,
+        bytes: u64,
+        keep_cpus: bool,
+        relief: f64,
+        relief_ms: u64,
+    ) -> Figures {
+        let demand = fx.demand;
+        let horizon_ms = fx.horizon_ms;
         let locality_gain = after - fx.before.unwrap_or(after);
         // Scheduler migrations the move avoids, as CPU share of the workload they cost.
-        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, tn.len(), keep_cpus);
+        let avoided = self.migrations_avoided(cg, fx.cpu_nodes, nodes, keep_cpus);
         let migration_points = if demand > 0.0 {
             avoided * super::CROSS_NODE_MIGRATION_COST_US * 1e-6 / demand
         } else {
@@ -740,37 +994,76 @@ impl<'t> Projection<'t> {
         // workload has lived so far, the relief as long as the overload has lasted; what it
         // costs (migration, contention added) in full.
         let priced = locality_gain * fx.remote_weight + migration_points;
-        let horizon_s = horizon_ms as f64 / 1000.0;
         let lived_ms = fx.lived_ms.min(horizon_ms);
         let saving = priced * demand * lived_ms as f64 / 1000.0
             + relief * demand * relief_ms as f64 / 1000.0;
         let cost = bytes as f64 / GIB * cfg.migration_cost_per_gib;
+        Figures {
+            bytes,
+            keep_cpus,
+            gain,
+            avoided,
+            lived_ms,
+            saving,
+            cost,
+        }
+    }
+
+    /// An option from its [`Shape`] and [`Figures`]: the contention it adds, the first
+    /// rejection that applies; pushed onto `considered` and `picks`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        cg: &CgroupObs,
+        fx: &Fixed<'_>,
+        t: CpuSet,
+        shape: Shape,
+        figures: Figures,
+        considered: &mut Vec<Considered>,
+        picks: &mut Picks,
+    ) {
+        let Shape {
+            nodes,
+            after,
+            normal_need,
+            huge_need,
+            rejected,
+            picked,
+            pool_len,
+            keep_cpus,
+            unchanged,
+            delta,
+            relief,
+            relief_ms,
+            free,
+            free_huge,
+        } = shape;
+        let Figures {
+            bytes,
+            gain,
+            avoided,
+            lived_ms,
+            saving,
+            cost,
+            ..
+        } = figures;
+        let horizon_s = fx.horizon_ms as f64 / 1000.0;
         let n_cpus = match &picked {
             Some(p) => p.len(),
             None if keep_cpus => cg.cpus.len(),
             None => pool_len,
         };
-        let unchanged = same_nodes
-            && match &picked {
-                Some(p) => *p == cg.cpus,
-                None => keep_cpus || pool_t.as_ref().is_some_and(|p| cg.cpus == **p),
-            };
         // The operator's CPUs stay: the threads run where they ran, only memory moves.
         let contention = if keep_cpus || delta <= 1e-6 {
             0.0
         } else {
             delta * horizon_s
         };
-        let free = mn.iter().fold(0u64, |a, &(_, i)| {
-            a.saturating_add(i.map_or(0, |i| self.free[i]))
-        });
-        let free_huge = mn.iter().fold(0u64, |a, &(_, i)| {
-            a.saturating_add(i.map_or(0, |i| self.free_huge[i]))
-        });
         let (need_cpus, max_nodes) = (fx.need_cpus, fx.max_nodes);
-        let pre = if tn.len() as u32 > max_nodes {
+        let pre = if nodes as u32 > max_nodes {
             Some(TargetRejection::TooManyNodes {
-                need: tn.len() as u32,
+                need: nodes as u32,
                 max: max_nodes,
             })
         } else if n_cpus < need_cpus as usize || n_cpus == 0 {
@@ -795,7 +1088,9 @@ impl<'t> Projection<'t> {
         };
         picks.keep_cpus.push(keep_cpus);
         // Some for every option of an exclusive workload, None for every other's.
-        picks.picked.extend(picked);
+        if let Some(p) = picked {
+            picks.picked.push(p);
+        }
         // Written in place (a round prices tens of thousands of these).
         considered.push(Considered {
             nodes: t,
@@ -818,15 +1113,45 @@ impl<'t> Projection<'t> {
     /// contention (negative: takes away). A node with runnable demand D on C CPUs does
     /// D × max(1, D / C) CPU-time of work per unit of useful work (every runnable task is
     /// stretched by D / C once D > C); the move takes the workload's demand off its current
-    /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`).
+    /// nodes and puts it on `t` as `cpu_after` spreads it (`shares`). The same sum as
+    /// [`Projection::contention_delta_by`] at each node's demand now, in the same order, with
+    /// every node read by its position (`tn`: the target's, index for index with `shares`) and
+    /// the terms of the nodes it leaves computed once per candidate (`fx.leave`): it runs for
+    /// every option of every candidate.
+    #[inline(always)]
     fn contention_delta(
         &self,
-        cpu: &[(u32, f64)],
+        fx: &Fixed<'_>,
         t: &CpuSet,
+        tn: &[NodeAt],
         shares: &[(u32, f64, f64)],
         demand: f64,
     ) -> f64 {
-        self.contention_delta_by(cpu, t, shares, demand, |n| self.demand(n))
+        let mut delta = 0.0;
+        for (&(_, share, own), &(_, i)) in shares.iter().zip(tn) {
+            delta += self.contention_term(i, own, demand * share);
+        }
+        for (&(n, _), &leave) in fx.cpu.iter().zip(&fx.leave) {
+            if !t.contains(n) {
+                delta += leave;
+            }
+        }
+        // Below a millionth of a CPU it is rounding, not contention.
+        if delta.abs() > 1e-6 {
+            delta
+        } else {
+            0.0
+        }
+    }
+
+    /// The contention a node (at position `i`, at its demand now) gains when the workload's
+    /// demand there goes from `own_now` to `own_after` (see [`Projection::contention_delta_by`]).
+    #[inline(always)]
+    fn contention_term(&self, i: Option<usize>, own_now: f64, own_after: f64) -> f64 {
+        let stretched = |d: f64, c: f64| if c > 0.0 { d * (d / c).max(1.0) } else { 0.0 };
+        let (c, d0) = i.map_or((0.0, 0.0), |i| (self.ncpus[i] as f64, self.demand[i]));
+        let d1 = (d0 - own_now + own_after).max(0.0);
+        stretched(d1, c) - stretched(d0, c)
     }
 
     /// Whether a relief move that takes contention away (`contention_delta_by` < 0 with the
@@ -1103,6 +1428,10 @@ impl<'t> Projection<'t> {
                     .is_some_and(|n| !n.cpus.is_disjoint(&cg.cpus)))
     }
 }
+
+#[cfg(test)]
+#[path = "target_props.rs"]
+mod props;
 
 /// Node id → position in `topo.nodes` (the last one, should an id repeat): a table indexed by
 /// id for the small ids machines have, a sorted list otherwise.
