@@ -61,8 +61,8 @@ pub struct Engine {
     /// Written-pages sampling (`controller.written_pages`): `None` until first checked, then
     /// the tracker, or the reason this kernel cannot do it.
     written: Option<Result<crate::written::WrittenPages, String>>,
-    /// When a re-pin last restarted a cgroup's written-pages window (`Engine::repinned`).
-    written_restarted: Option<Instant>,
+    /// When a re-pin last restarted written-pages windows, and whose (`Engine::repinned`).
+    written_restarted: Option<(Instant, BTreeSet<String>)>,
     /// Each workload's own run-queue wait (`controller.own_wait`): `None` until first
     /// checked, then the tracker, or the reason this kernel cannot measure it.
     own_wait: Option<Result<crate::runwait::OwnWait, String>>,

@@ -124,7 +124,10 @@ impl Engine {
         for cg in cgroups {
             if let Ok(cpus) = self.cgroups.effective_cpus(cg) {
                 if t.restart(&mut src, cg, &cpus) {
-                    self.written_restarted = Some(std::time::Instant::now());
+                    let (at, which) = (self.written_restarted)
+                        .get_or_insert_with(|| (std::time::Instant::now(), Default::default()));
+                    *at = std::time::Instant::now();
+                    which.insert(cg.clone());
                 }
             }
         }
@@ -397,9 +400,12 @@ impl Engine {
             }
             let names: Vec<String> = written_candidates.into_iter().map(|(cg, _)| cg).collect();
             // A window restarted at an event that came while the last round ran is read no
-            // sooner than QUICK_WINDOW after (its round may be due at once).
-            if let Some(at) = self.written_restarted.take() {
-                std::thread::sleep(crate::written::QUICK_WINDOW.saturating_sub(at.elapsed()));
+            // sooner than QUICK_WINDOW after (its round may be due at once); a round that
+            // reads none of them (their memory now on one node, say) does not wait for them.
+            if let Some((at, which)) = self.written_restarted.take() {
+                if names.iter().any(|n| which.contains(n)) {
+                    std::thread::sleep(crate::written::QUICK_WINDOW.saturating_sub(at.elapsed()));
+                }
             }
             let reading = std::time::Instant::now();
             let mut written = t.period(&mut src, &names);
