@@ -17,9 +17,9 @@
 //!
 //! On by default (`controller.written_pages`) where [`probe`] finds the kernel tracks the bits;
 //! where it does not, `probe` and `status` say why and the share model decides. Its cost is
-//! bounded twice: the daemon reads only cgroups whose memory is on two nodes or more (on one
-//! node the written pages are where the resident ones are, so weighting by them changes
-//! nothing), and a period spends at most [`PERIOD_PAGES`] pagemap-entry equivalents over all
+//! bounded twice: the daemon reads only cgroups whose memory is on two nodes or more
+//! ([`spans_nodes`]: on one node the written pages are where the resident ones are, so
+//! weighting by them changes nothing), and a period spends at most [`PERIOD_PAGES`] pagemap-entry equivalents over all
 //! of them, each cgroup's `cgroup.procs` read and each process charged at its measured cost
 //! besides its pages ([`PROCS_READ_COST`], [`PROCESS_COST`]), whatever the number of cgroups
 //! and processes. Periods go round the candidates (`WrittenPages`): the next starts where the
@@ -61,6 +61,18 @@ pub const PROCESS_COST: u64 = 1_280;
 pub const PROCS_READ_COST: u64 = 185;
 /// Fewer written bytes than this in a window is no evidence (the share model decides).
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;
+/// Whether a cgroup whose memory is `bytes_per_node` is worth reading: at least two nodes
+/// hold [`MIN_WRITTEN_BYTES`] of it each. On one node the written pages are where the resident
+/// ones are, so weighting by them changes nothing; a node holding less than that (a few pages
+/// left behind by a first touch or a move) cannot hold a hot set the decision counts as
+/// evidence, so it does not make the cgroup one to read (and to wait for at a re-pin).
+pub fn spans_nodes(bytes_per_node: impl IntoIterator<Item = u64>) -> bool {
+    (bytes_per_node.into_iter())
+        .filter(|&b| b >= MIN_WRITTEN_BYTES)
+        .count()
+        >= 2
+}
+
 /// How long a cgroup's first window lasts ([`WrittenPages::quick`]): its first visit clears
 /// its bits and the same round reads them this long after, so a new candidate, or one an
 /// operator re-pinned, is decided on what it writes now rather than a whole period later.
@@ -463,6 +475,36 @@ impl WrittenPages {
             Some(c) if c != cpus => *c = cpus.clone(),
             _ => return false,
         }
+        self.clear_now(src, cgroup);
+        true
+    }
+
+    /// An operator re-pinned `cgroup`, which no period has seen as a candidate yet (a new
+    /// workload) but whose memory spans nodes: it becomes one, and its first window starts
+    /// now as a known candidate's restarts ([`WrittenPages::restart`]), not in the event's
+    /// round after its settle delay. Whether it started (not when already a candidate).
+    pub fn start(
+        &mut self,
+        src: &mut impl Source,
+        cgroup: &str,
+        cpus: &crate::cpuset::CpuSet,
+    ) -> bool {
+        if self.cpus.contains_key(cgroup) {
+            return false;
+        }
+        self.cpus.insert(cgroup.to_string(), cpus.clone());
+        self.clear_now(src, cgroup);
+        true
+    }
+
+    /// Whether `cgroup` is a candidate already (its CPUs noted at a period).
+    pub fn knows(&self, cgroup: &str) -> bool {
+        self.cpus.contains_key(cgroup)
+    }
+
+    /// `cgroup`'s processes cleared now, out of the next period's budget (a process past what
+    /// a whole budget pays is left for the round).
+    fn clear_now(&mut self, src: &mut impl Source, cgroup: &str) {
         self.cleared.remove(cgroup);
         let mut spent = self.owed + PROCS_READ_COST;
         let mut now = BTreeSet::new();
@@ -480,7 +522,6 @@ impl WrittenPages {
         }
         self.owed = spent;
         self.cleared.insert(cgroup.to_string(), now);
-        true
     }
 
     /// Whether the last period cleared a cgroup for the first time (see
@@ -929,5 +970,42 @@ garbage
         // Owed once: the next period has its whole budget.
         t.period(&mut src, &c);
         assert_eq!(t.budget - t.left, visit);
+    }
+
+    /// Memory read for its writes only where two nodes hold enough of it to hold a hot set
+    /// that counts: a few pages on a second node do not make a candidate.
+    #[test]
+    fn a_candidate_has_evidence_sized_memory_on_two_nodes() {
+        assert!(!spans_nodes([]));
+        assert!(!spans_nodes([1 << 30]));
+        assert!(!spans_nodes([1 << 30, 4 * PAGE]));
+        assert!(!spans_nodes([1 << 30, 0, MIN_WRITTEN_BYTES - 1]));
+        assert!(spans_nodes([1 << 30, 0, MIN_WRITTEN_BYTES]));
+        assert!(spans_nodes([32 << 20, 224 << 20]));
+    }
+
+    /// A workload re-pinned before any period saw its memory span nodes starts its window at
+    /// the event too: cleared there, read (not only cleared) by the event's round; one already
+    /// a candidate is left to `restart`.
+    #[test]
+    fn a_new_workload_re_pinned_starts_its_window_at_the_event() {
+        let mut src = Fake {
+            procs: vec![2],
+            entries: 10,
+            ..Default::default()
+        };
+        let c = names(1);
+        let node0: crate::cpuset::CpuSet = "0-1".parse().unwrap();
+        let mut t = WrittenPages::with_budget(1 << 20);
+        assert!(!t.knows("c0"));
+        assert!(t.start(&mut src, "c0", &node0));
+        assert_eq!(src.log, [('p', 0), ('c', 0), ('c', 1)]);
+        assert!(t.knows("c0"));
+        assert!(!t.start(&mut src, "c0", &node0), "a candidate already");
+        t.placed("c0", &node0);
+        src.log.clear();
+        let w = t.period(&mut src, &c);
+        assert_eq!(w["c0"], [(0, 2 * PAGE)].into());
+        assert!(!t.has_fresh());
     }
 }

@@ -110,8 +110,9 @@ impl Engine {
     }
 
     /// Cgroups someone else re-pinned (`trigger::Hub::take_repinned`): the written-pages
-    /// windows of those that are candidates restart now, at the event, so the event's round
-    /// reads what they wrote since the pin (`written::WrittenPages::restart`). Runs on the
+    /// windows of those that are candidates, or whose memory spans nodes, (re)start now, at
+    /// the event, so the event's round reads what they wrote since the pin
+    /// (`written::WrittenPages::restart`, `start`). Runs on the
     /// round thread between rounds; takes no lock.
     pub fn repinned(&mut self, cgroups: &[String]) {
         let Some(Ok(t)) = &mut self.written else {
@@ -123,7 +124,21 @@ impl Engine {
         };
         for cg in cgroups {
             if let Ok(cpus) = self.cgroups.effective_cpus(cg) {
-                if t.restart(&mut src, cg, &cpus) {
+                // One no period has seen yet starts its window here too when its memory
+                // spans nodes (what makes a candidate), e.g. a workload pinned right after
+                // it allocated: its round would otherwise only clear it, a settle delay later.
+                let spans = |cg: &str| {
+                    (self.cgroups.numa_stat(cg).ok()).is_some_and(|n| {
+                        let mut mem = n.anon.clone();
+                        for (node, b) in &n.file {
+                            *mem.entry(*node).or_default() += b;
+                        }
+                        crate::written::spans_nodes(mem.into_values())
+                    })
+                };
+                let started = t.restart(&mut src, cg, &cpus)
+                    || (!t.knows(cg) && spans(cg) && t.start(&mut src, cg, &cpus));
+                if started {
                     let (at, which) = (self.written_restarted)
                         .get_or_insert_with(|| (std::time::Instant::now(), Default::default()));
                     *at = std::time::Instant::now();
@@ -376,13 +391,12 @@ impl Engine {
                 let runnable = nodes_of(topo, &o.cpus);
                 o.wait_ns_per_node = crate::runwait::split(wait, &o.cpu_ns_per_node, &runnable);
             }
-            // Only where its memory is on two nodes or more: on one node its written
-            // pages are where its resident ones are, and weighting by them changes nothing.
+            // Only where its memory is on two nodes or more (`written::spans_nodes`).
             // Not while its move is under way: it is not planned then, and a clear takes its
             // mm's write lock against the migration (a 2-node guest's move of 8,538 pages
             // took 3.3 s beside a round reading it, 0.12 s alone).
-            let mem_nodes = o.mem_bytes_per_node.values().filter(|&&b| b > 0).count();
-            if cfg.controller.written_pages && mem_nodes >= 2 && !o.constraints.moving {
+            let spans = crate::written::spans_nodes(o.mem_bytes_per_node.values().copied());
+            if cfg.controller.written_pages && spans && !o.constraints.moving {
                 written_candidates.push((cg.clone(), o.cpus.clone()));
             }
             obs.cgroups.push(o);

@@ -299,10 +299,16 @@ fn hotset(a: HotsetArgs) -> Result<()> {
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs_f64(a.seconds);
     let (mut cursor, mut round) = (0, 2u8);
+    // Pages written since t0: what the writer got done (a manager's faults slow it).
+    let mut written = 0u64;
     while Instant::now() < end {
         let next = (Instant::now() + Duration::from_millis(a.interval_ms)).min(end);
         while Instant::now() < next {
+            let from = cursor;
             hot.touch_until(&mut cursor, round, Some(next));
+            // A pass that reached the end leaves the cursor at 0.
+            let to = if cursor == 0 { hot.len } else { cursor };
+            written += ((to - from) / PAGE) as u64;
             if cursor == 0 {
                 round = round.wrapping_add(1);
             }
@@ -321,13 +327,26 @@ fn hotset(a: HotsetArgs) -> Result<()> {
             json!({"event": "sample", "t": t0.elapsed().as_secs_f64(), "hot": per_node_json(&h),
                    "cold": per_node_json(&c), "local_nodes": local_nodes})
         );
+        let (minflt, cpu_ms) = usage();
         println!(
-            "HOTSET t={:.1} truth={truth:.4} resident={resident:.4} pgmigrate={}",
+            "HOTSET t={:.1} truth={truth:.4} resident={resident:.4} pgmigrate={} written={written} minflt={minflt} cpu_ms={cpu_ms}",
             t0.elapsed().as_secs_f64(),
-            migrate::pgmigrate()
+            migrate::pgmigrate(),
         );
     }
     Ok(())
+}
+
+/// This process's minor faults and CPU time (ms, user and system) so far.
+fn usage() -> (u64, u64) {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (0, 0);
+    }
+    let ms = |t: libc::timeval| t.tv_sec as u64 * 1000 + t.tv_usec as u64 / 1000;
+    (ru.ru_minflt as u64, ms(ru.ru_utime) + ms(ru.ru_stime))
 }
 
 /// `mib` MiB first-touched on `node`'s CPUs; the affinity is then widened back to every CPU

@@ -141,6 +141,14 @@ pub const ALL: &[Scenario] = &[
         host_judge: None,
     },
     Scenario {
+        name: "written-cost",
+        about: "what the written-pages source costs a busy writer (pages written, minor faults) beside no manager and AutoNUMA",
+        timeout_s: 240,
+        default: false,
+        topologies: &["2node"],
+        host_judge: None,
+    },
+    Scenario {
         name: "selftest-fail",
         about: "harness self-test: always FAILs, so `vm-test --scenario selftest-fail` must fail",
         timeout_s: 10,
