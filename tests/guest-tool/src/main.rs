@@ -177,6 +177,9 @@ struct HotsetArgs {
     seconds: f64,
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
+    /// 4 KiB pages only (MADV_NOHUGEPAGE), not transparent huge pages where the kernel gives them.
+    #[arg(long)]
+    no_thp: bool,
 }
 
 #[derive(clap::Args)]
@@ -284,11 +287,11 @@ fn hotset(a: HotsetArgs) -> Result<()> {
     let cpus = |n: u32| map.get(&n).with_context(|| format!("no node {n}"));
     set_affinity(0, cpus(a.hot_node)?)?;
     std::thread::sleep(Duration::from_millis(20));
-    let hot = Buffer::new(a.hot_mib << 20, false)?;
+    let hot = Buffer::new(a.hot_mib << 20, a.no_thp)?;
     hot.touch(1);
     set_affinity(0, cpus(a.cold_node)?)?;
     std::thread::sleep(Duration::from_millis(20));
-    let cold = Buffer::new(a.cold_mib << 20, false)?;
+    let cold = Buffer::new(a.cold_mib << 20, a.no_thp)?;
     cold.touch(1);
     let (h, c) = (hot.placement()?, cold.placement()?);
     println!(

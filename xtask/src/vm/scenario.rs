@@ -143,7 +143,7 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "written-cost",
         about: "what the written-pages source costs a busy writer (pages written, minor faults) beside no manager and AutoNUMA",
-        timeout_s: 240,
+        timeout_s: 420,
         default: false,
         topologies: &["2node"],
         host_judge: None,
