@@ -63,9 +63,10 @@ pub const PROCS_READ_COST: u64 = 185;
 pub const MIN_WRITTEN_BYTES: u64 = 64 * PAGE;
 /// Whether a cgroup whose memory is `bytes_per_node` is worth reading: at least two nodes
 /// hold [`MIN_WRITTEN_BYTES`] of it each. On one node the written pages are where the resident
-/// ones are, so weighting by them changes nothing; a node holding less than that (a few pages
-/// left behind by a first touch or a move) cannot hold a hot set the decision counts as
-/// evidence, so it does not make the cgroup one to read (and to wait for at a re-pin).
+/// ones are, so weighting by them changes nothing. A node holding less than that (a few pages
+/// left by a first touch or a move) does not make the cgroup one to read every period (and to
+/// wait for at a re-pin): writes confined to it are fewer than the floor a window needs to
+/// count, and a workload whose writes are mostly there is left to the share model.
 pub fn spans_nodes(bytes_per_node: impl IntoIterator<Item = u64>) -> bool {
     (bytes_per_node.into_iter())
         .filter(|&b| b >= MIN_WRITTEN_BYTES)
@@ -463,8 +464,8 @@ impl WrittenPages {
     /// CPUs changed, its window restarts now — its processes cleared at the event, not at the
     /// event's round — so the round (`event_settle_ms` later) reads a window all after the
     /// pin without waiting [`QUICK_WINDOW`]. What it costs is taken off the next period's
-    /// budget; a process past what a whole budget pays is left for the round. Whether the
-    /// window restarted.
+    /// budget ([`WrittenPages::clear_now`]). Whether the window restarted (a process of it
+    /// cleared now).
     pub fn restart(
         &mut self,
         src: &mut impl Source,
@@ -475,8 +476,9 @@ impl WrittenPages {
             Some(c) if c != cpus => *c = cpus.clone(),
             _ => return false,
         }
-        self.clear_now(src, cgroup);
-        true
+        // Its last window belongs to the placement it left, cleared now or not.
+        self.cleared.remove(cgroup);
+        self.clear_now(src, cgroup)
     }
 
     /// An operator re-pinned `cgroup`, which no period has seen as a candidate yet (a new
@@ -493,8 +495,7 @@ impl WrittenPages {
             return false;
         }
         self.cpus.insert(cgroup.to_string(), cpus.clone());
-        self.clear_now(src, cgroup);
-        true
+        self.clear_now(src, cgroup)
     }
 
     /// Whether `cgroup` is a candidate already (its CPUs noted at a period).
@@ -502,14 +503,20 @@ impl WrittenPages {
         self.cpus.contains_key(cgroup)
     }
 
-    /// `cgroup`'s processes cleared now, out of the next period's budget (a process past what
-    /// a whole budget pays is left for the round).
-    fn clear_now(&mut self, src: &mut impl Source, cgroup: &str) {
-        self.cleared.remove(cgroup);
+    /// `cgroup`'s processes cleared now, out of the next period's budget. Events take at most
+    /// half of it, so a stream of re-pins leaves every period half for its own visits (the
+    /// other candidates are not starved); a process past that is left for the round. Whether
+    /// any process was cleared: when none was (no budget left, no process), nothing is noted,
+    /// and the round's visit is the cgroup's first (cleared, then read `QUICK_WINDOW` later).
+    fn clear_now(&mut self, src: &mut impl Source, cgroup: &str) -> bool {
+        let cap = self.budget / 2;
+        if self.owed + PROCS_READ_COST + PROCESS_COST > cap {
+            return false;
+        }
         let mut spent = self.owed + PROCS_READ_COST;
         let mut now = BTreeSet::new();
         for pid in src.procs(cgroup) {
-            if spent + PROCESS_COST > self.budget {
+            if spent + PROCESS_COST > cap {
                 break;
             }
             spent += PROCESS_COST;
@@ -521,7 +528,11 @@ impl WrittenPages {
             }
         }
         self.owed = spent;
+        if now.is_empty() {
+            return false;
+        }
         self.cleared.insert(cgroup.to_string(), now);
+        true
     }
 
     /// Whether the last period cleared a cgroup for the first time (see
@@ -982,6 +993,36 @@ garbage
         assert!(!spans_nodes([1 << 30, 0, MIN_WRITTEN_BYTES - 1]));
         assert!(spans_nodes([1 << 30, 0, MIN_WRITTEN_BYTES]));
         assert!(spans_nodes([32 << 20, 224 << 20]));
+    }
+
+    /// Events spend at most half a period's budget: past it a re-pin clears nothing, notes
+    /// nothing (its round's visit is a first one, read in the same round), and the period
+    /// keeps the other half for every candidate.
+    #[test]
+    fn re_pins_take_at_most_half_a_period_and_leave_the_rest() {
+        let mut src = Fake {
+            procs: vec![1, 1, 1, 1],
+            entries: 10,
+            ..Default::default()
+        };
+        let c = names(4);
+        let one = PROCS_READ_COST + PROCESS_COST;
+        // Room for two restarts within half the budget, not three.
+        let mut t = WrittenPages::with_budget(2 * (2 * one + one / 2));
+        let node0: crate::cpuset::CpuSet = "0-1".parse().unwrap();
+        assert!(t.start(&mut src, "c0", &node0));
+        assert!(t.start(&mut src, "c1", &node0));
+        src.log.clear();
+        assert!(!t.start(&mut src, "c2", &node0), "past half the budget");
+        assert!(src.log.is_empty(), "nothing read or cleared: {:?}", src.log);
+        assert!(!t.knows("c3"));
+        assert!(t.owed <= t.budget / 2);
+        let w = t.period(&mut src, &c);
+        assert!(w.contains_key("c0") && w.contains_key("c1"), "{w:?}");
+        assert!(
+            !w.contains_key("c2"),
+            "not cleared at its event: a first visit"
+        );
     }
 
     /// A workload re-pinned before any period saw its memory span nodes starts its window at

@@ -114,7 +114,13 @@ impl Engine {
     /// the event, so the event's round reads what they wrote since the pin
     /// (`written::WrittenPages::restart`, `start`). Runs on the
     /// round thread between rounds; takes no lock.
-    pub fn repinned(&mut self, cgroups: &[String]) {
+    pub fn repinned(&mut self, io: &mut Io, d: &Daemon, cgroups: &[String]) {
+        if cgroups.is_empty() || !d.lock(io).config().controller.written_pages {
+            return;
+        }
+        // Not one whose move is under way: its clear would take the mm's write lock against
+        // the migration (and this thread with it); its round does not read it either.
+        let (moving, _) = self.applier(d).in_flight(io);
         let Some(Ok(t)) = &mut self.written else {
             return;
         };
@@ -122,7 +128,7 @@ impl Engine {
             cgroups: &self.cgroups,
             proc_root: &self.proc_root,
         };
-        for cg in cgroups {
+        for cg in cgroups.iter().filter(|cg| !moving.contains(*cg)) {
             if let Ok(cpus) = self.cgroups.effective_cpus(cg) {
                 // One no period has seen yet starts its window here too when its memory
                 // spans nodes (what makes a candidate), e.g. a workload pinned right after

@@ -138,7 +138,7 @@ pub fn spawn(
                             // before is not averaged with where it was).
                             // Re-pinned cgroups' written-pages windows start now, so the
                             // event's round reads them without waiting for a first window.
-                            engine.repinned(&adm.daemon.rounds.take_repinned());
+                            engine.repinned(io, &adm.daemon, &adm.daemon.rounds.take_repinned());
                             let first = !events.bursting();
                             events.event(at);
                             if first && events.bursting() {
