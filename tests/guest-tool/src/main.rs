@@ -14,11 +14,13 @@
 //! - `latency`: admission and `/healthz` latency of a running daemon, request by request.
 //! - `migrate`: move another process's memory to a node by one method and report the rate.
 //! - `first-move`: when the first pages of some cgroups arrive on a node (decision latency).
+//! - `vmstat`: a /proc/vmstat counter sampled steadily, each reading bracketed by the clock.
 mod firstmove;
 mod latency;
 mod migrate;
 mod mkcg;
 mod numa;
+mod vmstat;
 mod watch;
 
 use std::{
@@ -156,6 +158,19 @@ enum Cmd {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// Sample a /proc/vmstat counter: `BEFORE COUNT AFTER` lines, the UTC times of day read
+    /// just before and just after each reading.
+    Vmstat {
+        #[arg(long, default_value = "pgmigrate_success")]
+        key: String,
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// Raise (negative) or lower this sampler's priority first.
+        #[arg(long, default_value_t = 0)]
+        nice: i32,
+        #[arg(long, default_value_t = 3600.0)]
+        seconds: f64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -279,6 +294,12 @@ fn run(cmd: Cmd) -> Result<()> {
             poll_ms,
             seconds,
         } => firstmove::run(&cgroup, node, bytes, poll_ms, seconds),
+        Cmd::Vmstat {
+            key,
+            interval_ms,
+            nice,
+            seconds,
+        } => vmstat::run(&key, interval_ms, nice, seconds),
     }
 }
 

@@ -93,9 +93,12 @@ pgm() { awk '/^pgmigrate_success /{print $2}' /proc/vmstat; }
 budget_pages=$((BUDGET_MIB * 256))
 rm -rf /tmp/fs-state
 pg0=$(pgm)
-# the kernel's count every 0.1 s from just before the start: "HH:MM:SS.ns pages" (UTC, the
-# clock of the daemon's log)
-( while :; do echo "$(date -u +%H:%M:%S.%N) $(pgm)"; sleep 0.1; done ) > /tmp/fs-samples &
+# the kernel's count every 0.1 s from just before the start: "BEFORE pages AFTER", the UTC
+# times of day (the clock of the daemon's log) read just before and after each reading, by one
+# process at nice -20: a shell loop's `date` and its counter read were two processes apart,
+# which the daemon's page moves at nice -10 could starve for longer than a move takes (two
+# moves a period apart then looked closer than a period)
+guest-tool vmstat --key pgmigrate_success --interval-ms 100 --nice=-20 > /tmp/fs-samples &
 sampler=$!
 export RUST_LOG=rebalancer=debug
 start_daemon /tmp/fs.toml $LOG || fail "the daemon did not start"
@@ -146,15 +149,16 @@ rounds=$(grep -c 'round start' $LOG)
 period_s=$(awk -v p=$PERIOD_MS 'BEGIN{print p / 1000}')
 # sod: seconds of the day of a log's or the samples' HH:MM:SS.f (past midnight: + 86400)
 SOD='function sod(x, a) { sub(/^.*T/, "", x); sub(/Z$/, "", x); split(x, a, ":"); x = a[1] * 3600 + a[2] * 60 + a[3]; if (x < last) x += 86400; last = x; return x }'
-awk "$SOD"' {printf "%.3f %s\n", sod($1), $2}' /tmp/fs-samples > /tmp/fs-pages
+awk "$SOD"' {b = sod($1); printf "%.6f %s %.6f\n", b, $2, sod($3)}' /tmp/fs-samples > /tmp/fs-pages
 # the start-up: the daemon's start to its start-up reconcile's end (its outcomes are logged
 # once it is over, before the rounds and the API start)
 reconciled=$(grep -m1 'reconciled at start' $LOG | cut -d' ' -f1)
 [ -n "$reconciled" ] || fail "no start-up reconcile in the daemon's log"
 startup=$(awk -v r="$reconciled" "$SOD"' BEGIN {last = 0} NR == 1 {c0 = $2; last = $1; r = sod(r); if (r < $1 - 43200) r += 86400} $1 >= r {print $2 - c0; exit}' /tmp/fs-pages)
-# the most pages within any period (pairs of samples at most a period apart), and the pages of
-# each period from the start
-maxwin=$(awk -v w="$period_s" '{t[NR] = $1; c[NR] = $2} END {m = 0; j = 1; for (i = 1; i <= NR; i++) { while (t[i] - t[j] > w) j++; if (c[i] - c[j] > m) m = c[i] - c[j] } print m}' /tmp/fs-pages)
+# the most pages within any period (pairs of readings certainly at most a period apart: the
+# later one's after-stamp less the earlier one's before-stamp), and the pages of each period
+# from the start
+maxwin=$(awk -v w="$period_s" '{b[NR] = $1; c[NR] = $2; a[NR] = $3} END {m = 0; j = 1; for (i = 1; i <= NR; i++) { while (a[i] - b[j] > w) j++; if (c[i] - c[j] > m) m = c[i] - c[j] } print m}' /tmp/fs-pages)
 perperiod=$(awk -v w="$period_s" 'NR == 1 {t0 = $1; c0 = $2} {k = int(($1 - t0) / w); last[k] = $2; if (k > n) n = k} END {p = c0; for (k = 0; k <= n; k++) { if (k in last) { printf "%s%d", (k ? "," : ""), last[k] - p; p = last[k] } else printf "%s0", (k ? "," : "") } }' /tmp/fs-pages)
 g1=$(cat $G1/cpuset.cpus); g1m=$(cat $G1/cpuset.mems); g2=$(cat $G2/cpuset.cpus); g2m=$(cat $G2/cpuset.mems)
 echo "# after ${el}s of admissions: $total pages migrated in $rounds rounds (budget $budget_pages pages a period), at most $maxwin within ${PERIOD_MS} ms; per period from the start: $perperiod; G1 cpus=$g1 mems=$g1m, G2 cpus=$g2 mems=$g2m"
