@@ -1,5 +1,8 @@
 //! Boots a guest under QEMU TCG (KVM hangs on these machines) and collects its serial console,
-//! with a deadline: every line goes to the log file, most are echoed live.
+//! with a deadline: every line goes to the log file, most are echoed live. A guest whose kernel
+//! never reaches the test init (`VM-BOOTED`) within [`INIT_LIMIT`] is booted once more: under
+//! TCG the kernel has hung at boot, a worker in a soft lockup from its first seconds, before
+//! any scenario ran (one boot in about a hundred).
 use std::{
     fs::File,
     io::{BufRead, BufReader, Read, Write},
@@ -13,10 +16,23 @@ use anyhow::{Context, Result};
 
 use super::topology::VmTopology;
 
+#[derive(Debug)]
 pub struct Boot {
     pub console: String,
     pub seconds: f64,
     pub timed_out: bool,
+}
+
+/// How long a kernel may take to reach the test init (`VM-BOOTED`): 5-15 s under TCG here,
+/// up to about 30 s beside a busy build.
+const INIT_LIMIT: Duration = Duration::from_secs(120);
+
+/// How one QEMU run ended.
+enum Ended {
+    /// It exited, or `timeout` passed (`true`: killed).
+    Ran(Boot),
+    /// Killed: the kernel never reached the test init within [`INIT_LIMIT`].
+    NoInit,
 }
 
 /// The full QEMU command line for `topo`.
@@ -54,18 +70,67 @@ fn echo(line: &str, in_data: &mut bool) -> bool {
     !*in_data && !line.starts_with('{')
 }
 
-/// Runs QEMU with `args` until it exits or `timeout` passes (then kills it).
+/// Runs QEMU with `args` until it exits or `timeout` passes (then kills it); a kernel that never
+/// reached the test init is killed after [`INIT_LIMIT`] and booted once more (its log kept
+/// beside `log` as `<log>.no-init`).
 pub fn boot(args: &[String], log: &Path, timeout: Duration, prefix: &str) -> Result<Boot> {
+    boot_with(
+        "qemu-system-x86_64",
+        args,
+        log,
+        (timeout, INIT_LIMIT),
+        prefix,
+    )
+}
+
+/// [`boot`] of `program`, with `(timeout, init_limit)`.
+fn boot_with(
+    program: &str,
+    args: &[String],
+    log: &Path,
+    limits: (Duration, Duration),
+    prefix: &str,
+) -> Result<Boot> {
+    let (timeout, init_limit) = limits;
+    if let Ended::Ran(b) = boot_once(program, args, log, limits, prefix)? {
+        return Ok(b);
+    }
+    let kept = log.with_extension("log.no-init");
+    std::fs::rename(log, &kept).with_context(|| format!("renaming {}", log.display()))?;
+    println!(
+        "{prefix} the guest kernel did not reach the test init within {}s (log: {}); booting it once more",
+        init_limit.as_secs(),
+        kept.display()
+    );
+    match boot_once(program, args, log, limits, prefix)? {
+        Ended::Ran(b) => Ok(b),
+        Ended::NoInit => anyhow::bail!(
+            "the guest kernel did not reach the test init within {}s, twice (logs: {}, {}; timeout {}s)",
+            init_limit.as_secs(),
+            kept.display(),
+            log.display(),
+            timeout.as_secs()
+        ),
+    }
+}
+
+fn boot_once(
+    program: &str,
+    args: &[String],
+    log: &Path,
+    (timeout, init_limit): (Duration, Duration),
+    prefix: &str,
+) -> Result<Ended> {
     let mut logf = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    writeln!(logf, "# qemu-system-x86_64 {}", args.join(" "))?;
+    writeln!(logf, "# {program} {}", args.join(" "))?;
     let start = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("spawning qemu-system-x86_64")?;
+        .with_context(|| format!("spawning {program}"))?;
     let (tx, rx) = mpsc::channel::<String>();
     let out = child.stdout.take().context("qemu stdout")?;
     let reader = std::thread::spawn(move || {
@@ -88,21 +153,34 @@ pub fn boot(args: &[String], log: &Path, timeout: Duration, prefix: &str) -> Res
         s
     });
     let deadline = start + timeout;
+    let init_deadline = start + init_limit.min(timeout);
     let mut console = String::new();
     let mut in_data = false;
     let mut timed_out = false;
+    let mut booted = false;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        let until = if booted { deadline } else { init_deadline };
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
             Ok(line) => {
                 writeln!(logf, "{line}")?;
                 if echo(&line, &mut in_data) {
                     println!("{prefix} {line}");
                 }
+                booted |= line.starts_with("VM-BOOTED");
                 console.push_str(&line);
                 console.push('\n');
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) if !booted && until < deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                writeln!(
+                    logf,
+                    "# host: killed QEMU: no VM-BOOTED within {}s",
+                    init_limit.as_secs_f64()
+                )?;
+                return Ok(Ended::NoInit);
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 timed_out = true;
                 let _ = child.kill();
@@ -119,16 +197,58 @@ pub fn boot(args: &[String], log: &Path, timeout: Duration, prefix: &str) -> Res
         eprintln!("{prefix} qemu stderr: {}", stderr.trim());
     }
     writeln!(logf, "# qemu exit: {status}")?;
-    Ok(Boot {
+    Ok(Ended::Ran(Boot {
         console,
         seconds: start.elapsed().as_secs_f64(),
         timed_out,
-    })
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest that never reaches the init is booted once more; the second boot's console is
+    /// the result and the first one's log is kept. One that never reaches it twice is an error.
+    #[test]
+    fn a_kernel_that_never_reaches_the_init_is_booted_once_more() {
+        let dir = tempfile_dir("qemu-retry");
+        let log = dir.join("guest.log");
+        let marker = dir.join("first-done");
+        // First run: silent (a hung kernel); later runs: the init's lines.
+        let script = format!(
+            "if [ -e {m} ]; then echo VM-BOOTED x; echo VM-DONE; else touch {m}; exec sleep 30; fi",
+            m = marker.display()
+        );
+        let args = vec!["-c".to_string(), script];
+        let limits = (Duration::from_secs(20), Duration::from_millis(300));
+        let b = boot_with("sh", &args, &log, limits, "[t]").unwrap();
+        assert!(b.console.contains("VM-DONE"), "{}", b.console);
+        assert!(!b.timed_out);
+        assert!(log.with_extension("log.no-init").exists());
+        let never = vec!["-c".to_string(), "exec sleep 30".to_string()];
+        let e = boot_with("sh", &never, &dir.join("never.log"), limits, "[t]").unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e:#}");
+        // A guest that booted is never cut short by the init limit.
+        let slow = vec![
+            "-c".to_string(),
+            "echo VM-BOOTED x; sleep 1; echo VM-DONE".to_string(),
+        ];
+        let b = boot_with("sh", &slow, &dir.join("slow.log"), limits, "[t]").unwrap();
+        assert!(
+            b.console.contains("VM-DONE") && !b.timed_out,
+            "{}",
+            b.console
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 
     #[test]
     fn echo_hides_data_blocks_and_json_samples() {
