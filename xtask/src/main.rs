@@ -78,7 +78,7 @@ fn main() -> Result<()> {
         Cmd::Test { no_setup, no_vm } => test(no_setup, no_vm),
         Cmd::VmTest(a) => vm::vm_test(&a),
         Cmd::VmBench(a) => vm::vm_bench(&a),
-        Cmd::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
+        Cmd::Fuzz { seconds, targets } => fuzz::run(seconds, &targets, fuzz::Build::Campaign),
         Cmd::Run { args } => {
             setup::all()?;
             let mut c = cargo();
@@ -220,10 +220,10 @@ fn test(no_setup: bool, no_vm: bool) -> Result<()> {
     let fuzz_build = {
         let log = root().join("target/fuzz-build.log");
         std::thread::spawn(move || {
-            fuzz::build(Some(&log))
+            fuzz::build(Some(&log), fuzz::Build::Quick)
                 .with_context(|| format!("fuzz build; its log: {}", log.display()))?;
             eprintln!("xtask test: every fuzz target briefly, from its committed corpus");
-            fuzz::run(5, &[])
+            fuzz::run(5, &[], fuzz::Build::Quick)
         })
     };
     server.wait()?;
