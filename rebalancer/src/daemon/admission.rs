@@ -702,6 +702,9 @@ impl Admission {
                 .state
                 .allocator
                 .replace_offline(&sh.topo, &sh.cfg.placement);
+            // What each now runs on, as the reconcile has it: one none of whose CPUs could be
+            // replaced gets the shared pool meanwhile (`reconcile::booked`)
+            let books = super::reconcile::booked(sh);
             let mut writes = Vec::new();
             for r in &replaced {
                 let replaced_all = r.added.len() >= r.lost.len();
@@ -709,9 +712,10 @@ impl Admission {
                     replaced_all, "exclusive CPUs went offline");
                 let bound = (sh.state.bindings.iter())
                     .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container);
-                writes.extend(bound.map(|(cg, _)| CpusetChange {
-                    cgroup: cg.clone(),
-                    cpus: r.cpus.clone(),
+                let booked = bound.and_then(|(cg, _)| books.iter().find(|b| b.cgroup == *cg));
+                writes.extend(booked.map(|b| CpusetChange {
+                    cgroup: b.cgroup.clone(),
+                    cpus: b.cpus.clone(),
                     mems: None,
                 }));
             }

@@ -1141,10 +1141,9 @@ fn node_agrees(io: &mut Io, d: &Daemon, fake: &FakeCgroups) -> Result<(), String
             return Err(format!("{}: runs on {cpus}, booked {}", b.cgroup, b.cpus));
         }
     }
-    // Hotplug can leave no online CPU outside the exclusive ones, or take every CPU of an
-    // exclusive container when none can replace them: such a container has nowhere of its own
-    // to run, `booked` leaves it out (never an empty cpuset) and the kernel runs it on what is
-    // online. Only then may a bound container be left out and share.
+    // Hotplug can leave no online CPU outside the exclusive ones: a container with none of its
+    // own online then has nowhere to run, `booked` leaves it out (never an empty cpuset) and
+    // the kernel runs it on what is online. Only then may a bound container be left out.
     let exclusive =
         (books.iter().filter(|b| b.exclusive)).fold(CpuSet::new(), |acc, b| acc.union(&b.cpus));
     let no_pool = s.topo.online_cpus().difference(&exclusive).is_empty();
@@ -1154,10 +1153,7 @@ fn node_agrees(io: &mut Io, d: &Daemon, fake: &FakeCgroups) -> Result<(), String
             return Err(format!("{cg}: empty cpuset"));
         }
         if !books.iter().any(|b| b.cgroup == *cg) {
-            let stranded = super::admission::bound_container(&s, cg).is_some_and(|c| {
-                c.placement.exclusive && c.placement.cpus.is_disjoint(&s.topo.online_cpus())
-            });
-            if no_pool || stranded {
+            if no_pool {
                 continue;
             }
             return Err(format!(
@@ -1179,6 +1175,15 @@ fn node_agrees(io: &mut Io, d: &Daemon, fake: &FakeCgroups) -> Result<(), String
         }
     }
     Ok(())
+}
+
+/// Whether `cg` is bound exclusive with a CPU of its own online. One whose CPUs all went
+/// offline (none could replace them) runs on the shared pool meanwhile (`reconcile::booked`):
+/// an admission may take from under it what any shared container may lose.
+fn holds_online_exclusive(s: &Shared, cg: &str) -> bool {
+    super::admission::bound_container(s, cg).is_some_and(|c| {
+        c.placement.exclusive && !c.placement.cpus.is_disjoint(&s.topo.online_cpus())
+    })
 }
 
 proptest! {
@@ -1261,7 +1266,7 @@ proptest! {
                             let f = fake.lock().unwrap();
                             let Some(ours) = super::admission::bound_container(&s, &cg).map(|c| c.placement.cpus.clone()) else { return };
                             for other in s.state.bindings.keys().filter(|o| **o != cg) {
-                                let exclusive = super::admission::bound_container(&s, other).is_some_and(|c| c.placement.exclusive);
+                                let exclusive = holds_online_exclusive(&s, other);
                                 let on = f.cpus(other).cloned().unwrap_or_default();
                                 if exclusive && !on.is_disjoint(&ours) {
                                     *overlap.lock().unwrap() = Some(format!("{cg} given {ours} while {other} still runs on {on}"));
@@ -1345,7 +1350,7 @@ proptest! {
                     };
                     let hooked = HookedNode::new(&node, &cg, hook);
                     let racing = Admission::new(d.clone(), Arc::new(hooked.clone()));
-                    let exclusive = super::admission::bound_container(&d.lock(io), &cg).is_some_and(|c| c.placement.exclusive);
+                    let exclusive = holds_online_exclusive(&d.lock(io), &cg);
                     // durable: checkpointed inline (a deferred one would start a checkpointer thread that
                     // outlives a restart of this test daemon)
                     if let Ok(Some(_)) = racing.resize(io, &cg, &grown.containers[0], Durability::Durable) {
@@ -1485,6 +1490,73 @@ fn two_container_pod(io: &mut Io, adm: &Admission, uid: &str) -> crate::placemen
     )
     .unwrap();
     p
+}
+
+/// An exclusive container all of whose CPUs go offline while no free CPU can replace them
+/// is set to the shared pool by the reconcile (left alone, the kernel would run it on its
+/// parent's CPUs, another's exclusive ones among them), and back to its own when they return.
+#[test]
+fn an_exclusive_container_with_no_cpu_online_runs_on_the_shared_pool_meanwhile() {
+    let io = &mut Io::new();
+    let World { d, fake, adm, .. } = world(false);
+    let mut booked = Vec::new();
+    // two exclusive containers and a shared one, which keeps the last free CPU its own
+    for (i, millis) in [2000u64, 5000, 100].into_iter().enumerate() {
+        let cg = format!("kubepods/p{i}/c");
+        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+        let p = pod(&format!("p{i}"), millis, 64 * MIB, millis >= 1000);
+        let got = adm
+            .admit(
+                io,
+                AdmitRequest {
+                    pod: &p,
+                    bind: Some(&cg),
+                    durability: Durability::Deferred,
+                    since: Instant::now(),
+                },
+            )
+            .unwrap();
+        booked.push((cg, got.placements[0].cpus.clone()));
+    }
+    // the first one's CPUs go offline: one CPU is left outside the second one's, the shared
+    // pool's last, so nothing replaces them
+    let (gone, gone_cpus) = booked[0].clone();
+    let (other, other_cpus) = booked[1].clone();
+    let set_online = |io: &mut Io, on: bool| {
+        let mut s = d.lock(io);
+        for cpu in s.topo.cpus.iter_mut().filter(|c| gone_cpus.contains(c.id)) {
+            cpu.online = on;
+        }
+        for n in s.topo.nodes.iter_mut() {
+            n.cpus = if on {
+                n.cpus.union(&gone_cpus)
+            } else {
+                n.cpus.difference(&gone_cpus)
+            };
+        }
+    };
+    set_online(io, false);
+    adm.replace_offline(io);
+    let pool = d.lock(io).topo.online_cpus().difference(&other_cpus);
+    assert!(!pool.is_empty());
+    let held = |io: &mut Io| {
+        super::admission::bound_container(&d.lock(io), &gone).map(|c| c.placement.cpus.clone())
+    };
+    assert_eq!(
+        held(io),
+        Some(gone_cpus.clone()),
+        "no free CPU could replace them"
+    );
+    assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&pool));
+    // a runtime that set it back where its spec says: the reconcile repairs it
+    fake.lock().unwrap().insert(&gone, "0-7", "0-1");
+    adm.refence(io);
+    assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&pool));
+    assert_eq!(fake.lock().unwrap().cpus(&other), Some(&other_cpus));
+    assert_eq!(fake.lock().unwrap().cpus(&booked[2].0), Some(&pool));
+    set_online(io, true);
+    adm.refence(io);
+    assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&gone_cpus));
 }
 
 /// An API DELETE whose cgroup reads (of a bound container already gone) let the watcher bind

@@ -45,8 +45,11 @@ impl Seen {
 /// Every bound container's booked cpuset (but those whose move is being written:
 /// `Shared::moving`), its CPUs that are online (as the kernel leaves a
 /// cpuset when a CPU goes offline; an exclusive one's replacement is the hotplug
-/// replacement's to make). A shared container with none left gets the shared pool now; one
-/// with nothing left at all is left out: never an empty cpuset.
+/// replacement's to make). A shared container with none left gets the shared pool now, and so
+/// does an exclusive one none of whose CPUs is online and none could replace
+/// (`Allocator::replace_offline`), booked as shared meanwhile: left alone, the kernel would run
+/// a cgroup with no online CPU on its parent's, others' exclusive CPUs among them. One with
+/// nothing left at all is left out: never an empty cpuset.
 pub fn booked(s: &Shared) -> Vec<BookedSets> {
     let (exclusive, pool) = super::admission::exclusive_and_pool(s);
     let online = s.topo.online_cpus();
@@ -56,18 +59,21 @@ pub fn booked(s: &Shared) -> Vec<BookedSets> {
         .filter(|cg| !s.moving.contains(*cg))
         .filter_map(|cg| {
             let p = &super::admission::bound_container(s, cg)?.placement;
-            let cpus = if p.exclusive {
+            let own = if p.exclusive {
                 p.cpus.intersection(&online)
             } else {
-                Some(p.cpus.difference(&exclusive).intersection(&online))
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| pool.clone())
+                p.cpus.difference(&exclusive).intersection(&online)
+            };
+            let (cpus, exclusive) = if own.is_empty() {
+                (pool.clone(), false)
+            } else {
+                (own, p.exclusive)
             };
             (!cpus.is_empty()).then(|| BookedSets {
                 cgroup: cg.clone(),
                 cpus,
                 mems: p.mems.clone(),
-                exclusive: p.exclusive,
+                exclusive,
             })
         })
         .collect()
