@@ -712,10 +712,18 @@ impl Admission {
                     replaced_all, "exclusive CPUs went offline");
                 let bound = (sh.state.bindings.iter())
                     .find(|(_, b)| b.pod_uid == r.pod_uid && b.container == r.container);
-                let booked = bound.and_then(|(cg, _)| books.iter().find(|b| b.cgroup == *cg));
-                writes.extend(booked.map(|b| CpusetChange {
-                    cgroup: b.cgroup.clone(),
-                    cpus: b.cpus.clone(),
+                let cpus = bound.and_then(|(cg, _)| {
+                    match books.iter().find(|b| b.cgroup == *cg) {
+                        Some(b) => Some(b.cpus.clone()),
+                        // its move under way (`Shared::moving`): what it was given, if online
+                        None => Some(r.cpus.intersection(&sh.topo.online_cpus()))
+                            .filter(|c| !c.is_empty()),
+                    }
+                    .map(|cpus| (cg.clone(), cpus))
+                });
+                writes.extend(cpus.map(|(cgroup, cpus)| CpusetChange {
+                    cgroup,
+                    cpus,
                     mems: None,
                 }));
             }
@@ -1572,13 +1580,25 @@ fn fenced_changes(
 /// per container it made every shrink quadratic in the admitted containers).
 fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
     let exclusive = s.state.allocator.exclusive_cpus();
+    let online = s.topo.online_cpus();
+    // exclusive ones none of whose CPUs is online run on the shared pool meanwhile, and
+    // follow it as the shared ones do (`reconcile::booked`)
+    let stranded_on = std::cell::OnceCell::new();
     s.state
         .bindings
         .iter()
         .filter(|(cg, _)| !s.moving.contains(*cg))
         .filter_map(|(cg, _)| {
-            let c = bound_container(s, cg).filter(|c| !c.placement.exclusive)?;
-            Some((cg.clone(), c.placement.cpus.difference(&exclusive)))
+            let p = &bound_container(s, cg)?.placement;
+            let cpus = if !p.exclusive {
+                p.cpus.difference(&exclusive)
+            } else if super::reconcile::stranded(p, &online) {
+                let pool = stranded_on.get_or_init(|| exclusive_and_pool(s).1);
+                pool.difference(&exclusive).intersection(&online)
+            } else {
+                return None;
+            };
+            Some((cg.clone(), cpus))
         })
         .collect()
 }

@@ -1554,9 +1554,19 @@ fn an_exclusive_container_with_no_cpu_online_runs_on_the_shared_pool_meanwhile()
     assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&pool));
     assert_eq!(fake.lock().unwrap().cpus(&other), Some(&other_cpus));
     assert_eq!(fake.lock().unwrap().cpus(&booked[2].0), Some(&pool));
+    // the shared pool grows (the second one released): it follows it
+    fake.lock().unwrap().remove(&other);
+    adm.unbind(io, &other, Durability::Deferred);
+    adm.release(io, "p1", Durability::Deferred).unwrap();
+    let pool = d.lock(io).topo.online_cpus();
+    assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&pool));
     set_online(io, true);
     adm.refence(io);
-    assert_eq!(fake.lock().unwrap().cpus(&gone), Some(&gone_cpus));
+    assert_eq!(
+        fake.lock().unwrap().cpus(&gone),
+        Some(&gone_cpus),
+        "its CPUs stayed its own"
+    );
 }
 
 /// An API DELETE whose cgroup reads (of a bound container already gone) let the watcher bind

@@ -303,7 +303,9 @@ impl Shared {
         let Some(ac) = admission::bound_container(self, cg) else {
             return Some(c);
         };
-        c.exclusive = ac.placement.exclusive;
+        // none of its CPUs online: it runs on the shared pool meanwhile, as a shared one
+        c.exclusive =
+            ac.placement.exclusive && !reconcile::stranded(&ac.placement, &self.topo.online_cpus());
         c.exclusive_cpus = if c.exclusive {
             ac.placement.cpus.len() as u32
         } else {

@@ -50,6 +50,12 @@ impl Seen {
 /// (`Allocator::replace_offline`), booked as shared meanwhile: left alone, the kernel would run
 /// a cgroup with no online CPU on its parent's, others' exclusive CPUs among them. One with
 /// nothing left at all is left out: never an empty cpuset.
+/// Whether `p` is exclusive with none of its CPUs online (`booked`: it runs on the shared
+/// pool meanwhile, and counts as shared until they return or are replaced).
+pub fn stranded(p: &crate::placement::pod::ContainerPlacement, online: &CpuSet) -> bool {
+    p.exclusive && p.cpus.is_disjoint(online)
+}
+
 pub fn booked(s: &Shared) -> Vec<BookedSets> {
     let (exclusive, pool) = super::admission::exclusive_and_pool(s);
     let online = s.topo.online_cpus();
