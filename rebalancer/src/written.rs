@@ -74,13 +74,22 @@ pub fn spans_nodes(bytes_per_node: impl IntoIterator<Item = u64>) -> bool {
         >= 2
 }
 
-/// How long a cgroup's first window lasts ([`WrittenPages::quick`]): its first visit clears
-/// its bits and the same round reads them this long after, so a new candidate, or one an
-/// operator re-pinned, is decided on what it writes now rather than a whole period later.
-/// Long enough for a busy writer to touch [`MIN_WRITTEN_BYTES`] many times over (a page a
-/// few microseconds, its first write a minor fault), short enough to add little to the round
-/// that waits for it.
+/// How long a cgroup's first window may wait for evidence ([`WrittenPages::quick`]): its
+/// first visit clears its bits and the same round reads them from [`QUICK_STEP`] on, so a
+/// new candidate, or one an operator re-pinned, is decided on what it writes now rather than
+/// a whole period later. Long enough for a busy writer to touch [`MIN_WRITTEN_BYTES`] many
+/// times over (a page a few microseconds, its first write a minor fault), short enough to add
+/// little to the round that waits for it.
 pub const QUICK_WINDOW: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often a first window is read while it waits ([`WrittenPages::quick`]): it is decided
+/// at the first read with [`MIN_WRITTEN_BYTES`] written that is not an allocation's.
+pub const QUICK_STEP: std::time::Duration = std::time::Duration::from_millis(50);
+/// The most a round waits for its new candidates' first windows, allocations included: a
+/// window whose writes were mostly to pages that appeared in it (first touches: they show
+/// where the memory was allocated, not where the workload writes) is started again once the
+/// allocation settles, until this long after the period. A workload still allocating then is
+/// left to its next visit.
+pub const FIRST_WINDOWS_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Private writable mappings of `/proc/<pid>/maps` text (where a process's own data is:
 /// heap, stacks, anonymous mmaps, .data/.bss), as `[start, end)`. Shared mappings (page cache,
@@ -295,6 +304,19 @@ pub trait Source {
     fn read(&mut self, pid: u32, limit: u64) -> io::Result<(BTreeMap<u32, u64>, u64)>;
     /// [`clear`].
     fn clear(&mut self, pid: u32) -> io::Result<()>;
+    /// The bytes `pid` has resident now (`/proc/<pid>/statm`); `None` when unknown (its
+    /// windows are then never taken for an allocation's).
+    fn resident(&mut self, pid: u32) -> Option<u64> {
+        let _ = pid;
+        None
+    }
+}
+
+/// The bytes `pid` has resident (`/proc/<pid>/statm`, its second field, in pages).
+pub fn resident(proc_root: &Path, pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(proc_root.join(pid.to_string()).join("statm")).ok()?;
+    let pages: u64 = statm.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * PAGE)
 }
 
 /// The real source: `cgroup.procs` of the cpuset hierarchy, `/proc/<pid>/…`.
@@ -315,6 +337,9 @@ impl Source for Live<'_> {
     }
     fn clear(&mut self, pid: u32) -> io::Result<()> {
         clear(self.proc_root, pid)
+    }
+    fn resident(&mut self, pid: u32) -> Option<u64> {
+        resident(self.proc_root, pid)
     }
 }
 
@@ -348,8 +373,8 @@ pub fn rotation<'a>(
 ///
 /// A cgroup's first window is short: a visit that finds nothing cleared before (a new
 /// candidate, or one whose CPUs changed since its last visit: [`WrittenPages::placed`]) only
-/// clears, and [`WrittenPages::quick`] reads it (without clearing) [`QUICK_WINDOW`] later in
-/// the same round, out of what is left of the period's budget. A re-pin restarts the window because
+/// clears, and [`WrittenPages::quick`] reads it (without clearing) from [`QUICK_STEP`] later
+/// in the same round, out of what is left of the period's budget. A re-pin restarts the window because
 /// what was written before it belongs to the placement it left (a workload that allocated
 /// its cold memory locally and then writes a remote hot set would look local for a period).
 #[derive(Debug)]
@@ -359,7 +384,7 @@ pub struct WrittenPages {
     /// Per candidate cgroup, its CPUs at its last visit ([`WrittenPages::placed`]).
     cpus: BTreeMap<String, crate::cpuset::CpuSet>,
     /// Cgroups of the last period whose visit only cleared, for [`WrittenPages::quick`].
-    fresh: Vec<String>,
+    fresh: Vec<Fresh>,
     /// What restarts at events ([`WrittenPages::restart`]) spent since the last period, taken
     /// off the next period's budget.
     owed: u64,
@@ -372,6 +397,20 @@ pub struct WrittenPages {
     pub skipped: u64,
     /// Cgroups the last period visited (read, or cleared for the next), of its candidates.
     pub visited: usize,
+}
+
+/// A first window waiting to be read ([`WrittenPages::quick`]).
+#[derive(Debug)]
+struct Fresh {
+    cgroup: String,
+    /// When it was cleared, counted from the end of the period that cleared it first.
+    opened: std::time::Duration,
+    /// What its cleared processes had resident then.
+    resident: u64,
+    /// Its last read saw an allocation: it is not read again until its processes stop
+    /// growing (what they have resident at the last look is `seen`), then cleared anew.
+    settling: bool,
+    seen: u64,
 }
 
 impl Default for WrittenPages {
@@ -426,8 +465,19 @@ impl WrittenPages {
             let (written, done) = self.visit(src, cg);
             if let Some(w) = written {
                 out.insert(cg.clone(), w);
-            } else if first && self.cleared.get(cg.as_str()).is_some_and(|c| !c.is_empty()) {
-                self.fresh.push(cg.clone());
+            } else if let Some(pids) = self
+                .cleared
+                .get(cg.as_str())
+                .filter(|c| first && !c.is_empty())
+            {
+                let resident = pids.iter().filter_map(|&p| src.resident(p)).sum();
+                self.fresh.push(Fresh {
+                    cgroup: cg.clone(),
+                    opened: std::time::Duration::ZERO,
+                    resident,
+                    settling: false,
+                    seen: resident,
+                });
             }
             if !done {
                 // Its remaining processes come first next period; one that does not fit a
@@ -535,55 +585,141 @@ impl WrittenPages {
         true
     }
 
-    /// Whether the last period cleared a cgroup for the first time (see
-    /// [`WrittenPages::quick`]): the round then waits [`QUICK_WINDOW`] and calls it.
+    /// Whether a first window the last period opened is still to be read (see
+    /// [`WrittenPages::quick`]): the round then waits [`QUICK_STEP`] and calls it.
     pub fn has_fresh(&self) -> bool {
         !self.fresh.is_empty()
     }
 
-    /// The first window's read: each cgroup the last period only cleared (its first visit, or
-    /// its first since a re-pin) is read again, not cleared (`peek`), out of what is left of
-    /// the period's budget (so the period's spending stays bounded by it). Called
-    /// [`QUICK_WINDOW`] after the period; what it reports are the pages written since; the
-    /// cgroup's next visit reads them again with what follows.
-    pub fn quick(&mut self, src: &mut impl Source) -> BTreeMap<String, BTreeMap<u32, u64>> {
+    /// The first windows' reads, `waited` after the period: each cgroup the last period only
+    /// cleared (its first visit, or its first since a re-pin) is read again, not cleared
+    /// (`peek`), out of what is left of the period's budget (so the period's spending stays
+    /// bounded by it). A window is reported once it holds [`MIN_WRITTEN_BYTES`] written, or
+    /// once it is [`QUICK_WINDOW`] old; until then it stays open for the next call. One whose
+    /// writes were mostly first touches — its processes' resident memory grew by half of what
+    /// they wrote or more — saw an allocation (the cold memory a workload first-touches
+    /// locally before it writes its remote hot set, say), not where the workload writes: its
+    /// processes' resident memory is then watched (no pagemap read) until it grows by less
+    /// than [`MIN_WRITTEN_BYTES`] between two calls, and the window cleared and read anew,
+    /// until [`FIRST_WINDOWS_LIMIT`]; one still allocating then is left to its next visit.
+    /// What is reported are the pages written since the window's clear; the cgroup's next
+    /// visit reads them again with what follows.
+    pub fn quick(
+        &mut self,
+        src: &mut impl Source,
+        waited: std::time::Duration,
+    ) -> BTreeMap<String, BTreeMap<u32, u64>> {
+        let last = waited >= FIRST_WINDOWS_LIMIT;
         let mut out = BTreeMap::new();
-        for cg in std::mem::take(&mut self.fresh) {
+        for mut f in std::mem::take(&mut self.fresh) {
             if self.left < PROCS_READ_COST + PROCESS_COST {
                 break;
             }
             self.left -= PROCS_READ_COST;
-            if let Some(w) = self.peek(src, &cg) {
-                out.insert(cg, w);
+            if f.settling {
+                // Its resident memory only (no pagemap read) until it grows by less than
+                // the evidence floor between two looks; still growing at the limit, it is
+                // left to its next visit.
+                let now = self.resident_of(src, &f.cgroup);
+                if now.saturating_sub(f.seen) >= MIN_WRITTEN_BYTES {
+                    if !last {
+                        f.seen = now;
+                        self.fresh.push(f);
+                    }
+                    continue;
+                }
+                if let Some(resident) = self.clear_again(src, &f.cgroup).filter(|_| !last) {
+                    self.fresh.push(Fresh {
+                        opened: waited,
+                        resident,
+                        settling: false,
+                        seen: resident,
+                        ..f
+                    });
+                }
+                continue;
             }
+            let Some((w, resident)) = self.peek(src, &f.cgroup) else {
+                continue;
+            };
+            let written: u64 = w.values().sum();
+            let allocating = resident.saturating_sub(f.resident) * 2 >= written && written > 0;
+            if !last && allocating {
+                tracing::debug!(cgroup = %f.cgroup, written, "written pages: a first window saw an allocation; read again once it settles");
+                self.fresh.push(Fresh {
+                    settling: true,
+                    seen: resident,
+                    ..f
+                });
+                continue;
+            } else if !last && written < MIN_WRITTEN_BYTES && waited - f.opened < QUICK_WINDOW {
+                self.fresh.push(f);
+                continue;
+            }
+            tracing::debug!(cgroup = %f.cgroup, written = ?w, grown = resident.saturating_sub(f.resident), ms = (waited - f.opened).as_millis() as u64, "written pages: a first window read");
+            out.insert(f.cgroup, w);
         }
         out
     }
 
     /// The pages written by `cg`'s processes cleared at its last visit, read without clearing
-    /// them again: its window stays open until its next visit, which reads it whole (a clear
-    /// costs a walk of every page table and a minor fault on each page written after it).
-    fn peek(&mut self, src: &mut impl Source, cg: &str) -> Option<BTreeMap<u32, u64>> {
+    /// them again (its window stays open until its next visit, which reads it whole: a clear
+    /// costs a walk of every page table and a minor fault on each page written after it), and
+    /// what those it read have resident.
+    fn peek(&mut self, src: &mut impl Source, cg: &str) -> Option<(BTreeMap<u32, u64>, u64)> {
         let cleared = self.cleared.get(cg)?.clone();
-        let mut out: Option<BTreeMap<u32, u64>> = None;
+        let mut out: Option<(BTreeMap<u32, u64>, u64)> = None;
         for pid in src.procs(cg).into_iter().filter(|p| cleared.contains(p)) {
             if self.left <= PROCESS_COST {
                 self.skipped += 1;
                 continue;
             }
             self.left -= PROCESS_COST;
+            let resident = src.resident(pid);
             match src.read(pid, self.left) {
                 Ok((m, read)) => {
                     self.left = self.left.saturating_sub(read);
-                    let o = out.get_or_insert_with(BTreeMap::new);
+                    let o = out.get_or_insert_with(Default::default);
                     for (n, b) in m {
-                        *o.entry(n).or_default() += b;
+                        *o.0.entry(n).or_default() += b;
                     }
+                    o.1 += resident.unwrap_or(0);
                 }
                 Err(e) => tracing::debug!(pid, error = %e, "written pages not read"),
             }
         }
         out
+    }
+
+    /// What `cg`'s processes cleared at its last visit have resident now.
+    fn resident_of(&mut self, src: &mut impl Source, cg: &str) -> u64 {
+        let pids = self.cleared.get(cg).cloned().unwrap_or_default();
+        pids.into_iter().filter_map(|p| src.resident(p)).sum()
+    }
+
+    /// `cg`'s processes cleared at its last visit cleared again, out of the period's budget:
+    /// what those cleared have resident, or `None` when none was (its window then stays as it
+    /// is).
+    fn clear_again(&mut self, src: &mut impl Source, cg: &str) -> Option<u64> {
+        let cleared = self.cleared.get(cg)?.clone();
+        let mut now = BTreeSet::new();
+        let mut resident = 0;
+        for pid in cleared {
+            if self.left <= PROCESS_COST {
+                break;
+            }
+            self.left -= PROCESS_COST;
+            if src.clear(pid).is_ok() {
+                resident += src.resident(pid).unwrap_or(0);
+                now.insert(pid);
+            }
+        }
+        if now.is_empty() {
+            return None;
+        }
+        // A process not cleared again keeps bits from before: not read in this window.
+        self.cleared.insert(cg.to_string(), now);
+        Some(resident)
     }
 
     /// One cgroup's processes: read those cleared at its last visit, clear them all, while
@@ -713,6 +849,10 @@ garbage
         procs: Vec<u32>,
         entries: u64,
         log: Vec<(char, u32)>,
+        /// Bytes each read reports written on node 0 (one page when 0).
+        written: u64,
+        /// What each process has resident.
+        resident: u64,
     }
     impl Source for Fake {
         fn procs(&mut self, cg: &str) -> Vec<u32> {
@@ -722,11 +862,17 @@ garbage
         }
         fn read(&mut self, pid: u32, limit: u64) -> io::Result<(BTreeMap<u32, u64>, u64)> {
             self.log.push(('r', pid));
-            Ok(([(0, PAGE)].into(), self.entries.min(limit)))
+            Ok((
+                [(0, self.written.max(PAGE))].into(),
+                self.entries.min(limit),
+            ))
         }
         fn clear(&mut self, pid: u32) -> io::Result<()> {
             self.log.push(('c', pid));
             Ok(())
+        }
+        fn resident(&mut self, _: u32) -> Option<u64> {
+            Some(self.resident)
         }
     }
 
@@ -872,7 +1018,7 @@ garbage
         let spent = t.budget - t.left;
         src.log.clear();
         assert_eq!(
-            t.quick(&mut src),
+            t.quick(&mut src, QUICK_WINDOW),
             [("c0".into(), [(0, PAGE)].into())].into()
         );
         assert_eq!(
@@ -881,16 +1027,101 @@ garbage
             "charged to the period's budget"
         );
         assert_eq!(src.log, [('p', 0), ('r', 0)], "read, not cleared again");
-        assert!(!t.has_fresh() && t.quick(&mut src).is_empty(), "once");
+        assert!(
+            !t.has_fresh() && t.quick(&mut src, QUICK_WINDOW).is_empty(),
+            "once"
+        );
         // c0 known, c1 new: the period reads c0 and clears c1; the quick read reads c1 only.
         src.log.clear();
         let w = t.period(&mut src, &names(2));
         assert_eq!(w.keys().collect::<Vec<_>>(), ["c0"]);
-        let q = t.quick(&mut src);
+        let q = t.quick(&mut src, QUICK_WINDOW);
         assert_eq!(q["c1"], [(0, 2 * PAGE)].into());
         assert_eq!(q.len(), 1);
         let reads = |log: &[(char, u32)]| log.iter().filter(|e| e.0 == 'r').count();
         assert_eq!(reads(&src.log), 1 + 2);
+    }
+
+    /// A first window is reported at its first read with enough written; one with less stays
+    /// open until it is `QUICK_WINDOW` old, then reported whatever it holds.
+    #[test]
+    fn a_first_window_waits_for_evidence_until_its_time() {
+        let mut src = Fake {
+            procs: vec![1, 1],
+            written: MIN_WRITTEN_BYTES,
+            ..Default::default()
+        };
+        let mut t = WrittenPages::with_budget(1 << 20);
+        t.period(&mut src, &names(1));
+        assert_eq!(
+            t.quick(&mut src, QUICK_STEP)["c0"],
+            [(0, MIN_WRITTEN_BYTES)].into()
+        );
+        assert!(!t.has_fresh());
+        src.written = PAGE;
+        t.period(&mut src, &names(2));
+        let mut at = QUICK_STEP;
+        while at < QUICK_WINDOW {
+            assert!(t.quick(&mut src, at).is_empty(), "at {at:?}");
+            assert!(t.has_fresh());
+            at += QUICK_STEP;
+        }
+        assert_eq!(t.quick(&mut src, at)["c1"], [(0, PAGE)].into());
+        assert!(!t.has_fresh());
+    }
+
+    /// A first window whose processes grew by half of what they wrote or more saw an
+    /// allocation: it is not read again (only their resident memory looked at) while they
+    /// keep growing by the evidence floor or more between two calls, then cleared and read
+    /// anew — reported once they write without growing — and one still allocating at
+    /// `FIRST_WINDOWS_LIMIT` is left to its next visit.
+    #[test]
+    fn a_first_window_that_saw_an_allocation_is_read_again_once_it_settles() {
+        let written = 64 * MIN_WRITTEN_BYTES;
+        let mut src = Fake {
+            procs: vec![1],
+            written,
+            resident: 0,
+            ..Default::default()
+        };
+        let mut t = WrittenPages::with_budget(1 << 20);
+        t.period(&mut src, &names(1));
+        src.log.clear();
+        src.resident = written / 2;
+        assert!(t.quick(&mut src, QUICK_STEP).is_empty());
+        assert_eq!(src.log, [('p', 0), ('r', 0)], "read once");
+        // still growing: neither read nor cleared
+        src.log.clear();
+        src.resident += MIN_WRITTEN_BYTES;
+        assert!(t.quick(&mut src, 2 * QUICK_STEP).is_empty());
+        assert!(src.log.is_empty(), "{:?}", src.log);
+        // settled: cleared, and read at the next call
+        src.resident += MIN_WRITTEN_BYTES - PAGE;
+        assert!(t.quick(&mut src, 3 * QUICK_STEP).is_empty());
+        assert_eq!(src.log, [('c', 0)]);
+        assert_eq!(
+            t.quick(&mut src, 4 * QUICK_STEP)["c0"],
+            [(0, written)].into()
+        );
+        assert!(!t.has_fresh());
+        // still allocating at the limit: nothing reported, left to the next visit
+        t.placed("c0", &"0".parse().unwrap());
+        t.placed("c0", &"1".parse().unwrap());
+        t.period(&mut src, &names(1));
+        assert!(t.has_fresh());
+        let mut at = QUICK_STEP;
+        while at < FIRST_WINDOWS_LIMIT {
+            src.resident += written;
+            assert!(t.quick(&mut src, at).is_empty(), "at {at:?}");
+            at += QUICK_STEP;
+        }
+        src.resident += written;
+        assert!(t.quick(&mut src, at).is_empty());
+        assert!(!t.has_fresh());
+        assert!(
+            t.period(&mut src, &names(1)).contains_key("c0"),
+            "read at its next visit"
+        );
     }
 
     /// CPUs that changed since the last visit restart the window: the next period only clears
@@ -908,7 +1139,7 @@ garbage
         let mut t = WrittenPages::with_budget(1 << 20);
         t.placed("c0", &all);
         t.period(&mut src, &c);
-        t.quick(&mut src);
+        t.quick(&mut src, QUICK_WINDOW);
         t.placed("c0", &all);
         assert!(t.period(&mut src, &c).contains_key("c0"), "same CPUs: read");
         assert!(!t.has_fresh());
@@ -916,7 +1147,7 @@ garbage
         src.log.clear();
         assert!(t.period(&mut src, &c).is_empty(), "re-pinned: only cleared");
         assert_eq!(src.log, [('p', 0), ('c', 0)]);
-        assert!(t.quick(&mut src).contains_key("c0"));
+        assert!(t.quick(&mut src, QUICK_WINDOW).contains_key("c0"));
         t.placed("c0", &node0);
         assert!(t.period(&mut src, &c).contains_key("c0"));
     }
@@ -936,7 +1167,7 @@ garbage
         assert_eq!(t.visited, 2);
         assert!(t.has_fresh());
         src.log.clear();
-        assert!(t.quick(&mut src).is_empty());
+        assert!(t.quick(&mut src, QUICK_WINDOW).is_empty());
         assert!(src.log.is_empty(), "{:?}", src.log);
         // The next period reads both, their bits cleared by the first.
         assert_eq!(t.period(&mut src, &names(2)).len(), 2);
@@ -960,7 +1191,7 @@ garbage
         assert!(src.log.is_empty());
         t.placed("c0", &all);
         t.period(&mut src, &c);
-        t.quick(&mut src);
+        t.quick(&mut src, QUICK_WINDOW);
         assert!(!t.restart(&mut src, "c0", &all), "the same CPUs");
         src.log.clear();
         assert!(t.restart(&mut src, "c0", &node0));

@@ -1606,3 +1606,36 @@ fn every_outcome_reads_back_as_it_was_written() {
         assert_eq!(back, o, "{json}");
     }
 }
+
+/// A workload that keeps its CPUs (its threads' own affinity on node 0, a cpuset over every
+/// node) and writes only its memory on node 3: the move of that memory to node 0 adds no CPU
+/// load anywhere (where its threads run is not the move's doing), so node 0 being busy —
+/// with the workload's own time, part of it spent elsewhere while it allocated — does not
+/// reject it as overloaded.
+#[test]
+fn a_move_that_keeps_the_cpus_adds_no_load_to_its_target() {
+    let mut w = cg(
+        "w",
+        &[(0, 0.5), (3, 0.5)],
+        &[(0, 224), (3, 32)],
+        "0-31",
+        "0-3",
+    );
+    w.constraints.keep_cpus = true;
+    w.constraints.allowed_nodes = Some(set("0"));
+    w.written_bytes_per_node = [(3, 32 * MIB)].into();
+    let mut obs = world(vec![w]);
+    obs.nodes.get_mut(&0).unwrap().cpu_busy = 0.85;
+    let p = plan(&machine(), &obs, &ControllerState::default(), &cfg(), 0);
+    assert_eq!(
+        kind(&p.decision("w").unwrap().outcome),
+        "moved",
+        "{:#?}",
+        p.decisions
+    );
+    let m = &p.moves[0];
+    assert_eq!(
+        (m.to_cpus.to_string(), m.to_mems.to_string()),
+        ("0-31".into(), "0".into())
+    );
+}

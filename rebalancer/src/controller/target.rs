@@ -753,12 +753,17 @@ impl<'t> Projection<'t> {
         for s in &mut shares {
             s.1 = if on_t > 0.0 { s.2 / on_t } else { 1.0 / k };
         }
-        // The load it adds there.
+        // The load it adds there: none when its threads keep their CPUs (the operator's pin
+        // or their own affinity), whose node is not the move's doing.
         let mut rejected = None;
         let mut dst_busy: f64 = 0.0;
         for (&(n, share, own), &(_, i)) in shares.iter().zip(tn) {
             let ncpu = i.map_or(0, |i| self.ncpus[i]).max(1) as f64;
-            let added = ((demand * share - own) / ncpu).max(0.0);
+            let added = if cg.constraints.keep_cpus {
+                0.0
+            } else {
+                ((demand * share - own) / ncpu).max(0.0)
+            };
             let busy_after = i.map_or(1.0, |i| self.busy[i]) + added;
             dst_busy = dst_busy.max(busy_after);
             if added > 1e-12 && busy_after > cfg.overload_busy && rejected.is_none() {

@@ -430,13 +430,17 @@ impl Engine {
             let reading = std::time::Instant::now();
             let mut written = t.period(&mut src, &names);
             let period_ms = reading.elapsed().as_millis() as u64;
-            if t.has_fresh() {
-                // New candidates (or re-pinned ones) were only cleared: their first window is
-                // a short one read now, not a period later. This thread holds no lock while
-                // it waits; the round is that much longer.
-                std::thread::sleep(crate::written::QUICK_WINDOW);
-                let quick = t.quick(&mut src);
-                tracing::debug!(cgroups = ?quick.keys().collect::<Vec<_>>(), period_ms, ms = reading.elapsed().as_millis() as u64, "written pages: first windows read");
+            // New candidates (or re-pinned ones) were only cleared: their first window is a
+            // short one read now, not a period later (`WrittenPages::quick`). This thread
+            // holds no lock while it waits; the round is that much longer, at most
+            // `FIRST_WINDOWS_LIMIT` and a read.
+            let cleared = std::time::Instant::now();
+            while t.has_fresh() {
+                std::thread::sleep(crate::written::QUICK_STEP);
+                let quick = t.quick(&mut src, cleared.elapsed());
+                if !quick.is_empty() {
+                    tracing::debug!(cgroups = ?quick.keys().collect::<Vec<_>>(), period_ms, ms = reading.elapsed().as_millis() as u64, "written pages: first windows read");
+                }
                 written.extend(quick);
             }
             for o in &mut obs.cgroups {
