@@ -384,19 +384,8 @@ fn a_move_updates_the_books_it_changes_and_respects_memory_manager_promises() {
         adm,
     } = world(true);
     let admit = |io: &mut Io, i: usize, g: bool, mem: u64| {
-        let cg = format!("kubepods/p{i}/c");
-        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, mem, g);
-        adm.admit(
-            io,
-            AdmitRequest {
-                pod: &p,
-                bind: Some(&cg),
-                durability: Durability::Deferred,
-                since: Instant::now(),
-            },
-        )
-        .unwrap()
+        admit_bound(io, &adm, &fake, &p).1.unwrap()
     };
     // A Burstable container (shared pool, memory on node 0) and a Guaranteed one (1 CPU and
     // 256 MiB of Memory Manager memory, on node 0).
@@ -485,19 +474,8 @@ fn release_with_failed_checkpoint_does_not_grow_the_shared_pool() {
         _dir, d, fake, adm, ..
     } = world(false);
     for (i, g) in [(0, false), (1, true)] {
-        let cg = format!("kubepods/p{i}/c");
-        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let p = pod(&format!("p{i}"), if g { 1000 } else { 500 }, 256 * MIB, g);
-        adm.admit(
-            io,
-            AdmitRequest {
-                pod: &p,
-                bind: Some(&cg),
-                durability: Durability::Deferred,
-                since: Instant::now(),
-            },
-        )
-        .unwrap();
+        admit_bound(io, &adm, &fake, &p).1.unwrap();
     }
     let excl = d.lock(io).state.allocator.exclusive_cpus();
     assert!(!excl.is_empty(), "the Guaranteed pod holds exclusive CPUs");
@@ -876,24 +854,10 @@ fn a_shared_move_is_not_undone_by_the_pool_shrink_of_a_concurrent_exclusive_move
         } = world(true);
         d.lock(io).cfg.controller.apply_threads = 2;
         let admit = |io: &mut Io, uid: &str, g: bool| {
-            let cg = format!("kubepods/{uid}/c");
-            fake.lock().unwrap().insert(&cg, "0-7", "0-1");
-            let p = pod(
-                uid,
-                if g { 1000 } else { 500 },
-                if g { 256 * MIB } else { 0 },
-                g,
-            );
-            adm.admit(
-                io,
-                AdmitRequest {
-                    pod: &p,
-                    bind: Some(&cg),
-                    durability: Durability::Deferred,
-                    since: Instant::now(),
-                },
-            )
-            .unwrap();
+            let mem = if g { 256 * MIB } else { 0 };
+            let p = pod(uid, if g { 1000 } else { 500 }, mem, g);
+            let (cg, got) = admit_bound(io, &adm, &fake, &p);
+            got.unwrap();
             cg
         };
         let x = admit(io, "x", true);
@@ -1473,6 +1437,29 @@ impl CpusetWriter for HookedReads {
     }
 }
 
+/// `p`'s one container admitted bound to `kubepods/<uid>/c`, a cgroup new in the fake (on
+/// every CPU, as the runtime creates it): the cgroup, and what admission answered.
+fn admit_bound(
+    io: &mut Io,
+    adm: &Admission,
+    fake: &Arc<Mutex<FakeCgroups>>,
+    p: &crate::placement::pod::Pod,
+) -> (
+    String,
+    Result<super::admission::Admitted, super::admission::AdmitError>,
+) {
+    let cg = format!("kubepods/{}/c", p.uid);
+    fake.lock().unwrap().insert(&cg, "0-7", "0-1");
+    let req = AdmitRequest {
+        pod: p,
+        bind: Some(&cg),
+        durability: Durability::Deferred,
+        since: Instant::now(),
+    };
+    let got = adm.admit(io, req);
+    (cg, got)
+}
+
 /// A Guaranteed API pod of two one-CPU containers, admitted unbound.
 fn two_container_pod(io: &mut Io, adm: &Admission, uid: &str) -> crate::placement::pod::Pod {
     let mut p = pod(uid, 1000, 64 * MIB, true);
@@ -1502,21 +1489,9 @@ fn an_exclusive_container_with_no_cpu_online_runs_on_the_shared_pool_meanwhile()
     let mut booked = Vec::new();
     // two exclusive containers and a shared one, which keeps the last free CPU its own
     for (i, millis) in [2000u64, 5000, 100].into_iter().enumerate() {
-        let cg = format!("kubepods/p{i}/c");
-        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
         let p = pod(&format!("p{i}"), millis, 64 * MIB, millis >= 1000);
-        let got = adm
-            .admit(
-                io,
-                AdmitRequest {
-                    pod: &p,
-                    bind: Some(&cg),
-                    durability: Durability::Deferred,
-                    since: Instant::now(),
-                },
-            )
-            .unwrap();
-        booked.push((cg, got.placements[0].cpus.clone()));
+        let (cg, got) = admit_bound(io, &adm, &fake, &p);
+        booked.push((cg, got.unwrap().placements[0].cpus.clone()));
     }
     // the first one's CPUs go offline: one CPU is left outside the second one's, the shared
     // pool's last, so nothing replaces them
@@ -1748,20 +1723,8 @@ fn a_failed_shrink_books_its_memory_again_in_full() {
     let io = &mut Io::new();
     let World { d, fake, adm, .. } = world(false);
     let bind = |io: &mut Io, uid: &str, cpus: u64, mib: u64| {
-        let cg = format!("kubepods/{uid}/c");
-        fake.lock().unwrap().insert(&cg, "0-7", "0-1");
-        let got = adm
-            .admit(
-                io,
-                AdmitRequest {
-                    pod: &pod(uid, cpus * 1000, mib * MIB, true),
-                    bind: Some(&cg),
-                    durability: Durability::Deferred,
-                    since: Instant::now(),
-                },
-            )
-            .unwrap();
-        (cg, got.placements[0].mems.clone())
+        let (cg, got) = admit_bound(io, &adm, &fake, &pod(uid, cpus * 1000, mib * MIB, true));
+        (cg, got.unwrap().placements[0].mems.clone())
     };
     let (cg, p_node) = bind(io, "p", 2, 1536);
     // the other node's memory taken: what the shrink frees is the only room for a 1 GiB pod
