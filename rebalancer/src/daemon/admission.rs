@@ -1593,8 +1593,8 @@ fn shared_bound(s: &Shared) -> BTreeMap<String, CpuSet> {
             let cpus = if !p.exclusive {
                 p.cpus.difference(&exclusive)
             } else if super::reconcile::stranded(p, &online) {
-                let pool = stranded_on.get_or_init(|| exclusive_and_pool(s).1);
-                pool.difference(&exclusive).intersection(&online)
+                (stranded_on.get_or_init(|| super::reconcile::pool_now(s, &exclusive, &online)))
+                    .clone()
             } else {
                 return None;
             };

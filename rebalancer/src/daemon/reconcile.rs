@@ -50,17 +50,10 @@ impl Seen {
 /// (`Allocator::replace_offline`), booked as shared meanwhile: left alone, the kernel would run
 /// a cgroup with no online CPU on its parent's, others' exclusive CPUs among them. One with
 /// nothing left at all is left out: never an empty cpuset.
-/// Whether `p` is exclusive with none of its CPUs online (`booked`: it runs on the shared
-/// pool meanwhile, and counts as shared until they return or are replaced).
-pub fn stranded(p: &crate::placement::pod::ContainerPlacement, online: &CpuSet) -> bool {
-    p.exclusive && p.cpus.is_disjoint(online)
-}
-
 pub fn booked(s: &Shared) -> Vec<BookedSets> {
-    let (exclusive, pool) = super::admission::exclusive_and_pool(s);
+    let exclusive = s.state.allocator.exclusive_cpus();
     let online = s.topo.online_cpus();
-    // a shared container none of whose CPUs is left runs on the shared pool, as a fenced one
-    let pool = pool.difference(&exclusive).intersection(&online);
+    let pool = pool_now(s, &exclusive, &online);
     (s.state.bindings.keys())
         .filter(|cg| !s.moving.contains(*cg))
         .filter_map(|cg| {
@@ -83,6 +76,21 @@ pub fn booked(s: &Shared) -> Vec<BookedSets> {
             })
         })
         .collect()
+}
+
+/// Whether `p` is exclusive with none of its CPUs online (`booked`: it runs on the shared
+/// pool meanwhile, and counts as shared until they return or are replaced).
+pub fn stranded(p: &crate::placement::pod::ContainerPlacement, online: &CpuSet) -> bool {
+    p.exclusive && p.cpus.is_disjoint(online)
+}
+
+/// The shared pool as a container with no CPU of its own left runs on it (as a fenced one):
+/// the books' pool less every exclusive CPU (`exclusive`), online.
+pub fn pool_now(s: &Shared, exclusive: &CpuSet, online: &CpuSet) -> CpuSet {
+    let view = crate::placement::cpu::CpuView::new(&s.topo);
+    (s.state.allocator.shared_pool(&view))
+        .difference(exclusive)
+        .intersection(online)
 }
 
 /// The changes that bring every container in `books` whose `seen` differs back to its booked
