@@ -430,6 +430,10 @@ fn read_10k_cgroups_timing() {
     let mut full = Vec::new();
     let mut full_cpu = Vec::new();
     let mut steps = Vec::new();
+    // On-CPU time comes back steal-corrected: the 1,000 ns filled per node are scaled by the
+    // factor of the read that first counted them (a VM's host may steal time meanwhile); later
+    // reads add nothing new.
+    let mut expected: Option<BTreeMap<u32, u64>> = None;
     for _ in 0..5 {
         let (t, c) = (Instant::now(), thread_cpu_time());
         let got = sampler.read().unwrap();
@@ -437,11 +441,24 @@ fn read_10k_cgroups_timing() {
         full_cpu.push(thread_cpu_time() - c);
         steps.push(sampler.last_read_times());
         assert_eq!(got.len() as u64, n, "every watched cgroup read back");
+        let expected = expected.get_or_insert_with(|| {
+            let f = sampler.steal_factors();
+            nodes
+                .iter()
+                .map(|n| {
+                    (
+                        *n,
+                        (1_000.0 * f.get(n).copied().unwrap_or(1.0)).round() as u64,
+                    )
+                })
+                .collect()
+        });
         let s = &got[&(first + n - 1)];
         assert_eq!(
-            (s.total_cpu_ns(), s.migrations),
-            (1_000 * nodes.len() as u64, 1),
-            "what was counted"
+            (&s.cpu_ns, s.migrations),
+            (&*expected, 1),
+            "what was counted (steal factors {:?})",
+            sampler.steal_factors()
         );
     }
     full.sort();

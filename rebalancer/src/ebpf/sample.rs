@@ -860,6 +860,11 @@ impl Sampler {
         self.steal.last_steal_share()
     }
 
+    /// Per node, the steal factor the last read applied to new on-CPU time (absent: 1).
+    pub fn steal_factors(&self) -> &BTreeMap<u32, f64> {
+        self.steal.last_factors()
+    }
+
     /// Entries in the per-cgroup maps (CPU_TIME, EVENTS, MIGRATE_REASONS) after the last
     /// [`Sampler::read`] pruned those of vanished cgroups: after churn it returns to the
     /// number for the live cgroups within two reads (see [`Sampler::read`]). Watching: the

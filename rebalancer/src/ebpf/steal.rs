@@ -107,6 +107,8 @@ pub struct StealCorrection {
     /// step (no lookup per entry).
     counted: Vec<Counted>,
     last_steal_share: f64,
+    /// The per-node factors applied at the last read (nodes without steal absent).
+    last_factors: BTreeMap<u32, f64>,
 }
 
 impl StealCorrection {
@@ -118,6 +120,7 @@ impl StealCorrection {
             prev: first,
             counted: Vec::new(),
             last_steal_share: 0.0,
+            last_factors: BTreeMap::new(),
         }
     }
 
@@ -129,6 +132,11 @@ impl StealCorrection {
     /// Share of all CPUs' time stolen over the last interval (0 on bare metal).
     pub fn last_steal_share(&self) -> f64 {
         self.last_steal_share
+    }
+
+    /// Per node, the factor the last read applied to its new on-CPU time (absent: 1).
+    pub fn last_factors(&self) -> &BTreeMap<u32, f64> {
+        &self.last_factors
     }
 
     /// Rewrites `samples[..].cpu_ns` (raw cumulative) in place into corrected cumulative
@@ -196,6 +204,7 @@ impl StealCorrection {
             }
         }
         self.counted = counted;
+        self.last_factors = factors;
     }
 }
 
@@ -289,6 +298,7 @@ mod tests {
         );
         assert_eq!(s[&7].cpu_ns, BTreeMap::from([(0, 750), (1, 1000)]));
         assert!((c.last_steal_share() - 0.125).abs() < 1e-9);
+        assert_eq!(c.last_factors(), &BTreeMap::from([(0, 0.75)]));
         // interval 2: no steal; raw grew by 400 on node 0
         let mut s = BTreeMap::from([(7, sample(&[(0, 1400), (1, 1000)]))]);
         c.apply(
