@@ -9,6 +9,9 @@
 //! written since. Their nodes come from move_pages(2) in query mode. Per cgroup this gives
 //! bytes written per node over one control period, and locality weights the share model by
 //! them instead of by resident memory (`controller::locality`, evidence `written-pages`).
+//! Pages that appeared in a window were written there by their first touch: they say where
+//! memory was allocated, not where the workload writes, so a window's writes are counted less
+//! its memory's growth per node (`memory.numa_stat`, [`first_touches`]).
 //!
 //! Why soft-dirty: DAMON (CONFIG_DAMON_VADDR) and idle page tracking (CONFIG_IDLE_PAGE_TRACKING)
 //! would see reads too, but Debian's cloud kernel, for one, has neither; CONFIG_MEM_SOFT_DIRTY
@@ -19,7 +22,8 @@
 //! where it does not, `probe` and `status` say why and the share model decides. Its cost is
 //! bounded twice: the daemon reads only cgroups whose memory is on two nodes or more
 //! ([`spans_nodes`]: on one node the written pages are where the resident ones are, so
-//! weighting by them changes nothing), and a period spends at most [`PERIOD_PAGES`] pagemap-entry equivalents over all
+//! weighting by them changes nothing) and a new workload's first window (the round that first
+//! finds it: still allocating, its memory may span nodes only a moment later), and a period spends at most [`PERIOD_PAGES`] pagemap-entry equivalents over all
 //! of them, each cgroup's `cgroup.procs` read and each process charged at its measured cost
 //! besides its pages ([`PROCS_READ_COST`], [`PROCESS_COST`]), whatever the number of cgroups
 //! and processes. Periods go round the candidates (`WrittenPages`): the next starts where the
@@ -310,6 +314,45 @@ pub trait Source {
         let _ = pid;
         None
     }
+    /// `cgroup`'s anonymous memory per node (`memory.numa_stat`); `None` when unknown (its
+    /// windows' first touches are then not told from its writes).
+    fn anon_per_node(&mut self, cgroup: &str) -> Option<BTreeMap<u32, u64>> {
+        let _ = cgroup;
+        None
+    }
+}
+
+/// Per node, the bytes of a window's writes that were first touches, from the cgroup's
+/// anonymous memory per node at the window's clear (`before`) and now: the net growth,
+/// shared among the nodes that grew in proportion to their growth. A page that appeared in
+/// the window was written there (first touch), and shows where it was allocated, not where
+/// the workload writes; pages that only moved between nodes (a migration) add nothing net and
+/// are not taken for first touches.
+pub fn first_touches(before: &BTreeMap<u32, u64>, now: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+    let total = |m: &BTreeMap<u32, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
+    let net = total(now).saturating_sub(total(before));
+    let grew: BTreeMap<u32, u64> = now
+        .iter()
+        .map(|(n, b)| (*n, b.saturating_sub(before.get(n).copied().unwrap_or(0))))
+        .filter(|(_, g)| *g > 0)
+        .collect();
+    let all = total(&grew);
+    if net == 0 || all == 0 {
+        return BTreeMap::new();
+    }
+    grew.into_iter()
+        .map(|(n, g)| (n, (g as u128 * net as u128 / all as u128) as u64))
+        .collect()
+}
+
+/// `written` less the window's first touches ([`first_touches`]), per node.
+fn less_first_touches(written: &mut BTreeMap<u32, u64>, touches: &BTreeMap<u32, u64>) {
+    for (n, t) in touches {
+        if let Some(w) = written.get_mut(n) {
+            *w = w.saturating_sub(*t);
+        }
+    }
+    written.retain(|_, w| *w > 0);
 }
 
 /// The bytes `pid` has resident (`/proc/<pid>/statm`, its second field, in pages).
@@ -337,6 +380,9 @@ impl Source for Live<'_> {
     }
     fn clear(&mut self, pid: u32) -> io::Result<()> {
         clear(self.proc_root, pid)
+    }
+    fn anon_per_node(&mut self, cgroup: &str) -> Option<BTreeMap<u32, u64>> {
+        self.cgroups.numa_stat(cgroup).ok().map(|s| s.anon)
     }
     fn resident(&mut self, pid: u32) -> Option<u64> {
         resident(self.proc_root, pid)
@@ -381,6 +427,10 @@ pub fn rotation<'a>(
 pub struct WrittenPages {
     /// Per candidate cgroup, its processes cleared at its last visit.
     cleared: BTreeMap<String, BTreeSet<u32>>,
+    /// Per candidate cgroup, its anonymous memory per node when its processes were last
+    /// cleared: a window's first touches are told from its writes by the growth since
+    /// ([`first_touches`]).
+    anon: BTreeMap<String, BTreeMap<u32, u64>>,
     /// Per candidate cgroup, its CPUs at its last visit ([`WrittenPages::placed`]).
     cpus: BTreeMap<String, crate::cpuset::CpuSet>,
     /// Cgroups of the last period whose visit only cleared, for [`WrittenPages::quick`].
@@ -424,6 +474,7 @@ impl WrittenPages {
     pub fn with_budget(budget: u64) -> Self {
         WrittenPages {
             cleared: BTreeMap::new(),
+            anon: BTreeMap::new(),
             cpus: BTreeMap::new(),
             fresh: Vec::new(),
             owed: 0,
@@ -444,6 +495,8 @@ impl WrittenPages {
         candidates: &[String],
     ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         self.cleared
+            .retain(|cg, _| candidates.binary_search(cg).is_ok());
+        self.anon
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
         self.cpus
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
@@ -581,6 +634,7 @@ impl WrittenPages {
         if now.is_empty() {
             return false;
         }
+        self.owed += self.note_anon(src, cgroup);
         self.cleared.insert(cgroup.to_string(), now);
         true
     }
@@ -688,6 +742,9 @@ impl WrittenPages {
                 Err(e) => tracing::debug!(pid, error = %e, "written pages not read"),
             }
         }
+        if let Some((w, _)) = &mut out {
+            self.less_growth(src, cg, w);
+        }
         out
     }
 
@@ -718,6 +775,8 @@ impl WrittenPages {
             return None;
         }
         // A process not cleared again keeps bits from before: not read in this window.
+        let cost = self.note_anon(src, cg);
+        self.left = self.left.saturating_sub(cost);
         self.cleared.insert(cg.to_string(), now);
         Some(resident)
     }
@@ -758,8 +817,41 @@ impl WrittenPages {
                 Err(e) => tracing::debug!(pid, error = %e, "clear_refs failed"),
             }
         }
+        if let Some(w) = &mut out {
+            self.less_growth(src, cg, w);
+        }
+        let cost = self.note_anon(src, cg);
+        self.left = self.left.saturating_sub(cost);
         self.cleared.insert(cg.to_string(), now);
         (out, done)
+    }
+
+    /// Notes `cg`'s anonymous memory per node now, at a clear of its processes. What the
+    /// read of `memory.numa_stat` costs, for the caller to charge (about what `cgroup.procs`
+    /// does; nothing where the source has no such figure).
+    fn note_anon(&mut self, src: &mut impl Source, cg: &str) -> u64 {
+        match src.anon_per_node(cg) {
+            Some(a) => {
+                self.anon.insert(cg.to_string(), a);
+                PROCS_READ_COST
+            }
+            None => {
+                self.anon.remove(cg);
+                0
+            }
+        }
+    }
+
+    /// `written` (of `cg`'s window) less the window's first touches: the growth of its
+    /// anonymous memory per node since the window's clear ([`first_touches`]).
+    fn less_growth(&mut self, src: &mut impl Source, cg: &str, written: &mut BTreeMap<u32, u64>) {
+        let Some(before) = self.anon.get(cg) else {
+            return;
+        };
+        if let Some(now) = src.anon_per_node(cg) {
+            self.left = self.left.saturating_sub(PROCS_READ_COST);
+            less_first_touches(written, &first_touches(before, &now));
+        }
     }
 }
 
@@ -853,6 +945,8 @@ garbage
         written: u64,
         /// What each process has resident.
         resident: u64,
+        /// The cgroups' anonymous memory per node (`None`: unknown).
+        anon: Option<BTreeMap<u32, u64>>,
     }
     impl Source for Fake {
         fn procs(&mut self, cg: &str) -> Vec<u32> {
@@ -874,6 +968,72 @@ garbage
         fn resident(&mut self, _: u32) -> Option<u64> {
             Some(self.resident)
         }
+        fn anon_per_node(&mut self, _: &str) -> Option<BTreeMap<u32, u64>> {
+            self.anon.clone()
+        }
+    }
+
+    /// First touches are the net growth, on the nodes that grew; a migration is none.
+    #[test]
+    fn first_touches_are_the_net_growth_where_it_grew() {
+        const M: u64 = 1 << 20;
+        let m = |e: &[(u32, u64)]| e.iter().map(|&(n, b)| (n, b * M)).collect();
+        let ft = |b: &[(u32, u64)], a: &[(u32, u64)]| first_touches(&m(b), &m(a));
+        // 224 MiB allocated on node 0 beside 32 MiB on node 1.
+        assert_eq!(
+            ft(&[(0, 10), (1, 32)], &[(0, 234), (1, 32)]),
+            m(&[(0, 224)])
+        );
+        // 32 MiB migrated from node 1 to node 0: nothing new.
+        assert!(ft(&[(0, 224), (1, 32)], &[(0, 256), (1, 0)]).is_empty());
+        // The same migration while 14 MiB more were allocated on node 0: those 14.
+        assert_eq!(ft(&[(0, 224), (1, 32)], &[(0, 270), (1, 0)]), m(&[(0, 14)]));
+        // Growth on two nodes (a node absent before), shrinking memory, nothing known.
+        assert_eq!(ft(&[], &[(0, 30), (1, 10)]), m(&[(0, 30), (1, 10)]));
+        assert!(ft(&[(0, 30)], &[(0, 10)]).is_empty());
+        assert!(ft(&[], &[]).is_empty());
+        let mut w = m(&[(0, 16), (1, 32)]);
+        less_first_touches(&mut w, &m(&[(0, 14), (2, 5)]));
+        assert_eq!(w, m(&[(0, 2), (1, 32)]));
+        less_first_touches(&mut w, &m(&[(0, 14)]));
+        assert_eq!(
+            w,
+            m(&[(1, 32)]),
+            "a node left with nothing written is dropped"
+        );
+    }
+
+    /// A window's writes exclude the pages that appeared in it (its memory's growth): what an
+    /// allocation first-touched says where it was allocated, not where the workload writes.
+    #[test]
+    fn a_window_leaves_out_its_first_touches() {
+        const M: u64 = 1 << 20;
+        let mut src = Fake {
+            procs: vec![1],
+            entries: 10,
+            written: 32 * M,
+            anon: Some([(0, 10 * M)].into()),
+            ..Default::default()
+        };
+        let mut t = WrittenPages::with_budget(1 << 20);
+        assert!(
+            t.period(&mut src, &names(1)).is_empty(),
+            "the first visit clears"
+        );
+        // 30 MiB allocated on node 0 in the window: 2 MiB of the 32 written are writes.
+        src.anon = Some([(0, 40 * M)].into());
+        assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 2 * M)].into());
+        // Nothing allocated since: every written page counts.
+        assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 32 * M)].into());
+        // Where the memory per node is unknown, the writes are taken as they are.
+        src.anon = None;
+        assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 32 * M)].into());
+        src.anon = Some([(0, 200 * M)].into());
+        assert_eq!(
+            t.period(&mut src, &names(1))["c0"],
+            [(0, 32 * M)].into(),
+            "no figure at the clear: nothing to compare with"
+        );
     }
 
     fn names(n: usize) -> Vec<String> {

@@ -360,6 +360,9 @@ impl Engine {
             .map_or(cfg.controller.period_ms * 1_000_000, |t| {
                 t.elapsed().as_nanos() as u64
             });
+        // A cgroup this round finds that the last one did not (not at the daemon's first
+        // round, which finds them all) is a new workload.
+        let first_round = self.last_round.is_none();
         self.last_round = Some(std::time::Instant::now());
         let nodes = self.node_obs(cfg, topo);
         let waits = self.own_waits(io, d, cfg.controller.own_wait, managed);
@@ -397,12 +400,16 @@ impl Engine {
                 let runnable = nodes_of(topo, &o.cpus);
                 o.wait_ns_per_node = crate::runwait::split(wait, &o.cpu_ns_per_node, &runnable);
             }
-            // Only where its memory is on two nodes or more (`written::spans_nodes`).
+            // Only where its memory is on two nodes or more (`written::spans_nodes`), or new.
             // Not while its move is under way: it is not planned then, and a clear takes its
             // mm's write lock against the migration (a 2-node guest's move of 8,538 pages
             // took 3.3 s beside a round reading it, 0.12 s alone).
             let spans = crate::written::spans_nodes(o.mem_bytes_per_node.values().copied());
-            if cfg.controller.written_pages && spans && !o.constraints.moving {
+            // A new workload gets its first window whatever its memory yet (see `written`):
+            // one still allocating is read once it settles, in this round, rather than a
+            // round later when its memory first spans nodes.
+            let new = !first_round && self.last_managed.binary_search(cg).is_err();
+            if cfg.controller.written_pages && (spans || new) && !o.constraints.moving {
                 written_candidates.push((cg.clone(), o.cpus.clone()));
             }
             obs.cgroups.push(o);
