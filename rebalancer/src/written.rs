@@ -327,7 +327,10 @@ pub trait Source {
 /// shared among the nodes that grew in proportion to their growth. A page that appeared in
 /// the window was written there (first touch), and shows where it was allocated, not where
 /// the workload writes; pages that only moved between nodes (a migration) add nothing net and
-/// are not taken for first touches.
+/// are not taken for first touches. Where a migration and an allocation overlap, the growth
+/// may be put on the node the pages moved to. The kernel flushes the cgroup's counters
+/// lazily (a few hundred KiB per CPU may be pending): first touches are then undercounted,
+/// never overcounted.
 pub fn first_touches(before: &BTreeMap<u32, u64>, now: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
     let total = |m: &BTreeMap<u32, u64>| m.values().fold(0u64, |a, &b| a.saturating_add(b));
     let net = total(now).saturating_sub(total(before));
@@ -345,14 +348,36 @@ pub fn first_touches(before: &BTreeMap<u32, u64>, now: &BTreeMap<u32, u64>) -> B
         .collect()
 }
 
-/// `written` less the window's first touches ([`first_touches`]), per node.
-fn less_first_touches(written: &mut BTreeMap<u32, u64>, touches: &BTreeMap<u32, u64>) {
+/// `written` less the window's first touches ([`first_touches`]), per node, those taken at
+/// most `own_growth` in all: the growth of the processes whose writes were read. The cgroup's
+/// figure counts every process in it (one forked in the window, one left unread for want of
+/// budget, a child cgroup's); what those allocated must not erase the writes of the others.
+fn less_first_touches(
+    written: &mut BTreeMap<u32, u64>,
+    touches: &BTreeMap<u32, u64>,
+    own_growth: u64,
+) {
+    let all = touches.values().fold(0u64, |a, &b| a.saturating_add(b));
     for (n, t) in touches {
+        let t = if all > own_growth {
+            (*t as u128 * own_growth as u128 / all as u128) as u64
+        } else {
+            *t
+        };
         if let Some(w) = written.get_mut(n) {
-            *w = w.saturating_sub(*t);
+            *w = w.saturating_sub(t);
         }
     }
     written.retain(|_, w| *w > 0);
+}
+
+/// What a window's clear left to tell its first touches by ([`first_touches`]).
+#[derive(Debug)]
+struct Baseline {
+    /// The cgroup's anonymous memory per node at the clear.
+    anon: BTreeMap<u32, u64>,
+    /// What the processes cleared then had resident.
+    resident: u64,
 }
 
 /// The bytes `pid` has resident (`/proc/<pid>/statm`, its second field, in pages).
@@ -427,10 +452,9 @@ pub fn rotation<'a>(
 pub struct WrittenPages {
     /// Per candidate cgroup, its processes cleared at its last visit.
     cleared: BTreeMap<String, BTreeSet<u32>>,
-    /// Per candidate cgroup, its anonymous memory per node when its processes were last
-    /// cleared: a window's first touches are told from its writes by the growth since
-    /// ([`first_touches`]).
-    anon: BTreeMap<String, BTreeMap<u32, u64>>,
+    /// Per candidate cgroup, its memory when its processes were last cleared: a window's
+    /// first touches are told from its writes by the growth since ([`first_touches`]).
+    baseline: BTreeMap<String, Baseline>,
     /// Per candidate cgroup, its CPUs at its last visit ([`WrittenPages::placed`]).
     cpus: BTreeMap<String, crate::cpuset::CpuSet>,
     /// Cgroups of the last period whose visit only cleared, for [`WrittenPages::quick`].
@@ -474,7 +498,7 @@ impl WrittenPages {
     pub fn with_budget(budget: u64) -> Self {
         WrittenPages {
             cleared: BTreeMap::new(),
-            anon: BTreeMap::new(),
+            baseline: BTreeMap::new(),
             cpus: BTreeMap::new(),
             fresh: Vec::new(),
             owed: 0,
@@ -486,9 +510,10 @@ impl WrittenPages {
         }
     }
 
-    /// One period over `candidates` (sorted; the cgroups whose memory spans nodes): bytes
-    /// written per node since its last visit, for each cgroup visited with a process cleared
-    /// then. Cgroups no longer candidates are forgotten.
+    /// One period over `candidates` (sorted; the cgroups whose memory spans nodes, and new
+    /// workloads): bytes written per node since its last visit, less the window's first
+    /// touches ([`first_touches`]), for each cgroup visited with a process cleared then.
+    /// Cgroups no longer candidates are forgotten.
     pub fn period(
         &mut self,
         src: &mut impl Source,
@@ -496,7 +521,7 @@ impl WrittenPages {
     ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         self.cleared
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
-        self.anon
+        self.baseline
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
         self.cpus
             .retain(|cg, _| candidates.binary_search(cg).is_ok());
@@ -618,6 +643,7 @@ impl WrittenPages {
         }
         let mut spent = self.owed + PROCS_READ_COST;
         let mut now = BTreeSet::new();
+        let mut resident = 0;
         for pid in src.procs(cgroup) {
             if spent + PROCESS_COST > cap {
                 break;
@@ -625,16 +651,25 @@ impl WrittenPages {
             spent += PROCESS_COST;
             match src.clear(pid) {
                 Ok(()) => {
+                    resident += src.resident(pid).unwrap_or(0);
                     now.insert(pid);
                 }
                 Err(e) => tracing::debug!(pid, error = %e, "clear_refs failed"),
             }
         }
-        self.owed = spent;
         if now.is_empty() {
+            self.owed = spent;
             return false;
         }
-        self.owed += self.note_anon(src, cgroup);
+        // Its memory per node at the clear, when the events' share of the budget allows.
+        let anon = (spent + PROCS_READ_COST <= cap)
+            .then(|| src.anon_per_node(cgroup))
+            .flatten();
+        if anon.is_some() {
+            spent += PROCS_READ_COST;
+        }
+        self.owed = spent;
+        self.set_baseline(cgroup, anon, resident);
         self.cleared.insert(cgroup.to_string(), now);
         true
     }
@@ -656,8 +691,9 @@ impl WrittenPages {
     /// processes' resident memory is then watched (no pagemap read) until it grows by less
     /// than [`MIN_WRITTEN_BYTES`] between two calls, and the window cleared and read anew,
     /// until [`FIRST_WINDOWS_LIMIT`]; one still allocating then is left to its next visit.
-    /// What is reported are the pages written since the window's clear; the cgroup's next
-    /// visit reads them again with what follows.
+    /// What is reported are the pages written since the window's clear less its first touches
+    /// (whether it saw an allocation is judged on all it wrote); the cgroup's next visit reads
+    /// them again with what follows.
     pub fn quick(
         &mut self,
         src: &mut impl Source,
@@ -693,11 +729,14 @@ impl WrittenPages {
                 }
                 continue;
             }
-            let Some((w, resident)) = self.peek(src, &f.cgroup) else {
+            let Some((mut w, resident)) = self.peek(src, &f.cgroup) else {
                 continue;
             };
+            // Whether it saw an allocation is judged on all it wrote, first touches included.
             let written: u64 = w.values().sum();
             let allocating = resident.saturating_sub(f.resident) * 2 >= written && written > 0;
+            self.less_growth(src, &f.cgroup, &mut w, resident);
+            let written: u64 = w.values().sum();
             if !last && allocating {
                 tracing::debug!(cgroup = %f.cgroup, written, "written pages: a first window saw an allocation; read again once it settles");
                 self.fresh.push(Fresh {
@@ -719,7 +758,8 @@ impl WrittenPages {
     /// The pages written by `cg`'s processes cleared at its last visit, read without clearing
     /// them again (its window stays open until its next visit, which reads it whole: a clear
     /// costs a walk of every page table and a minor fault on each page written after it), and
-    /// what those it read have resident.
+    /// what those it read have resident. First touches are left in (see
+    /// [`WrittenPages::less_growth`]).
     fn peek(&mut self, src: &mut impl Source, cg: &str) -> Option<(BTreeMap<u32, u64>, u64)> {
         let cleared = self.cleared.get(cg)?.clone();
         let mut out: Option<(BTreeMap<u32, u64>, u64)> = None;
@@ -741,9 +781,6 @@ impl WrittenPages {
                 }
                 Err(e) => tracing::debug!(pid, error = %e, "written pages not read"),
             }
-        }
-        if let Some((w, _)) = &mut out {
-            self.less_growth(src, cg, w);
         }
         out
     }
@@ -775,8 +812,8 @@ impl WrittenPages {
             return None;
         }
         // A process not cleared again keeps bits from before: not read in this window.
-        let cost = self.note_anon(src, cg);
-        self.left = self.left.saturating_sub(cost);
+        let anon = self.anon_now(src, cg);
+        self.set_baseline(cg, anon, resident);
         self.cleared.insert(cg.to_string(), now);
         Some(resident)
     }
@@ -788,6 +825,8 @@ impl WrittenPages {
         let mut now = BTreeSet::new();
         let mut out: Option<BTreeMap<u32, u64>> = None;
         let mut done = true;
+        // What the processes read, and those cleared, have resident now.
+        let (mut read_resident, mut cleared_resident) = (0, 0);
         for pid in src.procs(cg) {
             if self.left <= PROCESS_COST {
                 done = false;
@@ -798,6 +837,7 @@ impl WrittenPages {
                 continue;
             }
             self.left -= PROCESS_COST;
+            let resident = src.resident(pid).unwrap_or(0);
             if before.contains(&pid) {
                 match src.read(pid, self.left) {
                     Ok((m, read)) => {
@@ -806,51 +846,87 @@ impl WrittenPages {
                         for (n, b) in m {
                             *o.entry(n).or_default() += b;
                         }
+                        read_resident += resident;
                     }
                     Err(e) => tracing::debug!(pid, error = %e, "written pages not read"),
                 }
             }
             match src.clear(pid) {
                 Ok(()) => {
+                    cleared_resident += resident;
                     now.insert(pid);
                 }
                 Err(e) => tracing::debug!(pid, error = %e, "clear_refs failed"),
             }
         }
-        if let Some(w) = &mut out {
-            self.less_growth(src, cg, w);
+        // One read of its memory per node: the growth over the window that ends, and the
+        // baseline of the one that starts.
+        let anon = if out.is_some() || !now.is_empty() {
+            self.anon_now(src, cg)
+        } else {
+            None
+        };
+        if let (Some(w), Some(a)) = (&mut out, &anon) {
+            self.less_since_baseline(cg, w, a, read_resident);
         }
-        let cost = self.note_anon(src, cg);
-        self.left = self.left.saturating_sub(cost);
+        self.set_baseline(cg, anon, cleared_resident);
         self.cleared.insert(cg.to_string(), now);
         (out, done)
     }
 
-    /// Notes `cg`'s anonymous memory per node now, at a clear of its processes. What the
-    /// read of `memory.numa_stat` costs, for the caller to charge (about what `cgroup.procs`
-    /// does; nothing where the source has no such figure).
-    fn note_anon(&mut self, src: &mut impl Source, cg: &str) -> u64 {
-        match src.anon_per_node(cg) {
-            Some(a) => {
-                self.anon.insert(cg.to_string(), a);
-                PROCS_READ_COST
-            }
-            None => {
-                self.anon.remove(cg);
-                0
-            }
+    /// `cg`'s anonymous memory per node now (`memory.numa_stat`), out of the period's budget
+    /// (charged as a `cgroup.procs` read); `None` when the source has no such figure or the
+    /// budget no room for the read.
+    fn anon_now(&mut self, src: &mut impl Source, cg: &str) -> Option<BTreeMap<u32, u64>> {
+        if self.left < PROCS_READ_COST {
+            return None;
+        }
+        let a = src.anon_per_node(cg)?;
+        self.left -= PROCS_READ_COST;
+        Some(a)
+    }
+
+    /// Notes what a clear of `cg`'s processes (who have `resident` now) leaves to tell the
+    /// next window's first touches by; without its memory per node, that window's writes are
+    /// taken as they are.
+    fn set_baseline(&mut self, cg: &str, anon: Option<BTreeMap<u32, u64>>, resident: u64) {
+        match anon {
+            Some(anon) => self
+                .baseline
+                .insert(cg.to_string(), Baseline { anon, resident }),
+            None => self.baseline.remove(cg),
+        };
+    }
+
+    /// `written` (of `cg`'s window, read from processes that have `resident` now) less the
+    /// window's first touches ([`first_touches`]): its memory's growth per node since the
+    /// window's clear, at most what the processes read grew by ([`less_first_touches`]).
+    fn less_since_baseline(
+        &self,
+        cg: &str,
+        written: &mut BTreeMap<u32, u64>,
+        anon: &BTreeMap<u32, u64>,
+        resident: u64,
+    ) {
+        if let Some(b) = self.baseline.get(cg) {
+            let touches = first_touches(&b.anon, anon);
+            less_first_touches(written, &touches, resident.saturating_sub(b.resident));
         }
     }
 
-    /// `written` (of `cg`'s window) less the window's first touches: the growth of its
-    /// anonymous memory per node since the window's clear ([`first_touches`]).
-    fn less_growth(&mut self, src: &mut impl Source, cg: &str, written: &mut BTreeMap<u32, u64>) {
-        let Some(before) = self.anon.get(cg) else {
+    /// [`WrittenPages::less_since_baseline`] with its memory per node read now.
+    fn less_growth(
+        &mut self,
+        src: &mut impl Source,
+        cg: &str,
+        written: &mut BTreeMap<u32, u64>,
+        resident: u64,
+    ) {
+        if !self.baseline.contains_key(cg) {
             return;
-        };
-        if let Some(now) = src.anon_per_node(cg) {
-            self.left = self.left.saturating_sub(PROCS_READ_COST);
-            less_first_touches(written, &first_touches(before, &now));
+        }
+        if let Some(a) = self.anon_now(src, cg) {
+            self.less_since_baseline(cg, written, &a, resident);
         }
     }
 }
@@ -993,14 +1069,53 @@ garbage
         assert!(ft(&[(0, 30)], &[(0, 10)]).is_empty());
         assert!(ft(&[], &[]).is_empty());
         let mut w = m(&[(0, 16), (1, 32)]);
-        less_first_touches(&mut w, &m(&[(0, 14), (2, 5)]));
+        less_first_touches(&mut w, &m(&[(0, 14), (2, 5)]), u64::MAX);
         assert_eq!(w, m(&[(0, 2), (1, 32)]));
-        less_first_touches(&mut w, &m(&[(0, 14)]));
+        less_first_touches(&mut w, &m(&[(0, 14)]), u64::MAX);
         assert_eq!(
             w,
             m(&[(1, 32)]),
             "a node left with nothing written is dropped"
         );
+        // At most what the processes read grew by, shared as the touches are.
+        let mut w = m(&[(0, 40), (1, 40)]);
+        less_first_touches(&mut w, &m(&[(0, 30), (1, 10)]), 20 * M);
+        assert_eq!(w, m(&[(0, 25), (1, 35)]));
+    }
+
+    /// A first window's quick read leaves its first touches out too, and judges whether it
+    /// saw an allocation on all it wrote.
+    #[test]
+    fn a_first_window_read_leaves_out_its_first_touches() {
+        const M: u64 = 1 << 20;
+        let mut src = Fake {
+            procs: vec![1],
+            entries: 10,
+            written: 32 * M,
+            anon: Some([(0, 10 * M)].into()),
+            resident: 10 * M,
+            ..Default::default()
+        };
+        let mut t = WrittenPages::with_budget(1 << 20);
+        assert!(
+            t.period(&mut src, &names(1)).is_empty(),
+            "the first visit clears"
+        );
+        // 2 MiB allocated: no allocation's window (2 × 2 < 32), 30 MiB of writes.
+        src.anon = Some([(0, 12 * M)].into());
+        src.resident = 12 * M;
+        let w = t.quick(&mut src, QUICK_STEP);
+        assert_eq!(w["c0"], [(0, 30 * M)].into());
+        // Another first window that grew by 20 MiB of its 32 written: an allocation's, read
+        // again once it settles rather than reported as 12 MiB of writes.
+        let mut t = WrittenPages::with_budget(1 << 20);
+        src.anon = Some([(0, 10 * M)].into());
+        src.resident = 10 * M;
+        t.period(&mut src, &names(1));
+        src.anon = Some([(0, 30 * M)].into());
+        src.resident = 30 * M;
+        assert!(t.quick(&mut src, QUICK_STEP).is_empty());
+        assert!(t.has_fresh(), "watched until it settles");
     }
 
     /// A window's writes exclude the pages that appeared in it (its memory's growth): what an
@@ -1013,6 +1128,7 @@ garbage
             entries: 10,
             written: 32 * M,
             anon: Some([(0, 10 * M)].into()),
+            resident: 10 * M,
             ..Default::default()
         };
         let mut t = WrittenPages::with_budget(1 << 20);
@@ -1022,8 +1138,13 @@ garbage
         );
         // 30 MiB allocated on node 0 in the window: 2 MiB of the 32 written are writes.
         src.anon = Some([(0, 40 * M)].into());
+        src.resident = 40 * M;
         assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 2 * M)].into());
         // Nothing allocated since: every written page counts.
+        assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 32 * M)].into());
+        // The cgroup grew by 30 MiB, but not the process read (another one, forked in the
+        // window or in a child cgroup, allocated them): its writes stay whole.
+        src.anon = Some([(0, 70 * M)].into());
         assert_eq!(t.period(&mut src, &names(1))["c0"], [(0, 32 * M)].into());
         // Where the memory per node is unknown, the writes are taken as they are.
         src.anon = None;

@@ -7,7 +7,7 @@
 //! - what a period costs at scale (`written_pages_cost_per_period_at_scale`): real cgroups
 //!   (1,000, or `REBALANCER_WRITTEN_CGROUPS`), each with one small process (`sleep`), every one
 //!   read as the daemon reads a cgroup whose memory spans nodes (`cgroup.procs`, then
-//!   `WrittenPages::sample`) within the period's pagemap budget.
+//!   `WrittenPages::sample`, and `memory.numa_stat`) within the period's pagemap budget.
 //!
 //! The figures are printed (BENCHMARKS.md, "Measured access", quotes them); the test fails when
 //! the source does not see the writes, sees writes that were not made, or costs more than a
@@ -245,6 +245,9 @@ fn written_pages_cost_per_period_at_scale() {
         dirs: vec![v2.join(&parent)],
     };
     std::fs::create_dir(v2.join(&parent)).unwrap();
+    // Its cgroups get the memory controller, as a workload's do: a visit reads their
+    // `memory.numa_stat` too (first touches). Where the root does not delegate it, none.
+    let _ = std::fs::write(v2.join(&parent).join("cgroup.subtree_control"), "+memory");
     let rels: Vec<String> = (0..n).map(|i| format!("{parent}/c{i:05}")).collect();
     for rel in &rels {
         let dir = v2.join(rel);

@@ -405,10 +405,13 @@ impl Engine {
             // mm's write lock against the migration (a 2-node guest's move of 8,538 pages
             // took 3.3 s beside a round reading it, 0.12 s alone).
             let spans = crate::written::spans_nodes(o.mem_bytes_per_node.values().copied());
-            // A new workload gets its first window whatever its memory yet (see `written`):
-            // one still allocating is read once it settles, in this round, rather than a
-            // round later when its memory first spans nodes.
-            let new = !first_round && self.last_managed.binary_search(cg).is_err();
+            // A new workload that may place memory on two nodes or more gets its first window
+            // whatever its memory yet (see `written`): one still allocating is read once it
+            // settles (within `written::FIRST_WINDOWS_LIMIT`), rather than a round later when
+            // its memory first spans nodes. One confined to a node (what admission gives most
+            // containers) is not read: its writes can only be where its memory is.
+            let new =
+                !first_round && o.mems.len() >= 2 && self.last_managed.binary_search(cg).is_err();
             if cfg.controller.written_pages && (spans || new) && !o.constraints.moving {
                 written_candidates.push((cg.clone(), o.cpus.clone()));
             }
