@@ -1052,7 +1052,6 @@ garbage
     /// First touches are the net growth, on the nodes that grew; a migration is none.
     #[test]
     fn first_touches_are_the_net_growth_where_it_grew() {
-        const M: u64 = 1 << 20;
         let m = |e: &[(u32, u64)]| e.iter().map(|&(n, b)| (n, b * M)).collect();
         let ft = |b: &[(u32, u64)], a: &[(u32, u64)]| first_touches(&m(b), &m(a));
         // 224 MiB allocated on node 0 beside 32 MiB on node 1.
@@ -1083,11 +1082,11 @@ garbage
         assert_eq!(w, m(&[(0, 25), (1, 35)]));
     }
 
-    /// A first window's quick read leaves its first touches out too, and judges whether it
-    /// saw an allocation on all it wrote.
-    #[test]
-    fn a_first_window_read_leaves_out_its_first_touches() {
-        const M: u64 = 1 << 20;
+    const M: u64 = 1 << 20;
+
+    /// One process writing 32 MiB on node 0, 10 MiB resident (and in its cgroup), after the
+    /// first visit of its cgroup `c0` (which only clears).
+    fn one_writer_cleared() -> (Fake, WrittenPages) {
         let mut src = Fake {
             procs: vec![1],
             entries: 10,
@@ -1101,6 +1100,14 @@ garbage
             t.period(&mut src, &names(1)).is_empty(),
             "the first visit clears"
         );
+        (src, t)
+    }
+
+    /// A first window's quick read leaves its first touches out too, and judges whether it
+    /// saw an allocation on all it wrote.
+    #[test]
+    fn a_first_window_read_leaves_out_its_first_touches() {
+        let (mut src, mut t) = one_writer_cleared();
         // 2 MiB allocated: no allocation's window (2 × 2 < 32), 30 MiB of writes.
         src.anon = Some([(0, 12 * M)].into());
         src.resident = 12 * M;
@@ -1108,10 +1115,7 @@ garbage
         assert_eq!(w["c0"], [(0, 30 * M)].into());
         // Another first window that grew by 20 MiB of its 32 written: an allocation's, read
         // again once it settles rather than reported as 12 MiB of writes.
-        let mut t = WrittenPages::with_budget(1 << 20);
-        src.anon = Some([(0, 10 * M)].into());
-        src.resident = 10 * M;
-        t.period(&mut src, &names(1));
+        let (mut src, mut t) = one_writer_cleared();
         src.anon = Some([(0, 30 * M)].into());
         src.resident = 30 * M;
         assert!(t.quick(&mut src, QUICK_STEP).is_empty());
@@ -1122,20 +1126,7 @@ garbage
     /// allocation first-touched says where it was allocated, not where the workload writes.
     #[test]
     fn a_window_leaves_out_its_first_touches() {
-        const M: u64 = 1 << 20;
-        let mut src = Fake {
-            procs: vec![1],
-            entries: 10,
-            written: 32 * M,
-            anon: Some([(0, 10 * M)].into()),
-            resident: 10 * M,
-            ..Default::default()
-        };
-        let mut t = WrittenPages::with_budget(1 << 20);
-        assert!(
-            t.period(&mut src, &names(1)).is_empty(),
-            "the first visit clears"
-        );
+        let (mut src, mut t) = one_writer_cleared();
         // 30 MiB allocated on node 0 in the window: 2 MiB of the 32 written are writes.
         src.anon = Some([(0, 40 * M)].into());
         src.resident = 40 * M;

@@ -187,6 +187,7 @@ impl Engine {
         let d = &adm.daemon;
         let t0 = Instant::now();
         tracing::debug!("round start");
+        d.rounds.round_started();
         test_hook_hold_round(io, adm);
         self.follow_books(io, adm);
         let (cfg, topo, reserved_cpus) = d.lock(io).round_inputs();

@@ -443,9 +443,19 @@ impl Engine {
             // New candidates (or re-pinned ones) were only cleared: their first window is a
             // short one read now, not a period later (`WrittenPages::quick`). This thread
             // holds no lock while it waits; the round is that much longer, at most
-            // `FIRST_WINDOWS_LIMIT` and a read.
+            // `FIRST_WINDOWS_LIMIT` and a read — less when an event comes meanwhile (an
+            // operator's pin): the round then ends, the event's round follows, and the
+            // windows left open are read whole at their next visit.
             let cleared = std::time::Instant::now();
             while t.has_fresh() {
+                if d.rounds.event_waiting() {
+                    tracing::debug!(
+                        period_ms,
+                        ms = reading.elapsed().as_millis() as u64,
+                        "written pages: first windows left open for an event's round"
+                    );
+                    break;
+                }
                 std::thread::sleep(crate::written::QUICK_STEP);
                 let quick = t.quick(&mut src, cleared.elapsed());
                 if !quick.is_empty() {

@@ -65,6 +65,8 @@ pub struct Hub {
     /// Cgroups someone else re-pinned since the round thread last took them
     /// ([`Hub::take_repinned`]): their written-pages windows restart at the event.
     repinned: Mutex<std::collections::BTreeSet<String>>,
+    /// An event came since the last round started ([`Hub::event_waiting`]).
+    waiting: std::sync::atomic::AtomicBool,
 }
 
 impl Hub {
@@ -76,8 +78,22 @@ impl Hub {
     /// Asks for a round (nothing happens before [`Hub::connect`]).
     pub fn wake(&self, why: Why) {
         if let Some(s) = &*self.sink.lock().unwrap_or_else(|e| e.into_inner()) {
+            self.waiting
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             s(why);
         }
+    }
+
+    /// Whether an event came since the last round started: a round waiting for first
+    /// written-pages windows stops waiting, so the event's round is not held up behind it.
+    pub fn event_waiting(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A round starts: it serves the events that came before it.
+    pub fn round_started(&self) {
+        self.waiting
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Someone other than the daemon wrote `cgroup`'s cpuset.cpus (before its [`Hub::wake`]).
@@ -469,6 +485,23 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// An event since the last round's start is waiting (what cuts a round's wait for first
+    /// written-pages windows short) until the next round starts; none before a sink is
+    /// connected (nothing would serve it).
+    #[test]
+    fn an_event_waits_until_the_next_round_starts() {
+        let hub = Hub::default();
+        hub.wake(Why::Placed);
+        assert!(!hub.event_waiting(), "no round thread connected");
+        let (tx, rx) = std::sync::mpsc::channel();
+        hub.connect(move |why| tx.send(why).unwrap());
+        hub.wake(Why::CpusetWritten);
+        assert!(hub.event_waiting());
+        assert_eq!(rx.try_recv(), Ok(Why::CpusetWritten));
+        hub.round_started();
+        assert!(!hub.event_waiting());
     }
 
     /// A burst of events is one round: due `settle` after the last, never later than 4 ×
