@@ -342,26 +342,24 @@ impl Cgroups {
 
     /// Anonymous memory per node in bytes (`memory.numa_stat` alone: no hugetlb files read).
     pub fn anon_per_node(&self, rel: &str) -> Result<files::NodeBytes, CgroupError> {
+        Ok(self.memory_numa_stat(rel)?.anon)
+    }
+
+    /// `memory.numa_stat` alone, v1 pages converted to bytes.
+    fn memory_numa_stat(&self, rel: &str) -> Result<NumaStat, CgroupError> {
         let (dir, v) = self.dir(Controller::Memory, rel)?;
         let p = dir.join("memory.numa_stat");
         let text = self.read(&p)?;
-        Ok(match v {
-            Version::V2 => files::parse_numa_stat_v2(&p, &text)?,
-            Version::V1 => files::parse_numa_stat_v1(&p, &text, self.page_size)?,
+        match v {
+            Version::V2 => files::parse_numa_stat_v2(&p, &text),
+            Version::V1 => files::parse_numa_stat_v1(&p, &text, self.page_size),
         }
-        .anon)
     }
 
     /// Per-node memory in bytes: `memory.numa_stat` (v1 pages converted) plus hugetlb pages
     /// from `hugetlb.<size>.numa_stat` where the hugetlb controller has the cgroup.
     pub fn numa_stat(&self, rel: &str) -> Result<NumaStat, CgroupError> {
-        let (dir, v) = self.dir(Controller::Memory, rel)?;
-        let p = dir.join("memory.numa_stat");
-        let text = self.read(&p)?;
-        let mut s = match v {
-            Version::V2 => files::parse_numa_stat_v2(&p, &text)?,
-            Version::V1 => files::parse_numa_stat_v1(&p, &text, self.page_size)?,
-        };
+        let mut s = self.memory_numa_stat(rel)?;
         if let Ok((hdir, _)) = self.dir(Controller::Hugetlb, rel) {
             // Optional: no hugetlb controller or cgroup there means no hugetlb figures.
             if let Ok(rd) = fs::read_dir(&hdir) {
